@@ -1,0 +1,33 @@
+# Quickstart: `make train` and `make test`. Both create .venv and install on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install train test test-fast bench clean
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+train: $(STAMP)
+	$(PY) -m tfdist train
+
+# Runs every test, the slow multi-process ones included. pytest's exit code 5
+# ("no tests collected") counts as a failure here: the suite must run tests.
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not multiprocess and not fault and not notebook" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m tfdist bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

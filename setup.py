@@ -1,0 +1,28 @@
+"""tfdist: tf.distribute strategies for Keras 3 behind one training loop.
+
+Install for development with ``pip install -e .[test]``.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="tfdist",
+    version="0.1.0",
+    description="One Keras 3 training loop for Mirrored, MultiWorkerMirrored and ParameterServer strategies.",
+    packages=find_packages(include=["tfdist", "tfdist.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow==2.21.*",
+        "keras>=3.15,<4",
+        "tensorflow-datasets>=4.9",
+        "absl-py>=2.0",
+        "scikit-learn>=1.3",
+        "portpicker>=1.6",
+        "numpy",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pyyaml>=6", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
+        "notebooks": ["jupyter", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
+        "gpu": ["tensorflow[and-cuda]==2.21.*"],
+    },
+    entry_points={"console_scripts": ["tfdist=tfdist.launch.cli:run"]},
+)

@@ -1,0 +1,118 @@
+"""Normalises what ``Trainer.fit`` receives into one :class:`InputSource`.
+
+Accepted forms:
+  * a :class:`tfdist.data.DatasetFn` (from ``tfdist.data.load``), bound here to
+    the global batch size;
+  * any ``dataset_fn(input_context)`` callable returning per-replica batches;
+  * a ``tf.data.Dataset`` of **global** batches;
+  * a tuple ``(x, y)`` or ``(x, y, sample_weight)`` of arrays.
+
+``global_batch_size`` travels one way: ``Trainer.fit`` → here → the dataset_fn's
+``input_context.get_per_replica_batch_size``. Nothing else recomputes it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist.config import invalid_argument
+from tfdist.data.datasets import DatasetFn
+from tfdist.data.sharding import per_replica_batch_size
+
+DEFAULT_GLOBAL_BATCH_SIZE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSource:
+    """Data in a form every runner can distribute.
+
+    Exactly one of ``dataset_fn`` (per-replica batches) or ``dataset`` (global
+    batches) is set. ``element_spec`` describes one batch (its batch dimension
+    may be ``None``); ``steps_per_epoch`` is the number of global batches in
+    one pass, or ``None`` when unknown.
+    """
+
+    global_batch_size: int
+    element_spec: Any
+    steps_per_epoch: int | None
+    dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset] | None = None
+    dataset: tf.data.Dataset | None = None
+
+
+def _finite_cardinality(ds: tf.data.Dataset) -> int | None:
+    n = int(ds.cardinality())
+    return n if n >= 0 else None
+
+
+def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_batch_size: int | None,
+             training: bool, seed: int = 0, argument: str = "data") -> InputSource:
+    """Builds an :class:`InputSource` from any accepted form of ``data``.
+
+    Args:
+        data: See the module docstring.
+        input_context: This process's input context (pipelines and replicas).
+        global_batch_size: Examples per step across all replicas; required for
+            a dataset_fn, optional otherwise.
+        training: Training data is shuffled; evaluation data is not.
+        seed: Shuffle seed for array inputs.
+        argument: The argument's name in error messages.
+
+    Raises:
+        ValueError: For an unsupported type, a missing or indivisible global
+            batch size.
+    """
+    replicas = input_context.num_replicas_in_sync
+    if global_batch_size is not None:
+        per_replica_batch_size(global_batch_size, replicas)  # validates
+
+    if isinstance(data, DatasetFn):
+        gbs = global_batch_size or data.global_batch_size
+        if gbs is None:
+            raise invalid_argument("global_batch_size", None, "a positive integer",
+                                   note=f"`{argument}` is the unbound dataset {data.name!r}; "
+                                        "pass global_batch_size to fit/evaluate.")
+        bound = data.bind(global_batch_size=gbs, training=training)
+        spec = bound(input_context).element_spec
+        return InputSource(gbs, spec, bound.steps_per_epoch(), dataset_fn=bound)
+
+    if isinstance(data, tf.data.Dataset):
+        spec = data.element_spec
+        first = tf.nest.flatten(spec)[0]
+        static = first.shape[0] if first.shape.rank else None
+        gbs = global_batch_size or static
+        if gbs is None:
+            gbs = int(tf.shape(tf.nest.flatten(next(iter(data)))[0])[0])
+        return InputSource(int(gbs), spec, _finite_cardinality(data), dataset=data)
+
+    if callable(data):
+        if global_batch_size is None:
+            raise invalid_argument("global_batch_size", None, "a positive integer",
+                                   note=f"`{argument}` is a dataset_fn, which needs the global batch size.")
+        ds = data(input_context)
+        if not isinstance(ds, tf.data.Dataset):
+            raise invalid_argument(argument, data, "a dataset_fn(input_context) that returns a tf.data.Dataset",
+                                   note=f"It returned {type(ds).__name__}.")
+        n = _finite_cardinality(ds)
+        rpp = replicas // input_context.num_input_pipelines
+        steps = None if n is None else n // max(rpp, 1)
+        return InputSource(global_batch_size, ds.element_spec, steps, dataset_fn=data)
+
+    if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
+        arrays = tuple(np.asarray(a) for a in data)
+        n = len(arrays[0])
+        if any(len(a) != n for a in arrays):
+            raise invalid_argument(argument, tuple(a.shape for a in arrays), "arrays with the same first dimension")
+        gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
+        per_replica_batch_size(gbs, replicas)
+        ds = tf.data.Dataset.from_tensor_slices(arrays)
+        if training:
+            ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.batch(gbs).prefetch(tf.data.AUTOTUNE)
+        return InputSource(gbs, ds.element_spec, -(-n // gbs), dataset=ds)
+
+    raise invalid_argument(argument, type(data).__name__,
+                           "a tfdist.data.DatasetFn, a dataset_fn(input_context), a tf.data.Dataset of "
+                           "global batches, or an (x, y[, sample_weight]) tuple of arrays")

@@ -1,0 +1,59 @@
+"""The runner protocol: how one training loop drives every strategy.
+
+``Trainer`` decides *when* a step happens; a runner decides *how* it is
+executed on its strategy; ``training/step.py`` decides *what* a step does.
+Everything that differs between strategies is a method here, so the training
+loop holds no ``isinstance(strategy, ...)``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+
+import tensorflow as tf
+
+from tfdist.data.inputs import InputSource
+
+ReplicaFn = Callable[..., Any]
+LogsFn = Callable[[], Mapping[str, tf.Tensor]]
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Executes replica steps on one ``tf.distribute.Strategy``."""
+
+    strategy: tf.distribute.Strategy
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes logs, summaries and checkpoints."""
+
+    @property
+    def task_label(self) -> str:
+        """``task_type:task_id`` of this process, for logs and temporary paths."""
+
+    def input_context(self) -> tf.distribute.InputContext:
+        """This process's input pipelines and replicas, as a dataset_fn would see them."""
+
+    def distribute(self, source: InputSource) -> Any:
+        """Turns an input source into the strategy's distributed dataset."""
+
+    def make_iterator(self, distributed: Any) -> Any:
+        """Creates an iterator over a distributed dataset (one per epoch or run)."""
+
+    def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
+                     name: str) -> Callable[[Any, int], Any]:
+        """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.
+
+        Each call of ``replica_fn`` receives a list of ``batches_per_call``
+        per-replica batches and runs in replica context. ``fn`` returns
+        ``logs_fn()`` evaluated in cross-replica context after the last call.
+        """
+
+    def run(self, fn: Callable[[Any, int], Any], iterator: Any, num_calls: int) -> Any:
+        """Starts ``fn`` (synchronously or by scheduling) and returns its logs handle."""
+
+    def fetch(self, logs: Any) -> dict[str, float]:
+        """Waits for a logs handle and returns plain Python floats."""
+
+    def join(self) -> None:
+        """Waits until every scheduled function has finished (a no-op for sync)."""

@@ -1,0 +1,82 @@
+"""The runner for synchronous strategies: one_device, mirrored and multi_worker.
+
+One ``tf.function`` loops over calls of the replica step with ``strategy.run``;
+the Python loop above it sees one call per execution.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist.data.inputs import InputSource
+from tfdist.strategies.base import LogsFn, ReplicaFn
+
+
+class SyncRunner:
+    """Runs replica steps synchronously with ``strategy.run``.
+
+    Args:
+        strategy: A synchronous ``tf.distribute.Strategy``.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy) -> None:
+        self.strategy = strategy
+        resolver = getattr(strategy, "cluster_resolver", None)
+        self._task_type = getattr(resolver, "task_type", None) or "worker"
+        self._task_id = int(getattr(resolver, "task_id", None) or 0)
+        extended = strategy.extended
+        self._is_chief = bool(getattr(extended, "should_checkpoint", True))
+
+    @property
+    def is_chief(self) -> bool:
+        return self._is_chief
+
+    @property
+    def task_label(self) -> str:
+        return f"{self._task_type}:{self._task_id}"
+
+    def input_context(self) -> tf.distribute.InputContext:
+        spec = getattr(getattr(self.strategy, "cluster_resolver", None), "cluster_spec", lambda: None)()
+        jobs = spec.as_dict() if spec is not None else {}
+        chiefs = len(jobs.get("chief", []))
+        num_pipelines = max(chiefs + len(jobs.get("worker", [])), 1)
+        pipeline_id = 0 if self._task_type == "chief" else self._task_id + chiefs
+        if not jobs:
+            pipeline_id = 0
+        return tf.distribute.InputContext(
+            num_input_pipelines=num_pipelines,
+            input_pipeline_id=pipeline_id,
+            num_replicas_in_sync=self.strategy.num_replicas_in_sync,
+        )
+
+    def distribute(self, source: InputSource) -> Any:
+        if source.dataset_fn is not None:
+            return self.strategy.distribute_datasets_from_function(source.dataset_fn)
+        return self.strategy.experimental_distribute_dataset(source.dataset)
+
+    def make_iterator(self, distributed: Any) -> Any:
+        return iter(distributed)
+
+    def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
+                     name: str) -> Callable[[Any, Any], Any]:
+        strategy = self.strategy
+
+        def loop(iterator, num_calls):
+            for _ in tf.range(num_calls):
+                batches = [next(iterator) for _ in range(batches_per_call)]
+                strategy.run(replica_fn, args=(batches,))
+            return logs_fn()
+
+        loop.__name__ = name
+        return tf.function(loop, reduce_retracing=True)
+
+    def run(self, fn: Callable[[Any, Any], Any], iterator: Any, num_calls: int) -> Any:
+        return fn(iterator, tf.constant(num_calls, tf.int32))
+
+    def fetch(self, logs: Any) -> dict[str, float]:
+        return {k: float(np.asarray(v)) for k, v in logs.items()}
+
+    def join(self) -> None:
+        return None

@@ -1,0 +1,120 @@
+"""The replica step, written once and shared by every runner.
+
+A training *update* runs in replica context on ``k`` micro-batches:
+
+1. forward pass and Keras's compiled loss on each micro-batch;
+2. the loss is normalised by the **global** batch (``global_batch_size * k``)
+   and multiplied by the loss scale (fp16);
+3. gradients are summed locally over the ``k`` micro-batches;
+4. **one** all-reduce of the gradients, packed with the example count;
+5. the gradients are corrected by ``expected / actual`` examples (exactly 1.0
+   for full batches, so partial batches are still a true mean);
+6. one ``optimizer.apply`` (the loss-scale optimizer unscales and skips
+   non-finite updates).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import keras
+import tensorflow as tf
+from keras.src.losses.loss import unscale_loss_for_distribution
+from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
+
+
+def _batch_size(x: Any) -> tf.Tensor:
+    first = next(t for t in tf.nest.flatten(x) if t is not None)
+    return tf.cast(tf.shape(first)[0], tf.float32)
+
+
+def _forward(model: keras.Model, x: Any, training: bool) -> Any:
+    if getattr(model, "_call_has_training_arg", True):
+        return model(x, training=training)
+    return model(x)
+
+
+def _scale(g: Any, factor: tf.Tensor) -> Any:
+    if g is None:
+        return None
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape)
+    return g * tf.cast(factor, g.dtype)
+
+
+def _add(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, global_batch_size: int,
+                      accumulation_steps: int, num_replicas: int) -> Callable[[Sequence[Any]], None]:
+    """Returns ``update(micro_batches)``: one optimizer update in replica context.
+
+    Args:
+        model: A compiled Keras model (its loss, metrics and loss tracker are used).
+        optimizer: The model's optimizer, possibly a ``LossScaleOptimizer``.
+            It must not all-reduce again: wrap calls in
+            ``tfdist._compat.gradients_already_summed``.
+        global_batch_size: Examples per micro-batch across all replicas.
+        accumulation_steps: ``k``, micro-batches per update.
+        num_replicas: ``num_replicas_in_sync``.
+    """
+    expected = float(global_batch_size * accumulation_steps)
+
+    def update(micro_batches: Sequence[Any]) -> None:
+        variables = model.trainable_variables
+        summed: list[Any] = [None] * len(variables)
+        count = tf.constant(0.0)
+        for data in micro_batches:
+            x, y, sample_weight = unpack_x_y_sample_weight(data)
+            size = _batch_size(x)
+            with tf.GradientTape() as tape:
+                y_pred = _forward(model, x, training=True)
+                # Keras's loss: local mean (+ regularisers) / num_replicas.
+                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+                model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
+                # -> (sum of local losses + size * regularisers) / (global batch * k)
+                objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
+                objective = optimizer.scale_loss(objective)
+            grads = tape.gradient(objective, variables)
+            summed = [_add(a, g) for a, g in zip(summed, grads)]
+            count += size
+            model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        present = [i for i, g in enumerate(summed) if g is not None]
+        ctx = tf.distribute.get_replica_context()
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [summed[i] for i in present] + [count])
+        factor = tf.math.divide_no_nan(tf.constant(expected), reduced[-1])
+        grads = [None] * len(variables)
+        for i, g in zip(present, reduced[:-1]):
+            grads[i] = _scale(g, factor)
+        optimizer.apply(grads, variables)
+
+    return update
+
+
+def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
+    """Returns ``step(batches)``: updates the loss tracker and metrics, in replica context.
+
+    Examples with ``sample_weight == 0`` (padding added so every worker runs
+    the same number of steps) count for nothing, in the loss as in metrics.
+    """
+
+    def step(batches: Sequence[Any]) -> None:
+        for data in batches:
+            x, y, sample_weight = unpack_x_y_sample_weight(data)
+            size = _batch_size(x)
+            y_pred = _forward(model, x, training=False)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+            unscaled = unscale_loss_for_distribution(loss)
+            weight = size if sample_weight is None else tf.reduce_sum(tf.cast(sample_weight, tf.float32))
+            reg = tf.add_n([tf.cast(v, unscaled.dtype) for v in model.losses]) if model.losses else 0.0
+            value = tf.math.divide_no_nan((unscaled - reg) * tf.cast(size, unscaled.dtype),
+                                          tf.cast(weight, unscaled.dtype)) + reg
+            model._loss_tracker.update_state(value, sample_weight=weight)
+            model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    return step

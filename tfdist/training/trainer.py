@@ -1,0 +1,275 @@
+"""``Trainer``: the one fit/evaluate loop for every strategy.
+
+The loop decides *when* things happen (epochs, executions, callbacks,
+validation); the runner from ``tfdist.strategies`` decides *how* a step runs on
+its strategy; ``training/step.py`` decides *what* a step does.
+
+Example (``python -c`` or a script)::
+
+    import tfdist
+    strategy = tfdist.make_strategy("mirrored", num_devices=2)
+    trainer = tfdist.Trainer(lambda: tfdist.models.get("cnn"), strategy=strategy,
+                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                             metrics=["accuracy"])
+    history = trainer.fit(tfdist.data.load("digits"), epochs=5, global_batch_size=128,
+                          validation_data=tfdist.data.load("digits", split="validation"))
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+from tfdist import _compat
+from tfdist.config import check_positive_int, invalid_argument
+from tfdist.data.inputs import InputSource, as_input
+from tfdist.strategies.factory import runner_for
+from tfdist.training import precision as precision_lib
+from tfdist.training.callbacks import chief_writes_only
+from tfdist.training.step import make_eval_step, make_train_update
+
+logger = logging.getLogger(__name__)
+
+ModelOrBuilder = keras.Model | Callable[[], keras.Model]
+
+
+def _in_scope(strategy: tf.distribute.Strategy, model: keras.Model) -> bool:
+    variables = model.variables
+    return bool(variables) and all(
+        strategy.extended.variable_created_in_scope(getattr(v, "value", v)) for v in variables)
+
+
+def _rebuild_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
+    """Returns an optimizer created in the current scope (Keras refuses to mix strategies)."""
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        if optimizer.built:
+            logger.warning("The optimizer was already built outside the strategy scope; tfdist "
+                           "rebuilds it from its config and its slot variables start afresh.")
+        return optimizer.__class__.from_config(optimizer.get_config())
+    try:
+        return keras.optimizers.get(optimizer)
+    except ValueError as e:
+        raise invalid_argument("optimizer", optimizer, "a Keras optimizer or its name, e.g. 'adam'") from e
+
+
+def _rebuild_metric(metric: Any) -> Any:
+    if isinstance(metric, keras.metrics.Metric):
+        return metric.__class__.from_config(metric.get_config())
+    return metric
+
+
+class Trainer:
+    """Trains a Keras model on any tfdist strategy with one loop.
+
+    Args:
+        model: A ``keras.Model``, or a zero-arg callable that builds one (it is
+            then built inside the strategy scope and under ``precision``). A
+            model built outside the scope is cloned into it, weights included.
+        strategy: A ``tf.distribute.Strategy`` (see ``tfdist.make_strategy``);
+            default the current strategy.
+        optimizer: Name or Keras optimizer, created outside the scope or not.
+        loss: As for ``keras.Model.compile``.
+        metrics: As for ``keras.Model.compile``; aggregated over all replicas.
+        precision: ``float32``, ``mixed_float16`` (with dynamic loss scaling)
+            or ``mixed_bfloat16``.
+        accumulation_steps: Micro-batches per optimizer update.
+        steps_per_execution: Batches run per ``tf.function`` call.
+
+    Raises:
+        ValueError: For an unknown precision, a non-positive step count, or a
+            model that cannot be placed in the strategy scope.
+    """
+
+    def __init__(self, model: ModelOrBuilder, *, strategy: tf.distribute.Strategy | None = None,
+                 optimizer: Any = "adam", loss: Any = None, metrics: Sequence[Any] | None = None,
+                 precision: precision_lib.Precision = "float32", accumulation_steps: int = 1,
+                 steps_per_execution: int = 1) -> None:
+        precision_lib.check_precision(precision)
+        check_positive_int("accumulation_steps", accumulation_steps)
+        check_positive_int("steps_per_execution", steps_per_execution)
+        if loss is None:
+            raise invalid_argument("loss", None, "a Keras loss, its name, or a callable(y_true, y_pred)")
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.precision = precision
+        self.accumulation_steps = accumulation_steps
+        self.steps_per_execution = steps_per_execution
+        self._runner = runner_for(self.strategy)
+        _compat.apply()
+        with precision_lib.dtype_policy(precision), self.strategy.scope():
+            self.model = self._place_model(model)
+            opt = precision_lib.wrap_optimizer(_rebuild_optimizer(optimizer), precision)
+            self.model.compile(optimizer=opt, loss=loss,
+                               metrics=[_rebuild_metric(m) for m in (metrics or [])])
+        self._train_fn = None
+        self._eval_fn = None
+        self._built_for: Any = None
+
+    # -- construction -------------------------------------------------------
+    def _place_model(self, model: ModelOrBuilder) -> keras.Model:
+        if isinstance(model, keras.Model):
+            precision_lib.check_model_policy(model, self.precision)
+            if _in_scope(self.strategy, model):
+                return model
+            try:
+                clone = keras.models.clone_model(model)
+            except Exception as e:  # subclassed models without get_config
+                raise invalid_argument(
+                    "model", type(model).__name__, "a model built inside `strategy.scope()`, or a zero-arg builder",
+                    note=f"tfdist could not clone it into the scope: {e}") from e
+            if model.built:
+                clone.set_weights(model.get_weights())
+            return clone
+        if callable(model):
+            built = model()
+            if not isinstance(built, keras.Model):
+                raise invalid_argument("model", built, "a builder that returns a keras.Model")
+            return built
+        raise invalid_argument("model", type(model).__name__, "a keras.Model or a zero-arg builder")
+
+    def _input(self, data: Any, global_batch_size: int | None, training: bool, argument: str) -> InputSource:
+        return as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
+                        training=training, argument=argument)
+
+    def _build(self, source: InputSource) -> None:
+        if self._built_for is None:
+            with self.strategy.scope():
+                self.model._symbolic_build(data_batch=source.element_spec)
+            self._built_for = source.global_batch_size
+
+    def _train_function(self, global_batch_size: int):
+        if self._train_fn is None or self._train_fn[0] != global_batch_size:
+            update = make_train_update(self.model, self.model.optimizer, global_batch_size=global_batch_size,
+                                       accumulation_steps=self.accumulation_steps,
+                                       num_replicas=self.strategy.num_replicas_in_sync)
+            fn = self._runner.compile_loop(update, self.model.get_metrics_result,
+                                           batches_per_call=self.accumulation_steps, name="train_function")
+            self._train_fn = (global_batch_size, fn)
+        return self._train_fn[1]
+
+    def _eval_function(self):
+        if self._eval_fn is None:
+            self._eval_fn = self._runner.compile_loop(make_eval_step(self.model), self.model.get_metrics_result,
+                                                      batches_per_call=1, name="test_function")
+        return self._eval_fn
+
+    def _run(self, fn, iterator, num_calls: int) -> dict[str, float]:
+        with _compat.gradients_already_summed(self.model.optimizer):
+            return self._runner.fetch(self._runner.run(fn, iterator, num_calls))
+
+    # -- public loop --------------------------------------------------------
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process is the one that writes logs and checkpoints."""
+        return self._runner.is_chief
+
+    def fit(self, data: Any, *, epochs: int = 1, steps_per_epoch: int | None = None,
+            global_batch_size: int | None = None, validation_data: Any = None,
+            validation_steps: int | None = None, callbacks: Sequence[keras.callbacks.Callback] = (),
+            verbose: str | int = "auto", initial_epoch: int = 0) -> keras.callbacks.History:
+        """Trains for ``epochs`` epochs and returns the Keras ``History``.
+
+        Args:
+            data: A ``tfdist.data.DatasetFn``, a ``dataset_fn(input_context)``,
+                a ``tf.data.Dataset`` of global batches, or ``(x, y)`` arrays.
+            epochs: Epochs to train (``initial_epoch`` counts toward them).
+            steps_per_epoch: Batches per epoch. Default one pass over ``data``;
+                when given, one iterator runs on across epochs.
+            global_batch_size: Examples per batch across all replicas.
+            validation_data: Evaluated at each epoch end; its metrics appear
+                in the logs with a ``val_`` prefix.
+            validation_steps: Batches of ``validation_data`` per evaluation.
+            callbacks: Keras callbacks. On non-chief workers their outputs go
+                to a temporary directory.
+            verbose: ``"auto"``/1 progress bar, 2 one line per epoch, 0 silent.
+                Only the chief prints.
+            initial_epoch: Epoch to start from.
+
+        Returns:
+            A ``keras.callbacks.History`` with the keys ``model.fit`` gives.
+        """
+        check_positive_int("epochs", epochs)
+        check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
+        source = self._input(data, global_batch_size, True, "data")
+        steps = steps_per_epoch or source.steps_per_epoch
+        if steps is None:
+            raise invalid_argument("steps_per_epoch", None, "a positive integer",
+                                   note="The data's length is unknown (e.g. a repeated dataset).")
+        val_source = None
+        if validation_data is not None:
+            val_source = self._input(validation_data, global_batch_size or source.global_batch_size,
+                                     False, "validation_data")
+        self._build(source)
+        train_fn = self._train_function(source.global_batch_size)
+        distributed = self._runner.distribute(source)
+
+        verbose_level = 1 if verbose == "auto" else int(verbose)
+        model = self.model
+        cb_list = keras.callbacks.CallbackList(
+            list(callbacks), add_history=True, add_progbar=bool(verbose_level) and self.is_chief,
+            verbose=verbose_level, epochs=epochs, steps=steps, model=model)
+        k = self.accumulation_steps
+        per_call = max(self.steps_per_execution // k, 1)  # updates per tf.function call
+        model.stop_training = False
+        iterator = self._runner.make_iterator(distributed) if steps_per_epoch else None
+        with chief_writes_only(callbacks, is_chief=self.is_chief, task_label=self._runner.task_label):
+            cb_list.on_train_begin()
+            logs: dict[str, float] = {}
+            for epoch in range(initial_epoch, epochs):
+                model.reset_metrics()
+                cb_list.on_epoch_begin(epoch)
+                epoch_iterator = iterator or self._runner.make_iterator(distributed)
+                updates = steps // k
+                done = 0
+                while done < updates:
+                    n = min(per_call, updates - done)
+                    cb_list.on_train_batch_begin(done * k)
+                    logs = self._run(train_fn, epoch_iterator, n)
+                    done += n
+                    cb_list.on_train_batch_end(done * k - 1, logs)
+                    if model.stop_training:
+                        break
+                self._runner.join()
+                epoch_logs = dict(logs)
+                if val_source is not None:
+                    val_logs = self._evaluate_source(val_source, validation_steps)
+                    epoch_logs.update({f"val_{name}": v for name, v in val_logs.items()})
+                cb_list.on_epoch_end(epoch, epoch_logs)
+                if model.stop_training:
+                    break
+            cb_list.on_train_end(logs)
+        return model.history
+
+    def _evaluate_source(self, source: InputSource, steps: int | None) -> dict[str, float]:
+        steps = steps or source.steps_per_epoch
+        if steps is None:
+            raise invalid_argument("validation_steps", None, "a positive integer",
+                                   note="The evaluation data's length is unknown.")
+        self._build(source)
+        fn = self._eval_function()
+        iterator = self._runner.make_iterator(self._runner.distribute(source))
+        self.model.reset_metrics()
+        logs: dict[str, float] = {}
+        done = 0
+        while done < steps:
+            n = min(self.steps_per_execution, steps - done)
+            logs = self._run(fn, iterator, n)
+            done += n
+        self._runner.join()
+        return logs
+
+    def evaluate(self, data: Any, *, steps: int | None = None,
+                 global_batch_size: int | None = None) -> dict[str, float]:
+        """Evaluates the model; each example counts once, on every strategy.
+
+        Args:
+            data: As for :meth:`fit`.
+            steps: Batches to evaluate; default one pass.
+            global_batch_size: Examples per batch across all replicas.
+
+        Returns:
+            A dict of metric name to value, e.g. ``{"loss": ..., "accuracy": ...}``.
+        """
+        check_positive_int("steps", steps, allow_none=True)
+        return self._evaluate_source(self._input(data, global_batch_size, False, "data"), steps)
