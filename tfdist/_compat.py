@@ -17,6 +17,12 @@ Shims:
     ``_all_reduce_sum_gradients`` on one optimizer instance while tfdist traces
     its step, and restores it afterwards.
 
+  * ``multi_worker_reduce``: after that, Keras's train step reduces each
+    replica's metric results with ``strategy.reduce("MEAN", v, axis=0)`` under
+    multi-worker collectives (``reduce_per_replica``), which fails on scalars:
+    "Invalid reduction dimension 0 for input with 0 dimensions". The shim
+    reduces scalars with ``axis=None``.
+
 Set ``TFDIST_DISABLE_COMPAT=symbolic_build`` (comma separated) to skip a shim,
 e.g. to check whether upstream still needs it.
 """
@@ -33,7 +39,7 @@ import tensorflow as tf
 logger = logging.getLogger(__name__)
 
 KERAS_VERSION = tuple(int(p) for p in keras.__version__.split(".")[:2])
-# The multi-worker `_maybe_symbolic_build` crash: seen on 3.15.1, not fixed upstream yet.
+# The multi-worker fit crashes (symbolic build, then metric reduction): seen on 3.15.1.
 SYMBOLIC_BUILD_AFFECTED = (3, 0) <= KERAS_VERSION < (3, 16)
 
 
@@ -66,6 +72,26 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         self._symbolic_build(data_batch=data_batch)
 
 
+def _make_reduce_per_replica(original):
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    def reduce_per_replica(values, strategy, reduction):
+        """Keras's ``reduce_per_replica``, with scalar means fixed under multi-worker."""
+        if reduction not in ("auto", "mean") or not tf_trainer._collective_all_reduce_multi_worker(strategy):
+            return original(values, strategy, reduction)
+
+        def reduce_one(v):
+            # One replica per worker gives plain tensors, several give PerReplica.
+            local = strategy.experimental_local_results(v)[0]
+            if getattr(local, "shape", None) is not None and local.shape.rank == 0:
+                return strategy.reduce("MEAN", v, axis=None)
+            return original(v, strategy, reduction)
+
+        return tf.nest.map_structure(reduce_one, values)
+
+    return reduce_per_replica
+
+
 _ORIGINALS: dict[str, Any] = {}
 
 
@@ -84,14 +110,19 @@ def apply() -> list[str]:
             TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
             logger.debug("Applied keras %s shim: symbolic_build", keras.__version__)
         applied.append("symbolic_build")
+    if SYMBOLIC_BUILD_AFFECTED and "multi_worker_reduce" not in _disabled():
+        from keras.src.backend.tensorflow import trainer as tf_trainer
+
+        if "multi_worker_reduce" not in _ORIGINALS:
+            _ORIGINALS["multi_worker_reduce"] = tf_trainer.reduce_per_replica
+            tf_trainer.reduce_per_replica = _make_reduce_per_replica(tf_trainer.reduce_per_replica)
+        applied.append("multi_worker_reduce")
     return applied
 
 
 def original(name: str) -> Any:
-    """Returns the upstream function a shim replaced (for tests)."""
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-
-    return _ORIGINALS.get(name, TensorFlowTrainer._maybe_symbolic_build)
+    """Returns the upstream function a shim replaced, or None if it is not in force."""
+    return _ORIGINALS.get(name)
 
 
 def _identity_reduce(grads_and_vars):

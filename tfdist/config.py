@@ -5,6 +5,7 @@ messages read alike: the argument's name, what was received, what was expected.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -46,3 +47,44 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> in
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise invalid_argument(name, value, "a positive integer" + (" or None" if allow_none else ""))
     return value
+
+
+STRATEGY_NAMES = ("auto", "one_device", "mirrored", "multi_worker", "parameter_server")
+OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Options of one ``tfdist train`` job, validated once on construction.
+
+    The CLI flags map one to one onto these fields.
+    """
+
+    strategy: str = "mirrored"
+    num_devices: int | None = 2
+    communication: str = "auto"
+    model: str = "cnn"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    epochs: int = 8
+    global_batch_size: int = 64
+    steps_per_epoch: int | None = None
+    precision: str = "float32"
+    steps_per_execution: int = 1
+    accumulation_steps: int = 1
+    optimizer: str = "adam"
+    learning_rate: float = 2e-3
+    model_dir: str | None = None
+    seed: int = 0
+    verbose: int = 2
+
+    def __post_init__(self) -> None:
+        check_choice("strategy", self.strategy, STRATEGY_NAMES)
+        check_positive_int("num_devices", self.num_devices, allow_none=True)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
+        for name in ("epochs", "global_batch_size", "steps_per_execution", "accumulation_steps"):
+            check_positive_int(name, getattr(self, name))
+        check_positive_int("steps_per_epoch", self.steps_per_epoch, allow_none=True)
+        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
+            raise invalid_argument("learning_rate", self.learning_rate, "a positive number")

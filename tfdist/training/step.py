@@ -41,14 +41,6 @@ def _scale(g: Any, factor: tf.Tensor) -> Any:
     return g * tf.cast(factor, g.dtype)
 
 
-def _add(a: Any, b: Any) -> Any:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
-
-
 def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, global_batch_size: int,
                       accumulation_steps: int, num_replicas: int) -> Callable[[Sequence[Any]], None]:
     """Returns ``update(micro_batches)``: one optimizer update in replica context.
@@ -66,29 +58,42 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
 
     def update(micro_batches: Sequence[Any]) -> None:
         variables = model.trainable_variables
-        summed: list[Any] = [None] * len(variables)
+        present: list[int] = []  # indices of variables that get a gradient, found while tracing
+        summed: list[Any] | None = None
         count = tf.constant(0.0)
         for data in micro_batches:
             x, y, sample_weight = unpack_x_y_sample_weight(data)
             size = _batch_size(x)
-            with tf.GradientTape() as tape:
-                y_pred = _forward(model, x, training=True)
-                # Keras's loss: local mean (+ regularisers) / num_replicas.
-                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-                model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
-                # -> (sum of local losses + size * regularisers) / (global batch * k)
-                objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
-                objective = optimizer.scale_loss(objective)
-            grads = tape.gradient(objective, variables)
-            summed = [_add(a, g) for a, g in zip(summed, grads)]
-            count += size
-            model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-        present = [i for i, g in enumerate(summed) if g is not None]
+            def grads_of_batch(x=x, y=y, sample_weight=sample_weight, size=size):
+                with tf.GradientTape() as tape:
+                    y_pred = _forward(model, x, training=True)
+                    # Keras's loss: local mean (+ regularisers) / num_replicas.
+                    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                               training=True)
+                    model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
+                    # -> (sum of local losses + size * regularisers) / (global batch * k)
+                    objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
+                    objective = optimizer.scale_loss(objective)
+                grads = tape.gradient(objective, variables)
+                model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+                if not present:
+                    present.extend(i for i, g in enumerate(grads) if g is not None)
+                return [tf.convert_to_tensor(grads[i]) for i in present]
+
+            def no_grads():
+                return [tf.zeros_like(variables[i]) for i in present]
+
+            # A replica can get an empty batch (the tail of a partial global
+            # batch); Keras's mean over zero examples is NaN, so skip it.
+            grads = tf.cond(size > 0, grads_of_batch, no_grads)
+            summed = grads if summed is None else [a + g for a, g in zip(summed, grads)]
+            count += size
+
         ctx = tf.distribute.get_replica_context()
-        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [summed[i] for i in present] + [count])
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(summed) + [count])
         factor = tf.math.divide_no_nan(tf.constant(expected), reduced[-1])
-        grads = [None] * len(variables)
+        grads: list[Any] = [None] * len(variables)
         for i, g in zip(present, reduced[:-1]):
             grads[i] = _scale(g, factor)
         optimizer.apply(grads, variables)
@@ -99,22 +104,24 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
 def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
     """Returns ``step(batches)``: updates the loss tracker and metrics, in replica context.
 
-    Examples with ``sample_weight == 0`` (padding added so every worker runs
-    the same number of steps) count for nothing, in the loss as in metrics.
+    Each example counts once, exactly as in ``model.evaluate``; empty batches
+    (padding that keeps every worker on the same step count) count for nothing.
     """
 
     def step(batches: Sequence[Any]) -> None:
         for data in batches:
             x, y, sample_weight = unpack_x_y_sample_weight(data)
             size = _batch_size(x)
-            y_pred = _forward(model, x, training=False)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
-            unscaled = unscale_loss_for_distribution(loss)
-            weight = size if sample_weight is None else tf.reduce_sum(tf.cast(sample_weight, tf.float32))
-            reg = tf.add_n([tf.cast(v, unscaled.dtype) for v in model.losses]) if model.losses else 0.0
-            value = tf.math.divide_no_nan((unscaled - reg) * tf.cast(size, unscaled.dtype),
-                                          tf.cast(weight, unscaled.dtype)) + reg
-            model._loss_tracker.update_state(value, sample_weight=weight)
-            model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+            def update_metrics(x=x, y=y, sample_weight=sample_weight, size=size):
+                y_pred = _forward(model, x, training=False)
+                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+                model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
+                model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+                return tf.constant(True)
+
+            # Workers pad their shard with empty batches so that all run the
+            # same number of steps; an empty batch counts for nothing.
+            tf.cond(size > 0, update_metrics, lambda: tf.constant(False))
 
     return step

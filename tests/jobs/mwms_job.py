@@ -1,0 +1,39 @@
+"""A worker program for multi-worker tests: trains a tiny model, saves weights.
+
+Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODE OUT_DIR``
+with MODE in {trainer, keras_fit}. Each task writes OUT_DIR/<task>.npz.
+"""
+import json
+import os
+import sys
+
+import tfdist
+
+strategy = tfdist.make_strategy("multi_worker")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jobs.common import builder, dataset, initial_weights  # noqa: E402
+
+mode, out_dir = sys.argv[1], sys.argv[2]
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+w0 = initial_weights()
+if mode == "trainer":
+    trainer = tfdist.Trainer(builder(w0), strategy=strategy, optimizer=keras.optimizers.SGD(0.1),
+                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                             metrics=["accuracy"])
+    history = trainer.fit(dataset(), epochs=2, verbose=0)
+    model = trainer.model
+else:
+    with strategy.scope():
+        model = builder(w0)()
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    history = model.fit(dataset(), epochs=2, verbose=0)
+np.savez(os.path.join(out_dir, f"{task['type']}-{task['index']}.npz"), *model.get_weights())
+with open(os.path.join(out_dir, f"{task['type']}-{task['index']}.json"), "w") as f:
+    json.dump({k: [float(v) for v in vs] for k, vs in history.history.items()}, f)
+print("done", tf.distribute.get_strategy().num_replicas_in_sync if False else strategy.num_replicas_in_sync)

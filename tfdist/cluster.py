@@ -1,0 +1,435 @@
+"""TF_CONFIG and Slurm environments -> a validated cluster spec and this task.
+
+Pure Python (no TensorFlow import), so the launcher and the CLI stay fast::
+
+    info = tfdist.cluster.from_environment()   # None outside a cluster
+    if info is not None and info.is_chief:
+        ...
+
+Every problem raises one ``ValueError`` worded by
+:func:`tfdist.config.invalid_argument`, naming the offending field, e.g.
+``TF_CONFIG.cluster.worker[1]``.
+"""
+from __future__ import annotations
+
+import copy
+import errno
+import ipaddress
+import json
+import logging
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import portpicker
+
+from tfdist.config import check_positive_int, invalid_argument
+
+logger = logging.getLogger(__name__)
+
+VALID_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+_TASK_EXAMPLE = "a dict like {'type': 'worker', 'index': 0}"
+_SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
+_SLURM_TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+
+
+class _Missing:
+    """Stands in for a key that is absent, so the error reads ``name=<missing>``."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """The cluster and this process's place in it, as TF_CONFIG describes them.
+
+    Attributes:
+        cluster: Task type -> list of ``"host:port"`` addresses.
+        task_type: This task's type: ``chief``, ``worker``, ``ps`` or ``evaluator``.
+        task_id: This task's index within ``cluster[task_type]``.
+        rpc_layer: The RPC protocol TensorFlow uses between tasks.
+    """
+
+    cluster: dict[str, list[str]]
+    task_type: str
+    task_id: int
+    rpc_layer: str = "grpc"
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the chief, or for worker 0 when the cluster has no chief."""
+        if self.task_type == "chief":
+            return True
+        return self.task_type == "worker" and self.task_id == 0 and not self.cluster.get("chief")
+
+    @property
+    def num_workers(self) -> int:
+        """The number of training workers: chief plus workers."""
+        return len(self.cluster.get("chief", [])) + len(self.cluster.get("worker", []))
+
+    @property
+    def address(self) -> str:
+        """This task's ``host:port``; ``""`` for an evaluator outside the cluster."""
+        addresses = self.cluster.get(self.task_type, [])
+        return addresses[self.task_id] if self.task_id < len(addresses) else ""
+
+    def to_tf_config(self) -> dict:
+        """Returns the TF_CONFIG dict (``json.dumps`` it for the environment)."""
+        return {
+            "cluster": copy.deepcopy(self.cluster),
+            "task": {"type": self.task_type, "index": self.task_id},
+            "rpc_layer": self.rpc_layer,
+        }
+
+
+def parse_tf_config(raw: str | dict | None) -> ClusterInfo | None:
+    """Parses and validates TF_CONFIG.
+
+    Args:
+        raw: The TF_CONFIG JSON string, an already-decoded dict, or None.
+
+    Returns:
+        The validated :class:`ClusterInfo`, or None when ``raw`` is None or empty.
+
+    Raises:
+        ValueError: If TF_CONFIG is malformed; the message names the bad field.
+    """
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    if isinstance(raw, str):
+        try:
+            config = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise invalid_argument(
+                "TF_CONFIG", raw, "a JSON object",
+                note=f"JSON error: {e.msg} at line {e.lineno} column {e.colno} (char {e.pos}).") from None
+    elif isinstance(raw, dict):
+        config = raw
+    else:
+        raise invalid_argument("TF_CONFIG", raw, "a JSON string, a dict or None")
+    if not isinstance(config, dict):
+        raise invalid_argument("TF_CONFIG", config, "a JSON object with keys 'cluster' and 'task'")
+
+    cluster = _validate_cluster(config.get("cluster", _MISSING))
+    task = config.get("task", _MISSING)
+    if not isinstance(task, dict):
+        raise invalid_argument("TF_CONFIG.task", task, _TASK_EXAMPLE)
+    task_type = task.get("type", _MISSING)
+    if not isinstance(task_type, str) or (task_type not in cluster and task_type != "evaluator"):
+        raise invalid_argument(
+            "TF_CONFIG.task.type", task_type, sorted(cluster),
+            note="The task type must be one of the task types in TF_CONFIG.cluster.")
+    task_id = task.get("index", _MISSING)
+    if isinstance(task_id, bool) or not isinstance(task_id, int):
+        raise invalid_argument("TF_CONFIG.task.index", task_id, "an integer")
+    size = len(cluster.get(task_type, [])) or 1  # An evaluator outside the cluster is one task.
+    if not 0 <= task_id < size:
+        raise invalid_argument(
+            "TF_CONFIG.task.index", task_id, f"an integer in the range [0, {size - 1}]",
+            note=f"TF_CONFIG.cluster.{task_type} has {size} task(s).")
+    rpc_layer = config.get("rpc_layer", "grpc")
+    if not isinstance(rpc_layer, str) or not rpc_layer:
+        raise invalid_argument("TF_CONFIG.rpc_layer", rpc_layer, "a non-empty string such as 'grpc'")
+    return ClusterInfo(cluster=cluster, task_type=task_type, task_id=task_id, rpc_layer=rpc_layer)
+
+
+def _validate_cluster(cluster: Any) -> dict[str, list[str]]:
+    """Checks TF_CONFIG.cluster and returns a copy of it."""
+    if not isinstance(cluster, dict) or not cluster:
+        raise invalid_argument(
+            "TF_CONFIG.cluster", cluster,
+            "a non-empty dict mapping task types to lists of 'host:port' addresses")
+    unknown = sorted(str(t) for t in cluster if t not in VALID_TASK_TYPES)
+    if unknown:
+        raise invalid_argument(
+            "TF_CONFIG.cluster", cluster, "task types from: " + ", ".join(VALID_TASK_TYPES),
+            note=f"Unknown task type(s): {', '.join(unknown)}.")
+    seen: dict[str, str] = {}
+    result = {}
+    for task_type, addresses in cluster.items():
+        name = f"TF_CONFIG.cluster.{task_type}"
+        if not isinstance(addresses, list) or not addresses:
+            raise invalid_argument(name, addresses, "a non-empty list of 'host:port' strings")
+        if task_type == "chief" and len(addresses) > 1:
+            raise invalid_argument(name, addresses, "a list with exactly one address",
+                                   note="A cluster has at most one chief.")
+        for i, address in enumerate(addresses):
+            task_name = f"{task_type}[{i}]"
+            _check_address(f"TF_CONFIG.cluster.{task_name}", address)
+            if address in seen:
+                raise invalid_argument(
+                    f"TF_CONFIG.cluster.{task_name}", address, "an address used by exactly one task",
+                    note=f"TF_CONFIG.cluster.{seen[address]} has the same address.")
+            seen[address] = task_name
+        result[task_type] = list(addresses)
+    return result
+
+
+def _split_address(address: str) -> tuple[str, int] | None:
+    """Splits ``"host:port"`` (``"[v6]:port"`` for IPv6); None if malformed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not re.fullmatch(r"[0-9]+", port):
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        return None  # An IPv6 host needs brackets: "[::1]:2222".
+    if not host or any(c.isspace() for c in host) or not 1 <= int(port) <= 65535:
+        return None
+    return host, int(port)
+
+
+def _check_address(name: str, address: Any) -> None:
+    if not isinstance(address, str) or _split_address(address) is None:
+        raise invalid_argument(
+            name, address, "a 'host:port' string with an integer port in 1..65535",
+            note="Write IPv6 hosts in brackets, e.g. '[::1]:2222'.")
+
+
+def from_environment(environ: Mapping[str, str] | None = None) -> ClusterInfo | None:
+    """Reads the cluster from TF_CONFIG, or else from a Slurm job step.
+
+    Args:
+        environ: The environment to read; defaults to ``os.environ``.
+
+    Returns:
+        The :class:`ClusterInfo`, or None when neither TF_CONFIG nor a Slurm
+        job step (SLURM_JOB_ID, SLURM_PROCID and a node list) is present.
+
+    Raises:
+        ValueError: If the variables found are malformed.
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get("TF_CONFIG", "")
+    if raw.strip():
+        return parse_tf_config(raw)
+    if ("SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ
+            and any(name in environ for name in _SLURM_NODELISTS)):
+        return from_slurm(environ)
+    return None
+
+
+def from_slurm(environ: Mapping[str, str], *, port_base: int = 8888) -> ClusterInfo | None:
+    """Builds an all-worker cluster from the variables ``srun`` sets.
+
+    Tasks are assigned to the hosts of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST)
+    in order, SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE) at a time.
+    The k-th task on a node listens on ``port_base + k``.
+
+    Args:
+        environ: The environment, e.g. ``os.environ``.
+        port_base: The port of the first task on each node.
+
+    Returns:
+        The :class:`ClusterInfo` with task type ``worker`` and task id
+        SLURM_PROCID, or None when SLURM_PROCID or the node list is absent.
+
+    Raises:
+        ValueError: If a Slurm variable is malformed or they disagree.
+    """
+    nodelist_var = next((v for v in _SLURM_NODELISTS if environ.get(v)), None)
+    if "SLURM_PROCID" not in environ or nodelist_var is None:
+        return None
+    hosts = expand_nodelist(environ[nodelist_var], name=nodelist_var)
+    task_id = _slurm_int(environ, "SLURM_PROCID", minimum=0)
+    tpn_var = next((v for v in _SLURM_TASKS_PER_NODE if environ.get(v)), None)
+    ntasks = _slurm_int(environ, "SLURM_NTASKS", minimum=1) if environ.get("SLURM_NTASKS") else None
+    if tpn_var is not None:
+        per_node = expand_tasks_per_node(environ[tpn_var], name=tpn_var)
+        if len(per_node) != len(hosts):
+            raise invalid_argument(
+                tpn_var, environ[tpn_var], f"counts for {len(hosts)} node(s)",
+                note=f"{nodelist_var} lists {len(hosts)} node(s).")
+    elif ntasks is not None and ntasks % len(hosts) == 0:
+        per_node = [ntasks // len(hosts)] * len(hosts)
+    else:
+        raise invalid_argument(
+            "SLURM_TASKS_PER_NODE", _MISSING, "a count such as '2(x3),1'",
+            note="Set it, or SLURM_NTASKS as a multiple of the number of nodes.")
+    total = sum(per_node)
+    if ntasks is not None and ntasks != total:
+        raise invalid_argument("SLURM_NTASKS", environ["SLURM_NTASKS"], f"{total}",
+                               note=f"{tpn_var} adds up to {total} tasks.")
+    if task_id >= total:
+        raise invalid_argument("SLURM_PROCID", environ["SLURM_PROCID"],
+                               f"an integer in the range [0, {total - 1}]")
+    if isinstance(port_base, bool) or not isinstance(port_base, int) or not (
+            1 <= port_base and port_base + max(per_node) - 1 <= 65535):
+        raise invalid_argument("port_base", port_base,
+                               f"an integer in 1..{65536 - max(per_node)} ({max(per_node)} tasks per node)")
+    addresses = [_join(host, port_base + k) for host, n in zip(hosts, per_node) for k in range(n)]
+    return ClusterInfo(cluster={"worker": addresses}, task_type="worker", task_id=task_id)
+
+
+def _slurm_int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
+    value = environ.get(name, _MISSING)
+    if not isinstance(value, str) or not re.fullmatch(r"\s*[0-9]+\s*", value) or int(value) < minimum:
+        raise invalid_argument(name, value, f"an integer >= {minimum}")
+    return int(value)
+
+
+def expand_nodelist(nodelist: str, *, name: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """Expands Slurm's compact host list, e.g. ``"node[01-03,07],gpu1"``.
+
+    Zero padding is kept (``node[08-10]`` -> node08, node09, node10); several
+    bracket groups in one name expand to their product, as Slurm does.
+
+    Args:
+        nodelist: The compact host list.
+        name: The variable it came from, for the error message.
+
+    Returns:
+        The host names, in order.
+
+    Raises:
+        ValueError: On unbalanced brackets, empty names or bad ranges.
+    """
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(nodelist + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise invalid_argument(name, nodelist, "a Slurm host list like 'node[01-03,07],other'",
+                                   note="Its brackets are unbalanced.")
+        if char == "," and depth == 0:
+            items.append(nodelist[start:i].strip())
+            start = i + 1
+    if depth != 0 or not all(items):
+        raise invalid_argument(name, nodelist, "a Slurm host list like 'node[01-03,07],other'")
+    hosts: list[str] = []
+    for item in items:
+        expanded = [""]
+        for literal, bracket in re.findall(r"([^\[\]]*)(\[[^\[\]]*\])?", item):
+            if not literal and not bracket:
+                continue
+            suffixes = _expand_ranges(bracket[1:-1], name=name, nodelist=nodelist) if bracket else [""]
+            expanded = [prefix + literal + s for prefix in expanded for s in suffixes]
+        hosts.extend(expanded)
+    return hosts
+
+
+def _expand_ranges(ranges: str, *, name: str, nodelist: str) -> list[str]:
+    out = []
+    for part in ranges.split(","):
+        match = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
+        if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+            raise invalid_argument(name, nodelist, "a Slurm host list like 'node[01-03,07],other'",
+                                   note=f"Bad range {part!r} in brackets.")
+        first, last = match.group(1), match.group(2) or match.group(1)
+        out.extend(str(n).zfill(len(first)) for n in range(int(first), int(last) + 1))
+    return out
+
+
+def expand_tasks_per_node(spec: str, *, name: str = "SLURM_TASKS_PER_NODE") -> list[int]:
+    """Expands Slurm's tasks-per-node syntax, e.g. ``"2(x3),1"`` -> [2, 2, 2, 1].
+
+    Raises:
+        ValueError: If ``spec`` does not follow that syntax.
+    """
+    counts = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", part)
+        if not match or int(match.group(1)) < 1 or match.group(2) == "0":
+            raise invalid_argument(name, spec, "task counts like '2(x3),1' (each count >= 1)")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def make_cluster(*, workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
+                 host: str = "127.0.0.1", ports: Sequence[int] | None = None) -> dict[str, list[str]]:
+    """Builds a cluster dict with every task on ``host``.
+
+    Args:
+        workers: The number of workers (>= 1).
+        ps: The number of parameter servers (>= 0).
+        chief: Whether to add a chief.
+        evaluator: Whether to add an evaluator.
+        host: The host of every task.
+        ports: One port per task, in the order chief, workers, ps, evaluator.
+            By default free ports are picked with ``portpicker``.
+
+    Returns:
+        Task type -> list of ``"host:port"``, e.g. ``{"worker": ["127.0.0.1:15001", ...]}``.
+
+    Raises:
+        ValueError: On bad counts, or ports of the wrong number, range or duplicated.
+    """
+    check_positive_int("workers", workers)
+    if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
+        raise invalid_argument("ps", ps, "a non-negative integer")
+    if not isinstance(host, str) or not host.strip():
+        raise invalid_argument("host", host, "a host name or IP address")
+    counts = {"chief": int(bool(chief)), "worker": workers, "ps": ps, "evaluator": int(bool(evaluator))}
+    num_tasks = sum(counts.values())
+    if ports is None:
+        picked: list[int] = []
+        while len(picked) < num_tasks:
+            port = portpicker.pick_unused_port()
+            if port not in picked:
+                picked.append(port)
+        ports = picked
+    else:
+        ports = list(ports)
+        if len(ports) != num_tasks:
+            raise invalid_argument("ports", ports, f"{num_tasks} ports (one per task: {_describe(counts)})")
+        for i, port in enumerate(ports):
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise invalid_argument(f"ports[{i}]", port, "an integer port in 1..65535")
+        if len(set(ports)) != len(ports):
+            raise invalid_argument("ports", ports, "distinct ports")
+    it = iter(ports)
+    return {t: [_join(host, next(it)) for _ in range(n)] for t, n in counts.items() if n}
+
+
+def _describe(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {t}" for t, n in counts.items() if n)
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8 and ``::1`` (no DNS lookup is made)."""
+    host = host.strip().strip("[]").rstrip(".").lower()
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def check_port_free(host: str, port: int, *, what: str) -> None:
+    """Raises if ``host:port`` cannot be bound (SO_REUSEADDR off).
+
+    Args:
+        host: The local address to bind.
+        port: The port to bind.
+        what: The field the address came from, e.g. ``TF_CONFIG.cluster.worker[0]``.
+
+    Raises:
+        ValueError: If the port is in use, or the address is not one of this machine's.
+    """
+    bare = host.strip("[]")
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    address = _join(bare, port)
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+        try:
+            sock.bind((bare, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise invalid_argument(
+                    what, address, "a free port",
+                    note="The port is already in use by another process; "
+                         "stop that process or choose another port.") from None
+            raise invalid_argument(what, address, "an address this machine can bind",
+                                   note=f"Binding it failed: {e.strerror or e}.") from None

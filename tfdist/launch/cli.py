@@ -1,0 +1,113 @@
+"""The ``tfdist`` command line (also ``python -m tfdist``).
+
+    tfdist train --strategy=mirrored --num_devices=2 --model=cnn --dataset=digits --epochs=8
+    tfdist launch --workers=2 -- tfdist train --strategy=multi_worker
+    tfdist bench --output=bench_results/bench.json
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Sequence
+
+from absl import app, flags
+
+from tfdist.config import PRECISIONS, STRATEGY_NAMES, TrainConfig, invalid_argument
+
+FLAGS = flags.FLAGS
+COMMANDS = ("train", "launch", "bench")
+_DEFAULT = TrainConfig()
+
+# train
+flags.DEFINE_enum("strategy", _DEFAULT.strategy, STRATEGY_NAMES, "Distribution strategy.")
+flags.DEFINE_integer("num_devices", _DEFAULT.num_devices, "Replicas for --strategy=mirrored.")
+flags.DEFINE_enum("communication", _DEFAULT.communication, ["auto", "ring", "nccl"],
+                  "Collectives for --strategy=multi_worker.")
+flags.DEFINE_string("model", _DEFAULT.model, "mlp, cnn, resnet or transformer.")
+flags.DEFINE_string("dataset", _DEFAULT.dataset, "digits, synthetic or tfds:NAME.")
+flags.DEFINE_string("data_dir", None, "tensorflow-datasets data_dir for tfds:NAME.")
+flags.DEFINE_integer("epochs", _DEFAULT.epochs, "Epochs to train.")
+flags.DEFINE_integer("global_batch_size", _DEFAULT.global_batch_size, "Examples per step over all replicas.")
+flags.DEFINE_integer("steps_per_epoch", None, "Batches per epoch (default: one pass).")
+flags.DEFINE_enum("precision", _DEFAULT.precision, PRECISIONS, "Numeric precision.")
+flags.DEFINE_integer("steps_per_execution", _DEFAULT.steps_per_execution, "Batches per tf.function call.")
+flags.DEFINE_integer("accumulation_steps", _DEFAULT.accumulation_steps, "Micro-batches per optimizer update.")
+flags.DEFINE_string("optimizer", _DEFAULT.optimizer, "adam, adamw, sgd or rmsprop.")
+flags.DEFINE_float("learning_rate", _DEFAULT.learning_rate, "Base learning rate.")
+flags.DEFINE_string("model_dir", None, "Where the chief saves model.keras after training.")
+flags.DEFINE_integer("seed", _DEFAULT.seed, "Random seed.")
+flags.DEFINE_integer("verbose", _DEFAULT.verbose, "0 silent, 1 progress bar, 2 one line per epoch.")
+# launch
+flags.DEFINE_integer("workers", 2, "launch: worker processes.")
+flags.DEFINE_integer("ps", 0, "launch: parameter-server processes.")
+flags.DEFINE_boolean("chief", False, "launch: add a chief process.")
+flags.DEFINE_boolean("evaluator", False, "launch: add an evaluator process.")
+flags.DEFINE_string("host", "127.0.0.1", "launch: address the processes listen on (loopback by default).")
+flags.DEFINE_boolean("allow_external", False, "launch: allow a non-loopback --host (gRPC is unauthenticated).")
+flags.DEFINE_float("timeout", None, "launch: kill everything after this many seconds.")
+# bench
+flags.DEFINE_string("output", "bench_results/bench.json", "bench: where to write the JSON results.")
+flags.DEFINE_list("benchmarks", [], "bench: which to run (default all).")
+flags.DEFINE_integer("repeats", 3, "bench: timed repeats per side (the median is reported).")
+
+
+def _train_config() -> TrainConfig:
+    return TrainConfig(
+        strategy=FLAGS.strategy, num_devices=FLAGS.num_devices, communication=FLAGS.communication,
+        model=FLAGS.model, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, epochs=FLAGS.epochs,
+        global_batch_size=FLAGS.global_batch_size, steps_per_epoch=FLAGS.steps_per_epoch,
+        precision=FLAGS.precision, steps_per_execution=FLAGS.steps_per_execution,
+        accumulation_steps=FLAGS.accumulation_steps, optimizer=FLAGS.optimizer,
+        learning_rate=FLAGS.learning_rate, model_dir=FLAGS.model_dir, seed=FLAGS.seed, verbose=FLAGS.verbose)
+
+
+def _train(args: Sequence[str]) -> int:
+    if args:
+        raise app.UsageError(f"train takes no positional arguments; received {list(args)}")
+    from tfdist.launch import train
+
+    summary = train.run(_train_config())
+    if summary["is_chief"]:
+        print(f"final val_accuracy={summary['val_accuracy']:.4f} val_loss={summary['val_loss']:.4f} "
+              f"replicas={summary['num_replicas']} train_seconds={summary['seconds']:.1f}")
+    return 0
+
+
+def _launch(args: Sequence[str]) -> int:
+    if not args:
+        raise app.UsageError("launch needs a command after --, e.g. tfdist launch --workers=2 -- tfdist train")
+    from tfdist.launch.local import launch
+
+    return launch(list(args), workers=FLAGS.workers, ps=FLAGS.ps, chief=FLAGS.chief, evaluator=FLAGS.evaluator,
+                  host=FLAGS.host, allow_external=FLAGS.allow_external, timeout=FLAGS.timeout)
+
+
+def _bench(args: Sequence[str]) -> int:
+    from tfdist.bench import runner
+
+    results = runner.run(FLAGS.benchmarks or None, output=FLAGS.output, repeats=FLAGS.repeats)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """Dispatches ``tfdist COMMAND [flags] [-- args]``."""
+    if len(argv) < 2 or argv[1] not in COMMANDS:
+        received = argv[1] if len(argv) > 1 else None
+        raise app.UsageError(str(invalid_argument("command", received, COMMANDS)))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("absl", "tensorflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return {"train": _train, "launch": _launch, "bench": _bench}[argv[1]](argv[2:])
+    except ValueError as e:
+        if str(e).startswith("Invalid value for argument"):
+            print(f"tfdist {argv[1]}: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app.run(main)

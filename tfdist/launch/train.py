@@ -1,0 +1,82 @@
+"""The ``tfdist train`` job: strategy, data, model, Trainer, report.
+
+Run it with ``make train``, ``tfdist train --strategy=mirrored --num_devices=2``,
+or on a local cluster with
+``tfdist launch --workers=2 -- tfdist train --strategy=multi_worker``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from tfdist.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _strategy_options(config: TrainConfig) -> dict[str, Any]:
+    if config.strategy == "mirrored":
+        return {"num_devices": config.num_devices}
+    if config.strategy == "multi_worker":
+        return {"communication": config.communication}
+    return {}
+
+
+def run(config: TrainConfig) -> dict[str, Any]:
+    """Trains ``config.model`` on ``config.dataset`` and returns a summary.
+
+    Returns:
+        A dict with ``val_accuracy``, ``val_loss``, ``history``, ``seconds``,
+        ``is_chief`` and ``num_replicas``.
+    """
+    import tfdist  # noqa: F401  (applies the compat shims before TF work)
+    from tfdist.strategies.factory import make_strategy
+
+    strategy = make_strategy(config.strategy, **_strategy_options(config))
+
+    import keras
+
+    from tfdist import data, models
+    from tfdist.training.trainer import Trainer
+
+    keras.utils.set_random_seed(config.seed)
+    train = data.load(config.dataset, split="train", data_dir=config.data_dir, seed=config.seed)
+    val = data.load(config.dataset, split="validation", data_dir=config.data_dir, seed=config.seed)
+    optimizer = keras.optimizers.get({"class_name": config.optimizer,
+                                      "config": {"learning_rate": config.learning_rate}})
+    trainer = Trainer(
+        lambda: models.get(config.model, input_shape=train.input_shape, num_classes=train.num_classes),
+        strategy=strategy, optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+        precision=config.precision, accumulation_steps=config.accumulation_steps,
+        steps_per_execution=config.steps_per_execution)
+    start = time.perf_counter()
+    history = trainer.fit(train, epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
+                          global_batch_size=config.global_batch_size, validation_data=val,
+                          verbose=config.verbose if trainer.is_chief else 0)
+    seconds = time.perf_counter() - start
+    if config.model_dir:
+        _save(trainer, config.model_dir)
+    return {
+        "val_accuracy": float(history.history["val_accuracy"][-1]),
+        "val_loss": float(history.history["val_loss"][-1]),
+        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+        "seconds": seconds,
+        "is_chief": trainer.is_chief,
+        "num_replicas": strategy.num_replicas_in_sync,
+    }
+
+
+def _save(trainer: Any, model_dir: str) -> None:
+    """Saves ``model.keras``; only the chief writes ``model_dir``, others a temp dir."""
+    target = model_dir if trainer.is_chief else tempfile.mkdtemp(prefix="tfdist-save-")
+    os.makedirs(target, exist_ok=True)
+    trainer.model.save(os.path.join(target, "model.keras"))
+    if not trainer.is_chief:
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        logger.info("Saved the model to %s", os.path.join(model_dir, "model.keras"))
