@@ -15,6 +15,7 @@ setup(
         "keras>=3.15,<4",
         "tensorflow-datasets>=4.9",
         "absl-py>=2.0",
+        "tensorboard>=2.20",
         "scikit-learn>=1.3",
         "portpicker>=1.6",
         "numpy",

@@ -1,0 +1,6 @@
+"""Side-by-side benchmarks, reported as ratios in JSON (and a PNG chart).
+
+    python -m tfdist bench --output=bench_results/bench.json
+
+See :func:`tfdist.bench.runner.run`; benchmarks register in ``tfdist.bench.common``.
+"""

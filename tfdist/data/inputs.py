@@ -113,6 +113,7 @@ def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_bat
         ds = ds.batch(gbs).prefetch(tf.data.AUTOTUNE)
         return InputSource(gbs, ds.element_spec, -(-n // gbs), dataset=ds)
 
-    raise invalid_argument(argument, type(data).__name__,
+    note = f"For a built-in dataset pass tfdist.data.load({data!r})." if isinstance(data, str) else ""
+    raise invalid_argument(argument, data if isinstance(data, str) else type(data).__name__,
                            "a tfdist.data.DatasetFn, a dataset_fn(input_context), a tf.data.Dataset of "
-                           "global batches, or an (x, y[, sample_weight]) tuple of arrays")
+                           "global batches, or an (x, y[, sample_weight]) tuple of arrays", note=note)

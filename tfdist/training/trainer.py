@@ -126,7 +126,9 @@ class Trainer:
             if not isinstance(built, keras.Model):
                 raise invalid_argument("model", built, "a builder that returns a keras.Model")
             return built
-        raise invalid_argument("model", type(model).__name__, "a keras.Model or a zero-arg builder")
+        note = (f"For a built-in model pass `lambda: tfdist.models.get({model!r})`." if isinstance(model, str) else "")
+        raise invalid_argument("model", model if isinstance(model, str) else type(model).__name__,
+                               "a keras.Model or a zero-arg builder", note=note)
 
     def _input(self, data: Any, global_batch_size: int | None, training: bool, argument: str) -> InputSource:
         return as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,

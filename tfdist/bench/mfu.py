@@ -1,0 +1,158 @@
+"""``mfu``: model FLOP utilisation of float32 training, Trainer and Keras fit.
+
+MFU = training FLOP/s / the machine's float32 matmul peak, both measured here:
+
+* **Peak**: a ``tf.function`` runs a dependency-*chained* loop
+  ``x = x @ w`` of ``n x n`` float32 matmuls (``w`` orthogonal, so ``x`` keeps
+  its norm and stays finite). Chaining matters: Grappler merges identical
+  independent ops, so a loop of ``tf.matmul(a, b)`` would compute one product.
+  GFLOP/s = ``2 * n**3 * iterations / seconds``.
+* **Training FLOP/s** of a dense-dominated MLP on the one_device strategy:
+  ``6 * sum(in * out over Dense layers) * examples/s``. Per example and
+  multiply-add of a Dense kernel, the forward matmul costs 2 FLOPs and the
+  backward pass 4 (one matmul for the gradient w.r.t. the layer input, one for
+  the gradient w.r.t. the kernel). Bias, activation, loss and optimizer
+  updates are O(units) or O(parameters) and left out, as is usual; on the
+  other hand the first layer's input gradient is counted although nothing
+  needs it, as the usual ``6N`` convention does.
+
+The peak and the two training sides are measured in turn (A B C, C B A, ...)
+so that the machine's drifts hit them alike; medians are reported.
+
+    tfdist bench --benchmarks=mfu
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist.bench import common
+
+MATMUL_SIZE = 2048
+MATMUL_ITERATIONS = 12
+INPUT_FEATURES = 1024
+HIDDEN_UNITS = (2048, 2048, 2048)
+NUM_CLASSES = 10
+GLOBAL_BATCH_SIZE = 512
+STEPS_PER_FIT = 8
+LEARNING_RATE = 0.01
+
+
+def matmul_peak(n: int, iterations: int, *, device: str = "/cpu:0", seed: int = 0) -> Callable[[], float]:
+    """A measurement of float32 matmul GFLOP/s: one call of a chained-matmul loop.
+
+    The returned callable traces and runs the loop once when created (warm-up);
+    each call then times one run and returns GFLOP/s.
+
+    Raises:
+        FloatingPointError: If the chain's result is not finite.
+    """
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    with tf.device(device):
+        w = tf.constant(q.astype("float32"))
+        x0 = tf.constant((rng.normal(size=(n, n)) / np.sqrt(n)).astype("float32"))
+
+    @tf.function
+    def chain(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        with tf.device(device):
+            for _ in tf.range(iterations):
+                x = tf.matmul(x, w)
+            return tf.reduce_sum(tf.square(x))  # = ||x0||^2 since w is orthogonal
+
+    def run_once() -> float:
+        value = float(chain(x0, w).numpy())
+        if not np.isfinite(value):
+            raise FloatingPointError(f"chained matmul overflowed: sum of squares {value}")
+        return value
+
+    run_once()
+
+    def measure() -> float:
+        return 2.0 * n**3 * iterations / common.timed(run_once) / 1e9
+
+    return measure
+
+
+def dense_flops_per_example(model: keras.Model) -> int:
+    """Training FLOPs per example of ``model``'s Dense layers: ``6 * sum(in * out)``."""
+    macs = sum(int(np.prod(layer.kernel.shape)) for layer in model._flatten_layers()
+               if isinstance(layer, keras.layers.Dense))
+    return 6 * macs
+
+
+@common.register("mfu")
+def mfu(repeats: int, quick: bool) -> dict[str, Any]:
+    """Float32 MFU of Trainer.fit and Keras fit on a wide MLP, one_device strategy.
+
+    Returns:
+        ``matmul_peak_gflops``, ``trainer_gflops``, ``keras_fit_gflops``,
+        ``trainer_mfu``, ``keras_fit_mfu``, ``mfu_ratio`` (trainer / keras MFU),
+        ``goal``, the examples/s of both sides, the raw samples and the config.
+    """
+    import tfdist
+
+    strategy = common.strategy("one_device")
+    n, iterations = (256, 4) if quick else (MATMUL_SIZE, MATMUL_ITERATIONS)
+    features, hidden = (64, (128, 128)) if quick else (INPUT_FEATURES, HIDDEN_UNITS)
+    global_batch_size = 64 if quick else GLOBAL_BATCH_SIZE
+    steps = 4 if quick else STEPS_PER_FIT
+    dataset = common.make_dataset((features,), NUM_CLASSES, global_batch_size=global_batch_size, num_batches=4)
+
+    def build() -> keras.Model:
+        return tfdist.models.get("mlp", input_shape=(features,), num_classes=NUM_CLASSES, hidden_units=hidden)
+
+    weights = common.initial_weights(build)
+    builder = common.with_weights(build, weights)
+    flops_per_example = dense_flops_per_example(build())
+
+    trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=keras.optimizers.SGD(LEARNING_RATE),
+                             loss=common.logits_loss())
+    with strategy.scope():
+        model = builder()
+        model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), loss=common.logits_loss())
+
+    def trainer_fit(**kwargs: Any) -> Any:
+        return trainer.fit(dataset, global_batch_size=global_batch_size, **kwargs)
+
+    def keras_fit(**kwargs: Any) -> Any:
+        return model.fit(dataset, **kwargs)
+
+    sides = {
+        "matmul": matmul_peak(n, iterations),
+        "trainer": common.fit_throughput(trainer_fit, steps=steps, global_batch_size=global_batch_size),
+        "keras_fit": common.fit_throughput(keras_fit, steps=steps, global_batch_size=global_batch_size),
+    }
+    for name in ("trainer", "keras_fit"):  # warm-up: traces, starts the input pipeline
+        sides[name]()
+    samples = common.alternate(sides, repeats)
+    peak = common.median(samples["matmul"])
+    trainer_rate = common.median(samples["trainer"])
+    keras_rate = common.median(samples["keras_fit"])
+    trainer_gflops = flops_per_example * trainer_rate / 1e9
+    keras_gflops = flops_per_example * keras_rate / 1e9
+    trainer_mfu = common.ratio(trainer_gflops, peak)
+    keras_mfu = common.ratio(keras_gflops, peak)
+    return {
+        "matmul_peak_gflops": peak,
+        "trainer_gflops": trainer_gflops,
+        "keras_fit_gflops": keras_gflops,
+        "trainer_mfu": trainer_mfu,
+        "keras_fit_mfu": keras_mfu,
+        "mfu_ratio": common.ratio(trainer_mfu, keras_mfu),
+        "goal": ">= 0.60",
+        "trainer_examples_per_s": trainer_rate,
+        "keras_fit_examples_per_s": keras_rate,
+        "samples": samples,
+        "config": {
+            "strategy": "one_device", "precision": "float32", "model": "mlp", "input_shape": [features],
+            "hidden_units": list(hidden), "num_classes": NUM_CLASSES, "global_batch_size": global_batch_size,
+            "steps_per_fit": steps, "optimizer": f"SGD({LEARNING_RATE})", "flops_per_example": flops_per_example,
+            "flops_formula": "6 * sum(in * out over Dense kernels) per example",
+            "matmul": {"n": n, "iterations": iterations, "dtype": "float32",
+                       "gflops_formula": "2 * n**3 * iterations / seconds / 1e9"},
+        },
+    }

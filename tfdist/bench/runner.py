@@ -1,0 +1,117 @@
+"""``tfdist bench``: side-by-side measurements in one process, reported as ratios.
+
+    python -m tfdist bench --output=bench_results/bench.json
+    python -m tfdist bench --benchmarks=mfu --repeats=5
+
+This machine is noisy, so every benchmark compares two sides measured in the
+same process, alternating between them, and reports medians and their ratio;
+absolute numbers are secondary. Results go to a JSON file and, when matplotlib
+is installed, a PNG bar chart of the ratios next to it.
+
+To add a benchmark, write a module under ``tfdist/bench/`` with a function
+``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add
+the module to :data:`BUILTIN_MODULES`.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib
+import logging
+import os
+import platform
+import time
+from typing import Any, Sequence
+
+from tfdist.bench import common, report
+from tfdist.config import check_positive_int, invalid_argument
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_MODULES = (
+    "tfdist.bench.trainer_vs_fit",
+    "tfdist.bench.mfu",
+)
+
+
+def _load_builtins() -> None:
+    # Importing the modules runs their @common.register decorators.
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+def available() -> tuple[str, ...]:
+    """The benchmark names ``run`` accepts, sorted."""
+    _load_builtins()
+    return tuple(sorted(common.registry()))
+
+
+def _meta(repeats: int, quick: bool) -> dict[str, Any]:
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        affinity = None
+    return {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "tfdist": tfdist.__version__,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "logical_cpu_devices": len(tf.config.list_logical_devices("CPU")),
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "repeats": repeats,
+        "quick": quick,
+    }
+
+
+def run(names: Sequence[str] | None = None, *, output: str | None = "bench_results/bench.json",
+        repeats: int = 3, quick: bool = False) -> dict[str, Any]:
+    """Runs benchmarks and returns (and writes) their results.
+
+    Creates the shared strategies first, before any other TensorFlow work: the
+    mirrored strategy needs 2 CPU devices, which exist only if they are
+    configured before TF initialises.
+
+    Args:
+        names: Benchmarks to run, in order; default all of :func:`available`.
+        output: Path of the JSON file (directories are created); a PNG chart of
+            the ratios goes next to it. ``None`` writes nothing.
+        repeats: Timed measurements per side; medians are reported.
+        quick: Shrinks sizes and steps so that everything runs in seconds
+            (for tests; the figures then mean little).
+
+    Returns:
+        ``{"meta": {versions, cpu count, date, repeats, ...}, "results": {name: {...}}}``.
+
+    Raises:
+        ValueError: For an unknown benchmark name or a non-positive ``repeats``;
+            if TF was initialised with fewer than 2 CPU devices.
+    """
+    common.init_strategies()
+    check_positive_int("repeats", repeats)
+    valid = available()
+    names = list(valid if names is None else names)
+    for name in names:
+        if name not in valid:
+            raise invalid_argument("benchmarks", name, sorted(valid))
+    benchmarks = common.registry()
+    results: dict[str, Any] = {"meta": _meta(repeats, quick), "results": {}}
+    for name in names:
+        logger.info("bench %s: running (repeats=%d%s)", name, repeats, ", quick" if quick else "")
+        start = time.perf_counter()
+        result = benchmarks[name](repeats, quick)
+        result["seconds"] = round(time.perf_counter() - start, 2)
+        results["results"][name] = result
+        logger.info("bench %s: done in %.1f s", name, result["seconds"])
+    if output is not None:
+        chart = report.write_png(results, os.path.splitext(output)[0] + ".png")
+        results["meta"]["chart"] = chart
+        report.write_json(results, output)
+        logger.info("bench results written to %s%s", output, f" and {chart}" if chart else "")
+    return results
