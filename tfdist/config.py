@@ -74,6 +74,10 @@ class TrainConfig:
     accumulation_steps: int = 1
     optimizer: str = "adam"
     learning_rate: float = 2e-3
+    lr_scaling: str = "none"
+    base_global_batch_size: int = 256
+    warmup_steps: int | None = None
+    warmup_epochs: float | None = None
     model_dir: str | None = None
     seed: int = 0
     verbose: int = 2
@@ -86,5 +90,7 @@ class TrainConfig:
         for name in ("epochs", "global_batch_size", "steps_per_execution", "accumulation_steps"):
             check_positive_int(name, getattr(self, name))
         check_positive_int("steps_per_epoch", self.steps_per_epoch, allow_none=True)
+        check_choice("lr_scaling", self.lr_scaling, ("none", "linear"))
+        check_positive_int("base_global_batch_size", self.base_global_batch_size)
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             raise invalid_argument("learning_rate", self.learning_rate, "a positive number")

@@ -13,8 +13,29 @@ def data(n=96, seed=0):
     return x, y
 
 
-def dataset(n=96):
-    return tf.data.Dataset.from_tensor_slices(data(n)).batch(GLOBAL_BATCH)
+def dataset(n=96, global_batch=GLOBAL_BATCH):
+    return tf.data.Dataset.from_tensor_slices(data(n)).batch(global_batch)
+
+
+def collectives_in_loop_body(tf_function):
+    """Counts all-reduce ops in the while-loop body of a traced train function.
+
+    The body runs once per optimizer update; the logs read after the loop
+    (metric reductions) are outside it. Returns float (gradient) and integer
+    (step-counter synchronisation) collectives separately.
+    """
+    from tensorflow.core.framework import types_pb2
+
+    counts = {"float": 0, "int": 0}
+    for concrete in tf_function._list_all_concrete_functions():
+        for f in concrete.graph.as_graph_def().library.function:
+            if "while_body" not in f.signature.name:
+                continue
+            for n in f.node_def:
+                if n.op in ("CollectiveReduceV2", "CollectiveReduce", "NcclAllReduce"):
+                    kind = "int" if n.attr["T"].type in (types_pb2.DT_INT32, types_pb2.DT_INT64) else "float"
+                    counts[kind] += 1
+    return counts
 
 
 def builder(weights=None):

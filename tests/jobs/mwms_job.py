@@ -1,7 +1,7 @@
 """A worker program for multi-worker tests: trains a tiny model, saves weights.
 
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODE OUT_DIR``
-with MODE in {trainer, keras_fit}. Each task writes OUT_DIR/<task>.npz.
+with MODE in {trainer, trainer_accum, keras_fit}. Each task writes OUT_DIR/<task>.npz.
 """
 import json
 import os
@@ -16,17 +16,22 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jobs.common import builder, dataset, initial_weights  # noqa: E402
+from jobs.common import GLOBAL_BATCH, builder, collectives_in_loop_body, dataset, initial_weights  # noqa: E402
 
 mode, out_dir = sys.argv[1], sys.argv[2]
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 w0 = initial_weights()
-if mode == "trainer":
+if mode in ("trainer", "trainer_accum"):
+    k = 2 if mode == "trainer_accum" else 1
     trainer = tfdist.Trainer(builder(w0), strategy=strategy, optimizer=keras.optimizers.SGD(0.1),
                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                             metrics=["accuracy"])
-    history = trainer.fit(dataset(), epochs=2, verbose=0)
+                             metrics=["accuracy"], accumulation_steps=k)
+    # k micro-batches of GLOBAL_BATCH // k make one update of GLOBAL_BATCH.
+    history = trainer.fit(dataset(global_batch=GLOBAL_BATCH // k), epochs=2, verbose=0)
     model = trainer.model
+    print("iterations", int(model.optimizer.iterations.numpy()))
+    counts = collectives_in_loop_body(trainer._train_fns[(GLOBAL_BATCH // k, k)])
+    print("gradient_all_reduces_per_update", counts["float"])
 else:
     with strategy.scope():
         model = builder(w0)()
@@ -36,4 +41,4 @@ else:
 np.savez(os.path.join(out_dir, f"{task['type']}-{task['index']}.npz"), *model.get_weights())
 with open(os.path.join(out_dir, f"{task['type']}-{task['index']}.json"), "w") as f:
     json.dump({k: [float(v) for v in vs] for k, vs in history.history.items()}, f)
-print("done", tf.distribute.get_strategy().num_replicas_in_sync if False else strategy.num_replicas_in_sync)
+print("done", strategy.num_replicas_in_sync)

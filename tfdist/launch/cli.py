@@ -35,6 +35,12 @@ flags.DEFINE_integer("steps_per_execution", _DEFAULT.steps_per_execution, "Batch
 flags.DEFINE_integer("accumulation_steps", _DEFAULT.accumulation_steps, "Micro-batches per optimizer update.")
 flags.DEFINE_string("optimizer", _DEFAULT.optimizer, "adam, adamw, sgd or rmsprop.")
 flags.DEFINE_float("learning_rate", _DEFAULT.learning_rate, "Base learning rate.")
+flags.DEFINE_enum("lr_scaling", _DEFAULT.lr_scaling, ["none", "linear"],
+                  "linear: scale the learning rate by effective batch / --base_global_batch_size.")
+flags.DEFINE_integer("base_global_batch_size", _DEFAULT.base_global_batch_size,
+                     "The batch size --learning_rate is tuned for.")
+flags.DEFINE_integer("warmup_steps", None, "Linear warmup over this many optimizer updates.")
+flags.DEFINE_float("warmup_epochs", None, "Linear warmup over this many epochs.")
 flags.DEFINE_string("model_dir", None, "Where the chief saves model.keras after training.")
 flags.DEFINE_integer("seed", _DEFAULT.seed, "Random seed.")
 flags.DEFINE_integer("verbose", _DEFAULT.verbose, "0 silent, 1 progress bar, 2 one line per epoch.")
@@ -59,7 +65,9 @@ def _train_config() -> TrainConfig:
         global_batch_size=FLAGS.global_batch_size, steps_per_epoch=FLAGS.steps_per_epoch,
         precision=FLAGS.precision, steps_per_execution=FLAGS.steps_per_execution,
         accumulation_steps=FLAGS.accumulation_steps, optimizer=FLAGS.optimizer,
-        learning_rate=FLAGS.learning_rate, model_dir=FLAGS.model_dir, seed=FLAGS.seed, verbose=FLAGS.verbose)
+        learning_rate=FLAGS.learning_rate, lr_scaling=FLAGS.lr_scaling,
+        base_global_batch_size=FLAGS.base_global_batch_size, warmup_steps=FLAGS.warmup_steps,
+        warmup_epochs=FLAGS.warmup_epochs, model_dir=FLAGS.model_dir, seed=FLAGS.seed, verbose=FLAGS.verbose)
 
 
 def _train(args: Sequence[str]) -> int:

@@ -53,7 +53,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
         strategy=strategy, optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
         precision=config.precision, accumulation_steps=config.accumulation_steps,
-        steps_per_execution=config.steps_per_execution)
+        steps_per_execution=config.steps_per_execution, lr_scaling=config.lr_scaling,
+        base_global_batch_size=config.base_global_batch_size, warmup_steps=config.warmup_steps,
+        warmup_epochs=config.warmup_epochs)
     start = time.perf_counter()
     history = trainer.fit(train, epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
                           global_batch_size=config.global_batch_size, validation_data=val,

@@ -42,7 +42,8 @@ def _scale(g: Any, factor: tf.Tensor) -> Any:
 
 
 def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, global_batch_size: int,
-                      accumulation_steps: int, num_replicas: int) -> Callable[[Sequence[Any]], None]:
+                      accumulation_steps: int, num_replicas: int,
+                      skipped_updates: tf.Variable | None = None) -> Callable[[Sequence[Any]], None]:
     """Returns ``update(micro_batches)``: one optimizer update in replica context.
 
     Args:
@@ -53,6 +54,9 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
         global_batch_size: Examples per micro-batch across all replicas.
         accumulation_steps: ``k``, micro-batches per update.
         num_replicas: ``num_replicas_in_sync``.
+        skipped_updates: With loss scaling, a counter of updates skipped for
+            non-finite gradients (the same decision on every replica, since it
+            is taken after the all-reduce).
     """
     expected = float(global_batch_size * accumulation_steps)
 
@@ -96,6 +100,9 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
         grads: list[Any] = [None] * len(variables)
         for i, g in zip(present, reduced[:-1]):
             grads[i] = _scale(g, factor)
+        if skipped_updates is not None:
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced[:-1]])
+            skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
         optimizer.apply(grads, variables)
 
     return update

@@ -27,6 +27,7 @@ from tfdist.config import check_positive_int, invalid_argument
 from tfdist.data.inputs import InputSource, as_input
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
+from tfdist.training import schedules
 from tfdist.training.callbacks import chief_writes_only
 from tfdist.training.step import make_eval_step, make_train_update
 
@@ -41,17 +42,22 @@ def _in_scope(strategy: tf.distribute.Strategy, model: keras.Model) -> bool:
         strategy.extended.variable_created_in_scope(getattr(v, "value", v)) for v in variables)
 
 
-def _rebuild_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
-    """Returns an optimizer created in the current scope (Keras refuses to mix strategies)."""
-    if isinstance(optimizer, keras.optimizers.Optimizer):
-        if optimizer.built:
-            logger.warning("The optimizer was already built outside the strategy scope; tfdist "
-                           "rebuilds it from its config and its slot variables start afresh.")
-        return optimizer.__class__.from_config(optimizer.get_config())
-    try:
-        return keras.optimizers.get(optimizer)
-    except ValueError as e:
-        raise invalid_argument("optimizer", optimizer, "a Keras optimizer or its name, e.g. 'adam'") from e
+def _optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any] | None]:
+    """Returns (class, config, loss-scale config or None) of an optimizer or its name."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        scale = {"initial_scale": float(optimizer.initial_scale),
+                 "dynamic_growth_steps": int(optimizer.dynamic_growth_steps)}
+        cls, config, _ = _optimizer_parts(optimizer.inner_optimizer)
+        return cls, config, scale
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        try:
+            optimizer = keras.optimizers.get(optimizer)
+        except ValueError as e:
+            raise invalid_argument("optimizer", optimizer, "a Keras optimizer or its name, e.g. 'adam'") from e
+    elif optimizer.built:
+        logger.warning("The optimizer was already built outside the strategy scope; tfdist "
+                       "rebuilds it from its config and its slot variables start afresh.")
+    return type(optimizer), optimizer.get_config(), None
 
 
 def _rebuild_metric(metric: Any) -> Any:
@@ -74,8 +80,29 @@ class Trainer:
         metrics: As for ``keras.Model.compile``; aggregated over all replicas.
         precision: ``float32``, ``mixed_float16`` (with dynamic loss scaling)
             or ``mixed_bfloat16``.
-        accumulation_steps: Micro-batches per optimizer update.
-        steps_per_execution: Batches run per ``tf.function`` call.
+        accumulation_steps: ``k`` micro-batches per optimizer update. Gradients
+            are summed locally and all-reduced once per update; the effective
+            batch is ``k * global_batch_size``. ``steps_per_epoch`` still
+            counts micro-batches; when it is not a multiple of ``k``, the
+            epoch's last few micro-batches make one smaller update that is
+            still normalised by its own examples. ``optimizer.iterations``,
+            learning-rate schedules and logs' ``updates`` count updates. An
+            optimizer's Keras ``gradient_accumulation_steps`` (which fails
+            under tf.distribute) is taken over as ``accumulation_steps``.
+        steps_per_execution: Batches run per ``tf.function`` call (rounded
+            down to whole updates, at least one).
+        lr_scaling: ``"linear"`` multiplies the learning rate by
+            ``k * global_batch_size / base_global_batch_size`` (Goyal et al.).
+        base_global_batch_size: The batch size the base learning rate is for.
+        warmup_steps: Ramp the learning rate linearly over this many updates
+            (from the base rate when scaling, else from 0).
+        warmup_epochs: The same in epochs; give at most one of the two.
+
+    With ``mixed_float16``, losses are scaled before the backward pass and the
+    summed gradients unscaled once per update; an update whose gradients are
+    not finite is skipped (the loss scale halves) and counted in the logs as
+    ``skipped_updates``, next to ``loss_scale``. With scaling or warmup the logs
+    carry ``learning_rate``.
 
     Raises:
         ValueError: For an unknown precision, a non-positive step count, or a
@@ -85,26 +112,58 @@ class Trainer:
     def __init__(self, model: ModelOrBuilder, *, strategy: tf.distribute.Strategy | None = None,
                  optimizer: Any = "adam", loss: Any = None, metrics: Sequence[Any] | None = None,
                  precision: precision_lib.Precision = "float32", accumulation_steps: int = 1,
-                 steps_per_execution: int = 1) -> None:
+                 steps_per_execution: int = 1, lr_scaling: schedules.LRScaling = "none",
+                 base_global_batch_size: int = 256, warmup_steps: int | None = None,
+                 warmup_epochs: float | None = None) -> None:
         precision_lib.check_precision(precision)
         check_positive_int("accumulation_steps", accumulation_steps)
         check_positive_int("steps_per_execution", steps_per_execution)
         if loss is None:
             raise invalid_argument("loss", None, "a Keras loss, its name, or a callable(y_true, y_pred)")
+        self._lr_plan = schedules.LRPlan(lr_scaling, base_global_batch_size, warmup_steps, warmup_epochs)
         self.strategy = strategy or tf.distribute.get_strategy()
         self.precision = precision
-        self.accumulation_steps = accumulation_steps
-        self.steps_per_execution = steps_per_execution
         self._runner = runner_for(self.strategy)
+        opt_cls, opt_config, loss_scale = _optimizer_parts(optimizer)
+        self.accumulation_steps = self._take_keras_accumulation(opt_config, accumulation_steps)
+        self.steps_per_execution = steps_per_execution
+        self._schedule: schedules.ScaledWarmup | None = None
+        if self._lr_plan.active:
+            self._schedule = self._lr_plan.schedule_for(opt_config["learning_rate"])
+            opt_config["learning_rate"] = self._schedule
         _compat.apply()
         with precision_lib.dtype_policy(precision), self.strategy.scope():
             self.model = self._place_model(model)
-            opt = precision_lib.wrap_optimizer(_rebuild_optimizer(optimizer), precision)
+            opt = opt_cls.from_config(opt_config)
+            if loss_scale is not None:
+                opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
+            opt = precision_lib.wrap_optimizer(opt, precision)
             self.model.compile(optimizer=opt, loss=loss,
                                metrics=[_rebuild_metric(m) for m in (metrics or [])])
-        self._train_fn = None
+            self._skipped_updates = None
+            if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+                self._skipped_updates = tf.Variable(
+                    0, dtype=tf.int64, trainable=False, name="skipped_updates",
+                    synchronization=tf.VariableSynchronization.ON_WRITE,
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self._train_fns: dict[tuple[int, int], Any] = {}
         self._eval_fn = None
         self._built_for: Any = None
+
+    def _take_keras_accumulation(self, opt_config: dict[str, Any], accumulation_steps: int) -> int:
+        """Moves Keras's ``gradient_accumulation_steps`` (which fails under tf.distribute) to ours."""
+        keras_steps = opt_config.get("gradient_accumulation_steps")
+        if not keras_steps:
+            return accumulation_steps
+        if accumulation_steps not in (1, keras_steps):
+            raise invalid_argument(
+                "accumulation_steps", accumulation_steps, f"1 or {keras_steps}",
+                note=f"The optimizer also sets gradient_accumulation_steps={keras_steps}; set only "
+                     "Trainer(accumulation_steps=...).")
+        logger.info("Using the optimizer's gradient_accumulation_steps=%d as Trainer(accumulation_steps=%d): "
+                    "Keras's own accumulation fails under tf.distribute (merge_call).", keras_steps, keras_steps)
+        opt_config["gradient_accumulation_steps"] = None
+        return keras_steps
 
     # -- construction -------------------------------------------------------
     def _place_model(self, model: ModelOrBuilder) -> keras.Model:
@@ -140,15 +199,29 @@ class Trainer:
                 self.model._symbolic_build(data_batch=source.element_spec)
             self._built_for = source.global_batch_size
 
-    def _train_function(self, global_batch_size: int):
-        if self._train_fn is None or self._train_fn[0] != global_batch_size:
+    def _logs(self) -> dict[str, tf.Tensor]:
+        """Metric results plus tfdist's own state, in cross-replica context."""
+        logs = dict(self.model.get_metrics_result())
+        optimizer = self.model.optimizer
+        if self.accumulation_steps > 1:
+            logs["updates"] = optimizer.iterations
+        if self._schedule is not None:
+            logs["learning_rate"] = self._schedule(optimizer.iterations)
+        if self._skipped_updates is not None:
+            logs["loss_scale"] = optimizer.dynamic_scale
+            logs["skipped_updates"] = self._skipped_updates
+        return logs
+
+    def _train_function(self, global_batch_size: int, micro_batches: int):
+        key = (global_batch_size, micro_batches)
+        if key not in self._train_fns:
             update = make_train_update(self.model, self.model.optimizer, global_batch_size=global_batch_size,
-                                       accumulation_steps=self.accumulation_steps,
-                                       num_replicas=self.strategy.num_replicas_in_sync)
-            fn = self._runner.compile_loop(update, self.model.get_metrics_result,
-                                           batches_per_call=self.accumulation_steps, name="train_function")
-            self._train_fn = (global_batch_size, fn)
-        return self._train_fn[1]
+                                       accumulation_steps=micro_batches,
+                                       num_replicas=self.strategy.num_replicas_in_sync,
+                                       skipped_updates=self._skipped_updates)
+            self._train_fns[key] = self._runner.compile_loop(update, self._logs, batches_per_call=micro_batches,
+                                                             name="train_function")
+        return self._train_fns[key]
 
     def _eval_function(self):
         if self._eval_fn is None:
@@ -202,8 +275,13 @@ class Trainer:
         if validation_data is not None:
             val_source = self._input(validation_data, global_batch_size or source.global_batch_size,
                                      False, "validation_data")
+        k = self.accumulation_steps
+        full_updates, last_window = divmod(steps, k)
+        if self._schedule is not None:
+            self._lr_plan.resolve(self._schedule, effective_global_batch_size=source.global_batch_size * k,
+                                  updates_per_epoch=full_updates + bool(last_window))
         self._build(source)
-        train_fn = self._train_function(source.global_batch_size)
+        train_fn = self._train_function(source.global_batch_size, k)
         distributed = self._runner.distribute(source)
 
         verbose_level = 1 if verbose == "auto" else int(verbose)
@@ -211,7 +289,6 @@ class Trainer:
         cb_list = keras.callbacks.CallbackList(
             list(callbacks), add_history=True, add_progbar=bool(verbose_level) and self.is_chief,
             verbose=verbose_level, epochs=epochs, steps=steps, model=model)
-        k = self.accumulation_steps
         per_call = max(self.steps_per_execution // k, 1)  # updates per tf.function call
         model.stop_training = False
         iterator = self._runner.make_iterator(distributed) if steps_per_epoch else None
@@ -222,16 +299,20 @@ class Trainer:
                 model.reset_metrics()
                 cb_list.on_epoch_begin(epoch)
                 epoch_iterator = iterator or self._runner.make_iterator(distributed)
-                updates = steps // k
                 done = 0
-                while done < updates:
-                    n = min(per_call, updates - done)
+                while done < full_updates and not model.stop_training:
+                    n = min(per_call, full_updates - done)
                     cb_list.on_train_batch_begin(done * k)
                     logs = self._run(train_fn, epoch_iterator, n)
                     done += n
                     cb_list.on_train_batch_end(done * k - 1, logs)
-                    if model.stop_training:
-                        break
+                if last_window and not model.stop_training:
+                    # The epoch's last `last_window` micro-batches make one smaller
+                    # update, still a true mean over its examples.
+                    cb_list.on_train_batch_begin(done * k)
+                    logs = self._run(self._train_function(source.global_batch_size, last_window),
+                                     epoch_iterator, 1)
+                    cb_list.on_train_batch_end(steps - 1, logs)
                 self._runner.join()
                 epoch_logs = dict(logs)
                 if val_source is not None:
