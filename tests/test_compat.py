@@ -14,7 +14,7 @@ from tfdist import _compat
 def test_shims_in_force_for_this_keras():
     applied = _compat.apply()
     if _compat.SYMBOLIC_BUILD_AFFECTED:
-        assert applied == ["symbolic_build", "multi_worker_reduce"]
+        assert applied == ["symbolic_build", "multi_worker_reduce", "atomic_assign_add"]
         assert _compat.original("symbolic_build") is not None
 
 
@@ -43,3 +43,18 @@ def test_gradients_already_summed_restores_the_optimizer():
         assert inner._all_reduce_sum_gradients([(1, 2)]) == [(1, 2)]
     assert "_all_reduce_sum_gradients" not in vars(inner)
     assert inner._all_reduce_sum_gradients.__func__ is type(inner)._all_reduce_sum_gradients
+
+
+def test_keras_assign_add_is_still_read_then_write():
+    """Fails when Keras makes assign_add atomic: then drop the atomic_assign_add shim."""
+    assert _compat.keras_assign_add_is_read_then_write()
+
+
+def test_atomic_assign_add_keeps_keras_semantics():
+    v = keras.Variable(1.0)
+    v.assign_add(2.0)
+    v.assign_sub(0.5)
+    assert float(v.numpy()) == 2.5
+    i = keras.Variable(0, dtype="int64")
+    i.assign_add(1)
+    assert int(i.numpy()) == 1

@@ -23,6 +23,13 @@ Shims:
     "Invalid reduction dimension 0 for input with 0 dimensions". The shim
     reduces scalars with ``axis=None``.
 
+  * ``atomic_assign_add``: Keras variables implement ``assign_add`` as
+    ``assign(self + value)``: a read, then a write. Under an asynchronous
+    ParameterServerStrategy concurrent workers overwrite each other's
+    increments (200 updates scheduled, ``optimizer.iterations`` counted 167),
+    and metric totals lose updates the same way. The shim uses the TF
+    variable's own ``assign_add``, one atomic op on the variable's device.
+
 Set ``TFDIST_DISABLE_COMPAT=symbolic_build`` (comma separated) to skip a shim,
 e.g. to check whether upstream still needs it.
 """
@@ -92,6 +99,29 @@ def _make_reduce_per_replica(original):
     return reduce_per_replica
 
 
+def _make_atomic(original, method: str):
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    def atomic(self, value):
+        if in_stateless_scope():
+            return original(self, value)
+        value = self._convert_to_tensor(value, dtype=self.dtype)
+        return getattr(self._value, method)(value)
+
+    atomic.__name__ = method
+    atomic.__doc__ = f"Keras ``Variable.{method}`` as one atomic TF op (tfdist shim)."
+    return atomic
+
+
+def keras_assign_add_is_read_then_write() -> bool:
+    """True while Keras implements ``assign_add`` as a read followed by ``assign``."""
+    import inspect
+
+    from keras.src.backend.common.variables import Variable
+
+    return "self.assign(self + value)" in inspect.getsource(Variable.assign_add)
+
+
 _ORIGINALS: dict[str, Any] = {}
 
 
@@ -117,6 +147,15 @@ def apply() -> list[str]:
             _ORIGINALS["multi_worker_reduce"] = tf_trainer.reduce_per_replica
             tf_trainer.reduce_per_replica = _make_reduce_per_replica(tf_trainer.reduce_per_replica)
         applied.append("multi_worker_reduce")
+    if "atomic_assign_add" not in _disabled() and (
+            "atomic_assign_add" in _ORIGINALS or keras_assign_add_is_read_then_write()):
+        from keras.src.backend.tensorflow.core import Variable
+
+        if "atomic_assign_add" not in _ORIGINALS:
+            _ORIGINALS["atomic_assign_add"] = (Variable.assign_add, Variable.assign_sub)
+            Variable.assign_add = _make_atomic(Variable.assign_add, "assign_add")
+            Variable.assign_sub = _make_atomic(Variable.assign_sub, "assign_sub")
+        applied.append("atomic_assign_add")
     return applied
 
 

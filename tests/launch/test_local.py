@@ -174,3 +174,48 @@ def test_sigterm_is_forwarded_to_tasks():
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, stderr
+
+
+# -- restarts ---------------------------------------------------------------
+_FLAKY = (
+    "import json, os, sys, pathlib\n"
+    "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
+    "marker = pathlib.Path(sys.argv[1]) / f\"{task['type']}-{task['index']}\"\n"
+    "runs = int(marker.read_text()) + 1 if marker.exists() else 1\n"
+    "marker.write_text(str(runs))\n"
+    "print('run', runs, flush=True)\n"
+    "sys.exit(3 if (task['type'], task['index']) == ('worker', 1) and runs == 1 else 0)\n"
+)
+
+
+def test_group_restart_without_ps(tmp_path, caplog):
+    out = io.StringIO()
+    rc = local.launch([sys.executable, "-c", _FLAKY, str(tmp_path)], workers=2, max_restarts=1, output=out)
+    assert rc == 0, out.getvalue()
+    # The whole group ran twice: a collective cannot lose a member.
+    assert (tmp_path / "worker-0").read_text() == "2" and (tmp_path / "worker-1").read_text() == "2"
+    assert "restarting the whole group (restart 1 of 1)" in caplog.text
+
+
+def test_ps_restarts_only_the_failed_worker(tmp_path, caplog):
+    out = io.StringIO()
+    chief = _FLAKY.replace("sys.exit(", "import time; time.sleep(1.5 if task['type'] == 'chief' else 0); sys.exit(")
+    ps_sleeps = chief.replace("sys.exit(3", "time.sleep(60 if task['type'] == 'ps' else 0); sys.exit(3")
+    rc = local.launch([sys.executable, "-c", ps_sleeps, str(tmp_path)], workers=2, ps=1, chief=True, max_restarts=2,
+                output=out)
+    assert rc == 0, out.getvalue()
+    assert (tmp_path / "worker-1").read_text() == "2"
+    assert (tmp_path / "worker-0").read_text() == "1" and (tmp_path / "chief-0").read_text() == "1"
+    assert "restarting worker:1 alone (restart 1 of 2)" in caplog.text
+
+
+def test_restarts_exhausted(tmp_path, caplog):
+    always_fails = [sys.executable, "-c", "import sys; sys.exit(5)"]
+    rc = local.launch(always_fails, workers=2, max_restarts=2, output=io.StringIO())
+    assert rc == 5
+    assert "after 2 of 2 restarts" in caplog.text
+
+
+def test_max_restarts_must_be_non_negative():
+    with pytest.raises(ValueError, match="argument `max_restarts`. Received: max_restarts=-1"):
+        local.launch([sys.executable, "-c", "pass"], workers=1, max_restarts=-1)

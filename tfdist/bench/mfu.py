@@ -105,35 +105,18 @@ def mfu(repeats: int, quick: bool) -> dict[str, Any]:
     def build() -> keras.Model:
         return tfdist.models.get("mlp", input_shape=(features,), num_classes=NUM_CLASSES, hidden_units=hidden)
 
-    weights = common.initial_weights(build)
-    builder = common.with_weights(build, weights)
+    builder = common.with_weights(build, common.initial_weights(build))
     flops_per_example = dense_flops_per_example(build())
 
-    trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=keras.optimizers.SGD(LEARNING_RATE),
-                             loss=common.logits_loss())
-    with strategy.scope():
-        model = builder()
-        model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), loss=common.logits_loss())
-
-    def trainer_fit(**kwargs: Any) -> Any:
-        return trainer.fit(dataset, global_batch_size=global_batch_size, **kwargs)
-
-    def keras_fit(**kwargs: Any) -> Any:
-        return model.fit(dataset, **kwargs)
-
-    sides = {
-        "matmul": matmul_peak(n, iterations),
-        "trainer": common.fit_throughput(trainer_fit, steps=steps, global_batch_size=global_batch_size),
-        "keras_fit": common.fit_throughput(keras_fit, steps=steps, global_batch_size=global_batch_size),
-    }
-    for name in ("trainer", "keras_fit"):  # warm-up: traces, starts the input pipeline
-        sides[name]()
+    sides: dict[str, Callable[[], float]] = {"matmul": matmul_peak(n, iterations)}
+    fit_sides = common.fit_sides(strategy, builder, dataset, global_batch_size=global_batch_size, steps=steps,
+                                 optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE))
+    sides.update(fit_sides)
     samples = common.alternate(sides, repeats)
-    peak = common.median(samples["matmul"])
-    trainer_rate = common.median(samples["trainer"])
-    keras_rate = common.median(samples["keras_fit"])
-    trainer_gflops = flops_per_example * trainer_rate / 1e9
-    keras_gflops = flops_per_example * keras_rate / 1e9
+    fits = common.fit_summary(samples, fit_sides)
+    peak = samples.median("matmul")
+    trainer_gflops = flops_per_example * fits["trainer_examples_per_s"] / 1e9
+    keras_gflops = flops_per_example * fits["keras_fit_examples_per_s"] / 1e9
     trainer_mfu = common.ratio(trainer_gflops, peak)
     keras_mfu = common.ratio(keras_gflops, peak)
     return {
@@ -144,9 +127,10 @@ def mfu(repeats: int, quick: bool) -> dict[str, Any]:
         "keras_fit_mfu": keras_mfu,
         "mfu_ratio": common.ratio(trainer_mfu, keras_mfu),
         "goal": ">= 0.60",
-        "trainer_examples_per_s": trainer_rate,
-        "keras_fit_examples_per_s": keras_rate,
-        "samples": samples,
+        "trainer_examples_per_s": fits["trainer_examples_per_s"],
+        "keras_fit_examples_per_s": fits["keras_fit_examples_per_s"],
+        "fit_overhead_s": fits["fit_overhead_s"],
+        "samples": samples.as_dict(),
         "config": {
             "strategy": "one_device", "precision": "float32", "model": "mlp", "input_shape": [features],
             "hidden_units": list(hidden), "num_classes": NUM_CLASSES, "global_batch_size": global_batch_size,

@@ -9,7 +9,8 @@ XLA off on CPU-only machines and under tf.distribute, so neither side uses XLA.
 
 Each side first runs one untimed epoch (tracing, iterator start-up), then the
 timed ``fit(epochs=1, steps_per_epoch=N, verbose=0)`` calls alternate between
-the sides; a whole ``fit`` call is timed, so per-call overheads count for both.
+the sides. The steps of each call are timed (see ``common.FitThroughput``);
+the rest of the call is reported apart, as ``fit_overhead_s``.
 
     tfdist bench --benchmarks=trainer_vs_fit
 """
@@ -27,60 +28,23 @@ NUM_CLASSES = 10
 GLOBAL_BATCH_SIZE = 256
 LEARNING_RATE = 0.01
 STEPS_PER_EXECUTION = (1, 8)
+METRICS = ("accuracy",)
 
 
 def compare(strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model], dataset: tf.data.Dataset, *,
-            global_batch_size: int, steps: int, repeats: int, steps_per_execution: int,
-            optimizer: Callable[[], keras.optimizers.Optimizer], metrics: tuple[str, ...] = ("accuracy",),
-            ) -> dict[str, Any]:
-    """Times Trainer.fit against Keras fit on one strategy, alternating the sides.
-
-    Args:
-        strategy: The strategy both sides train under.
-        builder: Zero-arg model builder (called once per side, in scope).
-        dataset: Repeated ``tf.data.Dataset`` of global batches.
-        global_batch_size: Examples per global batch of ``dataset``.
-        steps: Batches per timed ``fit`` call.
-        repeats: Timed calls per side; medians are reported.
-        steps_per_execution: For both sides.
-        optimizer: Zero-arg optimizer factory (one optimizer per side).
-        metrics: Compiled metrics of both sides.
+            global_batch_size: int, steps: int, repeats: int, steps_per_execution: int) -> dict[str, Any]:
+    """Times Trainer.fit against Keras fit (SGD, accuracy), alternating the sides.
 
     Returns:
         ``trainer_examples_per_s``, ``keras_fit_examples_per_s`` (medians),
-        ``ratio`` (trainer / keras) and the raw samples.
+        ``ratio`` (trainer / keras), per-call overheads and the raw samples.
     """
-    import tfdist
-
-    trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=optimizer(), loss=common.logits_loss(),
-                             metrics=list(metrics), steps_per_execution=steps_per_execution)
-    with strategy.scope():
-        model = builder()
-        model.compile(optimizer=optimizer(), loss=common.logits_loss(), metrics=list(metrics),
-                      steps_per_execution=steps_per_execution)
-
-    def trainer_fit(**kwargs: Any) -> Any:
-        return trainer.fit(dataset, global_batch_size=global_batch_size, **kwargs)
-
-    def keras_fit(**kwargs: Any) -> Any:
-        return model.fit(dataset, **kwargs)
-
-    sides = {
-        "trainer": common.fit_throughput(trainer_fit, steps=steps, global_batch_size=global_batch_size),
-        "keras_fit": common.fit_throughput(keras_fit, steps=steps, global_batch_size=global_batch_size),
-    }
-    for measure in sides.values():  # warm-up: traces, starts the input pipeline
-        measure()
+    sides = common.fit_sides(strategy, builder, dataset, global_batch_size=global_batch_size, steps=steps,
+                             optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE), metrics=METRICS,
+                             steps_per_execution=steps_per_execution)
     samples = common.alternate(sides, repeats)
-    trainer_rate = common.median(samples["trainer"])
-    keras_rate = common.median(samples["keras_fit"])
-    return {
-        "trainer_examples_per_s": trainer_rate,
-        "keras_fit_examples_per_s": keras_rate,
-        "ratio": common.ratio(trainer_rate, keras_rate),
-        "steps_per_execution": steps_per_execution,
-        "samples": samples,
-    }
+    return {**common.fit_summary(samples, sides), "steps_per_execution": steps_per_execution,
+            "samples": samples.as_dict()}
 
 
 @common.register("trainer_vs_fit")
@@ -106,8 +70,7 @@ def trainer_vs_fit(repeats: int, quick: bool) -> dict[str, Any]:
     pairs = {}
     for spe in STEPS_PER_EXECUTION:
         pairs[spe] = compare(strategy, builder, dataset, global_batch_size=global_batch_size, steps=steps,
-                             repeats=repeats, steps_per_execution=spe,
-                             optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE))
+                             repeats=repeats, steps_per_execution=spe)
     first, *others = STEPS_PER_EXECUTION
     result: dict[str, Any] = {**pairs[first], "goal": ">= 1.0"}
     for spe in others:
@@ -115,6 +78,6 @@ def trainer_vs_fit(repeats: int, quick: bool) -> dict[str, Any]:
     result["config"] = {
         "strategy": "mirrored", "num_replicas": strategy.num_replicas_in_sync, "model": "cnn",
         "input_shape": list(INPUT_SHAPE), "num_classes": NUM_CLASSES, "global_batch_size": global_batch_size,
-        "steps_per_fit": steps, "optimizer": f"SGD({LEARNING_RATE})", "metrics": ["accuracy"],
+        "steps_per_fit": steps, "optimizer": f"SGD({LEARNING_RATE})", "metrics": list(METRICS),
     }
     return result

@@ -52,6 +52,8 @@ flags.DEFINE_boolean("evaluator", False, "launch: add an evaluator process.")
 flags.DEFINE_string("host", "127.0.0.1", "launch: address the processes listen on (loopback by default).")
 flags.DEFINE_boolean("allow_external", False, "launch: allow a non-loopback --host (gRPC is unauthenticated).")
 flags.DEFINE_float("timeout", None, "launch: kill everything after this many seconds.")
+flags.DEFINE_integer("max_restarts", 0, "launch: restarts after failures (PS: the failed worker; "
+                     "otherwise the whole group).")
 # bench
 flags.DEFINE_string("output", "bench_results/bench.json", "bench: where to write the JSON results.")
 flags.DEFINE_list("benchmarks", [], "bench: which to run (default all).")
@@ -88,7 +90,8 @@ def _launch(args: Sequence[str]) -> int:
     from tfdist.launch.local import launch
 
     return launch(list(args), workers=FLAGS.workers, ps=FLAGS.ps, chief=FLAGS.chief, evaluator=FLAGS.evaluator,
-                  host=FLAGS.host, allow_external=FLAGS.allow_external, timeout=FLAGS.timeout)
+                  host=FLAGS.host, allow_external=FLAGS.allow_external, timeout=FLAGS.timeout,
+                  max_restarts=FLAGS.max_restarts)
 
 
 def _bench(args: Sequence[str]) -> int:

@@ -114,10 +114,15 @@ class Supervisor:
         env: The base environment of every task; defaults to ``os.environ``.
         output: Where prefixed output lines go.
         grace_period: Seconds between SIGTERM and SIGKILL when stopping tasks.
+        max_restarts: Restarts allowed after failures. With parameter servers
+            only a failed worker restarts (the coordinator reschedules its
+            steps meanwhile); otherwise (MultiWorkerMirrored: a collective
+            cannot lose a member) the whole group restarts.
     """
 
     def __init__(self, command: Sequence[str], cluster: dict[str, list[str]], *,
-                 env: Mapping[str, str] | None, output: TextIO, grace_period: float = 5.0):
+                 env: Mapping[str, str] | None, output: TextIO, grace_period: float = 5.0,
+                 max_restarts: int = 0):
         self.command = list(command)
         self.cluster = cluster
         self.env = env
@@ -131,6 +136,9 @@ class Supervisor:
         self._stopping: set[Task] = set()
         self._output_lock = threading.Lock()
         self._signals: list[int] = []
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.parameter_server_mode = bool(cluster.get("ps"))
 
     def start_task(self, task: Task) -> None:
         """Starts ``task``'s process in its own process group, with a reader thread."""
@@ -188,14 +196,23 @@ class Supervisor:
                 signum = self._signals[0]
                 self._stop(set(self._procs) - set(self.results), signum)
                 return 128 + signum, f"the launcher received {_signal_name(signum)}"
-            for task, proc in self._procs.items():
+            for task, proc in list(self._procs.items()):
                 if task not in self.results and proc.poll() is not None:
                     result = self._record(task, proc.returncode)
-                    if proc.returncode != 0:
-                        self._stop(set(self._procs) - set(self.results))
-                        code = proc.returncode if proc.returncode > 0 else 1
-                        return code, result.describe()
-            workers_done = all(t in self.results for t in self.tasks if t.task_type != "ps")
+                    if proc.returncode == 0:
+                        continue
+                    if self._recover(task, result):
+                        break
+                    self._stop(set(self._procs) - set(self.results))
+                    code = proc.returncode if proc.returncode > 0 else 1
+                    if self.max_restarts:
+                        return code, f"{result.describe()} after {self.restarts} of {self.max_restarts} restarts"
+                    return code, result.describe()
+            if self.parameter_server_mode and any(t.task_type == "chief" for t in self.tasks):
+                # The chief coordinates: when it is done, so is the job.
+                workers_done = all(t in self.results for t in self.tasks if t.task_type in ("chief", "evaluator"))
+            else:
+                workers_done = all(t in self.results for t in self.tasks if t.task_type != "ps")
             if workers_done:
                 self._stop(set(self._procs) - set(self.results))  # Only parameter servers are left.
                 return 0, ""
@@ -203,6 +220,29 @@ class Supervisor:
                 self._stop(set(self._procs) - set(self.results), grace_period=0.0)
                 return TIMEOUT_RETURNCODE, f"the job exceeded its timeout of {timeout:g} s"
             time.sleep(_POLL_SECONDS)
+
+    def _recover(self, task: Task, result: TaskResult) -> bool:
+        """Handles a failed task; True if the job goes on (restarted or tolerated)."""
+        ps_worker = self.parameter_server_mode and task.task_type == "worker"
+        if self.restarts < self.max_restarts:
+            self.restarts += 1
+            if ps_worker:
+                logger.warning("%s; restarting %s alone (restart %d of %d).", result.describe(), task,
+                               self.restarts, self.max_restarts)
+                self.start_task(task)
+            else:
+                logger.warning("%s; restarting the whole group (restart %d of %d).", result.describe(),
+                               self.restarts, self.max_restarts)
+                self._stop(set(self._procs) - set(self.results))
+                self._stopping.clear()
+                for t in self.tasks:
+                    self.start_task(t)
+            return True
+        if ps_worker and any(t.task_type == "worker" and t not in self.results for t in self.tasks):
+            logger.warning("%s; no restarts left, the coordinator goes on with the other workers.",
+                           result.describe())
+            return True
+        return False
 
     def _record(self, task: Task, returncode: int) -> TaskResult:
         name = _signal_name(-returncode) if returncode < 0 else None
@@ -258,7 +298,7 @@ class Supervisor:
 def launch(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = False,
            evaluator: bool = False, host: str = "127.0.0.1", allow_external: bool = False,
            ports: Sequence[int] | None = None, env: Mapping[str, str] | None = None,
-           output: TextIO | None = None, timeout: float | None = None) -> int:
+           output: TextIO | None = None, timeout: float | None = None, max_restarts: int = 0) -> int:
     """Runs ``command`` once per task of a local cluster and supervises the processes.
 
     Args:
@@ -275,6 +315,9 @@ def launch(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = F
         env: The base environment of every task; defaults to ``os.environ``.
         output: Where the prefixed output lines go; defaults to ``sys.stdout``.
         timeout: Seconds after which every task is killed, or None.
+        max_restarts: Restarts allowed after failures (see :class:`Supervisor`).
+            With parameter servers a failed worker is restarted alone, and once
+            restarts run out the coordinator goes on with the other workers.
 
     Returns:
         0 when every chief, worker and evaluator exited 0; otherwise the failing
@@ -286,6 +329,8 @@ def launch(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = F
     """
     if isinstance(command, (str, bytes)) or not command or not all(isinstance(c, str) for c in command):
         raise invalid_argument("command", command, "a non-empty list of strings, e.g. ['python', 'train.py']")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise invalid_argument("max_restarts", max_restarts, "a non-negative integer")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or timeout <= 0):
         raise invalid_argument("timeout", timeout, "a positive number of seconds or None")
@@ -304,7 +349,8 @@ def launch(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = F
     if ports is not None:
         for i, port in enumerate(ports):
             cluster_lib.check_port_free(host, port, what=f"ports[{i}]")
-    supervisor = Supervisor(command, cluster, env=env, output=sys.stdout if output is None else output)
+    supervisor = Supervisor(command, cluster, env=env, output=sys.stdout if output is None else output,
+                            max_restarts=max_restarts)
     try:
         return supervisor.run(timeout)
     except FileNotFoundError as e:

@@ -34,14 +34,20 @@ class Runner(Protocol):
     def input_context(self) -> tf.distribute.InputContext:
         """This process's input pipelines and replicas, as a dataset_fn would see them."""
 
-    def distribute(self, source: InputSource) -> Any:
+    max_in_flight: int
+    """Calls that may run ahead of the logs the loop has fetched (0: fetch each)."""
+
+    requires_steps_per_epoch: bool
+    """Whether ``fit`` needs an explicit ``steps_per_epoch`` on this strategy."""
+
+    def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         """Turns an input source into the strategy's distributed dataset."""
 
     def make_iterator(self, distributed: Any) -> Any:
         """Creates an iterator over a distributed dataset (one per epoch or run)."""
 
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
-                     name: str) -> Callable[[Any, int], Any]:
+                     name: str, training: bool = True) -> Callable[[Any, int], Any]:
         """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.
 
         Each call of ``replica_fn`` receives a list of ``batches_per_call``
@@ -57,3 +63,6 @@ class Runner(Protocol):
 
     def join(self) -> None:
         """Waits until every scheduled function has finished (a no-op for sync)."""
+
+    def final_logs(self, logs_fn: LogsFn, last: dict[str, float]) -> dict[str, float]:
+        """The epoch's logs once all its steps are done (``last`` for sync strategies)."""

@@ -16,6 +16,7 @@ Example (``python -c`` or a script)::
 """
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Any, Callable, Sequence
 
@@ -226,12 +227,15 @@ class Trainer:
     def _eval_function(self):
         if self._eval_fn is None:
             self._eval_fn = self._runner.compile_loop(make_eval_step(self.model), self.model.get_metrics_result,
-                                                      batches_per_call=1, name="test_function")
+                                                      batches_per_call=1, name="test_function", training=False)
         return self._eval_fn
 
-    def _run(self, fn, iterator, num_calls: int) -> dict[str, float]:
+    def _start(self, fn, iterator, num_calls: int) -> Any:
         with _compat.gradients_already_summed(self.model.optimizer):
-            return self._runner.fetch(self._runner.run(fn, iterator, num_calls))
+            return self._runner.run(fn, iterator, num_calls)
+
+    def _run(self, fn, iterator, num_calls: int) -> dict[str, float]:
+        return self._runner.fetch(self._start(fn, iterator, num_calls))
 
     # -- public loop --------------------------------------------------------
     @property
@@ -266,6 +270,11 @@ class Trainer:
         """
         check_positive_int("epochs", epochs)
         check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
+        if steps_per_epoch is None and self._runner.requires_steps_per_epoch:
+            raise invalid_argument(
+                "steps_per_epoch", None, f"a positive integer on {type(self.strategy).__name__}",
+                note="Its workers read their datasets independently and repeat them, so an epoch has no "
+                     "natural end: say how many batches make one.")
         source = self._input(data, global_batch_size, True, "data")
         steps = steps_per_epoch or source.steps_per_epoch
         if steps is None:
@@ -299,21 +308,31 @@ class Trainer:
                 model.reset_metrics()
                 cb_list.on_epoch_begin(epoch)
                 epoch_iterator = iterator or self._runner.make_iterator(distributed)
+                # (batch index, logs handle) of calls whose logs are not fetched yet.
+                pending: collections.deque = collections.deque()
+
+                def deliver(limit: int) -> None:
+                    nonlocal logs
+                    while len(pending) > limit:
+                        batch, handle = pending.popleft()
+                        logs = self._runner.fetch(handle)
+                        cb_list.on_train_batch_end(batch, logs)
+
                 done = 0
                 while done < full_updates and not model.stop_training:
                     n = min(per_call, full_updates - done)
                     cb_list.on_train_batch_begin(done * k)
-                    logs = self._run(train_fn, epoch_iterator, n)
+                    pending.append((done * k + n * k - 1, self._start(train_fn, epoch_iterator, n)))
                     done += n
-                    cb_list.on_train_batch_end(done * k - 1, logs)
+                    deliver(self._runner.max_in_flight)
                 if last_window and not model.stop_training:
                     # The epoch's last `last_window` micro-batches make one smaller
                     # update, still a true mean over its examples.
                     cb_list.on_train_batch_begin(done * k)
-                    logs = self._run(self._train_function(source.global_batch_size, last_window),
-                                     epoch_iterator, 1)
-                    cb_list.on_train_batch_end(steps - 1, logs)
-                self._runner.join()
+                    fn = self._train_function(source.global_batch_size, last_window)
+                    pending.append((steps - 1, self._start(fn, epoch_iterator, 1)))
+                deliver(0)
+                logs = self._runner.final_logs(self._logs, logs)
                 epoch_logs = dict(logs)
                 if val_source is not None:
                     val_logs = self._evaluate_source(val_source, validation_steps)
@@ -331,7 +350,7 @@ class Trainer:
                                    note="The evaluation data's length is unknown.")
         self._build(source)
         fn = self._eval_function()
-        iterator = self._runner.make_iterator(self._runner.distribute(source))
+        iterator = self._runner.make_iterator(self._runner.distribute(source, training=False))
         self.model.reset_metrics()
         logs: dict[str, float] = {}
         done = 0
