@@ -14,7 +14,7 @@ from tfdist import _compat
 def test_shims_in_force_for_this_keras():
     applied = _compat.apply()
     if _compat.SYMBOLIC_BUILD_AFFECTED:
-        assert applied == ["symbolic_build", "multi_worker_reduce", "atomic_assign_add"]
+        assert applied == ["symbolic_build", "multi_worker_reduce", "atomic_assign_add", "sharded_variables"]
         assert _compat.original("symbolic_build") is not None
 
 
@@ -58,3 +58,11 @@ def test_atomic_assign_add_keeps_keras_semantics():
     i = keras.Variable(0, dtype="int64")
     i.assign_add(1)
     assert int(i.numpy()) == 1
+
+
+def test_keras_still_updates_through_extended_update():
+    """The sharded_variables shim exists because of this call; fails when Keras changes it."""
+    import inspect
+
+    original = _compat.original("sharded_variables")
+    assert "distribution.extended.update(" in inspect.getsource(original)

@@ -30,6 +30,15 @@ Shims:
     and metric totals lose updates the same way. The shim uses the TF
     variable's own ``assign_add``, one atomic op on the variable's device.
 
+  * ``sharded_variables``: Keras 3 does not know TF's ``ShardedVariable``
+    (ParameterServerStrategy with a variable partitioner). Its TF optimizer
+    applies each update through ``distribution.extended.update(var, ...)``,
+    which colocates with the variable and fails ("ShardedVariable doesn't
+    support being used as a reference"), and ``Variable.__array__`` (used by
+    ``get_weights`` and saving) calls the missing ``ShardedVariable.__array__``.
+    The shim applies sharded updates directly (their ops split across the
+    shards) and reads sharded values through tensor conversion.
+
 Set ``TFDIST_DISABLE_COMPAT=symbolic_build`` (comma separated) to skip a shim,
 e.g. to check whether upstream still needs it.
 """
@@ -122,6 +131,34 @@ def keras_assign_add_is_read_then_write() -> bool:
     return "self.assign(self + value)" in inspect.getsource(Variable.assign_add)
 
 
+def _is_sharded(variable: Any) -> bool:
+    return type(variable).__name__ == "ShardedVariable"
+
+
+def _make_sharded_update(original):
+    def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+        grads_and_vars = list(grads_and_vars)
+        plain = [(g, v) for g, v in grads_and_vars if not _is_sharded(v)]
+        if plain:
+            original(self, distribution, plain, learning_rate)
+        for grad, var in grads_and_vars:
+            if _is_sharded(var):
+                self.update_step(grad, var, learning_rate)
+
+    return _distributed_tf_update_step
+
+
+def _make_array(original):
+    import numpy as np
+
+    def __array__(self, dtype=None, copy=None):
+        if _is_sharded(getattr(self, "_value", None)):
+            return np.asarray(tf.convert_to_tensor(self._value).numpy(), dtype=dtype)
+        return original(self, dtype) if dtype is not None else original(self)
+
+    return __array__
+
+
 _ORIGINALS: dict[str, Any] = {}
 
 
@@ -156,6 +193,15 @@ def apply() -> list[str]:
             Variable.assign_add = _make_atomic(Variable.assign_add, "assign_add")
             Variable.assign_sub = _make_atomic(Variable.assign_sub, "assign_sub")
         applied.append("atomic_assign_add")
+    if SYMBOLIC_BUILD_AFFECTED and "sharded_variables" not in _disabled():
+        from keras.src.backend.tensorflow.core import Variable
+        from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+        if "sharded_variables" not in _ORIGINALS:
+            _ORIGINALS["sharded_variables"] = TFOptimizer._distributed_tf_update_step
+            TFOptimizer._distributed_tf_update_step = _make_sharded_update(TFOptimizer._distributed_tf_update_step)
+            Variable.__array__ = _make_array(Variable.__array__)
+        applied.append("sharded_variables")
     return applied
 
 

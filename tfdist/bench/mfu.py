@@ -23,13 +23,13 @@ so that the machine's drifts hit them alike; medians are reported.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.bench import common
+from tfdist.bench import common, fits, timing
 
 MATMUL_SIZE = 2048
 MATMUL_ITERATIONS = 12
@@ -41,11 +41,11 @@ STEPS_PER_FIT = 8
 LEARNING_RATE = 0.01
 
 
-def matmul_peak(n: int, iterations: int, *, device: str = "/cpu:0", seed: int = 0) -> Callable[[], float]:
+def matmul_peak(n: int, iterations: int, *, device: str = "/cpu:0", seed: int = 0) -> timing.Side:
     """A measurement of float32 matmul GFLOP/s: one call of a chained-matmul loop.
 
     The returned callable traces and runs the loop once when created (warm-up);
-    each call then times one run and returns GFLOP/s.
+    each call then times one run and returns ``(GFLOP/s, timing)``.
 
     Raises:
         FloatingPointError: If the chain's result is not finite.
@@ -71,8 +71,9 @@ def matmul_peak(n: int, iterations: int, *, device: str = "/cpu:0", seed: int = 
 
     run_once()
 
-    def measure() -> float:
-        return 2.0 * n**3 * iterations / common.timed(run_once) / 1e9
+    def measure() -> tuple[float, timing.Timing]:
+        took = timing.timed(run_once)
+        return 2.0 * n**3 * iterations / took.seconds / 1e9, took
 
     return measure
 
@@ -100,36 +101,37 @@ def mfu(repeats: int, quick: bool) -> dict[str, Any]:
     features, hidden = (64, (128, 128)) if quick else (INPUT_FEATURES, HIDDEN_UNITS)
     global_batch_size = 64 if quick else GLOBAL_BATCH_SIZE
     steps = 4 if quick else STEPS_PER_FIT
-    dataset = common.make_dataset((features,), NUM_CLASSES, global_batch_size=global_batch_size, num_batches=4)
+    dataset = fits.make_dataset((features,), NUM_CLASSES, global_batch_size=global_batch_size, num_batches=4)
 
     def build() -> keras.Model:
         return tfdist.models.get("mlp", input_shape=(features,), num_classes=NUM_CLASSES, hidden_units=hidden)
 
-    builder = common.with_weights(build, common.initial_weights(build))
+    builder = fits.with_weights(build, fits.initial_weights(build))
     flops_per_example = dense_flops_per_example(build())
 
-    sides: dict[str, Callable[[], float]] = {"matmul": matmul_peak(n, iterations)}
-    fit_sides = common.fit_sides(strategy, builder, dataset, global_batch_size=global_batch_size, steps=steps,
+    sides: dict[str, timing.Side] = {"matmul": matmul_peak(n, iterations)}
+    fit_sides = fits.fit_sides(strategy, builder, dataset, global_batch_size=global_batch_size, steps=steps,
                                  optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE))
     sides.update(fit_sides)
-    samples = common.alternate(sides, repeats)
-    fits = common.fit_summary(samples, fit_sides)
+    samples = timing.alternate(sides, repeats)
+    rates = fits.fit_summary(samples, fit_sides)
     peak = samples.median("matmul")
-    trainer_gflops = flops_per_example * fits["trainer_examples_per_s"] / 1e9
-    keras_gflops = flops_per_example * fits["keras_fit_examples_per_s"] / 1e9
-    trainer_mfu = common.ratio(trainer_gflops, peak)
-    keras_mfu = common.ratio(keras_gflops, peak)
+    trainer_gflops = flops_per_example * rates["trainer_examples_per_s"] / 1e9
+    keras_gflops = flops_per_example * rates["keras_fit_examples_per_s"] / 1e9
+    trainer_mfu = timing.ratio(trainer_gflops, peak)
+    keras_mfu = timing.ratio(keras_gflops, peak)
     return {
         "matmul_peak_gflops": peak,
         "trainer_gflops": trainer_gflops,
         "keras_fit_gflops": keras_gflops,
         "trainer_mfu": trainer_mfu,
         "keras_fit_mfu": keras_mfu,
-        "mfu_ratio": common.ratio(trainer_mfu, keras_mfu),
+        "mfu_ratio": timing.ratio(trainer_mfu, keras_mfu),
         "goal": ">= 0.60",
-        "trainer_examples_per_s": fits["trainer_examples_per_s"],
-        "keras_fit_examples_per_s": fits["keras_fit_examples_per_s"],
-        "fit_overhead_s": fits["fit_overhead_s"],
+        "trainer_examples_per_s": rates["trainer_examples_per_s"],
+        "keras_fit_examples_per_s": rates["keras_fit_examples_per_s"],
+        "fit_overhead_s": rates["fit_overhead_s"],
+        "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {
             "strategy": "one_device", "precision": "float32", "model": "mlp", "input_shape": [features],

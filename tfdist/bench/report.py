@@ -15,13 +15,24 @@ _RATIO_KEY = re.compile(r"(^|_)(ratio|mfu)$")
 _GOAL = re.compile(r"^\s*>=\s*([0-9.]+)\s*$")
 
 
+def jsonable(value: Any) -> Any:
+    """``value`` with NaN and infinities replaced by None (strict JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def write_json(results: dict[str, Any], path: str) -> str:
     """Writes ``results`` to ``path`` as indented JSON (creating directories); returns the path."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(results, f, indent=2, sort_keys=False, allow_nan=True)
+        json.dump(results, f, indent=2, allow_nan=False)
         f.write("\n")
     os.replace(tmp, path)
     return path

@@ -10,13 +10,17 @@ is installed, a PNG bar chart of the ratios next to it.
 
 To add a benchmark, write a module under ``tfdist/bench/`` with a function
 ``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add
-the module to :data:`BUILTIN_MODULES`.
+the module to :data:`BUILTIN_MODULES`. Build it from ``timing.alternate`` (and
+``fits.fit_sides`` for Trainer-vs-Keras comparisons); put its headline ratio
+under ``"ratio"`` (or ``"*_ratio"``/``"*_mfu"``), its target under ``"goal"``
+(``">= x"``), and ``samples.max_others_cpu()`` under ``"others_cpu_max"``.
 """
 from __future__ import annotations
 
 import datetime
 import importlib
 import logging
+import math
 import os
 import platform
 import time
@@ -26,6 +30,9 @@ from tfdist.bench import common, report
 from tfdist.config import check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
+
+# Other processes using more CPU cores than this during a measurement make it unreliable.
+BUSY_CPU = 0.25
 
 BUILTIN_MODULES = (
     "tfdist.bench.trainer_vs_fit",
@@ -87,7 +94,8 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
             (for tests; the figures then mean little).
 
     Returns:
-        ``{"meta": {versions, cpu count, date, repeats, ...}, "results": {name: {...}}}``.
+        ``{"meta": {versions, cpu count, date, repeats, ...}, "results": {name: {...}}}``;
+        unknown or undefined numbers (NaN) are None, as in the JSON file.
 
     Raises:
         ValueError: For an unknown benchmark name or a non-positive ``repeats``;
@@ -96,7 +104,7 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
     common.init_strategies()
     check_positive_int("repeats", repeats)
     valid = available()
-    names = list(valid if names is None else names)
+    names = list(valid if names is None else [names] if isinstance(names, str) else names)
     for name in names:
         if name not in valid:
             raise invalid_argument("benchmarks", name, sorted(valid))
@@ -107,8 +115,12 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
         start = time.perf_counter()
         result = benchmarks[name](repeats, quick)
         result["seconds"] = round(time.perf_counter() - start, 2)
-        results["results"][name] = result
+        results["results"][name] = report.jsonable(result)
         logger.info("bench %s: done in %.1f s", name, result["seconds"])
+        busy = result.get("others_cpu_max", math.nan)
+        if busy > BUSY_CPU:  # False for NaN (unknown)
+            logger.warning("bench %s: other processes took up to %.1f CPU cores during the measurements; "
+                           "its figures are unreliable (see samples.others_cpu)", name, busy)
     if output is not None:
         chart = report.write_png(results, os.path.splitext(output)[0] + ".png")
         results["meta"]["chart"] = chart

@@ -33,6 +33,39 @@ def _forward(model: keras.Model, x: Any, training: bool) -> Any:
     return model(x)
 
 
+def _shards(variable: Any) -> list[Any] | None:
+    """The shard variables behind a Keras variable partitioned across ps tasks, else None."""
+    inner = getattr(variable, "_value", variable)
+    if type(inner).__name__ == "ShardedVariable":
+        return list(inner.variables)
+    return None
+
+
+def _gradients(tape: tf.GradientTape, target: tf.Tensor, variables: Sequence[Any]) -> list[Any]:
+    """``tape.gradient`` that also handles ``ShardedVariable`` (one gradient per Keras variable).
+
+    Keras variables that wrap a ShardedVariable cannot be gradient sources
+    themselves; take the gradient of each shard and concatenate along axis 0.
+    """
+    spans, sources = [], []
+    for v in variables:
+        shards = _shards(v)
+        spans.append(None if shards is None else len(shards))
+        sources.extend(shards if shards is not None else [v])
+    flat = tape.gradient(target, sources)
+    grads, i = [], 0
+    for span in spans:
+        if span is None:
+            grads.append(flat[i])
+            i += 1
+        else:
+            parts = flat[i:i + span]
+            grads.append(None if any(p is None for p in parts)
+                         else tf.concat([tf.convert_to_tensor(p) for p in parts], axis=0))
+            i += span
+    return grads
+
+
 def _scale(g: Any, factor: tf.Tensor) -> Any:
     if g is None:
         return None
@@ -79,7 +112,7 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
                     # -> (sum of local losses + size * regularisers) / (global batch * k)
                     objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
                     objective = optimizer.scale_loss(objective)
-                grads = tape.gradient(objective, variables)
+                grads = _gradients(tape, objective, variables)
                 model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
                 if not present:
                     present.extend(i for i, g in enumerate(grads) if g is not None)

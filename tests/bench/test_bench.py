@@ -1,0 +1,107 @@
+"""``tfdist bench``: one quick run in this process; structure and sanity, no speed assertions.
+
+tests/conftest.py has already split the CPU into 4 virtual devices, so the
+bench's ``make_strategy("mirrored", num_devices=2)`` takes 2 of them.
+"""
+import json
+import math
+import os
+
+import pytest
+
+from tfdist.bench import report, runner, timing
+
+FIT_KEYS = {"trainer_examples_per_s", "keras_fit_examples_per_s", "ratio", "fit_overhead_s", "samples"}
+MFU_KEYS = {"matmul_peak_gflops", "trainer_gflops", "keras_fit_gflops", "trainer_mfu", "keras_fit_mfu",
+            "mfu_ratio", "goal", "trainer_examples_per_s", "keras_fit_examples_per_s", "config"}
+
+
+def _positive_finite(value):
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    output = str(tmp_path_factory.mktemp("bench") / "nested" / "bench.json")
+    results = runner.run(quick=True, output=output, repeats=2)
+    return results, output
+
+
+def test_writes_the_returned_results_as_json(quick_run):
+    results, output = quick_run
+    with open(output) as f:
+        written = json.load(f)
+    assert written == json.loads(json.dumps(results))
+    assert set(written) == {"meta", "results"}
+    meta = written["meta"]
+    for key in ("tensorflow", "keras", "cpu_count", "date", "repeats"):
+        assert meta[key] not in (None, "")
+    assert meta["repeats"] == 2 and meta["quick"] is True
+    assert set(written["results"]) == set(runner.available()) == {"trainer_vs_fit", "mfu"}
+
+
+def test_trainer_vs_fit_reports_positive_ratios(quick_run):
+    result = quick_run[0]["results"]["trainer_vs_fit"]
+    assert FIT_KEYS <= set(result)
+    assert result["goal"] == ">= 1.0"
+    for pair in (result, result["steps_per_execution_8"]):
+        for key in ("trainer_examples_per_s", "keras_fit_examples_per_s", "ratio"):
+            assert _positive_finite(pair[key]), (key, pair[key])
+        assert pair["ratio"] == pytest.approx(pair["trainer_examples_per_s"] / pair["keras_fit_examples_per_s"])
+        assert all(len(v) == 2 for v in pair["samples"]["values"].values())
+    assert result["config"]["num_replicas"] == 2
+
+
+def test_mfu_reports_positive_ratios(quick_run):
+    result = quick_run[0]["results"]["mfu"]
+    assert MFU_KEYS <= set(result)
+    assert result["goal"] == ">= 0.60"
+    for key in ("matmul_peak_gflops", "trainer_gflops", "keras_fit_gflops", "trainer_mfu", "keras_fit_mfu",
+                "mfu_ratio"):
+        assert _positive_finite(result[key]), (key, result[key])
+    assert result["trainer_mfu"] == pytest.approx(result["trainer_gflops"] / result["matmul_peak_gflops"])
+
+
+def test_every_charted_ratio_is_positive_and_finite(quick_run):
+    results, output = quick_run
+    rows = list(report.ratios(results))
+    labels = {label for label, _, _ in rows}
+    assert {"trainer_vs_fit.ratio", "trainer_vs_fit.steps_per_execution_8.ratio", "mfu.trainer_mfu"} <= labels
+    assert all(_positive_finite(value) for _, value, _ in rows)
+    assert dict((label, goal) for label, _, goal in rows)["trainer_vs_fit.ratio"] == 1.0
+    png = os.path.splitext(output)[0] + ".png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert results["meta"]["chart"] is None
+    else:
+        assert results["meta"]["chart"] == png and os.path.getsize(png) > 0
+
+
+def test_unknown_benchmark_lists_the_valid_names(tmp_path):
+    output = tmp_path / "bench.json"
+    with pytest.raises(ValueError, match=r"Invalid value for argument `benchmarks`.*'nope'.*mfu, trainer_vs_fit"):
+        runner.run(["nope"], output=str(output))
+    assert not output.exists()
+
+
+def test_repeats_must_be_positive():
+    with pytest.raises(ValueError, match="Invalid value for argument `repeats`"):
+        runner.run(["mfu"], output=None, repeats=0)
+
+
+def test_alternate_interleaves_and_reverses_the_order():
+    order = []
+
+    def side(name):
+        def measure():
+            order.append(name)
+            return float(len(order)), timing.Timing(1.0, 0.5, None)
+        return measure
+
+    samples = timing.alternate({"a": side("a"), "b": side("b"), "c": side("c")}, repeats=3)
+    assert order == list("abccbaabc")
+    assert samples.values["a"] == [1.0, 6.0, 7.0]
+    assert samples.median("c") == 4.0
+    assert samples.cpu_share["b"] == [0.5] * 3
+    assert all(math.isnan(v) for v in samples.others_cpu["a"])

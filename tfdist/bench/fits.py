@@ -1,0 +1,150 @@
+"""Trainer.fit against Keras fit: the two sides, their data, weights and timing.
+
+Both sides get the same strategy, model (from identical weights), data and
+options; only the loop differs: ``tfdist.Trainer(...).fit`` vs
+``model.compile(...)`` + ``model.fit`` inside ``strategy.scope()``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist.bench.timing import Samples, Stopwatch, Timing, median, ratio
+
+
+def make_dataset(input_shape: tuple[int, ...], num_classes: int, *, global_batch_size: int,
+                 num_batches: int, seed: int = 0) -> tf.data.Dataset:
+    """An in-memory, repeated ``tf.data.Dataset`` of ``num_batches`` distinct global batches.
+
+    Random features and labels: throughput does not depend on what is learned.
+    """
+    rng = np.random.default_rng(seed)
+    n = global_batch_size * num_batches
+    x = rng.normal(size=(n, *input_shape)).astype("float32")
+    y = rng.integers(0, num_classes, size=(n,)).astype("int32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size, drop_remainder=True)
+    return ds.cache().repeat().prefetch(tf.data.AUTOTUNE)
+
+
+def initial_weights(build: Callable[[], keras.Model], seed: int = 0) -> list[np.ndarray]:
+    """The weights ``build()`` starts from under ``seed`` (built outside any strategy)."""
+    keras.utils.set_random_seed(seed)
+    return build().get_weights()
+
+
+def with_weights(build: Callable[[], keras.Model], weights: list[np.ndarray]) -> Callable[[], keras.Model]:
+    """A zero-arg builder that builds the model and loads ``weights``."""
+
+    def builder() -> keras.Model:
+        model = build()
+        model.set_weights(weights)
+        return model
+
+    return builder
+
+
+def logits_loss() -> keras.losses.Loss:
+    """The loss of every benchmark: sparse categorical cross-entropy on logits."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class _StepWindow(keras.callbacks.Callback):
+    """Times from the first batch's start to the epoch's end (results fetched)."""
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.watch: Stopwatch | None = None
+        self.timing: Timing | None = None
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self.watch is None:
+            self.watch = Stopwatch()
+            self.watch.start()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.timing = self.watch.stop()  # both loops fetch the last step's logs before this
+
+
+class FitThroughput:
+    """A measurement: one ``fit(epochs=1, steps_per_epoch=steps)`` call, in examples/s.
+
+    Only the steps are timed, from the first batch's start to the epoch's end.
+    The rest of the call (iterator creation, and destruction, which with
+    ``tf.distribute`` datasets can stall for up to seconds on this TF) is kept
+    apart in :attr:`overheads`. The timing callback overrides no
+    ``on_*_batch_end`` hook, so it changes nothing in how either loop
+    dispatches its steps.
+
+    Args:
+        fit: ``fit(epochs=, steps_per_epoch=, verbose=, callbacks=)`` of one side.
+        steps: Batches per call.
+        global_batch_size: Examples per batch.
+    """
+
+    def __init__(self, fit: Callable[..., Any], *, steps: int, global_batch_size: int) -> None:
+        self.fit = fit
+        self.steps = steps
+        self.global_batch_size = global_batch_size
+        self.overheads: list[float] = []
+
+    def __call__(self) -> tuple[float, Timing]:
+        window = _StepWindow()
+        start = time.perf_counter()
+        self.fit(epochs=1, steps_per_epoch=self.steps, verbose=0, callbacks=[window])
+        total = time.perf_counter() - start
+        self.overheads.append(total - window.timing.seconds)
+        return self.steps * self.global_batch_size / window.timing.seconds, window.timing
+
+
+def fit_sides(strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model], dataset: tf.data.Dataset, *,
+              global_batch_size: int, steps: int, optimizer: Callable[[], keras.optimizers.Optimizer],
+              metrics: Sequence[str] = (), steps_per_execution: int = 1) -> dict[str, FitThroughput]:
+    """The two sides, "trainer" and "keras_fit", each warmed up by one untimed call.
+
+    Args:
+        strategy: The strategy both sides train under.
+        builder: Zero-arg model builder, called once per side in scope; it
+            should load fixed weights so that both sides start alike.
+        dataset: Repeated ``tf.data.Dataset`` of global batches.
+        global_batch_size: Examples per global batch of ``dataset``.
+        steps: Batches per timed ``fit`` call.
+        optimizer: Zero-arg optimizer factory (one optimizer per side).
+        metrics: Compiled metrics of both sides.
+        steps_per_execution: For both sides.
+    """
+    import tfdist
+
+    trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=optimizer(), loss=logits_loss(),
+                             metrics=list(metrics), steps_per_execution=steps_per_execution)
+    with strategy.scope():
+        model = builder()
+        model.compile(optimizer=optimizer(), loss=logits_loss(), metrics=list(metrics),
+                      steps_per_execution=steps_per_execution)
+
+    def trainer_fit(**kwargs: Any) -> Any:
+        return trainer.fit(dataset, global_batch_size=global_batch_size, **kwargs)
+
+    def keras_fit(**kwargs: Any) -> Any:
+        return model.fit(dataset, shuffle=False, **kwargs)  # a Dataset is never shuffled; this only mutes a warning
+
+    sides = {"trainer": FitThroughput(trainer_fit, steps=steps, global_batch_size=global_batch_size),
+             "keras_fit": FitThroughput(keras_fit, steps=steps, global_batch_size=global_batch_size)}
+    for side in sides.values():  # warm-up: traces, fills the dataset cache
+        side()
+        side.overheads.clear()
+    return sides
+
+
+def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[str, Any]:
+    """Median examples/s of "trainer" and "keras_fit", their ratio, and median per-call overheads."""
+    trainer_rate = samples.median("trainer")
+    keras_rate = samples.median("keras_fit")
+    return {
+        "trainer_examples_per_s": trainer_rate,
+        "keras_fit_examples_per_s": keras_rate,
+        "ratio": ratio(trainer_rate, keras_rate),
+        "fit_overhead_s": {name: median(side.overheads) for name, side in sides.items()},
+    }

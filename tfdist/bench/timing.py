@@ -1,0 +1,139 @@
+"""Timing on a noisy machine: stopwatches that see other processes, and alternation.
+
+Every measurement records its wall seconds, this process's CPU seconds and,
+on Linux, the CPU seconds other processes (and the hypervisor) took meanwhile.
+The last says whether the machine was shared during that measurement: on a
+2-core machine ``others_cpu`` near 0 means the figures are clean, near 1 means
+another process took a core.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+import time
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
+
+# /proc/stat "cpu" fields counted as busy: user nice system (idle iowait) irq softirq steal.
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+# /proc/stat counts in ticks (10 ms): shorter measurements cannot tell who used the CPU.
+_MIN_SECONDS_FOR_OTHERS = 0.25
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds all processes have used since boot (Linux), else None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+        return sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields)) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Timing(NamedTuple):
+    """What one measurement took."""
+
+    seconds: float
+    cpu_seconds: float  # this process
+    others_cpu_seconds: float | None  # every other process, None where unknown
+
+    @property
+    def cpu_share(self) -> float:
+        """This process's CPU seconds per wall second (up to the core count)."""
+        return self.cpu_seconds / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def others_cpu(self) -> float:
+        """Other processes' CPU seconds per wall second (NaN where unknown or too short to tell)."""
+        if self.others_cpu_seconds is None or self.seconds < _MIN_SECONDS_FOR_OTHERS:
+            return math.nan
+        return max(self.others_cpu_seconds, 0.0) / self.seconds
+
+
+class Stopwatch:
+    """Wall, own-CPU and others'-CPU time between :meth:`start` and :meth:`stop`."""
+
+    def start(self) -> None:
+        self._wall, self._cpu, self._busy = time.perf_counter(), time.process_time(), _busy_cpu_seconds()
+
+    def stop(self) -> Timing:
+        wall, cpu, busy = time.perf_counter(), time.process_time(), _busy_cpu_seconds()
+        cpu -= self._cpu
+        others = None if busy is None or self._busy is None else (busy - self._busy) - cpu
+        return Timing(wall - self._wall, cpu, others)
+
+
+def timed(fn: Callable[[], Any]) -> Timing:
+    """Runs ``fn()`` (which must block until its work is done) and returns its Timing."""
+    watch = Stopwatch()
+    watch.start()
+    fn()
+    return watch.stop()
+
+
+# A side of a comparison: one measurement per call, returning (value, its Timing).
+Side = Callable[[], tuple[float, Timing]]
+
+
+@dataclasses.dataclass
+class Samples:
+    """Measurements per side, in the order taken.
+
+    ``values`` are what the sides measured; ``cpu_share`` and ``others_cpu``
+    are this process's and other processes' CPU seconds per wall second during
+    each measurement (see :class:`Timing`).
+    """
+
+    values: dict[str, list[float]]
+    cpu_share: dict[str, list[float]]
+    others_cpu: dict[str, list[float]]
+
+    def median(self, name: str) -> float:
+        """The median value of side ``name``."""
+        return median(self.values[name])
+
+    def max_others_cpu(self) -> float:
+        """The most CPU other processes took during any measurement (NaN if unknown)."""
+        return nanmax(v for vs in self.others_cpu.values() for v in vs)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def alternate(sides: Mapping[str, Side], repeats: int) -> Samples:
+    """Runs each side ``repeats`` times, interleaved A B C, C B A, A B C, ...
+
+    Interleaving (and reversing the order every round) spreads the machine's
+    slow drifts and bursts evenly over the sides.
+
+    Args:
+        sides: Name -> a zero-arg callable that runs one measurement and
+            returns ``(value, timing)``, e.g. examples per second.
+        repeats: Measurements per side.
+    """
+    names = list(sides)
+    samples = Samples(*({name: [] for name in names} for _ in range(3)))
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            value, timing = sides[name]()
+            samples.values[name].append(float(value))
+            samples.cpu_share[name].append(round(timing.cpu_share, 2))
+            samples.others_cpu[name].append(round(timing.others_cpu, 2))
+    return samples
+
+
+def nanmax(values: Iterable[float]) -> float:
+    """The largest of ``values`` that is not NaN (NaN for none)."""
+    known = [v for v in values if not math.isnan(v)]
+    return max(known) if known else math.nan
+
+
+def median(values: list[float]) -> float:
+    """The median of ``values`` (NaN for none)."""
+    return float(statistics.median(values)) if values else math.nan
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator``, NaN when the denominator is not positive."""
+    return float(numerator / denominator) if denominator > 0 else math.nan
