@@ -408,7 +408,11 @@ def is_loopback(host: str) -> bool:
 
 
 def check_port_free(host: str, port: int, *, what: str) -> None:
-    """Raises if ``host:port`` cannot be bound (SO_REUSEADDR off).
+    """Raises if ``host:port`` cannot be bound as a server would bind it.
+
+    Uses ``SO_REUSEADDR`` like gRPC does, so a port whose previous owner just
+    exited (TIME_WAIT, e.g. a restarted task) counts as free, while a port
+    another process holds or listens on does not.
 
     Args:
         host: The local address to bind.
@@ -422,7 +426,7 @@ def check_port_free(host: str, port: int, *, what: str) -> None:
     family = socket.AF_INET6 if ":" in bare else socket.AF_INET
     address = _join(bare, port)
     with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((bare, port))
         except OSError as e:

@@ -63,6 +63,9 @@ class TrainConfig:
     strategy: str = "mirrored"
     num_devices: int | None = 2
     communication: str = "auto"
+    num_workers: int | None = None
+    num_ps: int | None = None
+    min_shard_bytes: int | None = None
     model: str = "cnn"
     dataset: str = "digits"
     data_dir: str | None = None
@@ -85,6 +88,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_choice("strategy", self.strategy, STRATEGY_NAMES)
         check_positive_int("num_devices", self.num_devices, allow_none=True)
+        for name in ("num_workers", "num_ps", "min_shard_bytes"):
+            check_positive_int(name, getattr(self, name), allow_none=True)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
         for name in ("epochs", "global_batch_size", "steps_per_execution", "accumulation_steps"):

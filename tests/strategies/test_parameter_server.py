@@ -116,7 +116,7 @@ def test_sharded_variables(digits, tmp_path):
 def test_ps_errors(ps, monkeypatch):
     trainer = tfdist.Trainer(builder(), strategy=ps, optimizer="sgd", loss=LOSS)
     with pytest.raises(ValueError, match="argument `steps_per_epoch`. Received: steps_per_epoch=None. "
-                                         "Expected a positive integer on ParameterServerStrategy"):
+                                         "Expected a positive integer under strategy 'parameter_server'"):
         trainer.fit(tfdist.data.load("digits"), global_batch_size=G, verbose=0)
     with pytest.raises(ValueError, match="argument `data`. Received: data='tf.data.Dataset'.*dataset_fn"):
         trainer.fit(dataset(), steps_per_epoch=5, verbose=0)

@@ -128,7 +128,8 @@ def fit_sides(strategy: tf.distribute.Strategy, builder: Callable[[], keras.Mode
         return trainer.fit(dataset, global_batch_size=global_batch_size, **kwargs)
 
     def keras_fit(**kwargs: Any) -> Any:
-        return model.fit(dataset, shuffle=False, **kwargs)  # a Dataset is never shuffled; this only mutes a warning
+        # Keras never shuffles a Dataset; shuffle=False only mutes its warning.
+        return model.fit(dataset, shuffle=False, **kwargs)
 
     sides = {"trainer": FitThroughput(trainer_fit, steps=steps, global_batch_size=global_batch_size),
              "keras_fit": FitThroughput(keras_fit, steps=steps, global_batch_size=global_batch_size)}

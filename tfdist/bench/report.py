@@ -62,15 +62,25 @@ def ratios(results: dict[str, Any]) -> Iterator[tuple[str, float, float | None]]
 
 def write_png(results: dict[str, Any], path: str) -> str | None:
     """Draws a horizontal bar chart of the ratios; returns the path, or None without matplotlib."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        logger.info("matplotlib is not installed: no PNG chart")
-        return None
     rows = list(ratios(results))
     if not rows:
         return None
+    try:
+        _draw(rows, results.get("meta", {}), path)
+    except ImportError:
+        logger.info("matplotlib is not installed: no PNG chart")
+        return None
+    except Exception as e:  # the chart is optional: never lose the results over it
+        logger.warning("Could not draw the bench chart %s: %s", path, e)
+        return None
+    return path
+
+
+def _draw(rows: list[tuple[str, float, float | None]], meta: dict[str, Any], path: str) -> None:
+    # The object API with the Agg canvas: no pyplot, no global backend switch.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(8, 0.5 * len(rows) + 1.2))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -83,10 +93,8 @@ def write_png(results: dict[str, Any], path: str) -> str | None:
     ax.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_yticks(positions, [label for label, _, _ in rows])
     ax.set_xlabel("ratio (red tick: goal)")
-    meta = results.get("meta", {})
     ax.set_title(f"tfdist bench  {meta.get('date', '')}  repeats={meta.get('repeats', '')}", fontsize=9)
     ax.set_xlim(0, max(max(v for _, v, _ in rows), 1.0) * 1.2)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
-    return path

@@ -26,13 +26,10 @@ import platform
 import time
 from typing import Any, Sequence
 
-from tfdist.bench import common, report
+from tfdist.bench import common, report, timing
 from tfdist.config import check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
-
-# Other processes using more CPU cores than this during a measurement make it unreliable.
-BUSY_CPU = 0.25
 
 BUILTIN_MODULES = (
     "tfdist.bench.trainer_vs_fit",
@@ -89,7 +86,8 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
         names: Benchmarks to run, in order; default all of :func:`available`.
         output: Path of the JSON file (directories are created); a PNG chart of
             the ratios goes next to it. ``None`` writes nothing.
-        repeats: Timed measurements per side; medians are reported.
+        repeats: Timed measurements per side (a few more when other processes
+            disturb them); medians are reported.
         quick: Shrinks sizes and steps so that everything runs in seconds
             (for tests; the figures then mean little).
 
@@ -118,9 +116,10 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
         results["results"][name] = report.jsonable(result)
         logger.info("bench %s: done in %.1f s", name, result["seconds"])
         busy = result.get("others_cpu_max", math.nan)
-        if busy > BUSY_CPU:  # False for NaN (unknown)
-            logger.warning("bench %s: other processes took up to %.1f CPU cores during the measurements; "
-                           "its figures are unreliable (see samples.others_cpu)", name, busy)
+        if busy > timing.BUSY_CPU:  # False for NaN (unknown)
+            logger.warning("bench %s: other processes took up to %.1f CPU cores during some measurements; "
+                           "medians use the clean ones where there are any (see samples.others_cpu, "
+                           "samples.clean)", name, busy)
     if output is not None:
         chart = report.write_png(results, os.path.splitext(output)[0] + ".png")
         results["meta"]["chart"] = chart

@@ -4,7 +4,8 @@ Every measurement records its wall seconds, this process's CPU seconds and,
 on Linux, the CPU seconds other processes (and the hypervisor) took meanwhile.
 The last says whether the machine was shared during that measurement: on a
 2-core machine ``others_cpu`` near 0 means the figures are clean, near 1 means
-another process took a core.
+another process took a core. Medians are taken over the clean measurements, and
+:func:`alternate` adds a few rounds when too few were clean.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 # /proc/stat counts in ticks (10 ms): shorter measurements cannot tell who used the CPU.
 _MIN_SECONDS_FOR_OTHERS = 0.25
+# A measurement while other processes took more CPU cores than this is not clean.
+BUSY_CPU = 0.25
 
 
 def _busy_cpu_seconds() -> float | None:
@@ -82,44 +85,57 @@ class Samples:
 
     ``values`` are what the sides measured; ``cpu_share`` and ``others_cpu``
     are this process's and other processes' CPU seconds per wall second during
-    each measurement (see :class:`Timing`).
+    each measurement (see :class:`Timing`). A measurement is *clean* when other
+    processes took at most :data:`BUSY_CPU` cores meanwhile (or it is unknown).
     """
 
     values: dict[str, list[float]]
     cpu_share: dict[str, list[float]]
     others_cpu: dict[str, list[float]]
 
+    def clean(self, name: str) -> list[float]:
+        """The clean values of side ``name``."""
+        return [v for v, busy in zip(self.values[name], self.others_cpu[name]) if not busy > BUSY_CPU]
+
     def median(self, name: str) -> float:
-        """The median value of side ``name``."""
-        return median(self.values[name])
+        """The median of the clean values of side ``name``, or of all of them if none is clean."""
+        return median(self.clean(name) or self.values[name])
 
     def max_others_cpu(self) -> float:
         """The most CPU other processes took during any measurement (NaN if unknown)."""
         return nanmax(v for vs in self.others_cpu.values() for v in vs)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "clean": {name: len(self.clean(name)) for name in self.values}}
 
 
-def alternate(sides: Mapping[str, Side], repeats: int) -> Samples:
+def alternate(sides: Mapping[str, Side], repeats: int, *, extra_rounds: int | None = None) -> Samples:
     """Runs each side ``repeats`` times, interleaved A B C, C B A, A B C, ...
 
     Interleaving (and reversing the order every round) spreads the machine's
-    slow drifts and bursts evenly over the sides.
+    slow drifts and bursts evenly over the sides. While other processes make
+    measurements unclean, up to ``extra_rounds`` more rounds run until every
+    side has a majority of clean ones (``repeats // 2 + 1``).
 
     Args:
         sides: Name -> a zero-arg callable that runs one measurement and
             returns ``(value, timing)``, e.g. examples per second.
-        repeats: Measurements per side.
+        repeats: Measurements per side (at least).
+        extra_rounds: Most rounds added for unclean measurements; default
+            ``repeats // 2 + 1``.
     """
     names = list(sides)
     samples = Samples(*({name: [] for name in names} for _ in range(3)))
-    for r in range(repeats):
+    wanted = repeats // 2 + 1
+    extra_rounds = wanted if extra_rounds is None else extra_rounds
+    r = 0
+    while r < repeats or (r < repeats + extra_rounds and any(len(samples.clean(n)) < wanted for n in names)):
         for name in (names if r % 2 == 0 else names[::-1]):
             value, timing = sides[name]()
             samples.values[name].append(float(value))
             samples.cpu_share[name].append(round(timing.cpu_share, 2))
             samples.others_cpu[name].append(round(timing.others_cpu, 2))
+        r += 1
     return samples
 
 

@@ -26,7 +26,7 @@ from tfdist.bench import common, fits, timing
 INPUT_SHAPE = (8, 8, 1)
 NUM_CLASSES = 10
 GLOBAL_BATCH_SIZE = 256
-STEPS_PER_FIT = 48
+STEPS_PER_FIT = 64
 LEARNING_RATE = 0.01
 STEPS_PER_EXECUTION = (1, 8)
 METRICS = ("accuracy",)

@@ -24,6 +24,9 @@ flags.DEFINE_enum("strategy", _DEFAULT.strategy, STRATEGY_NAMES, "Distribution s
 flags.DEFINE_integer("num_devices", _DEFAULT.num_devices, "Replicas for --strategy=mirrored.")
 flags.DEFINE_enum("communication", _DEFAULT.communication, ["auto", "ring", "nccl"],
                   "Collectives for --strategy=multi_worker.")
+flags.DEFINE_integer("num_workers", None, "Workers of an in-process --strategy=parameter_server cluster.")
+flags.DEFINE_integer("num_ps", None, "Parameter servers of an in-process --strategy=parameter_server cluster.")
+flags.DEFINE_integer("min_shard_bytes", None, "parameter_server: shard variables larger than this over the ps.")
 flags.DEFINE_string("model", _DEFAULT.model, "mlp, cnn, resnet or transformer.")
 flags.DEFINE_string("dataset", _DEFAULT.dataset, "digits, synthetic or tfds:NAME.")
 flags.DEFINE_string("data_dir", None, "tensorflow-datasets data_dir for tfds:NAME.")
@@ -63,6 +66,7 @@ flags.DEFINE_integer("repeats", 3, "bench: timed repeats per side (the median is
 def _train_config() -> TrainConfig:
     return TrainConfig(
         strategy=FLAGS.strategy, num_devices=FLAGS.num_devices, communication=FLAGS.communication,
+        num_workers=FLAGS.num_workers, num_ps=FLAGS.num_ps, min_shard_bytes=FLAGS.min_shard_bytes,
         model=FLAGS.model, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, epochs=FLAGS.epochs,
         global_batch_size=FLAGS.global_batch_size, steps_per_epoch=FLAGS.steps_per_epoch,
         precision=FLAGS.precision, steps_per_execution=FLAGS.steps_per_execution,

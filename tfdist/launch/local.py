@@ -203,6 +203,8 @@ class Supervisor:
                         continue
                     if self._recover(task, result):
                         break
+                    if self.parameter_server_mode and task.task_type == "ps":
+                        self._let_chief_report()
                     self._stop(set(self._procs) - set(self.results))
                     code = proc.returncode if proc.returncode > 0 else 1
                     if self.max_restarts:
@@ -220,6 +222,17 @@ class Supervisor:
                 self._stop(set(self._procs) - set(self.results), grace_period=0.0)
                 return TIMEOUT_RETURNCODE, f"the job exceeded its timeout of {timeout:g} s"
             time.sleep(_POLL_SECONDS)
+
+    def _let_chief_report(self, seconds: float = 30.0) -> None:
+        """Gives the chief time to notice a lost ps and print its own error."""
+        chief = next((t for t in self.tasks if t.task_type == "chief"), None)
+        if chief is None or chief in self.results:
+            return
+        try:
+            self._procs[chief].wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return
+        self._record(chief, self._procs[chief].returncode)
 
     def _recover(self, task: Task, result: TaskResult) -> bool:
         """Handles a failed task; True if the job goes on (restarted or tolerated)."""

@@ -23,6 +23,9 @@ def _strategy_options(config: TrainConfig) -> dict[str, Any]:
         return {"num_devices": config.num_devices}
     if config.strategy == "multi_worker":
         return {"communication": config.communication}
+    if config.strategy == "parameter_server":
+        options = {"num_workers": config.num_workers, "num_ps": config.num_ps, "min_shard_bytes": config.min_shard_bytes}
+        return {k: v for k, v in options.items() if v is not None}
     return {}
 
 

@@ -272,7 +272,7 @@ class Trainer:
         check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
         if steps_per_epoch is None and self._runner.requires_steps_per_epoch:
             raise invalid_argument(
-                "steps_per_epoch", None, f"a positive integer on {type(self.strategy).__name__}",
+                "steps_per_epoch", None, "a positive integer under strategy 'parameter_server'",
                 note="Its workers read their datasets independently and repeat them, so an epoch has no "
                      "natural end: say how many batches make one.")
         source = self._input(data, global_batch_size, True, "data")
