@@ -33,6 +33,7 @@ VALID_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 _TASK_EXAMPLE = "a dict like {'type': 'worker', 'index': 0}"
 _SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
 _SLURM_TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+SLURM_PORT_BASE = 8888  # The k-th Slurm task on a node listens on SLURM_PORT_BASE + k.
 
 
 class _Missing:
@@ -171,8 +172,8 @@ def _validate_cluster(cluster: Any) -> dict[str, list[str]]:
     return result
 
 
-def _split_address(address: str) -> tuple[str, int] | None:
-    """Splits ``"host:port"`` (``"[v6]:port"`` for IPv6); None if malformed."""
+def split_address(address: str) -> tuple[str, int] | None:
+    """Splits ``"host:port"`` (``"[v6]:port"`` for IPv6) into host and port; None if malformed."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not re.fullmatch(r"[0-9]+", port):
         return None
@@ -186,7 +187,7 @@ def _split_address(address: str) -> tuple[str, int] | None:
 
 
 def _check_address(name: str, address: Any) -> None:
-    if not isinstance(address, str) or _split_address(address) is None:
+    if not isinstance(address, str) or split_address(address) is None:
         raise invalid_argument(
             name, address, "a 'host:port' string with an integer port in 1..65535",
             note="Write IPv6 hosts in brackets, e.g. '[::1]:2222'.")
@@ -215,7 +216,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> ClusterInfo | 
     return None
 
 
-def from_slurm(environ: Mapping[str, str], *, port_base: int = 8888) -> ClusterInfo | None:
+def from_slurm(environ: Mapping[str, str], *, port_base: int = SLURM_PORT_BASE) -> ClusterInfo | None:
     """Builds an all-worker cluster from the variables ``srun`` sets.
 
     Tasks are assigned to the hosts of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST)
@@ -263,7 +264,7 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int = 8888) -> ClusterI
             1 <= port_base and port_base + max(per_node) - 1 <= 65535):
         raise invalid_argument("port_base", port_base,
                                f"an integer in 1..{65536 - max(per_node)} ({max(per_node)} tasks per node)")
-    addresses = [_join(host, port_base + k) for host, n in zip(hosts, per_node) for k in range(n)]
+    addresses = [join_address(host, port_base + k) for host, n in zip(hosts, per_node) for k in range(n)]
     return ClusterInfo(cluster={"worker": addresses}, task_type="worker", task_id=task_id)
 
 
@@ -383,14 +384,15 @@ def make_cluster(*, workers: int, ps: int = 0, chief: bool = False, evaluator: b
         if len(set(ports)) != len(ports):
             raise invalid_argument("ports", ports, "distinct ports")
     it = iter(ports)
-    return {t: [_join(host, next(it)) for _ in range(n)] for t, n in counts.items() if n}
+    return {t: [join_address(host, next(it)) for _ in range(n)] for t, n in counts.items() if n}
 
 
 def _describe(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {t}" for t, n in counts.items() if n)
 
 
-def _join(host: str, port: int) -> str:
+def join_address(host: str, port: int) -> str:
+    """Joins a host and a port: ``"h:1"``, or ``"[::1]:1"`` for an IPv6 host."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
@@ -424,7 +426,7 @@ def check_port_free(host: str, port: int, *, what: str) -> None:
     """
     bare = host.strip("[]")
     family = socket.AF_INET6 if ":" in bare else socket.AF_INET
-    address = _join(bare, port)
+    address = join_address(bare, port)
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

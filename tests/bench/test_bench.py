@@ -1,7 +1,9 @@
 """``tfdist bench``: one quick run in this process; structure and sanity, no speed assertions.
 
 tests/conftest.py has already split the CPU into 4 virtual devices, so the
-bench's ``make_strategy("mirrored", num_devices=2)`` takes 2 of them.
+bench's ``make_strategy("mirrored", num_devices=2)`` takes 2 of them. The
+parameter_server benchmark starts an in-process cluster (2 workers, 1 ps) and
+runs last, as it does in ``tfdist bench``.
 """
 import json
 import math
@@ -9,11 +11,12 @@ import os
 
 import pytest
 
-from tfdist.bench import report, runner, timing
+from tfdist.bench import bf16_vs_fp32, common, report, runner, timing
 
 FIT_KEYS = {"trainer_examples_per_s", "keras_fit_examples_per_s", "ratio", "fit_overhead_s", "samples"}
 MFU_KEYS = {"matmul_peak_gflops", "trainer_gflops", "keras_fit_gflops", "trainer_mfu", "keras_fit_mfu",
             "mfu_ratio", "goal", "trainer_examples_per_s", "keras_fit_examples_per_s", "config"}
+ALL = {"trainer_vs_fit", "mfu", "accumulation", "bf16_vs_fp32", "parameter_server"}
 
 
 def _positive_finite(value):
@@ -37,7 +40,8 @@ def test_writes_the_returned_results_as_json(quick_run):
     for key in ("tensorflow", "keras", "cpu_count", "date", "repeats"):
         assert meta[key] not in (None, "")
     assert meta["repeats"] == 2 and meta["quick"] is True
-    assert set(written["results"]) == set(runner.available()) == {"trainer_vs_fit", "mfu"}
+    assert set(written["results"]) == set(runner.available()) == ALL
+    assert list(written["results"])[-1] == "parameter_server"  # its cluster disables the local strategies
 
 
 def test_trainer_vs_fit_reports_positive_ratios(quick_run):
@@ -62,11 +66,68 @@ def test_mfu_reports_positive_ratios(quick_run):
     assert result["trainer_mfu"] == pytest.approx(result["trainer_gflops"] / result["matmul_peak_gflops"])
 
 
+def test_accumulation_compares_the_same_micro_batches(quick_run):
+    result = quick_run[0]["results"]["accumulation"]
+    assert result["goal"] == ">= 0.95"
+    for key in ("accumulating_examples_per_s", "plain_examples_per_s", "ratio"):
+        assert _positive_finite(result[key]), (key, result[key])
+    assert result["ratio"] == pytest.approx(result["accumulating_examples_per_s"] / result["plain_examples_per_s"])
+    config = result["config"]
+    assert config["accumulation_steps"] == {"accumulating": 4, "plain": 1}
+    assert config["steps_per_execution"] == 4 and config["num_replicas"] == 2
+    # steps_per_epoch counts micro-batches: 4 per update when accumulating, 1 otherwise.
+    micro_batches = config["micro_batches_per_fit"]
+    assert result["updates_per_fit"] == {"accumulating": micro_batches / 4, "plain": micro_batches}
+
+
+def test_bf16_vs_fp32_reports_speedups_and_the_cpu_flags(quick_run):
+    result = quick_run[0]["results"]["bf16_vs_fp32"]
+    assert result["goal"] == ">= 1.5"
+    for key in ("float32_step_s", "bf16_step_s", "ratio", "float32_matmul_gflops", "bf16_matmul_gflops",
+                "matmul_speedup_ratio", "realised_ratio"):
+        assert _positive_finite(result[key]), (key, result[key])
+    assert result["ratio"] == pytest.approx(result["float32_step_s"] / result["bf16_step_s"])
+    assert result["matmul_speedup_ratio"] == pytest.approx(
+        result["bf16_matmul_gflops"] / result["float32_matmul_gflops"])
+    assert set(bf16_vs_fp32.BF16_CPU_FLAGS) <= set(result["cpu"])
+
+
+def test_cpu_features_reads_the_flags_that_are_there(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512_bf16 amx_tile\n\n"
+                       "processor\t: 1\nflags\t\t: fpu\n")
+    features = bf16_vs_fp32.cpu_features(str(cpuinfo))
+    assert features["avx512_bf16"] is True and features["amx_tile"] is True and features["amx_bf16"] is False
+    assert features["model_name"] == "Some CPU"
+    missing = bf16_vs_fp32.cpu_features(str(tmp_path / "absent"))
+    assert all(missing[flag] is None for flag in bf16_vs_fp32.BF16_CPU_FLAGS)
+
+
+def test_parameter_server_compares_trainer_with_a_hand_written_loop(quick_run):
+    result = quick_run[0]["results"]["parameter_server"]
+    assert result["goal"] == ">= 0.95"
+    for pair in (result, result["steps_per_execution_8"]):
+        assert _positive_finite(pair["trainer_examples_per_s"]) and _positive_finite(pair["ratio"])
+        assert pair["ratio"] == pytest.approx(pair["trainer_examples_per_s"] / result["hand_written_examples_per_s"])
+    # Every scheduled step reached the variables on the ps, on every side.
+    for name, steps in result["optimizer_steps"].items():
+        assert steps["counted"] == steps["expected"] > 0, name
+    assert result["config"]["num_workers"] == 2 and result["config"]["num_ps"] == 1
+
+
+def test_local_strategies_refuse_to_run_after_the_cluster_connected(quick_run):
+    assert common.connects_cluster("parameter_server") and not common.connects_cluster("mfu")
+    with pytest.raises(RuntimeError, match="parameter_server strategy has connected this process"):
+        common.strategy("mirrored")
+
+
 def test_every_charted_ratio_is_positive_and_finite(quick_run):
     results, output = quick_run
     rows = list(report.ratios(results))
     labels = {label for label, _, _ in rows}
-    assert {"trainer_vs_fit.ratio", "trainer_vs_fit.steps_per_execution_8.ratio", "mfu.trainer_mfu"} <= labels
+    assert {"trainer_vs_fit.ratio", "trainer_vs_fit.steps_per_execution_8.ratio", "mfu.trainer_mfu",
+            "accumulation.ratio", "bf16_vs_fp32.ratio", "bf16_vs_fp32.matmul_speedup_ratio",
+            "parameter_server.ratio", "parameter_server.steps_per_execution_8.ratio"} <= labels
     assert all(_positive_finite(value) for _, value, _ in rows)
     assert dict((label, goal) for label, _, goal in rows)["trainer_vs_fit.ratio"] == 1.0
     png = os.path.splitext(output)[0] + ".png"
@@ -80,7 +141,8 @@ def test_every_charted_ratio_is_positive_and_finite(quick_run):
 
 def test_unknown_benchmark_lists_the_valid_names(tmp_path):
     output = tmp_path / "bench.json"
-    with pytest.raises(ValueError, match=r"Invalid value for argument `benchmarks`.*'nope'.*mfu, trainer_vs_fit"):
+    with pytest.raises(ValueError, match=r"Invalid value for argument `benchmarks`.*'nope'.*"
+                                         r"accumulation, bf16_vs_fp32, mfu, parameter_server, trainer_vs_fit"):
         runner.run(["nope"], output=str(output))
     assert not output.exists()
 

@@ -219,3 +219,137 @@ def test_restarts_exhausted(tmp_path, caplog):
 def test_max_restarts_must_be_non_negative():
     with pytest.raises(ValueError, match="argument `max_restarts`. Received: max_restarts=-1"):
         local.launch([sys.executable, "-c", "pass"], workers=1, max_restarts=-1)
+
+
+# -- several nodes (--nnodes, --node_rank, --hosts) ---------------------------
+def test_node_cluster_two_nodes_workers_only():
+    hosts = ["h1:2222", "h2:3000"]
+    expected = {"worker": ["h1:2222", "h1:2223", "h2:3000", "h2:3001"]}
+    assert local.node_cluster(2, 0, hosts, workers=2) == (expected, [local.Task("worker", 0), local.Task("worker", 1)])
+    assert local.node_cluster(2, 1, "h1:2222, h2:3000", workers=2) == (
+        expected, [local.Task("worker", 2), local.Task("worker", 3)])
+
+
+def test_node_cluster_layout_with_ps_chief_and_evaluator():
+    hosts = ["h1:2222", "[fd00::2]:2222"]
+    cluster0, tasks0 = local.node_cluster(2, 0, hosts, workers=2, ps=1, chief=True, evaluator=True)
+    cluster1, tasks1 = local.node_cluster(2, 1, hosts, workers=2, ps=1, chief=True, evaluator=True)
+    assert cluster0 == cluster1 == {
+        "chief": ["h1:2225"],                                                      # Node 0, after its workers and ps.
+        "worker": ["h1:2222", "h1:2223", "[fd00::2]:2222", "[fd00::2]:2223"],       # Node k: ids k*2, k*2+1.
+        "ps": ["h1:2224", "[fd00::2]:2224"],                                        # One per node.
+        "evaluator": ["h1:2226"],
+    }
+    assert [str(t) for t in tasks0] == ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"]
+    assert [str(t) for t in tasks1] == ["worker:2", "worker:3", "ps:1"]
+    # Every local task's TF_CONFIG is valid and puts it on its own node.
+    for task in tasks1:
+        config = json.loads(local.task_env(cluster1, task.task_type, task.task_id, {})["TF_CONFIG"])
+        assert config["cluster"] == cluster1
+        assert config["task"] == {"type": task.task_type, "index": task.task_id}
+        assert cluster1[task.task_type][task.task_id].startswith("[fd00::2]:")
+
+
+@pytest.mark.parametrize("args, kwargs, name, received", [
+    ((0, 0, "a:1"), {}, "nnodes", "0"),
+    ((2, 2, "a:1,b:1"), {}, "node_rank", r"2. Expected an integer in the range \[0, 1\]"),
+    ((2, -1, "a:1,b:1"), {}, "node_rank", "-1"),
+    ((2, 0, "a:1"), {}, "hosts", r"'a:1'. Expected 2 'host:port' entries"),
+    ((1, 0, ["a:1", "b:1"]), {}, "hosts", r"\['a:1', 'b:1'\]. Expected 1 'host:port'"),
+    ((2, 0, None), {}, "hosts", "None"),
+    ((2, 0, "a:1,b"), {}, r"hosts\[1\]", "'b'. Expected a 'host:port' string"),
+    ((2, 0, "a:1,b:0"), {}, r"hosts\[1\]", "'b:0'"),
+    ((2, 0, "a:1,[::1:2"), {}, r"hosts\[1\]", r"'\[::1:2'"),
+    ((2, 0, "a:1,A:1"), {}, r"hosts\[1\]", "'A:1'. Expected a 'host:port' that no other node uses. hosts\\[0\\]"),
+    ((2, 0, "a:1,a:2"), {"workers": 2}, "hosts", r"\['a:1', 'a:2'\]. Expected nodes whose port ranges do not overlap"),
+    ((1, 0, "a:65535"), {"workers": 2}, r"hosts\[0\]", "'a:65535'. Expected a base port <= 65534"),
+    ((1, 0, "a:1"), {"workers": 0}, "workers", "0"),
+    ((1, 0, "a:1"), {"ps": -1}, "ps", "-1"),
+])
+def test_node_cluster_errors(args, kwargs, name, received):
+    kwargs = {"workers": 1, **kwargs}
+    with pytest.raises(ValueError, match=rf"argument `{name}`. Received: {name}={received}"):
+        local.node_cluster(*args, **kwargs)
+
+
+def free_port_range(n):
+    """A base port with n free consecutive loopback ports."""
+    import socket
+
+    import portpicker
+
+    for _ in range(100):
+        base = portpicker.pick_unused_port()
+        if base + n > 65535:
+            continue
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    pytest.skip(f"no {n} consecutive free ports")
+
+
+def test_two_nodes_on_one_machine():
+    """Two launchers (node_rank 0 and 1) agree on one cluster and each runs only its own tasks."""
+    base = free_port_range(7)  # Node 0: 2 workers, 1 ps, the chief; node 1: 2 workers, 1 ps.
+    hosts = f"127.0.0.1:{base},127.0.0.1:{base + 4}"
+    configs = {}
+    for rank in (0, 1):
+        rc, lines, _ = run("print(json.dumps(TF_CONFIG))", nnodes=2, node_rank=rank, hosts=hosts, workers=2, ps=1,
+                           chief=True)
+        assert rc == 0, lines
+        for line in lines:
+            prefix, _, payload = line.partition("] ")
+            configs[(rank, prefix + "]")] = json.loads(payload)
+    assert sorted(configs) == sorted([(0, "[chief:0]"), (0, "[worker:0]"), (0, "[worker:1]"), (0, "[ps:0]"),
+                                      (1, "[worker:2]"), (1, "[worker:3]"), (1, "[ps:1]")])
+    expected = {"chief": [f"127.0.0.1:{base + 3}"],
+                "worker": [f"127.0.0.1:{base + i}" for i in (0, 1, 4, 5)],
+                "ps": [f"127.0.0.1:{base + 2}", f"127.0.0.1:{base + 6}"]}
+    for (rank, prefix), config in configs.items():
+        assert config["cluster"] == expected
+        assert f"[{config['task']['type']}:{config['task']['index']}]" == prefix
+
+
+def test_external_hosts_need_allow_external(caplog):
+    base = free_port_range(1)
+    hosts = f"203.0.113.7:{base},127.0.0.1:{base}"  # 203.0.113.0/24 is TEST-NET-3: never routed.
+    with pytest.raises(ValueError, match=(r"argument `hosts`. Received: hosts=\['203.0.113.7:\d+', '127.0.0.1:\d+'\]"
+                                          r".*Not loopback: 203.0.113.7:\d+\. .*no authentication.*--allow_external")):
+        local.launch(py("pass"), nnodes=2, node_rank=1, hosts=hosts, workers=1, output=io.StringIO())
+    # This node is the loopback one and its task exits at once: nothing is sent to 203.0.113.7.
+    out = io.StringIO()
+    rc = local.launch(py("print(json.dumps(TF_CONFIG))"), nnodes=2, node_rank=1, hosts=hosts, workers=1,
+                      allow_external=True, output=out)
+    assert rc == 0
+    assert json.loads(out.getvalue().partition("] ")[2])["cluster"] == {
+        "worker": [f"203.0.113.7:{base}", f"127.0.0.1:{base}"]}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "203.0.113.7" in warnings[0] and "unauthenticated" in warnings[0]
+
+
+@pytest.mark.parametrize("kwargs, name, received", [
+    ({"nnodes": 2}, "hosts", "None"),
+    ({"node_rank": 1}, "hosts", "None"),
+    ({"nnodes": 2, "node_rank": 2, "hosts": "127.0.0.1:1,127.0.0.1:2"}, "node_rank", "2"),
+    ({"hosts": "127.0.0.1:2000", "ports": [2000]}, "ports", r"\[2000\]. Expected None when hosts is given"),
+    ({"hosts": "127.0.0.1:2000", "host": "localhost"}, "host", "'localhost'"),
+])
+def test_launch_node_argument_errors(kwargs, name, received):
+    with pytest.raises(ValueError, match=rf"`{name}`. Received: {name}={received}"):
+        local.launch(py("pass"), workers=1, output=io.StringIO(), **kwargs)
+
+
+def test_node_port_in_use_is_reported():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(ValueError, match=(rf"`TF_CONFIG.cluster.worker\[1\]`. Received: "
+                                              rf"TF_CONFIG.cluster.worker\[1\]='127.0.0.1:{port}'.*in use")):
+            local.launch(py("pass"), nnodes=2, node_rank=1, hosts=f"127.0.0.1:{port - 1},127.0.0.1:{port}",
+                         workers=1, output=io.StringIO())

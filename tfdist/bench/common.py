@@ -10,6 +10,14 @@ listed in ``tfdist.bench.runner.BUILTIN_MODULES``::
 Strategies are created once per process by :func:`init_strategies`, which the
 runner calls before any other TensorFlow work (MirroredStrategy on the CPU needs
 virtual devices, which exist only if they are configured before TF initialises).
+
+The parameter-server strategy is different: creating it starts an in-process
+loopback cluster and connects this process to it, after which TF names the
+local devices ``/job:chief/...`` and the mirrored and one_device strategies
+made before can no longer place anything ("/job:localhost/... unknown
+device"). So it is created lazily, by the first ``strategy("parameter_server")``,
+and a benchmark that uses it registers with ``connects_cluster=True``: the
+runner runs such benchmarks after all the others.
 """
 from __future__ import annotations
 
@@ -24,18 +32,40 @@ BenchmarkFn = Callable[[int, bool], dict[str, Any]]
 # Replicas of the mirrored strategy the benchmarks use (virtual CPU devices).
 MIRRORED_DEVICES = 2
 
+# The in-process cluster of the parameter_server strategy.
+PS_WORKERS = 2
+PS_TASKS = 1
+LOCAL_KINDS = ("mirrored", "one_device")
+CLUSTER_KIND = "parameter_server"
+
 _REGISTRY: dict[str, BenchmarkFn] = {}
+_CONNECTS_CLUSTER: set[str] = set()
 _STRATEGIES: dict[str, tf.distribute.Strategy] = {}
 
 
-def register(name: str) -> Callable[[BenchmarkFn], BenchmarkFn]:
-    """Decorator: registers ``fn(repeats, quick) -> dict`` under ``name``."""
+def register(name: str, *, connects_cluster: bool = False) -> Callable[[BenchmarkFn], BenchmarkFn]:
+    """Decorator: registers ``fn(repeats, quick) -> dict`` under ``name``.
+
+    Args:
+        name: The snake_case benchmark name.
+        connects_cluster: The benchmark uses ``strategy("parameter_server")``,
+            after which the local strategies stop working; it runs last.
+    """
 
     def wrap(fn: BenchmarkFn) -> BenchmarkFn:
         _REGISTRY[name] = fn
+        if connects_cluster:
+            _CONNECTS_CLUSTER.add(name)
+        else:
+            _CONNECTS_CLUSTER.discard(name)
         return fn
 
     return wrap
+
+
+def connects_cluster(name: str) -> bool:
+    """Whether benchmark ``name`` connects this process to a cluster (so must run last)."""
+    return name in _CONNECTS_CLUSTER
 
 
 def registry() -> Mapping[str, BenchmarkFn]:
@@ -44,10 +74,11 @@ def registry() -> Mapping[str, BenchmarkFn]:
 
 
 def init_strategies() -> dict[str, tf.distribute.Strategy]:
-    """Creates (once) the strategies the benchmarks share. Call before other TF work.
+    """Creates (once) the local strategies the benchmarks share. Call before other TF work.
 
     Returns:
-        ``{"mirrored": <MirroredStrategy over 2 CPU devices>, "one_device": <on /cpu:0>}``.
+        ``{"mirrored": <MirroredStrategy over 2 CPU devices>, "one_device": <on /cpu:0>}``,
+        plus ``"parameter_server"`` once :func:`strategy` has created it.
 
     Raises:
         ValueError: If TensorFlow was initialised with fewer than 2 CPU devices.
@@ -62,8 +93,30 @@ def init_strategies() -> dict[str, tf.distribute.Strategy]:
 
 
 def strategy(kind: str) -> tf.distribute.Strategy:
-    """Returns the shared strategy ``kind`` ("mirrored" or "one_device")."""
+    """Returns the shared strategy ``kind``: "mirrored", "one_device" or "parameter_server".
+
+    The first ``strategy("parameter_server")`` starts an in-process cluster of
+    :data:`PS_WORKERS` workers and :data:`PS_TASKS` ps task
+    (``tfdist.make_strategy("parameter_server", ...)``), after the local
+    strategies exist, and caches it.
+
+    Raises:
+        ValueError: For an unknown ``kind``.
+        RuntimeError: For a local strategy once the parameter-server strategy
+            has connected this process to its cluster.
+    """
     strategies = init_strategies()
-    if kind not in strategies:
-        raise invalid_argument("strategy", kind, sorted(strategies))
+    if kind == CLUSTER_KIND:
+        if kind not in _STRATEGIES:
+            from tfdist.strategies.factory import make_strategy
+
+            _STRATEGIES[kind] = make_strategy(kind, num_workers=PS_WORKERS, num_ps=PS_TASKS)
+        return _STRATEGIES[kind]
+    if kind not in LOCAL_KINDS:
+        raise invalid_argument("strategy", kind, sorted([*LOCAL_KINDS, CLUSTER_KIND]))
+    if CLUSTER_KIND in _STRATEGIES:
+        raise RuntimeError(
+            f"The bench's {kind!r} strategy no longer works: the parameter_server strategy has connected this "
+            f"process to its in-process cluster, so its local devices are now /job:chief/... . Run benchmarks "
+            f"that use {kind!r} first (runner.run orders them so).")
     return strategies[kind]

@@ -102,7 +102,7 @@ class FitThroughput:
 def fit_sides(strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model], dataset: tf.data.Dataset, *,
               global_batch_size: int, steps: int, optimizer: Callable[[], keras.optimizers.Optimizer],
               metrics: Sequence[str] = (), steps_per_execution: int = 1) -> dict[str, FitThroughput]:
-    """The two sides, "trainer" and "keras_fit", each warmed up by one untimed call.
+    """The two sides, "trainer" and "keras_fit", each warmed up by one untimed call (see :func:`warm_up`).
 
     Args:
         strategy: The strategy both sides train under.
@@ -124,19 +124,35 @@ def fit_sides(strategy: tf.distribute.Strategy, builder: Callable[[], keras.Mode
         model.compile(optimizer=optimizer(), loss=logits_loss(), metrics=list(metrics),
                       steps_per_execution=steps_per_execution)
 
-    def trainer_fit(**kwargs: Any) -> Any:
-        return trainer.fit(dataset, global_batch_size=global_batch_size, **kwargs)
-
     def keras_fit(**kwargs: Any) -> Any:
         # Keras never shuffles a Dataset; shuffle=False only mutes its warning.
         return model.fit(dataset, shuffle=False, **kwargs)
 
-    sides = {"trainer": FitThroughput(trainer_fit, steps=steps, global_batch_size=global_batch_size),
-             "keras_fit": FitThroughput(keras_fit, steps=steps, global_batch_size=global_batch_size)}
-    for side in sides.values():  # warm-up: traces, fills the dataset cache
-        side()
-        side.overheads.clear()
-    return sides
+    return {"trainer": trainer_side(trainer, dataset, global_batch_size=global_batch_size, steps=steps),
+            "keras_fit": warm_up(FitThroughput(keras_fit, steps=steps, global_batch_size=global_batch_size))}
+
+
+def warm_up(side: FitThroughput) -> FitThroughput:
+    """Runs one untimed call (traces, fills the dataset cache) and forgets its overhead."""
+    side()
+    side.overheads.clear()
+    return side
+
+
+def trainer_side(trainer: Any, data: Any, *, global_batch_size: int, steps: int) -> FitThroughput:
+    """A warmed-up measurement of ``trainer.fit(data, epochs=1, steps_per_epoch=steps)``.
+
+    Args:
+        trainer: A ``tfdist.Trainer``.
+        data: Anything ``Trainer.fit`` takes (a dataset of global batches, a dataset_fn, ...).
+        global_batch_size: Examples per batch (per micro-batch with accumulation).
+        steps: Batches (micro-batches) per timed call.
+    """
+
+    def fit(**kwargs: Any) -> Any:
+        return trainer.fit(data, global_batch_size=global_batch_size, **kwargs)
+
+    return warm_up(FitThroughput(fit, steps=steps, global_batch_size=global_batch_size))
 
 
 def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[str, Any]:

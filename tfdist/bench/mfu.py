@@ -43,11 +43,15 @@ STEPS_PER_FIT = 6
 LEARNING_RATE = 0.01
 
 
-def matmul_peak(n: int, iterations: int, *, device: str = "/cpu:0", seed: int = 0) -> timing.Side:
-    """A measurement of float32 matmul GFLOP/s: one call of a chained-matmul loop.
+def matmul_peak(n: int, iterations: int, *, dtype: tf.DType = tf.float32, device: str = "/cpu:0",
+                seed: int = 0) -> timing.Side:
+    """A measurement of matmul GFLOP/s in ``dtype``: one call of a chained-matmul loop.
 
     The returned callable traces and runs the loop once when created (warm-up);
-    each call then times one run and returns ``(GFLOP/s, timing)``.
+    each call then times one run and returns ``(GFLOP/s, timing)``. With
+    ``tf.bfloat16`` both operands are bfloat16 tensors (``tf.matmul`` then
+    takes the CPU's bf16 path, if it has one); the sum of squares at the end is
+    taken in float32.
 
     Raises:
         FloatingPointError: If the chain's result is not finite.
@@ -55,15 +59,16 @@ def matmul_peak(n: int, iterations: int, *, device: str = "/cpu:0", seed: int = 
     rng = np.random.default_rng(seed)
     q, _ = np.linalg.qr(rng.normal(size=(n, n)))
     with tf.device(device):
-        w = tf.constant(q.astype("float32"))
-        x0 = tf.constant((rng.normal(size=(n, n)) / np.sqrt(n)).astype("float32"))
+        w = tf.cast(tf.constant(q.astype("float32")), dtype)
+        x0 = tf.cast(tf.constant((rng.normal(size=(n, n)) / np.sqrt(n)).astype("float32")), dtype)
 
     @tf.function
     def chain(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
         with tf.device(device):
             for _ in tf.range(iterations):
                 x = tf.matmul(x, w)
-            return tf.reduce_sum(tf.square(x))  # = ||x0||^2 since w is orthogonal
+            # = ||x0||^2 since w is orthogonal (up to rounding in bf16)
+            return tf.reduce_sum(tf.square(tf.cast(x, tf.float32)))
 
     def run_once() -> float:
         value = float(chain(x0, w).numpy())

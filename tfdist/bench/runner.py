@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 BUILTIN_MODULES = (
     "tfdist.bench.trainer_vs_fit",
     "tfdist.bench.mfu",
+    "tfdist.bench.accumulation",
+    "tfdist.bench.bf16_vs_fp32",
+    "tfdist.bench.parameter_server",
 )
 
 
@@ -80,10 +83,13 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
 
     Creates the shared strategies first, before any other TensorFlow work: the
     mirrored strategy needs 2 CPU devices, which exist only if they are
-    configured before TF initialises.
+    configured before TF initialises. Benchmarks on the parameter-server
+    strategy run after all the others (its cluster disables the local
+    strategies; see ``common.strategy``).
 
     Args:
-        names: Benchmarks to run, in order; default all of :func:`available`.
+        names: Benchmarks to run, in this order (cluster ones last); default
+            all of :func:`available`.
         output: Path of the JSON file (directories are created); a PNG chart of
             the ratios goes next to it. ``None`` writes nothing.
         repeats: Timed measurements per side (a few more when other processes
@@ -106,6 +112,12 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
     for name in names:
         if name not in valid:
             raise invalid_argument("benchmarks", name, sorted(valid))
+    # Stable: benchmarks that connect to the in-process cluster go last (see common.strategy).
+    ordered = sorted(names, key=common.connects_cluster)
+    if ordered != names:
+        logger.info("bench: running %s last (after it the local strategies stop working)",
+                    ", ".join(n for n in ordered if common.connects_cluster(n)))
+    names = ordered
     benchmarks = common.registry()
     results: dict[str, Any] = {"meta": _meta(repeats, quick), "results": {}}
     for name in names:

@@ -41,6 +41,18 @@ class InputSource:
     dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset] | None = None
     dataset: tf.data.Dataset | None = None
 
+    def for_epoch(self, epoch: int) -> "InputSource":
+        """The source for one epoch: a DatasetFn is reseeded with ``seed + epoch``.
+
+        Each epoch's order then depends on the epoch alone, not on how many
+        passes this process made before, so a restarted run sees the same data.
+        """
+        if isinstance(self.dataset_fn, DatasetFn):
+            fn = self.dataset_fn
+            return dataclasses.replace(self, dataset_fn=fn.bind(global_batch_size=fn.global_batch_size,
+                                                                seed=fn.seed + epoch))
+        return self
+
 
 def _finite_cardinality(ds: tf.data.Dataset) -> int | None:
     n = int(ds.cardinality())

@@ -2,6 +2,9 @@
 
     tfdist train --strategy=mirrored --num_devices=2 --model=cnn --dataset=digits --epochs=8
     tfdist launch --workers=2 -- tfdist train --strategy=multi_worker
+    tfdist launch --nnodes=2 --node_rank=0 --hosts=h1:2222,h2:2222 --allow_external -- tfdist train ...
+    tfdist manifest slurm --nnodes=2 --workers=4 --output=job.sbatch -- tfdist train --strategy=multi_worker
+    tfdist manifest kubernetes --workers=2 --image=IMAGE --output=job.yaml -- tfdist train --strategy=multi_worker
     tfdist bench --output=bench_results/bench.json
 """
 from __future__ import annotations
@@ -16,7 +19,7 @@ from absl import app, flags
 from tfdist.config import PRECISIONS, STRATEGY_NAMES, TrainConfig, invalid_argument
 
 FLAGS = flags.FLAGS
-COMMANDS = ("train", "launch", "bench")
+COMMANDS = ("train", "launch", "bench", "manifest")
 _DEFAULT = TrainConfig()
 
 # train
@@ -47,18 +50,32 @@ flags.DEFINE_float("warmup_epochs", None, "Linear warmup over this many epochs."
 flags.DEFINE_string("model_dir", None, "Where the chief saves model.keras after training.")
 flags.DEFINE_integer("seed", _DEFAULT.seed, "Random seed.")
 flags.DEFINE_integer("verbose", _DEFAULT.verbose, "0 silent, 1 progress bar, 2 one line per epoch.")
-# launch
-flags.DEFINE_integer("workers", 2, "launch: worker processes.")
-flags.DEFINE_integer("ps", 0, "launch: parameter-server processes.")
-flags.DEFINE_boolean("chief", False, "launch: add a chief process.")
-flags.DEFINE_boolean("evaluator", False, "launch: add an evaluator process.")
+# launch (and manifest)
+flags.DEFINE_integer("workers", 2, "launch: worker processes (per node with --hosts); "
+                     "manifest: workers (slurm: per node).")
+flags.DEFINE_integer("ps", 0, "launch: parameter-server processes (per node with --hosts); "
+                     "manifest kubernetes: PS replicas.")
+flags.DEFINE_boolean("chief", False, "launch: add a chief process (on node 0); manifest kubernetes: a Chief replica.")
+flags.DEFINE_boolean("evaluator", False, "launch: add an evaluator process (on node 0).")
 flags.DEFINE_string("host", "127.0.0.1", "launch: address the processes listen on (loopback by default).")
-flags.DEFINE_boolean("allow_external", False, "launch: allow a non-loopback --host (gRPC is unauthenticated).")
+flags.DEFINE_boolean("allow_external", False, "launch: allow non-loopback --host/--hosts (gRPC is unauthenticated).")
+flags.DEFINE_integer("nnodes", 1, "launch, manifest slurm: the number of nodes (machines).")
+flags.DEFINE_integer("node_rank", 0, "launch: this node's index in --hosts; node 0 runs the chief.")
+flags.DEFINE_list("hosts", None, "launch: one host:base_port per node; node k runs its workers, then its ps, "
+                  "then (node 0) the chief on consecutive ports from its base port.")
+# manifest
+flags.DEFINE_string("kind", "tfjob", "manifest kubernetes: tfjob (Kubeflow) or indexed-job (Job + headless Service).")
+flags.DEFINE_string("image", None, "manifest kubernetes: the container image.")
+flags.DEFINE_string("name", "tfdist", "manifest kubernetes: the resources' name (a DNS label).")
+flags.DEFINE_string("job_name", "tfdist", "manifest slurm: #SBATCH --job-name.")
+flags.DEFINE_string("partition", None, "manifest slurm: #SBATCH --partition.")
+flags.DEFINE_string("time", None, "manifest slurm: #SBATCH --time, e.g. 01:00:00.")
 flags.DEFINE_float("timeout", None, "launch: kill everything after this many seconds.")
 flags.DEFINE_integer("max_restarts", 0, "launch: restarts after failures (PS: the failed worker; "
                      "otherwise the whole group).")
 # bench
-flags.DEFINE_string("output", "bench_results/bench.json", "bench: where to write the JSON results.")
+flags.DEFINE_string("output", "bench_results/bench.json", "bench: where to write the JSON results; "
+                    "manifest: the file to write (stdout when not given).")
 flags.DEFINE_list("benchmarks", [], "bench: which to run (default all).")
 flags.DEFINE_integer("repeats", 3, "bench: timed repeats per side (the median is reported).")
 
@@ -95,7 +112,48 @@ def _launch(args: Sequence[str]) -> int:
 
     return launch(list(args), workers=FLAGS.workers, ps=FLAGS.ps, chief=FLAGS.chief, evaluator=FLAGS.evaluator,
                   host=FLAGS.host, allow_external=FLAGS.allow_external, timeout=FLAGS.timeout,
-                  max_restarts=FLAGS.max_restarts)
+                  max_restarts=FLAGS.max_restarts, nnodes=FLAGS.nnodes, node_rank=FLAGS.node_rank,
+                  hosts=FLAGS.hosts)
+
+
+# Flags a manifest kind does not use, refused when given rather than silently ignored.
+_MANIFEST_UNUSED = {"slurm": ("ps", "chief", "evaluator", "image", "kind", "name", "hosts", "node_rank"),
+                    "kubernetes": ("nnodes", "evaluator", "partition", "time", "job_name", "hosts", "node_rank")}
+_SLURM_ALL_WORKERS = ("Slurm tasks form an all-worker cluster (tfdist.cluster.from_slurm); use "
+                      "`tfdist manifest kubernetes` or `tfdist launch --hosts` for a chief or parameter servers.")
+
+
+def _manifest(args: Sequence[str]) -> int:
+    from tfdist.launch import manifests
+
+    kind = args[0] if args else None
+    if kind not in manifests.MANIFEST_KINDS:
+        raise invalid_argument("manifest", kind, manifests.MANIFEST_KINDS,
+                               note="Write it right after `manifest`, e.g. tfdist manifest slurm --nnodes=2 -- CMD.")
+    command = list(args[1:])
+    if not command:
+        raise app.UsageError(f"manifest {kind} needs a command after --, "
+                             f"e.g. tfdist manifest {kind} --workers=2 -- tfdist train --strategy=multi_worker")
+    for name in _MANIFEST_UNUSED[kind]:
+        if FLAGS[name].present:
+            all_workers = kind == "slurm" and name in ("ps", "chief", "evaluator")
+            raise invalid_argument(name, FLAGS[name].value, f"no --{name} for `tfdist manifest {kind}`",
+                                   note=_SLURM_ALL_WORKERS if all_workers else "")
+    if kind == "slurm":
+        text = manifests.slurm_script(command, nnodes=FLAGS.nnodes, workers=FLAGS.workers, partition=FLAGS.partition,
+                                      time=FLAGS.time, job_name=FLAGS.job_name)
+        submit = "sbatch"
+    else:
+        text = manifests.kubernetes_manifest(command, workers=FLAGS.workers, image=FLAGS.image, ps=FLAGS.ps,
+                                             chief=FLAGS.chief, name=FLAGS.name, kind=FLAGS.kind)
+        submit = "kubectl apply -f"
+    if not FLAGS["output"].present:
+        sys.stdout.write(text)
+        return 0
+    with open(FLAGS.output, "w") as f:
+        f.write(text)
+    print(f"Wrote {FLAGS.output}; submit it with: {submit} {FLAGS.output}")
+    return 0
 
 
 def _bench(args: Sequence[str]) -> int:
@@ -115,7 +173,7 @@ def main(argv: Sequence[str]) -> int:
     for noisy in ("absl", "tensorflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        return {"train": _train, "launch": _launch, "bench": _bench}[argv[1]](argv[2:])
+        return {"train": _train, "launch": _launch, "bench": _bench, "manifest": _manifest}[argv[1]](argv[2:])
     except ValueError as e:
         if str(e).startswith("Invalid value for argument"):
             print(f"tfdist {argv[1]}: error: {e}", file=sys.stderr)

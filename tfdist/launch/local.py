@@ -1,14 +1,21 @@
 """Start one local process per cluster task, with TF_CONFIG set, and supervise them.
 
-This is what ``tfdist launch`` runs::
+This is what ``tfdist launch`` runs. On one machine (a loopback cluster)::
 
     tfdist launch --workers=2 --ps=1 -- python train.py
 
-Every process gets its own TF_CONFIG on a loopback cluster and its own process
-group. Their output is merged line by line, each line prefixed ``[worker:0] ``.
-The job succeeds when every chief, worker and evaluator exits 0; parameter
-servers never exit on their own and are stopped once the workers are done.
-Any failure stops the whole job. No TensorFlow is imported here.
+On several machines, run the same command on each, changing only ``--node_rank``::
+
+    tfdist launch --nnodes=2 --node_rank=0 --hosts=h1:2222,h2:2222 --workers=2 --allow_external -- python train.py
+    tfdist launch --nnodes=2 --node_rank=1 --hosts=h1:2222,h2:2222 --workers=2 --allow_external -- python train.py
+
+Each launcher computes the whole cluster (see :func:`node_cluster`) and starts
+only its own node's tasks. Every process gets its own TF_CONFIG and its own
+process group. Their output is merged line by line, each line prefixed
+``[worker:0] ``. The job succeeds when every chief, worker and evaluator exits
+0; parameter servers never exit on their own and are stopped once the workers
+are done. Any failure stops the whole job (on this node). No TensorFlow is
+imported here.
 """
 from __future__ import annotations
 
@@ -24,12 +31,15 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence, TextIO
 
 from tfdist import cluster as cluster_lib
-from tfdist.config import invalid_argument
+from tfdist.config import check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
 
 TIMEOUT_RETURNCODE = 124  # As timeout(1) returns.
 _POLL_SECONDS = 0.05
+_TASK_ORDER = ("chief", "worker", "ps", "evaluator")
+_UNAUTHENTICATED = ("TF's gRPC servers have no authentication and run any graph sent to them, "
+                    "so anyone who can reach their ports can run code as this user")
 
 
 @dataclass(frozen=True)
@@ -118,18 +128,20 @@ class Supervisor:
             only a failed worker restarts (the coordinator reschedules its
             steps meanwhile); otherwise (MultiWorkerMirrored: a collective
             cannot lose a member) the whole group restarts.
+        tasks: The tasks to run here; every task of ``cluster`` by default.
+            A node of a multi-node job runs only its own (see :func:`node_cluster`).
     """
 
     def __init__(self, command: Sequence[str], cluster: dict[str, list[str]], *,
                  env: Mapping[str, str] | None, output: TextIO, grace_period: float = 5.0,
-                 max_restarts: int = 0):
+                 max_restarts: int = 0, tasks: Sequence[Task] | None = None):
         self.command = list(command)
         self.cluster = cluster
         self.env = env
         self.output = output
         self.grace_period = grace_period
-        self.tasks = [Task(t, i) for t in ("chief", "worker", "ps", "evaluator")
-                      for i in range(len(cluster.get(t, [])))]
+        self.tasks = list(tasks) if tasks is not None else [
+            Task(t, i) for t in _TASK_ORDER for i in range(len(cluster.get(t, [])))]
         self.results: dict[Task, TaskResult] = {}
         self._procs: dict[Task, subprocess.Popen] = {}
         self._readers: list[threading.Thread] = []
@@ -308,34 +320,164 @@ class Supervisor:
             logger.error("Job failed (return code %d): %s. Tasks: %s.", returncode, reason, tasks)
 
 
+def node_cluster(nnodes: int, node_rank: int, hosts: Sequence[str] | str | None, workers: int, ps: int = 0,
+                 chief: bool = False, *, evaluator: bool = False) -> tuple[dict[str, list[str]], list[Task]]:
+    """Lays out a cluster over several nodes and returns it with this node's tasks.
+
+    Pure: no port is bound and no name is resolved. Every node computes the same
+    layout from the same arguments, so the launchers agree without talking:
+
+    * ``hosts[k]`` is node k's ``"host:base_port"``. Its tasks listen on
+      consecutive ports from ``base_port``, in this order:
+    * ``workers`` workers, task ids ``k*workers`` .. ``k*workers + workers - 1``;
+    * then ``ps`` parameter servers, task ids ``k*ps`` .. ``k*ps + ps - 1``
+      (so ``ps`` is a count per node, like ``workers``);
+    * then, on node 0 only, the chief (if ``chief``), then the evaluator (if ``evaluator``).
+
+    Example: ``node_cluster(2, 1, ["h1:2222", "h2:2222"], workers=2, ps=1, chief=True)``
+    returns the cluster ``{"chief": ["h1:2225"], "worker": ["h1:2222", "h1:2223",
+    "h2:2222", "h2:2223"], "ps": ["h1:2224", "h2:2224"]}`` and this node's tasks
+    ``[worker:2, worker:3, ps:1]``.
+
+    Args:
+        nnodes: The number of nodes (>= 1).
+        node_rank: This node's index into ``hosts``, in ``[0, nnodes)``.
+        hosts: One ``"host:base_port"`` per node (IPv6 hosts in brackets), as a
+            list or as one comma-separated string.
+        workers: Workers per node (>= 1).
+        ps: Parameter servers per node (>= 0).
+        chief: Whether node 0 also runs the chief.
+        evaluator: Whether node 0 also runs an evaluator.
+
+    Returns:
+        ``(cluster, local_tasks)``: task type -> every node's ``"host:port"``
+        addresses, and the :class:`Task` objects this node runs.
+
+    Raises:
+        ValueError: On bad counts, a ``node_rank`` out of range, a ``hosts`` entry
+            that is malformed or repeated, or nodes on one host whose port ranges overlap.
+    """
+    check_positive_int("nnodes", nnodes)
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
+        raise invalid_argument("node_rank", node_rank, f"an integer in the range [0, {nnodes - 1}]",
+                               note=f"Nodes are numbered from 0 and nnodes={nnodes}.")
+    check_positive_int("workers", workers)
+    if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
+        raise invalid_argument("ps", ps, "a non-negative integer")
+    entries, nodes = _parse_hosts(hosts, nnodes)
+    cluster: dict[str, list[str]] = {t: [] for t in _TASK_ORDER}
+    owners: dict[str, int] = {}
+    local_tasks = []
+    for k, (host, base_port) in enumerate(nodes):
+        counts = {"worker": workers, "ps": ps, "chief": int(k == 0 and bool(chief)),
+                  "evaluator": int(k == 0 and bool(evaluator))}
+        num_tasks = sum(counts.values())
+        if base_port + num_tasks - 1 > 65535:
+            raise invalid_argument(f"hosts[{k}]", entries[k], f"a base port <= {65536 - num_tasks}",
+                                   note=f"Node {k} runs {num_tasks} task(s) on consecutive ports from its base port.")
+        port = base_port
+        for task_type, count in counts.items():
+            for _ in range(count):
+                address = cluster_lib.join_address(host, port)
+                if address.lower() in owners:
+                    raise invalid_argument(
+                        "hosts", entries, "nodes whose port ranges do not overlap",
+                        note=f"Nodes {owners[address.lower()]} and {k} would both use {address}: a node uses "
+                             f"{num_tasks} consecutive ports from its base port, so base ports on one host "
+                             f"must be at least that far apart.")
+                owners[address.lower()] = k
+                if k == node_rank:
+                    local_tasks.append(Task(task_type, len(cluster[task_type])))
+                cluster[task_type].append(address)
+                port += 1
+    local_tasks.sort(key=lambda task: _TASK_ORDER.index(task.task_type))
+    return {t: addresses for t, addresses in cluster.items() if addresses}, local_tasks
+
+
+def _parse_hosts(hosts: Sequence[str] | str | None, nnodes: int) -> tuple[list[str], list[tuple[str, int]]]:
+    """Checks ``hosts`` and returns its entries and their (host, base_port) pairs."""
+    expected = f"{nnodes} 'host:port' entries, one per node (nnodes={nnodes}), e.g. 'h1:2222,h2:2222'"
+    entries = hosts.split(",") if isinstance(hosts, str) else hosts
+    if not isinstance(entries, (list, tuple)) or not all(isinstance(e, str) for e in entries):
+        raise invalid_argument("hosts", hosts, expected,
+                               note="More than one node (or node_rank > 0) needs to know where every node is."
+                               if hosts is None else "")
+    entries = [e.strip() for e in entries]
+    if len(entries) != nnodes:
+        raise invalid_argument("hosts", hosts, expected, note=f"It has {len(entries)}.")
+    nodes: list[tuple[str, int]] = []
+    seen: dict[tuple[str, int], int] = {}
+    for i, entry in enumerate(entries):
+        parsed = cluster_lib.split_address(entry)
+        if parsed is None:
+            raise invalid_argument(f"hosts[{i}]", entry, "a 'host:port' string with an integer port in 1..65535",
+                                   note="The port is that of the node's first task. Write IPv6 hosts in "
+                                        "brackets, e.g. '[::1]:2222'.")
+        key = (parsed[0].lower(), parsed[1])
+        if key in seen:
+            raise invalid_argument(f"hosts[{i}]", entry, "a 'host:port' that no other node uses",
+                                   note=f"hosts[{seen[key]}] is the same.")
+        seen[key] = i
+        nodes.append(parsed)
+    return entries, nodes
+
+
+def _require_loopback(name: str, value: object, external: Sequence[str], expected: str,
+                      allow_external: bool) -> None:
+    """Refuses non-loopback addresses unless ``allow_external``, and then warns."""
+    if not external:
+        return
+    if not allow_external:
+        raise invalid_argument(
+            name, value, expected,
+            note=f"Not loopback: {', '.join(external)}. {_UNAUTHENTICATED}; pass --allow_external "
+                 f"(allow_external=True) to use other addresses anyway, on a trusted, firewalled network only.")
+    logger.warning("Using %s, which is not loopback: %s. Use it only on a trusted, firewalled network.",
+                   ", ".join(external), _UNAUTHENTICATED)
+
+
 def launch(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = False,
            evaluator: bool = False, host: str = "127.0.0.1", allow_external: bool = False,
            ports: Sequence[int] | None = None, env: Mapping[str, str] | None = None,
-           output: TextIO | None = None, timeout: float | None = None, max_restarts: int = 0) -> int:
-    """Runs ``command`` once per task of a local cluster and supervises the processes.
+           output: TextIO | None = None, timeout: float | None = None, max_restarts: int = 0,
+           nnodes: int = 1, node_rank: int = 0, hosts: Sequence[str] | str | None = None) -> int:
+    """Runs ``command`` once per task of this node and supervises the processes.
+
+    With the defaults (one node, no ``hosts``) every task of a cluster on
+    ``host`` runs here. With ``hosts``, the cluster spans ``nnodes`` nodes laid
+    out by :func:`node_cluster`, and only node ``node_rank``'s tasks run here;
+    start one launcher per node with the same arguments but ``node_rank``.
 
     Args:
         command: The program and its arguments, e.g. ``[sys.executable, "train.py"]``.
-        workers: The number of workers (>= 1).
-        ps: The number of parameter servers.
-        chief: Whether to add a chief task.
-        evaluator: Whether to add an evaluator task.
-        host: The address every task listens on. Must be loopback unless
-            ``allow_external`` is set.
-        allow_external: Allow a non-loopback ``host``. TF's gRPC servers are
-            unauthenticated and execute any graph sent to them.
-        ports: One port per task (chief, workers, ps, evaluator); free ports by default.
+        workers: The number of workers (per node with ``hosts``; >= 1).
+        ps: The number of parameter servers (per node with ``hosts``).
+        chief: Whether to add a chief task (on node 0 with ``hosts``).
+        evaluator: Whether to add an evaluator task (on node 0 with ``hosts``).
+        host: The address every task listens on, without ``hosts``. Must be
+            loopback unless ``allow_external`` is set.
+        allow_external: Allow non-loopback addresses in ``host`` or ``hosts``.
+            TF's gRPC servers are unauthenticated and execute any graph sent to
+            them; a warning is logged.
+        ports: One port per task (chief, workers, ps, evaluator); free ports by
+            default. Not allowed with ``hosts``, whose base ports fix them.
         env: The base environment of every task; defaults to ``os.environ``.
         output: Where the prefixed output lines go; defaults to ``sys.stdout``.
         timeout: Seconds after which every task is killed, or None.
         max_restarts: Restarts allowed after failures (see :class:`Supervisor`).
             With parameter servers a failed worker is restarted alone, and once
             restarts run out the coordinator goes on with the other workers.
+            With ``hosts`` each node restarts only its own tasks.
+        nnodes: The number of nodes (machines).
+        node_rank: This node's index into ``hosts``; node 0 runs the chief.
+        hosts: One ``"host:base_port"`` per node, as a list or a comma-separated
+            string; required when ``nnodes > 1``.
 
     Returns:
-        0 when every chief, worker and evaluator exited 0; otherwise the failing
-        task's exit code (or 1), 130/143 when interrupted by SIGINT/SIGTERM, or
-        124 on timeout.
+        0 when every chief, worker and evaluator (of this node) exited 0;
+        otherwise the failing task's exit code (or 1), 130/143 when interrupted
+        by SIGINT/SIGTERM, or 124 on timeout. A node without the chief in a
+        parameter-server job ends only when its tasks exit or it is stopped.
 
     Raises:
         ValueError: On a bad argument, a port in use, or a command that cannot start.
@@ -347,25 +489,51 @@ def launch(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = F
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or timeout <= 0):
         raise invalid_argument("timeout", timeout, "a positive number of seconds or None")
-    if not cluster_lib.is_loopback(host):
-        if not allow_external:
-            raise invalid_argument(
-                "host", host, "a loopback address such as 127.0.0.1 or localhost",
-                note="TF's gRPC servers have no authentication and run any graph sent to them; "
-                     "pass --allow_external to listen on other addresses anyway.")
-        logger.warning(
-            "Listening on %s, which is not loopback: TF's gRPC servers are unauthenticated and "
-            "execute any graph sent to them, so anyone who can reach this host can run code "
-            "as this user. Use it only on a trusted, firewalled network.", host)
-    cluster = cluster_lib.make_cluster(workers=workers, ps=ps, chief=chief, evaluator=evaluator,
-                                       host=host, ports=ports)
-    if ports is not None:
-        for i, port in enumerate(ports):
-            cluster_lib.check_port_free(host, port, what=f"ports[{i}]")
+    if hosts is None and nnodes == 1 and node_rank == 0:
+        cluster, local_tasks = _single_node(host, allow_external, workers, ps, chief, evaluator, ports)
+    else:
+        cluster, local_tasks = _this_node(nnodes, node_rank, hosts, host, allow_external, workers, ps, chief,
+                                          evaluator, ports)
     supervisor = Supervisor(command, cluster, env=env, output=sys.stdout if output is None else output,
-                            max_restarts=max_restarts)
+                            max_restarts=max_restarts, tasks=local_tasks)
     try:
         return supervisor.run(timeout)
     except FileNotFoundError as e:
         raise invalid_argument("command", list(command), "a program that exists",
                                note=f"Starting it failed: {e}.") from None
+
+
+def _single_node(host, allow_external, workers, ps, chief, evaluator, ports):
+    """The whole cluster on ``host``: (cluster, None)."""
+    external = [] if cluster_lib.is_loopback(host) else [host]
+    _require_loopback("host", host, external, "a loopback address such as 127.0.0.1 or localhost", allow_external)
+    cluster = cluster_lib.make_cluster(workers=workers, ps=ps, chief=chief, evaluator=evaluator,
+                                       host=host, ports=ports)
+    if ports is not None:
+        for i, port in enumerate(ports):
+            cluster_lib.check_port_free(host, port, what=f"ports[{i}]")
+    return cluster, None
+
+
+def _this_node(nnodes, node_rank, hosts, host, allow_external, workers, ps, chief, evaluator, ports):
+    """A multi-node cluster: (cluster, this node's tasks), with their ports checked."""
+    if ports is not None:
+        raise invalid_argument("ports", ports, "None when hosts is given",
+                               note="Each node's ports follow from its base port in hosts.")
+    if host != "127.0.0.1":
+        raise invalid_argument("host", host, "the default '127.0.0.1' when hosts is given",
+                               note="Each node's host comes from hosts.")
+    cluster, local_tasks = node_cluster(nnodes, node_rank, hosts, workers, ps, chief, evaluator=evaluator)
+    entries, nodes = _parse_hosts(hosts, nnodes)
+    external = [e for e, (h, _) in zip(entries, nodes) if not cluster_lib.is_loopback(h)]
+    _require_loopback("hosts", entries, external, "loopback 'host:port' entries such as 127.0.0.1:2222",
+                      allow_external)
+    my_host = nodes[node_rank][0]
+    # TF's gRPC server listens on every interface, so a non-loopback node checks them all.
+    bind_host = my_host if cluster_lib.is_loopback(my_host) else ("::" if ":" in my_host else "0.0.0.0")
+    for task in local_tasks:
+        port = cluster_lib.split_address(cluster[task.task_type][task.task_id])[1]
+        cluster_lib.check_port_free(bind_host, port, what=f"TF_CONFIG.cluster.{task.task_type}[{task.task_id}]")
+    logger.info("Node %d of %d runs %s; cluster: %s", node_rank, nnodes, ", ".join(map(str, local_tasks)),
+                json.dumps(cluster))
+    return cluster, local_tasks

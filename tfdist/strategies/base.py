@@ -46,6 +46,12 @@ class Runner(Protocol):
     def make_iterator(self, distributed: Any) -> Any:
         """Creates an iterator over a distributed dataset (one per epoch or run)."""
 
+    def skip(self, iterator: Any, num_batches: int) -> None:
+        """Advances an iterator past ``num_batches`` batches (resuming mid-epoch)."""
+
+    def agree(self, flag: bool) -> bool:
+        """True on every process if ``flag`` is true on any (e.g. a SIGTERM on one worker)."""
+
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
                      name: str, training: bool = True) -> Callable[[Any, int], Any]:
         """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.

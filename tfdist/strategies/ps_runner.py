@@ -95,6 +95,15 @@ class PSRunner:
     def make_iterator(self, distributed: Any) -> Any:
         return iter(distributed)
 
+    def skip(self, iterator: Any, num_batches: int) -> None:
+        # Workers draw from their own repeated pipelines in no fixed order, so
+        # there is no position to return to; the update count is what resumes.
+        if num_batches:
+            logger.info("parameter_server resume: workers start fresh pipelines (no data position to skip to)")
+
+    def agree(self, flag: bool) -> bool:
+        return flag  # only the coordinator runs the loop
+
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int, name: str,
                      training: bool = True) -> Callable[[Any, Any], Any]:
         strategy = self.strategy

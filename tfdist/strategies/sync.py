@@ -62,6 +62,17 @@ class SyncRunner:
     def make_iterator(self, distributed: Any) -> Any:
         return iter(distributed)
 
+    def skip(self, iterator: Any, num_batches: int) -> None:
+        for _ in range(num_batches):
+            next(iterator)
+
+    def agree(self, flag: bool) -> bool:
+        if self.input_context().num_input_pipelines == 1:
+            return flag
+        # Every worker must stop at the same step: any worker's flag stops all.
+        votes = self.strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
+        return bool(self.strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None).numpy() > 0)
+
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
                      name: str, training: bool = True) -> Callable[[Any, Any], Any]:
         strategy = self.strategy

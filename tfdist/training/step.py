@@ -95,36 +95,29 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
 
     def update(micro_batches: Sequence[Any]) -> None:
         variables = model.trainable_variables
-        present: list[int] = []  # indices of variables that get a gradient, found while tracing
+        present: list[int] = []  # indices of variables that get a gradient
         summed: list[Any] | None = None
         count = tf.constant(0.0)
         for data in micro_batches:
             x, y, sample_weight = unpack_x_y_sample_weight(data)
             size = _batch_size(x)
-
-            def grads_of_batch(x=x, y=y, sample_weight=sample_weight, size=size):
-                with tf.GradientTape() as tape:
-                    y_pred = _forward(model, x, training=True)
-                    # Keras's loss: local mean (+ regularisers) / num_replicas.
-                    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                               training=True)
-                    model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
-                    # -> (sum of local losses + size * regularisers) / (global batch * k)
-                    objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
-                    objective = optimizer.scale_loss(objective)
-                grads = _gradients(tape, objective, variables)
-                model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-                if not present:
-                    present.extend(i for i, g in enumerate(grads) if g is not None)
-                return [tf.convert_to_tensor(grads[i]) for i in present]
-
-            def no_grads():
-                return [tf.zeros_like(variables[i]) for i in present]
-
-            # A replica can get an empty batch (the tail of a partial global
-            # batch); Keras's mean over zero examples is NaN, so skip it.
-            grads = tf.cond(size > 0, grads_of_batch, no_grads)
-            summed = grads if summed is None else [a + g for a, g in zip(summed, grads)]
+            with tf.GradientTape() as tape:
+                y_pred = _forward(model, x, training=True)
+                # Keras's loss: local mean (+ regularisers) / num_replicas. Its
+                # mean is a divide_no_nan, so an empty replica batch (the tail
+                # of a partial global batch) gives zero loss and gradients.
+                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+                model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
+                # -> (sum of local losses + size * regularisers) / (global batch * k)
+                objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
+                objective = optimizer.scale_loss(objective)
+            grads = _gradients(tape, objective, variables)
+            model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+            if summed is None:
+                present = [i for i, g in enumerate(grads) if g is not None]
+                summed = [tf.convert_to_tensor(grads[i]) for i in present]
+            else:
+                summed = [a + tf.convert_to_tensor(grads[i]) for a, i in zip(summed, present)]
             count += size
 
         ctx = tf.distribute.get_replica_context()
@@ -160,8 +153,11 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
                 model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
                 return tf.constant(True)
 
-            # Workers pad their shard with empty batches so that all run the
-            # same number of steps; an empty batch counts for nothing.
+            # Workers top up their shard with empty batches so that all run the
+            # same number of steps. Some kernels (oneDNN convolutions) reject
+            # empty inputs, so skip them; inference updates no synchronised
+            # variables, so a cond is safe here (it is not in training, where
+            # e.g. a summed counter would need a merge_call).
             tf.cond(size > 0, update_metrics, lambda: tf.constant(False))
 
     return step

@@ -29,6 +29,7 @@ from tfdist.data.inputs import InputSource, as_input
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
+from tfdist.training.backup import PREEMPTED_EXIT_CODE, Backup, Position, PreemptionWatcher
 from tfdist.training.callbacks import chief_writes_only
 from tfdist.training.step import make_eval_step, make_train_update
 
@@ -98,6 +99,17 @@ class Trainer:
         warmup_steps: Ramp the learning rate linearly over this many updates
             (from the base rate when scaling, else from 0).
         warmup_epochs: The same in epochs; give at most one of the two.
+        backup_dir: Fault tolerance: where to keep a step-exact backup (model,
+            optimizer, loss scale, counters, epoch and position in it). A
+            restarted ``fit`` resumes at the exact update of the last backup,
+            skipping the micro-batches already trained on (each epoch's data
+            order depends only on the seed and the epoch). Writes are atomic
+            and only the chief writes. On SIGTERM the run saves at the next
+            step boundary and exits with code 75, which ``tfdist launch``
+            restarts. Restoring loads weight files: use a trusted directory.
+        backup_freq: ``"epoch"`` or a number of optimizer updates between
+            backups (a backup is also taken at every epoch end).
+        keep_backup: Keep the backup after a successful run (default: remove it).
 
     With ``mixed_float16``, losses are scaled before the backward pass and the
     summed gradients unscaled once per update; an update whose gradients are
@@ -115,12 +127,20 @@ class Trainer:
                  precision: precision_lib.Precision = "float32", accumulation_steps: int = 1,
                  steps_per_execution: int = 1, lr_scaling: schedules.LRScaling = "none",
                  base_global_batch_size: int = 256, warmup_steps: int | None = None,
-                 warmup_epochs: float | None = None) -> None:
+                 warmup_epochs: float | None = None, backup_dir: str | None = None,
+                 backup_freq: int | str = "epoch", keep_backup: bool = False) -> None:
         precision_lib.check_precision(precision)
         check_positive_int("accumulation_steps", accumulation_steps)
         check_positive_int("steps_per_execution", steps_per_execution)
         if loss is None:
             raise invalid_argument("loss", None, "a Keras loss, its name, or a callable(y_true, y_pred)")
+        if not (backup_freq == "epoch" or (isinstance(backup_freq, int) and not isinstance(backup_freq, bool)
+                                           and backup_freq > 0)):
+            raise invalid_argument("backup_freq", backup_freq, "'epoch' or a positive number of optimizer updates")
+        self.backup_dir = backup_dir
+        self.backup_freq = backup_freq
+        self.keep_backup = keep_backup
+        self._checkpoint: tf.train.Checkpoint | None = None
         self._lr_plan = schedules.LRPlan(lr_scaling, base_global_batch_size, warmup_steps, warmup_epochs)
         self.strategy = strategy or tf.distribute.get_strategy()
         self.precision = precision
@@ -291,57 +311,60 @@ class Trainer:
                                   updates_per_epoch=full_updates + bool(last_window))
         self._build(source)
         train_fn = self._train_function(source.global_batch_size, k)
-        distributed = self._runner.distribute(source)
 
         verbose_level = 1 if verbose == "auto" else int(verbose)
         model = self.model
         cb_list = keras.callbacks.CallbackList(
             list(callbacks), add_history=True, add_progbar=bool(verbose_level) and self.is_chief,
             verbose=verbose_level, epochs=epochs, steps=steps, model=model)
-        per_call = max(self.steps_per_execution // k, 1)  # updates per tf.function call
         model.stop_training = False
-        iterator = self._runner.make_iterator(distributed) if steps_per_epoch else None
-        with chief_writes_only(callbacks, is_chief=self.is_chief, task_label=self._runner.task_label):
+        backup = self._backup()
+        position = backup.restore() if backup else None
+        if position is not None:
+            initial_epoch = position.epoch
+        run = _Run(self, cb_list, source, train_fn, steps, backup,
+                   updates=position.updates if position else 0)
+        persistent = None  # with steps_per_epoch, one iterator runs on across epochs (Keras's rule)
+        with chief_writes_only(callbacks, is_chief=self.is_chief, task_label=self._runner.task_label), \
+                PreemptionWatcher() as watcher:
+            run.watcher = watcher if backup else None
             cb_list.on_train_begin()
-            logs: dict[str, float] = {}
             for epoch in range(initial_epoch, epochs):
+                skip = position.step if position is not None and epoch == position.epoch else 0
+                if steps_per_epoch:
+                    if persistent is None:
+                        persistent = self._runner.make_iterator(self._runner.distribute(source))
+                        skip += epoch * steps if position is not None else 0
+                    iterator = persistent
+                else:
+                    iterator = self._runner.make_iterator(self._runner.distribute(source.for_epoch(epoch)))
+                self._runner.skip(iterator, skip)
                 model.reset_metrics()
                 cb_list.on_epoch_begin(epoch)
-                epoch_iterator = iterator or self._runner.make_iterator(distributed)
-                # (batch index, logs handle) of calls whose logs are not fetched yet.
-                pending: collections.deque = collections.deque()
-
-                def deliver(limit: int) -> None:
-                    nonlocal logs
-                    while len(pending) > limit:
-                        batch, handle = pending.popleft()
-                        logs = self._runner.fetch(handle)
-                        cb_list.on_train_batch_end(batch, logs)
-
-                done = 0
-                while done < full_updates and not model.stop_training:
-                    n = min(per_call, full_updates - done)
-                    cb_list.on_train_batch_begin(done * k)
-                    pending.append((done * k + n * k - 1, self._start(train_fn, epoch_iterator, n)))
-                    done += n
-                    deliver(self._runner.max_in_flight)
-                if last_window and not model.stop_training:
-                    # The epoch's last `last_window` micro-batches make one smaller
-                    # update, still a true mean over its examples.
-                    cb_list.on_train_batch_begin(done * k)
-                    fn = self._train_function(source.global_batch_size, last_window)
-                    pending.append((steps - 1, self._start(fn, epoch_iterator, 1)))
-                deliver(0)
-                logs = self._runner.final_logs(self._logs, logs)
-                epoch_logs = dict(logs)
+                epoch_logs = run.epoch(epoch, iterator, first_step=skip)
                 if val_source is not None:
                     val_logs = self._evaluate_source(val_source, validation_steps)
                     epoch_logs.update({f"val_{name}": v for name, v in val_logs.items()})
                 cb_list.on_epoch_end(epoch, epoch_logs)
+                if backup is not None:
+                    backup.save(Position(epoch + 1, 0, run.updates))
                 if model.stop_training:
                     break
-            cb_list.on_train_end(logs)
+            cb_list.on_train_end(run.logs)
+        if backup is not None and not self.keep_backup:
+            backup.remove()
         return model.history
+
+    def _backup(self) -> Backup | None:
+        if self.backup_dir is None:
+            return None
+        if self._checkpoint is None:
+            tracked = {"model": self.model, "optimizer": self.model.optimizer}
+            if self._skipped_updates is not None:
+                tracked["skipped_updates"] = self._skipped_updates
+            self._checkpoint = tf.train.Checkpoint(**tracked)
+        return Backup(self.backup_dir, self._checkpoint, is_chief=self.is_chief,
+                      task_label=self._runner.task_label)
 
     def _evaluate_source(self, source: InputSource, steps: int | None) -> dict[str, float]:
         steps = steps or source.steps_per_epoch
@@ -375,3 +398,66 @@ class Trainer:
         """
         check_positive_int("steps", steps, allow_none=True)
         return self._evaluate_source(self._input(data, global_batch_size, False, "data"), steps)
+
+
+class _Run:
+    """One fit call's epochs: executions, logs delivery, step-level backups, preemption."""
+
+    def __init__(self, trainer: Trainer, callbacks: keras.callbacks.CallbackList, source: InputSource,
+                 train_fn: Any, steps: int, backup: Backup | None, *, updates: int) -> None:
+        self.trainer = trainer
+        self.runner = trainer._runner
+        self.callbacks = callbacks
+        self.source = source
+        self.train_fn = train_fn
+        self.steps = steps
+        self.backup = backup
+        self.updates = updates  # optimizer updates attempted, over all runs
+        self.watcher: PreemptionWatcher | None = None
+        self.logs: dict[str, float] = {}
+        self._pending: collections.deque = collections.deque()  # (batch, logs handle), not fetched yet
+
+    def _deliver(self, limit: int) -> None:
+        while len(self._pending) > limit:
+            batch, handle = self._pending.popleft()
+            self.logs = self.runner.fetch(handle)
+            self.callbacks.on_train_batch_end(batch, self.logs)
+
+    def _call(self, fn: Any, iterator: Any, num_updates: int, first_batch: int, last_batch: int) -> None:
+        self.callbacks.on_train_batch_begin(first_batch)
+        self._pending.append((last_batch, self.trainer._start(fn, iterator, num_updates)))
+        self._deliver(self.runner.max_in_flight)
+
+    def _save(self, epoch: int, step: int) -> None:
+        self._deliver(0)
+        self.runner.join()
+        self.backup.save(Position(epoch, step, self.updates))
+
+    def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
+        """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
+        trainer, model, k = self.trainer, self.trainer.model, self.trainer.accumulation_steps
+        full_updates, last_window = divmod(self.steps, k)
+        per_call = max(trainer.steps_per_execution // k, 1)
+        freq = trainer.backup_freq
+        done = first_step // k
+        while done < full_updates and not model.stop_training:
+            n = min(per_call, full_updates - done)
+            self._call(self.train_fn, iterator, n, done * k, (done + n) * k - 1)
+            done += n
+            before, self.updates = self.updates, self.updates + n
+            if self.backup is not None and isinstance(freq, int) and before // freq != self.updates // freq:
+                self._save(epoch, done * k)
+            if self.watcher is not None and self.runner.agree(self.watcher.requested):
+                self._save(epoch, done * k)
+                logger.warning("Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with code %d "
+                               "so the launcher restarts this run.", epoch + 1, done * k, PREEMPTED_EXIT_CODE)
+                raise SystemExit(PREEMPTED_EXIT_CODE)
+        if last_window and not model.stop_training:
+            # The epoch's last `last_window` micro-batches make one smaller
+            # update, still a true mean over its examples.
+            fn = trainer._train_function(self.source.global_batch_size, last_window)
+            self._call(fn, iterator, 1, done * k, self.steps - 1)
+            self.updates += 1
+        self._deliver(0)
+        self.logs = self.runner.final_logs(trainer._logs, self.logs)
+        return dict(self.logs)
