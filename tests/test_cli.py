@@ -39,3 +39,26 @@ def test_cli_errors(args, pattern):
     assert proc.returncode != 0
     assert re.search(pattern, proc.stdout), proc.stdout[-2000:]
     assert "Traceback" not in proc.stdout
+
+
+def test_manifest_slurm_writes_the_script(tmp_path):
+    out = tmp_path / "job.sbatch"
+    proc = run_tfdist("manifest", "slurm", "--nnodes=2", "--workers=4", "--partition=gpu", "--time=01:00:00",
+                      f"--output={out}", "--", "tfdist", "train", "--strategy=multi_worker", timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert f"submit it with: sbatch {out}" in proc.stdout
+    lines = out.read_text().splitlines()
+    assert [line for line in lines if line.startswith("#SBATCH")] == [
+        "#SBATCH --job-name=tfdist", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --partition=gpu",
+        "#SBATCH --time=01:00:00"]
+    assert lines[-1] == "srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 tfdist train --strategy=multi_worker"
+
+
+def test_launch_per_node_refuses_external_hosts():
+    proc = run_tfdist("launch", "--nnodes=2", "--node_rank=1", "--hosts=10.1.2.3:2222,10.1.2.4:2222", "--", "true",
+                      timeout=120)
+    assert proc.returncode == 2
+    assert ("tfdist launch: error: Invalid value for argument `hosts`. "
+            "Received: hosts=['10.1.2.3:2222', '10.1.2.4:2222']") in proc.stdout
+    assert "--allow_external" in proc.stdout and "unauthenticated" in proc.stdout
+    assert "Traceback" not in proc.stdout

@@ -1,17 +1,19 @@
 """A training program for backup/restore and preemption tests.
 
     [tfdist launch --workers=2 [--max_restarts=1] --] python tests/jobs/backup_job.py \\
-        STRATEGY OUT_DIR BACKUP_DIR [--die_at=BATCH] [--die_task=worker-1] [--sleep=SECONDS]
+        STRATEGY OUT_DIR BACKUP_DIR [--die_at=BATCH | --sigterm_at=BATCH] [--die_task=worker-1]
 
 Trains a small MLP (with a counter of replica steps) on synthetic data with
 Trainer(backup_dir=..., backup_freq=2) under op determinism. With --die_at,
-DIE_TASK's first attempt calls os._exit(3) after global batch BATCH. Each
+DIE_TASK's first attempt calls os._exit(3) after global batch BATCH; with
+--sigterm_at it sends itself SIGTERM there (a preemption notice). Each
 task writes OUT_DIR/<task>.npz (weights) and OUT_DIR/<task>.json.
 """
 import argparse
 import json
 import os
 import pathlib
+import signal
 import time
 
 parser = argparse.ArgumentParser()
@@ -22,6 +24,7 @@ parser.add_argument("--die_at", type=int, default=-1)
 parser.add_argument("--die_task", default="worker-1")
 parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per batch (to be preempted)")
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--sigterm_at", type=int, default=-1, help="DIE_TASK's first attempt SIGTERMs itself")
 args = parser.parse_args()
 
 out = pathlib.Path(args.out_dir)
@@ -32,7 +35,12 @@ attempt = int(attempts.read_text()) + 1 if attempts.exists() else 1
 attempts.write_text(str(attempt))
 (out / f"{task}.pid").write_text(str(os.getpid()))
 
+import logging  # noqa: E402
+
 import tfdist  # noqa: E402
+
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+logging.getLogger("tfdist.training.backup").setLevel(logging.INFO)
 
 strategy = tfdist.make_strategy(args.strategy, **({"num_devices": 2} if args.strategy == "mirrored" else {}))
 
@@ -72,6 +80,9 @@ class Die(keras.callbacks.Callback):
         if task == args.die_task and attempt == 1 and Die.seen - 1 == args.die_at:
             print(f"{task} dying after batch {Die.seen - 1}", flush=True)
             os._exit(3)
+        if task == args.die_task and attempt == 1 and Die.seen - 1 == args.sigterm_at:
+            print(f"{task} receives SIGTERM after batch {Die.seen - 1}", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 trainer = tfdist.Trainer(build, strategy=strategy, optimizer=keras.optimizers.SGD(0.05, momentum=0.9),

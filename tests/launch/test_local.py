@@ -97,6 +97,8 @@ def test_parameter_servers_stopped_when_workers_finish(caplog):
             print("serving", flush=True)
             while True:
                 time.sleep(1)
+        if TYPE == "chief":
+            time.sleep(1)  # The job ends with the chief: let the workers print first.
         print("done")
         """, workers=2, ps=1, chief=True)
     assert rc == 0
@@ -292,26 +294,36 @@ def free_port_range(n):
     pytest.skip(f"no {n} consecutive free ports")
 
 
-def test_two_nodes_on_one_machine():
+def test_two_nodes_on_one_machine(tmp_path):
     """Two launchers (node_rank 0 and 1) agree on one cluster and each runs only its own tasks."""
     base = free_port_range(7)  # Node 0: 2 workers, 1 ps, the chief; node 1: 2 workers, 1 ps.
     hosts = f"127.0.0.1:{base},127.0.0.1:{base + 4}"
-    configs = {}
-    for rank in (0, 1):
-        rc, lines, _ = run("print(json.dumps(TF_CONFIG))", nnodes=2, node_rank=rank, hosts=hosts, workers=2, ps=1,
-                           chief=True)
-        assert rc == 0, lines
-        for line in lines:
-            prefix, _, payload = line.partition("] ")
-            configs[(rank, prefix + "]")] = json.loads(payload)
-    assert sorted(configs) == sorted([(0, "[chief:0]"), (0, "[worker:0]"), (0, "[worker:1]"), (0, "[ps:0]"),
-                                      (1, "[worker:2]"), (1, "[worker:3]"), (1, "[ps:1]")])
+    # Each task saves its TF_CONFIG. In a PS job the launcher stops the other tasks once the chief (or,
+    # without one, the workers) exit, so those wait until every task of their node has saved.
+    code = """
+        out = sys.argv[1]
+        with open(os.path.join(out, f"{TYPE}-{INDEX}.json"), "w") as f:
+            json.dump(TF_CONFIG, f)
+        deadline = time.time() + 20
+        while TYPE != "ps" and len(os.listdir(out)) < int(sys.argv[2]) and time.time() < deadline:
+            time.sleep(0.02)
+        """
+    for rank, num_tasks in ((0, 4), (1, 3)):
+        out = tmp_path / f"node{rank}"
+        out.mkdir()
+        rc = local.launch(py(code) + [str(out), str(num_tasks)], nnodes=2, node_rank=rank, hosts=hosts, workers=2,
+                          ps=1, chief=True, output=io.StringIO())
+        assert rc == 0
+    saved = {(p.parent.name, p.stem): json.loads(p.read_text()) for p in tmp_path.glob("node*/*.json")}
+    assert sorted(saved) == sorted([("node0", "chief-0"), ("node0", "worker-0"), ("node0", "worker-1"),
+                                    ("node0", "ps-0"), ("node1", "worker-2"), ("node1", "worker-3"),
+                                    ("node1", "ps-1")])
     expected = {"chief": [f"127.0.0.1:{base + 3}"],
                 "worker": [f"127.0.0.1:{base + i}" for i in (0, 1, 4, 5)],
                 "ps": [f"127.0.0.1:{base + 2}", f"127.0.0.1:{base + 6}"]}
-    for (rank, prefix), config in configs.items():
+    for (_, name), config in saved.items():
         assert config["cluster"] == expected
-        assert f"[{config['task']['type']}:{config['task']['index']}]" == prefix
+        assert f"{config['task']['type']}-{config['task']['index']}" == name
 
 
 def test_external_hosts_need_allow_external(caplog):
@@ -333,7 +345,7 @@ def test_external_hosts_need_allow_external(caplog):
 
 @pytest.mark.parametrize("kwargs, name, received", [
     ({"nnodes": 2}, "hosts", "None"),
-    ({"node_rank": 1}, "hosts", "None"),
+    ({"node_rank": 1}, "node_rank", r"1. Expected an integer in the range \[0, 0\]"),
     ({"nnodes": 2, "node_rank": 2, "hosts": "127.0.0.1:1,127.0.0.1:2"}, "node_rank", "2"),
     ({"hosts": "127.0.0.1:2000", "ports": [2000]}, "ports", r"\[2000\]. Expected None when hosts is given"),
     ({"hosts": "127.0.0.1:2000", "host": "localhost"}, "host", "'localhost'"),

@@ -31,15 +31,16 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence, TextIO
 
 from tfdist import cluster as cluster_lib
-from tfdist.config import check_positive_int, invalid_argument
+from tfdist.config import PREEMPTED_EXIT_CODE, check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
 
 TIMEOUT_RETURNCODE = 124  # As timeout(1) returns.
+_MAX_PREEMPTIONS = 100
 _POLL_SECONDS = 0.05
 _TASK_ORDER = ("chief", "worker", "ps", "evaluator")
-_UNAUTHENTICATED = ("TF's gRPC servers have no authentication and run any graph sent to them, "
-                    "so anyone who can reach their ports can run code as this user")
+_UNAUTHENTICATED = ("TF's gRPC servers are unauthenticated (no authentication) and run any graph sent to "
+                    "them, so anyone who can reach their ports can run code as this user")
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ class Supervisor:
         self._signals: list[int] = []
         self.max_restarts = max_restarts
         self.restarts = 0
+        self.preemptions = 0
         self.parameter_server_mode = bool(cluster.get("ps"))
 
     def start_task(self, task: Task) -> None:
@@ -247,8 +249,22 @@ class Supervisor:
         self._record(chief, self._procs[chief].returncode)
 
     def _recover(self, task: Task, result: TaskResult) -> bool:
-        """Handles a failed task; True if the job goes on (restarted or tolerated)."""
+        """Handles a failed task; True if the job goes on (restarted or tolerated).
+
+        A task that exits with :data:`PREEMPTED_EXIT_CODE` saved a backup on
+        SIGTERM and asks for a restart; that does not use up ``max_restarts``.
+        """
         ps_worker = self.parameter_server_mode and task.task_type == "worker"
+        if result.returncode == PREEMPTED_EXIT_CODE and self.preemptions < _MAX_PREEMPTIONS:
+            self.preemptions += 1
+            if self.parameter_server_mode and task.task_type in ("worker", "chief"):
+                logger.warning("%s: preempted after saving a backup; restarting %s.", result.describe(), task)
+                self.start_task(task)
+            else:
+                logger.warning("%s: preempted after saving a backup; restarting the whole group.",
+                               result.describe())
+                self._restart_group()
+            return True
         if self.restarts < self.max_restarts:
             self.restarts += 1
             if ps_worker:
@@ -258,16 +274,19 @@ class Supervisor:
             else:
                 logger.warning("%s; restarting the whole group (restart %d of %d).", result.describe(),
                                self.restarts, self.max_restarts)
-                self._stop(set(self._procs) - set(self.results))
-                self._stopping.clear()
-                for t in self.tasks:
-                    self.start_task(t)
+                self._restart_group()
             return True
         if ps_worker and any(t.task_type == "worker" and t not in self.results for t in self.tasks):
             logger.warning("%s; no restarts left, the coordinator goes on with the other workers.",
                            result.describe())
             return True
         return False
+
+    def _restart_group(self) -> None:
+        self._stop(set(self._procs) - set(self.results))
+        self._stopping.clear()
+        for t in self.tasks:
+            self.start_task(t)
 
     def _record(self, task: Task, returncode: int) -> TaskResult:
         name = _signal_name(-returncode) if returncode < 0 else None

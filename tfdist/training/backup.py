@@ -27,11 +27,11 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist.config import PREEMPTED_EXIT_CODE  # noqa: F401  (re-exported for the Trainer)
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
-#: Exit code of a process that saved a backup on SIGTERM and wants a restart.
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL
 _TEST_HOOK = "TFDIST_BACKUP_TEST_HOOK"  # "kill_before_commit:N" SIGKILLs the N-th save before its commit
 
 

@@ -330,18 +330,19 @@ class Trainer:
             run.watcher = watcher if backup else None
             cb_list.on_train_begin()
             for epoch in range(initial_epoch, epochs):
-                skip = position.step if position is not None and epoch == position.epoch else 0
+                first_step = position.step if position is not None and epoch == position.epoch else 0
                 if steps_per_epoch:
                     if persistent is None:
                         persistent = self._runner.make_iterator(self._runner.distribute(source))
-                        skip += epoch * steps if position is not None else 0
+                        # The iterator started at epoch 0: skip every batch trained on since.
+                        self._runner.skip(persistent, epoch * steps + first_step if position is not None else 0)
                     iterator = persistent
                 else:
                     iterator = self._runner.make_iterator(self._runner.distribute(source.for_epoch(epoch)))
-                self._runner.skip(iterator, skip)
+                    self._runner.skip(iterator, first_step)
                 model.reset_metrics()
                 cb_list.on_epoch_begin(epoch)
-                epoch_logs = run.epoch(epoch, iterator, first_step=skip)
+                epoch_logs = run.epoch(epoch, iterator, first_step=first_step)
                 if val_source is not None:
                     val_logs = self._evaluate_source(val_source, validation_steps)
                     epoch_logs.update({f"val_{name}": v for name, v in val_logs.items()})
@@ -359,7 +360,14 @@ class Trainer:
         if self.backup_dir is None:
             return None
         if self._checkpoint is None:
-            tracked = {"model": self.model, "optimizer": self.model.optimizer}
+            # The TF variables behind the Keras ones (model state incl. RNG
+            # seeds, optimizer slots, iterations and loss scale): TF saves and
+            # restores these on every strategy, ShardedVariables included.
+            def tf_variables(variables):
+                return [getattr(v, "_value", v) for v in variables]
+
+            tracked = {"model": tf_variables(self.model.variables),
+                       "optimizer": tf_variables(self.model.optimizer.variables)}
             if self._skipped_updates is not None:
                 tracked["skipped_updates"] = self._skipped_updates
             self._checkpoint = tf.train.Checkpoint(**tracked)
@@ -445,7 +453,8 @@ class _Run:
             self._call(self.train_fn, iterator, n, done * k, (done + n) * k - 1)
             done += n
             before, self.updates = self.updates, self.updates + n
-            if self.backup is not None and isinstance(freq, int) and before // freq != self.updates // freq:
+            crossed = isinstance(freq, int) and before // freq != self.updates // freq
+            if self.backup is not None and crossed and done * k < self.steps:  # the epoch end saves anyway
                 self._save(epoch, done * k)
             if self.watcher is not None and self.runner.agree(self.watcher.requested):
                 self._save(epoch, done * k)
