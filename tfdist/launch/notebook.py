@@ -1,0 +1,89 @@
+"""``notebook_launcher``: run a training function on a local cluster from Jupyter.
+
+    def train():
+        import tfdist
+        strategy = tfdist.make_strategy("multi_worker")
+        ...
+        return history.history
+
+    history = tfdist.launch.notebook_launcher(train, num_workers=2, max_restarts=1)
+
+The function (and what it refers to) is pickled with cloudpickle, each task of
+a loopback cluster runs it in a fresh process with TF_CONFIG set (the notebook
+kernel itself needs no TensorFlow cluster), their output streams into the
+cell prefixed by task, and the chief's return value comes back.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+from typing import Any, Callable
+
+import cloudpickle
+
+from tfdist.config import check_positive_int
+
+
+def notebook_launcher(fn: Callable[..., Any], *args: Any, num_workers: int = 2, num_ps: int = 0,
+                      chief: bool = False, max_restarts: int = 0, timeout: float | None = None,
+                      env: dict[str, str] | None = None) -> Any:
+    """Runs ``fn(*args)`` in every task of a local cluster; returns the chief's result.
+
+    Args:
+        fn: A picklable (by cloudpickle) function; it runs once per task and
+            should create its strategy first (``tfdist.make_strategy``).
+        *args: Arguments for ``fn``.
+        num_workers: Worker processes.
+        num_ps: Parameter-server processes (then ``chief`` is needed too).
+        chief: Add a chief task (the coordinator under parameter_server).
+        max_restarts: Restarts after failures, as for ``tfdist launch``.
+        timeout: Seconds after which every task is killed.
+        env: Extra environment variables for the tasks.
+
+    Returns:
+        What ``fn`` returned on the chief (worker 0 without a chief).
+
+    Raises:
+        RuntimeError: If the job failed; the tasks' output says why.
+    """
+    from tfdist.launch.local import launch
+
+    check_positive_int("num_workers", num_workers)
+    workdir = tempfile.mkdtemp(prefix="tfdist-notebook-")
+    try:
+        with open(os.path.join(workdir, "fn.pkl"), "wb") as f:
+            cloudpickle.dump((fn, args), f)
+        task_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+        task_env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *sys.path])
+        code = launch([sys.executable, "-m", "tfdist.launch.notebook", workdir], workers=num_workers, ps=num_ps,
+                      chief=chief, max_restarts=max_restarts, timeout=timeout, env=task_env, output=sys.stdout)
+        if code != 0:
+            raise RuntimeError(f"The notebook_launcher job failed with code {code}; see the tasks' output above.")
+        with open(os.path.join(workdir, "result.pkl"), "rb") as f:
+            return pickle.load(f)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_task(workdir: str) -> None:
+    import json
+
+    with open(os.path.join(workdir, "fn.pkl"), "rb") as f:
+        fn, args = pickle.load(f)
+    result = fn(*args)
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    is_chief = task.get("type") == "chief" or (task.get("type") == "worker" and task.get("index") == 0
+                                               and "chief" not in cluster)
+    if is_chief:
+        tmp = os.path.join(workdir, f"result.pkl.tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            cloudpickle.dump(result, f)
+        os.replace(tmp, os.path.join(workdir, "result.pkl"))
+
+
+if __name__ == "__main__":
+    _run_task(sys.argv[1])
