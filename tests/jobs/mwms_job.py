@@ -13,7 +13,6 @@ strategy = tfdist.make_strategy("multi_worker")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jobs.common import GLOBAL_BATCH, builder, collectives_in_loop_body, dataset, initial_weights  # noqa: E402

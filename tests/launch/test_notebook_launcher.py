@@ -5,6 +5,8 @@ pickles them by reference (``tests.launch.test_notebook_launcher.<name>``) and
 each task imports this module again, which works because the launcher gives
 the tasks a PYTHONPATH made of the current directory and ``sys.path``.
 """
+import os
+
 import pytest
 
 from tfdist.launch import notebook_launcher
@@ -14,7 +16,6 @@ pytestmark = pytest.mark.multiprocess
 
 def train_digits_one_epoch():
     import json
-    import os
 
     import tfdist
 
@@ -37,23 +38,21 @@ def always_fails(message):
     raise ValueError(message)
 
 
-def test_multi_worker_training_returns_the_chiefs_result(capsys):
-    import os
-
+def test_multi_worker_training_returns_the_chiefs_result():
     result = notebook_launcher(train_digits_one_epoch, num_workers=2, timeout=120)
     assert result["task"] == "worker:0" and result["is_chief"]
     assert result["pid"] != os.getpid()  # it ran in a task process, not here
     assert result["num_replicas_in_sync"] == 2
     assert set(result["history"]) == {"loss", "accuracy"}
     assert len(result["history"]["loss"]) == 1
-    assert 0.0 < result["history"]["loss"][0] < 2.5  # below ln(10) = 2.3 + a margin: it learnt a bit
+    assert result["history"]["accuracy"][0] > 0.3  # chance is 0.1: it learnt
 
 
 def test_a_failing_function_raises_runtime_error(capsys):
     with pytest.raises(RuntimeError, match="notebook_launcher job failed"):
         notebook_launcher(always_fails, "boom from the task", num_workers=2, timeout=120)
     out = capsys.readouterr().out
-    # Each task's traceback reaches the caller's stdout, prefixed by its task.
+    # The failing task's traceback reaches the caller's stdout, prefixed by its task.
     assert "[worker:0] ValueError: boom from the task" in out or "[worker:1] ValueError: boom from the task" in out
 
 

@@ -4,7 +4,6 @@ import json
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tfdist
 from tests.jobs.common import builder, dataset, initial_weights

@@ -5,7 +5,6 @@ import os
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tfdist
 from tests.jobs.common import builder, data, dataset, initial_weights

@@ -62,7 +62,7 @@ flags.DEFINE_boolean("allow_external", False, "launch: allow non-loopback --host
 flags.DEFINE_integer("nnodes", 1, "launch, manifest slurm: the number of nodes (machines).")
 flags.DEFINE_integer("node_rank", 0, "launch: this node's index in --hosts; node 0 runs the chief.")
 flags.DEFINE_list("hosts", None, "launch: one host:base_port per node; node k runs its workers, then its ps, "
-                  "then (node 0) the chief on consecutive ports from its base port.")
+                  "then (node 0) the chief on consecutive ports from its base port (e.g. 2222).")
 # manifest
 flags.DEFINE_string("kind", "tfjob", "manifest kubernetes: tfjob (Kubeflow) or indexed-job (Job + headless Service).")
 flags.DEFINE_string("image", None, "manifest kubernetes: the container image.")

@@ -353,6 +353,9 @@ def node_cluster(nnodes: int, node_rank: int, hosts: Sequence[str] | str | None,
       (so ``ps`` is a count per node, like ``workers``);
     * then, on node 0 only, the chief (if ``chief``), then the evaluator (if ``evaluator``).
 
+    Pick base ports below the ephemeral range (Linux: 32768-60999), e.g. 2222,
+    so that no outgoing connection happens to hold one.
+
     Example: ``node_cluster(2, 1, ["h1:2222", "h2:2222"], workers=2, ps=1, chief=True)``
     returns the cluster ``{"chief": ["h1:2225"], "worker": ["h1:2222", "h1:2223",
     "h2:2222", "h2:2223"], "ps": ["h1:2224", "h2:2224"]}`` and this node's tasks

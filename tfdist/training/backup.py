@@ -27,8 +27,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.config import PREEMPTED_EXIT_CODE  # noqa: F401  (re-exported for the Trainer)
-
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"

@@ -16,7 +16,6 @@ Example (``python -c`` or a script)::
 """
 from __future__ import annotations
 
-import collections
 import logging
 from typing import Any, Callable, Sequence
 
@@ -29,7 +28,8 @@ from tfdist.data.inputs import InputSource, as_input
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
-from tfdist.training.backup import PREEMPTED_EXIT_CODE, Backup, Position, PreemptionWatcher
+from tfdist.training.backup import Backup, Position, PreemptionWatcher
+from tfdist.training.loop import EpochRunner
 from tfdist.training.callbacks import chief_writes_only
 from tfdist.training.step import make_eval_step, make_train_update
 
@@ -322,7 +322,7 @@ class Trainer:
         position = backup.restore() if backup else None
         if position is not None:
             initial_epoch = position.epoch
-        run = _Run(self, cb_list, source, train_fn, steps, backup,
+        run = EpochRunner(self, cb_list, source, train_fn, steps, backup,
                    updates=position.updates if position else 0)
         persistent = None  # with steps_per_epoch, one iterator runs on across epochs (Keras's rule)
         with chief_writes_only(callbacks, is_chief=self.is_chief, task_label=self._runner.task_label), \
@@ -407,66 +407,3 @@ class Trainer:
         check_positive_int("steps", steps, allow_none=True)
         return self._evaluate_source(self._input(data, global_batch_size, False, "data"), steps)
 
-
-class _Run:
-    """One fit call's epochs: executions, logs delivery, step-level backups, preemption."""
-
-    def __init__(self, trainer: Trainer, callbacks: keras.callbacks.CallbackList, source: InputSource,
-                 train_fn: Any, steps: int, backup: Backup | None, *, updates: int) -> None:
-        self.trainer = trainer
-        self.runner = trainer._runner
-        self.callbacks = callbacks
-        self.source = source
-        self.train_fn = train_fn
-        self.steps = steps
-        self.backup = backup
-        self.updates = updates  # optimizer updates attempted, over all runs
-        self.watcher: PreemptionWatcher | None = None
-        self.logs: dict[str, float] = {}
-        self._pending: collections.deque = collections.deque()  # (batch, logs handle), not fetched yet
-
-    def _deliver(self, limit: int) -> None:
-        while len(self._pending) > limit:
-            batch, handle = self._pending.popleft()
-            self.logs = self.runner.fetch(handle)
-            self.callbacks.on_train_batch_end(batch, self.logs)
-
-    def _call(self, fn: Any, iterator: Any, num_updates: int, first_batch: int, last_batch: int) -> None:
-        self.callbacks.on_train_batch_begin(first_batch)
-        self._pending.append((last_batch, self.trainer._start(fn, iterator, num_updates)))
-        self._deliver(self.runner.max_in_flight)
-
-    def _save(self, epoch: int, step: int) -> None:
-        self._deliver(0)
-        self.runner.join()
-        self.backup.save(Position(epoch, step, self.updates))
-
-    def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
-        """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
-        trainer, model, k = self.trainer, self.trainer.model, self.trainer.accumulation_steps
-        full_updates, last_window = divmod(self.steps, k)
-        per_call = max(trainer.steps_per_execution // k, 1)
-        freq = trainer.backup_freq
-        done = first_step // k
-        while done < full_updates and not model.stop_training:
-            n = min(per_call, full_updates - done)
-            self._call(self.train_fn, iterator, n, done * k, (done + n) * k - 1)
-            done += n
-            before, self.updates = self.updates, self.updates + n
-            crossed = isinstance(freq, int) and before // freq != self.updates // freq
-            if self.backup is not None and crossed and done * k < self.steps:  # the epoch end saves anyway
-                self._save(epoch, done * k)
-            if self.watcher is not None and self.runner.agree(self.watcher.requested):
-                self._save(epoch, done * k)
-                logger.warning("Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with code %d "
-                               "so the launcher restarts this run.", epoch + 1, done * k, PREEMPTED_EXIT_CODE)
-                raise SystemExit(PREEMPTED_EXIT_CODE)
-        if last_window and not model.stop_training:
-            # The epoch's last `last_window` micro-batches make one smaller
-            # update, still a true mean over its examples.
-            fn = trainer._train_function(self.source.global_batch_size, last_window)
-            self._call(fn, iterator, 1, done * k, self.steps - 1)
-            self.updates += 1
-        self._deliver(0)
-        self.logs = self.runner.final_logs(trainer._logs, self.logs)
-        return dict(self.logs)
