@@ -9,9 +9,9 @@ from tfdist import _compat
 
 _compat.apply()
 
-from tfdist import callbacks, data, models  # noqa: E402
+from tfdist import callbacks, data, launch, models  # noqa: E402
 from tfdist.strategies.factory import make_strategy  # noqa: E402
 from tfdist.training.trainer import Trainer  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Trainer", "make_strategy", "callbacks", "data", "models", "__version__"]
+__all__ = ["Trainer", "make_strategy", "callbacks", "data", "launch", "models", "__version__"]

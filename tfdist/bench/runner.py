@@ -36,6 +36,7 @@ BUILTIN_MODULES = (
     "tfdist.bench.mfu",
     "tfdist.bench.accumulation",
     "tfdist.bench.bf16_vs_fp32",
+    "tfdist.bench.backup",
     "tfdist.bench.parameter_server",
 )
 

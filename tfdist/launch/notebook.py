@@ -58,7 +58,7 @@ def notebook_launcher(fn: Callable[..., Any], *args: Any, num_workers: int = 2, 
             cloudpickle.dump((fn, args), f)
         task_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
         task_env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *sys.path])
-        code = launch([sys.executable, "-m", "tfdist.launch.notebook", workdir], workers=num_workers, ps=num_ps,
+        code = launch([sys.executable, "-m", "tfdist.launch._notebook_task", workdir], workers=num_workers, ps=num_ps,
                       chief=chief, max_restarts=max_restarts, timeout=timeout, env=task_env, output=sys.stdout)
         if code != 0:
             raise RuntimeError(f"The notebook_launcher job failed with code {code}; see the tasks' output above.")
@@ -66,24 +66,3 @@ def notebook_launcher(fn: Callable[..., Any], *args: Any, num_workers: int = 2, 
             return pickle.load(f)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _run_task(workdir: str) -> None:
-    import json
-
-    with open(os.path.join(workdir, "fn.pkl"), "rb") as f:
-        fn, args = pickle.load(f)
-    result = fn(*args)
-    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
-    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-    is_chief = task.get("type") == "chief" or (task.get("type") == "worker" and task.get("index") == 0
-                                               and "chief" not in cluster)
-    if is_chief:
-        tmp = os.path.join(workdir, f"result.pkl.tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:
-            cloudpickle.dump(result, f)
-        os.replace(tmp, os.path.join(workdir, "result.pkl"))
-
-
-if __name__ == "__main__":
-    _run_task(sys.argv[1])

@@ -28,6 +28,7 @@ class SyncRunner:
         self._task_id = int(getattr(resolver, "task_id", None) or 0)
         extended = strategy.extended
         self._is_chief = bool(getattr(extended, "should_checkpoint", True))
+        self._vote = None
 
     @property
     def is_chief(self) -> bool:
@@ -70,8 +71,16 @@ class SyncRunner:
         if self.input_context().num_input_pipelines == 1:
             return flag
         # Every worker must stop at the same step: any worker's flag stops all.
-        votes = self.strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
-        return bool(self.strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None).numpy() > 0)
+        if self._vote is None:
+            strategy = self.strategy
+
+            @tf.function
+            def vote(value):
+                votes = strategy.run(lambda: tf.identity(value))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)
+
+            self._vote = vote
+        return bool(self._vote(tf.constant(1.0 if flag else 0.0)).numpy() > 0)
 
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
                      name: str, training: bool = True) -> Callable[[Any, Any], Any]:
