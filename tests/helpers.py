@@ -1,5 +1,6 @@
 """Helpers for tests that start real processes."""
 import os
+import signal
 import subprocess
 import sys
 
@@ -7,11 +8,27 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_tfdist(*args, env=None, timeout=300):
-    """Runs ``python -m tfdist ARGS`` and returns the CompletedProcess (text, merged output)."""
+    """Runs ``python -m tfdist ARGS`` and returns the CompletedProcess (text, merged output).
+
+    On timeout the launcher gets SIGTERM first, so that it stops the task
+    processes it started (they run in their own sessions) before it goes.
+    """
     full_env = dict(os.environ)
     full_env.pop("TF_CONFIG", None)
     full_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "tfdist", *args], cwd=REPO, env=full_env, timeout=timeout,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [sys.executable, "-m", "tfdist", *args]
+    with subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, _ = proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, output=out) from None
+    return subprocess.CompletedProcess(command, proc.returncode, out, None)
