@@ -16,7 +16,7 @@ from tfdist.bench import bf16_vs_fp32, common, report, runner, timing
 FIT_KEYS = {"trainer_examples_per_s", "keras_fit_examples_per_s", "ratio", "fit_overhead_s", "samples"}
 MFU_KEYS = {"matmul_peak_gflops", "trainer_gflops", "keras_fit_gflops", "trainer_mfu", "keras_fit_mfu",
             "mfu_ratio", "goal", "trainer_examples_per_s", "keras_fit_examples_per_s", "config"}
-ALL = {"trainer_vs_fit", "mfu", "accumulation", "bf16_vs_fp32", "parameter_server"}
+ALL = {"trainer_vs_fit", "mfu", "accumulation", "bf16_vs_fp32", "backup", "parameter_server"}
 
 
 def _positive_finite(value):
@@ -103,16 +103,32 @@ def test_cpu_features_reads_the_flags_that_are_there(tmp_path):
     assert all(missing[flag] is None for flag in bf16_vs_fp32.BF16_CPU_FLAGS)
 
 
-def test_parameter_server_compares_trainer_with_a_hand_written_loop(quick_run):
+def test_parameter_server_compares_trainer_with_hand_written_loops(quick_run):
     result = quick_run[0]["results"]["parameter_server"]
     assert result["goal"] == ">= 0.95"
+    bare = result["hand_written_bare_examples_per_s"]
+    with_loss = result["hand_written_with_loss_metric_examples_per_s"]
+    assert _positive_finite(bare) and _positive_finite(with_loss)
     for pair in (result, result["steps_per_execution_8"]):
         assert _positive_finite(pair["trainer_examples_per_s"]) and _positive_finite(pair["ratio"])
-        assert pair["ratio"] == pytest.approx(pair["trainer_examples_per_s"] / result["hand_written_examples_per_s"])
-    # Every scheduled step reached the variables on the ps, on every side.
+        assert pair["ratio"] == pytest.approx(pair["trainer_examples_per_s"] / bare)
+        assert pair["ratio_vs_loop_with_loss_metric"] == pytest.approx(pair["trainer_examples_per_s"] / with_loss)
+    sides = {"trainer", "hand_written_bare", "hand_written_with_loss_metric", "trainer_spe8"}
+    assert set(result["samples"]["values"]) == sides == set(result["cpu_ms_per_step"])
+    assert all(_positive_finite(v) for v in result["cpu_ms_per_step"].values())
+    cpu = result["cpu_ms_per_step"]
+    assert result["cpu_ratio"] == pytest.approx(cpu["hand_written_bare"] / cpu["trainer"])
+    # Every scheduled step reached the variables on the ps, on every side, and the metric's too.
     for name, steps in result["optimizer_steps"].items():
         assert steps["counted"] == steps["expected"] > 0, name
-    assert result["config"]["num_workers"] == 2 and result["config"]["num_ps"] == 1
+    assert set(result["optimizer_steps"]) == sides
+    updates = result["loss_metric_updates"]
+    assert updates["counted"] == updates["expected"] == result["optimizer_steps"][
+        "hand_written_with_loss_metric"]["expected"]
+    config = result["config"]
+    assert config["num_workers"] == 2 and config["num_ps"] == 1
+    assert config["hand_written_loops"] == {"hand_written_bare": {"loss_metric": None},
+                                            "hand_written_with_loss_metric": {"loss_metric": "keras.metrics.Mean"}}
 
 
 def test_local_strategies_refuse_to_run_after_the_cluster_connected(quick_run):
@@ -142,7 +158,7 @@ def test_every_charted_ratio_is_positive_and_finite(quick_run):
 def test_unknown_benchmark_lists_the_valid_names(tmp_path):
     output = tmp_path / "bench.json"
     with pytest.raises(ValueError, match=r"Invalid value for argument `benchmarks`.*'nope'.*"
-                                         r"accumulation, bf16_vs_fp32, mfu, parameter_server, trainer_vs_fit"):
+                                         r"accumulation, backup, bf16_vs_fp32, mfu, parameter_server, trainer_vs_fit"):
         runner.run(["nope"], output=str(output))
     assert not output.exists()
 

@@ -1,31 +1,56 @@
-"""``parameter_server``: Trainer on ParameterServerStrategy vs a hand-written ClusterCoordinator loop.
+"""``parameter_server``: Trainer on ParameterServerStrategy vs hand-written ClusterCoordinator loops.
 
-Both sides run on the same in-process cluster (2 workers, 1 ps; see
+All sides run on the same in-process cluster (2 workers, 1 ps; see
 ``common.strategy("parameter_server")``) through the same
 ``ClusterCoordinator`` (the one tfdist keeps on the strategy: TF allows one per
 strategy), with the same model (``tfdist.models.get("cnn")`` on 8x8x1 inputs,
 10 classes) from identical initial weights, the same ``dataset_fn`` (in-memory
 examples, repeated, per-replica batches of a global batch of 256), SGD, no
-metrics and the same number of steps per timed run:
+compiled metrics and the same number of steps per timed run:
 
 * **trainer**: ``tfdist.Trainer(...).fit(dataset_fn, epochs=1,
   steps_per_epoch=N, steps_per_execution=1)``, timed from the first batch to
   the epoch's end, which joins the coordinator (see ``fits.FitThroughput``).
   Per call it schedules one step and fetches the logs of calls up to
-  ``2 * workers`` behind, so callbacks see real values.
-* **hand_written**: the loop of the TF parameter-server tutorial: a
-  ``tf.function`` that runs ``strategy.run`` of a GradientTape step
-  (``compute_average_loss`` over the global batch, ``optimizer.apply``) on
-  ``next(iterator)``; ``coordinator.schedule`` it N times, then
-  ``coordinator.join()``; nothing is fetched. Timed from the first schedule to
-  the end of the join. Like the Trainer's ``fit``, each run first creates its
-  per-worker dataset and iterator, untimed (reported as ``setup_s``).
+  ``2 * workers`` behind, so callbacks see real values. Like ``model.fit``,
+  its step also updates Keras's loss tracker (a ``Mean`` whose two variables
+  live on the ps) and its scheduled function returns the tracker's result.
+* **hand_written_bare**: the loop of the TF parameter-server tutorial, with
+  nothing tracked: a ``tf.function`` that runs ``strategy.run`` of a
+  GradientTape step (``compute_average_loss`` over the global batch,
+  ``optimizer.apply``) on ``next(iterator)`` and returns the loss;
+  ``coordinator.schedule`` it N times, then ``coordinator.join()``; nothing is
+  fetched. Timed from the first schedule to the end of the join. Like the
+  Trainer's ``fit``, each run first creates its per-worker dataset and
+  iterator, untimed (reported as ``setup_s``).
+* **hand_written_with_loss_metric**: the same loop, plus mean-loss tracking
+  as the tutorial tracks its metrics: a ``keras.metrics.Mean`` created in
+  ``strategy.scope()`` (so its variables live on the ps, like the Trainer's
+  loss tracker) and updated in the replica function with the batch's loss
+  (each step's global batch is one replica's batch here, so that loss is the
+  batch mean). The step returns the same loss and nothing else; the metric is
+  never read while timing. Every update reaching the ps is checked
+  (``loss_metric_updates``).
 
-``ratio`` = trainer / hand-written examples/s, goal >= 0.95. Both schedule one
-step per closure; ``steps_per_execution_8`` reports the Trainer with 8 steps
-per scheduled closure against the same hand-written loop (a different unit of
-scheduling, so no goal). The step counts both sides' optimizers reached are
-recorded as a check.
+``ratio`` = trainer / hand_written_bare examples/s, goal >= 0.95;
+``ratio_vs_loop_with_loss_metric`` = trainer / hand_written_with_loss_metric
+(the loop that does the loss bookkeeping the Trainer does). All sides schedule
+one step per closure; ``steps_per_execution_8`` reports the Trainer with 8
+steps per scheduled closure against the same hand-written loops (a different
+unit of scheduling, so no goal). The step counts every side's optimizer
+reached are recorded as a check.
+
+``cpu_ms_per_step`` is this process's CPU time per step for each side (median
+over the same measurements as the rates). The workers and the ps run inside
+this process, so it counts all the work of a step (kernels, RPCs, the
+coordinator's Python), and it depends far less than wall time on how many
+cores the machine lends the process at the moment (on a shared 2-vCPU VM that
+swings between about one and two from one measurement to the next, which
+moves single wall-time samples by up to 2x). ``cpu_ratio`` =
+hand_written_bare / trainer CPU ms per step (higher is better, like
+``ratio``): the Trainer's extra work per step. It is a diagnostic, not a
+prediction of ``ratio`` (wall time also depends on latency and idle cores);
+the goal is about ``ratio``.
 
     tfdist bench --benchmarks=parameter_server
 """
@@ -47,6 +72,8 @@ STEPS_PER_RUN = 64
 LEARNING_RATE = 0.01
 NUM_BATCHES = 8  # distinct global batches of in-memory data
 TRAINER_STEPS_PER_EXECUTION = {"trainer": 1, "trainer_spe8": 8}
+# The hand-written loops: name -> whether the step also tracks the mean loss in a keras.metrics.Mean.
+HAND_WRITTEN_LOOPS = {"hand_written_bare": False, "hand_written_with_loss_metric": True}
 
 
 def make_dataset_fn(global_batch_size: int, *, num_batches: int = NUM_BATCHES,
@@ -82,11 +109,15 @@ class HandWrittenLoop:
         dataset_fn: ``dataset_fn(input_context)`` of per-replica batches.
         global_batch_size: Examples per step over all replicas.
         steps: Steps per measurement.
+        loss_metric: Also track the mean loss in a ``keras.metrics.Mean``
+            created in the scope (variables on the ps), updated by every step
+            with its batch's loss, as the TF tutorial tracks its metrics. It is
+            not read while timing.
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model],
                  dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset], *,
-                 global_batch_size: int, steps: int) -> None:
+                 global_batch_size: int, steps: int, loss_metric: bool = False) -> None:
         from tfdist.strategies.ps_runner import _coordinator
 
         self.strategy = strategy
@@ -99,8 +130,11 @@ class HandWrittenLoop:
             self.model = builder()
             self.optimizer = keras.optimizers.SGD(LEARNING_RATE)
             self.optimizer.build(self.model.trainable_variables)
+            # The Trainers built first applied tfdist's atomic assign_add shim (tfdist._compat), so
+            # this Mean updates its ps variables with the same ops as the Trainer's loss tracker.
+            self.loss_metric = keras.metrics.Mean(name="loss") if loss_metric else None
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-        model, optimizer = self.model, self.optimizer
+        model, optimizer, mean_loss = self.model, self.optimizer, self.loss_metric
 
         @tf.function
         def step(iterator: Any) -> tf.Tensor:
@@ -110,6 +144,9 @@ class HandWrittenLoop:
                     loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
                 grads = tape.gradient(loss, model.trainable_variables)
                 optimizer.apply(grads, model.trainable_variables)
+                if mean_loss is not None:
+                    # One replica per step here, so `loss` is the batch's mean loss.
+                    mean_loss.update_state(loss)
                 return loss
 
             return strategy.run(replica, args=next(iterator))
@@ -132,15 +169,36 @@ class HandWrittenLoop:
         return self.steps * self.global_batch_size / took.seconds, took
 
 
+def _cpu_ms_per_step(side: timing.Side, steps: int, into: list[float]) -> timing.Side:
+    """Wraps ``side`` to append each measurement's CPU milliseconds per step to ``into``."""
+
+    def measure() -> tuple[float, timing.Timing]:
+        value, took = side()
+        into.append(took.cpu_seconds / steps * 1000.0)
+        return value, took
+
+    return measure
+
+
+def _clean_median(samples: timing.Samples, name: str, values: list[float]) -> float:
+    """The median of ``values`` (one per measurement of ``name``) over the measurements the rates use."""
+    clean = [v for v, busy in zip(values, samples.others_cpu[name]) if not busy > timing.BUSY_CPU]
+    return timing.median(clean or values)
+
+
 @common.register("parameter_server", connects_cluster=True)
 def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
-    """Trainer vs a hand-written ClusterCoordinator loop on an in-process PS cluster (2 workers, 1 ps), CNN.
+    """Trainer vs hand-written ClusterCoordinator loops on an in-process PS cluster (2 workers, 1 ps), CNN.
 
     Returns:
-        ``trainer_examples_per_s``, ``hand_written_examples_per_s`` (medians),
-        ``ratio`` (trainer / hand-written), ``goal``, ``steps_per_execution_8``
-        (the Trainer with 8 steps per closure, and its ratio), per-run
-        overheads, ``optimizer_steps`` (check), the raw samples and the config.
+        ``trainer_examples_per_s``, ``hand_written_bare_examples_per_s``,
+        ``hand_written_with_loss_metric_examples_per_s`` (medians), ``ratio``
+        (trainer / hand_written_bare), ``ratio_vs_loop_with_loss_metric``
+        (trainer / hand_written_with_loss_metric), ``goal``,
+        ``steps_per_execution_8`` (the Trainer with 8 steps per closure, and its
+        ratios), ``cpu_ms_per_step`` and ``cpu_ratio`` (diagnostics), per-run
+        overheads, ``optimizer_steps`` and ``loss_metric_updates`` (checks),
+        the raw samples and the config.
     """
     import tfdist
 
@@ -158,29 +216,44 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
                 for name, spe in TRAINER_STEPS_PER_EXECUTION.items()}
     trainer_sides = {name: fits.trainer_side(trainer, dataset_fn, global_batch_size=global_batch_size, steps=steps)
                      for name, trainer in trainers.items()}
-    hand_written = HandWrittenLoop(strategy, builder, dataset_fn, global_batch_size=global_batch_size, steps=steps)
-    hand_written()  # warm-up: traces, starts the workers' pipelines
-    hand_written.setups.clear()
-    sides: dict[str, timing.Side] = {"trainer": trainer_sides["trainer"], "hand_written": hand_written,
-                                     "trainer_spe8": trainer_sides["trainer_spe8"]}
+    loops = {name: HandWrittenLoop(strategy, builder, dataset_fn, global_batch_size=global_batch_size, steps=steps,
+                                   loss_metric=loss_metric)
+             for name, loss_metric in HAND_WRITTEN_LOOPS.items()}
+    for loop in loops.values():
+        loop()  # warm-up: traces, starts the workers' pipelines
+        loop.setups.clear()
+    measured: dict[str, timing.Side] = {"trainer": trainer_sides["trainer"], **loops,
+                                        "trainer_spe8": trainer_sides["trainer_spe8"]}
+    cpu_ms: dict[str, list[float]] = {name: [] for name in measured}
+    sides = {name: _cpu_ms_per_step(side, steps, cpu_ms[name]) for name, side in measured.items()}
     samples = timing.alternate(sides, repeats)
     rates = {name: samples.median(name) for name in sides}
+    cpu_per_step = {name: _clean_median(samples, name, cpu_ms[name]) for name in sides}
     calls = {name: 1 + len(samples.values[name]) for name in sides}  # + the warm-up
     optimizer_steps = {name: int(trainer.model.optimizer.iterations.numpy()) for name, trainer in trainers.items()}
-    optimizer_steps["hand_written"] = int(hand_written.optimizer.iterations.numpy())
+    optimizer_steps.update({name: int(loop.optimizer.iterations.numpy()) for name, loop in loops.items()})
+    metric_loop = loops["hand_written_with_loss_metric"]
+    bare, with_loss = rates["hand_written_bare"], rates["hand_written_with_loss_metric"]
     return {
         "trainer_examples_per_s": rates["trainer"],
-        "hand_written_examples_per_s": rates["hand_written"],
-        "ratio": timing.ratio(rates["trainer"], rates["hand_written"]),
+        "hand_written_bare_examples_per_s": bare,
+        "hand_written_with_loss_metric_examples_per_s": with_loss,
+        "ratio": timing.ratio(rates["trainer"], bare),
+        "ratio_vs_loop_with_loss_metric": timing.ratio(rates["trainer"], with_loss),
         "goal": ">= 0.95",
         "steps_per_execution_8": {
             "trainer_examples_per_s": rates["trainer_spe8"],
-            "ratio": timing.ratio(rates["trainer_spe8"], rates["hand_written"]),
+            "ratio": timing.ratio(rates["trainer_spe8"], bare),
+            "ratio_vs_loop_with_loss_metric": timing.ratio(rates["trainer_spe8"], with_loss),
         },
+        "cpu_ms_per_step": cpu_per_step,
+        "cpu_ratio": timing.ratio(cpu_per_step["hand_written_bare"], cpu_per_step["trainer"]),
         "fit_overhead_s": {name: timing.median(side.overheads) for name, side in trainer_sides.items()},
-        "setup_s": {"hand_written": timing.median(hand_written.setups)},
+        "setup_s": {name: timing.median(loop.setups) for name, loop in loops.items()},
         "optimizer_steps": {name: {"expected": calls[name] * steps, "counted": optimizer_steps[name]}
                             for name in sides},
+        "loss_metric_updates": {"expected": calls["hand_written_with_loss_metric"] * steps,
+                                "counted": int(metric_loop.loss_metric.count.numpy())},
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {
@@ -190,5 +263,7 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
             "steps_per_run": steps, "optimizer": f"SGD({LEARNING_RATE})", "metrics": [],
             "trainer_steps_per_execution": dict(TRAINER_STEPS_PER_EXECUTION),
             "hand_written_steps_per_closure": 1,
+            "hand_written_loops": {name: {"loss_metric": "keras.metrics.Mean" if flag else None}
+                                   for name, flag in HAND_WRITTEN_LOOPS.items()},
         },
     }
