@@ -4,6 +4,8 @@ import signal
 import subprocess
 import sys
 
+import keras
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -32,3 +34,17 @@ def run_tfdist(*args, env=None, timeout=300):
                 out, _ = proc.communicate()
             raise subprocess.TimeoutExpired(command, timeout, output=out) from None
     return subprocess.CompletedProcess(command, proc.returncode, out, None)
+
+
+
+class Crash(keras.callbacks.Callback):
+    """Raises after a given global batch, like a crash in the middle of training."""
+
+    def __init__(self, after):
+        super().__init__()
+        self.after, self.seen = after, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen - 1 == self.after:
+            raise RuntimeError("simulated crash")

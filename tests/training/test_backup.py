@@ -6,22 +6,10 @@ import numpy as np
 import pytest
 
 import tfdist
+from tests.helpers import Crash
 from tfdist.training.backup import Backup
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-class Crash(keras.callbacks.Callback):
-    """Stops the run like a crash after a given (global) batch."""
-
-    def __init__(self, after):
-        super().__init__()
-        self.after, self.seen = after, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen - 1 == self.after:
-            raise RuntimeError("simulated crash")
 
 
 def _build():

@@ -7,20 +7,10 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tests.helpers import Crash
 from tfdist.training.backup import Backup
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-class Crash(keras.callbacks.Callback):
-    def __init__(self, after):
-        super().__init__()
-        self.after, self.seen = after, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen - 1 == self.after:
-            raise RuntimeError("simulated crash")
 
 
 def _dataset():

@@ -6,28 +6,7 @@ import tensorflow as tf
 
 import tfdist
 
-GLOBAL_BATCH = 16
-
-
-def _data(n=96, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 6)).astype("float32")
-    y = (x @ rng.normal(size=(6, 3))).argmax(1).astype("int32")
-    return x, y
-
-
-def _initial_weights():
-    keras.utils.set_random_seed(1)
-    return _builder()().get_weights()
-
-
-def _builder(weights=None):
-    def build():
-        m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
-        if weights is not None:
-            m.set_weights(weights)
-        return m
-    return build
+from tests.jobs.common import GLOBAL_BATCH, builder as _builder, data as _data, initial_weights as _initial_weights
 
 
 def _train(strategy, weights, data, **fit_kwargs):

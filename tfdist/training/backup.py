@@ -33,6 +33,30 @@ STATE_FILE = "state.json"
 _TEST_HOOK = "TFDIST_BACKUP_TEST_HOOK"  # "kill_before_commit:N" SIGKILLs the N-th save before its commit
 
 
+def check_frequency(name: str, value: Any, unit: str) -> Any:
+    """Validates a backup frequency: ``"epoch"`` or a positive int of ``unit``."""
+    from tfdist.config import invalid_argument
+
+    if value == "epoch" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise invalid_argument(name, value, f"'epoch' or a positive number of {unit}")
+
+
+def checkpoint_for(model: Any, optimizer: Any, **extra: Any) -> tf.train.Checkpoint:
+    """A checkpoint of the TF variables behind a Keras model and optimizer.
+
+    Tracks the model's variables (RNG seed states included), the optimizer's
+    (slots, ``iterations``, the loss scale) and ``extra``. TF saves and
+    restores these on every strategy, ``ShardedVariable`` included, which the
+    Keras objects themselves do not.
+    """
+    def tf_variables(variables):
+        return [getattr(v, "_value", v) for v in variables]
+
+    return tf.train.Checkpoint(model=tf_variables(model.variables), optimizer=tf_variables(optimizer.variables),
+                               **extra)
+
+
 @dataclasses.dataclass(frozen=True)
 class Position:
     """Where training stood when a backup was taken.

@@ -84,11 +84,9 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def __init__(self, backup_dir: str, save_freq: int | str = "epoch", keep_backup: bool = False) -> None:
         super().__init__()
-        from tfdist.config import invalid_argument
+        from tfdist.training.backup import check_frequency
 
-        if not (save_freq == "epoch" or (isinstance(save_freq, int) and not isinstance(save_freq, bool)
-                                         and save_freq > 0)):
-            raise invalid_argument("save_freq", save_freq, "'epoch' or a positive number of batches")
+        check_frequency("save_freq", save_freq, "batches")
         self.backup_dir = backup_dir
         self.save_freq = save_freq
         self.keep_backup = keep_backup
@@ -98,18 +96,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._updates = 0
 
     def on_train_begin(self, logs=None):
-        import tensorflow as tf
-
-        from tfdist.training.backup import Backup
+        from tfdist.training.backup import Backup, checkpoint_for
 
         model = self.model
         strategy = model.distribute_strategy
         if model.optimizer is not None and not model.optimizer.built:
             with strategy.scope():
                 model.optimizer.build(model.trainable_variables)
-        checkpoint = tf.train.Checkpoint(
-            model=[getattr(v, "_value", v) for v in model.variables],
-            optimizer=[getattr(v, "_value", v) for v in model.optimizer.variables])
+        checkpoint = checkpoint_for(model, model.optimizer)
         resolver = getattr(strategy, "cluster_resolver", None)
         label = f"{getattr(resolver, 'task_type', None) or 'worker'}:{getattr(resolver, 'task_id', None) or 0}"
         self._backup = Backup(self.backup_dir, checkpoint, is_chief=bool(strategy.extended.should_checkpoint),

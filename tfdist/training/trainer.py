@@ -28,7 +28,7 @@ from tfdist.data.inputs import InputSource, as_input
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
-from tfdist.training.backup import Backup, Position, PreemptionWatcher
+from tfdist.training.backup import Backup, Position, PreemptionWatcher, check_frequency, checkpoint_for
 from tfdist.training.loop import EpochRunner
 from tfdist.training.callbacks import chief_writes_only
 from tfdist.training.step import make_eval_step, make_train_update
@@ -134,9 +134,7 @@ class Trainer:
         check_positive_int("steps_per_execution", steps_per_execution)
         if loss is None:
             raise invalid_argument("loss", None, "a Keras loss, its name, or a callable(y_true, y_pred)")
-        if not (backup_freq == "epoch" or (isinstance(backup_freq, int) and not isinstance(backup_freq, bool)
-                                           and backup_freq > 0)):
-            raise invalid_argument("backup_freq", backup_freq, "'epoch' or a positive number of optimizer updates")
+        check_frequency("backup_freq", backup_freq, "optimizer updates")
         self.backup_dir = backup_dir
         self.backup_freq = backup_freq
         self.keep_backup = keep_backup
@@ -360,17 +358,8 @@ class Trainer:
         if self.backup_dir is None:
             return None
         if self._checkpoint is None:
-            # The TF variables behind the Keras ones (model state incl. RNG
-            # seeds, optimizer slots, iterations and loss scale): TF saves and
-            # restores these on every strategy, ShardedVariables included.
-            def tf_variables(variables):
-                return [getattr(v, "_value", v) for v in variables]
-
-            tracked = {"model": tf_variables(self.model.variables),
-                       "optimizer": tf_variables(self.model.optimizer.variables)}
-            if self._skipped_updates is not None:
-                tracked["skipped_updates"] = self._skipped_updates
-            self._checkpoint = tf.train.Checkpoint(**tracked)
+            extra = {} if self._skipped_updates is None else {"skipped_updates": self._skipped_updates}
+            self._checkpoint = checkpoint_for(self.model, self.model.optimizer, **extra)
         return Backup(self.backup_dir, self._checkpoint, is_chief=self.is_chief,
                       task_label=self._runner.task_label)
 
