@@ -88,17 +88,8 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
     """
     import tfdist
 
-    strategy = common.strategy("one_device")
-    n, iterations = (256, 4) if quick else (MATMUL_SIZE, MATMUL_ITERATIONS)
-    features, hidden = (64, (128, 128)) if quick else (INPUT_FEATURES, HIDDEN_UNITS)
-    global_batch_size = 64 if quick else GLOBAL_BATCH_SIZE
-    steps = 4 if quick else STEPS_PER_FIT
-    dataset = fits.make_dataset((features,), NUM_CLASSES, global_batch_size=global_batch_size, num_batches=4)
-
-    def build() -> keras.Model:
-        return tfdist.models.get("mlp", input_shape=(features,), num_classes=NUM_CLASSES, hidden_units=hidden)
-
-    builder = fits.with_weights(build, fits.initial_weights(build))
+    strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder = \
+        mfu.wide_mlp_setup(quick)
     sides: dict[str, timing.Side] = {
         "float32_matmul": mfu.matmul_peak(n, iterations, dtype=tf.float32),
         "bfloat16_matmul": mfu.matmul_peak(n, iterations, dtype=tf.bfloat16),

@@ -92,14 +92,13 @@ def dense_flops_per_example(model: keras.Model) -> int:
     return 6 * macs
 
 
-@common.register("mfu")
-def mfu(repeats: int, quick: bool) -> dict[str, Any]:
-    """Float32 MFU of Trainer.fit and Keras fit on a wide MLP, one_device strategy.
+def wide_mlp_setup(quick: bool) -> tuple:
+    """The wide-MLP workload shared by ``mfu`` and ``bf16_vs_fp32``.
 
     Returns:
-        ``matmul_peak_gflops``, ``trainer_gflops``, ``keras_fit_gflops``,
-        ``trainer_mfu``, ``keras_fit_mfu``, ``mfu_ratio`` (trainer / keras MFU),
-        ``goal``, the examples/s of both sides, the raw samples and the config.
+        ``(strategy, matmul_size, matmul_iterations, input_features, hidden_units,
+        global_batch_size, steps, dataset, build, builder)``; ``builder`` builds
+        the model with fixed initial weights.
     """
     import tfdist
 
@@ -114,6 +113,20 @@ def mfu(repeats: int, quick: bool) -> dict[str, Any]:
         return tfdist.models.get("mlp", input_shape=(features,), num_classes=NUM_CLASSES, hidden_units=hidden)
 
     builder = fits.with_weights(build, fits.initial_weights(build))
+    return strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder
+
+
+@common.register("mfu")
+def mfu(repeats: int, quick: bool) -> dict[str, Any]:
+    """Float32 MFU of Trainer.fit and Keras fit on a wide MLP, one_device strategy.
+
+    Returns:
+        ``matmul_peak_gflops``, ``trainer_gflops``, ``keras_fit_gflops``,
+        ``trainer_mfu``, ``keras_fit_mfu``, ``mfu_ratio`` (trainer / keras MFU),
+        ``goal``, the examples/s of both sides, the raw samples and the config.
+    """
+    strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder = \
+        wide_mlp_setup(quick)
     flops_per_example = dense_flops_per_example(build())
 
     sides: dict[str, timing.Side] = {"matmul": matmul_peak(n, iterations)}
