@@ -55,8 +55,8 @@ import tensorflow as tf
 logger = logging.getLogger(__name__)
 
 KERAS_VERSION = tuple(int(p) for p in keras.__version__.split(".")[:2])
-# The multi-worker fit crashes (symbolic build, then metric reduction): seen on 3.15.1.
-SYMBOLIC_BUILD_AFFECTED = (3, 0) <= KERAS_VERSION < (3, 16)
+# Keras versions whose multi-worker fit, reductions and ShardedVariable handling need the shims (seen on 3.15.1).
+KERAS_NEEDS_SHIMS = (3, 0) <= KERAS_VERSION < (3, 16)
 
 
 def _disabled() -> set[str]:
@@ -171,13 +171,13 @@ def apply() -> list[str]:
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
     applied = []
-    if SYMBOLIC_BUILD_AFFECTED and "symbolic_build" not in _disabled():
+    if KERAS_NEEDS_SHIMS and "symbolic_build" not in _disabled():
         if "symbolic_build" not in _ORIGINALS:
             _ORIGINALS["symbolic_build"] = TensorFlowTrainer._maybe_symbolic_build
             TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
             logger.debug("Applied keras %s shim: symbolic_build", keras.__version__)
         applied.append("symbolic_build")
-    if SYMBOLIC_BUILD_AFFECTED and "multi_worker_reduce" not in _disabled():
+    if KERAS_NEEDS_SHIMS and "multi_worker_reduce" not in _disabled():
         from keras.src.backend.tensorflow import trainer as tf_trainer
 
         if "multi_worker_reduce" not in _ORIGINALS:
@@ -193,7 +193,7 @@ def apply() -> list[str]:
             Variable.assign_add = _make_atomic(Variable.assign_add, "assign_add")
             Variable.assign_sub = _make_atomic(Variable.assign_sub, "assign_sub")
         applied.append("atomic_assign_add")
-    if SYMBOLIC_BUILD_AFFECTED and "sharded_variables" not in _disabled():
+    if KERAS_NEEDS_SHIMS and "sharded_variables" not in _disabled():
         from keras.src.backend.tensorflow.core import Variable
         from keras.src.backend.tensorflow.optimizer import TFOptimizer
 

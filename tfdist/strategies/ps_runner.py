@@ -50,7 +50,7 @@ class ParameterServerFailure(RuntimeError):
 def _raise_clearly(error: Exception) -> None:
     text = str(error)
     match = _TASK_RE.search(text)
-    if match and match.group(1) == "ps" or "ps" in type(error).__name__.lower():
+    if (match and match.group(1) == "ps") or "ps" in type(error).__name__.lower():
         task = f"ps:{match.group(2)}" if match else "a ps task"
         raise ParameterServerFailure(
             f"Parameter server {task} failed, so training stopped (the variables live there). "
