@@ -50,17 +50,15 @@ def get(name: ModelName, *, input_shape: tuple[int, ...] = (8, 8, 1), num_classe
         of shape ``(batch, num_classes)``.
 
     Raises:
-        ValueError: For an unknown name or invalid option values.
-        TypeError: For an option the model does not accept.
+        ValueError: For an unknown name, an option the model does not take, or
+            an invalid option value.
     """
     if name not in _BUILDERS:
         raise invalid_argument("model", name, available())
     builder = _BUILDERS[name]
     accepted = [p.name for p in inspect.signature(builder).parameters.values() if p.kind is p.KEYWORD_ONLY]
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise TypeError(f"Model {name!r} got unexpected keyword argument(s): {', '.join(unknown)}. "
-                        f"Accepted: {', '.join(accepted)}.")
+    for key in sorted(set(kwargs) - set(accepted)):
+        raise invalid_argument(key, kwargs[key], f"an option of model {name!r}: {', '.join(accepted)}")
     input_shape = tuple(input_shape)
     if not input_shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in input_shape):
         raise invalid_argument("input_shape", input_shape, "a non-empty tuple of positive ints, e.g. (8, 8, 1)")
