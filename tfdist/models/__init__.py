@@ -66,4 +66,31 @@ def get(name: ModelName, *, input_shape: tuple[int, ...] = (8, 8, 1), num_classe
     return builder(input_shape, num_classes, **kwargs)
 
 
-__all__ = ["ModelName", "available", "get"]
+def check_features(model: keras.Model, element_spec: Any, *, argument: str = "data") -> None:
+    """Raises if the batches' features cannot feed ``model``'s single input.
+
+    A mismatch would otherwise surface as a TensorFlow error from inside the
+    compiled step. Models with several inputs, or not yet built, are not checked.
+
+    Args:
+        model: The model to train or evaluate.
+        element_spec: One batch's spec: ``(x, y[, sample_weight])`` or ``x``.
+        argument: The data argument's name, for the message.
+
+    Raises:
+        ValueError: If ``x``'s per-example shape differs from the model's input shape.
+    """
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return
+    x = element_spec[0] if isinstance(element_spec, (tuple, list)) else element_spec
+    if not inputs or len(inputs) != 1 or not hasattr(x, "shape") or x.shape.rank is None:
+        return
+    want, got = tuple(inputs[0].shape[1:]), tuple(x.shape[1:])
+    if len(want) != len(got) or any(w is not None and g is not None and w != g for w, g in zip(want, got)):
+        raise invalid_argument(argument, f"batches of x with shape {(None, *got)}",
+                               f"x of shape {(None, *want)}, the input shape of model {model.name!r}")
+
+
+__all__ = ["ModelName", "available", "check_features", "get"]

@@ -25,6 +25,7 @@ import tensorflow as tf
 from tfdist import _compat
 from tfdist.config import check_directory, check_positive_int, invalid_argument
 from tfdist.data.inputs import InputSource, as_input
+from tfdist.models import check_features
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
@@ -221,8 +222,10 @@ class Trainer:
                                "a keras.Model or a zero-arg builder", note=note)
 
     def _input(self, data: Any, global_batch_size: int | None, training: bool, argument: str) -> InputSource:
-        return as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
-                        training=training, argument=argument)
+        source = as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
+                          training=training, argument=argument)
+        check_features(self.model, source.element_spec, argument=argument)
+        return source
 
     def _build(self, source: InputSource) -> None:
         if self._built_for is None:
