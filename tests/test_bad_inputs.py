@@ -77,6 +77,10 @@ class Env:
         kwargs.setdefault("loss", LOSS)
         return tfdist.Trainer(kwargs.pop("model", tiny_model), **kwargs)
 
+    def broken_backup_fit(self) -> Any:
+        (self.tmp_path / "state.json").write_text('{"number": 1')  # cut short
+        return self.trainer_with(backup_dir=str(self.tmp_path)).fit((X, Y), global_batch_size=32, verbose=0)
+
     def tf_config(self, config: Any, kind: str = "multi_worker", **options) -> Any:
         self.monkeypatch.setenv("TF_CONFIG", config if isinstance(config, str) else json.dumps(config))
         return tfdist.make_strategy(kind, **options)
@@ -179,9 +183,6 @@ CASES = [
       "initial_epoch", "-1", ("a non-negative integer",)),
     C("evaluate(..., steps=0)", lambda e: e.trainer.evaluate((X, Y), steps=0),
       "steps", "0", ("a positive integer or None",)),
-    C("fit(...)  # parameter_server, no steps_per_epoch",
-      lambda e: e.trainer_with(strategy=e.ps_strategy).fit((X, Y), global_batch_size=32),
-      "steps_per_epoch", "None", ("a positive integer under strategy 'parameter_server'",)),
     # --- data and models ----------------------------------------------------------------------------
     C("data.load('imagenet')", lambda e: tfdist.data.load("imagenet"),
       "dataset", "'imagenet'", ("one of: digits, synthetic, tfds:NAME",)),
@@ -249,6 +250,8 @@ CASES = [
       lambda e: local.launch(["true"], workers=1, ports=[2222, 2223]),
       "ports", "[2222, 2223]", ("1 port (one per task: 1 worker)",)),
     # --- backups -----------------------------------------------------------------------------------------
+    C("Trainer(backup_dir=<dir with a broken state.json>).fit(...)", lambda e: e.broken_backup_fit(),
+      "backup_dir", "'{tmp_path}'", ("a directory holding a tfdist backup, or none", "state.json is not a backup")),
     C("BackupAndRestore(dir, save_freq=0)", lambda e: tfdist.callbacks.BackupAndRestore(str(e.tmp_path), save_freq=0),
       "save_freq", "0", ("'epoch' or a positive number of batches",)),
     C("BackupAndRestore(<a file>)", lambda e: tfdist.callbacks.BackupAndRestore(str(e.a_file)),
@@ -268,8 +271,12 @@ CASES = [
       "flag", "'--stratgy=mirrored'", ("a flag tfdist defines", "Did you mean --strategy?")),
     C("tfdist train --model_dir=<a file>", ["train", "--model_dir={a_file}"],
       "model_dir", "'{a_file}'", ("a directory, or a path where one can be created",)),
+    C("tfdist train extra", ["train", "extra"],
+      "args", "['extra']", ("no positional arguments for `tfdist train`",)),
     C("tfdist fly", ["fly"],
       "command", "'fly'", ("one of: train, launch, bench, manifest",)),
+    C("tfdist launch --workers=2  # no command", ["launch", "--workers=2"],
+      "command", "[]", ("a command after --", "tfdist launch --workers=2 -- tfdist train")),
     C("tfdist launch --workers=0 -- CMD", ["launch", "--workers=0", "--", "true"],
       "workers", "0", ("a positive integer",)),
     C(f"tfdist launch --host={EXTERNAL} -- CMD", ["launch", f"--host={EXTERNAL}", "--", "true"],
@@ -286,12 +293,19 @@ CASES = [
       "max_restarts", "-1", ("a non-negative integer",)),
     C("tfdist manifest unknownkind", ["manifest", "unknownkind", "--", "true"],
       "manifest", "'unknownkind'", ("one of: kubernetes, slurm",)),
+    C("tfdist manifest slurm  # no command", ["manifest", "slurm"],
+      "command", "[]", ("a command after --", "tfdist manifest slurm --workers=2 -- tfdist train")),
     C("tfdist manifest slurm --ps=1 -- CMD", ["manifest", "slurm", "--ps=1", "--", "true"],
       "ps", "1", ("no --ps for `tfdist manifest slurm`", "all-worker cluster")),
     C("tfdist manifest kubernetes --nnodes=2 -- CMD", ["manifest", "kubernetes", "--nnodes=2", "--", "true"],
       "nnodes", "2", ("no --nnodes for `tfdist manifest kubernetes`",)),
     C("tfdist manifest kubernetes -- CMD  # no --image", ["manifest", "kubernetes", "--", "true"],
       "image", "None", ("a container image reference",)),
+    # --- last: building the in-process PS cluster points TF's eager context at it, so strategies
+    # --- (and the shared mirrored one) made before no longer find their devices.
+    C("fit(...)  # parameter_server, no steps_per_epoch",
+      lambda e: e.trainer_with(strategy=e.ps_strategy).fit((X, Y), global_batch_size=32),
+      "steps_per_epoch", "None", ("a positive integer under strategy 'parameter_server'",)),
 ]
 assert len({c.shown for c in CASES}) == len(CASES)
 

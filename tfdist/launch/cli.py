@@ -98,7 +98,8 @@ def _train_config() -> TrainConfig:
 
 def _train(args: Sequence[str]) -> int:
     if args:
-        raise app.UsageError(f"train takes no positional arguments; received {list(args)}")
+        raise invalid_argument("args", list(args), "no positional arguments for `tfdist train`",
+                               note="Options are flags, e.g. --epochs=5.")
     from tfdist.launch import train
 
     summary = train.run(_train_config())
@@ -110,7 +111,8 @@ def _train(args: Sequence[str]) -> int:
 
 def _launch(args: Sequence[str]) -> int:
     if not args:
-        raise app.UsageError("launch needs a command after --, e.g. tfdist launch --workers=2 -- tfdist train")
+        raise invalid_argument("command", [], "a command after --",
+                               note="tfdist launch needs a command after --, e.g. tfdist launch --workers=2 -- tfdist train.")
     from tfdist.launch.local import launch
 
     return launch(list(args), workers=FLAGS.workers, ps=FLAGS.ps, chief=FLAGS.chief, evaluator=FLAGS.evaluator,
@@ -135,8 +137,9 @@ def _manifest(args: Sequence[str]) -> int:
                                note="Write it right after `manifest`, e.g. tfdist manifest slurm --nnodes=2 -- CMD.")
     command = list(args[1:])
     if not command:
-        raise app.UsageError(f"manifest {kind} needs a command after --, "
-                             f"e.g. tfdist manifest {kind} --workers=2 -- tfdist train --strategy=multi_worker")
+        raise invalid_argument("command", [], "a command after --",
+                               note=f"tfdist manifest {kind} needs a command after --, e.g. tfdist manifest {kind} "
+                                    "--workers=2 -- tfdist train --strategy=multi_worker.")
     for name in _MANIFEST_UNUSED[kind]:
         if FLAGS[name].present:
             all_workers = kind == "slurm" and name in ("ps", "chief", "evaluator")
