@@ -131,8 +131,9 @@ class Trainer:
     carry ``learning_rate``.
 
     Raises:
-        ValueError: For an unknown precision, a non-positive step count, or a
-            model that cannot be placed in the strategy scope.
+        ValueError: For an unknown precision or loss name, a non-positive step
+            count, a ``backup_dir`` that is a file, or a model that cannot be
+            placed in the strategy scope.
     """
 
     def __init__(self, model: ModelOrBuilder, *, strategy: tf.distribute.Strategy | None = None,
