@@ -377,7 +377,7 @@ def make_cluster(*, workers: int, ps: int = 0, chief: bool = False, evaluator: b
     else:
         ports = list(ports)
         if len(ports) != num_tasks:
-            raise invalid_argument("ports", ports, f"{num_tasks} ports (one per task: {_describe(counts)})")
+            raise invalid_argument("ports", ports, f"{num_tasks} port{'s' if num_tasks > 1 else ''} (one per task: {_describe(counts)})")
         for i, port in enumerate(ports):
             if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
                 raise invalid_argument(f"ports[{i}]", port, "an integer port in 1..65535")

@@ -6,6 +6,7 @@ messages read alike: the argument's name, what was received, what was expected.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Iterable
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -51,8 +52,35 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> in
     return value
 
 
+def check_fraction(name: str, value: Any) -> float:
+    """Returns ``value`` if it is a number in [0, 1) (a rate such as dropout), else raises."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise invalid_argument(name, value, "a number in [0, 1)")
+    return value
+
+
+def check_directory(name: str, value: Any, *, allow_none: bool = True) -> Any:
+    """Returns ``value`` if it can name a directory (str or os.PathLike), else raises.
+
+    Checked when the argument is given, not when it is first written (after
+    an epoch of training): a local path that is an existing file is refused.
+    URLs (``gs://...``) are only type-checked.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (str, os.PathLike)) and str(os.fspath(value)).strip():
+        path = os.fspath(value)
+        if "://" not in str(path) and os.path.exists(path) and not os.path.isdir(path):
+            raise invalid_argument(name, str(path), "a directory, or a path where one can be created",
+                                   note="It is an existing file.")
+        return value
+    raise invalid_argument(name, value, "a directory path (str or os.PathLike)" + (" or None" if allow_none else ""))
+
+
 STRATEGY_NAMES = ("auto", "one_device", "mirrored", "multi_worker", "parameter_server")
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop")
+COMMUNICATIONS = ("auto", "ring", "nccl")
+LR_SCALINGS = ("none", "linear")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +118,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_choice("strategy", self.strategy, STRATEGY_NAMES)
         check_positive_int("num_devices", self.num_devices, allow_none=True)
+        check_choice("communication", self.communication, COMMUNICATIONS)
         for name in ("num_workers", "num_ps", "min_shard_bytes"):
             check_positive_int(name, getattr(self, name), allow_none=True)
         check_choice("precision", self.precision, PRECISIONS)
@@ -97,7 +126,10 @@ class TrainConfig:
         for name in ("epochs", "global_batch_size", "steps_per_execution", "accumulation_steps"):
             check_positive_int(name, getattr(self, name))
         check_positive_int("steps_per_epoch", self.steps_per_epoch, allow_none=True)
-        check_choice("lr_scaling", self.lr_scaling, ("none", "linear"))
+        check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
         check_positive_int("base_global_batch_size", self.base_global_batch_size)
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             raise invalid_argument("learning_rate", self.learning_rate, "a positive number")
+        check_directory("model_dir", self.model_dir)
+        if isinstance(self.verbose, bool) or self.verbose not in (0, 1, 2):
+            raise invalid_argument("verbose", self.verbose, "0 (silent), 1 (progress bar) or 2 (one line per epoch)")

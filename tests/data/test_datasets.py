@@ -226,9 +226,9 @@ def test_unknown_dataset_split_and_kwargs():
         load("digits", split="trian")
     with pytest.raises(ValueError, match="argument `split`.*Expected one of: train, validation, test"):
         load("synthetic", split="all")
-    with pytest.raises(TypeError, match="num_classes"):
+    with pytest.raises(ValueError, match="argument `num_classes`"):
         load("digits", num_classes=3)
-    with pytest.raises(TypeError, match="colour"):
+    with pytest.raises(ValueError, match="argument `colour`"):
         load("synthetic", colour="red")
 
 
@@ -310,7 +310,7 @@ def test_tfds_errors(mock_mnist, tmp_path):
     with mock_mnist(8):
         with pytest.raises(ValueError, match=r"argument `split`.*Expected one of: test, train"):
             load("tfds:mnist", split="dev")
-        with pytest.raises(TypeError, match="num_examples"):
+        with pytest.raises(ValueError, match="argument `num_examples`"):
             load("tfds:mnist", num_examples=3)
     with pytest.raises(ValueError, match="argument `dataset`.*tfds:NAME"):
         load("tfds:no_such_dataset_anywhere")

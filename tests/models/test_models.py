@@ -50,7 +50,7 @@ def test_unknown_name_and_options():
         tfdist.models.get("vgg")
     assert str(e.value) == ("Invalid value for argument `model`. Received: model='vgg'. "
                             "Expected one of: cnn, mlp, resnet, transformer.")
-    with pytest.raises(TypeError, match="num_blocks.*Accepted: hidden_units, dropout"):
+    with pytest.raises(ValueError, match="argument `num_blocks`.*Expected an option of model 'mlp': hidden_units, dropout"):
         tfdist.models.get("mlp", num_blocks=3)
     with pytest.raises(ValueError, match="argument `input_shape`"):
         tfdist.models.get("cnn", input_shape=(64,))

@@ -239,8 +239,8 @@ def load(name: str, *, split: str = "train", data_dir: str | None = None, seed: 
             ``num_examples=1024``. tfds: ``shuffle_buffer_size=10000``.
 
     Raises:
-        ValueError: Unknown dataset or split, or a TFDS dataset that is not prepared.
-        TypeError: Unknown keyword arguments.
+        ValueError: Unknown dataset, split or keyword argument, or a TFDS dataset
+            that is not prepared.
     """
     if not isinstance(name, str):
         raise invalid_argument("dataset", name, DATASET_NAMES)
@@ -264,10 +264,8 @@ def load(name: str, *, split: str = "train", data_dir: str | None = None, seed: 
 
 
 def _check_kwargs(name: str, kwargs: dict[str, Any], accepted: tuple[str, ...]) -> None:
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise TypeError(f"load({name!r}) got unexpected keyword argument(s): {', '.join(unknown)}. "
-                        f"Accepted: {', '.join(accepted) or 'none'}.")
+    for key in sorted(set(kwargs) - set(accepted)):
+        raise invalid_argument(key, kwargs[key], f"an option of dataset {name!r}: {', '.join(accepted) or 'it takes none'}")
 
 
 @functools.lru_cache(maxsize=1)

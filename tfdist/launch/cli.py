@@ -9,24 +9,27 @@
 """
 from __future__ import annotations
 
+import difflib
 import json
 import logging
+import re
 import sys
 from typing import Sequence
 
 from absl import app, flags
 
-from tfdist.config import PRECISIONS, STRATEGY_NAMES, TrainConfig, invalid_argument
+from tfdist.config import COMMUNICATIONS, LR_SCALINGS, PRECISIONS, STRATEGY_NAMES, TrainConfig, invalid_argument
 
 FLAGS = flags.FLAGS
 COMMANDS = ("train", "launch", "bench", "manifest")
 _DEFAULT = TrainConfig()
 
-# train
-flags.DEFINE_enum("strategy", _DEFAULT.strategy, STRATEGY_NAMES, "Distribution strategy.")
+# train. Names are plain strings checked by TrainConfig (not DEFINE_enum), so a typo gets the
+# same one-line Keras-style error and exit code 2 as every other bad value.
+flags.DEFINE_string("strategy", _DEFAULT.strategy, "Distribution strategy: " + ", ".join(STRATEGY_NAMES) + ".")
 flags.DEFINE_integer("num_devices", _DEFAULT.num_devices, "Replicas for --strategy=mirrored.")
-flags.DEFINE_enum("communication", _DEFAULT.communication, ["auto", "ring", "nccl"],
-                  "Collectives for --strategy=multi_worker.")
+flags.DEFINE_string("communication", _DEFAULT.communication,
+                    "Collectives for --strategy=multi_worker: " + ", ".join(COMMUNICATIONS) + ".")
 flags.DEFINE_integer("num_workers", None, "Workers of an in-process --strategy=parameter_server cluster.")
 flags.DEFINE_integer("num_ps", None, "Parameter servers of an in-process --strategy=parameter_server cluster.")
 flags.DEFINE_integer("min_shard_bytes", None, "parameter_server: shard variables larger than this over the ps.")
@@ -36,13 +39,13 @@ flags.DEFINE_string("data_dir", None, "tensorflow-datasets data_dir for tfds:NAM
 flags.DEFINE_integer("epochs", _DEFAULT.epochs, "Epochs to train.")
 flags.DEFINE_integer("global_batch_size", _DEFAULT.global_batch_size, "Examples per step over all replicas.")
 flags.DEFINE_integer("steps_per_epoch", None, "Batches per epoch (default: one pass).")
-flags.DEFINE_enum("precision", _DEFAULT.precision, PRECISIONS, "Numeric precision.")
+flags.DEFINE_string("precision", _DEFAULT.precision, "Numeric precision: " + ", ".join(PRECISIONS) + ".")
 flags.DEFINE_integer("steps_per_execution", _DEFAULT.steps_per_execution, "Batches per tf.function call.")
 flags.DEFINE_integer("accumulation_steps", _DEFAULT.accumulation_steps, "Micro-batches per optimizer update.")
 flags.DEFINE_string("optimizer", _DEFAULT.optimizer, "adam, adamw, sgd or rmsprop.")
 flags.DEFINE_float("learning_rate", _DEFAULT.learning_rate, "Base learning rate.")
-flags.DEFINE_enum("lr_scaling", _DEFAULT.lr_scaling, ["none", "linear"],
-                  "linear: scale the learning rate by effective batch / --base_global_batch_size.")
+flags.DEFINE_string("lr_scaling", _DEFAULT.lr_scaling,
+                    f"{', '.join(LR_SCALINGS)}. linear: scale the learning rate by effective batch / --base_global_batch_size.")
 flags.DEFINE_integer("base_global_batch_size", _DEFAULT.base_global_batch_size,
                      "The batch size --learning_rate is tuned for.")
 flags.DEFINE_integer("warmup_steps", None, "Linear warmup over this many optimizer updates.")
@@ -95,7 +98,8 @@ def _train_config() -> TrainConfig:
 
 def _train(args: Sequence[str]) -> int:
     if args:
-        raise app.UsageError(f"train takes no positional arguments; received {list(args)}")
+        raise invalid_argument("args", list(args), "no positional arguments for `tfdist train`",
+                               note="Options are flags, e.g. --epochs=5.")
     from tfdist.launch import train
 
     summary = train.run(_train_config())
@@ -107,7 +111,8 @@ def _train(args: Sequence[str]) -> int:
 
 def _launch(args: Sequence[str]) -> int:
     if not args:
-        raise app.UsageError("launch needs a command after --, e.g. tfdist launch --workers=2 -- tfdist train")
+        raise invalid_argument("command", [], "a command after --",
+                               note="tfdist launch needs a command after --, e.g. tfdist launch --workers=2 -- tfdist train.")
     from tfdist.launch.local import launch
 
     return launch(list(args), workers=FLAGS.workers, ps=FLAGS.ps, chief=FLAGS.chief, evaluator=FLAGS.evaluator,
@@ -132,8 +137,9 @@ def _manifest(args: Sequence[str]) -> int:
                                note="Write it right after `manifest`, e.g. tfdist manifest slurm --nnodes=2 -- CMD.")
     command = list(args[1:])
     if not command:
-        raise app.UsageError(f"manifest {kind} needs a command after --, "
-                             f"e.g. tfdist manifest {kind} --workers=2 -- tfdist train --strategy=multi_worker")
+        raise invalid_argument("command", [], "a command after --",
+                               note=f"tfdist manifest {kind} needs a command after --, e.g. tfdist manifest {kind} "
+                                    "--workers=2 -- tfdist train --strategy=multi_worker.")
     for name in _MANIFEST_UNUSED[kind]:
         if FLAGS[name].present:
             all_workers = kind == "slurm" and name in ("ps", "chief", "evaluator")
@@ -164,11 +170,45 @@ def _bench(args: Sequence[str]) -> int:
     return 0
 
 
+def _flag_error(error: flags.Error) -> str:
+    """Words an absl parsing error like every other bad argument."""
+    if isinstance(error, flags.UnrecognizedFlagError):
+        close = difflib.get_close_matches(error.flagname, list(FLAGS), n=1)
+        return str(invalid_argument("flag", error.flagvalue, "a flag tfdist defines (see --helpfull)",
+                                    note=f"Did you mean --{close[0]}?" if close else ""))
+    match = re.fullmatch(r"flag --([\w-]+)=(.*?): .*", str(error), flags=re.DOTALL)
+    if isinstance(error, flags.IllegalFlagValueError) and match and match.group(1) in FLAGS:
+        kind = FLAGS[match.group(1)].flag_type()
+        return str(invalid_argument(match.group(1), match.group(2),
+                                    {"int": "an integer", "float": "a number", "bool": "true or false"}.get(kind, kind)))
+    return str(error)
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """Parses the flags in ``argv`` (absl's ``flags_parser``); exits 2 with one line on a bad flag.
+
+    Returns:
+        ``argv`` without its flags: ``[program, COMMAND, args after --...]``.
+    """
+    try:
+        return FLAGS(list(argv))
+    except flags.Error as e:
+        command = next((a for a in argv[1:] if not a.startswith("-")), "")
+        print(f"tfdist{' ' + command if command in COMMANDS else ''}: error: {_flag_error(e)}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: Sequence[str]) -> int:
-    """Dispatches ``tfdist COMMAND [flags] [-- args]``."""
+    """Dispatches ``tfdist COMMAND [flags] [-- args]`` (flags already parsed).
+
+    Returns:
+        The exit code: 2, after one ``tfdist COMMAND: error: Invalid value for
+        argument ...`` line on stderr, for a bad argument.
+    """
     if len(argv) < 2 or argv[1] not in COMMANDS:
         received = argv[1] if len(argv) > 1 else None
-        raise app.UsageError(str(invalid_argument("command", received, COMMANDS)))
+        print(f"tfdist: error: {invalid_argument('command', received, COMMANDS)}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "tensorflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -183,4 +223,4 @@ def main(argv: Sequence[str]) -> int:
 
 def run() -> None:
     """Console-script entry point."""
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

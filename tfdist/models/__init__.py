@@ -50,17 +50,15 @@ def get(name: ModelName, *, input_shape: tuple[int, ...] = (8, 8, 1), num_classe
         of shape ``(batch, num_classes)``.
 
     Raises:
-        ValueError: For an unknown name or invalid option values.
-        TypeError: For an option the model does not accept.
+        ValueError: For an unknown name, an option the model does not take, or
+            an invalid option value.
     """
     if name not in _BUILDERS:
         raise invalid_argument("model", name, available())
     builder = _BUILDERS[name]
     accepted = [p.name for p in inspect.signature(builder).parameters.values() if p.kind is p.KEYWORD_ONLY]
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise TypeError(f"Model {name!r} got unexpected keyword argument(s): {', '.join(unknown)}. "
-                        f"Accepted: {', '.join(accepted)}.")
+    for key in sorted(set(kwargs) - set(accepted)):
+        raise invalid_argument(key, kwargs[key], f"an option of model {name!r}: {', '.join(accepted)}")
     input_shape = tuple(input_shape)
     if not input_shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in input_shape):
         raise invalid_argument("input_shape", input_shape, "a non-empty tuple of positive ints, e.g. (8, 8, 1)")
@@ -68,4 +66,31 @@ def get(name: ModelName, *, input_shape: tuple[int, ...] = (8, 8, 1), num_classe
     return builder(input_shape, num_classes, **kwargs)
 
 
-__all__ = ["ModelName", "available", "get"]
+def check_features(model: keras.Model, element_spec: Any, *, argument: str = "data") -> None:
+    """Raises if the batches' features cannot feed ``model``'s single input.
+
+    A mismatch would otherwise surface as a TensorFlow error from inside the
+    compiled step. Models with several inputs, or not yet built, are not checked.
+
+    Args:
+        model: The model to train or evaluate.
+        element_spec: One batch's spec: ``(x, y[, sample_weight])`` or ``x``.
+        argument: The data argument's name, for the message.
+
+    Raises:
+        ValueError: If ``x``'s per-example shape differs from the model's input shape.
+    """
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return
+    x = element_spec[0] if isinstance(element_spec, (tuple, list)) else element_spec
+    if not inputs or len(inputs) != 1 or not hasattr(x, "shape") or x.shape.rank is None:
+        return
+    want, got = tuple(inputs[0].shape[1:]), tuple(x.shape[1:])
+    if len(want) != len(got) or any(w is not None and g is not None and w != g for w, g in zip(want, got)):
+        raise invalid_argument(argument, f"batches of x with shape {(None, *got)}",
+                               f"x of shape {(None, *want)}, the input shape of model {model.name!r}")
+
+
+__all__ = ["ModelName", "available", "check_features", "get"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import keras
 
-from tfdist.config import invalid_argument
+from tfdist.config import check_fraction, invalid_argument
 
 
 def build(input_shape: tuple[int, ...], num_classes: int, *, dropout: float = 0.25) -> keras.Model:
@@ -23,6 +23,7 @@ def build(input_shape: tuple[int, ...], num_classes: int, *, dropout: float = 0.
     """
     if len(input_shape) != 3:
         raise invalid_argument("input_shape", input_shape, "(height, width, channels) for model 'cnn'")
+    check_fraction("dropout", dropout)
     inputs = keras.Input(shape=input_shape, name="inputs")
     x = keras.layers.Conv2D(32, 3, activation="relu", padding="same", name="conv_0")(inputs)
     x = keras.layers.Conv2D(64, 3, activation="relu", padding="same", name="conv_1")(x)

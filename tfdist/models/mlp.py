@@ -9,7 +9,7 @@ from typing import Sequence
 
 import keras
 
-from tfdist.config import invalid_argument
+from tfdist.config import check_fraction, invalid_argument
 
 
 def build(input_shape: tuple[int, ...], num_classes: int, *, hidden_units: Sequence[int] = (256, 256),
@@ -25,9 +25,11 @@ def build(input_shape: tuple[int, ...], num_classes: int, *, hidden_units: Seque
     Returns:
         A functional ``keras.Model`` named "mlp" that outputs float32 logits.
     """
-    hidden_units = tuple(hidden_units)
-    if any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in hidden_units):
+    units_ok = not isinstance(hidden_units, (int, str)) and hasattr(hidden_units, "__iter__")
+    if not units_ok or any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in tuple(hidden_units)):
         raise invalid_argument("hidden_units", hidden_units, "a sequence of positive ints, e.g. (256, 256)")
+    hidden_units = tuple(hidden_units)
+    check_fraction("dropout", dropout)
     inputs = keras.Input(shape=input_shape, name="inputs")
     x = keras.layers.Flatten(name="flatten")(inputs)
     for i, units in enumerate(hidden_units):

@@ -11,7 +11,7 @@ import math
 
 import keras
 
-from tfdist.config import check_positive_int, invalid_argument
+from tfdist.config import check_fraction, check_positive_int, invalid_argument
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
@@ -61,6 +61,7 @@ def build(input_shape: tuple[int, ...], num_classes: int, *, num_layers: int = 2
     for arg, value in (("num_layers", num_layers), ("d_model", d_model), ("num_heads", num_heads),
                        ("ff_dim", ff_dim)):
         check_positive_int(arg, value)
+    check_fraction("dropout", dropout)
     if d_model % num_heads:
         raise invalid_argument("d_model", d_model, f"a multiple of num_heads ({num_heads})")
     length, features = input_shape[0], math.prod(input_shape[1:])

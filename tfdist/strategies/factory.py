@@ -126,6 +126,9 @@ def runner_for(strategy: tf.distribute.Strategy | None) -> Any:
         ValueError: If no registered kind matches the strategy.
     """
     _load_builtins()
+    if isinstance(strategy, str):
+        raise invalid_argument("strategy", strategy, "a tf.distribute.Strategy object",
+                               note=f"Build one with tfdist.make_strategy({strategy!r}).")
     strategy = strategy or tf.distribute.get_strategy()
     for entry in _REGISTRY.values():
         if entry.matches(strategy):

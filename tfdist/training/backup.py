@@ -96,12 +96,27 @@ class Backup:
         return os.path.join(self.backup_dir, STATE_FILE)
 
     def read_state(self) -> dict[str, Any] | None:
-        """The committed state, or None when there is no backup yet."""
+        """The committed state, or None when there is no backup yet.
+
+        Raises:
+            ValueError: If ``state.json`` is not a backup's state (e.g. another tool's file).
+        """
+        from tfdist.config import invalid_argument
+
         path = self._state_path()
         if not tf.io.gfile.exists(path):
             return None
         with tf.io.gfile.GFile(path) as f:
-            return json.load(f)
+            try:
+                state = json.load(f)
+            except ValueError as e:
+                state = str(e)
+        keys = ("number", "checkpoint", "epoch", "step", "updates")
+        if not isinstance(state, dict) or not all(k in state for k in keys):
+            raise invalid_argument("backup_dir", self.backup_dir, "a directory holding a tfdist backup, or none",
+                                   note=f"Its {STATE_FILE} is not a backup's state ({state!r:.80}); "
+                                        "remove it to start afresh.")
+        return state
 
     def restore(self) -> Position | None:
         """Loads the last committed backup into the tracked objects.

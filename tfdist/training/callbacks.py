@@ -84,9 +84,11 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def __init__(self, backup_dir: str, save_freq: int | str = "epoch", keep_backup: bool = False) -> None:
         super().__init__()
+        from tfdist.config import check_directory
         from tfdist.training.backup import check_frequency
 
         check_frequency("save_freq", save_freq, "batches")
+        check_directory("backup_dir", backup_dir, allow_none=False)
         self.backup_dir = backup_dir
         self.save_freq = save_freq
         self.keep_backup = keep_backup

@@ -23,8 +23,9 @@ import keras
 import tensorflow as tf
 
 from tfdist import _compat
-from tfdist.config import check_positive_int, invalid_argument
+from tfdist.config import check_directory, check_positive_int, invalid_argument
 from tfdist.data.inputs import InputSource, as_input
+from tfdist.models import check_features
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
@@ -60,6 +61,18 @@ def _optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, An
         logger.warning("The optimizer was already built outside the strategy scope; tfdist "
                        "rebuilds it from its config and its slot variables start afresh.")
     return type(optimizer), optimizer.get_config(), None
+
+
+def _check_loss(loss: Any) -> None:
+    # A misspelt name would otherwise fail only at the first step, deep inside compile.
+    expected = "a Keras loss, its name, or a callable(y_true, y_pred)"
+    if loss is None:
+        raise invalid_argument("loss", None, expected)
+    if isinstance(loss, str):
+        try:
+            keras.losses.get(loss)
+        except ValueError:
+            raise invalid_argument("loss", loss, expected) from None
 
 
 def _rebuild_metric(metric: Any) -> Any:
@@ -118,8 +131,9 @@ class Trainer:
     carry ``learning_rate``.
 
     Raises:
-        ValueError: For an unknown precision, a non-positive step count, or a
-            model that cannot be placed in the strategy scope.
+        ValueError: For an unknown precision or loss name, a non-positive step
+            count, a ``backup_dir`` that is a file, or a model that cannot be
+            placed in the strategy scope.
     """
 
     def __init__(self, model: ModelOrBuilder, *, strategy: tf.distribute.Strategy | None = None,
@@ -132,9 +146,9 @@ class Trainer:
         precision_lib.check_precision(precision)
         check_positive_int("accumulation_steps", accumulation_steps)
         check_positive_int("steps_per_execution", steps_per_execution)
-        if loss is None:
-            raise invalid_argument("loss", None, "a Keras loss, its name, or a callable(y_true, y_pred)")
+        _check_loss(loss)
         check_frequency("backup_freq", backup_freq, "optimizer updates")
+        check_directory("backup_dir", backup_dir)
         self.backup_dir = backup_dir
         self.backup_freq = backup_freq
         self.keep_backup = keep_backup
@@ -209,8 +223,10 @@ class Trainer:
                                "a keras.Model or a zero-arg builder", note=note)
 
     def _input(self, data: Any, global_batch_size: int | None, training: bool, argument: str) -> InputSource:
-        return as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
-                        training=training, argument=argument)
+        source = as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
+                          training=training, argument=argument)
+        check_features(self.model, source.element_spec, argument=argument)
+        return source
 
     def _build(self, source: InputSource) -> None:
         if self._built_for is None:
@@ -288,6 +304,15 @@ class Trainer:
         """
         check_positive_int("epochs", epochs)
         check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
+        check_positive_int("validation_steps", validation_steps, allow_none=True)
+        if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or initial_epoch < 0:
+            raise invalid_argument("initial_epoch", initial_epoch, "a non-negative integer")
+        if verbose not in ("auto", 0, 1, 2):
+            raise invalid_argument("verbose", verbose, "'auto', 0, 1 or 2")
+        callbacks = () if callbacks is None else callbacks
+        if isinstance(callbacks, keras.callbacks.Callback) or not all(
+                isinstance(c, keras.callbacks.Callback) for c in callbacks):
+            raise invalid_argument("callbacks", callbacks, "a list of keras.callbacks.Callback")
         if steps_per_epoch is None and self._runner.requires_steps_per_epoch:
             raise invalid_argument(
                 "steps_per_epoch", None, "a positive integer under strategy 'parameter_server'",
