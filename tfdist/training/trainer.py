@@ -249,7 +249,7 @@ class Trainer:
         return self._eval_fn
 
     def _start(self, fn, iterator, num_calls: int) -> Any:
-        with _compat.gradients_already_summed(self.model.optimizer):
+        with _compat.gradients_already_summed(self.model.optimizer, num_replicas=self.strategy.num_replicas_in_sync):
             return self._runner.run(fn, iterator, num_calls)
 
     def _run(self, fn, iterator, num_calls: int) -> dict[str, float]:
