@@ -80,8 +80,13 @@ class Trainer:
         optimizer: Name or Keras optimizer, created outside the scope or not.
         loss: As for ``keras.Model.compile``.
         metrics: As for ``keras.Model.compile``; aggregated over all replicas.
-        precision: ``float32``, ``mixed_float16`` (with dynamic loss scaling)
-            or ``mixed_bfloat16``.
+        precision: ``float32``, ``mixed_float16`` (with dynamic loss scaling),
+            ``mixed_bfloat16``, or ``auto``: the fastest exact-enough policy
+            for the device (bfloat16 on GPUs with compute capability >= 8.0 and
+            CPUs with avx512_bf16/amx_bf16, float16 on GPUs >= 7.0, else
+            float32). A mixed policy the device does not run natively (so
+            slower than float32) logs one warning on the chief.
+            ``trainer.precision`` holds the policy in use.
         accumulation_steps: ``k`` micro-batches per optimizer update. Gradients
             are summed locally and all-reduced once per update; the effective
             batch is ``k * global_batch_size``. ``steps_per_epoch`` still
@@ -141,8 +146,9 @@ class Trainer:
         self._checkpoint: tf.train.Checkpoint | None = None
         self._lr_plan = schedules.LRPlan(lr_scaling, base_global_batch_size, warmup_steps, warmup_epochs)
         self.strategy = strategy or tf.distribute.get_strategy()
-        self.precision = precision
         self._runner = runner_for(self.strategy)
+        # "auto" becomes a concrete policy; a policy the device runs slowly warns once, on the chief.
+        self.precision = precision_lib.resolve_precision(precision, is_chief=self._runner.is_chief)
         opt_cls, opt_config, loss_scale = _optimizer_parts(optimizer)
         self.accumulation_steps = self._take_keras_accumulation(opt_config, accumulation_steps)
         self.steps_per_execution = steps_per_execution
@@ -151,12 +157,12 @@ class Trainer:
             self._schedule = self._lr_plan.schedule_for(opt_config["learning_rate"])
             opt_config["learning_rate"] = self._schedule
         _compat.apply()
-        with precision_lib.dtype_policy(precision), self.strategy.scope():
+        with precision_lib.dtype_policy(self.precision), self.strategy.scope():
             self.model = self._place_model(model)
             opt = opt_cls.from_config(opt_config)
             if loss_scale is not None:
                 opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
-            opt = precision_lib.wrap_optimizer(opt, precision)
+            opt = precision_lib.wrap_optimizer(opt, self.precision)
             self.model.compile(optimizer=opt, loss=loss,
                                metrics=[_rebuild_metric(m) for m in (metrics or [])])
             self._skipped_updates = None
