@@ -20,18 +20,19 @@ import logging
 from typing import Any, Callable, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdist import _compat
 from tfdist.config import check_positive_int, invalid_argument
-from tfdist.data.inputs import InputSource, as_input
+from tfdist.data.inputs import DEFAULT_GLOBAL_BATCH_SIZE, InputSource, as_input
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
 from tfdist.training.backup import Backup, Position, PreemptionWatcher, check_frequency, checkpoint_for
 from tfdist.training.loop import EpochRunner
 from tfdist.training.callbacks import chief_writes_only
-from tfdist.training.step import make_eval_step, make_train_update
+from tfdist.training.step import make_eval_step, make_predict_step, make_train_update
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,36 @@ def _optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, An
     return type(optimizer), optimizer.get_config(), None
 
 
+def _defines_get_config(cls: type) -> bool:
+    """Whether a user class (not Keras itself) overrides ``get_config``."""
+    return any("get_config" in vars(c) for c in cls.__mro__ if not c.__module__.startswith("keras"))
+
+
+def _rebuild_in_scope(model: keras.Model) -> keras.Model:
+    """Rebuilds a model made outside the strategy scope from its config, weights included.
+
+    Keras's own classes (Sequential, functional) clone exactly. A subclassed
+    model must define ``get_config``: Keras's automatic config of a subclass
+    does not record its constructor arguments, so a clone could silently be
+    another model.
+    """
+    name = type(model).__name__
+    fix = (f"Pass a zero-arg builder (`model=lambda: {name}(...)`), pass the model before it is built (it is "
+           "then built inside the scope), or build it inside `strategy.scope()`.")
+    expected = "a model built inside `strategy.scope()`, an unbuilt model, or a zero-arg builder"
+    if not type(model).__module__.startswith("keras") and not _defines_get_config(type(model)):
+        raise invalid_argument("model", name, expected, note=(
+            f"{name} is a subclassed model built outside the strategy scope, so tfdist must rebuild it there, "
+            "and it defines no get_config() to rebuild it from. " + fix))
+    try:
+        clone = keras.models.clone_model(model)
+        clone.set_weights(model.get_weights())
+    except Exception as e:  # noqa: BLE001 - any failure to rebuild gets the same advice
+        raise invalid_argument("model", name, expected,
+                               note=f"tfdist could not rebuild it in the scope from its config ({e}). {fix}") from e
+    return clone
+
+
 def _rebuild_metric(metric: Any) -> Any:
     if isinstance(metric, keras.metrics.Metric):
         return metric.__class__.from_config(metric.get_config())
@@ -73,8 +104,10 @@ class Trainer:
 
     Args:
         model: A ``keras.Model``, or a zero-arg callable that builds one (it is
-            then built inside the strategy scope and under ``precision``). A
-            model built outside the scope is cloned into it, weights included.
+            then built inside the strategy scope and under ``precision``). An
+            unbuilt model (subclassed ones included) is built inside the scope;
+            a model built outside it is rebuilt there from its config, weights
+            included (a subclassed model then needs its own ``get_config``).
         strategy: A ``tf.distribute.Strategy`` (see ``tfdist.make_strategy``);
             default the current strategy.
         optimizer: Name or Keras optimizer, created outside the scope or not.
@@ -147,6 +180,8 @@ class Trainer:
         self._lr_plan = schedules.LRPlan(lr_scaling, base_global_batch_size, warmup_steps, warmup_epochs)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
+        if precision == "auto" and isinstance(model, keras.Model):
+            precision = model.dtype_policy.name  # a model already made keeps the policy it was made with
         # "auto" becomes a concrete policy; a policy the device runs slowly warns once, on the chief.
         self.precision = precision_lib.resolve_precision(precision, is_chief=self._runner.is_chief)
         opt_cls, opt_config, loss_scale = _optimizer_parts(optimizer)
@@ -173,6 +208,7 @@ class Trainer:
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._train_fns: dict[tuple[int, int], Any] = {}
         self._eval_fn = None
+        self._predict_fn = None
         self._built_for: Any = None
 
     def _take_keras_accumulation(self, opt_config: dict[str, Any], accumulation_steps: int) -> int:
@@ -194,17 +230,11 @@ class Trainer:
     def _place_model(self, model: ModelOrBuilder) -> keras.Model:
         if isinstance(model, keras.Model):
             precision_lib.check_model_policy(model, self.precision)
+            if not model.variables:
+                return model  # unbuilt: its variables are created when tfdist builds it, inside the scope
             if _in_scope(self.strategy, model):
                 return model
-            try:
-                clone = keras.models.clone_model(model)
-            except Exception as e:  # subclassed models without get_config
-                raise invalid_argument(
-                    "model", type(model).__name__, "a model built inside `strategy.scope()`, or a zero-arg builder",
-                    note=f"tfdist could not clone it into the scope: {e}") from e
-            if model.built:
-                clone.set_weights(model.get_weights())
-            return clone
+            return _rebuild_in_scope(model)
         if callable(model):
             built = model()
             if not isinstance(built, keras.Model):
@@ -326,6 +356,9 @@ class Trainer:
         position = backup.restore() if backup else None
         if position is not None:
             initial_epoch = position.epoch
+            if self.is_chief:  # a warning, so the user sees why an epoch's progress bar starts again
+                logger.warning("Resumed from update %d (epoch %d, step %d) of the backup in %s.",
+                               position.updates, position.epoch + 1, position.step, self.backup_dir)
         run = EpochRunner(self, cb_list, source, train_fn, steps, backup,
                    updates=position.updates if position else 0)
         persistent = None  # with steps_per_epoch, one iterator runs on across epochs (Keras's rule)
@@ -402,3 +435,42 @@ class Trainer:
         check_positive_int("steps", steps, allow_none=True)
         return self._evaluate_source(self._input(data, global_batch_size, False, "data"), steps)
 
+    def predict(self, data: Any, *, steps: int | None = None, global_batch_size: int | None = None) -> Any:
+        """Runs the model on ``data``, distributed like :meth:`evaluate`, and returns outputs in input order.
+
+        Args:
+            data: Inputs ``x`` as an array (or dict of arrays), an
+                ``(x, y[, sample_weight])`` tuple (``y`` is ignored), or any
+                form :meth:`fit` takes. A dataset_fn's outputs come per step in
+                replica order, which is its input order when, as with
+                ``tfdist.data.load``, replica ``r`` reads the ``r``-th slice.
+            steps: Batches to predict; default all of ``data``.
+            global_batch_size: Examples per batch across all replicas (default
+                32 for arrays).
+
+        Returns:
+            The outputs as NumPy arrays (a structure of them for a
+            multi-output model), one row per input example; a partial last
+            batch included.
+        """
+        check_positive_int("steps", steps, allow_none=True)
+        if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
+            data = data[0]
+        if isinstance(data, (np.ndarray, dict)) or hasattr(data, "__array__"):
+            gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
+            data = tf.data.Dataset.from_tensor_slices(data).batch(gbs)
+        source = self._input(data, global_batch_size, False, "data")
+        if not self.model.built:
+            with self.strategy.scope():
+                x_spec = keras.utils.unpack_x_y_sample_weight(source.element_spec)[0]
+                self.model.build(tf.nest.map_structure(lambda s: s.shape, x_spec))
+        if self._predict_fn is None:
+            self._predict_fn = self._runner.compile_predict(make_predict_step(self.model))
+        outputs = []
+        for batch in self._runner.distribute(source, training=False):
+            if steps is not None and len(outputs) >= steps:
+                break
+            outputs.append(tf.nest.map_structure(np.asarray, self._predict_fn(batch)))
+        if not outputs:
+            raise invalid_argument("data", type(data).__name__, "at least one batch to predict on")
+        return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
