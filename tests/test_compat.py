@@ -151,3 +151,14 @@ def test_atomic_assign_add_keeps_keras_semantics():
     i = keras.Variable(0, dtype="int64")
     i.assign_add(1)
     assert int(i.numpy()) == 1
+
+
+def test_importing_tfdist_leaves_tensorflow_uninitialised():
+    """The probes run at import; a multi-worker program creates its strategy after that."""
+    import subprocess
+    import sys
+
+    code = ("import tfdist, tensorflow as tf; cpu = tf.config.list_physical_devices('CPU')[0]; "
+            "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -5,7 +5,9 @@ number: Keras master still has the same code), is applied only where its probe
 finds that behaviour, and has a test in ``tests/test_compat.py`` that fails when
 upstream changes. The probes call the upstream function with small stand-ins
 (a fake strategy or distribution that records what it is asked to do), so they
-are cheap and need no cluster.
+are cheap, need no cluster and create no tensors: ``apply`` runs at import,
+before a multi-worker program creates its strategy, and TF refuses to configure
+collectives once its context is initialised.
 
 Shims:
   * ``symbolic_build``: Keras 3 ``fit``/``evaluate`` under a multi-worker
@@ -201,7 +203,7 @@ def keras_reduces_batch_to_build(fn: Any = None) -> bool:
     stub = type("Stub", (), {})()
     stub._distribute_strategy = stub.distribute_strategy = strategy
     stub._symbolic_build = lambda data_batch=None: None
-    batch = tf_values.PerReplica((tf.constant([1.0]), tf.constant([2.0])))
+    batch = tf_values.PerReplica((1.0, 2.0))
     fn(stub, iterator=[(0, 0, iter([batch]))])
     return any(kind == "reduce" for kind, _ in strategy.calls)
 
@@ -228,7 +230,8 @@ def keras_reduces_scalars_on_axis_0(fn: Any = None) -> bool:
             return self.recorder.experimental_local_results(value)
 
     probe = Probe()
-    fn(tf.constant(1.0), probe, "mean")
+    scalar = type("Scalar", (), {"shape": tf.TensorShape([])})()
+    fn(scalar, probe, "mean")
     return ("reduce", 0) in probe.recorder.calls
 
 
@@ -243,7 +246,7 @@ def keras_updates_sharded_through_extended_update(fn: Any = None) -> bool:
     sharded = type("ShardedVariable", (), {})()  # the shim recognises it by its type's name
     optimizer = type("Optimizer", (), {"update_step": lambda self, g, v, lr: None})()
     distribution = _RecordingStrategy()
-    fn(optimizer, distribution, [(tf.constant(1.0), sharded)], 0.1)
+    fn(optimizer, distribution, [(1.0, sharded)], 0.1)
     return ("update", sharded) in distribution.calls
 
 
