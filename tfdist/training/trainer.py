@@ -441,9 +441,12 @@ class Trainer:
         Args:
             data: Inputs ``x`` as an array (or dict of arrays), an
                 ``(x, y[, sample_weight])`` tuple (``y`` is ignored), or any
-                form :meth:`fit` takes. A dataset_fn's outputs come per step in
-                replica order, which is its input order when, as with
-                ``tfdist.data.load``, replica ``r`` reads the ``r``-th slice.
+                form :meth:`fit` takes. Each step's outputs are concatenated
+                in replica order: input order with one input pipeline
+                (one_device, mirrored; parameter_server predicts on the
+                coordinator). With several workers that holds when each
+                global batch is split over the replicas in order; a
+                dataset_fn that shards by worker gives its own order.
             steps: Batches to predict; default all of ``data``.
             global_batch_size: Examples per batch across all replicas (default
                 32 for arrays).
