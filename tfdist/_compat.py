@@ -84,7 +84,7 @@ def local_batch(strategy: tf.distribute.Strategy, batch: Any) -> Any:
 
 
 def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-    """Replacement for ``TensorFlowTrainer._maybe_symbolic_build`` (keras < 3.16)."""
+    """Replacement for ``TensorFlowTrainer._maybe_symbolic_build``: the first local replica's batch, no collective."""
     if self._distribute_strategy is None:
         return
     if iterator is not None:

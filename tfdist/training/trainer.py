@@ -31,6 +31,7 @@ from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
 from tfdist.training.backup import Backup, Position, PreemptionWatcher, check_frequency, checkpoint_for
 from tfdist.training.loop import EpochRunner
+from tfdist.training.placement import rebuild_in_scope
 from tfdist.training.callbacks import chief_writes_only
 from tfdist.training.step import make_eval_step, make_predict_step, make_train_update
 
@@ -61,36 +62,6 @@ def _optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, An
         logger.warning("The optimizer was already built outside the strategy scope; tfdist "
                        "rebuilds it from its config and its slot variables start afresh.")
     return type(optimizer), optimizer.get_config(), None
-
-
-def _defines_get_config(cls: type) -> bool:
-    """Whether a user class (not Keras itself) overrides ``get_config``."""
-    return any("get_config" in vars(c) for c in cls.__mro__ if not c.__module__.startswith("keras"))
-
-
-def _rebuild_in_scope(model: keras.Model) -> keras.Model:
-    """Rebuilds a model made outside the strategy scope from its config, weights included.
-
-    Keras's own classes (Sequential, functional) clone exactly. A subclassed
-    model must define ``get_config``: Keras's automatic config of a subclass
-    does not record its constructor arguments, so a clone could silently be
-    another model.
-    """
-    name = type(model).__name__
-    fix = (f"Pass a zero-arg builder (`model=lambda: {name}(...)`), pass the model before it is built (it is "
-           "then built inside the scope), or build it inside `strategy.scope()`.")
-    expected = "a model built inside `strategy.scope()`, an unbuilt model, or a zero-arg builder"
-    if not type(model).__module__.startswith("keras") and not _defines_get_config(type(model)):
-        raise invalid_argument("model", name, expected, note=(
-            f"{name} is a subclassed model built outside the strategy scope, so tfdist must rebuild it there, "
-            "and it defines no get_config() to rebuild it from. " + fix))
-    try:
-        clone = keras.models.clone_model(model)
-        clone.set_weights(model.get_weights())
-    except Exception as e:  # noqa: BLE001 - any failure to rebuild gets the same advice
-        raise invalid_argument("model", name, expected,
-                               note=f"tfdist could not rebuild it in the scope from its config ({e}). {fix}") from e
-    return clone
 
 
 def _rebuild_metric(metric: Any) -> Any:
@@ -234,7 +205,7 @@ class Trainer:
                 return model  # unbuilt: its variables are created when tfdist builds it, inside the scope
             if _in_scope(self.strategy, model):
                 return model
-            return _rebuild_in_scope(model)
+            return rebuild_in_scope(model)
         if callable(model):
             built = model()
             if not isinstance(built, keras.Model):
