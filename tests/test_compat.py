@@ -1,23 +1,102 @@
-"""The compat shims: in force where needed, and still needed upstream.
+"""The compat shims: in force exactly where their probe finds the behaviour, and still needed upstream.
 
-The multi-process proof that upstream Keras still crashes without each shim is
+Two kinds of test, both meaningful on any Keras version:
+  * ``test_upstream_still_*`` assert what upstream does today. Each fails when
+    upstream changes that behaviour: then drop (or re-probe) the shim.
+  * ``test_probe_*`` check each probe against the shim's own fixed version, so
+    a probe that always said "needed" (or never) would be caught.
+
+The multi-process proof that upstream Keras still crashes without the shims is
 ``tests/strategies/test_multi_worker.py::test_upstream_keras_still_needs_the_shim``.
 """
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tfdist
 from tfdist import _compat
 
 
-def test_shims_in_force_for_this_keras():
+def test_shims_in_force_exactly_where_their_probe_says():
     applied = _compat.apply()
-    if _compat.KERAS_NEEDS_SHIMS:
-        assert applied == ["symbolic_build", "multi_worker_reduce", "atomic_assign_add", "sharded_variables"]
-        assert _compat.original("symbolic_build") is not None
+    disabled = _compat._disabled()
+    assert applied == [name for name in _compat.SHIMS if name not in disabled and _compat.needs(name)]
+    for name in applied:
+        assert _compat.original(name) is not None
 
 
+# -- upstream behaviour the shims work around (fail when upstream changes) ----
+def test_upstream_still_reduces_the_batch_to_build():
+    assert _compat.keras_reduces_batch_to_build()
+
+
+def test_upstream_still_reduces_scalars_on_axis_0():
+    assert _compat.keras_reduces_scalars_on_axis_0()
+
+
+def test_upstream_still_updates_sharded_variables_through_extended_update():
+    assert _compat.keras_updates_sharded_through_extended_update()
+    assert _compat.sharded_variable_lacks_array()
+
+
+def test_upstream_assign_add_is_still_read_then_write():
+    assert _compat.keras_assign_add_is_read_then_write()
+
+
+def test_upstream_optimizer_still_all_reduces_through_the_hook():
+    """`gradients_already_summed` swaps this private method; fails if Keras renames it."""
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    assert callable(getattr(TFOptimizer, "_all_reduce_sum_gradients", None))
+
+
+def _apply_one_step(strategy, *, summed: bool) -> float:
+    """Each of 2 replicas applies gradient 1.0 to w=0 with SGD(lr=1)."""
+    with strategy.scope():
+        w = keras.Variable(0.0)
+        opt = keras.optimizers.SGD(1.0)
+        opt.build([w])
+
+    @tf.function
+    def step():
+        strategy.run(lambda: opt.apply([tf.constant(1.0)], [w]))
+
+    if summed:
+        with _compat.gradients_already_summed(opt):
+            step()
+    else:
+        step()
+    return float(w.numpy())
+
+
+def test_the_hook_is_what_all_reduces():
+    """Behaviour, not names: with the hook swapped, the optimizer no longer sums across replicas."""
+    strategy = tfdist.make_strategy("mirrored", num_devices=2)
+    assert _apply_one_step(strategy, summed=False) == pytest.approx(-2.0)
+    assert _apply_one_step(strategy, summed=True) == pytest.approx(-1.0)
+
+
+# -- probes against the fixed versions ----------------------------------------
+def test_probe_symbolic_build_sees_the_fix():
+    assert not _compat.keras_reduces_batch_to_build(_compat._maybe_symbolic_build)
+
+
+def test_probe_reduce_sees_the_fix():
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    upstream = _compat.original("multi_worker_reduce") or tf_trainer.reduce_per_replica
+    assert not _compat.keras_reduces_scalars_on_axis_0(_compat._make_reduce_per_replica(upstream))
+
+
+def test_probe_sharded_update_sees_the_fix():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    upstream = _compat.original("sharded_variables") or TFOptimizer._distributed_tf_update_step
+    assert not _compat.keras_updates_sharded_through_extended_update(_compat._make_sharded_update(upstream))
+
+
+# -- the shims themselves -----------------------------------------------------
 def test_plain_model_fit_under_mirrored():
     strategy = tfdist.make_strategy("mirrored", num_devices=2)
     with strategy.scope():
@@ -29,13 +108,6 @@ def test_plain_model_fit_under_mirrored():
     assert np.isfinite(history.history["loss"][0])
 
 
-def test_keras_still_has_the_private_reduce_hook():
-    """`gradients_already_summed` relies on this private Keras method; fails if Keras renames it."""
-    from keras.src.backend.tensorflow.optimizer import TFOptimizer
-
-    assert callable(getattr(TFOptimizer, "_all_reduce_sum_gradients", None))
-
-
 def test_gradients_already_summed_restores_the_optimizer():
     inner = keras.optimizers.SGD()
     opt = keras.optimizers.LossScaleOptimizer(inner)
@@ -45,9 +117,30 @@ def test_gradients_already_summed_restores_the_optimizer():
     assert inner._all_reduce_sum_gradients.__func__ is type(inner)._all_reduce_sum_gradients
 
 
-def test_keras_assign_add_is_still_read_then_write():
-    """Fails when Keras makes assign_add atomic: then drop the atomic_assign_add shim."""
-    assert _compat.keras_assign_add_is_read_then_write()
+def test_missing_hook_raises_with_several_replicas(monkeypatch):
+    """A Keras without the hook would all-reduce twice (gradients x replicas): refuse loudly."""
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    monkeypatch.delattr(TFOptimizer, "_all_reduce_sum_gradients")
+    opt = keras.optimizers.SGD()
+    with pytest.raises(RuntimeError, match="_all_reduce_sum_gradients.*multiplied by the replica count"):
+        with _compat.gradients_already_summed(opt, num_replicas=2):
+            pass
+    with _compat.gradients_already_summed(opt, num_replicas=1):  # one replica: nothing to sum twice
+        pass
+
+
+def test_missing_hook_stops_the_trainer(monkeypatch):
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    strategy = tfdist.make_strategy("mirrored", num_devices=2)
+    trainer = tfdist.Trainer(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]),
+                             strategy=strategy, optimizer="sgd",
+                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    monkeypatch.delattr(TFOptimizer, "_all_reduce_sum_gradients")
+    x = np.zeros((8, 4), "float32")
+    with pytest.raises(RuntimeError, match="_all_reduce_sum_gradients"):
+        trainer.fit((x, np.zeros(8)), epochs=1, global_batch_size=4, verbose=0)
 
 
 def test_atomic_assign_add_keeps_keras_semantics():
@@ -60,9 +153,12 @@ def test_atomic_assign_add_keeps_keras_semantics():
     assert int(i.numpy()) == 1
 
 
-def test_keras_still_updates_through_extended_update():
-    """The sharded_variables shim exists because of this call; fails when Keras changes it."""
-    import inspect
+def test_importing_tfdist_leaves_tensorflow_uninitialised():
+    """The probes run at import; a multi-worker program creates its strategy after that."""
+    import subprocess
+    import sys
 
-    original = _compat.original("sharded_variables")
-    assert "distribution.extended.update(" in inspect.getsource(original)
+    code = ("import tfdist, tensorflow as tf; cpu = tf.config.list_physical_devices('CPU')[0]; "
+            "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,7 +1,13 @@
 """Shims for Keras/TensorFlow behaviour that tfdist works around, in one place.
 
-Each shim names the upstream version range it is for, is applied only there, and
-has a test in ``tests/test_compat.py`` that fails when upstream changes.
+Each shim is gated on a **probe of the behaviour it fixes** (not on a version
+number: Keras master still has the same code), is applied only where its probe
+finds that behaviour, and has a test in ``tests/test_compat.py`` that fails when
+upstream changes. The probes call the upstream function with small stand-ins
+(a fake strategy or distribution that records what it is asked to do), so they
+are cheap, need no cluster and create no tensors: ``apply`` runs at import,
+before a multi-worker program creates its strategy, and TF refuses to configure
+collectives once its context is initialised.
 
 Shims:
   * ``symbolic_build``: Keras 3 ``fit``/``evaluate`` under a multi-worker
@@ -15,7 +21,9 @@ Shims:
     Keras optimizer must not all-reduce them a second time. Keras exposes no
     switch for this; the context manager swaps the private hook
     ``_all_reduce_sum_gradients`` on one optimizer instance while tfdist traces
-    its step, and restores it afterwards.
+    its step, and restores it afterwards. If the hook is missing (a Keras that
+    renamed it) with more than one replica, it raises: otherwise gradients
+    would be all-reduced twice, i.e. multiplied by the replica count.
 
   * ``multi_worker_reduce``: after that, Keras's train step reduces each
     replica's metric results with ``strategy.reduce("MEAN", v, axis=0)`` under
@@ -54,9 +62,8 @@ import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
-KERAS_VERSION = tuple(int(p) for p in keras.__version__.split(".")[:2])
-# Keras versions whose multi-worker fit, reductions and ShardedVariable handling need the shims (seen on 3.15.1).
-KERAS_NEEDS_SHIMS = (3, 0) <= KERAS_VERSION < (3, 16)
+#: Every shim, in the order ``apply`` considers them.
+SHIMS = ("symbolic_build", "multi_worker_reduce", "atomic_assign_add", "sharded_variables")
 
 
 def _disabled() -> set[str]:
@@ -77,7 +84,7 @@ def local_batch(strategy: tf.distribute.Strategy, batch: Any) -> Any:
 
 
 def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-    """Replacement for ``TensorFlowTrainer._maybe_symbolic_build`` (keras < 3.16)."""
+    """Replacement for ``TensorFlowTrainer._maybe_symbolic_build``: the first local replica's batch, no collective."""
     if self._distribute_strategy is None:
         return
     if iterator is not None:
@@ -159,33 +166,135 @@ def _make_array(original):
     return __array__
 
 
+# -- probes: does upstream still behave the way a shim works around? ------------
+class _RecordingStrategy:
+    """Stands in for a strategy or distribution: records reduce/update calls, does nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.extended = self
+
+    def reduce(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
+        self.calls.append(("reduce", axis))
+        return value
+
+    def update(self, var: Any, fn: Any, args: Any = (), kwargs: Any = None, group: bool = True) -> None:
+        self.calls.append(("update", var))
+
+    def experimental_local_results(self, value: Any) -> tuple:
+        return tuple(getattr(value, "values", (value,)))
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+def keras_reduces_batch_to_build(fn: Any = None) -> bool:
+    """True while Keras's ``_maybe_symbolic_build`` reduces a distributed batch across replicas.
+
+    That cross-replica ``reduce`` is what crashes with real multi-worker
+    workers. Probes ``fn`` (default: the upstream function) with a two-replica
+    batch and a strategy that records the calls.
+    """
+    from tensorflow.python.distribute import values as tf_values
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    fn = fn or original("symbolic_build") or TensorFlowTrainer._maybe_symbolic_build
+    strategy = _RecordingStrategy()
+    stub = type("Stub", (), {})()
+    stub._distribute_strategy = stub.distribute_strategy = strategy
+    stub._symbolic_build = lambda data_batch=None: None
+    batch = tf_values.PerReplica((1.0, 2.0))
+    fn(stub, iterator=[(0, 0, iter([batch]))])
+    return any(kind == "reduce" for kind, _ in strategy.calls)
+
+
+def keras_reduces_scalars_on_axis_0(fn: Any = None) -> bool:
+    """True while Keras's ``reduce_per_replica`` reduces a scalar metric with ``axis=0`` under multi-worker."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    fn = fn or original("multi_worker_reduce") or tf_trainer.reduce_per_replica
+
+    class Probe(tf.distribute.MultiWorkerMirroredStrategy):
+        # Never initialised: it only has to look like a multi-worker strategy.
+        def __init__(self) -> None:
+            self.recorder = _RecordingStrategy()
+
+        @property
+        def extended(self) -> Any:
+            return type("Extended", (), {"_in_multi_worker_mode": lambda _: True, "worker_devices": ("cpu",)})()
+
+        def reduce(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
+            return self.recorder.reduce(reduce_op, value, axis)
+
+        def experimental_local_results(self, value: Any) -> tuple:
+            return self.recorder.experimental_local_results(value)
+
+    probe = Probe()
+    scalar = type("Scalar", (), {"shape": tf.TensorShape([])})()
+    fn(scalar, probe, "mean")
+    return ("reduce", 0) in probe.recorder.calls
+
+
+def keras_updates_sharded_through_extended_update(fn: Any = None) -> bool:
+    """True while Keras's TF optimizer applies a ``ShardedVariable``'s update via ``extended.update``.
+
+    ``extended.update`` colocates with the variable, which a ShardedVariable refuses.
+    """
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    fn = fn or original("sharded_variables") or TFOptimizer._distributed_tf_update_step
+    sharded = type("ShardedVariable", (), {})()  # the shim recognises it by its type's name
+    optimizer = type("Optimizer", (), {"update_step": lambda self, g, v, lr: None})()
+    distribution = _RecordingStrategy()
+    fn(optimizer, distribution, [(1.0, sharded)], 0.1)
+    return ("update", sharded) in distribution.calls
+
+
+def sharded_variable_lacks_array() -> bool:
+    """True while TF's ``ShardedVariable`` has no ``__array__`` (Keras's ``Variable.__array__`` calls it)."""
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    return not hasattr(ShardedVariable, "__array__")
+
+
+def needs(name: str) -> bool:
+    """Whether upstream still shows the behaviour that shim ``name`` works around."""
+    probes = {
+        "symbolic_build": keras_reduces_batch_to_build,
+        "multi_worker_reduce": keras_reduces_scalars_on_axis_0,
+        "atomic_assign_add": keras_assign_add_is_read_then_write,
+        "sharded_variables": lambda: keras_updates_sharded_through_extended_update() or sharded_variable_lacks_array(),
+    }
+    return probes[name]()
+
+
 _ORIGINALS: dict[str, Any] = {}
 
 
 def apply() -> list[str]:
-    """Applies every shim that this Keras version needs. Idempotent.
+    """Applies every shim whose probe finds the behaviour it fixes. Idempotent.
 
     Returns:
         The names of the shims in force.
     """
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
+    wanted = [name for name in SHIMS if name not in _disabled() and (name in _ORIGINALS or needs(name))]
     applied = []
-    if KERAS_NEEDS_SHIMS and "symbolic_build" not in _disabled():
+    if "symbolic_build" in wanted:
         if "symbolic_build" not in _ORIGINALS:
             _ORIGINALS["symbolic_build"] = TensorFlowTrainer._maybe_symbolic_build
             TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
             logger.debug("Applied keras %s shim: symbolic_build", keras.__version__)
         applied.append("symbolic_build")
-    if KERAS_NEEDS_SHIMS and "multi_worker_reduce" not in _disabled():
+    if "multi_worker_reduce" in wanted:
         from keras.src.backend.tensorflow import trainer as tf_trainer
 
         if "multi_worker_reduce" not in _ORIGINALS:
             _ORIGINALS["multi_worker_reduce"] = tf_trainer.reduce_per_replica
             tf_trainer.reduce_per_replica = _make_reduce_per_replica(tf_trainer.reduce_per_replica)
         applied.append("multi_worker_reduce")
-    if "atomic_assign_add" not in _disabled() and (
-            "atomic_assign_add" in _ORIGINALS or keras_assign_add_is_read_then_write()):
+    if "atomic_assign_add" in wanted:
         from keras.src.backend.tensorflow.core import Variable
 
         if "atomic_assign_add" not in _ORIGINALS:
@@ -193,7 +302,7 @@ def apply() -> list[str]:
             Variable.assign_add = _make_atomic(Variable.assign_add, "assign_add")
             Variable.assign_sub = _make_atomic(Variable.assign_sub, "assign_sub")
         applied.append("atomic_assign_add")
-    if KERAS_NEEDS_SHIMS and "sharded_variables" not in _disabled():
+    if "sharded_variables" in wanted:
         from keras.src.backend.tensorflow.core import Variable
         from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
@@ -214,12 +323,27 @@ def _identity_reduce(grads_and_vars):
     return list(grads_and_vars)
 
 
+def _num_replicas(optimizer: Any) -> int:
+    strategy = getattr(optimizer, "_distribution_strategy", None) or tf.distribute.get_strategy()
+    return int(strategy.num_replicas_in_sync)
+
+
 @contextlib.contextmanager
-def gradients_already_summed(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
+def gradients_already_summed(optimizer: keras.optimizers.Optimizer, *,
+                             num_replicas: int | None = None) -> Iterator[None]:
     """Within this block, ``optimizer`` applies gradients without all-reducing them.
 
     Only tracing reads the hook, so wrap every call of a ``tf.function`` that
     may (re)trace an ``optimizer.apply``. Works for a ``LossScaleOptimizer`` too.
+
+    Args:
+        optimizer: The Keras optimizer (created in the strategy scope).
+        num_replicas: Replicas in sync; default the optimizer's strategy's.
+
+    Raises:
+        RuntimeError: If Keras no longer has the private hook and there is more
+            than one replica: the optimizer would all-reduce the already summed
+            gradients again, multiplying them by the replica count.
     """
     targets = [optimizer]
     inner = getattr(optimizer, "inner_optimizer", None)
@@ -227,6 +351,13 @@ def gradients_already_summed(optimizer: keras.optimizers.Optimizer) -> Iterator[
         targets.append(inner)
     for opt in targets:
         if not hasattr(type(opt), "_all_reduce_sum_gradients"):
+            replicas = num_replicas if num_replicas is not None else _num_replicas(opt)
+            if replicas > 1:
+                raise RuntimeError(
+                    f"tfdist cannot stop {type(opt).__name__} (keras {keras.__version__}) from all-reducing "
+                    f"gradients: its private hook `_all_reduce_sum_gradients` is gone. With {replicas} replicas "
+                    "the gradients tfdist already summed would be summed again (multiplied by the replica "
+                    "count). Use a Keras version with the hook or update tfdist/_compat.py.")
             continue
         object.__setattr__(opt, "_all_reduce_sum_gradients", _identity_reduce)
     try:

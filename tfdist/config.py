@@ -9,7 +9,7 @@ import dataclasses
 import os
 from typing import Any, Iterable
 
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 #: Exit code of a process that saved a backup on SIGTERM and asks to be restarted (EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
 

@@ -131,3 +131,11 @@ def test_ps_errors(ps, monkeypatch):
                                                 "task": {"type": "worker", "index": 0}}))
     with pytest.raises(ValueError, match="argument `TF_CONFIG.cluster`.*a cluster with ps tasks"):
         tfdist.make_strategy("parameter_server")
+
+
+def test_predict_on_the_coordinator_in_input_order(ps):
+    weights = initial_weights()
+    trainer = tfdist.Trainer(builder(weights), strategy=ps, optimizer="sgd", loss=LOSS)
+    x = np.random.default_rng(5).normal(size=(50, 6)).astype("float32")  # a partial last batch of 2
+    expected = builder(weights)().predict(x, batch_size=16, verbose=0)
+    np.testing.assert_allclose(trainer.predict(x, global_batch_size=16), expected, rtol=1e-5, atol=1e-6)

@@ -61,6 +61,13 @@ class Runner(Protocol):
         ``logs_fn()`` evaluated in cross-replica context after the last call.
         """
 
+    def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:
+        """Builds ``fn(batch)`` for a batch of ``distribute(..., training=False)``.
+
+        ``fn`` runs ``replica_fn(batch)`` on every replica and returns all
+        replicas' outputs concatenated in input order, in cross-replica context.
+        """
+
     def run(self, fn: Callable[[Any, int], Any], iterator: Any, num_calls: int) -> Any:
         """Starts ``fn`` (synchronously or by scheduling) and returns its logs handle."""
 

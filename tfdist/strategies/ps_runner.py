@@ -135,6 +135,11 @@ class PSRunner:
         fn._tfdist_scheduled = training
         return fn
 
+    def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:
+        # Like evaluation, on the coordinator (variables read from the ps tasks): outputs keep the data's order.
+        replica_fn.__name__ = name
+        return tf.function(replica_fn, reduce_retracing=True)
+
     def run(self, fn: Callable[[Any, Any], Any], iterator: Any, num_calls: int) -> Any:
         if not getattr(fn, "_tfdist_scheduled", False):
             return fn(iterator, tf.constant(num_calls, tf.int32))

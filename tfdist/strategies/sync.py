@@ -95,6 +95,18 @@ class SyncRunner:
         loop.__name__ = name
         return tf.function(loop, reduce_retracing=True)
 
+    def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:
+        strategy = self.strategy
+
+        def predict(batch):
+            outputs = strategy.run(replica_fn, args=(batch,))
+            # Each replica holds the next slice of the global batch, so
+            # concatenating in replica order (across workers too) keeps the input order.
+            return tf.nest.map_structure(lambda v: strategy.gather(v, axis=0), outputs)
+
+        predict.__name__ = name
+        return tf.function(predict, reduce_retracing=True)
+
     def run(self, fn: Callable[[Any, Any], Any], iterator: Any, num_calls: int) -> Any:
         return fn(iterator, tf.constant(num_calls, tf.int32))
 

@@ -113,6 +113,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         position = self._backup.restore()
         if position is None:
             return
+        if strategy.extended.should_checkpoint:  # the chief tells the user why an epoch starts again
+            logger.warning("Resumed from update %d (epoch %d, step %d) of the backup in %s.",
+                           position.updates, position.epoch + 1, position.step, self.backup_dir)
         model._initial_epoch = position.epoch
         self._updates = position.updates
         to_skip = {"calls": position.step}

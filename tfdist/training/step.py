@@ -161,3 +161,25 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
             tf.cond(size > 0, update_metrics, lambda: tf.constant(False))
 
     return step
+
+
+def make_predict_step(model: keras.Model) -> Callable[[Any], Any]:
+    """Returns ``step(batch)``: the model's outputs on one batch's inputs, in replica context.
+
+    ``y`` and sample weights in the batch are ignored. An empty batch (a
+    replica's share of a partial last batch) gives outputs with zero rows,
+    without running the model on it (some kernels reject empty inputs).
+    """
+
+    def step(data: Any) -> Any:
+        x, _, _ = unpack_x_y_sample_weight(data)
+
+        def one_example():
+            # Only the output structure, dtypes and trailing shapes are used.
+            zeros = tf.nest.map_structure(
+                lambda t: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], axis=0), t.dtype), x)
+            return tf.nest.map_structure(lambda t: t[:0], _forward(model, zeros, training=False))
+
+        return tf.cond(_batch_size(x) > 0, lambda: _forward(model, x, training=False), one_example)
+
+    return step

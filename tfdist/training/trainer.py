@@ -20,19 +20,21 @@ import logging
 from typing import Any, Callable, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdist import _compat
 from tfdist.config import check_directory, check_positive_int, invalid_argument
-from tfdist.data.inputs import InputSource, as_input
+from tfdist.data.inputs import DEFAULT_GLOBAL_BATCH_SIZE, InputSource, as_input
 from tfdist.models import check_features
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
 from tfdist.training.backup import Backup, Position, PreemptionWatcher, check_frequency, checkpoint_for
 from tfdist.training.loop import EpochRunner
+from tfdist.training.placement import rebuild_in_scope
 from tfdist.training.callbacks import chief_writes_only
-from tfdist.training.step import make_eval_step, make_train_update
+from tfdist.training.step import make_eval_step, make_predict_step, make_train_update
 
 logger = logging.getLogger(__name__)
 
@@ -86,15 +88,22 @@ class Trainer:
 
     Args:
         model: A ``keras.Model``, or a zero-arg callable that builds one (it is
-            then built inside the strategy scope and under ``precision``). A
-            model built outside the scope is cloned into it, weights included.
+            then built inside the strategy scope and under ``precision``). An
+            unbuilt model (subclassed ones included) is built inside the scope;
+            a model built outside it is rebuilt there from its config, weights
+            included (a subclassed model then needs its own ``get_config``).
         strategy: A ``tf.distribute.Strategy`` (see ``tfdist.make_strategy``);
             default the current strategy.
         optimizer: Name or Keras optimizer, created outside the scope or not.
         loss: As for ``keras.Model.compile``.
         metrics: As for ``keras.Model.compile``; aggregated over all replicas.
-        precision: ``float32``, ``mixed_float16`` (with dynamic loss scaling)
-            or ``mixed_bfloat16``.
+        precision: ``float32``, ``mixed_float16`` (with dynamic loss scaling),
+            ``mixed_bfloat16``, or ``auto``: the fastest exact-enough policy
+            for the device (bfloat16 on GPUs with compute capability >= 8.0 and
+            CPUs with avx512_bf16/amx_bf16, float16 on GPUs >= 7.0, else
+            float32). A mixed policy the device does not run natively (so
+            slower than float32) logs one warning on the chief.
+            ``trainer.precision`` holds the policy in use.
         accumulation_steps: ``k`` micro-batches per optimizer update. Gradients
             are summed locally and all-reduced once per update; the effective
             batch is ``k * global_batch_size``. ``steps_per_epoch`` still
@@ -155,8 +164,11 @@ class Trainer:
         self._checkpoint: tf.train.Checkpoint | None = None
         self._lr_plan = schedules.LRPlan(lr_scaling, base_global_batch_size, warmup_steps, warmup_epochs)
         self.strategy = strategy or tf.distribute.get_strategy()
-        self.precision = precision
         self._runner = runner_for(self.strategy)
+        if precision == "auto" and isinstance(model, keras.Model):
+            precision = model.dtype_policy.name  # a model already made keeps the policy it was made with
+        # "auto" becomes a concrete policy; a policy the device runs slowly warns once, on the chief.
+        self.precision = precision_lib.resolve_precision(precision, is_chief=self._runner.is_chief)
         opt_cls, opt_config, loss_scale = _optimizer_parts(optimizer)
         self.accumulation_steps = self._take_keras_accumulation(opt_config, accumulation_steps)
         self.steps_per_execution = steps_per_execution
@@ -165,12 +177,12 @@ class Trainer:
             self._schedule = self._lr_plan.schedule_for(opt_config["learning_rate"])
             opt_config["learning_rate"] = self._schedule
         _compat.apply()
-        with precision_lib.dtype_policy(precision), self.strategy.scope():
+        with precision_lib.dtype_policy(self.precision), self.strategy.scope():
             self.model = self._place_model(model)
             opt = opt_cls.from_config(opt_config)
             if loss_scale is not None:
                 opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
-            opt = precision_lib.wrap_optimizer(opt, precision)
+            opt = precision_lib.wrap_optimizer(opt, self.precision)
             self.model.compile(optimizer=opt, loss=loss,
                                metrics=[_rebuild_metric(m) for m in (metrics or [])])
             self._skipped_updates = None
@@ -181,6 +193,7 @@ class Trainer:
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._train_fns: dict[tuple[int, int], Any] = {}
         self._eval_fn = None
+        self._predict_fn = None
         self._built_for: Any = None
 
     def _take_keras_accumulation(self, opt_config: dict[str, Any], accumulation_steps: int) -> int:
@@ -202,17 +215,11 @@ class Trainer:
     def _place_model(self, model: ModelOrBuilder) -> keras.Model:
         if isinstance(model, keras.Model):
             precision_lib.check_model_policy(model, self.precision)
+            if not model.variables:
+                return model  # unbuilt: its variables are created when tfdist builds it, inside the scope
             if _in_scope(self.strategy, model):
                 return model
-            try:
-                clone = keras.models.clone_model(model)
-            except Exception as e:  # subclassed models without get_config
-                raise invalid_argument(
-                    "model", type(model).__name__, "a model built inside `strategy.scope()`, or a zero-arg builder",
-                    note=f"tfdist could not clone it into the scope: {e}") from e
-            if model.built:
-                clone.set_weights(model.get_weights())
-            return clone
+            return rebuild_in_scope(model)
         if callable(model):
             built = model()
             if not isinstance(built, keras.Model):
@@ -265,7 +272,7 @@ class Trainer:
         return self._eval_fn
 
     def _start(self, fn, iterator, num_calls: int) -> Any:
-        with _compat.gradients_already_summed(self.model.optimizer):
+        with _compat.gradients_already_summed(self.model.optimizer, num_replicas=self.strategy.num_replicas_in_sync):
             return self._runner.run(fn, iterator, num_calls)
 
     def _run(self, fn, iterator, num_calls: int) -> dict[str, float]:
@@ -345,6 +352,9 @@ class Trainer:
         position = backup.restore() if backup else None
         if position is not None:
             initial_epoch = position.epoch
+            if self.is_chief:  # a warning, so the user sees why an epoch's progress bar starts again
+                logger.warning("Resumed from update %d (epoch %d, step %d) of the backup in %s.",
+                               position.updates, position.epoch + 1, position.step, self.backup_dir)
         run = EpochRunner(self, cb_list, source, train_fn, steps, backup,
                    updates=position.updates if position else 0)
         persistent = None  # with steps_per_epoch, one iterator runs on across epochs (Keras's rule)
@@ -421,3 +431,45 @@ class Trainer:
         check_positive_int("steps", steps, allow_none=True)
         return self._evaluate_source(self._input(data, global_batch_size, False, "data"), steps)
 
+    def predict(self, data: Any, *, steps: int | None = None, global_batch_size: int | None = None) -> Any:
+        """Runs the model on ``data``, distributed like :meth:`evaluate`, and returns outputs in input order.
+
+        Args:
+            data: Inputs ``x`` as an array (or dict of arrays), an
+                ``(x, y[, sample_weight])`` tuple (``y`` is ignored), or any
+                form :meth:`fit` takes. Each step's outputs are concatenated
+                in replica order: input order with one input pipeline
+                (one_device, mirrored; parameter_server predicts on the
+                coordinator). With several workers that holds when each
+                global batch is split over the replicas in order; a
+                dataset_fn that shards by worker gives its own order.
+            steps: Batches to predict; default all of ``data``.
+            global_batch_size: Examples per batch across all replicas (default
+                32 for arrays).
+
+        Returns:
+            The outputs as NumPy arrays (a structure of them for a
+            multi-output model), one row per input example; a partial last
+            batch included.
+        """
+        check_positive_int("steps", steps, allow_none=True)
+        if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
+            data = data[0]
+        if isinstance(data, (np.ndarray, dict)) or hasattr(data, "__array__"):
+            gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
+            data = tf.data.Dataset.from_tensor_slices(data).batch(gbs)
+        source = self._input(data, global_batch_size, False, "data")
+        if not self.model.built:
+            with self.strategy.scope():
+                x_spec = keras.utils.unpack_x_y_sample_weight(source.element_spec)[0]
+                self.model.build(tf.nest.map_structure(lambda s: s.shape, x_spec))
+        if self._predict_fn is None:
+            self._predict_fn = self._runner.compile_predict(make_predict_step(self.model))
+        outputs = []
+        for batch in self._runner.distribute(source, training=False):
+            if steps is not None and len(outputs) >= steps:
+                break
+            outputs.append(tf.nest.map_structure(np.asarray, self._predict_fn(batch)))
+        if not outputs:
+            raise invalid_argument("data", type(data).__name__, "at least one batch to predict on")
+        return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
