@@ -3,7 +3,9 @@
 It schedules the compiled train function through the runner, hands each
 execution's logs to the callbacks in order (up to ``runner.max_in_flight``
 executions may run ahead, for parameter servers), and takes step-level backups
-and the SIGTERM preemption save at update boundaries.
+and acts on SIGTERM at update boundaries: with a backup it saves and exits 75
+for a restart; without one every worker stops at the same update and exits
+143 (128 + SIGTERM).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from tfdist.data.inputs import InputSource
-from tfdist.config import PREEMPTED_EXIT_CODE
+from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from tfdist.training.backup import Backup, Position, PreemptionWatcher
 
 if TYPE_CHECKING:
@@ -56,6 +58,20 @@ class EpochRunner:
         self.runner.join()
         self.backup.save(Position(epoch, step, self.updates))
 
+    def _stop_for_sigterm(self, epoch: int, step: int) -> None:
+        """Every worker gets here at the same update: ``agree`` voted on the SIGTERM."""
+        if self.backup is not None:
+            self._save(epoch, step)
+            logger.warning("Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with code %d "
+                           "so the launcher restarts this run.", epoch + 1, step, PREEMPTED_EXIT_CODE)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+        self._deliver(0)
+        self.runner.join()
+        logger.warning("Stopped at epoch %d, micro-batch %d (%d updates) after SIGTERM; no backup_dir, so "
+                       "nothing was saved. Exiting with code %d.", epoch + 1, step, self.updates,
+                       TERMINATED_EXIT_CODE)
+        raise SystemExit(TERMINATED_EXIT_CODE)
+
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
         """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
         trainer, model, k = self.trainer, self.trainer.model, self.trainer.accumulation_steps
@@ -72,10 +88,7 @@ class EpochRunner:
             if self.backup is not None and crossed and done * k < self.steps:  # the epoch end saves anyway
                 self._save(epoch, done * k)
             if self.watcher is not None and self.runner.agree(self.watcher.requested):
-                self._save(epoch, done * k)
-                logger.warning("Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with code %d "
-                               "so the launcher restarts this run.", epoch + 1, done * k, PREEMPTED_EXIT_CODE)
-                raise SystemExit(PREEMPTED_EXIT_CODE)
+                self._stop_for_sigterm(epoch, done * k)
         if last_window and not model.stop_training:
             # The epoch's last `last_window` micro-batches make one smaller
             # update, still a true mean over its examples.
