@@ -32,6 +32,9 @@ def chief_writes_only(callbacks: Sequence[keras.callbacks.Callback], *, is_chief
                       task_label: str) -> Iterator[None]:
     """Redirects file-writing callbacks to a temporary place on non-chief workers.
 
+    Enter it before the callbacks meet the model (before building the
+    ``CallbackList``): ``TensorBoard.set_model`` caches its log paths.
+
     Args:
         callbacks: The user's callbacks; their paths are restored afterwards.
         is_chief: Whether this process is the chief (then nothing changes).
