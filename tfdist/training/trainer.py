@@ -28,8 +28,8 @@ from tfdist.data.inputs import InputSource, as_input
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
-from tfdist.training.backup import Backup, Position, PreemptionWatcher, check_frequency, checkpoint_for
-from tfdist.training.loop import EpochRunner
+from tfdist.training.backup import Backup, Position, check_frequency, checkpoint_for
+from tfdist.training.loop import EpochRunner, PreemptionWatcher
 from tfdist.training.callbacks import chief_writes_only
 from tfdist.training.step import make_eval_step, make_train_update
 
