@@ -12,7 +12,7 @@ import tensorflow as tf
 import tfdist
 from tests.helpers import Crash
 from tfdist.training import backup as backup_lib
-from tfdist.training.backup import PROBE_PREFIX, Backup, Position
+from tfdist.training.backup import PROBE_PREFIX, Backup, Position, restore_on_every_worker
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 DATA = tfdist.data.load("synthetic", num_examples=128)  # 4 batches of 32
@@ -165,3 +165,13 @@ def test_a_backup_dir_the_workers_do_not_share_is_an_error_on_every_worker(tmp_p
     with pytest.raises(ValueError, match="another worker does not see the chief's files there"):
         chief.restore(FakeSync(None, others_disagree=True))
     assert not list((tmp_path / "chief").glob(PROBE_PREFIX + "*"))  # the probe is removed
+
+
+def test_a_backup_dir_on_some_workers_only_is_an_error_on_every_worker(tmp_path):
+    mixed = FakeSync(None, others_disagree=True)  # the votes of a cluster where some workers have none
+    with pytest.raises(ValueError, match=r"argument `backup_dir`. Received: backup_dir=None.*others none"):
+        restore_on_every_worker(None, mixed)
+    chief = Backup(str(tmp_path), tf.train.Checkpoint(v=tf.Variable(0.0)), is_chief=True)
+    with pytest.raises(ValueError, match="Some workers were given a backup_dir and others none"):
+        restore_on_every_worker(chief, mixed)
+    assert restore_on_every_worker(None, FakeSync(None)) is None

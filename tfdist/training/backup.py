@@ -297,6 +297,29 @@ class Backup:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def restore_on_every_worker(backup: Backup | None, sync: Sync) -> Position | None:
+    """Runs :meth:`Backup.restore` on every worker, or on none; every worker calls it.
+
+    A worker without a ``backup_dir`` while others have one would skip the
+    collectives of the restore and hang or mismatch them with its first
+    training step, so that is an error on every worker.
+
+    Raises:
+        ValueError: If some workers have a ``backup_dir`` and others not, or
+            they do not share it.
+    """
+    from tfdist.config import invalid_argument
+
+    some_without, some_with = sync.agree(backup is None), sync.agree(backup is not None)
+    if some_without and some_with:
+        raise invalid_argument(
+            "backup_dir", backup.backup_dir if backup is not None else None,
+            "the same shared backup_dir on every worker",
+            note="Some workers were given a backup_dir and others none. Every worker restores the "
+                 "chief's backup (only the chief writes it), so pass the same backup_dir to every worker.")
+    return backup.restore(sync) if backup is not None else None
+
+
 def _delete(path: str) -> None:
     if tf.io.gfile.isdir(path):
         tf.io.gfile.rmtree(path)

@@ -28,7 +28,7 @@ from tfdist.data.inputs import InputSource, as_input
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
-from tfdist.training.backup import Backup, Position, check_frequency, checkpoint_for
+from tfdist.training.backup import Backup, Position, check_frequency, checkpoint_for, restore_on_every_worker
 from tfdist.training.loop import EpochRunner, PreemptionWatcher
 from tfdist.training.callbacks import chief_writes_only
 from tfdist.training.step import make_eval_step, make_train_update
@@ -324,7 +324,7 @@ class Trainer:
         model = self.model
         model.stop_training = False
         backup = self._backup()
-        position = backup.restore(self._runner) if backup else None  # every worker: the chief's position
+        position = restore_on_every_worker(backup, self._runner)  # every worker: the chief's position
         if position is not None:
             initial_epoch = position.epoch
         persistent = None  # with steps_per_epoch, one iterator runs on across epochs (Keras's rule)
