@@ -4,8 +4,9 @@
 
 MODE:
   sigterm     no backup_dir; a TensorBoard callback writes to OUT_DIR/logs;
-              worker-1 sends itself SIGTERM after global batch 9 (epoch 2,
-              batch 3). Every worker should stop at the same step and exit 143.
+              worker-1 sends itself SIGTERM after its 10th batch (the 4th of
+              the 2nd epoch). Every worker should stop at the same step and
+              exit 143.
   not_shared  backup_dir is OUT_DIR/<task>-backup, a different directory per
               worker (like a local disk per machine): every worker should
               fail at the start with the same clear error.
