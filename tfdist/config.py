@@ -12,6 +12,8 @@ from typing import Any, Iterable
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 #: Exit code of a process that saved a backup on SIGTERM and asks to be restarted (EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
+#: Exit code of a process stopped by SIGTERM without a backup to resume from (128 + SIGTERM).
+TERMINATED_EXIT_CODE = 143
 
 
 def invalid_argument(name: str, received: Any, expected: str | Iterable[str], *, note: str = "") -> ValueError:

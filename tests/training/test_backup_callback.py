@@ -51,6 +51,39 @@ def test_plain_fit_resumes_at_the_exact_batch(tmp_path):
     assert not os.path.exists(backup_dir)
 
 
+class Recorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.begins, self.ends = [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.begins.append((self.epoch, batch))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append((self.epoch, batch, sorted(logs or {})))
+
+
+def test_callbacks_see_only_the_trained_batches_after_a_resume(tmp_path):
+    strategy = tfdist.make_strategy("one_device")
+    backup_dir = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _model(strategy).fit(_dataset(), epochs=3, verbose=0,
+                             callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5), Crash(after=23)])
+    # The backup is at epoch 1 (0-based), batch 4 of 16: 12 batches of it remain, then 16 in epoch 2.
+    recorder = Recorder()
+    model = _model(strategy)
+    model.fit(_dataset(), epochs=3, verbose=0,
+              callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5), recorder])
+    trained = [(1, b) for b in range(4, 16)] + [(2, b) for b in range(16)]
+    assert recorder.begins == trained
+    assert [(e, b) for e, b, _ in recorder.ends] == trained  # 28 calls for 28 trained batches
+    assert all(keys == ["loss"] for _, _, keys in recorder.ends)
+    assert int(model.optimizer.iterations.numpy()) == 48
+
+
 def test_save_freq_error():
     with pytest.raises(ValueError, match="argument `save_freq`. Received: save_freq='batch'"):
         tfdist.callbacks.BackupAndRestore("/tmp/x", save_freq="batch")

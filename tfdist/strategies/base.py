@@ -7,7 +7,7 @@ loop holds no ``isinstance(strategy, ...)``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import tensorflow as tf
 
@@ -51,6 +51,13 @@ class Runner(Protocol):
 
     def agree(self, flag: bool) -> bool:
         """True on every process if ``flag`` is true on any (e.g. a SIGTERM on one worker)."""
+
+    def broadcast(self, values: Sequence[int]) -> list[int]:
+        """The chief's ``values`` (small non-negative ints), on every process.
+
+        Every process must call it with the same number of values, e.g. so
+        that all workers resume from the chief's backup position.
+        """
 
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
                      name: str, training: bool = True) -> Callable[[Any, int], Any]:

@@ -112,6 +112,9 @@ class PSRunner:
     def agree(self, flag: bool) -> bool:
         return flag  # only the coordinator runs the loop
 
+    def broadcast(self, values: Any) -> list[int]:
+        return list(values)  # the coordinator is the chief
+
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int, name: str,
                      training: bool = True) -> Callable[[Any, Any], Any]:
         strategy = self.strategy

@@ -5,7 +5,7 @@ the Python loop above it sees one call per execution.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +29,7 @@ class SyncRunner:
         extended = strategy.extended
         self._is_chief = bool(getattr(extended, "should_checkpoint", True))
         self._vote = None
+        self._broadcast = None
 
     @property
     def is_chief(self) -> bool:
@@ -81,6 +82,25 @@ class SyncRunner:
 
             self._vote = vote
         return bool(self._vote(tf.constant(1.0 if flag else 0.0)).numpy() > 0)
+
+    def broadcast(self, values: Sequence[int]) -> list[int]:
+        if self.input_context().num_input_pipelines == 1:
+            return list(values)
+        # A sum in which only the chief's replicas put in the values; every
+        # worker has the same number of local replicas, so dividing by it
+        # gives the chief's values back exactly.
+        if self._broadcast is None:
+            strategy = self.strategy
+
+            @tf.function(reduce_retracing=True)
+            def send(value):
+                sent = strategy.run(lambda: tf.identity(value))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, sent, axis=None)
+
+            self._broadcast = send
+        mine = [int(v) for v in values] if self.is_chief else [0] * len(values)
+        local_replicas = len(self.strategy.extended.worker_devices)
+        return [int(v) // local_replicas for v in self._broadcast(tf.constant(mine, tf.int64)).numpy()]
 
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
                      name: str, training: bool = True) -> Callable[[Any, Any], Any]:

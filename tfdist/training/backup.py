@@ -12,6 +12,24 @@ loadable. Only the chief writes ``backup_dir``; other workers take part in the
 save (it may read variables through collectives) into a private temporary
 directory that is removed straight away.
 
+``backup_dir`` may be any ``tf.io.gfile`` path. How safe the commit is depends
+on the filesystem:
+
+* local POSIX filesystems: the checkpoint files and the new ``state.json`` are
+  fsynced, then renamed, then the directory is fsynced, so the commit is atomic
+  and survives a power loss as well as a kill;
+* HDFS: the rename is atomic, but there is no fsync;
+* object stores (``gs://``, ``s3://``): a "rename" is a copy and a delete. One
+  object is replaced whole, so a reader sees the old or the new ``state.json``,
+  never a torn one; a kill between the copy and the delete leaves a
+  ``state.json.tmp-*`` that is ignored and removed by the next cleanup;
+* NFS and other network filesystems: the rename is atomic on the server, but
+  other clients may read a cached ``state.json`` for a while.
+
+Every worker of a multi-worker run reads the backup, so ``backup_dir`` must be
+storage they all share; :meth:`Backup.restore` checks this and makes every
+worker resume at the chief's position.
+
 Security: restoring reads the weight files in ``backup_dir``; point it only at
 a directory you trust.
 """
@@ -21,15 +39,19 @@ import dataclasses
 import json
 import logging
 import os
+import re
+import secrets
 import signal
 import tempfile
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
+TMP_SUFFIX = ".tmp-"  # state.json.tmp-PID: a commit in progress (or killed)
+PROBE_PREFIX = ".tfdist-probe-"  # written by the chief at restore, to check that backup_dir is shared
 _TEST_HOOK = "TFDIST_BACKUP_TEST_HOOK"  # "kill_before_commit:N" SIGKILLs the N-th save before its commit
 
 
@@ -72,6 +94,30 @@ class Position:
     updates: int
 
 
+class Sync(Protocol):
+    """What :meth:`Backup.restore` needs from a runner to make workers agree."""
+
+    def broadcast(self, values: Sequence[int]) -> list[int]: ...
+
+    def agree(self, flag: bool) -> bool: ...
+
+
+def _is_local(path: str) -> bool:
+    return not re.match(r"^[A-Za-z][\w+.-]*://", path) or path.startswith("file://")
+
+
+def _fsync(path: str) -> None:
+    """Flushes a local file or directory to disk (a directory: its entries, e.g. a rename)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_CKPT_RE = re.compile(r"^ckpt-(\d+)(?:[._]|$)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp (a killed write)
+
+
 class Backup:
     """Saves and restores one run's backups in ``backup_dir``.
 
@@ -80,16 +126,17 @@ class Backup:
         checkpoint: What to save, e.g. ``tf.train.Checkpoint(model=..., optimizer=...)``.
         is_chief: Whether this process writes ``backup_dir``.
         task_label: ``task_type:task_id`` for temporary names and logs.
-        max_to_keep: Checkpoints kept; older ones are deleted after a commit.
+        keep_backups: How many of the newest backups ``backup_dir`` holds; the
+            older ones are deleted once a newer one is committed.
     """
 
     def __init__(self, backup_dir: str, checkpoint: tf.train.Checkpoint, *, is_chief: bool,
-                 task_label: str = "chief:0", max_to_keep: int = 2) -> None:
+                 task_label: str = "chief:0", keep_backups: int = 1) -> None:
         self.backup_dir = backup_dir
         self.checkpoint = checkpoint
         self.is_chief = is_chief
         self.task_label = task_label
-        self.max_to_keep = max_to_keep
+        self.keep_backups = keep_backups
         self._saves = 0
 
     def _state_path(self) -> str:
@@ -118,13 +165,69 @@ class Backup:
                                         "remove it to start afresh.")
         return state
 
-    def restore(self) -> Position | None:
-        """Loads the last committed backup into the tracked objects.
+    def restore(self, sync: Sync | None = None) -> Position | None:
+        """Loads the last committed backup into the tracked objects; every worker calls it.
+
+        With ``sync`` (the runner), the chief's backup wins: every worker
+        restores the checkpoint and position the chief read. The chief leaves a
+        probe file that every other worker must see in its ``backup_dir``; if
+        one does not (``backup_dir`` is not shared storage) or lacks the
+        chief's checkpoint, every worker raises the same error instead of
+        training from different states or hanging.
 
         Returns:
             Where to resume, or None when ``backup_dir`` holds no backup.
+
+        Raises:
+            ValueError: If the workers do not see the same ``backup_dir``.
         """
         state = self.read_state()
+        if sync is None:
+            return self._load(state)
+        probe = ""
+        if self.is_chief:
+            tf.io.gfile.makedirs(self.backup_dir)
+            probe = f"{PROBE_PREFIX}{secrets.randbits(48) | 1}"
+            with tf.io.gfile.GFile(os.path.join(self.backup_dir, probe), "w") as f:
+                f.write(self.task_label)
+        try:
+            fields = [int(probe[len(PROBE_PREFIX):] or 0)] + (
+                [state["number"], state["epoch"], state["step"], state["updates"]] if state else [0, 0, 0, 0])
+            nonce, number, epoch, step, updates = sync.broadcast(fields)
+            problem = None if self.is_chief else self._mismatch(nonce, number)
+            if sync.agree(problem is not None):
+                raise self._not_shared_error(number, problem)
+        finally:
+            if probe:
+                tf.io.gfile.remove(os.path.join(self.backup_dir, probe))
+        if number == 0:
+            if state is not None:
+                logger.warning("%s sees a backup in %s but the chief does not: starting afresh as the chief does.",
+                               self.task_label, self.backup_dir)
+            return None
+        chief_state = {"checkpoint": f"ckpt-{number}", "epoch": epoch, "step": step, "updates": updates}
+        return self._load(chief_state)
+
+    def _mismatch(self, nonce: int, number: int) -> str | None:
+        """Why this worker cannot use the chief's backup, or None."""
+        if not tf.io.gfile.exists(os.path.join(self.backup_dir, f"{PROBE_PREFIX}{nonce}")):
+            return f"{self.task_label} does not see the file the chief has just written there"
+        if number and not tf.io.gfile.exists(os.path.join(self.backup_dir, f"ckpt-{number}.index")):
+            return f"{self.task_label} does not see the chief's checkpoint ckpt-{number} there"
+        return None
+
+    def _not_shared_error(self, number: int, problem: str | None) -> ValueError:
+        from tfdist.config import invalid_argument
+
+        what = f"checkpoint ckpt-{number}" if number else "no backup (a fresh start)"
+        seen = problem or "another worker does not see the chief's files there (see its error)"
+        return invalid_argument(
+            "backup_dir", self.backup_dir, "a directory on storage that every worker shares",
+            note=f"The chief found {what}, but {seen}. Every worker restores the chief's backup, so "
+                 "backup_dir must be the same shared filesystem or bucket (NFS, GCS, HDFS, ...) on every "
+                 "worker, not a local disk of each machine.")
+
+    def _load(self, state: dict[str, Any] | None) -> Position | None:
         if state is None:
             return None
         prefix = os.path.join(self.backup_dir, state["checkpoint"])
@@ -148,32 +251,59 @@ class Backup:
             self.checkpoint.write(os.path.join(target, name))
             self._test_hook()
             if self.is_chief:
-                self._commit({"number": number, "checkpoint": name, **dataclasses.asdict(position)})
-                self._delete_older_than(number - self.max_to_keep + 1)
+                entry = {"checkpoint": name, **dataclasses.asdict(position)}
+                kept = ((state or {}).get("kept", []) + [entry])[-self.keep_backups:]
+                self._commit({"number": number, **entry, "kept": kept})
+                self._delete_other_checkpoints(keep=range(number - self.keep_backups + 1, number + 1))
         finally:
             if not self.is_chief:
                 tf.io.gfile.rmtree(target)
         logger.debug("%s saved backup %s at %s", self.task_label, name, position)
 
     def _commit(self, state: dict[str, Any]) -> None:
-        tmp = self._state_path() + f".tmp-{os.getpid()}"
-        with tf.io.gfile.GFile(tmp, "w") as f:
+        """Points ``state.json`` at a written checkpoint: the one step that makes a save count."""
+        path = self._state_path()
+        tmp = path + f"{TMP_SUFFIX}{os.getpid()}"
+        if not _is_local(self.backup_dir):
+            with tf.io.gfile.GFile(tmp, "w") as f:
+                json.dump(state, f)
+            tf.io.gfile.rename(tmp, path, overwrite=True)
+            return
+        local_dir = self.backup_dir[len("file://"):] if self.backup_dir.startswith("file://") else self.backup_dir
+        path, tmp = os.path.join(local_dir, STATE_FILE), os.path.join(local_dir, os.path.basename(tmp))
+        # The checkpoint's bytes must be on disk before state.json names it,
+        # else a power loss could leave a committed but torn checkpoint.
+        for name in tf.io.gfile.glob(os.path.join(local_dir, state["checkpoint"] + ".*")):
+            _fsync(name)
+        with open(tmp, "w") as f:
             json.dump(state, f)
-        tf.io.gfile.rename(tmp, self._state_path(), overwrite=True)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync(local_dir)
+        os.replace(tmp, path)
+        _fsync(local_dir)  # makes the rename itself durable
 
-    def _delete_older_than(self, keep_from: int) -> None:
+    def _delete_other_checkpoints(self, keep: range) -> None:
+        """Deletes checkpoint files and leftovers of killed writes whose number is not in ``keep``."""
         for path in tf.io.gfile.glob(os.path.join(self.backup_dir, "ckpt-*")):
-            number = os.path.basename(path).split(".")[0].split("-")[1]
-            if number.isdigit() and int(number) < keep_from:
-                tf.io.gfile.remove(path)
+            match = _CKPT_RE.match(os.path.basename(path))
+            if match and (int(match.group(1)) not in keep or path.rstrip("/").endswith("_temp")):
+                _delete(path)
 
     def remove(self) -> None:
-        """Deletes the backup after a successful run (chief only)."""
-        if self.is_chief and tf.io.gfile.exists(self.backup_dir):
-            for path in tf.io.gfile.glob(os.path.join(self.backup_dir, "ckpt-*")) + [self._state_path()]:
-                tf.io.gfile.remove(path)
-            if not tf.io.gfile.listdir(self.backup_dir):
-                tf.io.gfile.rmtree(self.backup_dir)
+        """Deletes the backup after a successful run (chief only).
+
+        Removes every file tfdist put in ``backup_dir`` (leftovers of killed
+        writes included), then the directory itself if nothing else is in it.
+        """
+        if not (self.is_chief and tf.io.gfile.exists(self.backup_dir)):
+            return
+        patterns = ("ckpt-*", STATE_FILE, STATE_FILE + TMP_SUFFIX + "*", PROBE_PREFIX + "*")
+        for pattern in patterns:
+            for path in tf.io.gfile.glob(os.path.join(self.backup_dir, pattern)):
+                _delete(path)
+        if not tf.io.gfile.listdir(self.backup_dir):
+            tf.io.gfile.rmtree(self.backup_dir)
 
     def _test_hook(self) -> None:
         spec = os.environ.get(_TEST_HOOK, "")
@@ -182,24 +312,31 @@ class Backup:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class PreemptionWatcher:
-    """Notes SIGTERM so the loop can save at the next step boundary and exit for a restart."""
+def restore_on_every_worker(backup: Backup | None, sync: Sync) -> Position | None:
+    """Runs :meth:`Backup.restore` on every worker, or on none; every worker calls it.
 
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
+    A worker without a ``backup_dir`` while others have one would skip the
+    collectives of the restore and hang or mismatch them with its first
+    training step, so that is an error on every worker.
 
-    def __enter__(self) -> "PreemptionWatcher":
-        import threading
+    Raises:
+        ValueError: If some workers have a ``backup_dir`` and others not, or
+            they do not share it.
+    """
+    from tfdist.config import invalid_argument
 
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
-        return self
+    some_without, some_with = sync.agree(backup is None), sync.agree(backup is not None)
+    if some_without and some_with:
+        raise invalid_argument(
+            "backup_dir", backup.backup_dir if backup is not None else None,
+            "the same shared backup_dir on every worker",
+            note="Some workers were given a backup_dir and others none. Every worker restores the "
+                 "chief's backup (only the chief writes it), so pass the same backup_dir to every worker.")
+    return backup.restore(sync) if backup is not None else None
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        logger.warning("SIGTERM: saving a backup at the next step boundary, then exiting for a restart")
-        self.requested = True
 
-    def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+def _delete(path: str) -> None:
+    if tf.io.gfile.isdir(path):
+        tf.io.gfile.rmtree(path)
+    else:
+        tf.io.gfile.remove(path)

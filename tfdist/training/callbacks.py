@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from typing import Iterator, Sequence
 
@@ -30,6 +31,9 @@ _PATH_ATTRIBUTES = (
 def chief_writes_only(callbacks: Sequence[keras.callbacks.Callback], *, is_chief: bool,
                       task_label: str) -> Iterator[None]:
     """Redirects file-writing callbacks to a temporary place on non-chief workers.
+
+    Enter it before the callbacks meet the model (before building the
+    ``CallbackList``): ``TensorBoard.set_model`` caches its log paths.
 
     Args:
         callbacks: The user's callbacks; their paths are restored afterwards.
@@ -56,6 +60,71 @@ def chief_writes_only(callbacks: Sequence[keras.callbacks.Callback], *, is_chief
         logger.debug("%s removed its temporary callback outputs in %s", task_label, tmp)
 
 
+class _ResumeSkip:
+    """Steps a resumed epoch past the batches already trained on, unseen by the other callbacks.
+
+    Keras's ``fit`` still makes one ``train_function`` call per skipped call;
+    here those calls only advance the iterator, and the ``CallbackList``
+    drops their ``on_train_batch_begin``/``end``, so callbacks (the progress
+    bar, TensorBoard, ...) see the trained batches only, with their real
+    indices in the epoch.
+    """
+
+    def __init__(self, model: keras.Model, calls: int, callback_list: keras.callbacks.CallbackList | None) -> None:
+        self.left = calls
+        self.skipped_last = False
+        self.model = model
+        self.original = model.train_function
+        per_call = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+
+        def train_function(iterator):
+            if self.left > 0:
+                self.left -= 1
+                self.skipped_last = True
+                for _ in range(per_call):
+                    next(iterator)
+                return {}
+            self.skipped_last = False
+            return self.original(iterator)
+
+        model.train_function = train_function
+        if callback_list is not None:
+            begin, end = callback_list.on_train_batch_begin, callback_list.on_train_batch_end
+
+            def on_train_batch_begin(batch, logs=None):
+                if self.left == 0:  # else this call will only skip
+                    begin(batch, logs)
+
+            def on_train_batch_end(batch, logs=None):
+                if not self.skipped_last:
+                    end(batch, logs)
+
+            callback_list.on_train_batch_begin = on_train_batch_begin
+            callback_list.on_train_batch_end = on_train_batch_end
+
+    def undo(self) -> None:
+        self.model.train_function = self.original
+
+
+def _calling_callback_list(callback: keras.callbacks.Callback) -> keras.callbacks.CallbackList | None:
+    """The ``CallbackList`` whose ``on_train_begin`` is calling ``callback``'s, if any.
+
+    Keras gives a callback no handle on its list; the caller's frame is the one
+    place it is found. None (callbacks then also see skipped calls) otherwise.
+    """
+    frame = sys._getframe(2)  # 0: here, 1: callback.on_train_begin, 2: its caller (or a subclass's)
+    for _ in range(4):
+        if frame is None:
+            break
+        caller = frame.f_locals.get("self")
+        if isinstance(caller, keras.callbacks.CallbackList) and any(c is callback for c in caller.callbacks):
+            return caller
+        frame = frame.f_back
+    logger.warning("BackupAndRestore was not called from a keras CallbackList: the batches skipped on "
+                   "resume will still reach the other callbacks.")
+    return None
+
+
 class BackupAndRestore(keras.callbacks.Callback):
     """Step-exact, atomic, chief-written backups for plain ``model.fit``.
 
@@ -64,7 +133,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     same file, and writes it in place. This one saves the same state as
     ``Trainer(backup_dir=...)`` (see :mod:`tfdist.training.backup`): on a
     restart, ``fit`` resumes at the epoch *and* batch of the last backup,
-    skipping the batches it had already trained on.
+    skipping the batches it had already trained on. The other callbacks see
+    only the batches trained on, with their indices in the epoch (the
+    progress bar of a resumed epoch starts where the backup was taken).
 
     Example::
 
@@ -75,16 +146,19 @@ class BackupAndRestore(keras.callbacks.Callback):
     ``reshuffle_each_iteration=False``, or a tfdist ``DatasetFn``).
 
     Args:
-        backup_dir: Where the backup lives (only the chief writes it). Restoring
-            loads weight files: use a trusted directory.
+        backup_dir: Where the backup lives (only the chief writes it); any
+            ``tf.io.gfile`` path, shared by all workers. Restoring loads weight
+            files: use a trusted directory.
         save_freq: ``"epoch"``, or a number of ``train_function`` calls
             (batches, or ``steps_per_execution`` batches) between backups.
         keep_backup: Keep the backup after training finishes.
+        keep_backups: How many of the newest backups ``backup_dir`` holds.
     """
 
-    def __init__(self, backup_dir: str, save_freq: int | str = "epoch", keep_backup: bool = False) -> None:
+    def __init__(self, backup_dir: str, save_freq: int | str = "epoch", keep_backup: bool = False, *,
+                 keep_backups: int = 1) -> None:
         super().__init__()
-        from tfdist.config import check_directory
+        from tfdist.config import check_directory, check_positive_int
         from tfdist.training.backup import check_frequency
 
         check_frequency("save_freq", save_freq, "batches")
@@ -92,58 +166,51 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.backup_dir = backup_dir
         self.save_freq = save_freq
         self.keep_backup = keep_backup
+        self.keep_backups = check_positive_int("keep_backups", keep_backups)
         self._backup = None
         self._epoch = 0
-        self._calls = 0  # train_function calls in this epoch
+        self._calls = 0  # train_function calls in this epoch, skipped ones included
         self._updates = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, calls already done in it)
+        self._skip: _ResumeSkip | None = None
 
     def on_train_begin(self, logs=None):
+        from tfdist.strategies.factory import runner_for
         from tfdist.training.backup import Backup, checkpoint_for
 
+        callback_list = _calling_callback_list(self)
         model = self.model
         strategy = model.distribute_strategy
         if model.optimizer is not None and not model.optimizer.built:
             with strategy.scope():
                 model.optimizer.build(model.trainable_variables)
         checkpoint = checkpoint_for(model, model.optimizer)
-        resolver = getattr(strategy, "cluster_resolver", None)
-        label = f"{getattr(resolver, 'task_type', None) or 'worker'}:{getattr(resolver, 'task_id', None) or 0}"
-        self._backup = Backup(self.backup_dir, checkpoint, is_chief=bool(strategy.extended.should_checkpoint),
-                              task_label=label)
-        position = self._backup.restore()
+        runner = runner_for(strategy)
+        self._backup = Backup(self.backup_dir, checkpoint, is_chief=runner.is_chief, task_label=runner.task_label,
+                              keep_backups=self.keep_backups)
+        position = self._backup.restore(runner)  # every worker resumes at the chief's position
+        self._resume, self._skip = None, None
         if position is None:
             return
-        if strategy.extended.should_checkpoint:  # the chief tells the user why an epoch starts again
+        if runner.is_chief:  # the chief tells the user why an epoch starts again
             logger.warning("Resumed from update %d (epoch %d, step %d) of the backup in %s.",
                            position.updates, position.epoch + 1, position.step, self.backup_dir)
         model._initial_epoch = position.epoch
         self._updates = position.updates
-        to_skip = {"calls": position.step}
-        original = model.train_function
-        per_call = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
-
-        def train_function(iterator):
-            # The first calls of the resumed epoch only step past batches the
-            # previous run already trained on.
-            if to_skip["calls"] > 0:
-                to_skip["calls"] -= 1
-                for _ in range(per_call):
-                    next(iterator)
-                return {}
-            return original(iterator)
-
-        model.train_function = train_function
+        self._resume = (position.epoch, position.step)
+        if position.step:
+            self._skip = _ResumeSkip(model, position.step, callback_list)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._calls = 0  # skipped calls of a resumed epoch count here too
         self._epoch = epoch
+        self._calls = self._resume[1] if self._resume and self._resume[0] == epoch else 0
 
     def on_train_batch_end(self, batch, logs=None):
         from tfdist.training.backup import Position
 
+        if self._skip is not None and self._skip.skipped_last:
+            return  # a skipped call (only when the CallbackList could not be found)
         self._calls += 1
-        if not logs:  # a skipped call of the resumed epoch
-            return
         self._updates += 1
         if isinstance(self.save_freq, int) and self._updates % self.save_freq == 0:
             self._backup.save(Position(self._epoch, self._calls, self._updates))
@@ -155,5 +222,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._backup.save(Position(epoch + 1, 0, self._updates))
 
     def on_train_end(self, logs=None):
+        if self._skip is not None:
+            self._skip.undo()
+            self._skip = None
         if self._backup is not None and not self.keep_backup:
             self._backup.remove()

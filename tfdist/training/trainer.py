@@ -30,8 +30,8 @@ from tfdist.models import check_features
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
-from tfdist.training.backup import Backup, Position, PreemptionWatcher, check_frequency, checkpoint_for
-from tfdist.training.loop import EpochRunner
+from tfdist.training.backup import Backup, Position, check_frequency, checkpoint_for, restore_on_every_worker
+from tfdist.training.loop import EpochRunner, PreemptionWatcher
 from tfdist.training.placement import rebuild_in_scope
 from tfdist.training.callbacks import chief_writes_only
 from tfdist.training.step import make_eval_step, make_predict_step, make_train_update
@@ -122,16 +122,25 @@ class Trainer:
             (from the base rate when scaling, else from 0).
         warmup_epochs: The same in epochs; give at most one of the two.
         backup_dir: Fault tolerance: where to keep a step-exact backup (model,
-            optimizer, loss scale, counters, epoch and position in it). A
-            restarted ``fit`` resumes at the exact update of the last backup,
-            skipping the micro-batches already trained on (each epoch's data
-            order depends only on the seed and the epoch). Writes are atomic
-            and only the chief writes. On SIGTERM the run saves at the next
-            step boundary and exits with code 75, which ``tfdist launch``
-            restarts. Restoring loads weight files: use a trusted directory.
+            optimizer, loss scale, counters, epoch and position in it); any
+            ``tf.io.gfile`` path. A restarted ``fit`` resumes at the exact
+            update of the last backup, skipping the micro-batches already
+            trained on (each epoch's data order depends only on the seed and
+            the epoch). Only the chief writes, with an atomic commit (see
+            :mod:`tfdist.training.backup` for which filesystems make it so).
+            Every worker restores the chief's backup, so with several workers
+            it must be shared storage (else a clear error). On SIGTERM the run
+            saves at the next step boundary and exits with code 75, which
+            ``tfdist launch`` restarts. Restoring loads weight files: use a
+            trusted directory. Without ``backup_dir``, SIGTERM stops every
+            worker at the same step boundary and exits with code 143.
         backup_freq: ``"epoch"`` or a number of optimizer updates between
             backups (a backup is also taken at every epoch end).
         keep_backup: Keep the backup after a successful run (default: remove it).
+        keep_backups: How many of the newest backups ``backup_dir`` holds while
+            training (and after it, with ``keep_backup``); older ones are
+            deleted once a newer one is committed. Only the newest is resumed
+            from; ``state.json`` lists the kept ones and their positions.
 
     With ``mixed_float16``, losses are scaled before the backward pass and the
     summed gradients unscaled once per update; an update whose gradients are
@@ -151,7 +160,7 @@ class Trainer:
                  steps_per_execution: int = 1, lr_scaling: schedules.LRScaling = "none",
                  base_global_batch_size: int = 256, warmup_steps: int | None = None,
                  warmup_epochs: float | None = None, backup_dir: str | None = None,
-                 backup_freq: int | str = "epoch", keep_backup: bool = False) -> None:
+                 backup_freq: int | str = "epoch", keep_backup: bool = False, keep_backups: int = 1) -> None:
         precision_lib.check_precision(precision)
         check_positive_int("accumulation_steps", accumulation_steps)
         check_positive_int("steps_per_execution", steps_per_execution)
@@ -161,6 +170,7 @@ class Trainer:
         self.backup_dir = backup_dir
         self.backup_freq = backup_freq
         self.keep_backup = keep_backup
+        self.keep_backups = check_positive_int("keep_backups", keep_backups)
         self._checkpoint: tf.train.Checkpoint | None = None
         self._lr_plan = schedules.LRPlan(lr_scaling, base_global_batch_size, warmup_steps, warmup_epochs)
         self.strategy = strategy or tf.distribute.get_strategy()
@@ -344,23 +354,25 @@ class Trainer:
 
         verbose_level = 1 if verbose == "auto" else int(verbose)
         model = self.model
-        cb_list = keras.callbacks.CallbackList(
-            list(callbacks), add_history=True, add_progbar=bool(verbose_level) and self.is_chief,
-            verbose=verbose_level, epochs=epochs, steps=steps, model=model)
         model.stop_training = False
         backup = self._backup()
-        position = backup.restore() if backup else None
+        position = restore_on_every_worker(backup, self._runner)  # every worker: the chief's position
         if position is not None:
             initial_epoch = position.epoch
             if self.is_chief:  # a warning, so the user sees why an epoch's progress bar starts again
                 logger.warning("Resumed from update %d (epoch %d, step %d) of the backup in %s.",
                                position.updates, position.epoch + 1, position.step, self.backup_dir)
-        run = EpochRunner(self, cb_list, source, train_fn, steps, backup,
-                   updates=position.updates if position else 0)
         persistent = None  # with steps_per_epoch, one iterator runs on across epochs (Keras's rule)
         with chief_writes_only(callbacks, is_chief=self.is_chief, task_label=self._runner.task_label), \
-                PreemptionWatcher() as watcher:
-            run.watcher = watcher if backup else None
+                PreemptionWatcher(has_backup=backup is not None) as watcher:
+            # Made inside chief_writes_only: set_model makes TensorBoard cache its
+            # log paths, which must already be the redirected ones on non-chiefs.
+            cb_list = keras.callbacks.CallbackList(
+                list(callbacks), add_history=True, add_progbar=bool(verbose_level) and self.is_chief,
+                verbose=verbose_level, epochs=epochs, steps=steps, model=model)
+            run = EpochRunner(self, cb_list, source, train_fn, steps, backup,
+                              updates=position.updates if position else 0)
+            run.watcher = watcher  # SIGTERM: save and exit 75 with a backup, else stop and exit 143
             cb_list.on_train_begin()
             for epoch in range(initial_epoch, epochs):
                 first_step = position.step if position is not None and epoch == position.epoch else 0
@@ -396,7 +408,7 @@ class Trainer:
             extra = {} if self._skipped_updates is None else {"skipped_updates": self._skipped_updates}
             self._checkpoint = checkpoint_for(self.model, self.model.optimizer, **extra)
         return Backup(self.backup_dir, self._checkpoint, is_chief=self.is_chief,
-                      task_label=self._runner.task_label)
+                      task_label=self._runner.task_label, keep_backups=self.keep_backups)
 
     def _evaluate_source(self, source: InputSource, steps: int | None) -> dict[str, float]:
         steps = steps or source.steps_per_epoch
