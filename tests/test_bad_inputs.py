@@ -129,7 +129,7 @@ CASES = [
       "num_workers", "0", ("a positive integer or None",)),
     # --- Trainer(...) ------------------------------------------------------------------------------------
     C("Trainer(precision='fp8')", lambda e: e.trainer_with(precision="fp8"),
-      "precision", "'fp8'", ("one of: float32, mixed_bfloat16, mixed_float16",)),
+      "precision", "'fp8'", ("one of: auto, float32, mixed_bfloat16, mixed_float16",)),
     C("Trainer(accumulation_steps=0)", lambda e: e.trainer_with(accumulation_steps=0),
       "accumulation_steps", "0", ("a positive integer",)),
     C("Trainer(steps_per_execution=-1)", lambda e: e.trainer_with(steps_per_execution=-1),
@@ -267,7 +267,7 @@ CASES = [
     C("tfdist train --strategy=mirored", ["train", "--strategy=mirored"],
       "strategy", "'mirored'", ("one of: auto, mirrored, multi_worker",)),
     C("tfdist train --precision=fp8", ["train", "--precision=fp8"],
-      "precision", "'fp8'", ("one of: float32, mixed_bfloat16, mixed_float16",)),
+      "precision", "'fp8'", ("one of: auto, float32, mixed_bfloat16, mixed_float16",)),
     C("tfdist train --global_batch_size=0", ["train", "--global_batch_size=0"],
       "global_batch_size", "0", ("a positive integer",)),
     C("tfdist train --epochs=five", ["train", "--epochs=five"],
