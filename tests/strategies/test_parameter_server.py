@@ -7,6 +7,7 @@ import pytest
 
 import tfdist
 from tests.jobs.common import builder, dataset, initial_weights
+from tests.strategies.ps_common import ps_strategy
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 G = 64
@@ -14,7 +15,7 @@ G = 64
 
 @pytest.fixture(scope="module")
 def ps():
-    return tfdist.make_strategy("parameter_server", num_workers=2, num_ps=1)
+    return ps_strategy(num_workers=2, num_ps=1)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_accumulation_and_precision(ps, digits, precision):
 
 
 def test_sharded_variables(digits, tmp_path):
-    strategy = tfdist.make_strategy("parameter_server", num_workers=2, num_ps=2, min_shard_bytes=4096)
+    strategy = ps_strategy(num_workers=2, num_ps=2, min_shard_bytes=4096)
     train, val = digits
     trainer = tfdist.Trainer(lambda: tfdist.models.get("mlp", hidden_units=(64, 64)), strategy=strategy,
                              optimizer="adam", loss=LOSS, metrics=["accuracy"])
