@@ -10,6 +10,7 @@ tasks: each validation example is counted exactly once.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from typing import Any, Callable
@@ -135,27 +136,43 @@ class PSRunner:
         fn._tfdist_scheduled = training
         return fn
 
+    @contextlib.contextmanager
+    def _failures(self):
+        """Re-raises a failure with the failed task named, after clearing it from the coordinator."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - re-raised
+            self._clear_failure()
+            _raise_clearly(e)
+
+    def _clear_failure(self) -> None:
+        # The strategy's one coordinator keeps the first error of a failed
+        # function and raises it from the next schedule or join, whichever fit
+        # that is. join() raises it once and forgets it (and waits for the
+        # functions still running), so the strategy's next fit starts clean.
+        for _ in range(2 * self.max_in_flight + 2):
+            try:
+                self.coordinator.join()
+                return
+            except Exception as e:  # noqa: BLE001 - already being reported
+                logger.debug("Cleared a failure of the same fit from the coordinator: %s", type(e).__name__)
+        logger.warning("The parameter-server coordinator still reports failures; the next fit may fail too.")
+
     def run(self, fn: Callable[[Any, Any], Any], iterator: Any, num_calls: int) -> Any:
         if not getattr(fn, "_tfdist_scheduled", False):
             return fn(iterator, tf.constant(num_calls, tf.int32))
         count = int(num_calls) if num_calls <= MAX_UNROLLED_STEPS else tf.constant(num_calls, tf.int32)
-        try:
+        with self._failures():
             return self.coordinator.schedule(fn, args=(iterator, count))
-        except Exception as e:  # noqa: BLE001 - re-raised with the failed task named
-            _raise_clearly(e)
 
     def fetch(self, logs: Any) -> dict[str, float]:
-        try:
+        with self._failures():
             values = logs.fetch() if hasattr(logs, "fetch") else logs
-        except Exception as e:  # noqa: BLE001
-            _raise_clearly(e)
         return {k: float(np.asarray(v)) for k, v in values.items()}
 
     def join(self) -> None:
-        try:
+        with self._failures():
             self.coordinator.join()
-        except Exception as e:  # noqa: BLE001
-            _raise_clearly(e)
 
     def final_logs(self, logs_fn: LogsFn, last: dict[str, float]) -> dict[str, float]:
         """Logs once every scheduled step has finished (steps finish out of order)."""
