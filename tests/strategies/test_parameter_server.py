@@ -118,10 +118,10 @@ def test_ps_errors(ps, monkeypatch):
     with pytest.raises(ValueError, match="argument `steps_per_epoch`. Received: steps_per_epoch=None. "
                                          "Expected a positive integer under strategy 'parameter_server'"):
         trainer.fit(tfdist.data.load("digits"), global_batch_size=G, verbose=0)
-    with pytest.raises(ValueError, match="argument `data`. Received: data='tf.data.Dataset'.*dataset_fn"):
-        trainer.fit(dataset(), steps_per_epoch=5, verbose=0)
     with pytest.raises(ValueError, match="argument `num_workers`. Received: num_workers=0"):
         tfdist.make_strategy("parameter_server", num_workers=0)
+    with pytest.raises(ValueError, match="argument `allow_late_connect`. Received: allow_late_connect='yes'"):
+        tfdist.make_strategy("parameter_server", allow_late_connect="yes")
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
                                                             "chief": ["127.0.0.1:3"]},
                                                 "task": {"type": "chief", "index": 0}}))

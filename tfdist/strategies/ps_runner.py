@@ -18,7 +18,6 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfdist.config import invalid_argument
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, ReplicaFn
 
@@ -87,16 +86,16 @@ class PSRunner:
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if not training:
             return source.dataset_fn(self.input_context()) if source.dataset_fn else source.dataset
-        if source.dataset_fn is None:
-            raise invalid_argument(
-                "data", "tf.data.Dataset", "a dataset_fn(input_context) or tfdist.data.load(...) under "
-                "parameter_server", note="Every worker builds its own pipeline from a function; a dataset "
-                "object made on the coordinator cannot be sent to the workers.")
-        dataset_fn = source.dataset_fn
         strategy = self.strategy
+        # Workers draw batches independently, so each pipeline repeats.
+        if source.dataset_fn is None:
+            # A dataset made here is serialised with its graph and rebuilt on
+            # every worker: each worker reads all of it, as a dataset_fn does.
+            return self.coordinator.create_per_worker_dataset(
+                strategy.experimental_distribute_dataset(source.dataset.repeat()))
+        dataset_fn = source.dataset_fn
 
         def per_worker_dataset():
-            # Workers draw batches independently, so each pipeline repeats.
             return strategy.distribute_datasets_from_function(lambda ctx: dataset_fn(ctx).repeat())
 
         return self.coordinator.create_per_worker_dataset(per_worker_dataset)
