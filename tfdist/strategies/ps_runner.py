@@ -5,6 +5,14 @@ Training steps are ``tf.function`` calls scheduled on any free worker with
 Up to ``max_in_flight`` calls run ahead of the logs the loop has fetched, so
 workers stay busy while callbacks still receive real values, in order.
 
+Logs are exact running means of the finished steps, as under the sync
+strategies. Metric variables on the ps tasks cannot be read consistently while
+other steps update them (a total may already include a step whose count is not
+in yet), so each scheduled function keeps its own steps' metric sums in local
+tensors and returns them; the coordinator adds them up in order and computes
+the logs from the sums, and writes the epoch's totals back into the model's
+metric variables at the epoch end.
+
 Evaluation runs on the coordinator itself, reading the variables from the ps
 tasks: each validation example is counted exactly once.
 """
@@ -18,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from tfdist import _compat
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, ReplicaFn
 
@@ -67,6 +76,9 @@ class PSRunner:
         self.coordinator = _coordinator(strategy)
         self.num_workers = strategy.extended._num_workers
         self.max_in_flight = 2 * self.num_workers
+        self._model: Any = None  # whose metrics the train functions sum per execution
+        self._metric_vars: list[Any] = []
+        self._sums: list[np.ndarray] | None = None  # this epoch's metric sums over fetched executions
 
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
@@ -86,6 +98,7 @@ class PSRunner:
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if not training:
             return source.dataset_fn(self.input_context()) if source.dataset_fn else source.dataset
+        self._sums = None  # a new fit: no sums left from an interrupted one
         strategy = self.strategy
         # Workers draw batches independently, so each pipeline repeats.
         if source.dataset_fn is None:
@@ -113,16 +126,37 @@ class PSRunner:
         return flag  # only the coordinator runs the loop
 
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int, name: str,
-                     training: bool = True) -> Callable[[Any, Any], Any]:
+                     training: bool = True, model: Any = None) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
+        per_execution = training and self._sum_metrics_of(model)
+        variables = self._metric_vars
+
+        def one_step(iterator):
+            strategy.run(replica_fn, args=([next(iterator) for _ in range(batches_per_call)],))
 
         if training:
             def loop(iterator, num_calls):
                 # A Python int (see run) unrolls the steps; a tensor loops in the graph.
-                for _ in (range(num_calls) if isinstance(num_calls, int) else tf.range(num_calls)):
-                    batches = [next(iterator) for _ in range(batches_per_call)]
-                    strategy.run(replica_fn, args=(batches,))
-                return logs_fn()
+                if not per_execution:
+                    for _ in (range(num_calls) if isinstance(num_calls, int) else tf.range(num_calls)):
+                        one_step(iterator)
+                    return logs_fn()
+                with _compat.metric_state_as_tensors(variables) as boxes:
+                    if isinstance(num_calls, int):
+                        for _ in range(num_calls):
+                            one_step(iterator)
+                    else:
+                        def body(i, *state):
+                            for box, value in zip(boxes, state):
+                                box.current = value
+                            one_step(iterator)
+                            return (i + 1, *[box.current for box in boxes])
+
+                        _, *state = tf.while_loop(lambda i, *_: i < num_calls, body,
+                                                  (tf.constant(0), *[box.current for box in boxes]))
+                        for box, value in zip(boxes, state):
+                            box.current = value
+                    return logs_fn(), [box.current for box in boxes]
         else:
             def loop(iterator, num_calls):
                 # On the coordinator, in cross-replica context: no strategy.run.
@@ -134,6 +168,22 @@ class PSRunner:
         fn = tf.function(loop, reduce_retracing=True)
         fn._tfdist_scheduled = training
         return fn
+
+    def _sum_metrics_of(self, model: Any) -> bool:
+        """Whether train functions sum ``model``'s metrics per execution (see the module docstring)."""
+        if model is None:
+            return False
+        variables = _compat.metric_variables(model)
+        if not _compat.additive(variables):
+            logger.warning("A metric keeps state that is not a sum; its mid-epoch logs under parameter_server "
+                           "are read while other steps update it and may be inexact (epoch-end logs are exact).")
+            return False
+        self._model, self._metric_vars = model, variables
+        return bool(variables)
+
+    def _metric_logs(self, sums: list[Any]) -> dict[str, Any]:
+        with _compat.metric_state_as_tensors(self._metric_vars, sums):
+            return dict(self._model.get_metrics_result())
 
     @contextlib.contextmanager
     def _failures(self):
@@ -149,6 +199,7 @@ class PSRunner:
         # function and raises it from the next schedule or join, whichever fit
         # that is. join() raises it once and forgets it (and waits for the
         # functions still running), so the strategy's next fit starts clean.
+        self._sums = None
         for _ in range(2 * self.max_in_flight + 2):
             try:
                 self.coordinator.join()
@@ -167,6 +218,10 @@ class PSRunner:
     def fetch(self, logs: Any) -> dict[str, float]:
         with self._failures():
             values = logs.fetch() if hasattr(logs, "fetch") else logs
+        if isinstance(values, tuple):  # (logs, this execution's metric sums)
+            values, sums = values
+            self._sums = list(sums) if self._sums is None else [a + b for a, b in zip(self._sums, sums)]
+            values = {**values, **self._metric_logs(self._sums)}
         return {k: float(np.asarray(v)) for k, v in values.items()}
 
     def join(self) -> None:
@@ -176,4 +231,9 @@ class PSRunner:
     def final_logs(self, logs_fn: LogsFn, last: dict[str, float]) -> dict[str, float]:
         """Logs once every scheduled step has finished (steps finish out of order)."""
         self.join()
+        if self._sums is not None:
+            # The model's metrics end the epoch holding its totals, as under the sync strategies.
+            for variable, total in zip(self._metric_vars, self._sums):
+                variable.assign(total)
+            self._sums = None
         return {k: float(np.asarray(v)) for k, v in logs_fn().items()}

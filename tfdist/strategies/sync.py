@@ -83,7 +83,7 @@ class SyncRunner:
         return bool(self._vote(tf.constant(1.0 if flag else 0.0)).numpy() > 0)
 
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
-                     name: str, training: bool = True) -> Callable[[Any, Any], Any]:
+                     name: str, training: bool = True, model: Any = None) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
 
         def loop(iterator, num_calls):
