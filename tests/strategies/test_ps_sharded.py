@@ -92,3 +92,14 @@ def test_users_own_coordinator_loop_with_a_sharded_embedding(sharded):
     assert int(optimizer.iterations.numpy()) == 6
     assert not np.allclose(embedding.numpy(), before)
     assert 0.0 <= float(accuracy.result()) <= 1.0
+
+
+def test_the_sharded_variable_shims_are_still_needed():
+    """Fails when upstream fixes what a shim works around: then drop the shim (see tfdist/_compat.py)."""
+    from tfdist import _compat
+
+    assert _compat.sharded_variables_lack_handle()
+    assert _compat.keras_weight_decay_uses_extended_update()
+    assert _compat.keras_slots_colocate_with_reference()
+    assert set(_compat.apply_sharded_variable_shims()) == {"sharded_gradients", "sharded_weight_decay",
+                                                           "sharded_slots"}
