@@ -392,6 +392,16 @@ def connected_to_cluster() -> bool:
     return context.get_server_def() is not None
 
 
+def connected_cluster() -> dict[str, list[str]]:
+    """The cluster this process is connected to, this process's own job included ({} if none)."""
+    from tensorflow.python.eager import context
+
+    server_def = context.get_server_def()
+    if server_def is None:
+        return {}
+    return {job.name: [job.tasks[i] for i in sorted(job.tasks)] for job in server_def.cluster.job}
+
+
 # -- Metric state as local tensors (consistent PS logs) ------------------------
 #
 # Under ParameterServerStrategy, metric variables live on the ps tasks and many

@@ -80,20 +80,20 @@ _CLUSTERS: dict[tuple[int, int], tuple[Any, list[tf.distribute.Server]]] = {}
 _warned_exposed = False
 
 
-def _warn_exposed(spec: dict[str, list[str]]) -> None:
-    """Says once per process that the in-process servers listen on every interface."""
+def _warn_exposed() -> None:
+    """Says once per process that the in-process servers listen on every interface, and on which ports."""
     global _warned_exposed
     if _warned_exposed:
         return
     _warned_exposed = True
-    ports = sorted(int(a.rpartition(":")[2]) for tasks in spec.values() for a in tasks)
+    # The connected cluster: our servers plus the coordinator's own (its port is TF's pick).
+    ports = sorted(int(a.rpartition(":")[2]) for tasks in _compat.connected_cluster().values() for a in tasks)
     listed = ",".join(map(str, ports))
     logger.warning(
-        "The in-process parameter-server cluster listens on every network interface (TF's gRPC server binds "
-        "0.0.0.0 and has no option to bind loopback only), on ports %s plus the coordinator's own port, "
-        "without authentication: anyone who can reach this machine can run TF graphs in this process. "
-        "On a shared network, drop outside traffic to them, e.g. `iptables -I INPUT ! -i lo -p tcp -m multiport "
-        "--dports %s -j DROP`.", listed, listed)
+        "The in-process parameter-server cluster listens on every network interface, on ports %s (TF's gRPC "
+        "server binds 0.0.0.0 and has no option to bind loopback only), without authentication: anyone who "
+        "can reach this machine can run TF graphs in this process. On a shared network, drop outside traffic "
+        "to them, e.g. `iptables -I INPUT ! -i lo -p tcp -m multiport --dports %s -j DROP`.", listed, listed)
 
 
 def _in_process_cluster(num_workers: int, num_ps: int) -> tuple[Any, list[tf.distribute.Server]]:
@@ -111,7 +111,6 @@ def _in_process_cluster(num_workers: int, num_ps: int) -> tuple[Any, list[tf.dis
                                                 config=server_config(), start=True))
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster_spec, rpc_layer="grpc")
     logger.info("Started an in-process cluster: %s", spec)
-    _warn_exposed(spec)
     _CLUSTERS[key] = (resolver, servers)
     return resolver, servers
 
@@ -165,6 +164,7 @@ def build(num_workers: int | None = None, num_ps: int | None = None,
         resolver, servers = _in_process_cluster(num_workers or 2, num_ps or 1)
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
         strategy._tfdist_servers = servers  # keep the in-process servers alive with the strategy
+        _warn_exposed()
         return strategy
     for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
         if value is not None:
