@@ -42,31 +42,64 @@ def test_datasets_and_arrays_train_under_ps(ps, form):
     assert np.isfinite(history.history["loss"]).all()
 
 
-@pytest.mark.parametrize("steps_per_execution, accumulation_steps", [(1, 1), (20, 1), (4, 2)])
-def test_every_logged_value_is_a_true_running_mean(ps, steps_per_execution, accumulation_steps):
+def _classifier():
+    x, y = arrays(16)
+    top2 = keras.metrics.SparseTopKCategoricalAccuracy(k=2)
+    options = {"optimizer": keras.optimizers.SGD(0.0), "loss": LOSS, "metrics": ["accuracy", top2]}
+
+    def expected(model):
+        logits = model(x)
+        return {"loss": float(LOSS(y, logits)), "accuracy": float(np.mean(np.argmax(logits, 1) == y)),
+                "sparse_top_k_categorical_accuracy": float(keras.metrics.SparseTopKCategoricalAccuracy(k=2)(
+                    y, logits))}
+
+    return builder(initial_weights()), (x, y), options, expected
+
+
+def _embedding():
+    # The reported case: an embedding model, RMSprop, binary_accuracy (logged 1.2812 before).
+    x = np.random.default_rng(0).integers(0, 50, (16, 5)).astype("int32")
+    y = (x[:, :1] > 25).astype("float32")
+    loss = keras.losses.BinaryCrossentropy(from_logits=True)
+    options = {"optimizer": keras.optimizers.RMSprop(0.0), "loss": loss,
+               "metrics": [keras.metrics.BinaryAccuracy(threshold=0.0)]}
+
+    def build():
+        keras.utils.set_random_seed(2)
+        return keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(50, 8),
+                                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+
+    def expected(model):
+        logits = model(x)
+        return {"loss": float(loss(y, logits)),
+                "binary_accuracy": float(np.mean((np.asarray(logits) > 0) == (y > 0.5)))}
+
+    return build, (x, y), options, expected
+
+
+@pytest.mark.parametrize("case, steps_per_execution, accumulation_steps",
+                         [(_classifier, 1, 1), (_classifier, 20, 1), (_classifier, 4, 2), (_embedding, 1, 1)],
+                         ids=["classifier", "20_per_execution", "accumulation", "embedding_rmsprop"])
+def test_every_logged_value_is_a_true_running_mean(ps, case, steps_per_execution, accumulation_steps):
     """Mid-epoch logs are read while other steps run; they must still be exact running means.
 
     With a learning rate of 0 and one repeated batch every finished step has
-    the same loss and accuracy, so every running mean equals them exactly; a
+    the same loss and metrics, so every running mean equals them exactly; a
     torn read (a metric's total updated by a step whose count is not yet in)
     shows up as a different value (e.g. accuracy 1.28).
     """
-    x, y = arrays(16)
+    build, batch, options, expected_of = case()
     seen = []
 
     class Recorder(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             seen.append(dict(logs))
 
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=ps, optimizer=keras.optimizers.SGD(0.0),
-                             loss=LOSS, metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)],
-                             steps_per_execution=steps_per_execution, accumulation_steps=accumulation_steps)
-    history = trainer.fit(lambda ctx: tf.data.Dataset.from_tensors((x, y)), epochs=2, steps_per_epoch=60,
+    trainer = tfdist.Trainer(build, strategy=ps, steps_per_execution=steps_per_execution,
+                             accumulation_steps=accumulation_steps, **options)
+    history = trainer.fit(lambda ctx: tf.data.Dataset.from_tensors(batch), epochs=2, steps_per_epoch=60,
                           global_batch_size=16, callbacks=[Recorder()], verbose=0)
-    logits = trainer.model(x)
-    expected = {"loss": float(LOSS(y, logits)),
-                "accuracy": float(np.mean(np.argmax(logits, 1) == y)),
-                "sparse_top_k_categorical_accuracy": float(keras.metrics.SparseTopKCategoricalAccuracy(k=2)(y, logits))}
+    expected = expected_of(trainer.model)
     assert len(seen) == 120 // steps_per_execution
     for logs in seen + [{k: v[-1] for k, v in history.history.items()}]:
         logs.pop("updates", None)
