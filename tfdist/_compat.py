@@ -273,7 +273,8 @@ def keras_weight_decay_uses_extended_update() -> bool:
 
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
-    return "extended.update" in inspect.getsource(TFOptimizer._apply_weight_decay)
+    upstream = _ORIGINALS.get("sharded_weight_decay", TFOptimizer._apply_weight_decay)
+    return "extended.update" in inspect.getsource(upstream)
 
 
 def _shards_of(source: Any) -> list[Any] | None:
@@ -328,7 +329,8 @@ def keras_slots_colocate_with_reference() -> bool:
 
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
-    return "colocate_vars_with" in inspect.getsource(TFOptimizer.add_variable_from_reference)
+    upstream = _ORIGINALS.get("sharded_slots", TFOptimizer.add_variable_from_reference)
+    return "colocate_vars_with" in inspect.getsource(upstream)
 
 
 def _make_sharded_slot(original):
