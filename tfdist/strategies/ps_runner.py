@@ -68,6 +68,15 @@ def _raise_clearly(error: Exception) -> None:
     raise error
 
 
+def _lost_worker_output(error: Exception) -> str | None:
+    """The worker whose finished function's outputs could not be fetched (it stopped since), else None."""
+    if not isinstance(error, (tf.errors.UnavailableError, tf.errors.CancelledError)):
+        return None
+    tasks = _TASK_RE.findall(str(error))
+    workers = sorted({f"worker:{i}" for job, i in tasks if job == "worker"})
+    return workers[0] if workers and not any(job == "ps" for job, _ in tasks) else None
+
+
 class PSRunner:
     """Runs replica steps on a ParameterServerStrategy through a ClusterCoordinator."""
 
@@ -79,6 +88,7 @@ class PSRunner:
         self._model: Any = None  # whose metrics the train functions sum per execution
         self._metric_vars: list[Any] = []
         self._sums: list[np.ndarray] | None = None  # this epoch's metric sums over fetched executions
+        self._last_logs: dict[str, float] = {}
 
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
@@ -216,13 +226,25 @@ class PSRunner:
             return self.coordinator.schedule(fn, args=(iterator, count))
 
     def fetch(self, logs: Any) -> dict[str, float]:
-        with self._failures():
+        try:
             values = logs.fetch() if hasattr(logs, "fetch") else logs
+        except Exception as e:  # noqa: BLE001 - re-raised unless only the logs were lost
+            worker = _lost_worker_output(e)
+            if worker is None:
+                self._clear_failure()
+                _raise_clearly(e)
+            # The call ran (its updates are on the ps), but its worker stopped
+            # before the coordinator copied its logs: they are gone. The
+            # running means then leave out its steps.
+            logger.warning("The logs of one scheduled call were lost: %s stopped after running it. Its updates "
+                           "were applied; the logged means leave out its steps.", worker)
+            return dict(self._last_logs)
         if isinstance(values, tuple):  # (logs, this execution's metric sums)
             values, sums = values
             self._sums = list(sums) if self._sums is None else [a + b for a, b in zip(self._sums, sums)]
             values = {**values, **self._metric_logs(self._sums)}
-        return {k: float(np.asarray(v)) for k, v in values.items()}
+        self._last_logs = {k: float(np.asarray(v)) for k, v in values.items()}
+        return dict(self._last_logs)
 
     def join(self) -> None:
         with self._failures():
