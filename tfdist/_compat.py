@@ -366,3 +366,249 @@ def gradients_already_summed(optimizer: keras.optimizers.Optimizer, *,
         for opt in targets:
             if "_all_reduce_sum_gradients" in vars(opt):
                 object.__delattr__(opt, "_all_reduce_sum_gradients")
+
+
+# -- ShardedVariable in user code, and the TF runtime's state ------------------
+#
+# ``sharded_gradients``: ``tf.GradientTape.gradient`` with a Keras variable that
+# wraps a ``ShardedVariable`` among its sources (a user's own loop under
+# ``min_shard_bytes``) fails with "'ShardedVariable' object has no attribute
+# 'handle'": the tape asks every variable for its one resource handle. The shim
+# takes the gradient of each shard instead and concatenates them along axis 0,
+# as tfdist's own step does, so ``optimizer.apply_gradients`` receives one
+# gradient per Keras variable.
+#
+# ``sharded_weight_decay``: Keras's ``_apply_weight_decay`` (AdamW, Lion, any
+# ``weight_decay=``) updates each variable through
+# ``distribution.extended.update``, which fails on a ShardedVariable like the
+# optimizer step did. The shim decays sharded variables directly (the update is
+# split across the shards).
+#
+# ``sharded_slots``: an optimizer built inside a ``tf.function`` (a user loop's
+# first ``apply_gradients``) creates its slots under ``colocate_vars_with(var)``,
+# which fails in a graph for a ShardedVariable ("doesn't support being used as
+# a reference"). The shim creates such slots without colocation; the strategy's
+# partitioner then shards them like the variable (same shape, same partitioner).
+
+
+def sharded_variables_lack_handle() -> bool:
+    """True while a ``ShardedVariable`` has no ``handle`` (so the tape cannot take it)."""
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    return not hasattr(ShardedVariable, "handle")
+
+
+def keras_weight_decay_uses_extended_update() -> bool:
+    """True while Keras's TF optimizer applies weight decay through ``extended.update``."""
+    import inspect
+
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    upstream = _ORIGINALS.get("sharded_weight_decay", TFOptimizer._apply_weight_decay)
+    return "extended.update" in inspect.getsource(upstream)
+
+
+def _shards_of(source: Any) -> list[Any] | None:
+    inner = getattr(source, "_value", source)
+    return list(inner.variables) if _is_sharded(inner) else None
+
+
+def _make_sharded_gradient(original):
+    def gradient(self, target, sources, *args, **kwargs):
+        flat = tf.nest.flatten(sources)
+        shards = [_shards_of(s) for s in flat]
+        if all(s is None for s in shards):
+            return original(self, target, sources, *args, **kwargs)
+        expanded = [v for s, parts in zip(flat, shards) for v in (parts if parts is not None else [s])]
+        grads = original(self, target, expanded, *args, **kwargs)
+        out, i = [], 0
+        for parts in shards:
+            if parts is None:
+                out.append(grads[i])
+                i += 1
+                continue
+            pieces, i = grads[i:i + len(parts)], i + len(parts)
+            out.append(None if any(p is None for p in pieces)
+                       else tf.concat([tf.convert_to_tensor(p) for p in pieces], axis=0))
+        return tf.nest.pack_sequence_as(sources, out)
+
+    gradient.__doc__ = original.__doc__
+    return gradient
+
+
+def _make_sharded_weight_decay(original):
+    def _apply_weight_decay(self, variables):
+        variables = list(variables)
+        plain = [v for v in variables if _shards_of(v) is None]
+        if len(plain) == len(variables) or self.weight_decay is None:
+            return original(self, variables)
+        if plain:
+            original(self, plain)
+        for variable in variables:
+            inner = getattr(variable, "_value", variable)
+            if _is_sharded(inner) and self._use_weight_decay(variable):
+                lr = tf.cast(self.learning_rate, inner.dtype)
+                wd = tf.cast(self.weight_decay, inner.dtype)
+                inner.assign_sub(tf.convert_to_tensor(inner) * wd * lr)
+
+    return _apply_weight_decay
+
+
+def keras_slots_colocate_with_reference() -> bool:
+    """True while Keras's TF optimizer creates slot variables under ``colocate_vars_with``."""
+    import inspect
+
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    upstream = _ORIGINALS.get("sharded_slots", TFOptimizer.add_variable_from_reference)
+    return "colocate_vars_with" in inspect.getsource(upstream)
+
+
+def _make_sharded_slot(original):
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        if _shards_of(reference_variable) is None:
+            return original(self, reference_variable, name=name, initializer=initializer)
+        # What TFOptimizer's own version calls, minus the colocation.
+        return BaseOptimizer.add_variable_from_reference(self, reference_variable, name=name,
+                                                         initializer=initializer)
+
+    return add_variable_from_reference
+
+
+def apply_sharded_variable_shims() -> list[str]:
+    """Applies the ``sharded_gradients`` and ``sharded_weight_decay`` shims where needed. Idempotent.
+
+    ``make_strategy("parameter_server")`` calls it (with :func:`apply`), so
+    partitioned variables work in users' own training loops as well as in the
+    Trainer.
+
+    Returns:
+        The names of these shims in force.
+    """
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    applied = []
+    if "sharded_gradients" not in _disabled() and (
+            "sharded_gradients" in _ORIGINALS or sharded_variables_lack_handle()):
+        if "sharded_gradients" not in _ORIGINALS:
+            _ORIGINALS["sharded_gradients"] = tf.GradientTape.gradient
+            tf.GradientTape.gradient = _make_sharded_gradient(tf.GradientTape.gradient)
+        applied.append("sharded_gradients")
+    if "sharded_weight_decay" not in _disabled() and (
+            "sharded_weight_decay" in _ORIGINALS or keras_weight_decay_uses_extended_update()):
+        if "sharded_weight_decay" not in _ORIGINALS:
+            _ORIGINALS["sharded_weight_decay"] = TFOptimizer._apply_weight_decay
+            TFOptimizer._apply_weight_decay = _make_sharded_weight_decay(TFOptimizer._apply_weight_decay)
+        applied.append("sharded_weight_decay")
+    if "sharded_slots" not in _disabled() and (
+            "sharded_slots" in _ORIGINALS or keras_slots_colocate_with_reference()):
+        if "sharded_slots" not in _ORIGINALS:
+            _ORIGINALS["sharded_slots"] = TFOptimizer.add_variable_from_reference
+            TFOptimizer.add_variable_from_reference = _make_sharded_slot(TFOptimizer.add_variable_from_reference)
+        applied.append("sharded_slots")
+    return applied
+
+
+def tf_runtime_started() -> bool:
+    """Whether TensorFlow's eager runtime has started in this process (devices fixed, ops may exist)."""
+    from tensorflow.python.eager import context
+
+    return context.context()._context_handle is not None
+
+
+def connected_to_cluster() -> bool:
+    """Whether this process's eager runtime is connected to a cluster (``connect_to_cluster``)."""
+    from tensorflow.python.eager import context
+
+    return context.get_server_def() is not None
+
+
+def connected_cluster() -> dict[str, list[str]]:
+    """The cluster this process is connected to, this process's own job included ({} if none)."""
+    from tensorflow.python.eager import context
+
+    server_def = context.get_server_def()
+    if server_def is None:
+        return {}
+    return {job.name: [job.tasks[i] for i in sorted(job.tasks)] for job in server_def.cluster.job}
+
+
+# -- Metric state as local tensors (consistent PS logs) ------------------------
+#
+# Under ParameterServerStrategy, metric variables live on the ps tasks and many
+# steps update them at once: a log read while they run can be torn (a total
+# that includes a step whose count is not in yet: accuracy 1.28). The PS runner
+# therefore traces its scheduled function with each metric variable's TF
+# variable swapped for a local tensor that starts at zero: each execution
+# computes the sums of its own steps, which the coordinator adds up in order.
+
+
+class _StateBox:
+    """Stands in for a metric's TF variable while tracing: its value is a plain tensor."""
+
+    def __init__(self, value: Any, dtype: Any) -> None:
+        self.dtype = tf.as_dtype(dtype)
+        self.current = tf.convert_to_tensor(value, dtype=self.dtype)
+
+    @property
+    def shape(self) -> tf.TensorShape:
+        return self.current.shape
+
+    def assign(self, value, **_):
+        self.current = tf.convert_to_tensor(value, dtype=self.dtype)
+        return self.current
+
+    def assign_add(self, value, **_):
+        return self.assign(self.current + tf.cast(value, self.dtype))
+
+    def assign_sub(self, value, **_):
+        return self.assign(self.current - tf.cast(value, self.dtype))
+
+    def read_value(self):
+        return self.current
+
+    def value(self):
+        return self.current
+
+    def numpy(self):
+        return self.current.numpy()
+
+
+tf.register_tensor_conversion_function(
+    _StateBox, lambda box, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(box.current, dtype=dtype))
+
+
+def metric_variables(model: keras.Model) -> list[Any]:
+    """The model's metric state variables (loss tracker and compiled metrics)."""
+    return list(model.metrics_variables)
+
+
+def additive(variables: list[Any]) -> bool:
+    """Whether every variable is summed across replicas, so per-execution sums can be added up."""
+    return all(getattr(v, "aggregation", None) == "sum" for v in variables)
+
+
+@contextlib.contextmanager
+def metric_state_as_tensors(variables: list[Any], values: list[Any] | None = None) -> Iterator[list[_StateBox]]:
+    """Within this block, ``variables`` (Keras metric variables) read and write local tensors.
+
+    Args:
+        variables: Keras variables, e.g. :func:`metric_variables`.
+        values: Their starting values; default zeros.
+
+    Yields:
+        One box per variable; ``box.current`` is the variable's current tensor.
+    """
+    saved = [v._value for v in variables]
+    if values is None:
+        values = [tf.zeros(v.shape, v.dtype) for v in variables]
+    boxes = [_StateBox(value, v.dtype) for v, value in zip(variables, values)]
+    for v, box in zip(variables, boxes):
+        v._value = box
+    try:
+        yield boxes
+    finally:
+        for v, value in zip(variables, saved):
+            v._value = value

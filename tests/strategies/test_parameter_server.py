@@ -7,6 +7,7 @@ import pytest
 
 import tfdist
 from tests.jobs.common import builder, dataset, initial_weights
+from tests.strategies.ps_common import ps_strategy
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 G = 64
@@ -14,7 +15,7 @@ G = 64
 
 @pytest.fixture(scope="module")
 def ps():
-    return tfdist.make_strategy("parameter_server", num_workers=2, num_ps=1)
+    return ps_strategy(num_workers=2, num_ps=1)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_accumulation_and_precision(ps, digits, precision):
 
 
 def test_sharded_variables(digits, tmp_path):
-    strategy = tfdist.make_strategy("parameter_server", num_workers=2, num_ps=2, min_shard_bytes=4096)
+    strategy = ps_strategy(num_workers=2, num_ps=2, min_shard_bytes=4096)
     train, val = digits
     trainer = tfdist.Trainer(lambda: tfdist.models.get("mlp", hidden_units=(64, 64)), strategy=strategy,
                              optimizer="adam", loss=LOSS, metrics=["accuracy"])
@@ -117,10 +118,10 @@ def test_ps_errors(ps, monkeypatch):
     with pytest.raises(ValueError, match="argument `steps_per_epoch`. Received: steps_per_epoch=None. "
                                          "Expected a positive integer under strategy 'parameter_server'"):
         trainer.fit(tfdist.data.load("digits"), global_batch_size=G, verbose=0)
-    with pytest.raises(ValueError, match="argument `data`. Received: data='tf.data.Dataset'.*dataset_fn"):
-        trainer.fit(dataset(), steps_per_epoch=5, verbose=0)
     with pytest.raises(ValueError, match="argument `num_workers`. Received: num_workers=0"):
         tfdist.make_strategy("parameter_server", num_workers=0)
+    with pytest.raises(ValueError, match="argument `allow_late_connect`. Received: allow_late_connect='yes'"):
+        tfdist.make_strategy("parameter_server", allow_late_connect="yes")
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
                                                             "chief": ["127.0.0.1:3"]},
                                                 "task": {"type": "chief", "index": 0}}))

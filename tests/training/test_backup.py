@@ -58,7 +58,8 @@ def test_keep_backup(tmp_path):
 
 
 def test_parameter_server_resumes_after_a_coordinator_crash(tmp_path):
-    strategy = tfdist.make_strategy("parameter_server", num_workers=2, num_ps=2, min_shard_bytes=1024)
+    strategy = tfdist.make_strategy("parameter_server", num_workers=2, num_ps=2, min_shard_bytes=1024,
+                                    allow_late_connect=True)  # earlier tests ran TF in this process
     data = tfdist.data.load("synthetic", num_examples=512)
     backup_dir = str(tmp_path / "ps-backup")
     first = _trainer(strategy, backup_dir, backup_freq=5)

@@ -110,7 +110,8 @@ def strategy(kind: str) -> tf.distribute.Strategy:
         if kind not in _STRATEGIES:
             from tfdist.strategies.factory import make_strategy
 
-            _STRATEGIES[kind] = make_strategy(kind, num_workers=PS_WORKERS, num_ps=PS_TASKS)
+            # Deliberately after the local strategies (see the module docstring).
+            _STRATEGIES[kind] = make_strategy(kind, num_workers=PS_WORKERS, num_ps=PS_TASKS, allow_late_connect=True)
         return _STRATEGIES[kind]
     if kind not in LOCAL_KINDS:
         raise invalid_argument("strategy", kind, sorted([*LOCAL_KINDS, CLUSTER_KIND]))

@@ -60,12 +60,14 @@ class Runner(Protocol):
         """
 
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
-                     name: str, training: bool = True) -> Callable[[Any, int], Any]:
+                     name: str, training: bool = True, model: Any = None) -> Callable[[Any, int], Any]:
         """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.
 
         Each call of ``replica_fn`` receives a list of ``batches_per_call``
         per-replica batches and runs in replica context. ``fn`` returns
         ``logs_fn()`` evaluated in cross-replica context after the last call.
+        ``model`` is the Keras model whose metrics ``replica_fn`` updates (a
+        runner whose steps overlap may track them per call to log exact means).
         """
 
     def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:

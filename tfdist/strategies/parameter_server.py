@@ -13,6 +13,19 @@ Two ways to get a cluster:
 
 Variables live on the ps tasks; with ``min_shard_bytes`` large ones are split
 into ``ShardedVariable`` shards across them (``MinSizePartitioner``).
+
+TF servers cannot be stopped, so an in-process cluster is started once per
+shape (workers, ps) and reused by every later ``make_strategy`` of that shape
+in the process: each call gets a new strategy (and coordinator) over the same
+servers. TF's gRPC server binds ``0.0.0.0`` whatever host the cluster names
+(``grpc_server_lib`` has no bind-address option), so its ports are reachable
+from other hosts unless a firewall drops them; the first in-process cluster
+logs a warning that names the ports.
+
+Connecting the coordinator to a cluster renames this process's devices
+``/job:chief/...``: datasets, variables and functions made before stop working.
+So, as ``mirrored`` refuses to add devices late, ``parameter_server`` refuses
+to connect after TensorFlow has started unless ``allow_late_connect=True``.
 """
 from __future__ import annotations
 
@@ -22,6 +35,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist import _compat
 from tfdist import cluster as cluster_lib
 from tfdist.config import check_positive_int, invalid_argument
 from tfdist.strategies.factory import register
@@ -60,7 +74,34 @@ def _partitioner(min_shard_bytes: int | None, num_ps: int) -> Any:
         min_shard_bytes=min_shard_bytes, max_shards=num_ps)
 
 
+# (num_workers, num_ps) -> (resolver, servers): servers cannot be stopped, so
+# they live as long as the process and every strategy of that shape reuses them.
+_CLUSTERS: dict[tuple[int, int], tuple[Any, list[tf.distribute.Server]]] = {}
+_warned_exposed = False
+
+
+def _warn_exposed() -> None:
+    """Says once per process that the in-process servers listen on every interface, and on which ports."""
+    global _warned_exposed
+    if _warned_exposed:
+        return
+    _warned_exposed = True
+    # The connected cluster: our servers plus the coordinator's own (its port is TF's pick).
+    ports = sorted(int(a.rpartition(":")[2]) for tasks in _compat.connected_cluster().values() for a in tasks)
+    listed = ",".join(map(str, ports))
+    logger.warning(
+        "The in-process parameter-server cluster listens on every network interface, on ports %s (TF's gRPC "
+        "server binds 0.0.0.0 and has no option to bind loopback only), without authentication: anyone who "
+        "can reach this machine can run TF graphs in this process. On a shared network, drop outside traffic "
+        "to them, e.g. `iptables -I INPUT ! -i lo -p tcp -m multiport --dports %s -j DROP`.", listed, listed)
+
+
 def _in_process_cluster(num_workers: int, num_ps: int) -> tuple[Any, list[tf.distribute.Server]]:
+    """This process's loopback cluster of that shape, started on first use."""
+    key = (num_workers, num_ps)
+    if key in _CLUSTERS:
+        logger.info("Reusing this process's in-process cluster of %d workers and %d ps", num_workers, num_ps)
+        return _CLUSTERS[key]
     spec = cluster_lib.make_cluster(workers=num_workers, ps=num_ps)
     cluster_spec = tf.train.ClusterSpec(spec)
     servers = []
@@ -70,13 +111,26 @@ def _in_process_cluster(num_workers: int, num_ps: int) -> tuple[Any, list[tf.dis
                                                 config=server_config(), start=True))
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster_spec, rpc_layer="grpc")
     logger.info("Started an in-process cluster: %s", spec)
+    _CLUSTERS[key] = (resolver, servers)
     return resolver, servers
+
+
+def _check_not_late(allow_late_connect: bool) -> None:
+    """Refuses to connect this process to a cluster after TensorFlow has started (unless allowed)."""
+    if allow_late_connect or _compat.connected_to_cluster() or not _compat.tf_runtime_started():
+        return
+    raise invalid_argument(
+        "allow_late_connect", False, "True, or a call of make_strategy('parameter_server') before any other "
+        "TensorFlow work", note="TensorFlow has already started in this process. Connecting to the cluster "
+        "renames the local devices /job:chief/..., so datasets, variables and functions made before fail "
+        "('/job:localhost/... unknown device'). Call tfdist.make_strategy first in the program, or pass "
+        "allow_late_connect=True if nothing made before is used afterwards.")
 
 
 @register("parameter_server", runner=PSRunner,
           matches=lambda s: isinstance(s, tf.distribute.experimental.ParameterServerStrategy))
 def build(num_workers: int | None = None, num_ps: int | None = None,
-          min_shard_bytes: int | None = None) -> tf.distribute.Strategy:
+          min_shard_bytes: int | None = None, allow_late_connect: bool = False) -> tf.distribute.Strategy:
     """Builds a ParameterServerStrategy; this process becomes the coordinator.
 
     Args:
@@ -84,20 +138,33 @@ def build(num_workers: int | None = None, num_ps: int | None = None,
             Only without TF_CONFIG.
         num_ps: Parameter servers of the in-process cluster (default 1).
         min_shard_bytes: Partition variables larger than this across the ps
-            tasks (``MinSizePartitioner``); default no partitioning.
+            tasks (``MinSizePartitioner``); default no partitioning. Works in
+            the Trainer and in your own ``ClusterCoordinator`` loops (tfdist's
+            ``ShardedVariable`` shims are applied here).
+        allow_late_connect: Connect although TensorFlow already ran in this
+            process. Whatever was made before (datasets, variables, functions)
+            then fails with "/job:localhost/... unknown device".
 
     Raises:
         ValueError: For counts given together with TF_CONFIG, a cluster with
-            no ps or no chief, bad counts, or a port already in use.
+            no ps or no chief, bad counts, a port already in use, or a call
+            after TensorFlow started without ``allow_late_connect``.
     """
     check_positive_int("num_workers", num_workers, allow_none=True)
     check_positive_int("num_ps", num_ps, allow_none=True)
+    if not isinstance(allow_late_connect, bool):
+        raise invalid_argument("allow_late_connect", allow_late_connect, "True or False")
     info = cluster_lib.from_environment()
+    # User loops meet ShardedVariables and concurrent Keras updates too, not only the Trainer.
+    _compat.apply()
+    _compat.apply_sharded_variable_shims()
     if info is None:
+        partitioner = _partitioner(min_shard_bytes, num_ps or 1)
+        _check_not_late(allow_late_connect)
         resolver, servers = _in_process_cluster(num_workers or 2, num_ps or 1)
-        strategy = tf.distribute.experimental.ParameterServerStrategy(
-            resolver, variable_partitioner=_partitioner(min_shard_bytes, num_ps or 1))
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
         strategy._tfdist_servers = servers  # keep the in-process servers alive with the strategy
+        _warn_exposed()
         return strategy
     for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
         if value is not None:
@@ -113,5 +180,6 @@ def build(num_workers: int | None = None, num_ps: int | None = None,
         raise invalid_argument("TF_CONFIG.task.type", info.task_type, "chief, worker or ps",
                                note="The chief coordinates parameter-server training.")
     check_own_port(info)
-    return tf.distribute.experimental.ParameterServerStrategy(
-        resolver_for(info), variable_partitioner=_partitioner(min_shard_bytes, len(info.cluster["ps"])))
+    partitioner = _partitioner(min_shard_bytes, len(info.cluster["ps"]))
+    _check_not_late(allow_late_connect)
+    return tf.distribute.experimental.ParameterServerStrategy(resolver_for(info), variable_partitioner=partitioner)

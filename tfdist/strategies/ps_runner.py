@@ -5,11 +5,20 @@ Training steps are ``tf.function`` calls scheduled on any free worker with
 Up to ``max_in_flight`` calls run ahead of the logs the loop has fetched, so
 workers stay busy while callbacks still receive real values, in order.
 
+Logs are exact running means of the finished steps, as under the sync
+strategies. Metric variables on the ps tasks cannot be read consistently while
+other steps update them (a total may already include a step whose count is not
+in yet), so each scheduled function keeps its own steps' metric sums in local
+tensors and returns them; the coordinator adds them up in order and computes
+the logs from the sums, and writes the epoch's totals back into the model's
+metric variables at the epoch end.
+
 Evaluation runs on the coordinator itself, reading the variables from the ps
 tasks: each validation example is counted exactly once.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from typing import Any, Callable
@@ -17,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfdist.config import invalid_argument
+from tfdist import _compat
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, ReplicaFn
 
@@ -59,6 +68,15 @@ def _raise_clearly(error: Exception) -> None:
     raise error
 
 
+def _lost_worker_output(error: Exception) -> str | None:
+    """The worker whose finished function's outputs could not be fetched (it stopped since), else None."""
+    if not isinstance(error, (tf.errors.UnavailableError, tf.errors.CancelledError)):
+        return None
+    tasks = _TASK_RE.findall(str(error))
+    workers = sorted({f"worker:{i}" for job, i in tasks if job == "worker"})
+    return workers[0] if workers and not any(job == "ps" for job, _ in tasks) else None
+
+
 class PSRunner:
     """Runs replica steps on a ParameterServerStrategy through a ClusterCoordinator."""
 
@@ -67,6 +85,10 @@ class PSRunner:
         self.coordinator = _coordinator(strategy)
         self.num_workers = strategy.extended._num_workers
         self.max_in_flight = 2 * self.num_workers
+        self._model: Any = None  # whose metrics the train functions sum per execution
+        self._metric_vars: list[Any] = []
+        self._sums: list[np.ndarray] | None = None  # this epoch's metric sums over fetched executions
+        self._last_logs: dict[str, float] = {}
 
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
@@ -86,16 +108,17 @@ class PSRunner:
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if not training:
             return source.dataset_fn(self.input_context()) if source.dataset_fn else source.dataset
-        if source.dataset_fn is None:
-            raise invalid_argument(
-                "data", "tf.data.Dataset", "a dataset_fn(input_context) or tfdist.data.load(...) under "
-                "parameter_server", note="Every worker builds its own pipeline from a function; a dataset "
-                "object made on the coordinator cannot be sent to the workers.")
-        dataset_fn = source.dataset_fn
+        self._sums = None  # a new fit: no sums left from an interrupted one
         strategy = self.strategy
+        # Workers draw batches independently, so each pipeline repeats.
+        if source.dataset_fn is None:
+            # A dataset made here is serialised with its graph and rebuilt on
+            # every worker: each worker reads all of it, as a dataset_fn does.
+            return self.coordinator.create_per_worker_dataset(
+                strategy.experimental_distribute_dataset(source.dataset.repeat()))
+        dataset_fn = source.dataset_fn
 
         def per_worker_dataset():
-            # Workers draw batches independently, so each pipeline repeats.
             return strategy.distribute_datasets_from_function(lambda ctx: dataset_fn(ctx).repeat())
 
         return self.coordinator.create_per_worker_dataset(per_worker_dataset)
@@ -116,16 +139,37 @@ class PSRunner:
         return list(values)  # the coordinator is the chief
 
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int, name: str,
-                     training: bool = True) -> Callable[[Any, Any], Any]:
+                     training: bool = True, model: Any = None) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
+        per_execution = training and self._sum_metrics_of(model)
+        variables = self._metric_vars
+
+        def one_step(iterator):
+            strategy.run(replica_fn, args=([next(iterator) for _ in range(batches_per_call)],))
 
         if training:
             def loop(iterator, num_calls):
                 # A Python int (see run) unrolls the steps; a tensor loops in the graph.
-                for _ in (range(num_calls) if isinstance(num_calls, int) else tf.range(num_calls)):
-                    batches = [next(iterator) for _ in range(batches_per_call)]
-                    strategy.run(replica_fn, args=(batches,))
-                return logs_fn()
+                if not per_execution:
+                    for _ in (range(num_calls) if isinstance(num_calls, int) else tf.range(num_calls)):
+                        one_step(iterator)
+                    return logs_fn()
+                with _compat.metric_state_as_tensors(variables) as boxes:
+                    if isinstance(num_calls, int):
+                        for _ in range(num_calls):
+                            one_step(iterator)
+                    else:
+                        def body(i, *state):
+                            for box, value in zip(boxes, state):
+                                box.current = value
+                            one_step(iterator)
+                            return (i + 1, *[box.current for box in boxes])
+
+                        _, *state = tf.while_loop(lambda i, *_: i < num_calls, body,
+                                                  (tf.constant(0), *[box.current for box in boxes]))
+                        for box, value in zip(boxes, state):
+                            box.current = value
+                    return logs_fn(), [box.current for box in boxes]
         else:
             def loop(iterator, num_calls):
                 # On the coordinator, in cross-replica context: no strategy.run.
@@ -143,29 +187,83 @@ class PSRunner:
         replica_fn.__name__ = name
         return tf.function(replica_fn, reduce_retracing=True)
 
+    def _sum_metrics_of(self, model: Any) -> bool:
+        """Whether train functions sum ``model``'s metrics per execution (see the module docstring)."""
+        if model is None:
+            return False
+        variables = _compat.metric_variables(model)
+        if not _compat.additive(variables):
+            logger.warning("A metric keeps state that is not a sum; its mid-epoch logs under parameter_server "
+                           "are read while other steps update it and may be inexact (epoch-end logs are exact).")
+            return False
+        self._model, self._metric_vars = model, variables
+        return bool(variables)
+
+    def _metric_logs(self, sums: list[Any]) -> dict[str, Any]:
+        with _compat.metric_state_as_tensors(self._metric_vars, sums):
+            return dict(self._model.get_metrics_result())
+
+    @contextlib.contextmanager
+    def _failures(self):
+        """Re-raises a failure with the failed task named, after clearing it from the coordinator."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - re-raised
+            self._clear_failure()
+            _raise_clearly(e)
+
+    def _clear_failure(self) -> None:
+        # The strategy's one coordinator keeps the first error of a failed
+        # function and raises it from the next schedule or join, whichever fit
+        # that is. join() raises it once and forgets it (and waits for the
+        # functions still running), so the strategy's next fit starts clean.
+        self._sums = None
+        for _ in range(2 * self.max_in_flight + 2):
+            try:
+                self.coordinator.join()
+                return
+            except Exception as e:  # noqa: BLE001 - already being reported
+                logger.debug("Cleared a failure of the same fit from the coordinator: %s", type(e).__name__)
+        logger.warning("The parameter-server coordinator still reports failures; the next fit may fail too.")
+
     def run(self, fn: Callable[[Any, Any], Any], iterator: Any, num_calls: int) -> Any:
         if not getattr(fn, "_tfdist_scheduled", False):
             return fn(iterator, tf.constant(num_calls, tf.int32))
         count = int(num_calls) if num_calls <= MAX_UNROLLED_STEPS else tf.constant(num_calls, tf.int32)
-        try:
+        with self._failures():
             return self.coordinator.schedule(fn, args=(iterator, count))
-        except Exception as e:  # noqa: BLE001 - re-raised with the failed task named
-            _raise_clearly(e)
 
     def fetch(self, logs: Any) -> dict[str, float]:
         try:
             values = logs.fetch() if hasattr(logs, "fetch") else logs
-        except Exception as e:  # noqa: BLE001
-            _raise_clearly(e)
-        return {k: float(np.asarray(v)) for k, v in values.items()}
+        except Exception as e:  # noqa: BLE001 - re-raised unless only the logs were lost
+            worker = _lost_worker_output(e)
+            if worker is None:
+                self._clear_failure()
+                _raise_clearly(e)
+            # The call ran (its updates are on the ps), but its worker stopped
+            # before the coordinator copied its logs: they are gone. The
+            # running means then leave out its steps.
+            logger.warning("The logs of one scheduled call were lost: %s stopped after running it. Its updates "
+                           "were applied; the logged means leave out its steps.", worker)
+            return dict(self._last_logs)
+        if isinstance(values, tuple):  # (logs, this execution's metric sums)
+            values, sums = values
+            self._sums = list(sums) if self._sums is None else [a + b for a, b in zip(self._sums, sums)]
+            values = {**values, **self._metric_logs(self._sums)}
+        self._last_logs = {k: float(np.asarray(v)) for k, v in values.items()}
+        return dict(self._last_logs)
 
     def join(self) -> None:
-        try:
+        with self._failures():
             self.coordinator.join()
-        except Exception as e:  # noqa: BLE001
-            _raise_clearly(e)
 
     def final_logs(self, logs_fn: LogsFn, last: dict[str, float]) -> dict[str, float]:
         """Logs once every scheduled step has finished (steps finish out of order)."""
         self.join()
+        if self._sums is not None:
+            # The model's metrics end the epoch holding its totals, as under the sync strategies.
+            for variable, total in zip(self._metric_vars, self._sums):
+                variable.assign(total)
+            self._sums = None
         return {k: float(np.asarray(v)) for k, v in logs_fn().items()}

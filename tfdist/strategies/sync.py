@@ -103,7 +103,7 @@ class SyncRunner:
         return [int(v) // local_replicas for v in self._broadcast(tf.constant(mine, tf.int64)).numpy()]
 
     def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
-                     name: str, training: bool = True) -> Callable[[Any, Any], Any]:
+                     name: str, training: bool = True, model: Any = None) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
 
         def loop(iterator, num_calls):

@@ -272,7 +272,7 @@ class Trainer:
                                        num_replicas=self.strategy.num_replicas_in_sync,
                                        skipped_updates=self._skipped_updates)
             self._train_fns[key] = self._runner.compile_loop(update, self._logs, batches_per_call=micro_batches,
-                                                             name="train_function")
+                                                             name="train_function", model=self.model)
         return self._train_fns[key]
 
     def _eval_function(self):
