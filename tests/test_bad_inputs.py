@@ -328,7 +328,7 @@ def trainer(strategy):
 @pytest.fixture(scope="module")
 def ps_strategy():
     # The only in-process parameter-server cluster of this file (its servers live as long as the process).
-    return tfdist.make_strategy("parameter_server", num_workers=1, num_ps=1)
+    return tfdist.make_strategy("parameter_server", num_workers=1, num_ps=1, allow_late_connect=True)
 
 
 def _run_cli(args: list[str], capsys) -> tuple[int, str]:
