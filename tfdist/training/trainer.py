@@ -272,8 +272,12 @@ class Trainer:
                 a ``tf.data.Dataset`` of global batches, or ``(x, y)`` arrays.
             epochs: Epochs to train (``initial_epoch`` counts toward them).
             steps_per_epoch: Batches per epoch. Default one pass over ``data``;
-                when given, one iterator runs on across epochs.
+                when given, one iterator runs on across epochs over the data
+                repeated, so it may exceed one pass.
             global_batch_size: Examples per batch across all replicas.
+                Default: bound in a ``DatasetFn``, the first batch's size for a
+                dataset (per-replica batch times replicas for a dataset_fn), or
+                32 for arrays.
             validation_data: Evaluated at each epoch end; its metrics appear
                 in the logs with a ``val_`` prefix.
             validation_steps: Batches of ``validation_data`` per evaluation.
@@ -295,6 +299,9 @@ class Trainer:
                      "natural end: say how many batches make one.")
         source = self._input(data, global_batch_size, True, "data")
         steps = steps_per_epoch or source.steps_per_epoch
+        if steps_per_epoch and source.steps_per_epoch and steps_per_epoch > source.steps_per_epoch:
+            logger.info("steps_per_epoch=%d is more than one pass over the data (%d batches): the data repeats.",
+                        steps_per_epoch, source.steps_per_epoch)
         if steps is None:
             raise invalid_argument("steps_per_epoch", None, "a positive integer",
                                    note="The data's length is unknown (e.g. a repeated dataset).")
@@ -329,15 +336,17 @@ class Trainer:
             cb_list.on_train_begin()
             for epoch in range(initial_epoch, epochs):
                 first_step = position.step if position is not None and epoch == position.epoch else 0
+                # Resuming skips the batches already trained on inside tf.data, not by next() calls.
                 if steps_per_epoch:
                     if persistent is None:
-                        persistent = self._runner.make_iterator(self._runner.distribute(source))
-                        # The iterator started at epoch 0: skip every batch trained on since.
-                        self._runner.skip(persistent, epoch * steps + first_step if position is not None else 0)
+                        # One repeated stream from epoch 0: skip every step trained on since.
+                        done = epoch * steps + first_step if position is not None else 0
+                        persistent = self._runner.make_iterator(self._runner.distribute(
+                            source.repeated().skipping(done)))
                     iterator = persistent
                 else:
-                    iterator = self._runner.make_iterator(self._runner.distribute(source.for_epoch(epoch)))
-                    self._runner.skip(iterator, first_step)
+                    iterator = self._runner.make_iterator(self._runner.distribute(
+                        source.for_epoch(epoch).skipping(first_step)))
                 model.reset_metrics()
                 cb_list.on_epoch_begin(epoch)
                 epoch_logs = run.epoch(epoch, iterator, first_step=first_step)
@@ -388,11 +397,15 @@ class Trainer:
         Args:
             data: As for :meth:`fit`.
             steps: Batches to evaluate; default one pass.
-            global_batch_size: Examples per batch across all replicas.
+            global_batch_size: Examples per batch across all replicas. Default
+                as for :meth:`fit`; an unbound ``DatasetFn`` takes the one the
+                model was first trained with.
 
         Returns:
             A dict of metric name to value, e.g. ``{"loss": ..., "accuracy": ...}``.
         """
         check_positive_int("steps", steps, allow_none=True)
-        return self._evaluate_source(self._input(data, global_batch_size, False, "data"), steps)
+        source = as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
+                          training=False, argument="data", fallback_global_batch_size=self._built_for)
+        return self._evaluate_source(source, steps)
 
