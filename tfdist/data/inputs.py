@@ -89,6 +89,9 @@ class _Repeat:
 
     dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
+    # Builds a pipeline, no graph code: autograph (PS traces dataset_fns) would
+    # mis-bind the wrapped DatasetFn's methods.
+    @tf.autograph.experimental.do_not_convert
     def __call__(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         return self.dataset_fn(input_context).repeat()
 
@@ -100,6 +103,7 @@ class _Skip:
     dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
     num_steps: int
 
+    @tf.autograph.experimental.do_not_convert
     def __call__(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         # One global step takes one per-replica batch for each of this pipeline's replicas.
         return self.dataset_fn(input_context).skip(self.num_steps * replicas_per_pipeline(input_context))
