@@ -39,16 +39,14 @@ def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
     (The dummy does enter that replica's BatchNormalization batch statistics.)
     """
     n = tf.cast(size, tf.int32)
-    pad = tf.cast(tf.equal(n, 0), tf.int32)
 
-    def grow(t):
-        if t is None:
-            return None
-        t = tf.convert_to_tensor(t)
-        return tf.concat([t, tf.zeros(tf.concat([[pad], tf.shape(t)[1:]], 0), t.dtype)], 0)
+    def one_zero_example(t):
+        return None if t is None else tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
 
-    y_pred = _forward(model, tf.nest.map_structure(grow, x), training=True)
-    return tf.nest.map_structure(lambda t: t[:n], y_pred)
+    # A cond only picks the input (no side effects in it), so full batches are not copied.
+    inputs = tf.cond(n > 0, lambda: x, lambda: tf.nest.map_structure(one_zero_example, x))
+    y_pred = _forward(model, inputs, training=True)
+    return tf.nest.map_structure(lambda t: t[:n], y_pred)  # an identity slice for full batches
 
 
 def _forward(model: keras.Model, x: Any, training: bool) -> Any:
