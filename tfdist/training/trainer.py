@@ -398,8 +398,8 @@ class Trainer:
             data: As for :meth:`fit`.
             steps: Batches to evaluate; default one pass.
             global_batch_size: Examples per batch across all replicas. Default
-                as for :meth:`fit`; an unbound ``DatasetFn`` takes the one the
-                model was first trained with.
+                as for :meth:`fit`; an unbound ``DatasetFn`` takes the one of
+                this Trainer's first ``fit`` or ``evaluate``.
 
         Returns:
             A dict of metric name to value, e.g. ``{"loss": ..., "accuracy": ...}``.
