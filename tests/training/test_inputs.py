@@ -84,6 +84,15 @@ def test_evaluate_a_dataset_fn_for_some_steps_without_a_global_batch_size(mirror
     assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
 
 
+def test_evaluation_steps_beyond_one_pass_are_refused(mirrored):
+    x, y = data(100)
+    trainer = _trainer(mirrored)
+    with pytest.raises(ValueError, match=r"argument `steps`. Received: steps=8.*at most 7, the batches in one pass"):
+        trainer.evaluate(_tutorial_dataset_fn(x, y), steps=8)
+    with pytest.raises(ValueError, match=r"argument `validation_steps`. Received: validation_steps=9.*at most 7"):
+        trainer.fit((x, y), global_batch_size=GLOBAL_BATCH, validation_data=(x, y), validation_steps=9, verbose=0)
+
+
 def test_fit_on_a_dataset_fn_without_a_global_batch_size(mirrored):
     # 100 examples: 13 per-replica batches of 8, so the 7th step leaves one replica empty.
     x, y = data(100)

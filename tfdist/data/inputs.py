@@ -124,6 +124,18 @@ def _first_batch_size(ds: tf.data.Dataset, argument: str) -> int:
                                 "pass global_batch_size (or non-empty data).")
 
 
+def check_evaluation_steps(name: str, steps: int | None, source: InputSource) -> None:
+    """Refuses more evaluation steps than one pass holds (evaluation never repeats the data).
+
+    Raises:
+        ValueError: Naming ``name`` and the pass length.
+    """
+    if steps is not None and source.steps_per_epoch is not None and steps > source.steps_per_epoch:
+        raise invalid_argument(name, steps, f"at most {source.steps_per_epoch}, the batches in one pass over the data",
+                               note="Evaluation counts each example once and does not repeat the data; "
+                                    f"pass {name}=None for one full pass.")
+
+
 def _finite_cardinality(ds: tf.data.Dataset) -> int | None:
     n = int(ds.cardinality())
     return n if n >= 0 else None

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tfdist import _compat
 from tfdist.config import check_positive_int, invalid_argument
-from tfdist.data.inputs import InputSource, as_input
+from tfdist.data.inputs import InputSource, as_input, check_evaluation_steps
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
@@ -309,6 +309,7 @@ class Trainer:
         if validation_data is not None:
             val_source = self._input(validation_data, global_batch_size or source.global_batch_size,
                                      False, "validation_data")
+            check_evaluation_steps("validation_steps", validation_steps, val_source)
         k = self.accumulation_steps
         full_updates, last_window = divmod(steps, k)
         if self._schedule is not None:
@@ -407,5 +408,6 @@ class Trainer:
         check_positive_int("steps", steps, allow_none=True)
         source = as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
                           training=False, argument="data", fallback_global_batch_size=self._built_for)
+        check_evaluation_steps("steps", steps, source)
         return self._evaluate_source(source, steps)
 
