@@ -8,11 +8,20 @@ Accepted forms:
   * a tuple ``(x, y)`` or ``(x, y, sample_weight)`` of arrays.
 
 ``global_batch_size`` travels one way: ``Trainer.fit`` → here → the dataset_fn's
-``input_context.get_per_replica_batch_size``. Nothing else recomputes it.
+``input_context.get_per_replica_batch_size``. Nothing else recomputes it. When
+it is not given for a dataset_fn, it is read off the first per-replica batch
+times the replicas in sync: the replica step counts the examples it really
+sees, so nothing numerical depends on it (only learning-rate scaling and logs).
+
+Steps: a pass over a user's dataset_fn is ``ceil(batches / replicas_per_pipeline)``
+global steps, so the last, partial step is not dropped (the distributed
+iterator hands the replicas without a batch an empty one).
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -20,8 +29,9 @@ import tensorflow as tf
 
 from tfdist.config import invalid_argument
 from tfdist.data.datasets import DatasetFn
-from tfdist.data.sharding import per_replica_batch_size
+from tfdist.data.sharding import per_replica_batch_size, replicas_per_pipeline
 
+logger = logging.getLogger(__name__)
 DEFAULT_GLOBAL_BATCH_SIZE = 32
 
 
@@ -53,6 +63,78 @@ class InputSource:
                                                                 seed=fn.seed + epoch))
         return self
 
+    def repeated(self) -> "InputSource":
+        """The source repeated without end (``fit`` with ``steps_per_epoch`` reads across passes)."""
+        if self.dataset is not None:
+            return dataclasses.replace(self, dataset=self.dataset.repeat())
+        return dataclasses.replace(self, dataset_fn=_Repeat(self.dataset_fn))
+
+    def skipping(self, num_steps: int) -> "InputSource":
+        """The source without its first ``num_steps`` global batches (resuming mid-epoch).
+
+        Skipping happens inside tf.data, before the data is distributed: each
+        pipeline drops its own per-replica batches of those steps, so resuming
+        costs no distributed ``next()`` calls.
+        """
+        if not num_steps:
+            return self
+        if self.dataset is not None:
+            return dataclasses.replace(self, dataset=self.dataset.skip(num_steps))
+        return dataclasses.replace(self, dataset_fn=_Skip(self.dataset_fn, num_steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Repeat:
+    """``dataset_fn`` wrapper: each pipeline repeats its dataset."""
+
+    dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+    # Builds a pipeline, no graph code: autograph (PS traces dataset_fns) would
+    # mis-bind the wrapped DatasetFn's methods.
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return self.dataset_fn(input_context).repeat()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Skip:
+    """``dataset_fn`` wrapper: each pipeline skips its batches of the first ``num_steps`` global steps."""
+
+    dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
+    num_steps: int
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        # One global step takes one per-replica batch for each of this pipeline's replicas.
+        return self.dataset_fn(input_context).skip(self.num_steps * replicas_per_pipeline(input_context))
+
+
+def _first_batch_size(ds: tf.data.Dataset, argument: str) -> int:
+    """The leading dimension of a dataset's first element, with a clear error when there is none."""
+    for element in ds.take(1):
+        first = tf.nest.flatten(element)[0]
+        if first.shape.rank:
+            return int(first.shape[0])
+        raise invalid_argument(
+            "global_batch_size", None, "a positive integer",
+            note=f"`{argument}` yields unbatched elements (shape {first.shape}), so the batch size cannot be "
+                 "read off them; batch the dataset or pass global_batch_size.")
+    raise invalid_argument("global_batch_size", None, "a positive integer",
+                           note=f"`{argument}` yields no batches, so the batch size cannot be read off it; "
+                                "pass global_batch_size (or non-empty data).")
+
+
+def check_evaluation_steps(name: str, steps: int | None, source: InputSource) -> None:
+    """Refuses more evaluation steps than one pass holds (evaluation never repeats the data).
+
+    Raises:
+        ValueError: Naming ``name`` and the pass length.
+    """
+    if steps is not None and source.steps_per_epoch is not None and steps > source.steps_per_epoch:
+        raise invalid_argument(name, steps, f"at most {source.steps_per_epoch}, the batches in one pass over the data",
+                               note="Evaluation counts each example once and does not repeat the data; "
+                                    f"pass {name}=None for one full pass.")
+
 
 def _finite_cardinality(ds: tf.data.Dataset) -> int | None:
     n = int(ds.cardinality())
@@ -60,17 +142,22 @@ def _finite_cardinality(ds: tf.data.Dataset) -> int | None:
 
 
 def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_batch_size: int | None,
-             training: bool, seed: int = 0, argument: str = "data") -> InputSource:
+             training: bool, seed: int = 0, argument: str = "data",
+             fallback_global_batch_size: int | None = None) -> InputSource:
     """Builds an :class:`InputSource` from any accepted form of ``data``.
 
     Args:
         data: See the module docstring.
         input_context: This process's input context (pipelines and replicas).
-        global_batch_size: Examples per step across all replicas; required for
-            a dataset_fn, optional otherwise.
+        global_batch_size: Examples per step across all replicas. Optional
+            except for an unbound ``DatasetFn``: for a dataset_fn it defaults
+            to the first per-replica batch's size times the replicas in sync,
+            for a dataset to its first batch's size, for arrays to 32.
         training: Training data is shuffled; evaluation data is not.
         seed: Shuffle seed for array inputs.
         argument: The argument's name in error messages.
+        fallback_global_batch_size: Used for an unbound ``DatasetFn`` when
+            ``global_batch_size`` is not given (e.g. the batch ``fit`` used).
 
     Raises:
         ValueError: For an unsupported type, a missing or indivisible global
@@ -81,7 +168,7 @@ def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_bat
         per_replica_batch_size(global_batch_size, replicas)  # validates
 
     if isinstance(data, DatasetFn):
-        gbs = global_batch_size or data.global_batch_size
+        gbs = global_batch_size or data.global_batch_size or fallback_global_batch_size
         if gbs is None:
             raise invalid_argument("global_batch_size", None, "a positive integer",
                                    note=f"`{argument}` is the unbound dataset {data.name!r}; "
@@ -94,23 +181,23 @@ def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_bat
         spec = data.element_spec
         first = tf.nest.flatten(spec)[0]
         static = first.shape[0] if first.shape.rank else None
-        gbs = global_batch_size or static
-        if gbs is None:
-            gbs = int(tf.shape(tf.nest.flatten(next(iter(data)))[0])[0])
+        gbs = global_batch_size or static or _first_batch_size(data, argument)
         return InputSource(int(gbs), spec, _finite_cardinality(data), dataset=data)
 
     if callable(data):
-        if global_batch_size is None:
-            raise invalid_argument("global_batch_size", None, "a positive integer",
-                                   note=f"`{argument}` is a dataset_fn, which needs the global batch size.")
         ds = data(input_context)
         if not isinstance(ds, tf.data.Dataset):
             raise invalid_argument(argument, data, "a dataset_fn(input_context) that returns a tf.data.Dataset",
                                    note=f"It returned {type(ds).__name__}.")
+        gbs = global_batch_size
+        if gbs is None:
+            gbs = _first_batch_size(ds, argument) * replicas
+            logger.info("`%s` is a dataset_fn and global_batch_size was not given: using %d (its first "
+                        "per-replica batch times %d replicas).", argument, gbs, replicas)
         n = _finite_cardinality(ds)
-        rpp = replicas // input_context.num_input_pipelines
-        steps = None if n is None else n // max(rpp, 1)
-        return InputSource(global_batch_size, ds.element_spec, steps, dataset_fn=data)
+        # The last step may be partial: ceil, so that no per-replica batch is left out.
+        steps = None if n is None else math.ceil(n / replicas_per_pipeline(input_context))
+        return InputSource(gbs, ds.element_spec, steps, dataset_fn=data)
 
     if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
         arrays = tuple(np.asarray(a) for a in data)

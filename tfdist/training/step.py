@@ -27,6 +27,28 @@ def _batch_size(x: Any) -> tf.Tensor:
     return tf.cast(tf.shape(first)[0], tf.float32)
 
 
+def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
+    """Training forward pass that never feeds an empty batch to the model.
+
+    A partial global batch smaller than the replica count leaves some replicas
+    an empty batch, which some kernels (oneDNN convolutions) reject. A cond
+    that skips the step, as evaluation does, is not safe in training (layers
+    such as BatchNormalization update mirrored variables with a merge_call).
+    So an empty batch gets one all-zero example, and the predictions are cut
+    back to the real examples: the loss, gradients and metrics see only those.
+    (The dummy does enter that replica's BatchNormalization batch statistics.)
+    """
+    n = tf.cast(size, tf.int32)
+
+    def one_zero_example(t):
+        return None if t is None else tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
+
+    # A cond only picks the input (no side effects in it), so full batches are not copied.
+    inputs = tf.cond(n > 0, lambda: x, lambda: tf.nest.map_structure(one_zero_example, x))
+    y_pred = _forward(model, inputs, training=True)
+    return tf.nest.map_structure(lambda t: t[:n], y_pred)  # an identity slice for full batches
+
+
 def _forward(model: keras.Model, x: Any, training: bool) -> Any:
     if getattr(model, "_call_has_training_arg", True):
         return model(x, training=training)
@@ -102,7 +124,7 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
             x, y, sample_weight = unpack_x_y_sample_weight(data)
             size = _batch_size(x)
             with tf.GradientTape() as tape:
-                y_pred = _forward(model, x, training=True)
+                y_pred = _forward_never_empty(model, x, size)
                 # Keras's loss: local mean (+ regularisers) / num_replicas. Its
                 # mean is a divide_no_nan, so an empty replica batch (the tail
                 # of a partial global batch) gives zero loss and gradients.

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tfdist import _compat
 from tfdist.config import check_directory, check_positive_int, invalid_argument
-from tfdist.data.inputs import DEFAULT_GLOBAL_BATCH_SIZE, InputSource, as_input
+from tfdist.data.inputs import DEFAULT_GLOBAL_BATCH_SIZE, InputSource, as_input, check_evaluation_steps
 from tfdist.models import check_features
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
@@ -305,8 +305,12 @@ class Trainer:
                 a ``tf.data.Dataset`` of global batches, or ``(x, y)`` arrays.
             epochs: Epochs to train (``initial_epoch`` counts toward them).
             steps_per_epoch: Batches per epoch. Default one pass over ``data``;
-                when given, one iterator runs on across epochs.
+                when given, one iterator runs on across epochs over the data
+                repeated, so it may exceed one pass.
             global_batch_size: Examples per batch across all replicas.
+                Default: bound in a ``DatasetFn``, the first batch's size for a
+                dataset (per-replica batch times replicas for a dataset_fn), or
+                32 for arrays.
             validation_data: Evaluated at each epoch end; its metrics appear
                 in the logs with a ``val_`` prefix.
             validation_steps: Batches of ``validation_data`` per evaluation.
@@ -337,6 +341,9 @@ class Trainer:
                      "natural end: say how many batches make one.")
         source = self._input(data, global_batch_size, True, "data")
         steps = steps_per_epoch or source.steps_per_epoch
+        if steps_per_epoch and source.steps_per_epoch and steps_per_epoch > source.steps_per_epoch:
+            logger.info("steps_per_epoch=%d is more than one pass over the data (%d batches): the data repeats.",
+                        steps_per_epoch, source.steps_per_epoch)
         if steps is None:
             raise invalid_argument("steps_per_epoch", None, "a positive integer",
                                    note="The data's length is unknown (e.g. a repeated dataset).")
@@ -344,6 +351,7 @@ class Trainer:
         if validation_data is not None:
             val_source = self._input(validation_data, global_batch_size or source.global_batch_size,
                                      False, "validation_data")
+            check_evaluation_steps("validation_steps", validation_steps, val_source)
         k = self.accumulation_steps
         full_updates, last_window = divmod(steps, k)
         if self._schedule is not None:
@@ -376,15 +384,17 @@ class Trainer:
             cb_list.on_train_begin()
             for epoch in range(initial_epoch, epochs):
                 first_step = position.step if position is not None and epoch == position.epoch else 0
+                # Resuming skips the batches already trained on inside tf.data, not by next() calls.
                 if steps_per_epoch:
                     if persistent is None:
-                        persistent = self._runner.make_iterator(self._runner.distribute(source))
-                        # The iterator started at epoch 0: skip every batch trained on since.
-                        self._runner.skip(persistent, epoch * steps + first_step if position is not None else 0)
+                        # One repeated stream from epoch 0: skip every step trained on since.
+                        done = epoch * steps + first_step if position is not None else 0
+                        persistent = self._runner.make_iterator(self._runner.distribute(
+                            source.repeated().skipping(done)))
                     iterator = persistent
                 else:
-                    iterator = self._runner.make_iterator(self._runner.distribute(source.for_epoch(epoch)))
-                    self._runner.skip(iterator, first_step)
+                    iterator = self._runner.make_iterator(self._runner.distribute(
+                        source.for_epoch(epoch).skipping(first_step)))
                 model.reset_metrics()
                 cb_list.on_epoch_begin(epoch)
                 epoch_logs = run.epoch(epoch, iterator, first_step=first_step)
@@ -435,13 +445,18 @@ class Trainer:
         Args:
             data: As for :meth:`fit`.
             steps: Batches to evaluate; default one pass.
-            global_batch_size: Examples per batch across all replicas.
+            global_batch_size: Examples per batch across all replicas. Default
+                as for :meth:`fit`; an unbound ``DatasetFn`` takes the one of
+                this Trainer's first ``fit`` or ``evaluate``.
 
         Returns:
             A dict of metric name to value, e.g. ``{"loss": ..., "accuracy": ...}``.
         """
         check_positive_int("steps", steps, allow_none=True)
-        return self._evaluate_source(self._input(data, global_batch_size, False, "data"), steps)
+        source = as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
+                          training=False, argument="data", fallback_global_batch_size=self._built_for)
+        check_evaluation_steps("steps", steps, source)
+        return self._evaluate_source(source, steps)
 
     def predict(self, data: Any, *, steps: int | None = None, global_batch_size: int | None = None) -> Any:
         """Runs the model on ``data``, distributed like :meth:`evaluate`, and returns outputs in input order.
