@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -20,6 +21,11 @@ from tfdist.config import PRECISIONS, STRATEGY_NAMES, TrainConfig, invalid_argum
 
 FLAGS = flags.FLAGS
 COMMANDS = ("train", "launch", "bench", "manifest")
+# TF's C++ log level when the user has not chosen one: 3 hides its INFO, WARNING and ERROR lines. On a first
+# run those are all noise ("failed call to cuInit" without a GPU, "Local rendezvous is aborting with status:
+# CANCELLED" at the end of an epoch, "GeneratorDatasetOp ... will not be optimized"); real failures still
+# reach Python as exceptions. TF_CPP_MIN_LOG_LEVEL=0 shows everything.
+QUIET_TF_CPP_MIN_LOG_LEVEL = "3"
 _DEFAULT = TrainConfig()
 
 # train
@@ -169,6 +175,8 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) < 2 or argv[1] not in COMMANDS:
         received = argv[1] if len(argv) > 1 else None
         raise app.UsageError(str(invalid_argument("command", received, COMMANDS)))
+    # Before anything imports TensorFlow, which reads it once. Launched tasks inherit it.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF_CPP_MIN_LOG_LEVEL)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "tensorflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
