@@ -65,6 +65,9 @@ flags.DEFINE_boolean("chief", False, "launch: add a chief process (on node 0); m
 flags.DEFINE_boolean("evaluator", False, "launch: add an evaluator process (on node 0).")
 flags.DEFINE_string("host", "127.0.0.1", "launch: address the processes listen on (loopback by default).")
 flags.DEFINE_boolean("allow_external", False, "launch: allow non-loopback --host/--hosts (gRPC is unauthenticated).")
+flags.DEFINE_boolean("private_network", True, "launch: run a one-machine cluster in a private network namespace "
+                     "that has only loopback, so no other host reaches its (unauthenticated) gRPC ports; the tasks "
+                     "reach nothing outside it either. --noprivate_network uses the host's network.")
 flags.DEFINE_integer("nnodes", 1, "launch, manifest slurm: the number of nodes (machines).")
 flags.DEFINE_integer("node_rank", 0, "launch: this node's index in --hosts; node 0 runs the chief.")
 flags.DEFINE_list("hosts", None, "launch: one host:base_port per node; node k runs its workers, then its ps, "
@@ -119,7 +122,7 @@ def _launch(args: Sequence[str]) -> int:
     return launch(list(args), workers=FLAGS.workers, ps=FLAGS.ps, chief=FLAGS.chief, evaluator=FLAGS.evaluator,
                   host=FLAGS.host, allow_external=FLAGS.allow_external, timeout=FLAGS.timeout,
                   max_restarts=FLAGS.max_restarts, nnodes=FLAGS.nnodes, node_rank=FLAGS.node_rank,
-                  hosts=FLAGS.hosts)
+                  hosts=FLAGS.hosts, private_network=FLAGS.private_network)
 
 
 # Flags a manifest kind does not use, refused when given rather than silently ignored.
