@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _sandbox_or_skip(private_network=True):
     with isolation.Sandbox(private_network=private_network) as sandbox:
         if (private_network and not sandbox.private_network) or not sandbox.pid_namespace:
-            pytest.skip(f"namespaces are not permitted here: {sandbox.problem}")
+            pytest.skip(f"namespaces are not permitted here: {sandbox.network_problem or sandbox.pid_problem}")
+
+
+def _without_cap_sys_admin():
+    """A command prefix that runs a program as root without CAP_SYS_ADMIN: no namespaces can be made."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv(1) to drop CAP_SYS_ADMIN")
+    return [setpriv, "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
 
 
 def _listening_ports():
@@ -103,7 +112,7 @@ def test_without_a_private_network_the_launcher_warns_and_names_a_firewall_rule(
     assert rc == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert "private_network=False" in warnings[0] and "reachable from other hosts" in warnings[0]
+    assert "private_network=False" in warnings[0] and "other hosts can reach them" in warnings[0]
     assert "unauthenticated" in warnings[0] and "iptables -I INPUT ! -i lo -p tcp -m multiport --dports" in warnings[0]
 
 
@@ -134,16 +143,20 @@ def _processes_with(marker):
 
 
 @pytest.mark.fault
-def test_no_task_outlives_a_launcher_killed_with_sigkill():
-    _sandbox_or_skip()
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "no_namespaces"])
+def test_no_task_outlives_a_launcher_killed_with_sigkill(tmp_path, namespaces):
+    if namespaces:
+        _sandbox_or_skip()
+    prefix = [] if namespaces else _without_cap_sys_admin()
     marker = f"tfdist-orphan-test-{uuid.uuid4().hex}"
-    # Each task starts a child in its process group and a grandchild in a session of its own (out of
-    # reach of killpg), then waits. Every one of them carries the marker in its command line.
+    # Each task starts a child in its process group and (with namespaces) a grandchild in a session of its
+    # own, out of reach of killpg; then it waits. Every one of them carries the marker in its command line.
     sleeper = [sys.executable, "-c", "import time; time.sleep(300)", marker]
     task = textwrap.dedent(f"""
         import subprocess, time
         subprocess.Popen({sleeper!r})
-        subprocess.Popen({sleeper!r}, start_new_session=True)
+        if {namespaces!r}:
+            subprocess.Popen({sleeper!r}, start_new_session=True)
         print("ready", flush=True)
         time.sleep(300)
         """)
@@ -153,15 +166,17 @@ def test_no_task_outlives_a_launcher_killed_with_sigkill():
         sys.exit(local.launch([sys.executable, "-c", {task!r}, {marker!r}], workers=2, ps=1))
         """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-    launcher = subprocess.Popen([sys.executable, "-c", launcher_code], stdout=subprocess.PIPE, text=True, env=env)
+    with open(tmp_path / "stderr", "w") as stderr:
+        launcher = subprocess.Popen([*prefix, sys.executable, "-c", launcher_code], stdout=subprocess.PIPE,
+                                    stderr=stderr, text=True, env=env)
     try:
         ready = [launcher.stdout.readline() for _ in range(3)]
         assert sorted(ready) == ["[ps:0] ready\n", "[worker:0] ready\n", "[worker:1] ready\n"]
         time.sleep(0.5)  # Let the sleepers exec.
         started = {p: c for p, c in _processes_with(marker).items() if p != launcher.pid}
-        # Per task: its sandbox helper, the task, a child and a grandchild.
-        assert len(started) == 3 * 4, started
-        assert _processes_with(f"--ppid={launcher.pid}")  # The namespace holder and the helpers.
+        # Per task: its sandbox helper, the task, a child, and with namespaces a grandchild.
+        assert len(started) == 3 * (4 if namespaces else 3), started
+        assert _processes_with(f"--ppid={launcher.pid}")  # The sandbox helpers (and namespace holder).
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 15
@@ -176,3 +191,10 @@ def test_no_task_outlives_a_launcher_killed_with_sigkill():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    warnings = (tmp_path / "stderr").read_text()
+    if namespaces:
+        assert warnings == ""
+    else:  # Where no namespace can be made, the launcher says so and names the firewall rule.
+        assert "No private network namespace for the tasks (unshare(CLONE_NEWNET): Operation not permitted)" in warnings
+        assert "iptables -I INPUT ! -i lo -p tcp -m multiport --dports" in warnings
+        assert "No PID namespace for the tasks" in warnings

@@ -86,7 +86,7 @@ def hold(ppid: int, net: bool) -> None:
             _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             _loopback_up()
         except OSError as e:
-            report["net"] = str(e)
+            report["net"] = e.strerror
     else:
         report["net"] = "not requested"
     init = None
@@ -100,7 +100,7 @@ def hold(ppid: int, net: bool) -> None:
             finally:
                 os._exit(0)
     except OSError as e:
-        report["pid"] = str(e)
+        report["pid"] = e.strerror
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
     sys.stdin.read()  # Until the launcher closes it or dies.

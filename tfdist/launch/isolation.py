@@ -41,21 +41,23 @@ class Sandbox:
     Attributes:
         private_network: Whether the tasks really run in a private network namespace.
         pid_namespace: Whether they run in a PID namespace that dies with the launcher.
-        problem: Why a requested namespace could not be made, or None.
+        network_problem: Why the requested private network could not be made, or None.
+        pid_problem: Why the PID namespace could not be made, or None.
     """
 
     def __init__(self, *, private_network: bool):
         self.requested_network = private_network
         self.private_network = False
         self.pid_namespace = False
-        self.problem: str | None = None
+        self.network_problem: str | None = None
+        self.pid_problem: str | None = None
         self._holder: subprocess.Popen | None = None
         self._supported = sys.platform.startswith("linux")
 
     def start(self) -> None:
         """Starts the namespace holder (Linux); on failure, falls back and records why."""
         if not self._supported:
-            self.problem = "namespaces need Linux"
+            self.network_problem = self.pid_problem = "namespaces need Linux"
             return
         command = [sys.executable, "-I", "-S", _HELPER, "hold", f"--ppid={os.getpid()}"]
         if self.requested_network:
@@ -68,13 +70,14 @@ class Sandbox:
         except ValueError:
             holder.kill()
             holder.wait()
-            self.problem = f"the namespace helper did not start (exit code {holder.returncode})"
+            self.network_problem = self.pid_problem = (
+                f"the namespace helper did not start (exit code {holder.returncode})")
             return
         self._holder = holder
         self.private_network = self.requested_network and report["net"] is None
         self.pid_namespace = report["pid"] is None
-        problems = [report[k] for k in ("net", "pid") if report[k] and report[k] != "not requested"]
-        self.problem = "; ".join(problems) or None
+        self.network_problem = report["net"] if self.requested_network else None
+        self.pid_problem = report["pid"]
         if not self.private_network and not self.pid_namespace:
             self.close()
 

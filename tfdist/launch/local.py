@@ -564,13 +564,14 @@ def _report_exposure(sandbox: Sandbox, cluster: dict[str, list[str]], local_task
         elif not private_network:
             why = "private_network=False (--noprivate_network)"
         else:
-            why = f"No private network namespace could be made ({sandbox.problem})"
-        logger.warning("%s: TF's gRPC servers listen on every interface whatever TF_CONFIG says, so ports %s are "
-                       "reachable from other hosts, and %s; %s.", why, ", ".join(map(str, ports)),
+            why = f"No private network namespace for the tasks ({sandbox.network_problem})"
+        logger.warning("%s: ports %s listen on every interface (TF ignores the host in TF_CONFIG), so other hosts "
+                       "can reach them, and %s. To prevent that, %s.", why, ", ".join(map(str, ports)),
                        _UNAUTHENTICATED, firewall_advice(ports))
     if not sandbox.pid_namespace:
-        logger.warning("No PID namespace for the tasks (%s): if the launcher is killed with SIGKILL, a process "
-                       "that a task moved out of its process group survives it.", sandbox.problem)
+        logger.warning("No PID namespace for the tasks (%s): if the launcher is killed with SIGKILL, the tasks die "
+                       "with it, but a process that a task moved out of its process group survives.",
+                       sandbox.pid_problem)
 
 
 def _single_node(host, allow_external, workers, ps, chief, evaluator, ports):
