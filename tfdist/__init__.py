@@ -36,9 +36,13 @@ def _apply_shims() -> None:
     global _shims_applied
     if not _shims_applied:
         _shims_applied = True  # Set first: _compat's own imports must not come back here.
-        from tfdist import _compat
+        try:
+            from tfdist import _compat
 
-        _compat.apply()
+            _compat.apply()
+        except BaseException:
+            _shims_applied = False
+            raise
 
 
 class _ShimsFirst(importlib.abc.MetaPathFinder):
