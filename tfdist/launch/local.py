@@ -11,18 +11,18 @@ On several machines, run the same command on each, changing only ``--node_rank``
 
 Each launcher computes the whole cluster (see :func:`node_cluster`) and starts
 only its own node's tasks. Every process gets its own TF_CONFIG and its own
-process group.
-
-TF's gRPC servers listen on every interface whatever TF_CONFIG says, so a
-single-machine launch runs its tasks in a private network namespace that has
-only loopback (see :mod:`tfdist.launch.isolation`): other hosts cannot reach
-them. No task outlives the launcher, even one killed with SIGKILL: each runs in
-a PID namespace that dies with it. Where the kernel does not allow namespaces
-(not root), the launcher says so and names the ports to firewall. Their output is merged line by line, each line prefixed
+process group. Their output is merged line by line, each line prefixed
 ``[worker:0] ``. The job succeeds when every chief, worker and evaluator exits
 0; parameter servers never exit on their own and are stopped once the workers
 are done. Any failure stops the whole job (on this node). No TensorFlow is
 imported here.
+
+TF's gRPC servers listen on every interface whatever TF_CONFIG says, so a
+single-machine launch runs its tasks in a private network namespace that has
+only loopback (see :mod:`tfdist.launch.isolation`): other hosts cannot reach
+them. No task outlives the launcher, even one killed with SIGKILL: they share a
+PID namespace that dies with it. Where the kernel does not allow namespaces
+(not root), the launcher says so and names the ports to firewall.
 """
 from __future__ import annotations
 
@@ -560,7 +560,7 @@ def _report_exposure(sandbox: Sandbox, cluster: dict[str, list[str]], local_task
                     "reach their ports.")
     elif loopback:  # Non-loopback addresses have been warned about already (_require_loopback).
         if not single_node:
-            why = "A cluster over several machines (--hosts) uses this host's network"
+            why = "A multi-node cluster (--hosts) uses this host's network"
         elif not private_network:
             why = "private_network=False (--noprivate_network)"
         else:
@@ -569,9 +569,8 @@ def _report_exposure(sandbox: Sandbox, cluster: dict[str, list[str]], local_task
                        "can reach them, and %s. To prevent that, %s.", why, ", ".join(map(str, ports)),
                        _UNAUTHENTICATED, firewall_advice(ports))
     if not sandbox.pid_namespace:
-        logger.warning("No PID namespace for the tasks (%s): if the launcher is killed with SIGKILL, the tasks die "
-                       "with it, but a process that a task moved out of its process group survives.",
-                       sandbox.pid_problem)
+        logger.warning("No PID namespace for the tasks (%s): a process that a task moves out of its process group "
+                       "can outlive a launcher killed with SIGKILL.", sandbox.pid_problem)
 
 
 def _single_node(host, allow_external, workers, ps, chief, evaluator, ports):
