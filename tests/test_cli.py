@@ -1,7 +1,12 @@
-"""The tfdist command line: the default run and its errors."""
+"""The tfdist command line: the default run, its errors, its logs and its imports."""
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
-from tests.helpers import run_tfdist
+from tests.helpers import REPO, run_tfdist
 
 
 @pytest.mark.slow
@@ -33,8 +38,6 @@ def test_train_saves_the_model(tmp_path):
     (["launch", "--host=10.1.2.3", "--", "true"], "argument `host`. Received: host='10.1.2.3'.*--allow_external"),
 ])
 def test_cli_errors(args, pattern):
-    import re
-
     proc = run_tfdist(*args, timeout=120)
     assert proc.returncode != 0
     assert re.search(pattern, proc.stdout), proc.stdout[-2000:]
@@ -62,3 +65,57 @@ def test_launch_per_node_refuses_external_hosts():
             "Received: hosts=['10.1.2.3:2222', '10.1.2.4:2222']") in proc.stdout
     assert "--allow_external" in proc.stdout and "unauthenticated" in proc.stdout
     assert "Traceback" not in proc.stdout
+
+
+def _cli_without_tf_log_level(*args, **env):
+    """Runs ``python -m tfdist ARGS`` with TF_CPP_MIN_LOG_LEVEL unset (unless given): the user chose nothing."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")}
+    full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-m", "tfdist", *args], cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+
+
+def test_cli_quiets_tf_cpp_logs_unless_the_user_set_the_level():
+    show = ["launch", "--workers=1", "--", "sh", "-c", "echo level=$TF_CPP_MIN_LOG_LEVEL"]
+    assert "[worker:0] level=3" in _cli_without_tf_log_level(*show).stdout
+    assert "[worker:0] level=1" in _cli_without_tf_log_level(*show, TF_CPP_MIN_LOG_LEVEL="1").stdout
+
+
+@pytest.mark.slow
+def test_first_run_prints_no_tf_cpp_warnings_or_errors():
+    """No "failed call to cuInit", "Local rendezvous is aborting", "GeneratorDatasetOp ... not be optimized"."""
+    proc = _cli_without_tf_log_level("train", "--strategy=mirrored", "--num_devices=2", "--model=mlp", "--epochs=1",
+                                     "--verbose=0")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "final val_accuracy=" in proc.stdout
+    cpp_lines = [line for line in proc.stdout.splitlines() if re.match(r"[WE]\d{4} ", line)]
+    assert cpp_lines == [], cpp_lines
+    assert "cuInit" not in proc.stdout and "rendezvous" not in proc.stdout
+
+
+def test_launch_never_imports_tensorflow():
+    """The launcher only supervises: neither the CLI's parsing nor `tfdist launch` imports TF (it held 770 MB)."""
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: print('launcher imported tensorflow:', 'tensorflow' in sys.modules))\n"
+            "sys.argv = ['tfdist', 'launch', '--workers=2', '--', sys.executable, '-c', 'print(\"task ran\")']\n"
+            "runpy.run_module('tfdist', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stdout
+    assert "[worker:0] task ran" in proc.stdout and "[worker:1] task ran" in proc.stdout
+    assert "launcher imported tensorflow: False" in proc.stdout
+
+
+def test_import_tfdist_is_lazy_and_shims_come_first():
+    code = ("import sys, tfdist\n"
+            "from tfdist.launch import notebook_launcher, local, cli\n"
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'imported too early'\n"
+            "from tfdist.training.callbacks import BackupAndRestore  # A direct import of a TF-using module...\n"
+            "assert tfdist._shims_applied  # ...applies the compat shims first.\n"
+            "print(tfdist.Trainer.__name__, tfdist.make_strategy.__name__, tfdist.callbacks.BackupAndRestore.__name__,\n"
+            "      callable(tfdist.data.load), callable(tfdist.models.get), tfdist.launch.notebook_launcher.__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "Trainer make_strategy BackupAndRestore True True notebook_launcher" in proc.stdout

@@ -4,14 +4,71 @@
     strategy = tfdist.make_strategy("mirrored", num_devices=2)
     trainer = tfdist.Trainer(lambda: tfdist.models.get("cnn"), strategy=strategy, loss=..., metrics=["accuracy"])
     trainer.fit(tfdist.data.load("digits"), epochs=5, global_batch_size=128)
+
+``import tfdist`` is lazy: it imports no TensorFlow, so that ``tfdist launch``
+(which only supervises processes) stays small. TensorFlow, Keras and the
+compatibility shims of ``tfdist._compat`` load when a TF-using name is first
+touched (``tfdist.Trainer``, ``tfdist.make_strategy``, ``tfdist.callbacks``,
+``tfdist.data``, ``tfdist.models``), or when one of those modules is imported
+directly (``from tfdist.training.trainer import Trainer``).
 """
-from tfdist import _compat
+from __future__ import annotations
 
-_compat.apply()
-
-from tfdist import callbacks, data, launch, models  # noqa: E402
-from tfdist.strategies.factory import make_strategy  # noqa: E402
-from tfdist.training.trainer import Trainer  # noqa: E402
+import importlib
+import importlib.abc
+import sys
+from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["Trainer", "make_strategy", "callbacks", "data", "launch", "models", "__version__"]
+
+# Subpackages and modules that use TensorFlow: the shims go in before any of them loads.
+_TF_MODULES = ("tfdist.training", "tfdist.strategies", "tfdist.data", "tfdist.models", "tfdist.callbacks",
+               "tfdist.bench", "tfdist.launch.train")
+_ATTRIBUTES = {"Trainer": ("tfdist.training.trainer", "Trainer"),
+               "make_strategy": ("tfdist.strategies.factory", "make_strategy"),
+               "callbacks": ("tfdist.callbacks", None), "data": ("tfdist.data", None),
+               "models": ("tfdist.models", None), "launch": ("tfdist.launch", None)}
+_shims_applied = False
+
+
+def _apply_shims() -> None:
+    global _shims_applied
+    if not _shims_applied:
+        _shims_applied = True  # Set first: _compat's own imports must not come back here.
+        try:
+            from tfdist import _compat
+
+            _compat.apply()
+        except BaseException:
+            _shims_applied = False
+            raise
+
+
+class _ShimsFirst(importlib.abc.MetaPathFinder):
+    """Applies the compat shims just before the first TF-using tfdist module is imported.
+
+    It finds nothing itself (returns None), so the normal finders import the module.
+    """
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if not _shims_applied and any(fullname == m or fullname.startswith(m + ".") for m in _TF_MODULES):
+            _apply_shims()
+        return None
+
+
+sys.meta_path.insert(0, _ShimsFirst())
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ATTRIBUTES:
+        raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
+    module_name, attribute = _ATTRIBUTES[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # Later lookups skip __getattr__.
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

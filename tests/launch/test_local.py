@@ -192,7 +192,12 @@ _FLAKY = (
 
 def test_group_restart_without_ps(tmp_path, caplog):
     out = io.StringIO()
-    rc = local.launch([sys.executable, "-c", _FLAKY, str(tmp_path)], workers=2, max_restarts=1, output=out)
+    # worker:1 fails only once worker:0 has counted its first run: otherwise the launcher may stop worker:0
+    # before it counts, and its restart would count as its first run.
+    flaky = _FLAKY.replace("sys.exit(3 if", "import time\nfirst = marker.parent / 'worker-0'\n"
+                           "while runs == 1 and task['index'] == 1 and not (first.exists() and first.read_text()):\n"
+                           "    time.sleep(0.01)\nsys.exit(3 if")
+    rc = local.launch([sys.executable, "-c", flaky, str(tmp_path)], workers=2, max_restarts=1, output=out)
     assert rc == 0, out.getvalue()
     # The whole group ran twice: a collective cannot lose a member.
     assert (tmp_path / "worker-0").read_text() == "2" and (tmp_path / "worker-1").read_text() == "2"

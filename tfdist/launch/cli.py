@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import re
 import sys
 from typing import Sequence
@@ -22,6 +23,11 @@ from tfdist.config import COMMUNICATIONS, LR_SCALINGS, PRECISIONS, STRATEGY_NAME
 
 FLAGS = flags.FLAGS
 COMMANDS = ("train", "launch", "bench", "manifest")
+# TF's C++ log level when the user has not chosen one: 3 hides its INFO, WARNING and ERROR lines. On a first
+# run those are all noise ("failed call to cuInit" without a GPU, "Local rendezvous is aborting with status:
+# CANCELLED" at the end of an epoch, "GeneratorDatasetOp ... will not be optimized"); real failures still
+# reach Python as exceptions. TF_CPP_MIN_LOG_LEVEL=0 shows everything.
+QUIET_TF_CPP_MIN_LOG_LEVEL = "3"
 _DEFAULT = TrainConfig()
 
 # train. Names are plain strings checked by TrainConfig (not DEFINE_enum), so a typo gets the
@@ -62,6 +68,9 @@ flags.DEFINE_boolean("chief", False, "launch: add a chief process (on node 0); m
 flags.DEFINE_boolean("evaluator", False, "launch: add an evaluator process (on node 0).")
 flags.DEFINE_string("host", "127.0.0.1", "launch: address the processes listen on (loopback by default).")
 flags.DEFINE_boolean("allow_external", False, "launch: allow non-loopback --host/--hosts (gRPC is unauthenticated).")
+flags.DEFINE_boolean("private_network", True, "launch: run a one-machine cluster in a private network namespace "
+                     "that has only loopback, so no other host reaches its (unauthenticated) gRPC ports; the tasks "
+                     "reach nothing outside it either. --noprivate_network uses the host's network.")
 flags.DEFINE_integer("nnodes", 1, "launch, manifest slurm: the number of nodes (machines).")
 flags.DEFINE_integer("node_rank", 0, "launch: this node's index in --hosts; node 0 runs the chief.")
 flags.DEFINE_list("hosts", None, "launch: one host:base_port per node; node k runs its workers, then its ps, "
@@ -118,7 +127,7 @@ def _launch(args: Sequence[str]) -> int:
     return launch(list(args), workers=FLAGS.workers, ps=FLAGS.ps, chief=FLAGS.chief, evaluator=FLAGS.evaluator,
                   host=FLAGS.host, allow_external=FLAGS.allow_external, timeout=FLAGS.timeout,
                   max_restarts=FLAGS.max_restarts, nnodes=FLAGS.nnodes, node_rank=FLAGS.node_rank,
-                  hosts=FLAGS.hosts)
+                  hosts=FLAGS.hosts, private_network=FLAGS.private_network)
 
 
 # Flags a manifest kind does not use, refused when given rather than silently ignored.
@@ -209,6 +218,8 @@ def main(argv: Sequence[str]) -> int:
         received = argv[1] if len(argv) > 1 else None
         print(f"tfdist: error: {invalid_argument('command', received, COMMANDS)}", file=sys.stderr)
         return 2
+    # Before anything imports TensorFlow, which reads it once. Launched tasks inherit it.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF_CPP_MIN_LOG_LEVEL)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "tensorflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

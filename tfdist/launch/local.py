@@ -16,12 +16,20 @@ process group. Their output is merged line by line, each line prefixed
 0; parameter servers never exit on their own and are stopped once the workers
 are done. Any failure stops the whole job (on this node). No TensorFlow is
 imported here.
+
+TF's gRPC servers listen on every interface whatever TF_CONFIG says, so a
+single-machine launch runs its tasks in a private network namespace that has
+only loopback (see :mod:`tfdist.launch.isolation`): other hosts cannot reach
+them. No task outlives the launcher, even one killed with SIGKILL: they share a
+PID namespace that dies with it. Where the kernel does not allow namespaces
+(not root), the launcher says so and names the ports to firewall.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +40,7 @@ from typing import Mapping, Sequence, TextIO
 
 from tfdist import cluster as cluster_lib
 from tfdist.config import PREEMPTED_EXIT_CODE, check_positive_int, invalid_argument
+from tfdist.launch.isolation import Sandbox, firewall_advice
 
 logger = logging.getLogger(__name__)
 
@@ -131,12 +140,14 @@ class Supervisor:
             cannot lose a member) the whole group restarts.
         tasks: The tasks to run here; every task of ``cluster`` by default.
             A node of a multi-node job runs only its own (see :func:`node_cluster`).
+        sandbox: Runs each task inside its namespaces (see :class:`Sandbox`), or None.
     """
 
     def __init__(self, command: Sequence[str], cluster: dict[str, list[str]], *,
                  env: Mapping[str, str] | None, output: TextIO, grace_period: float = 5.0,
-                 max_restarts: int = 0, tasks: Sequence[Task] | None = None):
+                 max_restarts: int = 0, tasks: Sequence[Task] | None = None, sandbox: Sandbox | None = None):
         self.command = list(command)
+        self.sandbox = sandbox
         self.cluster = cluster
         self.env = env
         self.output = output
@@ -156,8 +167,10 @@ class Supervisor:
 
     def start_task(self, task: Task) -> None:
         """Starts ``task``'s process in its own process group, with a reader thread."""
+        # The sandbox helper dies with the thread that forks it (PR_SET_PDEATHSIG): this one, which runs the job.
+        command = self.sandbox.wrap(self.command) if self.sandbox is not None else self.command
         proc = subprocess.Popen(
-            self.command, env=task_env(self.cluster, task.task_type, task.task_id, self.env),
+            command, env=task_env(self.cluster, task.task_type, task.task_id, self.env),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True)
         self._procs[task] = proc
@@ -462,7 +475,8 @@ def launch(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = F
            evaluator: bool = False, host: str = "127.0.0.1", allow_external: bool = False,
            ports: Sequence[int] | None = None, env: Mapping[str, str] | None = None,
            output: TextIO | None = None, timeout: float | None = None, max_restarts: int = 0,
-           nnodes: int = 1, node_rank: int = 0, hosts: Sequence[str] | str | None = None) -> int:
+           nnodes: int = 1, node_rank: int = 0, hosts: Sequence[str] | str | None = None,
+           private_network: bool = True) -> int:
     """Runs ``command`` once per task of this node and supervises the processes.
 
     With the defaults (one node, no ``hosts``) every task of a cluster on
@@ -494,6 +508,11 @@ def launch(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = F
         node_rank: This node's index into ``hosts``; node 0 runs the chief.
         hosts: One ``"host:base_port"`` per node, as a list or a comma-separated
             string; required when ``nnodes > 1``.
+        private_network: Run a single-machine cluster on loopback in a private
+            network namespace (Linux, root), so that no other host can reach
+            its unauthenticated gRPC ports. The tasks then reach nothing
+            outside it either (no internet); pass False if they must, and
+            firewall the ports. Not used with ``hosts`` or a non-loopback ``host``.
 
     Returns:
         0 when every chief, worker and evaluator (of this node) exited 0;
@@ -511,18 +530,47 @@ def launch(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = F
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or timeout <= 0):
         raise invalid_argument("timeout", timeout, "a positive number of seconds or None")
-    if hosts is None and nnodes == 1 and node_rank == 0:
+    single_node = hosts is None and nnodes == 1 and node_rank == 0
+    if single_node:
         cluster, local_tasks = _single_node(host, allow_external, workers, ps, chief, evaluator, ports)
     else:
         cluster, local_tasks = _this_node(nnodes, node_rank, hosts, host, allow_external, workers, ps, chief,
                                           evaluator, ports)
-    supervisor = Supervisor(command, cluster, env=env, output=sys.stdout if output is None else output,
-                            max_restarts=max_restarts, tasks=local_tasks)
-    try:
-        return supervisor.run(timeout)
-    except FileNotFoundError as e:
+    path = (os.environ if env is None else env).get("PATH", os.defpath)
+    if shutil.which(command[0], path=path) is None:  # The sandbox helper would only fail later, in the task.
         raise invalid_argument("command", list(command), "a program that exists",
-                               note=f"Starting it failed: {e}.") from None
+                               note=f"Starting it failed: no executable {command[0]!r} (PATH={path}).")
+    loopback = cluster_lib.is_loopback(host) if single_node else all(
+        cluster_lib.is_loopback(h) for h, _ in _parse_hosts(hosts, nnodes)[1])
+    with Sandbox(private_network=single_node and loopback and bool(private_network)) as sandbox:
+        _report_exposure(sandbox, cluster, local_tasks, single_node, loopback, private_network)
+        supervisor = Supervisor(command, cluster, env=env, output=sys.stdout if output is None else output,
+                                max_restarts=max_restarts, tasks=local_tasks, sandbox=sandbox)
+        return supervisor.run(timeout)
+
+
+def _report_exposure(sandbox: Sandbox, cluster: dict[str, list[str]], local_tasks: Sequence[Task] | None,
+                     single_node: bool, loopback: bool, private_network: bool) -> None:
+    """Says what protects the tasks' ports, and what to do where nothing does."""
+    tasks = local_tasks if local_tasks is not None else [
+        Task(t, i) for t in _TASK_ORDER for i in range(len(cluster.get(t, [])))]
+    ports = [cluster_lib.split_address(cluster[t.task_type][t.task_id])[1] for t in tasks]
+    if sandbox.private_network:
+        logger.info("The tasks run in a private network namespace that has only loopback: other hosts cannot "
+                    "reach their ports.")
+    elif loopback:  # Non-loopback addresses have been warned about already (_require_loopback).
+        if not single_node:
+            why = "A multi-node cluster (--hosts) uses this host's network"
+        elif not private_network:
+            why = "private_network=False (--noprivate_network)"
+        else:
+            why = f"No private network namespace for the tasks ({sandbox.network_problem})"
+        logger.warning("%s: ports %s listen on every interface (TF ignores the host in TF_CONFIG), so other hosts "
+                       "can reach them, and %s. To prevent that, %s.", why, ", ".join(map(str, ports)),
+                       _UNAUTHENTICATED, firewall_advice(ports))
+    if not sandbox.pid_namespace:
+        logger.warning("No PID namespace for the tasks (%s): a process that a task moves out of its process group "
+                       "can outlive a launcher killed with SIGKILL.", sandbox.pid_problem)
 
 
 def _single_node(host, allow_external, workers, ps, chief, evaluator, ports):

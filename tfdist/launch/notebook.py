@@ -11,7 +11,9 @@
 The function (and what it refers to) is pickled with cloudpickle, each task of
 a loopback cluster runs it in a fresh process with TF_CONFIG set (the notebook
 kernel itself needs no TensorFlow cluster), their output streams into the
-cell prefixed by task, and the chief's return value comes back.
+cell prefixed by task, and the chief's return value comes back. As under
+``tfdist launch``, the tasks run in a private network namespace that has only
+loopback, and no task outlives the kernel that started it.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from tfdist.config import check_positive_int
 
 def notebook_launcher(fn: Callable[..., Any], *args: Any, num_workers: int = 2, num_ps: int = 0,
                       chief: bool = False, max_restarts: int = 0, timeout: float | None = None,
-                      env: dict[str, str] | None = None) -> Any:
+                      env: dict[str, str] | None = None, private_network: bool = True) -> Any:
     """Runs ``fn(*args)`` in every task of a local cluster; returns the chief's result.
 
     Args:
@@ -42,6 +44,10 @@ def notebook_launcher(fn: Callable[..., Any], *args: Any, num_workers: int = 2, 
         max_restarts: Restarts after failures, as for ``tfdist launch``.
         timeout: Seconds after which every task is killed.
         env: Extra environment variables for the tasks.
+        private_network: Run the tasks in a private network namespace that has
+            only loopback (Linux, root; see ``tfdist.launch.local.launch``), so
+            no other host can reach their gRPC ports. They reach nothing
+            outside it either: pass False if ``fn`` needs the network.
 
     Returns:
         What ``fn`` returned on the chief (worker 0 without a chief).
@@ -59,7 +65,8 @@ def notebook_launcher(fn: Callable[..., Any], *args: Any, num_workers: int = 2, 
         task_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
         task_env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *sys.path])
         code = launch([sys.executable, "-m", "tfdist.launch._notebook_task", workdir], workers=num_workers, ps=num_ps,
-                      chief=chief, max_restarts=max_restarts, timeout=timeout, env=task_env, output=sys.stdout)
+                      chief=chief, max_restarts=max_restarts, timeout=timeout, env=task_env, output=sys.stdout,
+                      private_network=private_network)
         if code != 0:
             raise RuntimeError(f"The notebook_launcher job failed with code {code}; see the tasks' output above.")
         with open(os.path.join(workdir, "result.pkl"), "rb") as f:

@@ -1,0 +1,121 @@
+"""Keeping a local launch's tasks to themselves: a private network, and no orphans.
+
+TF's gRPC server has no authentication and binds ``0.0.0.0:PORT`` whatever host
+TF_CONFIG names (``GrpcServer::Init`` takes only the port from the cluster spec;
+no ServerDef or ConfigProto option chooses the address). So "listen on loopback"
+cannot be asked of TF. Instead, a single-machine launch runs its tasks in a
+private network namespace with only a loopback interface: every interface the
+servers listen on is that namespace's ``lo``, which no other host (and no process
+of this host outside the launch) can reach.
+
+Every task's lifetime is also tied to the launcher's: each task runs under a
+small helper (``_sandbox.py run``) that dies with the launcher, and in a PID
+namespace whose init dies with it, taking every process the task started along.
+
+Both need CAP_SYS_ADMIN (root). Without it the launcher warns, names the ports
+to firewall, and ties lifetimes with the process group instead.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+from typing import Sequence
+
+logger = logging.getLogger(__name__)
+
+_HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox.py")
+_READY_SECONDS = 30.0
+
+
+class Sandbox:
+    """The namespaces one launch's tasks share; :meth:`wrap` runs a task inside them.
+
+    Args:
+        private_network: Give the tasks a private network namespace (only
+            loopback). Off for clusters that span machines.
+
+    Attributes:
+        private_network: Whether the tasks really run in a private network namespace.
+        pid_namespace: Whether they run in a PID namespace that dies with the launcher.
+        network_problem: Why the requested private network could not be made, or None.
+        pid_problem: Why the PID namespace could not be made, or None.
+    """
+
+    def __init__(self, *, private_network: bool):
+        self.requested_network = private_network
+        self.private_network = False
+        self.pid_namespace = False
+        self.network_problem: str | None = None
+        self.pid_problem: str | None = None
+        self._holder: subprocess.Popen | None = None
+        self._supported = sys.platform.startswith("linux")
+
+    def start(self) -> None:
+        """Starts the namespace holder (Linux); on failure, falls back and records why."""
+        if not self._supported:
+            self.network_problem = self.pid_problem = "namespaces need Linux"
+            return
+        command = [sys.executable, "-I", "-S", _HELPER, "hold", f"--ppid={os.getpid()}"]
+        if self.requested_network:
+            command.append("--net")
+        holder = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([holder.stdout], [], [], _READY_SECONDS)
+        line = holder.stdout.readline() if ready else ""
+        try:
+            report = json.loads(line)
+        except ValueError:
+            holder.kill()
+            holder.wait()
+            self.network_problem = self.pid_problem = (
+                f"the namespace helper did not start (exit code {holder.returncode})")
+            return
+        self._holder = holder
+        self.private_network = self.requested_network and report["net"] is None
+        self.pid_namespace = report["pid"] is None
+        self.network_problem = report["net"] if self.requested_network else None
+        self.pid_problem = report["pid"]
+        if not self.private_network and not self.pid_namespace:
+            self.close()
+
+    def wrap(self, command: Sequence[str]) -> list[str]:
+        """Returns the command that runs ``command`` as a task of this sandbox."""
+        if not self._supported:
+            return list(command)
+        wrapped = [sys.executable, "-I", "-S", _HELPER, "run", f"--ppid={os.getpid()}"]
+        if self._holder is not None and self.private_network:
+            wrapped.append(f"--netns=/proc/{self._holder.pid}/ns/net")
+        if self._holder is not None and self.pid_namespace:
+            wrapped.append(f"--pidns=/proc/{self._holder.pid}/ns/pid_for_children")
+        return [*wrapped, "--", *command]
+
+    def close(self) -> None:
+        """Kills every process left in the namespaces and lets them go."""
+        holder, self._holder = self._holder, None
+        if holder is None:
+            return
+        holder.stdin.close()  # The holder kills the PID namespace's init, and so everything in it.
+        try:
+            holder.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+        holder.stdout.close()
+
+    def __enter__(self) -> "Sandbox":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def firewall_advice(ports: Sequence[int]) -> str:
+    """A firewall rule that keeps other hosts off ``ports``, for when no private network is possible."""
+    listed = ",".join(str(p) for p in sorted(ports))
+    return (f"block these ports from other hosts with a firewall, e.g. "
+            f"`iptables -I INPUT ! -i lo -p tcp -m multiport --dports {listed} -j DROP` "
+            f"(and ip6tables the same)")
