@@ -28,7 +28,7 @@ def test_train_saves_the_model(tmp_path):
 
 @pytest.mark.parametrize("args,pattern", [
     (["train", "--strategy=mirored"], "argument `strategy`. Received: strategy='mirored'. Expected one of: auto"),
-    (["train", "--precision=fp8"], "argument `precision`. Received: precision='fp8'. Expected one of: float32"),
+    (["train", "--precision=fp8"], "argument `precision`. Received: precision='fp8'. Expected one of: auto, float32"),
     (["train", "--global_batch_size=63"], "argument `global_batch_size`. Received: global_batch_size=63"),
     (["train", "--model=vgg"], "argument `model`. Received: model='vgg'"),
     (["train", "--dataset=imagenet"], "argument `dataset`. Received: dataset='imagenet'"),
