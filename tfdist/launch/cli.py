@@ -48,6 +48,9 @@ flags.DEFINE_integer("base_global_batch_size", _DEFAULT.base_global_batch_size,
 flags.DEFINE_integer("warmup_steps", None, "Linear warmup over this many optimizer updates.")
 flags.DEFINE_float("warmup_epochs", None, "Linear warmup over this many epochs.")
 flags.DEFINE_string("model_dir", None, "Where the chief saves model.keras after training.")
+flags.DEFINE_string("backup_dir", None, "Step-exact backups here: a restarted run (tfdist launch --max_restarts, "
+                    "a Slurm requeue) resumes at the last backed-up update; SIGTERM saves one and exits 75.")
+flags.DEFINE_integer("backup_freq", None, "With --backup_dir: optimizer updates between backups (default: each epoch).")
 flags.DEFINE_integer("seed", _DEFAULT.seed, "Random seed.")
 flags.DEFINE_integer("verbose", _DEFAULT.verbose, "0 silent, 1 progress bar, 2 one line per epoch.")
 # launch (and manifest)
@@ -90,7 +93,8 @@ def _train_config() -> TrainConfig:
         accumulation_steps=FLAGS.accumulation_steps, optimizer=FLAGS.optimizer,
         learning_rate=FLAGS.learning_rate, lr_scaling=FLAGS.lr_scaling,
         base_global_batch_size=FLAGS.base_global_batch_size, warmup_steps=FLAGS.warmup_steps,
-        warmup_epochs=FLAGS.warmup_epochs, model_dir=FLAGS.model_dir, seed=FLAGS.seed, verbose=FLAGS.verbose)
+        warmup_epochs=FLAGS.warmup_epochs, model_dir=FLAGS.model_dir,
+        backup_dir=FLAGS.backup_dir, backup_freq=FLAGS.backup_freq, seed=FLAGS.seed, verbose=FLAGS.verbose)
 
 
 def _train(args: Sequence[str]) -> int:
@@ -102,6 +106,8 @@ def _train(args: Sequence[str]) -> int:
     if summary["is_chief"]:
         print(f"final val_accuracy={summary['val_accuracy']:.4f} val_loss={summary['val_loss']:.4f} "
               f"replicas={summary['num_replicas']} train_seconds={summary['seconds']:.1f}")
+    # Every task reports its update count and weights, so a job's logs show that the workers agree.
+    print(f"final updates={summary['updates']} weights_digest={summary['weights_digest']}", flush=True)
     return 0
 
 
