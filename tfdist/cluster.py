@@ -33,7 +33,14 @@ VALID_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 _TASK_EXAMPLE = "a dict like {'type': 'worker', 'index': 0}"
 _SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
 _SLURM_TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-SLURM_PORT_BASE = 8888  # The k-th Slurm task on a node listens on SLURM_PORT_BASE + k.
+SLURM_PORT_BASE = 10000  # Slurm jobs' ports: blocks of SLURM_PORTS_PER_JOB from here (slurm_port_base).
+SLURM_PORTS_PER_JOB = 32
+# 10000 + 700 * 32 = 32400: below Linux's default ephemeral range (32768-60999), where outgoing
+# connections take their local ports and could hold a task's port.
+SLURM_PORT_BLOCKS = 700
+SLURM_ROLES_VAR = "TFDIST_SLURM_ROLES"  # Roles by rank, e.g. "chief:1,ps:1,worker:2"; default all workers.
+_SLURM_NEEDS = ("tfdist builds the cluster from the variables `srun` sets in each task (SLURM_JOB_ID, SLURM_PROCID, "
+                "SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE); start the program with srun.")
 
 
 class _Missing:
@@ -196,51 +203,110 @@ def _check_address(name: str, address: Any) -> None:
 def from_environment(environ: Mapping[str, str] | None = None) -> ClusterInfo | None:
     """Reads the cluster from TF_CONFIG, or else from a Slurm job step.
 
+    A Slurm job step is a process ``srun`` started (SLURM_JOB_ID and
+    SLURM_STEP_ID are set). Not clusters, so None: an interactive
+    ``srun --pty`` shell (SLURM_PTY_PORT is set), and a one-task allocation's
+    batch script or ``salloc`` shell.
+
     Args:
         environ: The environment to read; defaults to ``os.environ``.
 
     Returns:
-        The :class:`ClusterInfo`, or None when neither TF_CONFIG nor a Slurm
-        job step (SLURM_JOB_ID, SLURM_PROCID and a node list) is present.
+        The :class:`ClusterInfo`, or None outside a cluster.
 
     Raises:
-        ValueError: If the variables found are malformed.
+        ValueError: If the variables found are malformed, or this process runs
+            in a Slurm allocation of several tasks but outside ``srun``.
     """
     environ = os.environ if environ is None else environ
     raw = environ.get("TF_CONFIG", "")
     if raw.strip():
         return parse_tf_config(raw)
-    if ("SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ
-            and any(name in environ for name in _SLURM_NODELISTS)):
-        return from_slurm(environ)
-    return None
+    if not environ.get("SLURM_JOB_ID"):
+        return None
+    if environ.get("SLURM_PTY_PORT"):
+        # `srun --pty bash` is a step of one task for a person at a terminal; programs started in it
+        # are not the tasks of a training cluster.
+        logger.info("Interactive Slurm shell (srun --pty, job %s): not a cluster; ignoring SLURM_*.",
+                    environ["SLURM_JOB_ID"])
+        return None
+    if not (environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")):
+        ntasks = environ.get("SLURM_NTASKS", "1").strip()
+        if ntasks.isdigit() and int(ntasks) > 1:
+            raise invalid_argument(
+                "SLURM_STEP_ID", _MISSING, "the variables of a job step that srun starts",
+                note=f"This process runs in Slurm job {environ['SLURM_JOB_ID']} of {ntasks} tasks, but outside "
+                     "`srun` (in the batch script or an salloc shell), so it is none of those tasks. Start it "
+                     "with `srun COMMAND` (as `tfdist manifest slurm` writes), or ask for --ntasks=1.")
+        return None
+    return from_slurm(environ)
 
 
-def from_slurm(environ: Mapping[str, str], *, port_base: int = SLURM_PORT_BASE) -> ClusterInfo | None:
-    """Builds an all-worker cluster from the variables ``srun`` sets.
+def slurm_port_base(job_id: int) -> int:
+    """The port of the first task on each node of Slurm job ``job_id``.
+
+    Jobs sharing a node get disjoint blocks of :data:`SLURM_PORTS_PER_JOB`
+    ports in 10000..32399 (Lightning derives its port from the job id too), so
+    they do not collide unless their ids differ by a multiple of 700. A
+    requeued job keeps its id, so its next run reuses its ports.
+    """
+    return SLURM_PORT_BASE + (job_id % SLURM_PORT_BLOCKS) * SLURM_PORTS_PER_JOB
+
+
+def slurm_roles(spec: str, *, name: str = SLURM_ROLES_VAR) -> list[tuple[str, int]]:
+    """Parses a role list like ``"chief:1,ps:1,worker:2"`` (tasks by rank, in that order)."""
+    roles = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"\s*(chief|worker|ps):([0-9]+)\s*", part)
+        if not match:
+            raise invalid_argument(name, spec, "roles by rank like 'chief:1,ps:1,worker:2'",
+                                   note="Task types: chief, worker, ps.")
+        roles.append((match.group(1), int(match.group(2))))
+    counts = dict(roles)
+    if len(counts) != len(roles) or counts.get("chief", 0) > 1 or not (counts.get("worker") or counts.get("chief")):
+        raise invalid_argument(name, spec, "each role once, at most one chief, and a chief or workers")
+    if counts.get("ps") and not counts.get("chief"):
+        raise invalid_argument(name, spec, "a chief with ps", note="The chief coordinates parameter-server training.")
+    return [(t, n) for t, n in roles if n]
+
+
+def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> ClusterInfo:
+    """Builds the cluster of a Slurm job step from the variables ``srun`` sets.
 
     Tasks are assigned to the hosts of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST)
     in order, SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE) at a time.
-    The k-th task on a node listens on ``port_base + k``.
+    The k-th task on a node listens on ``port_base + k``. A one-node step uses
+    127.0.0.1 for every task: all of them are on this machine, and loopback
+    keeps their traffic off the network whatever the node's name resolves to.
+
+    Task SLURM_PROCID is worker SLURM_PROCID, unless TFDIST_SLURM_ROLES (which
+    ``tfdist manifest slurm --chief --ps=N`` exports) gives roles by rank, e.g.
+    ``chief:1,ps:1,worker:2``: rank 0 is the chief, rank 1 ps 0, ranks 2-3
+    workers 0-1.
 
     Args:
         environ: The environment, e.g. ``os.environ``.
-        port_base: The port of the first task on each node.
+        port_base: The port of the first task on each node; by default
+            :func:`slurm_port_base` of SLURM_JOB_ID, so jobs sharing a node
+            do not collide.
 
     Returns:
-        The :class:`ClusterInfo` with task type ``worker`` and task id
-        SLURM_PROCID, or None when SLURM_PROCID or the node list is absent.
+        The :class:`ClusterInfo` of task SLURM_PROCID.
 
     Raises:
-        ValueError: If a Slurm variable is malformed or they disagree.
+        ValueError: If a Slurm variable is missing or malformed, or they disagree.
     """
     nodelist_var = next((v for v in _SLURM_NODELISTS if environ.get(v)), None)
-    if "SLURM_PROCID" not in environ or nodelist_var is None:
-        return None
+    if nodelist_var is None:
+        raise invalid_argument(_SLURM_NODELISTS[0], _MISSING, "a Slurm host list like 'node[01-03]'",
+                               note=_SLURM_NEEDS)
+    if not environ.get("SLURM_PROCID"):
+        raise invalid_argument("SLURM_PROCID", _MISSING, "this task's rank, an integer >= 0", note=_SLURM_NEEDS)
     hosts = expand_nodelist(environ[nodelist_var], name=nodelist_var)
     task_id = _slurm_int(environ, "SLURM_PROCID", minimum=0)
     tpn_var = next((v for v in _SLURM_TASKS_PER_NODE if environ.get(v)), None)
-    ntasks = _slurm_int(environ, "SLURM_NTASKS", minimum=1) if environ.get("SLURM_NTASKS") else None
+    ntasks_var = next((v for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") if environ.get(v)), None)
+    ntasks = _slurm_int(environ, ntasks_var, minimum=1) if ntasks_var else None
     if tpn_var is not None:
         per_node = expand_tasks_per_node(environ[tpn_var], name=tpn_var)
         if len(per_node) != len(hosts):
@@ -255,17 +321,38 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int = SLURM_PORT_BASE) 
             note="Set it, or SLURM_NTASKS as a multiple of the number of nodes.")
     total = sum(per_node)
     if ntasks is not None and ntasks != total:
-        raise invalid_argument("SLURM_NTASKS", environ["SLURM_NTASKS"], f"{total}",
+        raise invalid_argument(ntasks_var, environ[ntasks_var], f"{total}",
                                note=f"{tpn_var} adds up to {total} tasks.")
     if task_id >= total:
         raise invalid_argument("SLURM_PROCID", environ["SLURM_PROCID"],
                                f"an integer in the range [0, {total - 1}]")
+    if port_base is None:
+        if not environ.get("SLURM_JOB_ID"):
+            raise invalid_argument("SLURM_JOB_ID", _MISSING, "the job id, an integer", note=_SLURM_NEEDS)
+        if max(per_node) > SLURM_PORTS_PER_JOB:
+            raise invalid_argument(tpn_var or "SLURM_NTASKS", environ.get(tpn_var or "SLURM_NTASKS"),
+                                   f"at most {SLURM_PORTS_PER_JOB} tasks per node",
+                                   note="Each job gets a block of that many ports per node.")
+        port_base = slurm_port_base(_slurm_int(environ, "SLURM_JOB_ID", minimum=0))
     if isinstance(port_base, bool) or not isinstance(port_base, int) or not (
             1 <= port_base and port_base + max(per_node) - 1 <= 65535):
         raise invalid_argument("port_base", port_base,
                                f"an integer in 1..{65536 - max(per_node)} ({max(per_node)} tasks per node)")
+    if len(hosts) == 1:
+        hosts = ["127.0.0.1"]
     addresses = [join_address(host, port_base + k) for host, n in zip(hosts, per_node) for k in range(n)]
-    return ClusterInfo(cluster={"worker": addresses}, task_type="worker", task_id=task_id)
+    roles = slurm_roles(environ[SLURM_ROLES_VAR]) if environ.get(SLURM_ROLES_VAR) else [("worker", total)]
+    if sum(n for _, n in roles) != total:
+        raise invalid_argument(SLURM_ROLES_VAR, environ[SLURM_ROLES_VAR], f"roles for the step's {total} tasks",
+                               note="Ask Slurm for as many tasks as the roles add up to.")
+    cluster: dict[str, list[str]] = {}
+    rank = 0
+    for role, n in roles:
+        cluster[role] = addresses[rank:rank + n]
+        if rank <= task_id < rank + n:
+            task_type, index = role, task_id - rank
+        rank += n
+    return ClusterInfo(cluster=cluster, task_type=task_type, task_id=index)
 
 
 def _slurm_int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
