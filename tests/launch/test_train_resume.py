@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import REPO
 from tfdist.launch import cli
 
-EPOCHS = 12
+EPOCHS = 6
 STEPS = 1437 // 64  # digits' training split in full batches of 64: updates per epoch.
 ARGS = ["train", "--strategy=mirrored", "--num_devices=1", "--model=mlp", "--dataset=digits",
         f"--epochs={EPOCHS}", "--global_batch_size=64", "--backup_freq=4"]

@@ -41,12 +41,12 @@ stop() {
 if [ "$action" = stop ]; then stop; exit 0; fi
 [ "$action" = start ] || { echo "unknown action: $action (expected start or stop)" >&2; exit 2; }
 
-# 1. Packages (Debian's slurm-wlm is Slurm 22.05 on bookworm).
+# 1. Packages (Debian's slurm-wlm is Slurm 22.05 on bookworm; iproute2 for `ip`).
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null \
-    || ! command -v sbatch >/dev/null; then
+    || ! command -v sbatch >/dev/null || ! command -v ip >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends slurm-wlm munge >"$state/apt.log" 2>&1 \
+  apt-get install -y -qq --no-install-recommends slurm-wlm munge iproute2 >"$state/apt.log" 2>&1 \
     || { tail -20 "$state/apt.log" >&2; exit 1; }
 fi
 
