@@ -3,6 +3,11 @@
 Run it with ``make train``, ``tfdist train --strategy=mirrored --num_devices=2``,
 or on a local cluster with
 ``tfdist launch --workers=2 -- tfdist train --strategy=multi_worker``.
+With ``--backup_dir=DIR [--backup_freq=N]`` a restarted run resumes at the last
+backed-up update, e.g. under Slurm with requeue on preemption::
+
+    tfdist manifest slurm --ntasks=2 --max_restarts=3 --output=job.sbatch -- \
+        tfdist train --strategy=multi_worker --backup_dir=$HOME/run/backup --backup_freq=50
 """
 from __future__ import annotations
 
