@@ -297,3 +297,14 @@ def test_yaml_round_trips_awkward_values():
            "nested": [{"a": [1, {"b": "c"}]}, [["deep"]]], "odd key: #": "v"}
     assert yaml.safe_load(manifests.to_yaml([doc])) == doc
     assert list(yaml.safe_load_all(manifests.to_yaml([doc, {"k": 1}]))) == [doc, {"k": 1}]
+
+
+def test_cli_refuses_ntasks_that_do_not_divide_into_the_roles(tmp_path):
+    from tests.helpers import run_tfdist
+
+    proc = run_tfdist("manifest", "slurm", "--ntasks=2", "--chief", "--ps=1", f"--output={tmp_path / 'job.sbatch'}",
+                      "--", "tfdist", "train", "--strategy=parameter_server", timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert ("tfdist manifest: error: Invalid value for argument `ntasks`. Received: ntasks=2. Expected at least 3. "
+            "The roles need 1 chief, 1 ps and at least one worker.") in proc.stdout
+    assert "Traceback" not in proc.stdout and not (tmp_path / "job.sbatch").exists()
