@@ -109,6 +109,7 @@ def loopback(spec: dict[str, Any], task_id: int) -> dict[str, list[dict[str, Any
     if task_id == 0:
         with socket.create_server(("127.0.0.1", port)) as server:
             conn, _ = server.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no Nagle delay on the 1-byte "go"
             with conn:
                 for size in sizes:
                     iters = iterations(size, spec)
@@ -141,6 +142,7 @@ def loopback(spec: dict[str, Any], task_id: int) -> dict[str, list[dict[str, Any
                 if time.time() > deadline:
                     raise
                 time.sleep(0.1)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with conn:
             for size in sizes:
                 payload = bytes(size)
