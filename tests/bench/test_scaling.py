@@ -53,8 +53,9 @@ def test_every_side_did_the_same_work_on_every_worker(bench_run):
             rates = side["examples_per_s_samples"]
             assert side["examples_per_s"] == pytest.approx(statistics.median(rates))
             assert side["spread"] == pytest.approx(max(rates) / min(rates)) and side["spread"] >= 1.0
-            assert side["step_s"] == pytest.approx(side["examples_per_measurement"] / side["examples_per_s"] / steps,
-                                                   rel=0.3)
+            seconds = side["seconds_samples"]
+            assert rates == pytest.approx([side["examples_per_measurement"] / s for s in seconds])
+            assert side["step_s"] == pytest.approx(statistics.median(seconds) / steps)
         for thread in entry["threads"].values():
             assert thread["intra_op_threads"] == 1
         workers = {t: v for t, v in entry["threads"].items() if t.startswith("worker")}

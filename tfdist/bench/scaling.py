@@ -122,6 +122,7 @@ def summarise(launched: dict[str, Any], n: int, task: str = "worker-0") -> dict[
         rates = [examples / s for s in seconds]
         sides[name] = {"examples_per_s": timing.median(rates), "spread": max(rates) / min(rates),
                        "step_s": timing.median(seconds) / lead["steps"], "examples_per_s_samples": rates,
+                       "seconds_samples": seconds,
                        "steps_per_measurement": lead["steps"], "examples_per_measurement": examples,
                        "updates_per_measurement": lead["updates"][name],
                        # Every worker made the same updates (a collective step cannot run on one alone).
