@@ -164,3 +164,12 @@ def test_bad_scaling_options_get_one_clear_error():
 def test_multi_process_benchmarks_run_only_when_named():
     assert {"scaling", "allreduce"} <= set(runner.available())
     assert set(runner.ON_REQUEST) == {"scaling", "allreduce"}
+
+
+def test_cli_refuses_a_bad_bench_flag_in_one_line():
+    from tests.helpers import run_tfdist
+
+    proc = run_tfdist("bench", "--benchmarks=scaling", "--gradient_compression=none,bf8", timeout=120)
+    assert proc.returncode == 2, proc.stdout
+    assert ("tfdist bench: error: Invalid value for argument `gradient_compression`. Received: "
+            "gradient_compression='bf8'") in proc.stdout
