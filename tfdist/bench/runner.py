@@ -2,11 +2,15 @@
 
     python -m tfdist bench --output=bench_results/bench.json
     python -m tfdist bench --benchmarks=mfu --repeats=5
+    python -m tfdist bench --benchmarks=scaling,allreduce --threads_per_worker=1   # worker processes; minutes
 
 This machine is noisy, so every benchmark compares two sides measured in the
 same process, alternating between them, and reports medians and their ratio;
 absolute numbers are secondary. Results go to a JSON file and, when matplotlib
-is installed, a PNG bar chart of the ratios next to it.
+is installed, a PNG bar chart of the ratios next to it (and a benchmark's own
+figure, registered with ``plot=``, as ``<output>.<name>.png``). The
+multi-process benchmarks (``scaling``, ``allreduce``) start their own worker
+processes with ``tfdist launch`` and run only when named.
 
 To add a benchmark, write a module under ``tfdist/bench/`` with a function
 ``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add

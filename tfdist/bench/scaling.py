@@ -3,7 +3,8 @@
     tfdist bench --benchmarks=scaling --threads_per_worker=1 --repeats=5
     tfdist bench --benchmarks=scaling --gradient_compression=none,bf16
 
-For 1, 2, ... workers (``--scaling_workers``), real processes are started by
+For 1, 2, ... workers (``--scaling_workers``; default 1, 2 and 4, 8, ... up to
+the core count), real processes are started by
 ``tfdist launch`` on loopback ports, each with its threads pinned
 (``--threads_per_worker``, default: cores / most workers, the same for every
 worker count) and the same per-worker batch (weak scaling). Every worker runs
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 COMPRESSIONS = ("none", "bf16", "fp16")
 DEFAULTS: dict[str, Any] = {
-    "workers": (1, 2), "threads_per_worker": None, "input_dim": 784, "hidden_units": (1024, 1024, 1024),
+    "workers": None, "threads_per_worker": None, "input_dim": 784, "hidden_units": (1024, 1024, 1024),
     "num_classes": 10, "per_worker_batch_size": 256, "steps": 50, "repeats": 5, "learning_rate": 0.01,
     "metrics": ("accuracy",), "gradient_compression": ("none",), "bucket_bytes": None,
     "parameter_server": True, "pin_cores": True,
@@ -75,6 +76,12 @@ def run(**overrides: Any) -> dict[str, Any]:
     if unknown:
         raise invalid_argument("option", sorted(unknown)[0], sorted(DEFAULTS))
     options = {**DEFAULTS, **(QUICK if quick else {}), **overrides}
+    if options["workers"] is None:  # 1, 2, then 4, 8, ... while every worker can have a core of its own
+        counts, n = [1, 2], 4
+        while n <= cluster_run.cores():
+            counts.append(n)
+            n *= 2
+        options["workers"] = tuple(counts)
     options["workers"] = tuple(sorted(set(options["workers"])))
     options["gradient_compression"] = tuple(options["gradient_compression"])
     _check(options)

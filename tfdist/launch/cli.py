@@ -93,7 +93,8 @@ flags.DEFINE_integer("repeats", 3, "bench: timed repeats per side (the median is
 flags.DEFINE_boolean("quick", False, "bench: tiny sizes and few steps (checks that it runs; the figures mean little).")
 flags.DEFINE_integer("threads_per_worker", None, "bench scaling, allreduce: intra-op threads of each worker "
                      "process (default: cores / most workers).")
-flags.DEFINE_list("scaling_workers", None, "bench scaling: worker counts to run, e.g. 1,2 (default 1,2).")
+flags.DEFINE_list("scaling_workers", None, "bench scaling: worker counts to run, e.g. 1,2 (default 1, 2, 4, ... "
+                  "up to the core count).")
 flags.DEFINE_integer("per_worker_batch_size", None, "bench scaling: examples per worker per step (default 256).")
 flags.DEFINE_list("hidden_units", None, "bench scaling: the MLP's hidden widths (default 1024,1024,1024).")
 flags.DEFINE_integer("scaling_steps", None, "bench scaling: steps per timed measurement (default 50).")
