@@ -44,7 +44,8 @@ def time_allreduce(strategy: tf.distribute.Strategy, sizes: list[int], dtype: tf
     def one(*tensors: tf.Tensor) -> list[tf.Tensor]:
         # tf.identity in the replica function puts the inputs on the replica's device: made in
         # cross-replica context they have none, and the all-reduce would have no destination.
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [tf.identity(t) for t in tensors],
+        placed = [tf.identity(t) for t in tensors]
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, placed,
                                                               options=options)
 
     @tf.function

@@ -146,9 +146,10 @@ def split_parts(strategy: tf.distribute.Strategy, spec: dict[str, Any], weights:
     @tf.function
     def exchange(steps: tf.Tensor) -> tf.Tensor:
         def one(*tensors: tf.Tensor) -> list[tf.Tensor]:
-        # tf.identity in the replica function puts the inputs on the replica's device: made in
-        # cross-replica context they have none, and the all-reduce would have no destination.
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [tf.identity(t) for t in tensors])
+            # tf.identity in the replica function puts the inputs on the replica's device: made in
+            # cross-replica context they have none, and the all-reduce would have no destination.
+            placed = [tf.identity(t) for t in tensors]
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, placed)
 
         # Zeros summed stay zeros; each step's input is the previous step's output, so no two
         # all-reduces are the same op on the same input (TF would merge them).
