@@ -173,3 +173,24 @@ def test_cli_refuses_a_bad_bench_flag_in_one_line():
     assert proc.returncode == 2, proc.stdout
     assert ("tfdist bench: error: Invalid value for argument `gradient_compression`. Received: "
             "gradient_compression='bf8'") in proc.stdout
+
+
+def test_trainer_variants_pass_only_the_keywords_the_trainer_takes(monkeypatch):
+    import tfdist
+    from tfdist.bench import scaling_worker
+
+    class Today:
+        def __init__(self, model, *, strategy=None):
+            pass
+
+    class WithCompression:
+        def __init__(self, model, *, strategy=None, gradient_compression=None, bucket_bytes=None):
+            pass
+
+    monkeypatch.setattr(tfdist, "Trainer", Today)
+    assert scaling_worker.trainer_kwargs("none", None) == {}
+    assert scaling_worker.trainer_kwargs("bf16", None) is None
+    assert scaling_worker.trainer_kwargs("none", 1 << 20) is None
+    monkeypatch.setattr(tfdist, "Trainer", WithCompression)
+    assert scaling_worker.trainer_kwargs("bf16", None) == {"gradient_compression": "bf16"}
+    assert scaling_worker.trainer_kwargs("none", 1 << 20) == {"bucket_bytes": 1 << 20}

@@ -200,8 +200,12 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
         if kwargs is None:
             unavailable[name] = "this tfdist.Trainer does not take gradient_compression/bucket_bytes"
             continue
-        trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=sgd(), loss=fits.logits_loss(),
-                                 metrics=metrics, **kwargs)
+        try:
+            trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=sgd(), loss=fits.logits_loss(),
+                                     metrics=metrics, **kwargs)
+        except (TypeError, ValueError) as e:  # e.g. a variant this Trainer refuses on this machine
+            unavailable[name] = f"{type(e).__name__}: {e}"
+            continue
         fit = (lambda t: lambda **kw: t.fit(dataset, global_batch_size=global_batch_size, **kw))(trainer)
         sides[name] = _fit_side(fit, (lambda t: lambda: t.model.optimizer)(trainer), steps, global_batch_size)
     with strategy.scope():
