@@ -97,6 +97,21 @@ flags.DEFINE_string("output", "bench_results/bench.json", "bench: where to write
                     "manifest: the file to write (stdout when not given).")
 flags.DEFINE_list("benchmarks", [], "bench: which to run (default all).")
 flags.DEFINE_integer("repeats", 3, "bench: timed repeats per side (the median is reported).")
+flags.DEFINE_boolean("quick", False, "bench: tiny sizes and few steps (checks that it runs; the figures mean little).")
+flags.DEFINE_integer("threads_per_worker", None, "bench scaling, allreduce: intra-op threads of each worker "
+                     "process (default: cores / most workers).")
+flags.DEFINE_list("scaling_workers", None, "bench scaling: worker counts to run, e.g. 1,2 (default 1, 2, 4, ... "
+                  "up to the core count).")
+flags.DEFINE_integer("per_worker_batch_size", None, "bench scaling: examples per worker per step (default 256).")
+flags.DEFINE_list("hidden_units", None, "bench scaling: the MLP's hidden widths (default 1024,1024,1024).")
+flags.DEFINE_integer("scaling_steps", None, "bench scaling: steps per timed measurement (default 50).")
+flags.DEFINE_boolean("scaling_parameter_server", None, "bench scaling: also the Trainer on parameter_server "
+                     "with 1 ps (default true).")
+flags.DEFINE_list("gradient_compression", None, "bench scaling: Trainer (and raw loop) variants, of none, bf16, "
+                  "fp16 (default none); a variant this Trainer lacks is reported as unavailable.")
+flags.DEFINE_integer("bucket_bytes", None, "bench scaling: passed to the Trainer when it takes it.")
+flags.DEFINE_integer("allreduce_workers", None, "bench allreduce: worker processes (default 2).")
+flags.DEFINE_integer("allreduce_max_bytes", None, "bench allreduce: largest message (default 64 MiB).")
 
 
 def _train_config() -> TrainConfig:
@@ -183,7 +198,24 @@ def _manifest(args: Sequence[str]) -> int:
 def _bench(args: Sequence[str]) -> int:
     from tfdist.bench import runner
 
-    results = runner.run(FLAGS.benchmarks or None, output=FLAGS.output, repeats=FLAGS.repeats)
+    def ints(name: str) -> tuple[int, ...] | None:
+        values = FLAGS[name].value
+        if values is None:
+            return None
+        try:
+            return tuple(int(v) for v in values)
+        except ValueError:
+            raise invalid_argument(name, ",".join(values), "comma-separated integers, e.g. 1,2") from None
+
+    options = {"threads_per_worker": FLAGS.threads_per_worker, "scaling_workers": ints("scaling_workers"),
+               "per_worker_batch_size": FLAGS.per_worker_batch_size, "hidden_units": ints("hidden_units"),
+               "scaling_steps": FLAGS.scaling_steps, "scaling_parameter_server": FLAGS.scaling_parameter_server,
+               "gradient_compression": None if FLAGS.gradient_compression is None
+               else tuple(FLAGS.gradient_compression),
+               "bucket_bytes": FLAGS.bucket_bytes, "allreduce_workers": FLAGS.allreduce_workers,
+               "allreduce_max_bytes": FLAGS.allreduce_max_bytes}
+    results = runner.run(FLAGS.benchmarks or None, output=FLAGS.output, repeats=FLAGS.repeats, quick=FLAGS.quick,
+                         options=options)
     print(json.dumps(results, indent=2))
     return 0
 
