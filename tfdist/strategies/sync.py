@@ -106,10 +106,16 @@ class SyncRunner:
                      name: str, training: bool = True, model: Any = None) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
 
+        drive = getattr(replica_fn, "cross_replica", None)
+
         def loop(iterator, num_calls):
             for _ in tf.range(num_calls):
-                batches = [next(iterator) for _ in range(batches_per_call)]
-                strategy.run(replica_fn, args=(batches,))
+                if drive is not None:
+                    # The step loops over its micro-batches itself (symbolically, see training/step.py).
+                    drive(lambda fn, args: strategy.run(fn, args=args), lambda: next(iterator))
+                else:
+                    batches = [next(iterator) for _ in range(batches_per_call)]
+                    strategy.run(replica_fn, args=(batches,))
             return logs_fn()
 
         loop.__name__ = name

@@ -29,7 +29,7 @@ from tfdist.data.inputs import DEFAULT_GLOBAL_BATCH_SIZE, InputSource, as_input,
 from tfdist.models import check_features
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
-from tfdist.training import schedules
+from tfdist.training import exchange, schedules
 from tfdist.training.backup import Backup, Position, check_frequency, checkpoint_for, restore_on_every_worker
 from tfdist.training.loop import EpochRunner, PreemptionWatcher
 from tfdist.training.placement import rebuild_in_scope
@@ -137,6 +137,16 @@ class Trainer:
         backup_freq: ``"epoch"`` or a number of optimizer updates between
             backups (a backup is also taken at every epoch end).
         keep_backup: Keep the backup after a successful run (default: remove it).
+        gradient_compression: ``"bf16"`` or ``"fp16"`` all-reduces the
+            gradients in 16 bits (half the bytes) and casts them back to
+            float32 at once; fp16 is scaled per bucket so the sum cannot
+            overflow. Changes numerics slightly (a bf16 value has 8
+            significant bits); ``None`` (default) exchanges float32.
+        bucket_bytes: Bucketed all-reduce: gradients in reverse layer order,
+            about this many bytes per all-reduce, each started as soon as
+            its gradients exist (overlapping the backward pass). The sums are
+            those of the single all-reduce. ``None`` (default): one packed
+            all-reduce. See :mod:`tfdist.training.exchange`.
         keep_backups: How many of the newest backups ``backup_dir`` holds while
             training (and after it, with ``keep_backup``); older ones are
             deleted once a newer one is committed. Only the newest is resumed
@@ -160,8 +170,12 @@ class Trainer:
                  steps_per_execution: int = 1, lr_scaling: schedules.LRScaling = "none",
                  base_global_batch_size: int = 256, warmup_steps: int | None = None,
                  warmup_epochs: float | None = None, backup_dir: str | None = None,
-                 backup_freq: int | str = "epoch", keep_backup: bool = False, keep_backups: int = 1) -> None:
+                 backup_freq: int | str = "epoch", keep_backup: bool = False, keep_backups: int = 1,
+                 gradient_compression: exchange.Compression | None = None,
+                 bucket_bytes: int | None = None) -> None:
         precision_lib.check_precision(precision)
+        self.gradient_compression = exchange.check_compression(gradient_compression)
+        self.bucket_bytes = exchange.check_bucket_bytes(bucket_bytes)
         check_positive_int("accumulation_steps", accumulation_steps)
         check_positive_int("steps_per_execution", steps_per_execution)
         _check_loss(loss)
@@ -270,7 +284,8 @@ class Trainer:
             update = make_train_update(self.model, self.model.optimizer, global_batch_size=global_batch_size,
                                        accumulation_steps=micro_batches,
                                        num_replicas=self.strategy.num_replicas_in_sync,
-                                       skipped_updates=self._skipped_updates)
+                                       skipped_updates=self._skipped_updates, bucket_bytes=self.bucket_bytes,
+                                       gradient_compression=self.gradient_compression)
             self._train_fns[key] = self._runner.compile_loop(update, self._logs, batches_per_call=micro_batches,
                                                              name="train_function", model=self.model)
         return self._train_fns[key]
