@@ -54,6 +54,9 @@ class SyncRunner:
         )
 
     max_in_flight = 0  # logs are fetched right after each call
+    #: What ``Trainer(steps_per_execution="auto")`` runs per call when no callback needs every batch:
+    #: enough batches that the per-call logs, metric reductions and preemption vote cost little.
+    auto_steps_per_execution = 32
     requires_steps_per_epoch = False
 
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:

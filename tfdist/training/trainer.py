@@ -17,7 +17,7 @@ Example (``python -c`` or a script)::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import keras
 import numpy as np
@@ -114,7 +114,16 @@ class Trainer:
             optimizer's Keras ``gradient_accumulation_steps`` (which fails
             under tf.distribute) is taken over as ``accumulation_steps``.
         steps_per_execution: Batches run per ``tf.function`` call (rounded
-            down to whole updates, at least one).
+            down to whole updates, at least one). Callbacks' batch hooks run
+            once per call, with the logs of its last batch, as in Keras.
+            ``"auto"`` (default): one update per call when a callback has
+            train-batch hooks (so they see every update), else the runner's
+            choice (``SyncRunner.auto_steps_per_execution``, 32 batches: the
+            per-call costs, i.e. fetching the logs, reducing the metrics
+            across workers and the preemption vote, are paid once per 32
+            batches instead of every batch), ending calls at ``backup_freq``
+            boundaries. ``trainer.steps_per_execution`` holds the value in use
+            once ``fit`` started.
         lr_scaling: ``"linear"`` multiplies the learning rate by
             ``k * global_batch_size / base_global_batch_size`` (Goyal et al.).
         base_global_batch_size: The batch size the base learning rate is for.
@@ -167,7 +176,7 @@ class Trainer:
     def __init__(self, model: ModelOrBuilder, *, strategy: tf.distribute.Strategy | None = None,
                  optimizer: Any = "adam", loss: Any = None, metrics: Sequence[Any] | None = None,
                  precision: precision_lib.Precision = "float32", accumulation_steps: int = 1,
-                 steps_per_execution: int = 1, lr_scaling: schedules.LRScaling = "none",
+                 steps_per_execution: int | Literal["auto"] = "auto", lr_scaling: schedules.LRScaling = "none",
                  base_global_batch_size: int = 256, warmup_steps: int | None = None,
                  warmup_epochs: float | None = None, backup_dir: str | None = None,
                  backup_freq: int | str = "epoch", keep_backup: bool = False, keep_backups: int = 1,
@@ -177,7 +186,9 @@ class Trainer:
         self.gradient_compression = exchange.check_compression(gradient_compression)
         self.bucket_bytes = exchange.check_bucket_bytes(bucket_bytes)
         check_positive_int("accumulation_steps", accumulation_steps)
-        check_positive_int("steps_per_execution", steps_per_execution)
+        if steps_per_execution != "auto" and (isinstance(steps_per_execution, bool) or not isinstance(
+                steps_per_execution, int) or steps_per_execution < 1):
+            raise invalid_argument("steps_per_execution", steps_per_execution, "a positive integer or 'auto'")
         _check_loss(loss)
         check_frequency("backup_freq", backup_freq, "optimizer updates")
         check_directory("backup_dir", backup_dir)
@@ -195,6 +206,7 @@ class Trainer:
         self.precision = precision_lib.resolve_precision(precision, is_chief=self._runner.is_chief)
         opt_cls, opt_config, loss_scale = _optimizer_parts(optimizer)
         self.accumulation_steps = self._take_keras_accumulation(opt_config, accumulation_steps)
+        self._steps_per_execution = steps_per_execution  # as given: "auto" is resolved by each fit
         self.steps_per_execution = steps_per_execution
         self._schedule: schedules.ScaledWarmup | None = None
         if self._lr_plan.active:
@@ -219,6 +231,24 @@ class Trainer:
         self._eval_fn = None
         self._predict_fn = None
         self._built_for: Any = None
+
+    def _resolve_steps_per_execution(self, callbacks: Sequence[keras.callbacks.Callback]) -> int:
+        """``steps_per_execution`` for this fit: the int given, or what ``"auto"`` picks.
+
+        Only the callbacks and the runner decide (never timing, nor which
+        process is the chief): every worker must split an epoch into the same
+        calls, since each call ends with collectives (logs, preemption vote).
+        """
+        if self._steps_per_execution != "auto":
+            return self._steps_per_execution
+        hooks = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+        per_batch = [type(c).__name__ for c in callbacks
+                     if any(getattr(type(c), h) is not getattr(keras.callbacks.Callback, h) for h in hooks)]
+        if per_batch:
+            logger.info("steps_per_execution='auto': one update per call, for the batch hooks of %s.",
+                        ", ".join(per_batch))
+            return 1
+        return int(getattr(self._runner, "auto_steps_per_execution", 1))
 
     def _take_keras_accumulation(self, opt_config: dict[str, Any], accumulation_steps: int) -> int:
         """Moves Keras's ``gradient_accumulation_steps`` (which fails under tf.distribute) to ours."""
@@ -375,6 +405,7 @@ class Trainer:
         self._build(source)
         train_fn = self._train_function(source.global_batch_size, k)
 
+        self.steps_per_execution = self._resolve_steps_per_execution(callbacks)
         verbose_level = 1 if verbose == "auto" else int(verbose)
         model = self.model
         model.stop_training = False
@@ -447,7 +478,8 @@ class Trainer:
         logs: dict[str, float] = {}
         done = 0
         while done < steps:
-            n = min(self.steps_per_execution, steps - done)
+            n = min(self.steps_per_execution if self.steps_per_execution != "auto" else
+                    int(getattr(self._runner, "auto_steps_per_execution", 1)), steps - done)
             logs = self._run(fn, iterator, n)
             done += n
         self._runner.join()
