@@ -189,7 +189,9 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
         return [s if g is None else s + tf.convert_to_tensor(g) for s, g in zip(sums, grads)], count + size
 
     def finish(state: tuple[list[tf.Tensor], tf.Tensor]) -> None:
-        sums, count = state
+        # Loop outputs carry no device; MWMS places an all-reduce by its inputs' devices, so
+        # re-create them here, under the replica's device scope.
+        sums, count = tf.nest.map_structure(tf.identity, state)
         apply([sums[i] for i in present], count)
 
     def cross_replica(run: Callable[..., Any], next_batch: Callable[[], Any]) -> None:

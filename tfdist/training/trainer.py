@@ -297,7 +297,7 @@ class Trainer:
 
     def _logs(self) -> dict[str, tf.Tensor]:
         """Metric results plus tfdist's own state, in cross-replica context."""
-        logs = dict(self.model.get_metrics_result())
+        logs = dict(self._metrics_result())
         optimizer = self.model.optimizer
         if self.accumulation_steps > 1:
             logs["updates"] = optimizer.iterations
@@ -307,6 +307,11 @@ class Trainer:
             logs["loss_scale"] = optimizer.dynamic_scale
             logs["skipped_updates"] = self._skipped_updates
         return logs
+
+    def _metrics_result(self) -> dict[str, tf.Tensor]:
+        # A runner may reduce all metric state in one collective (SyncRunner.metrics_result).
+        packed = getattr(self._runner, "metrics_result", None)
+        return packed(self.model) if packed is not None else self.model.get_metrics_result()
 
     def _train_function(self, global_batch_size: int, micro_batches: int):
         key = (global_batch_size, micro_batches)
@@ -322,7 +327,7 @@ class Trainer:
 
     def _eval_function(self):
         if self._eval_fn is None:
-            self._eval_fn = self._runner.compile_loop(make_eval_step(self.model), self.model.get_metrics_result,
+            self._eval_fn = self._runner.compile_loop(make_eval_step(self.model), self._metrics_result,
                                                       batches_per_call=1, name="test_function", training=False)
         return self._eval_fn
 
