@@ -1,4 +1,6 @@
-"""The gradient exchange: bucketed all-reduce and 16-bit compression (tfdist/training/exchange.py)."""
+"""The gradient exchange (bucketed, 16-bit; tfdist/training/exchange.py) and the per-call costs of fit."""
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -20,14 +22,25 @@ def _fit(k=1, n=96, global_batch=16, num_devices=2, epochs=2, **options):
     return trainer, history
 
 
+class _Calls(list):
+    def __init__(self):
+        super().__init__()
+        self.metrics = []
+
+
 @pytest.fixture
 def all_reduce_calls(monkeypatch):
-    """Records, for each all_reduce traced, the shapes of the tensors it reduces."""
-    calls = []
+    """Records, for each gradient all_reduce traced, the shapes of the tensors it reduces.
+
+    The logs' metric reductions are recorded apart, in ``calls.metrics``.
+    """
+    calls = _Calls()
     original = tf.distribute.ReplicaContext.all_reduce
 
     def counting(self, reduce_op, value, options=None):
-        calls.append([tuple(t.shape) for t in tf.nest.flatten(value)])
+        shapes = [tuple(t.shape) for t in tf.nest.flatten(value)]
+        from_logs = any(frame.function == "local_sums" for frame in inspect.stack(0))  # replica thread
+        (calls.metrics if from_logs else calls).append(shapes)
         return original(self, reduce_op, value, options)
 
     monkeypatch.setattr(tf.distribute.ReplicaContext, "all_reduce", counting)
@@ -127,3 +140,52 @@ def test_fp16_is_scaled_so_it_neither_overflows_nor_flushes(magnitude):
 def test_exchange_option_errors(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         tfdist.Trainer(builder(), strategy=tfdist.make_strategy("one_device"), loss=LOSS, **kwargs)
+
+
+def test_logs_are_one_packed_reduction_and_exact(all_reduce_calls):
+    x, y = data(96)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    trainer = tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored", num_devices=2),
+                             optimizer=keras.optimizers.SGD(0.1), loss=LOSS, metrics=["accuracy"])
+    history = trainer.fit(ds, epochs=2, verbose=0)
+    # loss tracker (total, count) + accuracy (total, count): one all-reduce of 4 values per replica.
+    assert all_reduce_calls.metrics == [[(4,)]] * 2
+    model = builder(initial_weights())()
+    model.compile(keras.optimizers.SGD(0.1), LOSS, metrics=["accuracy"])
+    keras_history = model.fit(ds, epochs=2, verbose=0)
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(history.history[key], keras_history.history[key], atol=1e-6, rtol=0)
+
+
+class _EveryBatch(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append((batch, dict(logs)))
+
+
+def test_auto_steps_per_execution_keeps_batch_hooks_exact():
+    ds = tf.data.Dataset.from_tensor_slices(data(96)).batch(16)
+
+    def trainer(**options):
+        return tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored", num_devices=2),
+                              optimizer=keras.optimizers.SGD(0.1), loss=LOSS, **options)
+
+    fast = trainer()
+    fast_history = fast.fit(ds, epochs=2, verbose=0)
+    assert fast.steps_per_execution == 32  # nothing needs every batch: one call per epoch here
+    hooked, every = trainer(), _EveryBatch()
+    hooked_history = hooked.fit(ds, epochs=2, verbose=0, callbacks=[every])
+    assert hooked.steps_per_execution == 1
+    assert [b for b, _ in every.seen] == list(range(6)) * 2  # every batch, with its running logs
+    one = trainer(steps_per_execution=1)
+    one_history = one.fit(ds, epochs=1, verbose=0)
+    assert every.seen[5][1]["loss"] == pytest.approx(one_history.history["loss"][0], abs=1e-7)
+    assert fast_history.history == hooked_history.history
+    for a, b in zip(fast.model.get_weights(), hooked.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="argument `steps_per_execution`. Received: steps_per_execution='fast'. "
+                                         "Expected a positive integer or 'auto'"):
+        trainer(steps_per_execution="fast")
