@@ -189,3 +189,21 @@ def test_auto_steps_per_execution_keeps_batch_hooks_exact():
     with pytest.raises(ValueError, match="argument `steps_per_execution`. Received: steps_per_execution='fast'. "
                                          "Expected a positive integer or 'auto'"):
         trainer(steps_per_execution="fast")
+
+
+def test_fp16_exchange_keeps_loss_scaling_overflow_skips():
+    # An overflowing loss scale gives non-finite gradients: the fp16 exchange passes them on (scale 1),
+    # so the loss-scale optimizer still skips the update and lowers the scale; a sane scale then trains.
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0 ** 60)
+    trainer = tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored", num_devices=2),
+                             optimizer=optimizer, loss=LOSS, precision="mixed_float16", accumulation_steps=2,
+                             gradient_compression="fp16", bucket_bytes=100)
+    ds = tf.data.Dataset.from_tensor_slices(data(96)).batch(8)
+    before = trainer.model.get_weights()
+    history = trainer.fit(ds, epochs=1, steps_per_epoch=2, verbose=0)
+    assert history.history["skipped_updates"] == [1]
+    for a, b in zip(before, trainer.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    trainer.model.optimizer.dynamic_scale.assign(2.0 ** 10)
+    history = trainer.fit(ds, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all() and history.history["skipped_updates"] == [1]
