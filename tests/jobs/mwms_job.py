@@ -1,7 +1,7 @@
 """A worker program for multi-worker tests: trains a tiny model, saves weights.
 
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODE OUT_DIR``
-with MODE in {trainer, trainer_accum, keras_fit}. Each task writes OUT_DIR/<task>.npz.
+with MODE in {trainer, trainer_accum, trainer_bucketed, keras_fit}. Each task writes OUT_DIR/<task>.npz.
 """
 import json
 import os
@@ -20,11 +20,13 @@ from jobs.common import GLOBAL_BATCH, builder, collectives_in_loop_body, dataset
 mode, out_dir = sys.argv[1], sys.argv[2]
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 w0 = initial_weights()
-if mode in ("trainer", "trainer_accum"):
+if mode in ("trainer", "trainer_accum", "trainer_bucketed"):
     k = 2 if mode == "trainer_accum" else 1
+    # trainer_bucketed: the 4 gradients (12, 96, 32, 192 bytes in reverse order) make 2 buckets of >= 100 bytes.
     trainer = tfdist.Trainer(builder(w0), strategy=strategy, optimizer=keras.optimizers.SGD(0.1),
                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                             metrics=["accuracy"], accumulation_steps=k)
+                             metrics=["accuracy"], accumulation_steps=k,
+                             bucket_bytes=100 if mode == "trainer_bucketed" else None)
     # k micro-batches of GLOBAL_BATCH // k make one update of GLOBAL_BATCH.
     history = trainer.fit(dataset(global_batch=GLOBAL_BATCH // k), epochs=2, verbose=0)
     model = trainer.model

@@ -61,8 +61,9 @@ def test_one_all_reduce_per_update(monkeypatch):
     trainer, _ = _fit(strategy, MICRO, 4, epochs=1, steps_per_execution=8)
     # The update (4 micro-batches) is traced once per replica: one all-reduce
     # of every gradient plus the example count, and none inside the optimizer.
+    # After the loop, the logs reduce all metric state (loss total and count) in one packed tensor.
     n_vars = len(trainer.model.trainable_variables)
-    assert calls == [n_vars + 1] * 2
+    assert calls == [n_vars + 1] * 2 + [1] * 2
 
 
 def test_keras_gradient_accumulation_steps_is_taken_over():
@@ -137,3 +138,23 @@ def test_trainer_learning_rate_in_logs_and_tensorboard(tmp_path):
 def test_schedule_errors(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         tfdist.Trainer(builder(), strategy=tfdist.make_strategy("one_device"), loss=LOSS, **kwargs)
+
+
+def _graph_size(tf_function):
+    """Nodes in a traced tf.function, its nested function bodies (loops, conds) included."""
+    total = 0
+    for concrete in tf_function._list_all_concrete_functions():
+        graph_def = concrete.graph.as_graph_def()
+        total += len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+    return total
+
+
+def test_accumulation_graph_does_not_grow_with_k():
+    # The k micro-batches are a tf.while_loop, not k unrolled copies of the forward and backward pass.
+    sizes = {}
+    for k in (1, 2, 16):
+        trainer, _ = _fit(tfdist.make_strategy("mirrored", num_devices=2), MICRO, k, n=MICRO * 16, epochs=1)
+        assert list(trainer._train_fns) == [(MICRO, k)]  # whole updates only: one train function
+        sizes[k] = _graph_size(trainer._train_fns[(MICRO, k)])
+    assert sizes[16] == sizes[2]
+    assert sizes[16] < 1.5 * sizes[1]

@@ -68,6 +68,15 @@ class Runner(Protocol):
         ``logs_fn()`` evaluated in cross-replica context after the last call.
         ``model`` is the Keras model whose metrics ``replica_fn`` updates (a
         runner whose steps overlap may track them per call to log exact means).
+
+        A training ``replica_fn`` may also have ``replica_fn.cross_replica(run,
+        next_batch)`` (see ``training/step.py``): a runner that can fetch
+        batches between replica calls should call it once per update instead,
+        so the micro-batch loop stays symbolic; ``run(fn, args)`` runs ``fn`` on
+        every replica. Optional runner extras, looked up with ``getattr``:
+        ``metrics_result(model)`` (the metrics reduced in one collective) and
+        ``auto_steps_per_execution`` (what ``steps_per_execution="auto"`` runs
+        per call when no callback needs every batch; default 1).
         """
 
     def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfdist import _compat
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, ReplicaFn
 
@@ -54,6 +55,9 @@ class SyncRunner:
         )
 
     max_in_flight = 0  # logs are fetched right after each call
+    #: What ``Trainer(steps_per_execution="auto")`` runs per call when no callback needs every batch:
+    #: enough batches that the per-call logs, metric reductions and preemption vote cost little.
+    auto_steps_per_execution = 32
     requires_steps_per_epoch = False
 
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
@@ -106,14 +110,46 @@ class SyncRunner:
                      name: str, training: bool = True, model: Any = None) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
 
+        drive = getattr(replica_fn, "cross_replica", None)
+
         def loop(iterator, num_calls):
             for _ in tf.range(num_calls):
-                batches = [next(iterator) for _ in range(batches_per_call)]
-                strategy.run(replica_fn, args=(batches,))
+                if drive is not None:
+                    # The step loops over its micro-batches itself (symbolically, see training/step.py).
+                    drive(lambda fn, args: strategy.run(fn, args=args), lambda: next(iterator))
+                else:
+                    batches = [next(iterator) for _ in range(batches_per_call)]
+                    strategy.run(replica_fn, args=(batches,))
             return logs_fn()
 
         loop.__name__ = name
         return tf.function(loop, reduce_retracing=True)
+
+    def metrics_result(self, model: Any) -> dict[str, tf.Tensor]:
+        """``model.get_metrics_result()`` with all metric state reduced in ONE all-reduce.
+
+        Runs in cross-replica context inside a ``tf.function``. Reading each
+        replica-local metric variable in cross-replica context is one
+        cross-worker reduction per variable (loss total and count, each
+        metric's total and count, ...); packing them all into one vector makes
+        it one collective. The sums are the same ones, so the logs stay exact.
+        Metrics whose state is not a float32 sum are read the usual way.
+        """
+        variables = _compat.metric_variables(model)
+        if (self.strategy.num_replicas_in_sync == 1 or not variables or not _compat.additive(variables)
+                or any(tf.as_dtype(v.dtype) != tf.float32 for v in variables)):
+            return model.get_metrics_result()
+
+        def local_sums():
+            # In replica context a replica-local variable reads its own (local) value.
+            packed = tf.concat([tf.reshape(tf.convert_to_tensor(v.value), [-1]) for v in variables], axis=0)
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, packed)
+
+        summed = self.strategy.experimental_local_results(self.strategy.run(local_sums))[0]
+        sizes = [int(np.prod(v.shape)) for v in variables]
+        values = [tf.reshape(t, v.shape) for t, v in zip(tf.split(summed, sizes), variables)]
+        with _compat.metric_state_as_tensors(variables, values):
+            return dict(model.get_metrics_result())
 
     def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:
         strategy = self.strategy

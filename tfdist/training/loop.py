@@ -113,6 +113,8 @@ class EpochRunner:
         done = first_step // k
         while done < full_updates and not model.stop_training:
             n = min(per_call, full_updates - done)
+            if isinstance(freq, int) and self.backup is not None:
+                n = min(n, freq - self.updates % freq)  # a call ends where a backup is due
             self._call(self.train_fn, iterator, n, done * k, (done + n) * k - 1)
             done += n
             before, self.updates = self.updates, self.updates + n

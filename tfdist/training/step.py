@@ -5,8 +5,11 @@ A training *update* runs in replica context on ``k`` micro-batches:
 1. forward pass and Keras's compiled loss on each micro-batch;
 2. the loss is normalised by the **global** batch (``global_batch_size * k``)
    and multiplied by the loss scale (fp16);
-3. gradients are summed locally over the ``k`` micro-batches;
-4. **one** all-reduce of the gradients, packed with the example count;
+3. gradients are summed locally over the ``k`` micro-batches (in a
+   ``tf.while_loop`` when the runner drives ``update.cross_replica``, so the
+   graph does not grow with ``k``);
+4. **one** exchange of the gradients, packed with the example count
+   (optionally bucketed and 16-bit, see :mod:`tfdist.training.exchange`);
 5. the gradients are corrected by ``expected / actual`` examples (exactly 1.0
    for full batches, so partial batches are still a true mean);
 6. one ``optimizer.apply`` (the loss-scale optimizer unscales and skips
@@ -20,6 +23,8 @@ import keras
 import tensorflow as tf
 from keras.src.losses.loss import unscale_loss_for_distribution
 from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
+
+from tfdist.training.exchange import all_reduce_sum
 
 
 def _batch_size(x: Any) -> tf.Tensor:
@@ -98,8 +103,18 @@ def _scale(g: Any, factor: tf.Tensor) -> Any:
 
 def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, global_batch_size: int,
                       accumulation_steps: int, num_replicas: int,
-                      skipped_updates: tf.Variable | None = None) -> Callable[[Sequence[Any]], None]:
+                      skipped_updates: tf.Variable | None = None, bucket_bytes: int | None = None,
+                      gradient_compression: str | None = None) -> Callable[[Sequence[Any]], None]:
     """Returns ``update(micro_batches)``: one optimizer update in replica context.
+
+    The returned function also has ``update.cross_replica(run, next_batch)``,
+    the same update driven from cross-replica context with the ``k``
+    micro-batches in a ``tf.while_loop`` (gradient sums as loop variables), so
+    the graph holds one forward and backward pass whatever ``k``. ``run(fn,
+    args)`` runs ``fn`` on every replica (``strategy.run``) and
+    ``next_batch()`` gets the next distributed batch. Runners that can call
+    ``next`` between replica calls use it; others call ``update`` with the
+    list of ``k`` batches, which unrolls the micro-batches.
 
     Args:
         model: A compiled Keras model (its loss, metrics and loss tracker are used).
@@ -112,47 +127,89 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
         skipped_updates: With loss scaling, a counter of updates skipped for
             non-finite gradients (the same decision on every replica, since it
             is taken after the all-reduce).
+        bucket_bytes: Bucketed all-reduce (see :mod:`tfdist.training.exchange`).
+        gradient_compression: ``"bf16"``, ``"fp16"`` or ``None``.
     """
     expected = float(global_batch_size * accumulation_steps)
+    present: list[int] = []  # indices of variables that get a gradient (known once traced)
+
+    def micro_step(data: Any) -> tuple[list[Any], tf.Tensor]:
+        """Forward, loss, metrics and local gradients of one micro-batch (replica context)."""
+        x, y, sample_weight = unpack_x_y_sample_weight(data)
+        size = _batch_size(x)
+        with tf.GradientTape() as tape:
+            y_pred = _forward_never_empty(model, x, size)
+            # Keras's loss: local mean (+ regularisers) / num_replicas. Its
+            # mean is a divide_no_nan, so an empty replica batch (the tail
+            # of a partial global batch) gives zero loss and gradients.
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
+            # -> (sum of local losses + size * regularisers) / (global batch * k)
+            objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
+            objective = optimizer.scale_loss(objective)
+        grads = _gradients(tape, objective, model.trainable_variables)
+        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        if not present:
+            present.extend(i for i, g in enumerate(grads) if g is not None)
+        return grads, size
+
+    def apply(summed: Sequence[Any], count: tf.Tensor) -> None:
+        """One exchange and one optimizer update; ``summed`` holds the present variables' sums."""
+        variables = model.trainable_variables
+        reduced, total = all_reduce_sum(summed, count, num_replicas=num_replicas, bucket_bytes=bucket_bytes,
+                                        compression=gradient_compression)
+        factor = tf.math.divide_no_nan(tf.constant(expected), total)
+        grads: list[Any] = [None] * len(variables)
+        for i, g in zip(present, reduced):
+            grads[i] = _scale(g, factor)
+        if skipped_updates is not None:
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced])
+            skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        optimizer.apply(grads, variables)
 
     def update(micro_batches: Sequence[Any]) -> None:
-        variables = model.trainable_variables
-        present: list[int] = []  # indices of variables that get a gradient
         summed: list[Any] | None = None
         count = tf.constant(0.0)
         for data in micro_batches:
-            x, y, sample_weight = unpack_x_y_sample_weight(data)
-            size = _batch_size(x)
-            with tf.GradientTape() as tape:
-                y_pred = _forward_never_empty(model, x, size)
-                # Keras's loss: local mean (+ regularisers) / num_replicas. Its
-                # mean is a divide_no_nan, so an empty replica batch (the tail
-                # of a partial global batch) gives zero loss and gradients.
-                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-                model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
-                # -> (sum of local losses + size * regularisers) / (global batch * k)
-                objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
-                objective = optimizer.scale_loss(objective)
-            grads = _gradients(tape, objective, variables)
-            model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+            grads, size = micro_step(data)
             if summed is None:
-                present = [i for i, g in enumerate(grads) if g is not None]
                 summed = [tf.convert_to_tensor(grads[i]) for i in present]
             else:
                 summed = [a + tf.convert_to_tensor(grads[i]) for a, i in zip(summed, present)]
             count += size
+        apply(summed, count)
 
-        ctx = tf.distribute.get_replica_context()
-        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(summed) + [count])
-        factor = tf.math.divide_no_nan(tf.constant(expected), reduced[-1])
-        grads: list[Any] = [None] * len(variables)
-        for i, g in zip(present, reduced[:-1]):
-            grads[i] = _scale(g, factor)
-        if skipped_updates is not None:
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced[:-1]])
-            skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
-        optimizer.apply(grads, variables)
+    def zeros() -> tuple[list[tf.Tensor], tf.Tensor]:
+        # Every trainable variable gets a sum; those without a gradient stay zero and are not applied.
+        return [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables], tf.constant(0.0)
 
+    def accumulate(data: Any, state: tuple[list[tf.Tensor], tf.Tensor]) -> tuple[list[tf.Tensor], tf.Tensor]:
+        sums, count = state
+        grads, size = micro_step(data)
+        return [s if g is None else s + tf.convert_to_tensor(g) for s, g in zip(sums, grads)], count + size
+
+    def finish(state: tuple[list[tf.Tensor], tf.Tensor]) -> None:
+        # Loop outputs carry no device; MWMS places an all-reduce by its inputs' devices, so
+        # re-create them here, under the replica's device scope.
+        sums, count = tf.nest.map_structure(tf.identity, state)
+        apply([sums[i] for i in present], count)
+
+    def cross_replica(run: Callable[..., Any], next_batch: Callable[[], Any]) -> None:
+        """One update from cross-replica context; the micro-batch loop stays symbolic."""
+        if accumulation_steps == 1:
+            # No loop: the gradients flow straight into the (bucketed) exchange.
+            run(update, ([next_batch()],))
+            return
+
+        def body(i, state):
+            return i + 1, run(accumulate, (next_batch(), state))
+
+        # Starting from zeros, the sums are bit for bit those of the unrolled loop (0 + g == g).
+        _, state = tf.while_loop(lambda i, _: i < accumulation_steps, body, (tf.constant(0), run(zeros, ())),
+                                 parallel_iterations=1)
+        run(finish, (state,))
+
+    update.cross_replica = cross_replica
     return update
 
 

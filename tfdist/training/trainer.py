@@ -17,7 +17,7 @@ Example (``python -c`` or a script)::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import keras
 import numpy as np
@@ -29,7 +29,7 @@ from tfdist.data.inputs import DEFAULT_GLOBAL_BATCH_SIZE, InputSource, as_input,
 from tfdist.models import check_features
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
-from tfdist.training import schedules
+from tfdist.training import exchange, schedules
 from tfdist.training.backup import Backup, Position, check_frequency, checkpoint_for, restore_on_every_worker
 from tfdist.training.loop import EpochRunner, PreemptionWatcher
 from tfdist.training.placement import rebuild_in_scope
@@ -114,7 +114,16 @@ class Trainer:
             optimizer's Keras ``gradient_accumulation_steps`` (which fails
             under tf.distribute) is taken over as ``accumulation_steps``.
         steps_per_execution: Batches run per ``tf.function`` call (rounded
-            down to whole updates, at least one).
+            down to whole updates, at least one). Callbacks' batch hooks run
+            once per call, with the logs of its last batch, as in Keras.
+            ``"auto"`` (default): one update per call when a callback has
+            train-batch hooks (so they see every update), else the runner's
+            choice (``SyncRunner.auto_steps_per_execution``, 32 batches: the
+            per-call costs, i.e. fetching the logs, reducing the metrics
+            across workers and the preemption vote, are paid once per 32
+            batches instead of every batch), ending calls at ``backup_freq``
+            boundaries. ``trainer.steps_per_execution`` holds the value in use
+            once ``fit`` started.
         lr_scaling: ``"linear"`` multiplies the learning rate by
             ``k * global_batch_size / base_global_batch_size`` (Goyal et al.).
         base_global_batch_size: The batch size the base learning rate is for.
@@ -137,6 +146,16 @@ class Trainer:
         backup_freq: ``"epoch"`` or a number of optimizer updates between
             backups (a backup is also taken at every epoch end).
         keep_backup: Keep the backup after a successful run (default: remove it).
+        gradient_compression: ``"bf16"`` or ``"fp16"`` all-reduces the
+            gradients in 16 bits (half the bytes) and casts them back to
+            float32 at once; fp16 is scaled per bucket so the sum cannot
+            overflow. Changes numerics slightly (a bf16 value has 8
+            significant bits); ``None`` (default) exchanges float32.
+        bucket_bytes: Bucketed all-reduce: gradients in reverse layer order,
+            about this many bytes per all-reduce, each started as soon as
+            its gradients exist (overlapping the backward pass). The sums are
+            those of the single all-reduce. ``None`` (default): one packed
+            all-reduce. See :mod:`tfdist.training.exchange`.
         keep_backups: How many of the newest backups ``backup_dir`` holds while
             training (and after it, with ``keep_backup``); older ones are
             deleted once a newer one is committed. Only the newest is resumed
@@ -157,13 +176,19 @@ class Trainer:
     def __init__(self, model: ModelOrBuilder, *, strategy: tf.distribute.Strategy | None = None,
                  optimizer: Any = "adam", loss: Any = None, metrics: Sequence[Any] | None = None,
                  precision: precision_lib.Precision = "float32", accumulation_steps: int = 1,
-                 steps_per_execution: int = 1, lr_scaling: schedules.LRScaling = "none",
+                 steps_per_execution: int | Literal["auto"] = "auto", lr_scaling: schedules.LRScaling = "none",
                  base_global_batch_size: int = 256, warmup_steps: int | None = None,
                  warmup_epochs: float | None = None, backup_dir: str | None = None,
-                 backup_freq: int | str = "epoch", keep_backup: bool = False, keep_backups: int = 1) -> None:
+                 backup_freq: int | str = "epoch", keep_backup: bool = False, keep_backups: int = 1,
+                 gradient_compression: exchange.Compression | None = None,
+                 bucket_bytes: int | None = None) -> None:
         precision_lib.check_precision(precision)
+        self.gradient_compression = exchange.check_compression(gradient_compression)
+        self.bucket_bytes = exchange.check_bucket_bytes(bucket_bytes)
         check_positive_int("accumulation_steps", accumulation_steps)
-        check_positive_int("steps_per_execution", steps_per_execution)
+        if steps_per_execution != "auto" and (isinstance(steps_per_execution, bool) or not isinstance(
+                steps_per_execution, int) or steps_per_execution < 1):
+            raise invalid_argument("steps_per_execution", steps_per_execution, "a positive integer or 'auto'")
         _check_loss(loss)
         check_frequency("backup_freq", backup_freq, "optimizer updates")
         check_directory("backup_dir", backup_dir)
@@ -181,6 +206,7 @@ class Trainer:
         self.precision = precision_lib.resolve_precision(precision, is_chief=self._runner.is_chief)
         opt_cls, opt_config, loss_scale = _optimizer_parts(optimizer)
         self.accumulation_steps = self._take_keras_accumulation(opt_config, accumulation_steps)
+        self._steps_per_execution = steps_per_execution  # as given: "auto" is resolved by each fit
         self.steps_per_execution = steps_per_execution
         self._schedule: schedules.ScaledWarmup | None = None
         if self._lr_plan.active:
@@ -205,6 +231,24 @@ class Trainer:
         self._eval_fn = None
         self._predict_fn = None
         self._built_for: Any = None
+
+    def _resolve_steps_per_execution(self, callbacks: Sequence[keras.callbacks.Callback]) -> int:
+        """``steps_per_execution`` for this fit: the int given, or what ``"auto"`` picks.
+
+        Only the callbacks and the runner decide (never timing, nor which
+        process is the chief): every worker must split an epoch into the same
+        calls, since each call ends with collectives (logs, preemption vote).
+        """
+        if self._steps_per_execution != "auto":
+            return self._steps_per_execution
+        hooks = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+        per_batch = [type(c).__name__ for c in callbacks
+                     if any(getattr(type(c), h) is not getattr(keras.callbacks.Callback, h) for h in hooks)]
+        if per_batch:
+            logger.info("steps_per_execution='auto': one update per call, for the batch hooks of %s.",
+                        ", ".join(per_batch))
+            return 1
+        return int(getattr(self._runner, "auto_steps_per_execution", 1))
 
     def _take_keras_accumulation(self, opt_config: dict[str, Any], accumulation_steps: int) -> int:
         """Moves Keras's ``gradient_accumulation_steps`` (which fails under tf.distribute) to ours."""
@@ -253,7 +297,7 @@ class Trainer:
 
     def _logs(self) -> dict[str, tf.Tensor]:
         """Metric results plus tfdist's own state, in cross-replica context."""
-        logs = dict(self.model.get_metrics_result())
+        logs = dict(self._metrics_result())
         optimizer = self.model.optimizer
         if self.accumulation_steps > 1:
             logs["updates"] = optimizer.iterations
@@ -264,20 +308,26 @@ class Trainer:
             logs["skipped_updates"] = self._skipped_updates
         return logs
 
+    def _metrics_result(self) -> dict[str, tf.Tensor]:
+        # A runner may reduce all metric state in one collective (SyncRunner.metrics_result).
+        packed = getattr(self._runner, "metrics_result", None)
+        return packed(self.model) if packed is not None else self.model.get_metrics_result()
+
     def _train_function(self, global_batch_size: int, micro_batches: int):
         key = (global_batch_size, micro_batches)
         if key not in self._train_fns:
             update = make_train_update(self.model, self.model.optimizer, global_batch_size=global_batch_size,
                                        accumulation_steps=micro_batches,
                                        num_replicas=self.strategy.num_replicas_in_sync,
-                                       skipped_updates=self._skipped_updates)
+                                       skipped_updates=self._skipped_updates, bucket_bytes=self.bucket_bytes,
+                                       gradient_compression=self.gradient_compression)
             self._train_fns[key] = self._runner.compile_loop(update, self._logs, batches_per_call=micro_batches,
                                                              name="train_function", model=self.model)
         return self._train_fns[key]
 
     def _eval_function(self):
         if self._eval_fn is None:
-            self._eval_fn = self._runner.compile_loop(make_eval_step(self.model), self.model.get_metrics_result,
+            self._eval_fn = self._runner.compile_loop(make_eval_step(self.model), self._metrics_result,
                                                       batches_per_call=1, name="test_function", training=False)
         return self._eval_fn
 
@@ -360,6 +410,7 @@ class Trainer:
         self._build(source)
         train_fn = self._train_function(source.global_batch_size, k)
 
+        self.steps_per_execution = self._resolve_steps_per_execution(callbacks)
         verbose_level = 1 if verbose == "auto" else int(verbose)
         model = self.model
         model.stop_training = False
@@ -432,7 +483,8 @@ class Trainer:
         logs: dict[str, float] = {}
         done = 0
         while done < steps:
-            n = min(self.steps_per_execution, steps - done)
+            n = min(self.steps_per_execution if self.steps_per_execution != "auto" else
+                    int(getattr(self._runner, "auto_steps_per_execution", 1)), steps - done)
             logs = self._run(fn, iterator, n)
             done += n
         self._runner.join()

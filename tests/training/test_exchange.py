@@ -1,0 +1,209 @@
+"""The gradient exchange (bucketed, 16-bit; tfdist/training/exchange.py) and the per-call costs of fit."""
+import inspect
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.jobs.common import builder, data, initial_weights
+from tfdist.training.exchange import all_reduce_sum, buckets
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _fit(k=1, n=96, global_batch=16, num_devices=2, epochs=2, **options):
+    trainer = tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored",
+                                                                                      num_devices=num_devices),
+                             optimizer=keras.optimizers.SGD(0.1), loss=LOSS, accumulation_steps=k, **options)
+    ds = tf.data.Dataset.from_tensor_slices(data(n)).batch(global_batch)
+    history = trainer.fit(ds, epochs=epochs, verbose=0)
+    return trainer, history
+
+
+class _Calls(list):
+    def __init__(self):
+        super().__init__()
+        self.metrics = []
+
+
+@pytest.fixture
+def all_reduce_calls(monkeypatch):
+    """Records, for each gradient all_reduce traced, the shapes of the tensors it reduces.
+
+    The logs' metric reductions are recorded apart, in ``calls.metrics``.
+    """
+    calls = _Calls()
+    original = tf.distribute.ReplicaContext.all_reduce
+
+    def counting(self, reduce_op, value, options=None):
+        shapes = [tuple(t.shape) for t in tf.nest.flatten(value)]
+        from_logs = any(frame.function == "local_sums" for frame in inspect.stack(0))  # replica thread
+        (calls.metrics if from_logs else calls).append(shapes)
+        return original(self, reduce_op, value, options)
+
+    monkeypatch.setattr(tf.distribute.ReplicaContext, "all_reduce", counting)
+    return calls
+
+
+def test_bucket_grouping_is_reverse_order_and_about_bucket_bytes():
+    grads = [tf.zeros([6, 8]), tf.zeros([8]), tf.zeros([8, 3]), tf.zeros([3])]  # 192, 32, 96, 12 bytes
+    assert buckets(grads, None) == [[3, 2, 1, 0]]
+    assert buckets(grads, 1) == [[3], [2], [1], [0]]
+    assert buckets(grads, 100) == [[3, 2], [1, 0]]  # a bucket closes once it holds >= 100 bytes
+    assert buckets(grads, 10 ** 9) == [[3, 2, 1, 0]]
+
+
+@pytest.mark.parametrize("bucket_bytes,num_buckets", [(1, 4), (100, 2)])
+@pytest.mark.parametrize("k", [1, 4])
+def test_one_collective_per_bucket_and_same_result(all_reduce_calls, bucket_bytes, num_buckets, k):
+    reference, ref_history = _fit(k=k, n=128)  # 8 micro-batches: whole updates, one train function
+    all_reduce_calls.clear()
+    trainer, history = _fit(k=k, n=128, bucket_bytes=bucket_bytes)
+    # Traced once per replica (2): one all-reduce of ONE packed tensor per bucket, once per update
+    # (accumulation included); the example count rides in the first bucket (+1 element).
+    assert len(all_reduce_calls) == 2 * num_buckets
+    assert all(len(shapes) == 1 for shapes in all_reduce_calls)
+    groups = buckets([tf.zeros(v.shape) for v in trainer.model.trainable_variables], bucket_bytes)
+    sizes = [sum(int(np.prod(trainer.model.trainable_variables[i].shape)) for i in g) for g in groups]
+    sizes[0] += 1
+    # The replicas' merge_calls alternate: replica 0's calls are every other one.
+    assert [shapes[0][0] for shapes in all_reduce_calls[::2]] == sizes
+    for a, b in zip(reference.model.get_weights(), trainer.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert history.history["loss"] == pytest.approx(ref_history.history["loss"], abs=1e-6)
+
+
+def test_no_options_is_the_original_packed_exchange(all_reduce_calls):
+    default, _ = _fit()
+    calls = list(all_reduce_calls)
+    explicit, _ = _fit(gradient_compression=None, bucket_bytes=None)
+    n_vars = len(default.model.trainable_variables)
+    assert calls == [[(6, 8), (8,), (8, 3), (3,), ()]] * 2 and n_vars == 4  # one list, packed by the strategy
+    for a, b in zip(default.model.get_weights(), explicit.model.get_weights()):
+        np.testing.assert_array_equal(a, b)  # bitwise
+
+
+# Stated tolerance: 2 epochs of SGD(0.1), 12 updates, stay within 2e-3 (bf16, 8 significant bits)
+# and 2e-4 (fp16, 11 bits) of the float32 exchange, absolute on weights of order 1.
+@pytest.mark.parametrize("compression,tolerance", [("bf16", 2e-3), ("fp16", 2e-4)])
+@pytest.mark.parametrize("bucket_bytes", [None, 100])
+def test_compressed_training_stays_close_to_float32(all_reduce_calls, compression, tolerance, bucket_bytes):
+    reference, ref_history = _fit()
+    all_reduce_calls.clear()
+    trainer, history = _fit(gradient_compression=compression, bucket_bytes=bucket_bytes)
+    per_replica = all_reduce_calls[::2]
+    wire = [shapes for shapes in per_replica if shapes[0] not in ((1,), (2,))]
+    assert len(wire) == (2 if bucket_bytes else 1)  # one 16-bit collective per bucket
+    moved = max(np.abs(a - b).max() for a, b in zip(initial_weights(), reference.model.get_weights()))
+    assert moved > 1e-2
+    diff = max(np.abs(a - b).max() for a, b in zip(reference.model.get_weights(), trainer.model.get_weights()))
+    assert 0 < diff < tolerance
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], atol=tolerance)
+
+
+def test_compression_with_one_replica_changes_nothing():
+    reference, _ = _fit(num_devices=1)
+    trainer, _ = _fit(num_devices=1, gradient_compression="fp16")
+    for a, b in zip(reference.model.get_weights(), trainer.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("magnitude", [1e9, 1e-9])
+def test_fp16_is_scaled_so_it_neither_overflows_nor_flushes(magnitude):
+    strategy = tfdist.make_strategy("mirrored", num_devices=2)
+    rng = np.random.default_rng(0)
+    values = [rng.normal(size=(2, 50)).astype("float32") * magnitude, rng.normal(size=(2, 3)).astype("float32")]
+
+    @tf.function
+    def exchange():
+        def replica():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            grads = [tf.gather(tf.constant(v), r) for v in values]
+            return all_reduce_sum(grads, tf.constant(8.0), num_replicas=2, bucket_bytes=1, compression="fp16")
+        return strategy.run(replica)
+
+    grads, count = exchange()
+    got = [strategy.experimental_local_results(g)[0].numpy() for g in grads]
+    assert float(strategy.experimental_local_results(count)[0]) == 16.0
+    for v, g in zip(values, got):
+        assert np.isfinite(g).all()
+        np.testing.assert_allclose(g, v.sum(0), rtol=0, atol=2e-3 * np.abs(v).max())
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    ({"gradient_compression": "int8"},
+     "argument `gradient_compression`. Received: gradient_compression='int8'. Expected one of: bf16, fp16, None"),
+    ({"bucket_bytes": 0}, "argument `bucket_bytes`. Received: bucket_bytes=0. Expected a positive integer or None"),
+])
+def test_exchange_option_errors(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        tfdist.Trainer(builder(), strategy=tfdist.make_strategy("one_device"), loss=LOSS, **kwargs)
+
+
+def test_logs_are_one_packed_reduction_and_exact(all_reduce_calls):
+    x, y = data(96)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    trainer = tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored", num_devices=2),
+                             optimizer=keras.optimizers.SGD(0.1), loss=LOSS, metrics=["accuracy"])
+    history = trainer.fit(ds, epochs=2, verbose=0)
+    # loss tracker (total, count) + accuracy (total, count): one all-reduce of 4 values per replica.
+    assert all_reduce_calls.metrics == [[(4,)]] * 2
+    model = builder(initial_weights())()
+    model.compile(keras.optimizers.SGD(0.1), LOSS, metrics=["accuracy"])
+    keras_history = model.fit(ds, epochs=2, verbose=0)
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(history.history[key], keras_history.history[key], atol=1e-6, rtol=0)
+
+
+class _EveryBatch(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append((batch, dict(logs)))
+
+
+def test_auto_steps_per_execution_keeps_batch_hooks_exact():
+    ds = tf.data.Dataset.from_tensor_slices(data(96)).batch(16)
+
+    def trainer(**options):
+        return tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored", num_devices=2),
+                              optimizer=keras.optimizers.SGD(0.1), loss=LOSS, **options)
+
+    fast = trainer()
+    fast_history = fast.fit(ds, epochs=2, verbose=0)
+    assert fast.steps_per_execution == 32  # nothing needs every batch: one call per epoch here
+    hooked, every = trainer(), _EveryBatch()
+    hooked_history = hooked.fit(ds, epochs=2, verbose=0, callbacks=[every])
+    assert hooked.steps_per_execution == 1
+    assert [b for b, _ in every.seen] == list(range(6)) * 2  # every batch, with its running logs
+    one = trainer(steps_per_execution=1)
+    one_history = one.fit(ds, epochs=1, verbose=0)
+    assert every.seen[5][1]["loss"] == pytest.approx(one_history.history["loss"][0], abs=1e-7)
+    assert fast_history.history == hooked_history.history
+    for a, b in zip(fast.model.get_weights(), hooked.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="argument `steps_per_execution`. Received: steps_per_execution='fast'. "
+                                         "Expected a positive integer or 'auto'"):
+        trainer(steps_per_execution="fast")
+
+
+def test_fp16_exchange_keeps_loss_scaling_overflow_skips():
+    # An overflowing loss scale gives non-finite gradients: the fp16 exchange passes them on (scale 1),
+    # so the loss-scale optimizer still skips the update and lowers the scale; a sane scale then trains.
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0 ** 60)
+    trainer = tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored", num_devices=2),
+                             optimizer=optimizer, loss=LOSS, precision="mixed_float16", accumulation_steps=2,
+                             gradient_compression="fp16", bucket_bytes=100)
+    ds = tf.data.Dataset.from_tensor_slices(data(96)).batch(8)
+    before = trainer.model.get_weights()
+    history = trainer.fit(ds, epochs=1, steps_per_epoch=2, verbose=0)
+    assert history.history["skipped_updates"] == [1]
+    for a, b in zip(before, trainer.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    trainer.model.optimizer.dynamic_scale.assign(2.0 ** 10)
+    history = trainer.fit(ds, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all() and history.history["skipped_updates"] == [1]
