@@ -180,6 +180,11 @@ def test_auto_steps_per_execution_keeps_batch_hooks_exact():
     hooked_history = hooked.fit(ds, epochs=2, verbose=0, callbacks=[every])
     assert hooked.steps_per_execution == 1
     assert [b for b, _ in every.seen] == list(range(6)) * 2  # every batch, with its running logs
+    lambda_batches = []  # LambdaCallback sets its hooks on the instance, not the class
+    lam = trainer()
+    lam.fit(ds, epochs=1, verbose=0,
+            callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: lambda_batches.append(b))])
+    assert lam.steps_per_execution == 1 and lambda_batches == list(range(6))
     one = trainer(steps_per_execution=1)
     one_history = one.fit(ds, epochs=1, verbose=0)
     assert every.seen[5][1]["loss"] == pytest.approx(one_history.history["loss"][0], abs=1e-7)

@@ -242,8 +242,11 @@ class Trainer:
         if self._steps_per_execution != "auto":
             return self._steps_per_execution
         hooks = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+        # A hook counts whether the class overrides it or the instance sets it
+        # (keras.callbacks.LambdaCallback assigns its hooks in __init__).
         per_batch = [type(c).__name__ for c in callbacks
-                     if any(getattr(type(c), h) is not getattr(keras.callbacks.Callback, h) for h in hooks)]
+                     if any(h in vars(c) or getattr(type(c), h) is not getattr(keras.callbacks.Callback, h)
+                            for h in hooks)]
         if per_batch:
             logger.info("steps_per_execution='auto': one update per call, for the batch hooks of %s.",
                         ", ".join(per_batch))
