@@ -85,11 +85,11 @@ def train_with_backups(out_dir, die_at):
 
 def ray_quickstart(config):
     """Ray's TensorFlow quickstart flow: MWMS, model.fit in the scope, a Ray Data shard, Ray's Keras callback."""
-    import tfdist  # noqa: F401  (its shims make Keras 3's model.fit work under MWMS)
-
     import keras
     import ray.train
     import tensorflow as tf
+
+    import tfdist  # noqa: F401  (after keras: its shims make Keras 3's model.fit work under MWMS)
     from ray.train.tensorflow.keras import ReportCheckpointCallback
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
