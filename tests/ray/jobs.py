@@ -77,7 +77,7 @@ def train_with_backups(out_dir, die_at):
     trainer = tfdist.Trainer(build, strategy=strategy, optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                              backup_dir=backup.backup_dir, backup_freq=2)
-    trainer.fit(tfdist.data.load("synthetic", num_examples=512), epochs=3, global_batch_size=32,
+    trainer.fit(tfdist.data.load("synthetic", num_examples=512), epochs=2, global_batch_size=32,
                 callbacks=[Die(), backup], verbose=0)
     return {"attempt": attempt, "iterations": int(trainer.model.optimizer.iterations.numpy()),
             "weights": trainer.model.get_weights(), "restored": backup.restored, "restored_at": backup.restored_at}

@@ -101,13 +101,13 @@ def test_killed_worker_resumes_from_rays_checkpoint_bitwise(driver, tmp_path):
     # rank 1 os._exit's after global batch 21 (22 updates; 16 per epoch, a backup every 2). Each attempt has
     # a fresh backup_dir, so the resume can only come from ray.train.get_checkpoint().
     out = driver.ask("fault", str(tmp_path))
-    print("fault scenario:", json.dumps({k: v for k, v in out.items() if k != "metrics"}))
-    assert out["attempts"] == [2, 2] and out["iterations"] == [48, 48]
+    print("fault scenario:", json.dumps(out))
+    assert out["attempts"] == [2, 2] and out["iterations"] == [32, 32]
     assert out["restored"] is not None and 16 <= out["restored"]["updates"] <= 22
     assert out["restored"]["updates"] % 2 == 0
     assert out["same_weights_as_uninterrupted"]
-    assert out["metrics"]["updates"] == 48 and out["metrics"]["epoch"] == 3 and "loss" in out["metrics"]
-    assert out["checkpoint_state"]["updates"] == 48  # Result.checkpoint is the final backup
+    assert out["metrics"]["updates"] == 32 and out["metrics"]["epoch"] == 2 and "loss" in out["metrics"]
+    assert out["checkpoint_state"]["updates"] == 32  # Result.checkpoint is the final backup
 
 
 @pytest.mark.multiprocess
