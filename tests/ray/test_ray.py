@@ -131,6 +131,7 @@ def test_cli_engine_ray(driver):
     assert "replicas=2" in out["output"] and "final val_accuracy=" in out["output"]
 
 
+@pytest.mark.multiprocess
 def test_more_workers_than_cpus_fails_before_waiting(driver):
     out = driver.ask("too_many_workers")
     assert out["error"].startswith("Invalid value for argument `num_workers`. Received: num_workers=64. "
