@@ -244,7 +244,7 @@ CASES = [
       lambda e: e.tf_config({**_cluster("chief"), "cluster": PS_CLUSTER}, kind="parameter_server", num_workers=2),
       "num_workers", "2", ("None when TF_CONFIG describes the cluster",)),
     C("SLURM_JOB_NODELIST='node[01-03'",
-      lambda e: cluster.from_environment({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0",
+      lambda e: cluster.from_environment({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
                                           "SLURM_JOB_NODELIST": "node[01-03", "SLURM_NTASKS": "3"}),
       "SLURM_JOB_NODELIST", "'node[01-03'", ("a Slurm host list like 'node[01-03,07],other'",)),
     # --- launcher (Python API) ------------------------------------------------------------------------
@@ -302,7 +302,7 @@ CASES = [
     C("tfdist manifest slurm  # no command", ["manifest", "slurm"],
       "command", "[]", ("a command after --", "tfdist manifest slurm --workers=2 -- tfdist train")),
     C("tfdist manifest slurm --ps=1 -- CMD", ["manifest", "slurm", "--ps=1", "--", "true"],
-      "ps", "1", ("no --ps for `tfdist manifest slurm`", "all-worker cluster")),
+      "ps", "1", ("0 without a chief", "add --chief")),
     C("tfdist manifest kubernetes --nnodes=2 -- CMD", ["manifest", "kubernetes", "--nnodes=2", "--", "true"],
       "nnodes", "2", ("no --nnodes for `tfdist manifest kubernetes`",)),
     C("tfdist manifest kubernetes -- CMD  # no --image", ["manifest", "kubernetes", "--", "true"],

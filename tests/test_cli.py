@@ -54,7 +54,8 @@ def test_manifest_slurm_writes_the_script(tmp_path):
     assert [line for line in lines if line.startswith("#SBATCH")] == [
         "#SBATCH --job-name=tfdist", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --partition=gpu",
         "#SBATCH --time=01:00:00"]
-    assert lines[-1] == "srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 tfdist train --strategy=multi_worker"
+    assert "srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 tfdist train --strategy=multi_worker" in lines
+    assert lines[-1] == 'exit "$rc"'
 
 
 def test_launch_per_node_refuses_external_hosts():

@@ -133,10 +133,36 @@ def test_from_environment_prefers_tf_config():
 def test_from_environment_none_and_slurm():
     assert from_environment({}) is None
     assert from_environment({"TF_CONFIG": ""}) is None
-    assert from_environment({"SLURM_JOB_ID": "1", "SLURM_PROCID": "0"}) is None  # No node list.
-    env = {"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "n1",
-           "SLURM_TASKS_PER_NODE": "1"}
-    assert from_environment(env).cluster == {"worker": ["n1:8888"]}
+    assert from_environment({"SLURM_JOB_ID": "1", "SLURM_PROCID": "0"}) is None  # One-task batch script.
+    env = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+           "SLURM_JOB_NODELIST": "n1", "SLURM_TASKS_PER_NODE": "1"}
+    assert from_environment(env).cluster == {"worker": ["127.0.0.1:10032"]}  # One node: loopback.
+
+
+def test_interactive_srun_pty_shell_is_not_a_cluster():
+    """`srun --pty bash` sets SLURM_PTY_PORT; what runs in that shell is not a cluster task."""
+    env = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+           "SLURM_STEP_NODELIST": "vm", "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_PTY_PORT": "40713",
+           "SLURM_JOB_NAME": "bash"}
+    assert from_environment(env) is None
+
+
+def test_allocation_of_several_tasks_outside_srun_is_an_error():
+    """The batch script of a 2-task job (or an salloc shell): SLURM_PROCID=0 but no step."""
+    env = {"SLURM_JOB_ID": "9", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "vm",
+           "SLURM_TASKS_PER_NODE": "2"}
+    with pytest.raises(ValueError, match=r"`SLURM_STEP_ID`. Received: SLURM_STEP_ID=<missing>. Expected the "
+                                         r"variables of a job step that srun starts.*job 9 of 2 tasks.*outside `srun`"):
+        from_environment(env)
+
+
+@pytest.mark.parametrize("missing", ["SLURM_PROCID", "SLURM_STEP_NODELIST"])
+def test_job_step_without_the_variables_tfdist_needs(missing):
+    env = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+           "SLURM_STEP_NODELIST": "vm", "SLURM_STEP_TASKS_PER_NODE": "2"}
+    del env[missing]
+    with pytest.raises(ValueError, match=rf"`{missing}`. Received: {missing}=<missing>.*start the program with srun"):
+        from_environment(env)
 
 
 def test_from_slurm_assigns_tasks_to_nodes_in_order():
@@ -148,9 +174,48 @@ def test_from_slurm_assigns_tasks_to_nodes_in_order():
 
 
 def test_from_slurm_job_variables_and_even_split():
-    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "a,b"}
-    assert from_slurm(env).cluster == {"worker": ["a:8888", "a:8889", "b:8888", "b:8889"]}
-    assert from_slurm({"SLURM_PROCID": "0"}) is None
+    env = {"SLURM_JOB_ID": "700", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "a,b"}
+    assert from_slurm(env).cluster == {"worker": ["a:10000", "a:10001", "b:10000", "b:10001"]}
+
+
+def test_slurm_ports_come_from_the_job_id():
+    """Jobs sharing a node get disjoint port blocks below the ephemeral range; a requeued job keeps its own."""
+    bases = [cluster_lib.slurm_port_base(job_id) for job_id in range(1000, 1000 + cluster_lib.SLURM_PORT_BLOCKS)]
+    blocks = [set(range(b, b + cluster_lib.SLURM_PORTS_PER_JOB)) for b in bases]
+    assert len(set().union(*blocks)) == cluster_lib.SLURM_PORTS_PER_JOB * len(blocks)  # No overlap.
+    assert min(bases) >= 10000 and max(bases) + cluster_lib.SLURM_PORTS_PER_JOB <= 32768
+    env = {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "vm",
+           "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NTASKS": "2"}
+    assert from_slurm(env).cluster == {"worker": ["127.0.0.1:10160", "127.0.0.1:10161"]}
+    other = from_slurm(dict(env, SLURM_JOB_ID="6"))
+    assert other.cluster == {"worker": ["127.0.0.1:10192", "127.0.0.1:10193"]}
+    with pytest.raises(ValueError, match=r"`SLURM_STEP_TASKS_PER_NODE`. Received: SLURM_STEP_TASKS_PER_NODE='33'. "
+                                         r"Expected at most 32 tasks per node"):
+        from_slurm(dict(env, SLURM_STEP_TASKS_PER_NODE="33", SLURM_NTASKS="33"))
+
+
+def test_slurm_roles_by_rank():
+    env = {"SLURM_JOB_ID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "vm", "SLURM_STEP_TASKS_PER_NODE": "4",
+           "SLURM_NTASKS": "4", "TFDIST_SLURM_ROLES": "chief:1,ps:1,worker:2"}
+    infos = [from_slurm(dict(env, SLURM_PROCID=str(rank))) for rank in range(4)]
+    assert infos[0].cluster == {"chief": ["127.0.0.1:10000"], "ps": ["127.0.0.1:10001"],
+                                "worker": ["127.0.0.1:10002", "127.0.0.1:10003"]}
+    assert [(i.task_type, i.task_id) for i in infos] == [("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1)]
+    assert infos[0].is_chief and not infos[2].is_chief
+
+
+@pytest.mark.parametrize("roles, expected", [
+    ("chief:1,ps:1,worker:1", "roles for the step's 4 tasks"),
+    ("chief:1,boss:1", "roles by rank like"),
+    ("ps:1,worker:3", "a chief with ps"),
+    ("chief:2,worker:2", "each role once, at most one chief"),
+])
+def test_slurm_roles_errors(roles, expected):
+    env = {"SLURM_JOB_ID": "0", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "vm",
+           "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_NTASKS": "4", "TFDIST_SLURM_ROLES": roles}
+    with pytest.raises(ValueError, match=rf"`TFDIST_SLURM_ROLES`. Received: TFDIST_SLURM_ROLES='{roles}'. "
+                                         rf"Expected {expected}"):
+        from_slurm(env)
 
 
 @pytest.mark.parametrize("nodelist, hosts", [
@@ -191,7 +256,7 @@ def test_slurm_errors(override, name, received):
 
 
 def test_slurm_uneven_split_needs_tasks_per_node():
-    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "a,b"}
+    env = {"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "a,b"}
     with pytest.raises(ValueError, match=r"`SLURM_TASKS_PER_NODE`. Received: SLURM_TASKS_PER_NODE=<missing>"):
         from_slurm(env)
 

@@ -6,6 +6,7 @@ Pure Python (no TensorFlow import), so the launcher and the CLI stay fast::
     if info is not None and info.is_chief:
         ...
 
+Without TF_CONFIG, a Slurm job step gives the cluster (:mod:`tfdist.slurm_cluster`).
 Every problem raises one ``ValueError`` worded by
 :func:`tfdist.config.invalid_argument`, naming the offending field, e.g.
 ``TF_CONFIG.cluster.worker[1]``.
@@ -31,11 +32,6 @@ logger = logging.getLogger(__name__)
 
 VALID_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 _TASK_EXAMPLE = "a dict like {'type': 'worker', 'index': 0}"
-_SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
-_SLURM_TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-SLURM_PORT_BASE = 8888  # The k-th Slurm task on a node listens on SLURM_PORT_BASE + k.
-
-
 class _Missing:
     """Stands in for a key that is absent, so the error reads ``name=<missing>``."""
 
@@ -196,149 +192,41 @@ def _check_address(name: str, address: Any) -> None:
 def from_environment(environ: Mapping[str, str] | None = None) -> ClusterInfo | None:
     """Reads the cluster from TF_CONFIG, or else from a Slurm job step.
 
+    A Slurm job step is a process ``srun`` started (SLURM_JOB_ID and
+    SLURM_STEP_ID are set). Not clusters, so None: an interactive
+    ``srun --pty`` shell (SLURM_PTY_PORT is set), and a one-task allocation's
+    batch script or ``salloc`` shell.
+
     Args:
         environ: The environment to read; defaults to ``os.environ``.
 
     Returns:
-        The :class:`ClusterInfo`, or None when neither TF_CONFIG nor a Slurm
-        job step (SLURM_JOB_ID, SLURM_PROCID and a node list) is present.
+        The :class:`ClusterInfo`, or None outside a cluster.
 
     Raises:
-        ValueError: If the variables found are malformed.
+        ValueError: If the variables found are malformed, or this process runs
+            in a Slurm allocation of several tasks but outside ``srun``.
     """
     environ = os.environ if environ is None else environ
     raw = environ.get("TF_CONFIG", "")
     if raw.strip():
         return parse_tf_config(raw)
-    if ("SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ
-            and any(name in environ for name in _SLURM_NODELISTS)):
-        return from_slurm(environ)
-    return None
+    from tfdist import slurm_cluster  # Imported here: it builds on this module.
+
+    return slurm_cluster.detect(environ)
 
 
-def from_slurm(environ: Mapping[str, str], *, port_base: int = SLURM_PORT_BASE) -> ClusterInfo | None:
-    """Builds an all-worker cluster from the variables ``srun`` sets.
-
-    Tasks are assigned to the hosts of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST)
-    in order, SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE) at a time.
-    The k-th task on a node listens on ``port_base + k``.
-
-    Args:
-        environ: The environment, e.g. ``os.environ``.
-        port_base: The port of the first task on each node.
-
-    Returns:
-        The :class:`ClusterInfo` with task type ``worker`` and task id
-        SLURM_PROCID, or None when SLURM_PROCID or the node list is absent.
-
-    Raises:
-        ValueError: If a Slurm variable is malformed or they disagree.
-    """
-    nodelist_var = next((v for v in _SLURM_NODELISTS if environ.get(v)), None)
-    if "SLURM_PROCID" not in environ or nodelist_var is None:
-        return None
-    hosts = expand_nodelist(environ[nodelist_var], name=nodelist_var)
-    task_id = _slurm_int(environ, "SLURM_PROCID", minimum=0)
-    tpn_var = next((v for v in _SLURM_TASKS_PER_NODE if environ.get(v)), None)
-    ntasks = _slurm_int(environ, "SLURM_NTASKS", minimum=1) if environ.get("SLURM_NTASKS") else None
-    if tpn_var is not None:
-        per_node = expand_tasks_per_node(environ[tpn_var], name=tpn_var)
-        if len(per_node) != len(hosts):
-            raise invalid_argument(
-                tpn_var, environ[tpn_var], f"counts for {len(hosts)} node(s)",
-                note=f"{nodelist_var} lists {len(hosts)} node(s).")
-    elif ntasks is not None and ntasks % len(hosts) == 0:
-        per_node = [ntasks // len(hosts)] * len(hosts)
-    else:
-        raise invalid_argument(
-            "SLURM_TASKS_PER_NODE", _MISSING, "a count such as '2(x3),1'",
-            note="Set it, or SLURM_NTASKS as a multiple of the number of nodes.")
-    total = sum(per_node)
-    if ntasks is not None and ntasks != total:
-        raise invalid_argument("SLURM_NTASKS", environ["SLURM_NTASKS"], f"{total}",
-                               note=f"{tpn_var} adds up to {total} tasks.")
-    if task_id >= total:
-        raise invalid_argument("SLURM_PROCID", environ["SLURM_PROCID"],
-                               f"an integer in the range [0, {total - 1}]")
-    if isinstance(port_base, bool) or not isinstance(port_base, int) or not (
-            1 <= port_base and port_base + max(per_node) - 1 <= 65535):
-        raise invalid_argument("port_base", port_base,
-                               f"an integer in 1..{65536 - max(per_node)} ({max(per_node)} tasks per node)")
-    addresses = [join_address(host, port_base + k) for host, n in zip(hosts, per_node) for k in range(n)]
-    return ClusterInfo(cluster={"worker": addresses}, task_type="worker", task_id=task_id)
+# Slurm's names, kept importable from here (e.g. ``from tfdist.cluster import from_slurm``).
+_SLURM_NAMES = ("SLURM_PORT_BASE", "SLURM_PORTS_PER_JOB", "SLURM_PORT_BLOCKS", "SLURM_ROLES_VAR", "slurm_port_base",
+                "slurm_roles", "from_slurm", "expand_nodelist", "expand_tasks_per_node")
 
 
-def _slurm_int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
-    value = environ.get(name, _MISSING)
-    if not isinstance(value, str) or not re.fullmatch(r"\s*[0-9]+\s*", value) or int(value) < minimum:
-        raise invalid_argument(name, value, f"an integer >= {minimum}")
-    return int(value)
+def __getattr__(name: str) -> Any:
+    if name in _SLURM_NAMES:
+        from tfdist import slurm_cluster
 
-
-def expand_nodelist(nodelist: str, *, name: str = "SLURM_JOB_NODELIST") -> list[str]:
-    """Expands Slurm's compact host list, e.g. ``"node[01-03,07],gpu1"``.
-
-    Zero padding is kept (``node[08-10]`` -> node08, node09, node10); several
-    bracket groups in one name expand to their product, as Slurm does.
-
-    Args:
-        nodelist: The compact host list.
-        name: The variable it came from, for the error message.
-
-    Returns:
-        The host names, in order.
-
-    Raises:
-        ValueError: On unbalanced brackets, empty names or bad ranges.
-    """
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(nodelist + ","):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if depth not in (0, 1):
-            raise invalid_argument(name, nodelist, "a Slurm host list like 'node[01-03,07],other'",
-                                   note="Its brackets are unbalanced.")
-        if char == "," and depth == 0:
-            items.append(nodelist[start:i].strip())
-            start = i + 1
-    if depth != 0 or not all(items):
-        raise invalid_argument(name, nodelist, "a Slurm host list like 'node[01-03,07],other'")
-    hosts: list[str] = []
-    for item in items:
-        expanded = [""]
-        for literal, bracket in re.findall(r"([^\[\]]*)(\[[^\[\]]*\])?", item):
-            if not literal and not bracket:
-                continue
-            suffixes = _expand_ranges(bracket[1:-1], name=name, nodelist=nodelist) if bracket else [""]
-            expanded = [prefix + literal + s for prefix in expanded for s in suffixes]
-        hosts.extend(expanded)
-    return hosts
-
-
-def _expand_ranges(ranges: str, *, name: str, nodelist: str) -> list[str]:
-    out = []
-    for part in ranges.split(","):
-        match = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
-        if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
-            raise invalid_argument(name, nodelist, "a Slurm host list like 'node[01-03,07],other'",
-                                   note=f"Bad range {part!r} in brackets.")
-        first, last = match.group(1), match.group(2) or match.group(1)
-        out.extend(str(n).zfill(len(first)) for n in range(int(first), int(last) + 1))
-    return out
-
-
-def expand_tasks_per_node(spec: str, *, name: str = "SLURM_TASKS_PER_NODE") -> list[int]:
-    """Expands Slurm's tasks-per-node syntax, e.g. ``"2(x3),1"`` -> [2, 2, 2, 1].
-
-    Raises:
-        ValueError: If ``spec`` does not follow that syntax.
-    """
-    counts = []
-    for part in spec.split(","):
-        match = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", part)
-        if not match or int(match.group(1)) < 1 or match.group(2) == "0":
-            raise invalid_argument(name, spec, "task counts like '2(x3),1' (each count >= 1)")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-    return counts
+        return getattr(slurm_cluster, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_cluster(*, workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,

@@ -89,7 +89,11 @@ LR_SCALINGS = ("none", "linear")
 class TrainConfig:
     """Options of one ``tfdist train`` job, validated once on construction.
 
-    The CLI flags map one to one onto these fields.
+    The CLI flags map one to one onto these fields. ``backup_dir`` turns on
+    step-exact backups (``Trainer(backup_dir=...)``), so that a run restarted
+    by ``tfdist launch --max_restarts`` or a Slurm requeue resumes at the last
+    backed-up optimizer update; ``backup_freq`` is a number of updates between
+    backups, or None for one per epoch.
     """
 
     strategy: str = "mirrored"
@@ -114,6 +118,8 @@ class TrainConfig:
     warmup_steps: int | None = None
     warmup_epochs: float | None = None
     model_dir: str | None = None
+    backup_dir: str | None = None
+    backup_freq: int | None = None
     seed: int = 0
     verbose: int = 2
 
@@ -130,6 +136,10 @@ class TrainConfig:
         check_positive_int("steps_per_epoch", self.steps_per_epoch, allow_none=True)
         check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
         check_positive_int("base_global_batch_size", self.base_global_batch_size)
+        check_positive_int("backup_freq", self.backup_freq, allow_none=True)
+        if self.backup_freq is not None and not self.backup_dir:
+            raise invalid_argument("backup_freq", self.backup_freq, "None without backup_dir",
+                                   note="Set backup_dir too: the frequency is of backups to that directory.")
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             raise invalid_argument("learning_rate", self.learning_rate, "a positive number")
         check_directory("model_dir", self.model_dir)

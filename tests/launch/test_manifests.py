@@ -85,7 +85,9 @@ def test_slurm_script_directives_and_srun_line():
     assert argv[:4] == ["srun", "--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1"]
     assert argv[4:] == COMMAND  # Quoted so the shell gives back exactly the command.
     assert lines.index(srun[0]) > next(i for i, line in enumerate(lines) if line.startswith("unset TF_CONFIG"))
-    assert f"port {cluster_lib.SLURM_PORT_BASE} + k" in text
+    assert (f"port {cluster_lib.SLURM_PORT_BASE} + {cluster_lib.SLURM_PORTS_PER_JOB} * "
+            f"(job id % {cluster_lib.SLURM_PORT_BLOCKS}) + k") in text
+    assert "--requeue" not in text and "TFDIST_SLURM_ROLES" not in text
 
 
 def test_slurm_script_is_valid_bash_and_defaults():
@@ -109,14 +111,15 @@ def slurm_env(procid, nodes=("node1", "node2"), tasks_per_node=2):
 def test_slurm_environment_gives_every_task_a_consistent_cluster():
     """2 nodes x 2 tasks, as the generated script's srun starts them."""
     infos = [cluster_lib.from_environment(slurm_env(procid)) for procid in range(4)]
-    expected = {"worker": ["node1:8888", "node1:8889", "node2:8888", "node2:8889"]}
+    base = cluster_lib.slurm_port_base(42)
+    expected = {"worker": [f"node1:{base}", f"node1:{base + 1}", f"node2:{base}", f"node2:{base + 1}"]}
     for procid, info in enumerate(infos):
         env = slurm_env(procid)
         assert info.cluster == expected
         assert (info.task_type, info.task_id) == ("worker", procid)
         # The task listens on its own node, at the port the script's comment promises.
         node = ["node1", "node2"][int(env["SLURM_NODEID"])]
-        assert info.address == f"{node}:{cluster_lib.SLURM_PORT_BASE + int(env['SLURM_LOCALID'])}"
+        assert info.address == f"{node}:{base + int(env['SLURM_LOCALID'])}"
         # Equivalent to a valid TF_CONFIG.
         assert cluster_lib.parse_tf_config(json.dumps(info.to_tf_config())) == info
     assert [info.is_chief for info in infos] == [True, False, False, False]
@@ -144,14 +147,21 @@ def test_make_strategy_multi_worker_reads_slurm(monkeypatch):
     assert factory._auto_kind() == "multi_worker"
     assert tfdist.make_strategy("multi_worker") == "fake-strategy"
     resolver = built["resolver"]
-    assert resolver.cluster_spec().as_dict() == {"worker": ["node1:8888", "node1:8889", "node2:8888", "node2:8889"]}
+    base = cluster_lib.slurm_port_base(42)
+    assert resolver.cluster_spec().as_dict() == {
+        "worker": [f"node1:{base}", f"node1:{base + 1}", f"node2:{base}", f"node2:{base + 1}"]}
     assert (resolver.task_type, resolver.task_id) == ("worker", 3)
 
 
 @pytest.mark.parametrize("kwargs, name, received", [
     ({"nnodes": 0}, "nnodes", "0"),
     ({"workers": 0}, "workers", "0"),
-    ({"workers": 60000}, "workers", "60000"),
+    ({"workers": 40}, "ntasks", "80"),  # 40 per node: more than a job's block of ports.
+    ({"workers": None, "ntasks": 3}, "ntasks", "3"),  # Not a multiple of nnodes=2.
+    ({"workers": None, "ntasks": 2, "chief": True, "ps": 1}, "ntasks", "2"),  # No task left for a worker.
+    ({"workers": 1, "ntasks": 2}, "workers", "1"),
+    ({"ps": 1}, "ps", "1"),  # Without a chief.
+    ({"max_restarts": -1}, "max_restarts", "-1"),
     ({"partition": "gpu debug"}, "partition", "'gpu debug'"),
     ({"job_name": "a\nb"}, "job_name", r"'a\\nb'"),
     ({"time": "1 hour"}, "time", "'1 hour'"),
@@ -161,6 +171,37 @@ def test_slurm_errors(kwargs, name, received):
     kwargs = {"command": ["true"], "nnodes": 2, "workers": 2, **kwargs}
     with pytest.raises(ValueError, match=rf"argument `{name}`. Received: {name}={received}. Expected"):
         manifests.slurm_script(kwargs.pop("command"), **kwargs)
+
+
+def test_slurm_ntasks_not_divisible_into_roles_message():
+    with pytest.raises(ValueError, match=r"`ntasks`. Received: ntasks=2. Expected at least 3. The roles need 1 chief, "
+                                         r"1 ps and at least one worker."):
+        manifests.slurm_script(["true"], ntasks=2, chief=True, ps=1)
+    with pytest.raises(ValueError, match=r"`ntasks`. Received: ntasks=5. Expected a multiple of nnodes=2"):
+        manifests.slurm_script(["true"], nnodes=2, ntasks=5)
+
+
+def test_slurm_script_with_parameter_servers_and_requeue():
+    text = manifests.slurm_script(COMMAND, ntasks=4, chief=True, ps=1, max_restarts=2)
+    lines = text.splitlines()
+    assert [line for line in lines if line.startswith("#SBATCH")] == [
+        "#SBATCH --job-name=tfdist", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=4", "#SBATCH --requeue",
+        "#SBATCH --open-mode=append"]
+    assert "export TFDIST_SLURM_ROLES=chief:1,ps:1,worker:2" in lines
+    srun = shlex.split(next(line for line in lines if line.startswith("srun ")).rstrip(" &"))
+    assert srun[:4] == ["srun", "--nodes=1", "--ntasks-per-node=4", "--kill-on-bad-exit=0"]
+    assert srun[-len(COMMAND):] == COMMAND
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in text and '"${SLURM_RESTART_COUNT:-0}" -lt 2' in text
+    # The roles the script exports give a valid cluster to each rank.
+    env = {"SLURM_JOB_ID": "3", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "vm", "SLURM_NTASKS": "4",
+           "SLURM_STEP_TASKS_PER_NODE": "4", "TFDIST_SLURM_ROLES": "chief:1,ps:1,worker:2"}
+    assert [cluster_lib.from_environment(dict(env, SLURM_PROCID=str(r))).task_type for r in range(4)] == [
+        "chief", "ps", "worker", "worker"]
+    if shutil.which("bash"):
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+        requeue_only = manifests.slurm_script(COMMAND, ntasks=2, max_restarts=1)
+        assert "srun --nodes=1 --ntasks-per-node=2 --wait=60 " in requeue_only
+        subprocess.run(["bash", "-n"], input=requeue_only, text=True, check=True)
 
 
 # --- Kubernetes: TFJob ------------------------------------------------------------------------
@@ -256,3 +297,14 @@ def test_yaml_round_trips_awkward_values():
            "nested": [{"a": [1, {"b": "c"}]}, [["deep"]]], "odd key: #": "v"}
     assert yaml.safe_load(manifests.to_yaml([doc])) == doc
     assert list(yaml.safe_load_all(manifests.to_yaml([doc, {"k": 1}]))) == [doc, {"k": 1}]
+
+
+def test_cli_refuses_ntasks_that_do_not_divide_into_the_roles(tmp_path):
+    from tests.helpers import run_tfdist
+
+    proc = run_tfdist("manifest", "slurm", "--ntasks=2", "--chief", "--ps=1", f"--output={tmp_path / 'job.sbatch'}",
+                      "--", "tfdist", "train", "--strategy=parameter_server", timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert ("tfdist manifest: error: Invalid value for argument `ntasks`. Received: ntasks=2. Expected at least 3. "
+            "The roles need 1 chief, 1 ps and at least one worker.") in proc.stdout
+    assert "Traceback" not in proc.stdout and not (tmp_path / "job.sbatch").exists()

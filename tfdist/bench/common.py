@@ -28,6 +28,7 @@ import tensorflow as tf
 from tfdist.config import invalid_argument
 
 BenchmarkFn = Callable[[int, bool], dict[str, Any]]
+PlotFn = Callable[[dict[str, Any], str], None]
 
 # Replicas of the mirrored strategy the benchmarks use (virtual CPU devices).
 MIRRORED_DEVICES = 2
@@ -41,19 +42,26 @@ CLUSTER_KIND = "parameter_server"
 _REGISTRY: dict[str, BenchmarkFn] = {}
 _CONNECTS_CLUSTER: set[str] = set()
 _STRATEGIES: dict[str, tf.distribute.Strategy] = {}
+_PLOTS: dict[str, PlotFn] = {}
+_OPTIONS: dict[str, Any] = {}
 
 
-def register(name: str, *, connects_cluster: bool = False) -> Callable[[BenchmarkFn], BenchmarkFn]:
+def register(name: str, *, connects_cluster: bool = False,
+             plot: PlotFn | None = None) -> Callable[[BenchmarkFn], BenchmarkFn]:
     """Decorator: registers ``fn(repeats, quick) -> dict`` under ``name``.
 
     Args:
         name: The snake_case benchmark name.
         connects_cluster: The benchmark uses ``strategy("parameter_server")``,
             after which the local strategies stop working; it runs last.
+        plot: ``plot(result, path)`` draws the benchmark's own PNG; the runner
+            calls it with ``<output>.<name>.png``.
     """
 
     def wrap(fn: BenchmarkFn) -> BenchmarkFn:
         _REGISTRY[name] = fn
+        if plot is not None:
+            _PLOTS[name] = plot
         if connects_cluster:
             _CONNECTS_CLUSTER.add(name)
         else:
@@ -66,6 +74,22 @@ def register(name: str, *, connects_cluster: bool = False) -> Callable[[Benchmar
 def connects_cluster(name: str) -> bool:
     """Whether benchmark ``name`` connects this process to a cluster (so must run last)."""
     return name in _CONNECTS_CLUSTER
+
+
+def plotter(name: str) -> PlotFn | None:
+    """The PNG writer benchmark ``name`` registered, if any."""
+    return _PLOTS.get(name)
+
+
+def set_options(options: Mapping[str, Any] | None) -> None:
+    """Sets the options benchmarks read with :func:`options` (``tfdist bench`` flags such as ``threads_per_worker``)."""
+    _OPTIONS.clear()
+    _OPTIONS.update({k: v for k, v in (options or {}).items() if v is not None})
+
+
+def options() -> dict[str, Any]:
+    """The options set by the runner (a copy; unset ones are absent)."""
+    return dict(_OPTIONS)
 
 
 def registry() -> Mapping[str, BenchmarkFn]:

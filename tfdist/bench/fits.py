@@ -82,20 +82,29 @@ class FitThroughput:
         fit: ``fit(epochs=, steps_per_epoch=, verbose=, callbacks=)`` of one side.
         steps: Batches per call.
         global_batch_size: Examples per batch.
+        iterations: Zero-arg callable reading the side's optimizer update
+            count; when given, :attr:`updates` records the updates each call
+            made, so that a comparison can show both sides did the same work.
     """
 
-    def __init__(self, fit: Callable[..., Any], *, steps: int, global_batch_size: int) -> None:
+    def __init__(self, fit: Callable[..., Any], *, steps: int, global_batch_size: int,
+                 iterations: Callable[[], int] | None = None) -> None:
         self.fit = fit
         self.steps = steps
         self.global_batch_size = global_batch_size
+        self.iterations = iterations
         self.overheads: list[float] = []
+        self.updates: list[int] = []
 
     def __call__(self) -> tuple[float, Timing]:
         window = _StepWindow()
+        before = self.iterations() if self.iterations is not None else None
         start = time.perf_counter()
         self.fit(epochs=1, steps_per_epoch=self.steps, verbose=0, callbacks=[window])
         total = time.perf_counter() - start
         self.overheads.append(total - window.timing.seconds)
+        if before is not None:
+            self.updates.append(self.iterations() - before)
         return self.steps * self.global_batch_size / window.timing.seconds, window.timing
 
 
@@ -129,13 +138,15 @@ def fit_sides(strategy: tf.distribute.Strategy, builder: Callable[[], keras.Mode
         return model.fit(dataset, shuffle=False, **kwargs)
 
     return {"trainer": trainer_side(trainer, dataset, global_batch_size=global_batch_size, steps=steps),
-            "keras_fit": warm_up(FitThroughput(keras_fit, steps=steps, global_batch_size=global_batch_size))}
+            "keras_fit": warm_up(FitThroughput(keras_fit, steps=steps, global_batch_size=global_batch_size,
+                                               iterations=lambda: int(model.optimizer.iterations.numpy())))}
 
 
 def warm_up(side: FitThroughput) -> FitThroughput:
     """Runs one untimed call (traces, fills the dataset cache) and forgets its overhead."""
     side()
     side.overheads.clear()
+    side.updates.clear()
     return side
 
 
@@ -152,7 +163,8 @@ def trainer_side(trainer: Any, data: Any, *, global_batch_size: int, steps: int)
     def fit(**kwargs: Any) -> Any:
         return trainer.fit(data, global_batch_size=global_batch_size, **kwargs)
 
-    return warm_up(FitThroughput(fit, steps=steps, global_batch_size=global_batch_size))
+    return warm_up(FitThroughput(fit, steps=steps, global_batch_size=global_batch_size,
+                                 iterations=lambda: int(trainer.model.optimizer.iterations.numpy())))
 
 
 def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[str, Any]:
@@ -164,4 +176,6 @@ def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[st
         "keras_fit_examples_per_s": keras_rate,
         "ratio": ratio(trainer_rate, keras_rate),
         "fit_overhead_s": {name: median(side.overheads) for name, side in sides.items()},
+        # The optimizer updates each timed call made, per side: equal when both did the same work.
+        "updates_per_call": {name: list(side.updates) for name, side in sides.items()},
     }

@@ -76,6 +76,20 @@ def write_png(results: dict[str, Any], path: str) -> str | None:
     return path
 
 
+def write_other_png(plot: Any, result: dict[str, Any], path: str) -> str | None:
+    """Runs a benchmark's own ``plot(result, path)``; returns the path, or None without matplotlib or on error."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        plot(result, path)
+    except ImportError:
+        logger.info("matplotlib is not installed: no PNG %s", path)
+        return None
+    except Exception as e:  # the chart is optional: never lose the results over it
+        logger.warning("Could not draw %s: %s", path, e)
+        return None
+    return path
+
+
 def _draw(rows: list[tuple[str, float, float | None]], meta: dict[str, Any], path: str) -> None:
     # The object API with the Agg canvas: no pyplot, no global backend switch.
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -2,11 +2,15 @@
 
     python -m tfdist bench --output=bench_results/bench.json
     python -m tfdist bench --benchmarks=mfu --repeats=5
+    python -m tfdist bench --benchmarks=scaling,allreduce --threads_per_worker=1   # worker processes; minutes
 
 This machine is noisy, so every benchmark compares two sides measured in the
 same process, alternating between them, and reports medians and their ratio;
 absolute numbers are secondary. Results go to a JSON file and, when matplotlib
-is installed, a PNG bar chart of the ratios next to it.
+is installed, a PNG bar chart of the ratios next to it (and a benchmark's own
+figure, registered with ``plot=``, as ``<output>.<name>.png``). The
+multi-process benchmarks (``scaling``, ``allreduce``) start their own worker
+processes with ``tfdist launch`` and run only when named.
 
 To add a benchmark, write a module under ``tfdist/bench/`` with a function
 ``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add
@@ -38,7 +42,11 @@ BUILTIN_MODULES = (
     "tfdist.bench.bf16_vs_fp32",
     "tfdist.bench.backup",
     "tfdist.bench.parameter_server",
+    "tfdist.bench.scaling",
+    "tfdist.bench.allreduce",
 )
+# Benchmarks that start their own worker processes and take minutes: run only when named.
+ON_REQUEST = ("scaling", "allreduce")
 
 
 def _load_builtins() -> None:
@@ -79,7 +87,7 @@ def _meta(repeats: int, quick: bool) -> dict[str, Any]:
 
 
 def run(names: Sequence[str] | None = None, *, output: str | None = "bench_results/bench.json",
-        repeats: int = 3, quick: bool = False) -> dict[str, Any]:
+        repeats: int = 3, quick: bool = False, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Runs benchmarks and returns (and writes) their results.
 
     Creates the shared strategies first, before any other TensorFlow work: the
@@ -90,13 +98,17 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
 
     Args:
         names: Benchmarks to run, in this order (cluster ones last); default
-            all of :func:`available`.
+            all of :func:`available` but the multi-process ones
+            (:data:`ON_REQUEST`: ``scaling``, ``allreduce``), which run only when named.
         output: Path of the JSON file (directories are created); a PNG chart of
             the ratios goes next to it. ``None`` writes nothing.
         repeats: Timed measurements per side (a few more when other processes
             disturb them); medians are reported.
         quick: Shrinks sizes and steps so that everything runs in seconds
             (for tests; the figures then mean little).
+        options: Benchmark options, e.g. ``{"threads_per_worker": 1,
+            "gradient_compression": ("none", "bf16")}`` for ``scaling`` (see
+            ``tfdist.bench.scaling.DEFAULTS`` and ``tfdist.bench.allreduce.DEFAULTS``).
 
     Returns:
         ``{"meta": {versions, cpu count, date, repeats, ...}, "results": {name: {...}}}``;
@@ -109,7 +121,8 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
     common.init_strategies()
     check_positive_int("repeats", repeats)
     valid = available()
-    names = list(valid if names is None else [names] if isinstance(names, str) else names)
+    default = [n for n in valid if n not in ON_REQUEST]
+    names = list(default if names is None else [names] if isinstance(names, str) else names)
     for name in names:
         if name not in valid:
             raise invalid_argument("benchmarks", name, sorted(valid))
@@ -120,6 +133,7 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
                     ", ".join(n for n in ordered if common.connects_cluster(n)))
     names = ordered
     benchmarks = common.registry()
+    common.set_options(options)
     results: dict[str, Any] = {"meta": _meta(repeats, quick), "results": {}}
     for name in names:
         logger.info("bench %s: running (repeats=%d%s)", name, repeats, ", quick" if quick else "")
@@ -134,6 +148,11 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
                            "medians use the clean ones where there are any (see samples.others_cpu, "
                            "samples.clean)", name, busy)
     if output is not None:
+        for name in names:
+            plot = common.plotter(name)
+            if plot is not None:
+                path = f"{os.path.splitext(output)[0]}.{name}.png"
+                results["results"][name]["chart"] = report.write_other_png(plot, results["results"][name], path)
         chart = report.write_png(results, os.path.splitext(output)[0] + ".png")
         results["meta"]["chart"] = chart
         report.write_json(results, output)

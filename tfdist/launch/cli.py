@@ -5,6 +5,7 @@
     tfdist train --engine=ray --num_workers=2 --epochs=5      # a Ray Train group (RAY_ADDRESS, else a local cluster)
     tfdist launch --nnodes=2 --node_rank=0 --hosts=h1:2222,h2:2222 --allow_external -- tfdist train ...
     tfdist manifest slurm --nnodes=2 --workers=4 --output=job.sbatch -- tfdist train --strategy=multi_worker
+    tfdist manifest slurm --ntasks=2 --max_restarts=3 -- tfdist train --strategy=multi_worker --backup_dir=DIR
     tfdist manifest kubernetes --workers=2 --image=IMAGE --output=job.yaml -- tfdist train --strategy=multi_worker
     tfdist bench --output=bench_results/bench.json
 """
@@ -64,14 +65,18 @@ flags.DEFINE_integer("base_global_batch_size", _DEFAULT.base_global_batch_size,
 flags.DEFINE_integer("warmup_steps", None, "Linear warmup over this many optimizer updates.")
 flags.DEFINE_float("warmup_epochs", None, "Linear warmup over this many epochs.")
 flags.DEFINE_string("model_dir", None, "Where the chief saves model.keras after training.")
+flags.DEFINE_string("backup_dir", None, "Step-exact backups here: a restarted run (tfdist launch --max_restarts, "
+                    "a Slurm requeue) resumes at the last backed-up update; SIGTERM saves one and exits 75.")
+flags.DEFINE_integer("backup_freq", None, "With --backup_dir: optimizer updates between backups (default: each epoch).")
 flags.DEFINE_integer("seed", _DEFAULT.seed, "Random seed.")
 flags.DEFINE_integer("verbose", _DEFAULT.verbose, "0 silent, 1 progress bar, 2 one line per epoch.")
 # launch (and manifest)
 flags.DEFINE_integer("workers", 2, "launch: worker processes (per node with --hosts); "
                      "manifest: workers (slurm: per node).")
 flags.DEFINE_integer("ps", 0, "launch: parameter-server processes (per node with --hosts); "
-                     "manifest kubernetes: PS replicas.")
-flags.DEFINE_boolean("chief", False, "launch: add a chief process (on node 0); manifest kubernetes: a Chief replica.")
+                     "manifest kubernetes: PS replicas; manifest slurm: ps tasks (ranks after the chief).")
+flags.DEFINE_boolean("chief", False, "launch: add a chief process (on node 0); manifest kubernetes: a Chief replica; "
+                     "manifest slurm: rank 0 is the chief.")
 flags.DEFINE_boolean("evaluator", False, "launch: add an evaluator process (on node 0).")
 flags.DEFINE_string("host", "127.0.0.1", "launch: address the processes listen on (loopback by default).")
 flags.DEFINE_boolean("allow_external", False, "launch: allow non-loopback --host/--hosts (gRPC is unauthenticated).")
@@ -87,16 +92,33 @@ flags.DEFINE_string("kind", "tfjob", "manifest kubernetes: tfjob (Kubeflow) or i
 flags.DEFINE_string("image", None, "manifest kubernetes: the container image.")
 flags.DEFINE_string("name", "tfdist", "manifest kubernetes: the resources' name (a DNS label).")
 flags.DEFINE_string("job_name", "tfdist", "manifest slurm: #SBATCH --job-name.")
+flags.DEFINE_integer("ntasks", None, "manifest slurm: total tasks (chief + ps + workers), a multiple of --nnodes; "
+                     "instead of --workers per node.")
 flags.DEFINE_string("partition", None, "manifest slurm: #SBATCH --partition.")
 flags.DEFINE_string("time", None, "manifest slurm: #SBATCH --time, e.g. 01:00:00.")
 flags.DEFINE_float("timeout", None, "launch: kill everything after this many seconds.")
-flags.DEFINE_integer("max_restarts", 0, "launch: restarts after failures (PS: the failed worker; "
-                     "otherwise the whole group).")
+flags.DEFINE_integer("max_restarts", 0, "launch (and train --engine=ray, as Ray's max_failures): restarts after failures (PS: the failed worker; "
+                     "otherwise the whole group); manifest slurm: requeues after a preemption (exit 75).")
 # bench
 flags.DEFINE_string("output", "bench_results/bench.json", "bench: where to write the JSON results; "
                     "manifest: the file to write (stdout when not given).")
 flags.DEFINE_list("benchmarks", [], "bench: which to run (default all).")
 flags.DEFINE_integer("repeats", 3, "bench: timed repeats per side (the median is reported).")
+flags.DEFINE_boolean("quick", False, "bench: tiny sizes and few steps (checks that it runs; the figures mean little).")
+flags.DEFINE_integer("threads_per_worker", None, "bench scaling, allreduce: intra-op threads of each worker "
+                     "process (default: cores / most workers).")
+flags.DEFINE_list("scaling_workers", None, "bench scaling: worker counts to run, e.g. 1,2 (default 1, 2, 4, ... "
+                  "up to the core count).")
+flags.DEFINE_integer("per_worker_batch_size", None, "bench scaling: examples per worker per step (default 256).")
+flags.DEFINE_list("hidden_units", None, "bench scaling: the MLP's hidden widths (default 1024,1024,1024).")
+flags.DEFINE_integer("scaling_steps", None, "bench scaling: steps per timed measurement (default 50).")
+flags.DEFINE_boolean("scaling_parameter_server", None, "bench scaling: also the Trainer on parameter_server "
+                     "with 1 ps (default true).")
+flags.DEFINE_list("gradient_compression", None, "bench scaling: Trainer (and raw loop) variants, of none, bf16, "
+                  "fp16 (default none); a variant this Trainer lacks is reported as unavailable.")
+flags.DEFINE_integer("bucket_bytes", None, "bench scaling: passed to the Trainer when it takes it.")
+flags.DEFINE_integer("allreduce_workers", None, "bench allreduce: worker processes (default 2).")
+flags.DEFINE_integer("allreduce_max_bytes", None, "bench allreduce: largest message (default 64 MiB).")
 
 
 def _train_config() -> TrainConfig:
@@ -109,7 +131,8 @@ def _train_config() -> TrainConfig:
         accumulation_steps=FLAGS.accumulation_steps, optimizer=FLAGS.optimizer,
         learning_rate=FLAGS.learning_rate, lr_scaling=FLAGS.lr_scaling,
         base_global_batch_size=FLAGS.base_global_batch_size, warmup_steps=FLAGS.warmup_steps,
-        warmup_epochs=FLAGS.warmup_epochs, model_dir=FLAGS.model_dir, seed=FLAGS.seed, verbose=FLAGS.verbose)
+        warmup_epochs=FLAGS.warmup_epochs, model_dir=FLAGS.model_dir,
+        backup_dir=FLAGS.backup_dir, backup_freq=FLAGS.backup_freq, seed=FLAGS.seed, verbose=FLAGS.verbose)
 
 
 def _train(args: Sequence[str]) -> int:
@@ -129,12 +152,14 @@ def _train(args: Sequence[str]) -> int:
         num_workers = FLAGS.num_workers or 2
         FLAGS.strategy, FLAGS.num_workers = "multi_worker", None  # each Ray worker is one multi_worker task
         summary = ray_launcher(train.run, _train_config(), num_workers=num_workers,
-                               cpus_per_worker=FLAGS.cpus_per_worker)
+                               cpus_per_worker=FLAGS.cpus_per_worker, max_failures=FLAGS.max_restarts)
     else:
         summary = train.run(_train_config())
     if summary["is_chief"]:
         print(f"final val_accuracy={summary['val_accuracy']:.4f} val_loss={summary['val_loss']:.4f} "
               f"replicas={summary['num_replicas']} train_seconds={summary['seconds']:.1f}")
+    # Every task reports its update count and weights, so a job's logs show that the workers agree.
+    print(f"final updates={summary['updates']} weights_digest={summary['weights_digest']}", flush=True)
     return 0
 
 
@@ -151,10 +176,9 @@ def _launch(args: Sequence[str]) -> int:
 
 
 # Flags a manifest kind does not use, refused when given rather than silently ignored.
-_MANIFEST_UNUSED = {"slurm": ("ps", "chief", "evaluator", "image", "kind", "name", "hosts", "node_rank"),
-                    "kubernetes": ("nnodes", "evaluator", "partition", "time", "job_name", "hosts", "node_rank")}
-_SLURM_ALL_WORKERS = ("Slurm tasks form an all-worker cluster (tfdist.cluster.from_slurm); use "
-                      "`tfdist manifest kubernetes` or `tfdist launch --hosts` for a chief or parameter servers.")
+_MANIFEST_UNUSED = {"slurm": ("evaluator", "image", "kind", "name", "hosts", "node_rank"),
+                    "kubernetes": ("nnodes", "evaluator", "partition", "time", "job_name", "hosts", "node_rank",
+                                   "ntasks", "max_restarts")}
 
 
 def _manifest(args: Sequence[str]) -> int:
@@ -171,12 +195,12 @@ def _manifest(args: Sequence[str]) -> int:
                                     "--workers=2 -- tfdist train --strategy=multi_worker.")
     for name in _MANIFEST_UNUSED[kind]:
         if FLAGS[name].present:
-            all_workers = kind == "slurm" and name in ("ps", "chief", "evaluator")
-            raise invalid_argument(name, FLAGS[name].value, f"no --{name} for `tfdist manifest {kind}`",
-                                   note=_SLURM_ALL_WORKERS if all_workers else "")
+            raise invalid_argument(name, FLAGS[name].value, f"no --{name} for `tfdist manifest {kind}`")
     if kind == "slurm":
-        text = manifests.slurm_script(command, nnodes=FLAGS.nnodes, workers=FLAGS.workers, partition=FLAGS.partition,
-                                      time=FLAGS.time, job_name=FLAGS.job_name)
+        text = manifests.slurm_script(
+            command, nnodes=FLAGS.nnodes, workers=FLAGS.workers if FLAGS["workers"].present else None,
+            ntasks=FLAGS.ntasks, ps=FLAGS.ps, chief=FLAGS.chief, partition=FLAGS.partition, time=FLAGS.time,
+            job_name=FLAGS.job_name, max_restarts=FLAGS.max_restarts)
         submit = "sbatch"
     else:
         text = manifests.kubernetes_manifest(command, workers=FLAGS.workers, image=FLAGS.image, ps=FLAGS.ps,
@@ -194,7 +218,24 @@ def _manifest(args: Sequence[str]) -> int:
 def _bench(args: Sequence[str]) -> int:
     from tfdist.bench import runner
 
-    results = runner.run(FLAGS.benchmarks or None, output=FLAGS.output, repeats=FLAGS.repeats)
+    def ints(name: str) -> tuple[int, ...] | None:
+        values = FLAGS[name].value
+        if values is None:
+            return None
+        try:
+            return tuple(int(v) for v in values)
+        except ValueError:
+            raise invalid_argument(name, ",".join(values), "comma-separated integers, e.g. 1,2") from None
+
+    options = {"threads_per_worker": FLAGS.threads_per_worker, "scaling_workers": ints("scaling_workers"),
+               "per_worker_batch_size": FLAGS.per_worker_batch_size, "hidden_units": ints("hidden_units"),
+               "scaling_steps": FLAGS.scaling_steps, "scaling_parameter_server": FLAGS.scaling_parameter_server,
+               "gradient_compression": None if FLAGS.gradient_compression is None
+               else tuple(FLAGS.gradient_compression),
+               "bucket_bytes": FLAGS.bucket_bytes, "allreduce_workers": FLAGS.allreduce_workers,
+               "allreduce_max_bytes": FLAGS.allreduce_max_bytes}
+    results = runner.run(FLAGS.benchmarks or None, output=FLAGS.output, repeats=FLAGS.repeats, quick=FLAGS.quick,
+                         options=options)
     print(json.dumps(results, indent=2))
     return 0
 

@@ -3,9 +3,15 @@
 Run it with ``make train``, ``tfdist train --strategy=mirrored --num_devices=2``,
 or on a local cluster with
 ``tfdist launch --workers=2 -- tfdist train --strategy=multi_worker``.
+With ``--backup_dir=DIR [--backup_freq=N]`` a restarted run resumes at the last
+backed-up update, e.g. under Slurm with requeue on preemption::
+
+    tfdist manifest slurm --ntasks=2 --max_restarts=3 --output=job.sbatch -- \
+        tfdist train --strategy=multi_worker --backup_dir=$HOME/run/backup --backup_freq=50
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -34,7 +40,14 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
     Returns:
         A dict with ``val_accuracy``, ``val_loss``, ``history``, ``seconds``,
-        ``is_chief`` and ``num_replicas``.
+        ``is_chief``, ``num_replicas``, ``updates`` (the optimizer's update
+        count, backed-up updates of an earlier attempt included) and
+        ``weights_digest`` (a SHA-256 prefix of the weights, equal on every
+        worker of a synchronous run).
+
+    Raises:
+        SystemExit: With code 75 after SIGTERM when ``config.backup_dir`` is
+            set: the backup is saved and the run asks to be restarted.
     """
     import tfdist  # noqa: F401  (applies the compat shims before TF work)
     from tfdist.strategies.factory import make_strategy
@@ -58,7 +71,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
         precision=config.precision, accumulation_steps=config.accumulation_steps,
         steps_per_execution=config.steps_per_execution, lr_scaling=config.lr_scaling,
         base_global_batch_size=config.base_global_batch_size, warmup_steps=config.warmup_steps,
-        warmup_epochs=config.warmup_epochs)
+        warmup_epochs=config.warmup_epochs, backup_dir=config.backup_dir,
+        backup_freq=config.backup_freq if config.backup_freq is not None else "epoch")
     start = time.perf_counter()
     history = trainer.fit(train, epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
                           global_batch_size=config.global_batch_size, validation_data=val,
@@ -73,7 +87,17 @@ def run(config: TrainConfig) -> dict[str, Any]:
         "seconds": seconds,
         "is_chief": trainer.is_chief,
         "num_replicas": strategy.num_replicas_in_sync,
+        "updates": int(trainer.model.optimizer.iterations.numpy()),
+        "weights_digest": _digest(trainer.model.get_weights()),
     }
+
+
+def _digest(weights: list[Any]) -> str:
+    """A short SHA-256 of the weights' bytes, to compare workers' final weights."""
+    sha = hashlib.sha256()
+    for w in weights:
+        sha.update(w.tobytes())
+    return sha.hexdigest()[:16]
 
 
 def _save(trainer: Any, model_dir: str) -> None:

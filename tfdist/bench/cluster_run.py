@@ -1,0 +1,118 @@
+"""Runs a benchmark's worker program in real processes through ``tfdist launch``, and collects what they wrote.
+
+The parent (the ``tfdist bench`` process) writes a JSON *spec*, starts one
+process per task with :func:`tfdist.launch.local.launch` (loopback ports, a
+private network namespace where the kernel allows it), and every task runs
+``python -m tfdist.bench.workers SPEC``. Each task writes
+``<out_dir>/<task_type>-<task_id>.json``; the parent reads them back.
+
+Threads are pinned before TensorFlow starts in each task: the spec's
+``threads_per_worker`` goes into ``OMP_NUM_THREADS``/``TF_NUM_INTRAOP_THREADS``
+here and into ``tf.config.threading`` in the task (see ``workers.pin_threads``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import sys
+import tempfile
+import time
+from typing import Any, Mapping
+
+from tfdist.bench import timing
+
+logger = logging.getLogger(__name__)
+
+WORKER_MODULE = "tfdist.bench.workers"
+
+
+def cores() -> int:
+    """The CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(workers: int) -> int:
+    """Threads per worker when not given: the cores divided by the workers (at least 1)."""
+    return max(1, cores() // max(1, workers))
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_tasks(spec: Mapping[str, Any], *, workers: int, ps: int = 0, chief: bool = False,
+              timeout: float = 900.0) -> dict[str, Any]:
+    """Launches the tasks on ``spec`` and returns their results.
+
+    Args:
+        spec: JSON-able; ``spec["kind"]`` names the worker program
+            (see ``tfdist.bench.workers``), ``spec["threads_per_worker"]`` the
+            intra-op threads of each task.
+        workers: Worker processes.
+        ps: Parameter-server processes.
+        chief: Whether to add a chief process.
+        timeout: Seconds after which the launcher kills every task.
+
+    Returns:
+        ``{"tasks": {"worker-0": {...}, ...}, "launch_seconds": s, "others_cpu": c}``
+        where ``others_cpu`` is the CPU (in cores) that processes other than
+        this one and its tasks took during the whole launch.
+
+    Raises:
+        RuntimeError: If a task failed (with the tail of the tasks' output).
+    """
+    from tfdist.launch.local import launch
+
+    threads = int(spec["threads_per_worker"])
+    with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as out_dir:
+        spec = {**spec, "out_dir": out_dir}
+        spec_path = os.path.join(out_dir, "spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = dict(os.environ)
+        env.pop("TF_CONFIG", None)
+        # Read by TF and OpenMP when they start, before the task's own tf.config.threading call.
+        env.update({"OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads),
+                    "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2")})
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        log_path = os.path.join(out_dir, "tasks.log")
+        watch = timing.Stopwatch()
+        children = _children_cpu_seconds()
+        watch.start()
+        with open(log_path, "w") as log:
+            code = launch([sys.executable, "-m", WORKER_MODULE, spec_path], workers=workers, ps=ps, chief=chief,
+                          env=env, output=log, timeout=timeout)
+        took = watch.stop()
+        children = _children_cpu_seconds() - children
+        if code != 0:
+            with open(log_path) as f:
+                tail = "".join(f.readlines()[-40:])
+            raise RuntimeError(f"bench tasks ({spec['kind']}, {workers} workers, {ps} ps) exited {code}:\n{tail}")
+        tasks = {}
+        for name in sorted(os.listdir(out_dir)):
+            if name.endswith(".json") and name != "spec.json":
+                with open(os.path.join(out_dir, name)) as f:
+                    tasks[name[:-5]] = json.load(f)
+    others = (took.others_cpu_seconds - children) / took.seconds if took.others_cpu_seconds is not None else None
+    return {"tasks": tasks, "launch_seconds": round(took.seconds, 2),
+            "others_cpu": None if others is None else round(max(others, 0.0), 2)}
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPU model and flags, cores, load."""
+    from tfdist.bench.bf16_vs_fp32 import cpu_features
+
+    info = cpu_features()
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"cpu": info, "cpu_count": os.cpu_count(), "cores_usable": cores(), "loadavg": load,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
