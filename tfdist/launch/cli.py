@@ -97,7 +97,8 @@ flags.DEFINE_integer("ntasks", None, "manifest slurm: total tasks (chief + ps + 
 flags.DEFINE_string("partition", None, "manifest slurm: #SBATCH --partition.")
 flags.DEFINE_string("time", None, "manifest slurm: #SBATCH --time, e.g. 01:00:00.")
 flags.DEFINE_float("timeout", None, "launch: kill everything after this many seconds.")
-flags.DEFINE_integer("max_restarts", 0, "launch (and train --engine=ray, as Ray's max_failures): restarts after failures (PS: the failed worker; "
+flags.DEFINE_integer("max_restarts", 0, "launch, train --engine=ray (Ray's max_failures): restarts after failures "
+                     "(PS: the failed worker; "
                      "otherwise the whole group); manifest slurm: requeues after a preemption (exit 75).")
 # bench
 flags.DEFINE_string("output", "bench_results/bench.json", "bench: where to write the JSON results; "
