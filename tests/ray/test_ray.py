@@ -86,6 +86,7 @@ def driver():
 @pytest.mark.multiprocess
 def test_two_workers_train_digits_with_identical_weights(driver):
     outputs = driver.ask("training")["outputs"]
+    print("val_accuracy per worker:", [o["val_accuracy"] for o in outputs])
     assert [o["tf_config"]["task"]["index"] for o in outputs] == [0, 1]
     for o in outputs:
         assert o["replicas"] == 2
