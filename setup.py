@@ -1,6 +1,6 @@
 """tfdist: tf.distribute strategies for Keras 3 behind one training loop.
 
-Install for development with ``pip install -e .[test]``.
+Install for development with ``pip install -e .[test]`` (Ray included); Ray alone with ``pip install tfdist[ray]``.
 """
 from setuptools import find_packages, setup
 
@@ -21,7 +21,8 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pyyaml>=6", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
+        "ray": ["ray[train]>=2.60,<3"],
+        "test": ["ray[train]>=2.60,<3", "pytest>=8", "pytest-timeout>=2.3", "pyyaml>=6", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
         "notebooks": ["jupyter", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]==2.21.*"],
     },

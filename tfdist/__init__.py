@@ -10,7 +10,9 @@
 compatibility shims of ``tfdist._compat`` load when a TF-using name is first
 touched (``tfdist.Trainer``, ``tfdist.make_strategy``, ``tfdist.callbacks``,
 ``tfdist.data``, ``tfdist.models``), or when one of those modules is imported
-directly (``from tfdist.training.trainer import Trainer``).
+directly (``from tfdist.training.trainer import Trainer``). If Keras is already
+imported, ``import tfdist`` applies the shims at once, so that plain
+``model.fit`` under ``tf.distribute`` strategies works after ``import tensorflow; import tfdist``.
 """
 from __future__ import annotations
 
@@ -58,6 +60,10 @@ class _ShimsFirst(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _ShimsFirst())
+# Keras already loaded (``import tensorflow`` loads it; Ray's TensorFlow quickstart imports it first): plain
+# ``model.fit`` under a tf.distribute strategy needs the shims, and importing them costs nothing more now.
+if "keras" in sys.modules:
+    _apply_shims()
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,7 @@
 
     tfdist train --strategy=mirrored --num_devices=2 --model=cnn --dataset=digits --epochs=8
     tfdist launch --workers=2 -- tfdist train --strategy=multi_worker
+    tfdist train --engine=ray --num_workers=2 --epochs=5      # a Ray Train group (RAY_ADDRESS, else a local cluster)
     tfdist launch --nnodes=2 --node_rank=0 --hosts=h1:2222,h2:2222 --allow_external -- tfdist train ...
     tfdist manifest slurm --nnodes=2 --workers=4 --output=job.sbatch -- tfdist train --strategy=multi_worker
     tfdist manifest slurm --ntasks=2 --max_restarts=3 -- tfdist train --strategy=multi_worker --backup_dir=DIR
@@ -37,7 +38,13 @@ flags.DEFINE_string("strategy", _DEFAULT.strategy, "Distribution strategy: " + "
 flags.DEFINE_integer("num_devices", _DEFAULT.num_devices, "Replicas for --strategy=mirrored.")
 flags.DEFINE_string("communication", _DEFAULT.communication,
                     "Collectives for --strategy=multi_worker: " + ", ".join(COMMUNICATIONS) + ".")
-flags.DEFINE_integer("num_workers", None, "Workers of an in-process --strategy=parameter_server cluster.")
+flags.DEFINE_integer("num_workers", None, "Workers of an in-process --strategy=parameter_server cluster; "
+                     "with --engine=ray, the Ray Train workers (default 2).")
+ENGINES = ("local", "ray")
+flags.DEFINE_string("engine", "local", "train: where the job runs. local: this process (one task of `tfdist launch`); "
+                    "ray: a Ray Train group of --num_workers multi_worker tasks on the Ray cluster at RAY_ADDRESS, "
+                    "else on a new local one on loopback (pip install 'tfdist[ray]').")
+flags.DEFINE_float("cpus_per_worker", 1, "train --engine=ray: CPUs per Ray worker; TF's thread pools follow them.")
 flags.DEFINE_integer("num_ps", None, "Parameter servers of an in-process --strategy=parameter_server cluster.")
 flags.DEFINE_integer("min_shard_bytes", None, "parameter_server: shard variables larger than this over the ps.")
 flags.DEFINE_string("model", _DEFAULT.model, "mlp, cnn, resnet or transformer.")
@@ -90,7 +97,8 @@ flags.DEFINE_integer("ntasks", None, "manifest slurm: total tasks (chief + ps + 
 flags.DEFINE_string("partition", None, "manifest slurm: #SBATCH --partition.")
 flags.DEFINE_string("time", None, "manifest slurm: #SBATCH --time, e.g. 01:00:00.")
 flags.DEFINE_float("timeout", None, "launch: kill everything after this many seconds.")
-flags.DEFINE_integer("max_restarts", 0, "launch: restarts after failures (PS: the failed worker; "
+flags.DEFINE_integer("max_restarts", 0, "launch, train --engine=ray (Ray's max_failures): restarts after failures "
+                     "(PS: the failed worker; "
                      "otherwise the whole group); manifest slurm: requeues after a preemption (exit 75).")
 # bench
 flags.DEFINE_string("output", "bench_results/bench.json", "bench: where to write the JSON results; "
@@ -132,9 +140,22 @@ def _train(args: Sequence[str]) -> int:
     if args:
         raise invalid_argument("args", list(args), "no positional arguments for `tfdist train`",
                                note="Options are flags, e.g. --epochs=5.")
+    if FLAGS.engine not in ENGINES:
+        raise invalid_argument("engine", FLAGS.engine, ENGINES)
     from tfdist.launch import train
 
-    summary = train.run(_train_config())
+    if FLAGS.engine == "ray":
+        if FLAGS.strategy != "multi_worker" and FLAGS["strategy"].present:
+            raise invalid_argument("strategy", FLAGS.strategy, "multi_worker with --engine=ray",
+                                   note="Ray Train runs all-worker groups (MultiWorkerMirroredStrategy).")
+        from tfdist.launch.ray_engine import ray_launcher
+
+        num_workers = FLAGS.num_workers or 2
+        FLAGS.strategy, FLAGS.num_workers = "multi_worker", None  # each Ray worker is one multi_worker task
+        summary = ray_launcher(train.run, _train_config(), num_workers=num_workers,
+                               cpus_per_worker=FLAGS.cpus_per_worker, max_failures=FLAGS.max_restarts)
+    else:
+        summary = train.run(_train_config())
     if summary["is_chief"]:
         print(f"final val_accuracy={summary['val_accuracy']:.4f} val_loss={summary['val_loss']:.4f} "
               f"replicas={summary['num_replicas']} train_seconds={summary['seconds']:.1f}")

@@ -1,0 +1,125 @@
+"""The Ray side of tests/ray: one driver process, one local Ray cluster, scenarios on request.
+
+    unshare -n sh -c 'ip link set lo up && exec python -m tests.ray.driver NUM_CPUS'
+
+test_ray.py starts it in a private network namespace that holds only loopback,
+so Ray's ports, TF's gRPC ports and every packet of the tests stay inside it
+(Ray writes the node's address into TF_CONFIG; inside the namespace that is
+127.0.0.1). It reads one JSON request per line, ``{"scenario": NAME, "args": [...]}``,
+and answers each with one line ``RESULT <json>``.
+"""
+import concurrent.futures
+import json
+import os
+import pickle
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+import ray
+
+from tests.ray import jobs
+
+
+def training():
+    from tfdist.launch.ray_engine import ray_fit
+
+    run = ray_fit(jobs.train_digits, 6, num_workers=2, storage_path=tempfile.mkdtemp(prefix="ray-results-"))
+    return {"outputs": run.outputs}
+
+
+def fault(out_dir):
+    from tfdist.launch.ray_engine import ray_fit
+
+    storage = tempfile.mkdtemp(prefix="ray-results-")
+    reference_dir, faulty_dir = os.path.join(out_dir, "reference"), os.path.join(out_dir, "faulty")
+    os.makedirs(reference_dir), os.makedirs(faulty_dir)
+    # The uninterrupted reference trains at the same time (the cluster has 4 CPUs): op determinism makes
+    # its weights independent of what else runs, and the two groups' start-up waits overlap.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(ray_fit, jobs.train_with_backups, reference_dir, -1, num_workers=2,
+                              storage_path=storage, name="ref")
+        start = time.time()
+        faulty = ray_fit(jobs.train_with_backups, faulty_dir, 21, num_workers=2, max_failures=1,
+                         storage_path=storage, name="faulty")
+        reference = pending.result()
+    chief = faulty.outputs[0]
+    killed_at = float(open(os.path.join(faulty_dir, "killed_at")).read())
+    same = all(all(np.array_equal(a, b) for a, b in zip(out["weights"], reference.outputs[0]["weights"]))
+               for out in faulty.outputs)
+    checkpoint = faulty.result.checkpoint
+    with checkpoint.as_directory() as d:
+        final_state = json.load(open(os.path.join(d, "state.json")))
+    return {"same_weights_as_uninterrupted": same, "attempts": [o["attempt"] for o in faulty.outputs],
+            "iterations": [o["iterations"] for o in faulty.outputs], "restored": chief["restored"],
+            "kill_to_resume_s": chief["restored_at"] - killed_at, "seconds": time.time() - start,
+            "metrics": faulty.result.metrics, "checkpoint_state": final_state, "error": repr(faulty.result.error)}
+
+
+def quickstart():
+    import ray.data
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    rng = np.random.default_rng(0)
+    xs = rng.uniform(size=256).astype("float32")
+    dataset = ray.data.from_items([{"x": float(x), "y": float(2 * x + 1)} for x in xs])
+    trainer = TensorflowTrainer(jobs.ray_quickstart, train_loop_config={"batch_size": 16, "epochs": 2},
+                                scaling_config=ScalingConfig(num_workers=2),
+                                run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="ray-results-")),
+                                datasets={"train": dataset})
+    result = trainer.fit()
+    return {"metrics": result.metrics, "has_checkpoint": result.checkpoint is not None, "error": repr(result.error)}
+
+
+def ray_data_trainer():
+    import ray.data
+    from sklearn.datasets import load_digits
+    from tfdist.launch.ray_engine import ray_fit
+
+    digits = load_digits()
+    dataset = ray.data.from_items([{"x": (x / 16.0).astype("float32"), "y": int(y)}
+                                   for x, y in zip(digits.data, digits.target)])
+    run = ray_fit(jobs.trainer_on_ray_data, 3, num_workers=2, datasets={"train": dataset},
+                  storage_path=tempfile.mkdtemp(prefix="ray-results-"))
+    return {"outputs": run.outputs}
+
+
+def too_many_workers():
+    from tfdist.launch.ray_engine import ray_launcher
+
+    start = time.time()
+    try:
+        ray_launcher(jobs.train_digits, 1, num_workers=64)
+    except ValueError as e:
+        return {"error": str(e), "seconds": time.time() - start}
+    return {"error": None}
+
+
+def cli(args):
+    import subprocess
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    proc = subprocess.run([sys.executable, "-m", "tfdist", "train", *args], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    return {"returncode": proc.returncode, "output": proc.stdout[-5000:]}
+
+
+def main():
+    ray.init(num_cpus=int(sys.argv[1]), include_dashboard=False, log_to_driver=True)
+    print("READY", flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            answer = {"ok": globals()[request["scenario"]](*request.get("args", []))}
+        except Exception:  # the test shows it
+            answer = {"error": traceback.format_exc()}
+        sys.stdout.write("RESULT " + json.dumps(answer, default=repr) + "\n")
+        sys.stdout.flush()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Ray Train as tfdist's engine, on a local Ray cluster that the tests start in a loopback-only namespace.
+
+    .venv/bin/python -m pytest tests/ray -q
+
+One driver process (tests/ray/driver.py) runs ``ray.init(num_cpus=4,
+include_dashboard=False)`` once for the whole module, inside a private network
+namespace that has only ``lo`` (``unshare -n``): Ray's ports, TF's gRPC ports
+and every packet these tests send stay there. Ray writes the node's address
+into TF_CONFIG; inside the namespace that address is 127.0.0.1, which the
+tests check. Each test asks the driver to run one scenario.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tests.helpers import REPO, run_tfdist
+
+pytestmark = [pytest.mark.ray]
+NUM_CPUS = 4
+
+
+def _have_ray():
+    try:
+        import ray  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+class Driver:
+    def __init__(self):
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO, "RAY_DEDUP_LOGS": "1"}
+        env.pop("TF_CONFIG", None)
+        env.pop("RAY_ADDRESS", None)
+        self.proc = subprocess.Popen(
+            ["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {sys.executable} -m tests.ray.driver {NUM_CPUS}"],
+            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.log = []
+        self._line("READY", timeout=180)
+
+    def _line(self, prefix, timeout):
+        timer = threading.Timer(timeout, self.proc.kill)
+        timer.start()
+        try:
+            for line in self.proc.stdout:
+                self.log.append(line)
+                if line.startswith(prefix):
+                    return line[len(prefix):].strip()
+        finally:
+            timer.cancel()
+        raise AssertionError(f"the Ray driver stopped before {prefix}:\n" + "".join(self.log[-80:]))
+
+    def ask(self, scenario, *args, timeout=400):
+        start = len(self.log)
+        self.proc.stdin.write(json.dumps({"scenario": scenario, "args": list(args)}) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self._line("RESULT ", timeout))
+        assert "ok" in answer, answer["error"] + "\n" + "".join(self.log[start:][-60:])
+        return answer["ok"]
+
+    def close(self):
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def driver():
+    if not _have_ray():
+        pytest.skip("Ray is not installed (pip install -e '.[test]' installs it)")
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"]).returncode != 0:
+        pytest.skip("needs `unshare -n` (Linux, root) to keep Ray's traffic inside a loopback-only namespace")
+    d = Driver()
+    yield d
+    d.close()
+
+
+@pytest.mark.multiprocess
+def test_two_workers_train_digits_with_identical_weights(driver):
+    outputs = driver.ask("training")["outputs"]
+    print("val_accuracy per worker:", [o["val_accuracy"] for o in outputs])
+    assert [o["tf_config"]["task"]["index"] for o in outputs] == [0, 1]
+    for o in outputs:
+        assert o["replicas"] == 2
+        assert o["val_accuracy"] >= 0.95
+        assert o["intra_op_threads"] == 1  # one CPU per worker (Ray's default resources)
+        assert all(w.startswith("127.0.0.1:") for w in o["tf_config"]["cluster"]["worker"])
+    assert outputs[0]["digest"] == outputs[1]["digest"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.fault
+def test_killed_worker_resumes_from_rays_checkpoint_bitwise(driver, tmp_path):
+    # rank 1 os._exit's after global batch 21 (22 updates; 16 per epoch, a backup every 2). Each attempt has
+    # a fresh backup_dir, so the resume can only come from ray.train.get_checkpoint().
+    out = driver.ask("fault", str(tmp_path))
+    print("fault scenario:", json.dumps(out))
+    assert out["attempts"] == [2, 2] and out["iterations"] == [32, 32]
+    assert out["restored"] is not None and 16 <= out["restored"]["updates"] <= 22
+    assert out["restored"]["updates"] % 2 == 0
+    assert out["same_weights_as_uninterrupted"]
+    assert out["metrics"]["updates"] == 32 and out["metrics"]["epoch"] == 2 and "loss" in out["metrics"]
+    assert out["checkpoint_state"]["updates"] == 32  # Result.checkpoint is the final backup
+
+
+@pytest.mark.multiprocess
+def test_rays_tensorflow_quickstart_flow_with_tfdist_imported(driver):
+    out = driver.ask("quickstart")
+    assert out["error"] == "None"
+    assert out["has_checkpoint"] and "loss" in out["metrics"]
+
+
+@pytest.mark.multiprocess
+def test_ray_data_shards_feed_the_trainer(driver):
+    outputs = driver.ask("ray_data_trainer")["outputs"]
+    assert outputs[0]["digest"] == outputs[1]["digest"]
+    assert outputs[0]["accuracy"] > 0.5
+
+
+@pytest.mark.multiprocess
+def test_cli_engine_ray(driver):
+    out = driver.ask("cli", ["--engine=ray", "--num_workers=2", "--model=mlp", "--epochs=2", "--verbose=0"])
+    assert out["returncode"] == 0, out["output"]
+    assert "replicas=2" in out["output"] and "final val_accuracy=" in out["output"]
+
+
+@pytest.mark.multiprocess
+def test_more_workers_than_cpus_fails_before_waiting(driver):
+    out = driver.ask("too_many_workers")
+    assert out["error"].startswith("Invalid value for argument `num_workers`. Received: num_workers=64. "
+                                   f"Expected at most {NUM_CPUS} (the Ray cluster has {NUM_CPUS} CPUs")
+    assert "wait for the missing resources forever" in out["error"]
+
+
+def test_ray_not_installed_says_how_to_install():
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from tfdist.launch import ray_launcher\n"
+            "try:\n    ray_launcher(print, num_workers=2)\n"
+            "except ImportError as e:\n    print('ERROR', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert "ERROR Ray is not installed. Install it with: pip install 'tfdist[ray]'" in proc.stdout, proc.stdout
+
+
+def test_unknown_engine_is_rejected():
+    proc = run_tfdist("train", "--engine=rya", timeout=120)
+    assert proc.returncode == 2
+    assert ("tfdist train: error: Invalid value for argument `engine`. Received: engine='rya'. "
+            "Expected one of: local, ray.") in proc.stdout
+
+
+def test_importing_tfdist_launch_imports_no_ray():
+    code = "import sys, tfdist.launch; tfdist.launch.notebook_launcher; print('ray' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+                          stdout=subprocess.PIPE, text=True, timeout=60)
+    assert proc.stdout.strip() == "False"
