@@ -21,7 +21,7 @@ train: $(STAMP)
 # Runs every test, the slow multi-process ones included. pytest's exit code 5
 # ("no tests collected") counts as a failure here: the suite must run tests.
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadscope $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not multiprocess and not fault and not notebook" $(PYTEST_ARGS)
