@@ -63,11 +63,7 @@ def run(**overrides: Any) -> dict[str, Any]:
     """
     import portpicker
 
-    quick = overrides.pop("quick", False)
-    unknown = set(overrides) - set(DEFAULTS)
-    if unknown:
-        raise invalid_argument("option", sorted(unknown)[0], sorted(DEFAULTS))
-    options = {**DEFAULTS, **(QUICK if quick else {}), **overrides}
+    options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
     workers = options["workers"]
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 2:
         raise invalid_argument("allreduce_workers", workers, "an integer >= 2")

@@ -22,6 +22,7 @@ import time
 from typing import Any, Mapping
 
 from tfdist.bench import timing
+from tfdist.config import invalid_argument
 
 logger = logging.getLogger(__name__)
 
@@ -116,3 +117,17 @@ def machine() -> dict[str, Any]:
         load = None
     return {"cpu": info, "cpu_count": os.cpu_count(), "cores_usable": cores(), "loadavg": load,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def merge_options(defaults: Mapping[str, Any], quick_overrides: Mapping[str, Any],
+                  overrides: dict[str, Any]) -> dict[str, Any]:
+    """A multi-process benchmark's options: defaults, then ``--quick``'s, then the caller's.
+
+    Raises:
+        ValueError: For an option the benchmark does not take (Keras-style, naming it).
+    """
+    quick = overrides.pop("quick", False)
+    unknown = set(overrides) - set(defaults)
+    if unknown:
+        raise invalid_argument("option", sorted(unknown)[0], sorted(defaults))
+    return {**defaults, **(quick_overrides if quick else {}), **overrides}

@@ -71,11 +71,7 @@ def run(**overrides: Any) -> dict[str, Any]:
         ValueError: For a bad option (Keras-style message naming it).
         RuntimeError: If a worker process failed.
     """
-    quick = overrides.pop("quick", False)
-    unknown = set(overrides) - set(DEFAULTS)
-    if unknown:
-        raise invalid_argument("option", sorted(unknown)[0], sorted(DEFAULTS))
-    options = {**DEFAULTS, **(QUICK if quick else {}), **overrides}
+    options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
     if options["workers"] is None:  # 1, 2, then 4, 8, ... while every worker can have a core of its own
         counts, n = [1, 2], 4
         while n <= cluster_run.cores():
