@@ -32,6 +32,18 @@ logger = logging.getLogger(__name__)
 
 VALID_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 _TASK_EXAMPLE = "a dict like {'type': 'worker', 'index': 0}"
+def task_label(task_type: str, task_id: int) -> str:
+    """The one way tfdist names a task in logs and temporary paths: ``"worker:1"``."""
+    return f"{task_type}:{task_id}"
+
+
+def is_chief_task(task_type: str | None, task_id: int, *, cluster_has_chief: bool) -> bool:
+    """True for the chief, or for worker 0 of a cluster without a chief (TF's rule)."""
+    if task_type == "chief":
+        return True
+    return task_type == "worker" and int(task_id) == 0 and not cluster_has_chief
+
+
 class _Missing:
     """Stands in for a key that is absent, so the error reads ``name=<missing>``."""
 
@@ -61,9 +73,7 @@ class ClusterInfo:
     @property
     def is_chief(self) -> bool:
         """True for the chief, or for worker 0 when the cluster has no chief."""
-        if self.task_type == "chief":
-            return True
-        return self.task_type == "worker" and self.task_id == 0 and not self.cluster.get("chief")
+        return is_chief_task(self.task_type, self.task_id, cluster_has_chief=bool(self.cluster.get("chief")))
 
     @property
     def num_workers(self) -> int:

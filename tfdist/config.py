@@ -54,6 +54,19 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> in
     return value
 
 
+def check_non_negative_int(name: str, value: Any, *, allow_none: bool = False,
+                           expected: str = "a non-negative integer") -> int | None:
+    """Returns ``value`` if it is an int >= 0 (or None when allowed), else raises.
+
+    ``expected`` words the error's "Expected ..." part, e.g. to name the unit.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid_argument(name, value, expected + (" or None" if allow_none else ""))
+    return value
+
+
 def check_fraction(name: str, value: Any) -> float:
     """Returns ``value`` if it is a number in [0, 1) (a rate such as dropout), else raises."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
