@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast bench clean
+.PHONY: install train test test-fast lint format bench clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,15 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not multiprocess and not fault and not notebook" $(PYTEST_ARGS)
+
+# Ruff (ruff.toml): formatting and lint, line length 100. `make format` rewrites in place.
+lint: $(STAMP)
+	$(PY) -m ruff format --check --diff tfdist tests
+	$(PY) -m ruff check tfdist tests
+
+format: $(STAMP)
+	$(PY) -m ruff format tfdist tests
+	$(PY) -m ruff check --fix tfdist tests
 
 bench: $(STAMP)
 	$(PY) -m tfdist bench

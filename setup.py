@@ -22,7 +22,7 @@ setup(
     ],
     extras_require={
         "ray": ["ray[train]>=2.60,<3"],
-        "test": ["ray[train]>=2.60,<3", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "pyyaml>=6", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
+        "test": ["ray[train]>=2.60,<3", "ruff>=0.6", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "pyyaml>=6", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
         "notebooks": ["jupyter", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]==2.21.*"],
     },
