@@ -165,6 +165,57 @@ def test_job_step_without_the_variables_tfdist_needs(missing):
         from_environment(env)
 
 
+def test_environments_detect_in_order():
+    """One interface: TF_CONFIG first (Kubernetes and `tfdist launch` set it), then Slurm."""
+    assert [type(e) for e in cluster_lib.ENVIRONMENTS] == [cluster_lib.TFConfigEnvironment,
+                                                         cluster_lib.SlurmEnvironment]
+    assert all(isinstance(e, cluster_lib.ClusterEnvironment) for e in cluster_lib.ENVIRONMENTS)
+    tf_env, slurm_env = cluster_lib.ENVIRONMENTS
+    step = dict(SLURM, SLURM_STEP_ID="0")
+    detected = [tf_env.detect(env) for env in ({}, {"TF_CONFIG": " "}, {"TF_CONFIG": "{}"})]
+    assert detected == [False, False, True]
+    assert slurm_env.detect(step) and not slurm_env.detect({})
+    assert not slurm_env.detect({"SLURM_JOB_ID": "1", "SLURM_PROCID": "0"})  # 1-task batch script.
+    with pytest.raises(ValueError, match=r"`SLURM_STEP_ID`. Received: SLURM_STEP_ID=<missing>"):
+        slurm_env.detect(SLURM)  # 7 tasks, but this process is outside srun.
+    assert slurm_env.cluster_info(step) == from_slurm(step)
+    raw = tf_config(index=1)
+    assert tf_env.cluster_info({"TF_CONFIG": raw}) == parse_tf_config(raw)
+    with pytest.raises(ValueError, match=r"`TF_CONFIG`. Received: TF_CONFIG=<missing>"):
+        tf_env.cluster_info({})
+
+
+def test_from_slurm_matches_tf_slurm_cluster_resolver(monkeypatch):
+    """Where TF's SlurmClusterResolver applies (sorted hosts, GPUs given), it builds our cluster.
+
+    tfdist does not use it (see tfdist/cluster/slurm.py): it imports TF and sorts host names,
+    so for `gpu[8-10]` the two differ, as the last assertion shows.
+    """
+    import tensorflow as tf
+
+    resolver_class = tf.distribute.cluster_resolver.SlurmClusterResolver
+    env = {"SLURM_JOB_ID": "3", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
+           "SLURM_STEP_NUM_TASKS": "5", "SLURM_STEP_NODELIST": "node[01-02],node07",
+           "SLURM_STEP_TASKS_PER_NODE": "2(x2),1"}
+
+    def resolve(environ, **kwargs):
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
+        resolver = resolver_class(port_base=cluster_lib.slurm_port_base(3), gpus_per_node=2,
+                                  gpus_per_task=1, auto_set_gpu=False, **kwargs)
+        return resolver.cluster_spec().as_dict(), resolver.get_task_info()
+
+    ours = from_environment(env)
+    assert resolve(env) == (ours.cluster, (ours.task_type, ours.task_id))
+    roles = dict(env, TFDIST_SLURM_ROLES="chief:1,ps:1,worker:3")
+    ours = from_environment(roles)
+    assert resolve(roles, jobs={"chief": 1, "ps": 1, "worker": 3}) == (
+        ours.cluster, (ours.task_type, ours.task_id))
+    unpadded = dict(env, SLURM_STEP_NODELIST="gpu[8-10]", SLURM_STEP_TASKS_PER_NODE="2,2,1")
+    assert from_environment(unpadded).cluster["worker"][0].startswith("gpu8:")
+    assert resolve(unpadded)[0]["worker"][0].startswith("gpu10:")  # TF's sorted() order.
+
+
 def test_from_slurm_assigns_tasks_to_nodes_in_order():
     info = from_slurm(SLURM, port_base=9000)
     assert info.cluster == {"worker": ["node01:9000", "node01:9001", "node02:9000", "node02:9001",

@@ -13,7 +13,7 @@ library is needed.
 
 How each task learns its place in the cluster:
 
-* Slurm: ``srun`` sets SLURM_* variables and :func:`tfdist.slurm_cluster.from_slurm`
+* Slurm: ``srun`` sets SLURM_* variables and :func:`tfdist.cluster.from_slurm`
   turns them into a cluster (what ``make_strategy`` reads): task SLURM_PROCID
   is worker SLURM_PROCID, or takes its role by rank from TFDIST_SLURM_ROLES
   (chief, then ps, then workers), and the k-th task on a node listens on port
@@ -30,7 +30,7 @@ import re
 import shlex
 from typing import Any, Literal, Mapping, Sequence
 
-from tfdist.slurm_cluster import SLURM_PORT_BASE, SLURM_PORT_BLOCKS, SLURM_PORTS_PER_JOB
+from tfdist.cluster import SLURM_PORT_BASE, SLURM_PORT_BLOCKS, SLURM_PORTS_PER_JOB
 from tfdist.config import PREEMPTED_EXIT_CODE, check_positive_int, invalid_argument
 
 MANIFEST_KINDS = ("kubernetes", "slurm")
@@ -49,7 +49,7 @@ def slurm_script(command: Sequence[str], *, nnodes: int = 1, workers: int | None
     """Returns an sbatch script that runs ``command`` once per Slurm task.
 
     ``srun`` starts the tasks; each builds its cluster from the SLURM_*
-    variables (:func:`tfdist.slurm_cluster.from_slurm`). Without ``chief``/``ps``
+    variables (:func:`tfdist.cluster.from_slurm`). Without ``chief``/``ps``
     every task is a MultiWorkerMirrored worker (rank 0 is the chief). With
     them, the script exports ``TFDIST_SLURM_ROLES`` and ranks take roles in
     order: the chief, then the ps, then the workers; the job ends when the
@@ -129,7 +129,7 @@ def slurm_script(command: Sequence[str], *, nnodes: int = 1, workers: int | None
         "#",
         "# Written by `tfdist manifest slurm`; submit with `sbatch FILE`.",
         f"# {nnodes} node(s) x {per_node} task(s). Each task builds the cluster from the SLURM_* variables",
-        "# (tfdist.slurm_cluster.from_slurm, read by tfdist.make_strategy): one node talks over 127.0.0.1;",
+        "# (tfdist.cluster.from_slurm, read by tfdist.make_strategy): one node talks over 127.0.0.1;",
         f"# the k-th task on a node listens on port {SLURM_PORT_BASE} + {SLURM_PORTS_PER_JOB} * (job id % "
         f"{SLURM_PORT_BLOCKS}) + k.",
         f"# Roles by rank: {roles}." if roles else "# Every task is a worker; rank 0 is the chief.",
