@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import tfdist
 from tests.helpers import Crash
-from tfdist.training import backup as backup_lib
+from tfdist.training import backup_files
 from tfdist.training.backup import PROBE_PREFIX, Backup, Position, restore_on_every_worker
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -95,7 +95,7 @@ def test_keep_backups_error():
 def test_the_commit_fsyncs_before_the_rename(tmp_path, monkeypatch):
     events = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(backup_lib, "_fsync", lambda path: events.append(("fsync", os.path.basename(path))))
+    monkeypatch.setattr(backup_files, "fsync", lambda path: events.append(("fsync", os.path.basename(path))))
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", "tmp")), real_fsync(fd))[1])
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", os.path.basename(b))),
                                                      real_replace(a, b))[1])
@@ -120,6 +120,28 @@ def test_backup_dir_may_be_any_gfile_path():
     for a, b in zip(reference.model.get_weights(), resumed.model.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert not tf.io.gfile.exists(backup_dir)
+
+
+def test_the_position_is_in_the_checkpoint(tmp_path):
+    variable = tf.Variable(1.0)
+    Backup(str(tmp_path), tf.train.Checkpoint(v=variable), is_chief=True).save(Position(2, 3, 40))
+    assert "position/.ATTRIBUTES/py_state" in dict(tf.train.list_variables(str(tmp_path / "ckpt-1")))
+    # state.json's copy is for readers that do not open checkpoints; the restore reads the checkpoint's.
+    state = json.loads((tmp_path / "state.json").read_text())
+    (tmp_path / "state.json").write_text(json.dumps({**state, "epoch": 9, "step": 9, "updates": 99}))
+    variable.assign(0.0)
+    assert Backup(str(tmp_path), tf.train.Checkpoint(v=variable), is_chief=True).restore() == Position(2, 3, 40)
+    assert float(variable.numpy()) == 1.0
+
+
+def test_a_backup_with_its_position_in_state_json_only_still_restores(tmp_path):
+    variable = tf.Variable(4.0)
+    tf.train.Checkpoint(v=variable).write(str(tmp_path / "ckpt-1"))  # the format before the position moved in
+    (tmp_path / "state.json").write_text(json.dumps(
+        {"number": 1, "checkpoint": "ckpt-1", "epoch": 1, "step": 2, "updates": 7, "kept": []}))
+    variable.assign(0.0)
+    assert Backup(str(tmp_path), tf.train.Checkpoint(v=variable), is_chief=True).restore() == Position(1, 2, 7)
+    assert float(variable.numpy()) == 4.0
 
 
 class FakeSync:

@@ -1,34 +1,19 @@
 """Step-exact, atomic backups: the state a restarted run needs to resume at the same update.
 
 A backup is a ``tf.train.Checkpoint`` of the model, the optimizer (its slots,
-``iterations`` and, under fp16, the loss scale) and tfdist's own counters,
-plus ``state.json``: which checkpoint is current and where training stood
-(epoch, micro-batches done in it, optimizer updates).
+``iterations`` and, under fp16, the loss scale), tfdist's own counters and the
+:class:`Position` (epoch, micro-batches done in it, optimizer updates), so the
+weights and the position are written, and committed, together. A save counts
+once ``state.json`` is renamed to name it, so a process killed at any moment
+leaves the previous backup loadable; :mod:`tfdist.training.backup_files`
+describes the files and which filesystems make that commit atomic and durable.
 
-Writes are atomic: the checkpoint files of save ``N`` are written first, and
-only then does ``state.json`` move to point at them (write to a temporary
-file, then rename). A process killed at any moment leaves the previous backup
-loadable. Only the chief writes ``backup_dir``; other workers take part in the
-save (it may read variables through collectives) into a private temporary
-directory that is removed straight away.
-
-``backup_dir`` may be any ``tf.io.gfile`` path. How safe the commit is depends
-on the filesystem:
-
-* local POSIX filesystems: the checkpoint files and the new ``state.json`` are
-  fsynced, then renamed, then the directory is fsynced, so the commit is atomic
-  and survives a power loss as well as a kill;
-* HDFS: the rename is atomic, but there is no fsync;
-* object stores (``gs://``, ``s3://``): a "rename" is a copy and a delete. One
-  object is replaced whole, so a reader sees the old or the new ``state.json``,
-  never a torn one; a kill between the copy and the delete leaves a
-  ``state.json.tmp-*`` that is ignored and removed by the next cleanup;
-* NFS and other network filesystems: the rename is atomic on the server, but
-  other clients may read a cached ``state.json`` for a while.
-
-Every worker of a multi-worker run reads the backup, so ``backup_dir`` must be
-storage they all share; :meth:`Backup.restore` checks this and makes every
-worker resume at the chief's position.
+Only the chief writes ``backup_dir``; other workers take part in the save (it
+may read variables through collectives) into a private temporary directory
+that is removed straight away. Every worker of a multi-worker run reads the
+backup, so ``backup_dir`` must be storage they all share;
+:meth:`Backup.restore` checks this and makes every worker resume at the
+chief's checkpoint.
 
 Security: restoring reads the weight files in ``backup_dir``; point it only at
 a directory you trust.
@@ -39,29 +24,36 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import secrets
 import signal
 import tempfile
 from typing import Any, Protocol, Sequence
 
+import keras
 import tensorflow as tf
+
+from tfdist.training import backup_files
+from tfdist.training.backup_files import PROBE_PREFIX, STATE_FILE, TMP_SUFFIX, checkpoint_name
+
+__all__ = ["Backup", "Position", "Sync", "check_frequency", "checkpoint_for",
+           "restore_on_every_worker", "PROBE_PREFIX", "STATE_FILE", "TMP_SUFFIX"]
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "state.json"
-TMP_SUFFIX = ".tmp-"  # state.json.tmp-PID: a commit in progress (or killed)
-PROBE_PREFIX = ".tfdist-probe-"  # written by the chief at restore, to check that backup_dir is shared
-_TEST_HOOK = "TFDIST_BACKUP_TEST_HOOK"  # "kill_before_commit:N" SIGKILLs the N-th save before its commit
+# "kill_before_commit:N" SIGKILLs the N-th save between its write and its commit.
+_TEST_HOOK = "TFDIST_BACKUP_TEST_HOOK"
 
 
 def check_frequency(name: str, value: Any, unit: str) -> Any:
     """Validates a backup frequency: ``"epoch"`` or a positive int of ``unit``."""
-    from tfdist.config import invalid_argument
+    from tfdist.config import check_non_negative_int, invalid_argument
 
-    if value == "epoch" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+    if value == "epoch":
         return value
-    raise invalid_argument(name, value, f"'epoch' or a positive number of {unit}")
+    expected = f"'epoch' or a positive number of {unit}"
+    if check_non_negative_int(name, value, expected=expected) == 0:
+        raise invalid_argument(name, value, expected)
+    return value
 
 
 def checkpoint_for(model: Any, optimizer: Any, **extra: Any) -> tf.train.Checkpoint:
@@ -73,10 +65,12 @@ def checkpoint_for(model: Any, optimizer: Any, **extra: Any) -> tf.train.Checkpo
     Keras objects themselves do not.
     """
     def tf_variables(variables):
-        return [getattr(v, "_value", v) for v in variables]
+        # keras.Variable.value is the backing TF variable (Mirrored, Sharded,
+        # ...) outside an autocast scope, which is where checkpoints are made.
+        return [v.value if isinstance(v, keras.Variable) else v for v in variables]
 
-    return tf.train.Checkpoint(model=tf_variables(model.variables), optimizer=tf_variables(optimizer.variables),
-                               **extra)
+    return tf.train.Checkpoint(model=tf_variables(model.variables),
+                               optimizer=tf_variables(optimizer.variables), **extra)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +88,22 @@ class Position:
     updates: int
 
 
+class _PositionState(tf.train.experimental.PythonState):
+    """The position as a string tensor of the checkpoint, saved and read with the weights.
+
+    Not a ``tf.Variable``: one made in a strategy's scope would be mirrored or put on a ps.
+    """
+
+    def __init__(self) -> None:
+        self.position: Position | None = None
+
+    def serialize(self) -> str:
+        return json.dumps(dataclasses.asdict(self.position))
+
+    def deserialize(self, string_value: bytes) -> None:
+        self.position = Position(**json.loads(string_value))
+
+
 class Sync(Protocol):
     """What :meth:`Backup.restore` needs from a runner to make workers agree."""
 
@@ -102,78 +112,53 @@ class Sync(Protocol):
     def agree(self, flag: bool) -> bool: ...
 
 
-def _is_local(path: str) -> bool:
-    return not re.match(r"^[A-Za-z][\w+.-]*://", path) or path.startswith("file://")
-
-
-def _fsync(path: str) -> None:
-    """Flushes a local file or directory to disk (a directory: its entries, e.g. a rename)."""
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_CKPT_RE = re.compile(r"^ckpt-(\d+)(?:[._]|$)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp (a killed write)
-
-
 class Backup:
     """Saves and restores one run's backups in ``backup_dir``.
 
     Args:
         backup_dir: The directory (local or any ``tf.io.gfile`` filesystem).
-        checkpoint: What to save, e.g. ``tf.train.Checkpoint(model=..., optimizer=...)``.
+        checkpoint: What to save, e.g. ``tf.train.Checkpoint(model=..., optimizer=...)``
+            (None to only :meth:`read_state`).
         is_chief: Whether this process writes ``backup_dir``.
         task_label: ``task_type:task_id`` for temporary names and logs.
         keep_backups: How many of the newest backups ``backup_dir`` holds; the
             older ones are deleted once a newer one is committed.
     """
 
-    def __init__(self, backup_dir: str, checkpoint: tf.train.Checkpoint, *, is_chief: bool,
-                 task_label: str = "chief:0", keep_backups: int = 1) -> None:
+    def __init__(self, backup_dir: str, checkpoint: tf.train.Checkpoint | None, *, is_chief: bool,
+                 task_label: str | None = None, keep_backups: int = 1) -> None:
+        from tfdist.cluster import task_label as label
+        from tfdist.config import check_positive_int
+
         self.backup_dir = backup_dir
         self.checkpoint = checkpoint
         self.is_chief = is_chief
-        self.task_label = task_label
-        self.keep_backups = keep_backups
+        self.task_label = task_label or label("chief", 0)
+        self.keep_backups = check_positive_int("keep_backups", keep_backups)
+        self._position = _PositionState()
+        # What is written: the caller's checkpoint and the position, one set of files
+        # (None: a Backup made only to read state.json).
+        self._root = None if checkpoint is None else tf.train.Checkpoint(objects=checkpoint,
+                                                                         position=self._position)
         self._saves = 0
 
-    def _state_path(self) -> str:
-        return os.path.join(self.backup_dir, STATE_FILE)
-
     def read_state(self) -> dict[str, Any] | None:
-        """The committed state, or None when there is no backup yet.
+        """The committed ``state.json``, or None when there is no backup yet.
 
         Raises:
             ValueError: If ``state.json`` is not a backup's state (e.g. another tool's file).
         """
-        from tfdist.config import invalid_argument
-
-        path = self._state_path()
-        if not tf.io.gfile.exists(path):
-            return None
-        with tf.io.gfile.GFile(path) as f:
-            try:
-                state = json.load(f)
-            except ValueError as e:
-                state = str(e)
-        keys = ("number", "checkpoint", "epoch", "step", "updates")
-        if not isinstance(state, dict) or not all(k in state for k in keys):
-            raise invalid_argument("backup_dir", self.backup_dir, "a directory holding a tfdist backup, or none",
-                                   note=f"Its {STATE_FILE} is not a backup's state ({state!r:.80}); "
-                                        "remove it to start afresh.")
-        return state
+        return backup_files.read_state(self.backup_dir)
 
     def restore(self, sync: Sync | None = None) -> Position | None:
         """Loads the last committed backup into the tracked objects; every worker calls it.
 
         With ``sync`` (the runner), the chief's backup wins: every worker
-        restores the checkpoint and position the chief read. The chief leaves a
-        probe file that every other worker must see in its ``backup_dir``; if
-        one does not (``backup_dir`` is not shared storage) or lacks the
-        chief's checkpoint, every worker raises the same error instead of
-        training from different states or hanging.
+        restores the checkpoint the chief read. The chief leaves a probe file
+        that every other worker must see in its ``backup_dir``; if one does not
+        (``backup_dir`` is not shared storage) or lacks the chief's checkpoint,
+        every worker raises the same error instead of training from different
+        states or hanging.
 
         Returns:
             Where to resume, or None when ``backup_dir`` holds no backup.
@@ -191,8 +176,11 @@ class Backup:
             with tf.io.gfile.GFile(os.path.join(self.backup_dir, probe), "w") as f:
                 f.write(self.task_label)
         try:
-            fields = [int(probe[len(PROBE_PREFIX):] or 0)] + (
-                [state["number"], state["epoch"], state["step"], state["updates"]] if state else [0, 0, 0, 0])
+            # The position travels too: a backup of a tfdist that kept it in
+            # state.json only has none in its checkpoint (see _load).
+            keys = ("number", "epoch", "step", "updates")
+            chief_read = [state[k] for k in keys] if state else [0] * len(keys)
+            fields = [int(probe[len(PROBE_PREFIX):] or 0)] + chief_read
             nonce, number, epoch, step, updates = sync.broadcast(fields)
             problem = None if self.is_chief else self._mismatch(nonce, number)
             if sync.agree(problem is not None):
@@ -202,37 +190,46 @@ class Backup:
                 tf.io.gfile.remove(os.path.join(self.backup_dir, probe))
         if number == 0:
             if state is not None:
-                logger.warning("%s sees a backup in %s but the chief does not: starting afresh as the chief does.",
-                               self.task_label, self.backup_dir)
+                logger.warning("%s sees a backup in %s but the chief does not: starting afresh as "
+                               "the chief does.", self.task_label, self.backup_dir)
             return None
-        chief_state = {"checkpoint": f"ckpt-{number}", "epoch": epoch, "step": step, "updates": updates}
+        chief_state = {"checkpoint": checkpoint_name(number), "epoch": epoch, "step": step,
+                       "updates": updates}
         return self._load(chief_state)
 
     def _mismatch(self, nonce: int, number: int) -> str | None:
         """Why this worker cannot use the chief's backup, or None."""
         if not tf.io.gfile.exists(os.path.join(self.backup_dir, f"{PROBE_PREFIX}{nonce}")):
             return f"{self.task_label} does not see the file the chief has just written there"
-        if number and not tf.io.gfile.exists(os.path.join(self.backup_dir, f"ckpt-{number}.index")):
-            return f"{self.task_label} does not see the chief's checkpoint ckpt-{number} there"
+        name = checkpoint_name(number)
+        if number and not tf.io.gfile.exists(os.path.join(self.backup_dir, f"{name}.index")):
+            return f"{self.task_label} does not see the chief's checkpoint {name} there"
         return None
 
     def _not_shared_error(self, number: int, problem: str | None) -> ValueError:
         from tfdist.config import invalid_argument
 
-        what = f"checkpoint ckpt-{number}" if number else "no backup (a fresh start)"
+        what = f"checkpoint {checkpoint_name(number)}" if number else "no backup (a fresh start)"
         seen = problem or "another worker does not see the chief's files there (see its error)"
         return invalid_argument(
             "backup_dir", self.backup_dir, "a directory on storage that every worker shares",
-            note=f"The chief found {what}, but {seen}. Every worker restores the chief's backup, so "
-                 "backup_dir must be the same shared filesystem or bucket (NFS, GCS, HDFS, ...) on every "
-                 "worker, not a local disk of each machine.")
+            note=f"The chief found {what}, but {seen}. Every worker restores the chief's backup, "
+                 "so backup_dir must be the same shared filesystem or bucket (NFS, GCS, HDFS, ...) "
+                 "on every worker, not a local disk of each machine.")
 
     def _load(self, state: dict[str, Any] | None) -> Position | None:
         if state is None:
             return None
         prefix = os.path.join(self.backup_dir, state["checkpoint"])
-        self.checkpoint.read(prefix).assert_existing_objects_matched()
-        position = Position(state["epoch"], state["step"], state["updates"])
+        self._position.position = None
+        status = self._root.read(prefix)
+        if self._position.position is not None:
+            status.assert_existing_objects_matched()
+            position = self._position.position
+        else:  # written before the position moved into the checkpoint: state.json holds it
+            status.expect_partial()  # it matched nothing: its objects sit at the checkpoint's root
+            self.checkpoint.read(prefix).assert_existing_objects_matched()
+            position = Position(state["epoch"], state["step"], state["updates"])
         logger.info("Restored backup %s: resuming at epoch %d, micro-batch %d (%d updates done)",
                     prefix, position.epoch + 1, position.step, position.updates)
         return position
@@ -242,53 +239,26 @@ class Backup:
         self._saves += 1
         state = self.read_state() if self.is_chief else None
         number = (state["number"] + 1) if state else 1
-        name = f"ckpt-{number}"
+        name = checkpoint_name(number)
         target = self.backup_dir if self.is_chief else tempfile.mkdtemp(
             prefix=f"tfdist-backup-{self.task_label.replace(':', '-')}-")
         if self.is_chief:
             tf.io.gfile.makedirs(self.backup_dir)
+        self._position.position = position
         try:
-            self.checkpoint.write(os.path.join(target, name))
+            self._root.write(os.path.join(target, name))
             self._test_hook()
             if self.is_chief:
                 entry = {"checkpoint": name, **dataclasses.asdict(position)}
                 kept = ((state or {}).get("kept", []) + [entry])[-self.keep_backups:]
-                self._commit({"number": number, **entry, "kept": kept})
-                self._delete_other_checkpoints(keep=range(number - self.keep_backups + 1, number + 1))
+                backup_files.commit_state(self.backup_dir,
+                                          {"number": number, **entry, "kept": kept})
+                backup_files.delete_other_checkpoints(
+                    self.backup_dir, keep=range(number - self.keep_backups + 1, number + 1))
         finally:
             if not self.is_chief:
                 tf.io.gfile.rmtree(target)
         logger.debug("%s saved backup %s at %s", self.task_label, name, position)
-
-    def _commit(self, state: dict[str, Any]) -> None:
-        """Points ``state.json`` at a written checkpoint: the one step that makes a save count."""
-        path = self._state_path()
-        tmp = path + f"{TMP_SUFFIX}{os.getpid()}"
-        if not _is_local(self.backup_dir):
-            with tf.io.gfile.GFile(tmp, "w") as f:
-                json.dump(state, f)
-            tf.io.gfile.rename(tmp, path, overwrite=True)
-            return
-        local_dir = self.backup_dir[len("file://"):] if self.backup_dir.startswith("file://") else self.backup_dir
-        path, tmp = os.path.join(local_dir, STATE_FILE), os.path.join(local_dir, os.path.basename(tmp))
-        # The checkpoint's bytes must be on disk before state.json names it,
-        # else a power loss could leave a committed but torn checkpoint.
-        for name in tf.io.gfile.glob(os.path.join(local_dir, state["checkpoint"] + ".*")):
-            _fsync(name)
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync(local_dir)
-        os.replace(tmp, path)
-        _fsync(local_dir)  # makes the rename itself durable
-
-    def _delete_other_checkpoints(self, keep: range) -> None:
-        """Deletes checkpoint files and leftovers of killed writes whose number is not in ``keep``."""
-        for path in tf.io.gfile.glob(os.path.join(self.backup_dir, "ckpt-*")):
-            match = _CKPT_RE.match(os.path.basename(path))
-            if match and (int(match.group(1)) not in keep or path.rstrip("/").endswith("_temp")):
-                _delete(path)
 
     def remove(self) -> None:
         """Deletes the backup after a successful run (chief only).
@@ -296,14 +266,8 @@ class Backup:
         Removes every file tfdist put in ``backup_dir`` (leftovers of killed
         writes included), then the directory itself if nothing else is in it.
         """
-        if not (self.is_chief and tf.io.gfile.exists(self.backup_dir)):
-            return
-        patterns = ("ckpt-*", STATE_FILE, STATE_FILE + TMP_SUFFIX + "*", PROBE_PREFIX + "*")
-        for pattern in patterns:
-            for path in tf.io.gfile.glob(os.path.join(self.backup_dir, pattern)):
-                _delete(path)
-        if not tf.io.gfile.listdir(self.backup_dir):
-            tf.io.gfile.rmtree(self.backup_dir)
+        if self.is_chief:
+            backup_files.remove_backup_files(self.backup_dir)
 
     def _test_hook(self) -> None:
         spec = os.environ.get(_TEST_HOOK, "")
@@ -331,12 +295,6 @@ def restore_on_every_worker(backup: Backup | None, sync: Sync) -> Position | Non
             "backup_dir", backup.backup_dir if backup is not None else None,
             "the same shared backup_dir on every worker",
             note="Some workers were given a backup_dir and others none. Every worker restores the "
-                 "chief's backup (only the chief writes it), so pass the same backup_dir to every worker.")
+                 "chief's backup (only the chief writes it), so pass the same backup_dir to every "
+                 "worker.")
     return backup.restore(sync) if backup is not None else None
-
-
-def _delete(path: str) -> None:
-    if tf.io.gfile.isdir(path):
-        tf.io.gfile.rmtree(path)
-    else:
-        tf.io.gfile.remove(path)

@@ -11,11 +11,12 @@ import contextlib
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from typing import Iterator, Sequence
 
 import keras
+
+from tfdist._compat.keras_callbacks import calling_callback_list, set_initial_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ def chief_writes_only(callbacks: Sequence[keras.callbacks.Callback], *, is_chief
                 if isinstance(cb, cls) and getattr(cb, attr, None):
                     original = str(getattr(cb, attr))
                     saved.append((cb, attr, original))
+                    # The documented constructor argument, kept as a public attribute of a Keras
+                    # callback (not a TF object), and put back in the finally below.
                     setattr(cb, attr, os.path.join(tmp, os.path.basename(original.rstrip("/")) or "out"))
         yield
     finally:
@@ -87,6 +90,8 @@ class _ResumeSkip:
             self.skipped_last = False
             return self.original(iterator)
 
+        # ``train_function`` is the public attribute that ``fit`` calls (``make_train_function``
+        # sets it); ``undo`` puts it back.
         model.train_function = train_function
         if callback_list is not None:
             begin, end = callback_list.on_train_batch_begin, callback_list.on_train_batch_end
@@ -99,30 +104,13 @@ class _ResumeSkip:
                 if not self.skipped_last:
                     end(batch, logs)
 
+            # Instance attributes of this fit's own CallbackList (a Keras object that lives only
+            # as long as the fit call): the one place that reaches every callback.
             callback_list.on_train_batch_begin = on_train_batch_begin
             callback_list.on_train_batch_end = on_train_batch_end
 
     def undo(self) -> None:
         self.model.train_function = self.original
-
-
-def _calling_callback_list(callback: keras.callbacks.Callback) -> keras.callbacks.CallbackList | None:
-    """The ``CallbackList`` whose ``on_train_begin`` is calling ``callback``'s, if any.
-
-    Keras gives a callback no handle on its list; the caller's frame is the one
-    place it is found. None (callbacks then also see skipped calls) otherwise.
-    """
-    frame = sys._getframe(2)  # 0: here, 1: callback.on_train_begin, 2: its caller (or a subclass's)
-    for _ in range(4):
-        if frame is None:
-            break
-        caller = frame.f_locals.get("self")
-        if isinstance(caller, keras.callbacks.CallbackList) and any(c is callback for c in caller.callbacks):
-            return caller
-        frame = frame.f_back
-    logger.warning("BackupAndRestore was not called from a keras CallbackList: the batches skipped on "
-                   "resume will still reach the other callbacks.")
-    return None
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -178,7 +166,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         from tfdist.strategies.factory import runner_for
         from tfdist.training.backup import Backup, checkpoint_for
 
-        callback_list = _calling_callback_list(self)
+        callback_list = calling_callback_list(self)
+        if callback_list is None:
+            logger.warning("BackupAndRestore was not called from a keras CallbackList: the batches "
+                           "skipped on resume will still reach the other callbacks.")
         model = self.model
         strategy = model.distribute_strategy
         if model.optimizer is not None and not model.optimizer.built:
@@ -195,7 +186,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if runner.is_chief:  # the chief tells the user why an epoch starts again
             logger.warning("Resumed from update %d (epoch %d, step %d) of the backup in %s.",
                            position.updates, position.epoch + 1, position.step, self.backup_dir)
-        model._initial_epoch = position.epoch
+        set_initial_epoch(model, position.epoch)  # no public way: see _compat.keras_callbacks
         self._updates = position.updates
         self._resume = (position.epoch, position.step)
         if position.step:
