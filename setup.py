@@ -18,6 +18,7 @@ setup(
         "tensorboard>=2.20",
         "scikit-learn>=1.3",
         "portpicker>=1.6",
+        "pyyaml>=6",  # tfdist manifest kubernetes writes its YAML with PyYAML.
         "numpy",
     ],
     extras_require={

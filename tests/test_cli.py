@@ -108,6 +108,26 @@ def test_launch_never_imports_tensorflow():
     assert "launcher imported tensorflow: False" in proc.stdout
 
 
+@pytest.mark.parametrize("args", [
+    ["slurm", "--ntasks=2"],
+    ["kubernetes", "--workers=2", "--image=img"],
+    ["kubernetes", "--kind=indexed-job", "--workers=2", "--image=img"],
+])
+def test_manifest_never_imports_tensorflow(args):
+    """`tfdist manifest` only writes text: no TensorFlow (nor Keras) is imported on its way."""
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: print('manifest imported tensorflow:',\n"
+            "                              'tensorflow' in sys.modules or 'keras' in sys.modules))\n"
+            f"sys.argv = ['tfdist', 'manifest', *{args!r}, '--', 'tfdist', 'train']\n"
+            "runpy.run_module('tfdist', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stdout
+    assert ("srun " if args[0] == "slurm" else "apiVersion: ") in proc.stdout
+    assert "manifest imported tensorflow: False" in proc.stdout
+
+
 def test_import_tfdist_is_lazy_and_shims_come_first():
     code = ("import sys, tfdist\n"
             "from tfdist.launch import notebook_launcher, local, cli\n"

@@ -118,7 +118,7 @@ def test_without_a_private_network_the_launcher_warns_and_names_a_firewall_rule(
 
 def test_private_network_is_the_default_and_says_so(caplog):
     _sandbox_or_skip()
-    caplog.set_level(logging.INFO, logger="tfdist.launch.local")
+    caplog.set_level(logging.INFO, logger="tfdist.launch")
     out = io.StringIO()
     code = "import socket; print(sorted({name for _, name in socket.if_nameindex()}))"
     assert local.launch([sys.executable, "-c", code], workers=1, output=out) == 0

@@ -13,7 +13,7 @@ import pytest
 
 from tfdist.launch import local
 
-LOGGER = "tfdist.launch.local"
+LOGGER = "tfdist.launch"  # local, supervisor, layout and isolation all log under it.
 
 # Each task program sees its TF_CONFIG task as TYPE and INDEX.
 PRELUDE = ("import json, os, sys, time\n"

@@ -130,7 +130,6 @@ def test_make_strategy_multi_worker_reads_slurm(monkeypatch):
     import tensorflow as tf
 
     import tfdist
-    from tfdist.strategies import factory
 
     for name in list(os.environ):
         if name.startswith("SLURM_") or name == "TF_CONFIG":
@@ -144,7 +143,8 @@ def test_make_strategy_multi_worker_reads_slurm(monkeypatch):
         return "fake-strategy"
 
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", fake_strategy)
-    assert factory._auto_kind() == "multi_worker"
+    # "auto" finds the Slurm cluster: it builds the (faked) MultiWorkerMirroredStrategy.
+    assert tfdist.make_strategy("auto") == "fake-strategy"
     assert tfdist.make_strategy("multi_worker") == "fake-strategy"
     resolver = built["resolver"]
     base = cluster_lib.slurm_port_base(42)
@@ -209,6 +209,8 @@ def test_slurm_script_with_parameter_servers_and_requeue():
 def test_tfjob_with_chief_workers_and_ps():
     text = manifests.kubernetes_manifest(COMMAND, workers=3, ps=2, chief=True, image="reg.example/train:1",
                                          name="mnist")
+    # Every replica shares one container dict: it is written out in full, not as YAML aliases.
+    assert "&id" not in text and "*id" not in text
     docs = list(yaml.safe_load_all(text))
     assert len(docs) == 1
     job = docs[0]

@@ -1,5 +1,16 @@
 """Starting processes: ``tfdist launch``, ``notebook_launcher``, ``ray_launcher`` and cluster manifests.
 
+Engines start processes that call tfdist's public API; none reaches into training:
+
+* ``local.py``: ``launch()``, what ``tfdist launch`` runs; it ties together
+  ``tasks.py`` (a task's name, TF_CONFIG, result), ``layout.py`` (the cluster
+  on one machine or over ``--hosts``), ``isolation.py`` (+ ``_sandbox.py``: the
+  namespaces the tasks run in) and ``supervisor.py`` (spawn, watch, restart, stop);
+* ``notebook.py``: ``notebook_launcher``, ``launch()`` around a pickled function;
+* ``manifests/``: ``tfdist manifest``: ``slurm.py`` (sbatch) and ``kubernetes.py`` (YAML);
+* ``ray_engine.py``, ``ray_backup.py``: Ray Train as the engine;
+* ``cli.py`` (the ``tfdist`` command) and ``train.py`` (the ``tfdist train`` job).
+
 Importing this package imports no TensorFlow (the launcher only supervises
 processes) and no Ray: ``ray_launcher``, ``ray_fit`` and ``RayBackup`` load
 :mod:`tfdist.launch.ray_engine` / :mod:`tfdist.launch.ray_backup` when first touched.

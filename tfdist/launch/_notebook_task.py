@@ -1,4 +1,7 @@
-"""What each task of ``notebook_launcher`` runs: ``python -m tfdist.launch._notebook_task WORKDIR``."""
+"""What each task of ``notebook_launcher`` runs: ``python -m tfdist.launch._notebook_task WORKDIR``.
+
+A package-private entry point: only :mod:`tfdist.launch.notebook` starts it, and nothing imports it.
+"""
 from __future__ import annotations
 
 import os
@@ -7,18 +10,17 @@ import sys
 
 import cloudpickle
 
+from tfdist.cluster import parse_tf_config
+
 
 def _run_task(workdir: str) -> None:
-    import json
-
     with open(os.path.join(workdir, "fn.pkl"), "rb") as f:
         fn, args = pickle.load(f)
     result = fn(*args)
-    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
-    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-    is_chief = task.get("type") == "chief" or (task.get("type") == "worker" and task.get("index") == 0
-                                               and "chief" not in cluster)
-    if is_chief:
+    # The launcher set TF_CONFIG; the chief (TF's rule) alone hands its result back.
+    info = parse_tf_config(os.environ.get("TF_CONFIG"))
+    if info is not None and info.is_chief:
+        # Written whole, then renamed: the kernel never reads a half-written result.
         tmp = os.path.join(workdir, f"result.pkl.tmp-{os.getpid()}")
         with open(tmp, "wb") as f:
             cloudpickle.dump(result, f)

@@ -23,12 +23,16 @@ import os
 import select
 import subprocess
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 logger = logging.getLogger(__name__)
 
+# Run by path with ``python -I -S``: the helper imports only the standard library, so that it
+# starts fast and nothing from the task's environment (PYTHONPATH, site-packages) runs as it.
 _HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox.py")
 _READY_SECONDS = 30.0
+UNAUTHENTICATED = ("TF's gRPC servers are unauthenticated (no authentication) and run any graph "
+                   "sent to them, so anyone who can reach their ports can run code as this user")
 
 
 class Sandbox:
@@ -97,7 +101,9 @@ class Sandbox:
         holder, self._holder = self._holder, None
         if holder is None:
             return
-        holder.stdin.close()  # The holder kills the PID namespace's init, and so everything in it.
+        # The holder waits on its stdin: at EOF it kills the PID namespace's init, and the kernel
+        # then kills everything in the namespace. A launcher that dies closes it too.
+        holder.stdin.close()
         try:
             holder.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -105,7 +111,7 @@ class Sandbox:
             holder.wait()
         holder.stdout.close()
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         self.start()
         return self
 
@@ -114,8 +120,38 @@ class Sandbox:
 
 
 def firewall_advice(ports: Sequence[int]) -> str:
-    """A firewall rule that keeps other hosts off ``ports``, for when no private network is possible."""
+    """A firewall rule keeping other hosts off ``ports``, where no private network can be made."""
     listed = ",".join(str(p) for p in sorted(ports))
     return (f"block these ports from other hosts with a firewall, e.g. "
             f"`iptables -I INPUT ! -i lo -p tcp -m multiport --dports {listed} -j DROP` "
             f"(and ip6tables the same)")
+
+
+def report_exposure(sandbox: Sandbox, ports: Sequence[int], *, single_node: bool, loopback: bool,
+                    private_network: bool) -> None:
+    """Logs what protects the tasks' ``ports``, and what to do where nothing does.
+
+    Args:
+        sandbox: The started sandbox the tasks run in.
+        ports: The ports this launcher's tasks listen on.
+        single_node: Whether the whole cluster runs on this machine (no ``hosts``).
+        loopback: Whether the cluster's addresses are all loopback.
+        private_network: Whether the caller asked for a private network namespace.
+    """
+    if sandbox.private_network:
+        logger.info("The tasks run in a private network namespace that has only loopback: other "
+                    "hosts cannot reach their ports.")
+    elif loopback:  # Non-loopback addresses were warned about when allowed (require_loopback).
+        if not single_node:
+            why = "A multi-node cluster (--hosts) uses this host's network"
+        elif not private_network:
+            why = "private_network=False (--noprivate_network)"
+        else:
+            why = f"No private network namespace for the tasks ({sandbox.network_problem})"
+        logger.warning("%s: ports %s listen on every interface (TF ignores the host in TF_CONFIG), "
+                       "so other hosts can reach them, and %s. To prevent that, %s.", why,
+                       ", ".join(map(str, ports)), UNAUTHENTICATED, firewall_advice(ports))
+    if not sandbox.pid_namespace:
+        logger.warning("No PID namespace for the tasks (%s): a process that a task moves out of "
+                       "its process group can outlive a launcher killed with SIGKILL.",
+                       sandbox.pid_problem)

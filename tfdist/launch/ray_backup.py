@@ -74,6 +74,8 @@ class RayBackup(keras.callbacks.Callback):
         self.backup_freq = backup_freq
         self.accumulation_steps = accumulation_steps
         self._context = ray.train.get_context()
+        # Ray's world rank 0: a Ray concept, not TF's chief rule (tfdist.cluster.is_chief_task).
+        # Ray's all-worker groups give rank r the TF task worker:r, so both name one process.
         self.is_chief = self._context.get_world_rank() == 0
         self.restored: dict[str, Any] | None = None
         self.restored_at: float | None = None

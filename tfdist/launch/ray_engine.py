@@ -33,7 +33,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from tfdist.config import check_positive_int, invalid_argument
+from tfdist.config import check_non_negative_int, check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ def init_local(num_cpus: int | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
         return
+    # Ray's (underscored) keyword for the address its processes announce: without it a
+    # one-machine cluster would announce, and be reached at, the host's network address.
     ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
 
 
@@ -169,8 +171,7 @@ def ray_fit(fn: Callable[..., Any], *args: Any, num_workers: int = 2, cpus_per_w
     """
     ray = require_ray()
     check_positive_int("num_workers", num_workers)
-    if not (isinstance(max_failures, int) and max_failures >= 0):
-        raise invalid_argument("max_failures", max_failures, "a non-negative integer")
+    check_non_negative_int("max_failures", max_failures)
     if not cpus_per_worker > 0:
         raise invalid_argument("cpus_per_worker", cpus_per_worker, "a positive number")
     from ray.train import FailureConfig, RunConfig, ScalingConfig

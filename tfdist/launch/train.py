@@ -49,22 +49,22 @@ def run(config: TrainConfig) -> dict[str, Any]:
         SystemExit: With code 75 after SIGTERM when ``config.backup_dir`` is
             set: the backup is saved and the run asks to be restarted.
     """
-    import tfdist  # noqa: F401  (applies the compat shims before TF work)
-    from tfdist.strategies.factory import make_strategy
+    # Only tfdist's public names: the job is what a user's script would be. The strategy comes
+    # first, before other TF work (virtual devices and collectives must be set up before TF starts).
+    import tfdist
 
-    strategy = make_strategy(config.strategy, **_strategy_options(config))
+    strategy = tfdist.make_strategy(config.strategy, **_strategy_options(config))
 
     import keras
 
     from tfdist import data, models
-    from tfdist.training.trainer import Trainer
 
     keras.utils.set_random_seed(config.seed)
     train = data.load(config.dataset, split="train", data_dir=config.data_dir, seed=config.seed)
     val = data.load(config.dataset, split="validation", data_dir=config.data_dir, seed=config.seed)
     optimizer = keras.optimizers.get({"class_name": config.optimizer,
                                       "config": {"learning_rate": config.learning_rate}})
-    trainer = Trainer(
+    trainer = tfdist.Trainer(
         lambda: models.get(config.model, input_shape=train.input_shape, num_classes=train.num_classes),
         strategy=strategy, optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
