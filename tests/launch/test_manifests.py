@@ -144,7 +144,7 @@ def test_make_strategy_multi_worker_reads_slurm(monkeypatch):
         return "fake-strategy"
 
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", fake_strategy)
-    assert factory._auto_kind() == "multi_worker"
+    assert factory.auto_kind() == "multi_worker"
     assert tfdist.make_strategy("multi_worker") == "fake-strategy"
     resolver = built["resolver"]
     base = cluster_lib.slurm_port_base(42)
