@@ -6,7 +6,6 @@ import tensorflow as tf
 from tfdist.config import invalid_argument
 from tfdist.strategies.sync import SyncRunner
 
-
 #: Runs training steps on this kind's strategies (see ``tfdist/strategies/registry.py``).
 RUNNER = SyncRunner
 

@@ -37,8 +37,8 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import _compat
-from tfdist._compat.runtime import connected_cluster, connected_to_cluster, tf_runtime_started
 from tfdist import cluster as cluster_lib
+from tfdist._compat.runtime import connected_cluster, connected_to_cluster, tf_runtime_started
 from tfdist.config import check_positive_int, invalid_argument
 from tfdist.strategies.multi_worker import check_own_port, resolver_for
 from tfdist.strategies.ps_runner import PSRunner
