@@ -1,10 +1,12 @@
 """The compat shims: in force exactly where their probe finds the behaviour, and still needed upstream.
 
-Two kinds of test, both meaningful on any Keras version:
+Three kinds of test, all meaningful on any Keras version:
   * ``test_upstream_still_*`` assert what upstream does today. Each fails when
     upstream changes that behaviour: then drop (or re-probe) the shim.
   * ``test_probe_*`` check each probe against the shim's own fixed version, so
     a probe that always said "needed" (or never) would be caught.
+  * the others check that the shim machinery applies exactly what the probes
+    ask for, and that each shim does its job.
 
 The multi-process proof that upstream Keras still crashes without the shims is
 ``tests/strategies/test_multi_worker.py::test_upstream_keras_still_needs_the_shim``.
@@ -17,13 +19,40 @@ import tensorflow as tf
 import tfdist
 from tfdist import _compat
 
+TABLE = _compat.SHIM_TABLE + _compat.SHARDED_VARIABLE_SHIM_TABLE
+
 
 def test_shims_in_force_exactly_where_their_probe_says():
-    applied = _compat.apply()
-    disabled = _compat._disabled()
-    assert applied == [name for name in _compat.SHIMS if name not in disabled and _compat.needs(name)]
-    for name in applied:
-        assert _compat.original(name) is not None
+    """On any Keras: a shim is in force iff enabled and probed, and then it is what runs."""
+    applied = _compat.apply() + _compat.apply_sharded_variable_shims()
+    off = _compat.disabled()
+    assert applied == [shim.name for shim in TABLE if shim.name not in off and shim.probe()]
+    for shim in TABLE:
+        first = shim.patches[0]
+        current = getattr(first.owner(), first.attribute)
+        if shim.name in applied:
+            upstream = _compat.original(shim.name)
+            assert upstream is not None and current is not upstream
+        else:
+            assert _compat.original(shim.name) is None
+    assert _compat.apply() == [name for name in applied if name in _compat.SHIMS]  # idempotent
+
+
+def test_shim_table():
+    assert _compat.SHIMS == (
+        "symbolic_build", "multi_worker_reduce", "atomic_assign_add", "sharded_variables")
+    assert _compat.SHARDED_VARIABLE_SHIMS == (
+        "sharded_gradients", "sharded_weight_decay", "sharded_slots")
+    for shim in TABLE:
+        assert shim.reason and "\n" not in shim.reason and shim.patches
+        assert _compat.shim(shim.name) is shim
+        for patch in shim.patches:  # every patch target still exists upstream
+            assert callable(getattr(patch.owner(), patch.attribute))
+
+
+def test_disable_env(monkeypatch):
+    monkeypatch.setenv("TFDIST_DISABLE_COMPAT", " symbolic_build, sharded_slots ")
+    assert _compat.disabled() == {"symbolic_build", "sharded_slots"}
 
 
 # -- upstream behaviour the shims work around (fail when upstream changes) ----
@@ -78,22 +107,34 @@ def test_the_hook_is_what_all_reduces():
 
 
 # -- probes against the fixed versions ----------------------------------------
-def test_probe_symbolic_build_sees_the_fix():
-    assert not _compat.keras_reduces_batch_to_build(_compat._maybe_symbolic_build)
+def _upstream(name):
+    patch = _compat.shim(name).patches[0]
+    return _compat.original(name) or getattr(patch.owner(), patch.attribute)
 
 
-def test_probe_reduce_sees_the_fix():
-    from keras.src.backend.tensorflow import trainer as tf_trainer
+@pytest.mark.parametrize("name,probe", [
+    ("symbolic_build", _compat.keras_reduces_batch_to_build),
+    ("multi_worker_reduce", _compat.keras_reduces_scalars_on_axis_0),
+    ("atomic_assign_add", _compat.keras_assign_add_is_read_then_write),
+    ("sharded_variables", _compat.keras_updates_sharded_through_extended_update),
+    ("sharded_weight_decay", _compat.keras_weight_decay_uses_extended_update),
+    ("sharded_slots", _compat.keras_slots_colocate_with_reference),
+])
+def test_probe_sees_the_fix(name, probe):
+    """A probe that always said "needed" would fail here: the shim's own replacement passes it."""
+    fixed = _compat.shim(name).patches[0].make(_upstream(name))
+    assert not probe(fixed)
 
-    upstream = _compat.original("multi_worker_reduce") or tf_trainer.reduce_per_replica
-    assert not _compat.keras_reduces_scalars_on_axis_0(_compat._make_reduce_per_replica(upstream))
 
+def test_is_sharded_variable_knows_tf_class():
+    """One check for ShardedVariable (the step and the shims): fails if TF renames the class."""
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
-def test_probe_sharded_update_sees_the_fix():
-    from keras.src.backend.tensorflow.optimizer import TFOptimizer
-
-    upstream = _compat.original("sharded_variables") or TFOptimizer._distributed_tf_update_step
-    assert not _compat.keras_updates_sharded_through_extended_update(_compat._make_sharded_update(upstream))
+    sharded = ShardedVariable([tf.Variable([1.0]), tf.Variable([2.0])])
+    assert _compat.is_sharded_variable(sharded)
+    assert not _compat.is_sharded_variable(tf.Variable([1.0]))
+    assert [float(v.numpy()[0]) for v in _compat.shards_of(sharded)] == [1.0, 2.0]
+    assert _compat.shards_of(keras.Variable([1.0])) is None
 
 
 # -- the shims themselves -----------------------------------------------------

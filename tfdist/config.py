@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, get_args
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 #: Exit code of a process that saved a backup on SIGTERM and asks to be restarted (EX_TEMPFAIL).
@@ -92,7 +92,13 @@ def check_directory(name: str, value: Any, *, allow_none: bool = True) -> Any:
     raise invalid_argument(name, value, "a directory path (str or os.PathLike)" + (" or None" if allow_none else ""))
 
 
-STRATEGY_NAMES = ("auto", "one_device", "mirrored", "multi_worker", "parameter_server")
+#: The one list of strategy names: ``make_strategy``'s type, the CLI's choices and the
+#: registry's keys (each kind but ``auto`` is built by ``tfdist/strategies/<name>.py``).
+#: Spelled out as a ``Literal`` so type checkers see it. It lives here, not in the registry,
+#: because the CLI validates it without TensorFlow, and importing anything under
+#: ``tfdist.strategies`` loads TensorFlow (``tfdist/__init__.py`` applies the shims first).
+StrategyName = Literal["auto", "one_device", "mirrored", "multi_worker", "parameter_server"]
+STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 LR_SCALINGS = ("none", "linear")

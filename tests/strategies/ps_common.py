@@ -8,3 +8,8 @@ import tfdist
 
 def ps_strategy(**options):
     return tfdist.make_strategy("parameter_server", allow_late_connect=True, **options)
+
+
+def loss_tracker(model):
+    """The model's loss metric (a ``Mean`` named "loss"), through the public ``model.metrics``."""
+    return next(m for m in model.metrics if m.name == "loss")

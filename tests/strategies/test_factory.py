@@ -5,11 +5,57 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.strategies import factory
+from tfdist import config
+from tfdist.strategies import factory, registry
 
 
 def test_available_names():
     assert {"auto", "one_device", "mirrored", "multi_worker"} <= set(factory.available())
+
+
+def test_one_list_of_names():
+    """config.StrategyName is the list: the CLI's choices and the registry's keys come from it."""
+    assert factory.available() == registry.names() == tuple(sorted(config.STRATEGY_NAMES))
+    assert set(registry.MODULES) == set(config.STRATEGY_NAMES) - {"auto"}
+    for entry in registry.entries():  # every kind's module defines build, RUNNER and matches
+        assert callable(entry.build) and callable(entry.runner) and callable(entry.matches)
+
+
+def _tfdist_imports(path):
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tfdist"):
+            found |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("tfdist")}
+    return found
+
+
+def test_the_registry_is_a_leaf():
+    """No import circles: the registry imports no strategy; none imports it or the factory."""
+    import pathlib
+
+    folder = pathlib.Path(registry.__file__).parent
+    allowed = {"tfdist.config", "tfdist.config.STRATEGY_NAMES"}
+    assert _tfdist_imports(folder / "registry.py") <= allowed
+    for path in folder.glob("*.py"):
+        if path.stem not in ("factory", "registry"):
+            circular = ("tfdist.strategies.factory", "tfdist.strategies.registry")
+            assert not {m for m in _tfdist_imports(path) if m.startswith(circular)}, path.name
+
+
+def test_broken_strategy_module_raises_its_import_error(monkeypatch, tmp_path):
+    """A strategy module that fails to import is an error, not a kind that silently disappears."""
+    (tmp_path / "tfdist_broken_strategy.py").write_text("import tfdist_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry.MODULES, "one_device", "tfdist_broken_strategy")
+    with pytest.raises(ImportError, match="tfdist_missing_dependency"):
+        tfdist.make_strategy("one_device")
+    with pytest.raises(ImportError, match="tfdist_missing_dependency"):
+        factory.runner_for(tf.distribute.get_strategy())
+    assert "one_device" in factory.available()
 
 
 def test_unknown_kind_lists_the_valid_ones():

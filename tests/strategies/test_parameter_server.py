@@ -7,7 +7,7 @@ import pytest
 
 import tfdist
 from tests.jobs.common import builder, dataset, initial_weights
-from tests.strategies.ps_common import ps_strategy
+from tests.strategies.ps_common import loss_tracker, ps_strategy
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 G = 64
@@ -48,7 +48,8 @@ def test_step_counter_is_exact_under_concurrent_workers(ps):
     fn = lambda ctx: dataset(96, 16)  # noqa: E731 - a plain dataset_fn(input_context)
     trainer.fit(fn, epochs=2, steps_per_epoch=100, global_batch_size=16, verbose=0)
     assert int(trainer.model.optimizer.iterations.numpy()) == 200
-    assert float(trainer.model._loss_tracker.count.numpy()) == 100 * 16  # reset each epoch; no lost adds
+    # Reset each epoch; no lost adds.
+    assert float(loss_tracker(trainer.model).count.numpy()) == 100 * 16
 
 
 def test_batch_callbacks_receive_fetched_logs(ps):
@@ -78,7 +79,7 @@ def test_validation_counts_each_example_once(ps, digits):
               "accuracy": float(np.mean(np.argmax(trainer.model(x), 1) == y.numpy()))}
     assert ours["accuracy"] == pytest.approx(theirs["accuracy"], abs=1e-6)
     assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
-    assert float(trainer.model._loss_tracker.count.numpy()) == 360
+    assert float(loss_tracker(trainer.model).count.numpy()) == 360
 
 
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])

@@ -29,13 +29,16 @@ def listening_ports(pid=None):
 
 
 def test_same_shape_reuses_the_servers_and_each_strategy_trains():
+    from tfdist.strategies.parameter_server import in_process_servers
+
     first = ps_strategy(num_workers=2, num_ps=1)
     ports = listening_ports()
     # 2 workers + 1 ps + the coordinator's own server.
     assert len(ports) >= 4
     for _ in range(3):
         again = ps_strategy(num_workers=2, num_ps=1)
-        assert again is not first and again._tfdist_servers is first._tfdist_servers
+        servers = in_process_servers(first)
+        assert again is not first and servers and in_process_servers(again) is servers
         assert listening_ports() == ports  # no new servers, no new coordinator port
     # A new strategy (and coordinator) over the same servers trains.
     trainer = tfdist.Trainer(builder(), strategy=again, optimizer="sgd", loss=LOSS)

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import tfdist
 from tests.jobs.common import builder, data as arrays, dataset, initial_weights
-from tests.strategies.ps_common import ps_strategy
+from tests.strategies.ps_common import loss_tracker, ps_strategy
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -106,16 +106,19 @@ def test_every_logged_value_is_a_true_running_mean(ps, case, steps_per_execution
         assert set(logs) == set(expected)
         for name, value in expected.items():
             assert logs[name] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, logs)
-    assert float(trainer.model._loss_tracker.count.numpy()) == 60 * 16  # the epoch's totals, as on sync strategies
+    # The epoch's totals, as on sync strategies.
+    assert float(loss_tracker(trainer.model).count.numpy()) == 60 * 16
 
 
 def test_only_a_lost_workers_logs_are_skipped():
-    from tfdist.strategies.ps_runner import _lost_worker_output
+    from tfdist.strategies.ps_runner import lost_worker_output
 
     copy = ("{{function_node __wrapped__Identity_device_/job:chief/replica:0/task:0/device:CPU:0}} failed to connect "
             "to all addresses. Additional GRPC error information from remote target /job:worker/replica:0/task:1"
             "/device:CPU:0 while calling /tensorflow.eager.EagerService/RunComponentFunction")
-    assert _lost_worker_output(tf.errors.UnavailableError(None, None, copy)) == "worker:1"
+    assert lost_worker_output(tf.errors.UnavailableError(None, None, copy)) == "worker:1"
     ps_lost = copy.replace("/job:worker/replica:0/task:1", "/job:ps/replica:0/task:0")
-    assert _lost_worker_output(tf.errors.UnavailableError(None, None, ps_lost)) is None  # a lost ps stops the run
-    assert _lost_worker_output(tf.errors.InvalidArgumentError(None, None, copy)) is None  # a real failure
+    # A lost ps stops the run.
+    assert lost_worker_output(tf.errors.UnavailableError(None, None, ps_lost)) is None
+    # A real failure.
+    assert lost_worker_output(tf.errors.InvalidArgumentError(None, None, copy)) is None

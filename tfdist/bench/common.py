@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 
-from tfdist.config import invalid_argument
+from tfdist.config import StrategyName, invalid_argument
 
 BenchmarkFn = Callable[[int, bool], dict[str, Any]]
 PlotFn = Callable[[dict[str, Any], str], None]
@@ -36,8 +36,9 @@ MIRRORED_DEVICES = 2
 # The in-process cluster of the parameter_server strategy.
 PS_WORKERS = 2
 PS_TASKS = 1
-LOCAL_KINDS = ("mirrored", "one_device")
-CLUSTER_KIND = "parameter_server"
+# Registry names (tfdist.config.StrategyName): the subset the benchmarks share.
+LOCAL_KINDS: tuple[StrategyName, ...] = ("mirrored", "one_device")
+CLUSTER_KIND: StrategyName = "parameter_server"
 
 _REGISTRY: dict[str, BenchmarkFn] = {}
 _CONNECTS_CLUSTER: set[str] = set()

@@ -118,10 +118,10 @@ class HandWrittenLoop:
     def __init__(self, strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model],
                  dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset], *,
                  global_batch_size: int, steps: int, loss_metric: bool = False) -> None:
-        from tfdist.strategies.ps_runner import _coordinator
+        from tfdist.strategies.ps_runner import coordinator_for
 
         self.strategy = strategy
-        self.coordinator = _coordinator(strategy)  # TF allows one coordinator per strategy
+        self.coordinator = coordinator_for(strategy)  # the strategy's one coordinator, shared
         self.dataset_fn = dataset_fn
         self.global_batch_size = global_batch_size
         self.steps = steps

@@ -1,69 +1,31 @@
-"""``make_strategy`` and the strategy registry.
+"""``make_strategy`` and ``runner_for``: strategies by name, and the runner for a strategy.
 
-Each strategy module registers a builder (returns a real
-``tf.distribute.Strategy``) and a runner class under a snake_case name::
-
-    @register("mirrored", runner=SyncRunner, matches=lambda s: ...)
-    def build(**options) -> tf.distribute.Strategy: ...
+The kinds come from the leaf registry (``tfdist/strategies/registry.py``); each
+lives in its own module, imported only when that kind is built or matched.
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
-from typing import Any, Callable, Literal
+from typing import Any
 
 import tensorflow as tf
 
-from tfdist.config import invalid_argument
-
-StrategyName = Literal["auto", "one_device", "mirrored", "multi_worker", "parameter_server"]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-    name: str
-    build: Callable[..., tf.distribute.Strategy]
-    runner: Callable[[tf.distribute.Strategy], Any]
-    matches: Callable[[tf.distribute.Strategy], bool]
-
-
-_REGISTRY: dict[str, _Entry] = {}
-
-
-def register(name: str, *, runner: Callable[[tf.distribute.Strategy], Any],
-             matches: Callable[[tf.distribute.Strategy], bool]):
-    """Decorator: registers ``build(**options)`` under ``name``.
-
-    Args:
-        name: The snake_case registry key users pass to ``make_strategy``.
-        runner: Builds the runner that executes steps on such a strategy.
-        matches: Tells whether an existing strategy object is of this kind
-            (used for strategies the user built without ``make_strategy``).
-    """
-
-    def wrap(build):
-        _REGISTRY[name] = _Entry(name, build, runner, matches)
-        return build
-
-    return wrap
+from tfdist._compat.runtime import is_default_strategy
+from tfdist.config import StrategyName, invalid_argument
+from tfdist.strategies import registry
 
 
 def available() -> tuple[str, ...]:
     """The names ``make_strategy`` accepts, sorted."""
-    _load_builtins()
-    return tuple(sorted(["auto", *_REGISTRY]))
+    return registry.names()
 
 
-def _load_builtins() -> None:
-    # Importing the modules runs their @register decorators.
-    from tfdist.strategies import mirrored, multi_worker, one_device  # noqa: F401
-    try:
-        from tfdist.strategies import parameter_server  # noqa: F401
-    except ImportError:
-        pass
+def auto_kind() -> str:
+    """The kind ``make_strategy("auto")`` builds in this environment.
 
-
-def _auto_kind() -> str:
+    ``multi_worker`` (or ``parameter_server`` when the cluster has ``ps``
+    tasks) if TF_CONFIG or Slurm describes a cluster, else ``mirrored``.
+    """
     from tfdist import cluster
 
     info = cluster.from_environment()
@@ -99,11 +61,11 @@ def make_strategy(kind: StrategyName | str = "auto", **options: Any) -> tf.distr
     Raises:
         ValueError: For an unknown kind, an option the kind does not take, or
             a bad option value / cluster description.
+        ImportError: If the kind's module fails to import (e.g. a missing dependency).
     """
-    _load_builtins()
-    if kind == "auto":
-        kind = _auto_kind()
-    entry = _REGISTRY.get(kind)
+    if kind == registry.AUTO:
+        kind = auto_kind()
+    entry = registry.get(kind)
     if entry is None:
         raise invalid_argument("strategy", kind, available())
     params = inspect.signature(entry.build).parameters
@@ -124,18 +86,20 @@ def runner_for(strategy: tf.distribute.Strategy | None) -> Any:
 
     Raises:
         ValueError: If no registered kind matches the strategy.
+        ImportError: If a strategy module fails to import.
     """
-    _load_builtins()
     if isinstance(strategy, str):
         raise invalid_argument("strategy", strategy, "a tf.distribute.Strategy object",
                                note=f"Build one with tfdist.make_strategy({strategy!r}).")
     strategy = strategy or tf.distribute.get_strategy()
-    for entry in _REGISTRY.values():
+    for entry in registry.entries():
         if entry.matches(strategy):
             return entry.runner(strategy)
-    from tfdist.strategies.sync import SyncRunner
+    if is_default_strategy(strategy):
+        # Outside any scope: one replica, run synchronously like one_device.
+        from tfdist.strategies.sync import SyncRunner
 
-    if type(strategy).__name__ == "_DefaultDistributionStrategy":
         return SyncRunner(strategy)
+    kinds = ", ".join(sorted(registry.MODULES))
     raise invalid_argument("strategy", type(strategy).__name__,
-                           "a strategy of one of the registered kinds: " + ", ".join(sorted(_REGISTRY)))
+                           "a strategy of one of the registered kinds: " + kinds)

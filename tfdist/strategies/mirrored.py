@@ -6,7 +6,6 @@ import logging
 import tensorflow as tf
 
 from tfdist.config import check_positive_int, invalid_argument
-from tfdist.strategies.factory import register
 from tfdist.strategies.sync import SyncRunner
 
 logger = logging.getLogger(__name__)
@@ -36,8 +35,15 @@ def ensure_cpu_devices(num_devices: int) -> None:
     logger.info("Split the CPU into %d virtual devices", num_devices)
 
 
-@register("mirrored", runner=SyncRunner,
-          matches=lambda s: isinstance(s, tf.distribute.MirroredStrategy))
+#: Runs training steps on this kind's strategies (see ``tfdist/strategies/registry.py``).
+RUNNER = SyncRunner
+
+
+def matches(strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``strategy`` (built by ``make_strategy`` or by hand) is a ``MirroredStrategy``."""
+    return isinstance(strategy, tf.distribute.MirroredStrategy)
+
+
 def build(num_devices: int | None = None) -> tf.distribute.Strategy:
     """Builds a MirroredStrategy over ``num_devices`` local devices.
 

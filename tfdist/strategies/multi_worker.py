@@ -8,7 +8,6 @@ import tensorflow as tf
 
 from tfdist import cluster as cluster_lib
 from tfdist.config import check_choice, invalid_argument
-from tfdist.strategies.factory import register
 from tfdist.strategies.sync import SyncRunner
 
 logger = logging.getLogger(__name__)
@@ -34,8 +33,15 @@ def check_own_port(info: cluster_lib.ClusterInfo) -> None:
         cluster_lib.check_port_free(host, int(port), what=f"TF_CONFIG.cluster.{info.task_type}[{info.task_id}]")
 
 
-@register("multi_worker", runner=SyncRunner,
-          matches=lambda s: isinstance(s, tf.distribute.MultiWorkerMirroredStrategy))
+#: Runs training steps on this kind's strategies (see ``tfdist/strategies/registry.py``).
+RUNNER = SyncRunner
+
+
+def matches(strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``strategy`` (built by anyone) is a ``MultiWorkerMirroredStrategy``."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
 def build(communication: Literal["auto", "ring", "nccl"] = "auto") -> tf.distribute.Strategy:
     """Builds a MultiWorkerMirroredStrategy for the cluster in TF_CONFIG (or Slurm).
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist.config import invalid_argument
-from tfdist.strategies.factory import register
 from tfdist.strategies.sync import SyncRunner
 
+#: Runs training steps on this kind's strategies (see ``tfdist/strategies/registry.py``).
+RUNNER = SyncRunner
 
-@register("one_device", runner=SyncRunner,
-          matches=lambda s: isinstance(s, tf.distribute.OneDeviceStrategy))
+
+def matches(strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``strategy`` (built by ``make_strategy`` or by hand) is a ``OneDeviceStrategy``."""
+    return isinstance(strategy, tf.distribute.OneDeviceStrategy)
+
+
 def build(device: str | None = None) -> tf.distribute.Strategy:
     """Builds a OneDeviceStrategy.
 

@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 from typing import Any
 
 import tensorflow as tf
 
 from tfdist import _compat
 from tfdist import cluster as cluster_lib
+from tfdist._compat.runtime import connected_cluster, connected_to_cluster, tf_runtime_started
 from tfdist.config import check_positive_int, invalid_argument
-from tfdist.strategies.factory import register
 from tfdist.strategies.multi_worker import check_own_port, resolver_for
 from tfdist.strategies.ps_runner import PSRunner
 
@@ -77,6 +78,10 @@ def _partitioner(min_shard_bytes: int | None, num_ps: int) -> Any:
 # (num_workers, num_ps) -> (resolver, servers): servers cannot be stopped, so
 # they live as long as the process and every strategy of that shape reuses them.
 _CLUSTERS: dict[tuple[int, int], tuple[Any, list[tf.distribute.Server]]] = {}
+# strategy -> the in-process servers it runs on. Weak keys: a map beside the strategy (no
+# attribute set on TF's object) that forgets a strategy once it is collected.
+_SERVERS_OF: weakref.WeakKeyDictionary[tf.distribute.Strategy, list[tf.distribute.Server]] = (
+    weakref.WeakKeyDictionary())
 _warned_exposed = False
 
 
@@ -87,7 +92,8 @@ def _warn_exposed() -> None:
         return
     _warned_exposed = True
     # The connected cluster: our servers plus the coordinator's own (its port is TF's pick).
-    ports = sorted(int(a.rpartition(":")[2]) for tasks in _compat.connected_cluster().values() for a in tasks)
+    ports = sorted(int(a.rpartition(":")[2])
+                   for tasks in connected_cluster().values() for a in tasks)
     listed = ",".join(map(str, ports))
     logger.warning(
         "The in-process parameter-server cluster listens on every network interface, on ports %s (TF's gRPC "
@@ -115,9 +121,18 @@ def _in_process_cluster(num_workers: int, num_ps: int) -> tuple[Any, list[tf.dis
     return resolver, servers
 
 
+def in_process_servers(strategy: tf.distribute.Strategy) -> list[tf.distribute.Server] | None:
+    """The in-process servers ``strategy`` runs on, or None if its cluster is not in-process.
+
+    Strategies of the same shape share them (servers cannot be stopped, so they
+    live as long as the process).
+    """
+    return _SERVERS_OF.get(strategy)
+
+
 def _check_not_late(allow_late_connect: bool) -> None:
     """Refuses to connect this process to a cluster after TensorFlow has started (unless allowed)."""
-    if allow_late_connect or _compat.connected_to_cluster() or not _compat.tf_runtime_started():
+    if allow_late_connect or connected_to_cluster() or not tf_runtime_started():
         return
     raise invalid_argument(
         "allow_late_connect", False, "True, or a call of make_strategy('parameter_server') before any other "
@@ -127,8 +142,15 @@ def _check_not_late(allow_late_connect: bool) -> None:
         "allow_late_connect=True if nothing made before is used afterwards.")
 
 
-@register("parameter_server", runner=PSRunner,
-          matches=lambda s: isinstance(s, tf.distribute.experimental.ParameterServerStrategy))
+#: Runs training steps on this kind's strategies (see ``tfdist/strategies/registry.py``).
+RUNNER = PSRunner
+
+
+def matches(strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``strategy`` (built by anyone) is a ``ParameterServerStrategy``."""
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
 def build(num_workers: int | None = None, num_ps: int | None = None,
           min_shard_bytes: int | None = None, allow_late_connect: bool = False) -> tf.distribute.Strategy:
     """Builds a ParameterServerStrategy; this process becomes the coordinator.
@@ -163,7 +185,7 @@ def build(num_workers: int | None = None, num_ps: int | None = None,
         _check_not_late(allow_late_connect)
         resolver, servers = _in_process_cluster(num_workers or 2, num_ps or 1)
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
-        strategy._tfdist_servers = servers  # keep the in-process servers alive with the strategy
+        _SERVERS_OF[strategy] = servers
         _warn_exposed()
         return strategy
     for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):

@@ -21,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import weakref
 from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
-from tfdist import _compat
+from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
+from tfdist._compat.runtime import ps_num_workers
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, ReplicaFn
 
@@ -43,13 +45,14 @@ _TASK_RE = re.compile(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)")
 MAX_UNROLLED_STEPS = 16
 
 
-def _coordinator(strategy: tf.distribute.Strategy) -> Any:
-    # One coordinator per strategy: TF refuses a second one.
-    coordinator = getattr(strategy, "_tfdist_coordinator", None)
-    if coordinator is None:
-        coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-        strategy._tfdist_coordinator = coordinator
-    return coordinator
+def coordinator_for(strategy: tf.distribute.Strategy) -> Any:
+    """The ``ClusterCoordinator`` of a ParameterServerStrategy (one per strategy).
+
+    TF keeps one coordinator per strategy itself: constructing it again returns
+    the same one (whose workers and queues are the strategy's), so every runner
+    and benchmark on a strategy shares it.
+    """
+    return tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
 
 class ParameterServerFailure(RuntimeError):
@@ -68,7 +71,7 @@ def _raise_clearly(error: Exception) -> None:
     raise error
 
 
-def _lost_worker_output(error: Exception) -> str | None:
+def lost_worker_output(error: Exception) -> str | None:
     """The worker whose finished function's outputs could not be fetched (it stopped since), else None."""
     if not isinstance(error, (tf.errors.UnavailableError, tf.errors.CancelledError)):
         return None
@@ -82,13 +85,16 @@ class PSRunner:
 
     def __init__(self, strategy: tf.distribute.Strategy) -> None:
         self.strategy = strategy
-        self.coordinator = _coordinator(strategy)
-        self.num_workers = strategy.extended._num_workers
+        self.coordinator = coordinator_for(strategy)
+        self.num_workers = ps_num_workers(strategy)
         self.max_in_flight = 2 * self.num_workers
         self._model: Any = None  # whose metrics the train functions sum per execution
         self._metric_vars: list[Any] = []
         self._sums: list[np.ndarray] | None = None  # this epoch's metric sums over fetched executions
         self._last_logs: dict[str, float] = {}
+        # The compiled loops run() schedules on workers (training); others run here, on the
+        # coordinator. Weak: the Trainer owns the functions, the runner only recognises them.
+        self._scheduled: weakref.WeakSet[Any] = weakref.WeakSet()
 
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
@@ -154,7 +160,7 @@ class PSRunner:
                     for _ in (range(num_calls) if isinstance(num_calls, int) else tf.range(num_calls)):
                         one_step(iterator)
                     return logs_fn()
-                with _compat.metric_state_as_tensors(variables) as boxes:
+                with metric_state_as_tensors(variables) as boxes:
                     if isinstance(num_calls, int):
                         for _ in range(num_calls):
                             one_step(iterator)
@@ -179,7 +185,8 @@ class PSRunner:
 
         loop.__name__ = name
         fn = tf.function(loop, reduce_retracing=True)
-        fn._tfdist_scheduled = training
+        if training:
+            self._scheduled.add(fn)
         return fn
 
     def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:
@@ -191,8 +198,8 @@ class PSRunner:
         """Whether train functions sum ``model``'s metrics per execution (see the module docstring)."""
         if model is None:
             return False
-        variables = _compat.metric_variables(model)
-        if not _compat.additive(variables):
+        variables = metric_variables(model)
+        if not additive(variables):
             logger.warning("A metric keeps state that is not a sum; its mid-epoch logs under parameter_server "
                            "are read while other steps update it and may be inexact (epoch-end logs are exact).")
             return False
@@ -200,7 +207,7 @@ class PSRunner:
         return bool(variables)
 
     def _metric_logs(self, sums: list[Any]) -> dict[str, Any]:
-        with _compat.metric_state_as_tensors(self._metric_vars, sums):
+        with metric_state_as_tensors(self._metric_vars, sums):
             return dict(self._model.get_metrics_result())
 
     @contextlib.contextmanager
@@ -227,7 +234,7 @@ class PSRunner:
         logger.warning("The parameter-server coordinator still reports failures; the next fit may fail too.")
 
     def run(self, fn: Callable[[Any, Any], Any], iterator: Any, num_calls: int) -> Any:
-        if not getattr(fn, "_tfdist_scheduled", False):
+        if fn not in self._scheduled:
             return fn(iterator, tf.constant(num_calls, tf.int32))
         count = int(num_calls) if num_calls <= MAX_UNROLLED_STEPS else tf.constant(num_calls, tf.int32)
         with self._failures():
@@ -237,7 +244,7 @@ class PSRunner:
         try:
             values = logs.fetch() if hasattr(logs, "fetch") else logs
         except Exception as e:  # noqa: BLE001 - re-raised unless only the logs were lost
-            worker = _lost_worker_output(e)
+            worker = lost_worker_output(e)
             if worker is None:
                 self._clear_failure()
                 _raise_clearly(e)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdist import _compat
+from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, ReplicaFn
 
@@ -135,8 +135,8 @@ class SyncRunner:
         it one collective. The sums are the same ones, so the logs stay exact.
         Metrics whose state is not a float32 sum are read the usual way.
         """
-        variables = _compat.metric_variables(model)
-        if (self.strategy.num_replicas_in_sync == 1 or not variables or not _compat.additive(variables)
+        variables = metric_variables(model)
+        if (self.strategy.num_replicas_in_sync == 1 or not variables or not additive(variables)
                 or any(tf.as_dtype(v.dtype) != tf.float32 for v in variables)):
             return model.get_metrics_result()
 
@@ -148,7 +148,7 @@ class SyncRunner:
         summed = self.strategy.experimental_local_results(self.strategy.run(local_sums))[0]
         sizes = [int(np.prod(v.shape)) for v in variables]
         values = [tf.reshape(t, v.shape) for t, v in zip(tf.split(summed, sizes), variables)]
-        with _compat.metric_state_as_tensors(variables, values):
+        with metric_state_as_tensors(variables, values):
             return dict(model.get_metrics_result())
 
     def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:

@@ -24,6 +24,7 @@ import tensorflow as tf
 from keras.src.losses.loss import unscale_loss_for_distribution
 from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
 
+from tfdist._compat.sharded import is_sharded_variable
 from tfdist.training.exchange import all_reduce_sum
 
 
@@ -63,7 +64,7 @@ def _forward(model: keras.Model, x: Any, training: bool) -> Any:
 def _shards(variable: Any) -> list[Any] | None:
     """The shard variables behind a Keras variable partitioned across ps tasks, else None."""
     inner = getattr(variable, "_value", variable)
-    if type(inner).__name__ == "ShardedVariable":
+    if is_sharded_variable(inner):
         return list(inner.variables)
     return None
 

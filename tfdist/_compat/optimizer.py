@@ -1,0 +1,72 @@
+"""``gradients_already_summed``: stop a Keras optimizer from all-reducing gradients.
+
+tfdist's replica step all-reduces gradients itself (once per optimizer update,
+gradient accumulation included), so the Keras optimizer must not all-reduce
+them a second time. Keras exposes no switch for this; the context manager swaps
+the private hook ``_all_reduce_sum_gradients`` on one optimizer instance while
+tfdist traces its step, and restores it afterwards. If the hook is missing (a
+Keras that renamed it) with more than one replica, it raises: otherwise
+gradients would be all-reduced twice, i.e. multiplied by the replica count.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import keras
+import tensorflow as tf
+
+HOOK = "_all_reduce_sum_gradients"
+
+
+def _identity_reduce(grads_and_vars):
+    return list(grads_and_vars)
+
+
+def _num_replicas(optimizer: Any) -> int:
+    # The strategy Keras stored on the optimizer when it was created in a scope (private).
+    strategy = getattr(optimizer, "_distribution_strategy", None) or tf.distribute.get_strategy()
+    return int(strategy.num_replicas_in_sync)
+
+
+@contextlib.contextmanager
+def gradients_already_summed(optimizer: keras.optimizers.Optimizer, *,
+                             num_replicas: int | None = None) -> Iterator[None]:
+    """Within this block, ``optimizer`` applies gradients without all-reducing them.
+
+    Only tracing reads the hook, so wrap every call of a ``tf.function`` that
+    may (re)trace an ``optimizer.apply``. Works for a ``LossScaleOptimizer`` too.
+
+    Args:
+        optimizer: The Keras optimizer (created in the strategy scope).
+        num_replicas: Replicas in sync; default the optimizer's strategy's.
+
+    Raises:
+        RuntimeError: If Keras no longer has the private hook and there is more
+            than one replica: the optimizer would all-reduce the already summed
+            gradients again, multiplying them by the replica count.
+    """
+    targets = [optimizer]
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        targets.append(inner)
+    for opt in targets:
+        if not hasattr(type(opt), HOOK):
+            replicas = num_replicas if num_replicas is not None else _num_replicas(opt)
+            if replicas > 1:
+                raise RuntimeError(
+                    f"tfdist cannot stop {type(opt).__name__} (keras {keras.__version__}) from "
+                    f"all-reducing gradients: its private hook `{HOOK}` is gone. With {replicas} "
+                    "replicas the gradients tfdist already summed would be summed again "
+                    "(multiplied by the replica count). Use a Keras version with the hook or "
+                    "update tfdist/_compat/optimizer.py.")
+            continue
+        # An instance attribute shadows the class's method for this optimizer only;
+        # object.__setattr__ skips Keras's attribute tracking.
+        object.__setattr__(opt, HOOK, _identity_reduce)
+    try:
+        yield
+    finally:
+        for opt in targets:
+            if HOOK in vars(opt):
+                object.__delattr__(opt, HOOK)

@@ -1,0 +1,43 @@
+"""The TF runtime's and tf.distribute strategies' own state, which no public TF API exposes."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def tf_runtime_started() -> bool:
+    """Whether TF's eager runtime has started in this process (devices fixed, ops may exist)."""
+    from tensorflow.python.eager import context
+
+    # The C context handle exists once TF initialised its devices; no public flag says so.
+    return context.context()._context_handle is not None
+
+
+def connected_to_cluster() -> bool:
+    """Whether this process's eager runtime is connected to a cluster (``connect_to_cluster``)."""
+    from tensorflow.python.eager import context
+
+    # TF keeps the cluster it connected to only in the eager context.
+    return context.get_server_def() is not None
+
+
+def connected_cluster() -> dict[str, list[str]]:
+    """The cluster this process is connected to, this process's own job included ({} if none)."""
+    from tensorflow.python.eager import context
+
+    server_def = context.get_server_def()
+    if server_def is None:
+        return {}
+    return {job.name: [job.tasks[i] for i in sorted(job.tasks)] for job in server_def.cluster.job}
+
+
+def is_default_strategy(strategy: Any) -> bool:
+    """Whether ``strategy`` is TF's default (no-op) strategy, the one outside any ``scope()``."""
+    # Its class is private and TF exports no predicate for it: match the class name.
+    return type(strategy).__name__ == "_DefaultDistributionStrategy"
+
+
+def ps_num_workers(strategy: Any) -> int:
+    """The worker tasks of a ParameterServerStrategy's cluster."""
+    # Public `strategy.cluster_resolver` is None for it (TF looks on `extended`, PS keeps it on
+    # the strategy), so read the count its extended computed from the cluster spec.
+    return int(strategy.extended._num_workers)
