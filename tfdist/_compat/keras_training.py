@@ -42,6 +42,6 @@ def unscale_loss(loss: tf.Tensor) -> tf.Tensor:
 
 
 def concrete_functions(function: Any) -> list[Any]:
-    """Every concrete function a ``tf.function`` has traced so far (for graph inspection in tests)."""
-    # Private: TF has no public list of a tf.function's traces (get_concrete_function needs a signature).
+    """Every concrete function a ``tf.function`` has traced so far (to inspect graphs in tests)."""
+    # Private: TF lists a tf.function's traces only here (get_concrete_function needs a signature).
     return list(function._list_all_concrete_functions())

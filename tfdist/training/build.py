@@ -48,7 +48,8 @@ def optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any
         try:
             optimizer = keras.optimizers.get(optimizer)
         except ValueError as e:
-            raise invalid_argument("optimizer", optimizer, "a Keras optimizer or its name, e.g. 'adam'") from e
+            raise invalid_argument("optimizer", optimizer,
+                                   "a Keras optimizer or its name, e.g. 'adam'") from e
     elif optimizer.built:
         logger.warning("The optimizer was already built outside the strategy scope; tfdist "
                        "rebuilds it from its config and its slot variables start afresh.")
@@ -68,8 +69,9 @@ def take_keras_accumulation(opt_config: dict[str, Any], accumulation_steps: int)
             "accumulation_steps", accumulation_steps, f"1 or {keras_steps}",
             note=f"The optimizer also sets gradient_accumulation_steps={keras_steps}; set only "
                  "Trainer(accumulation_steps=...).")
-    logger.info("Using the optimizer's gradient_accumulation_steps=%d as Trainer(accumulation_steps=%d): "
-                "Keras's own accumulation fails under tf.distribute (merge_call).", keras_steps, keras_steps)
+    logger.info("Using the optimizer's gradient_accumulation_steps=%d as "
+                "Trainer(accumulation_steps=%d): Keras's own accumulation fails under "
+                "tf.distribute (merge_call).", keras_steps, keras_steps)
     opt_config["gradient_accumulation_steps"] = None
     return keras_steps
 
@@ -103,8 +105,8 @@ class Compiled:
 
 
 def compile_in_scope(model: ModelOrBuilder, *, strategy: tf.distribute.Strategy, precision: str,
-                     optimizer: Any, loss: Any, metrics: Sequence[Any] | None, accumulation_steps: int,
-                     lr_scaling: LRScaling | None) -> Compiled:
+                     optimizer: Any, loss: Any, metrics: Sequence[Any] | None,
+                     accumulation_steps: int, lr_scaling: LRScaling | None) -> Compiled:
     """Places ``model`` in ``strategy``'s scope and compiles it with a fresh optimizer and metrics.
 
     Args:
@@ -130,7 +132,8 @@ def compile_in_scope(model: ModelOrBuilder, *, strategy: tf.distribute.Strategy,
         if loss_scale is not None:
             opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
         opt = precision_lib.wrap_optimizer(opt, precision)
-        placed.compile(optimizer=opt, loss=loss, metrics=[_rebuild_metric(m) for m in (metrics or [])])
+        placed.compile(optimizer=opt, loss=loss,
+                       metrics=[_rebuild_metric(m) for m in (metrics or [])])
         skipped_updates = None
         if isinstance(opt, keras.optimizers.LossScaleOptimizer):
             # Written after the all-reduce, where every replica takes the same skip decision:

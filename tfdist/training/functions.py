@@ -35,7 +35,8 @@ class StepFunctions:
     """
 
     def __init__(self, model: keras.Model, runner: Runner, *, accumulation_steps: int,
-                 exchange: ExchangeOptions | None = None, schedule: schedules.ScaledWarmup | None = None,
+                 exchange: ExchangeOptions | None = None,
+                 schedule: schedules.ScaledWarmup | None = None,
                  skipped_updates: tf.Variable | None = None) -> None:
         self.model = model
         self.runner = runner
@@ -50,11 +51,11 @@ class StepFunctions:
 
     @property
     def train_functions(self) -> Mapping[tuple[int, int], Any]:
-        """The train functions made so far, by ``(global_batch_size, micro_batches)`` (read-only)."""
+        """The train functions so far, by ``(global_batch_size, micro_batches)`` (read-only)."""
         return types.MappingProxyType(self._train)
 
     def build(self, source: InputSource) -> None:
-        """Builds the model, metrics and optimizer from ``source``'s batch spec, once, in the scope."""
+        """Builds the model, metrics and optimizer from ``source``'s batch spec, once, in scope."""
         if self.built_for is None:
             with self.runner.strategy.scope():
                 symbolic_build(self.model, source.element_spec)
@@ -80,23 +81,26 @@ class StepFunctions:
         return packed(self.model) if packed is not None else self.model.get_metrics_result()
 
     def train(self, global_batch_size: int, micro_batches: int) -> Any:
-        """The train function for updates of ``micro_batches`` micro-batches of ``global_batch_size``."""
+        """The train function for updates of ``micro_batches`` batches of ``global_batch_size``."""
         key = (global_batch_size, micro_batches)
         if key not in self._train:
             update = make_train_update(
                 self.model, self.model.optimizer, global_batch_size=global_batch_size,
-                accumulation_steps=micro_batches, num_replicas=self.runner.strategy.num_replicas_in_sync,
+                accumulation_steps=micro_batches,
+                num_replicas=self.runner.strategy.num_replicas_in_sync,
                 skipped_updates=self.skipped_updates, bucket_bytes=self.exchange.bucket_bytes,
                 gradient_compression=self.exchange.compression)
-            self._train[key] = self.runner.compile_loop(update, self.logs, batches_per_call=micro_batches,
-                                                        name="train_function", model=self.model)
+            self._train[key] = self.runner.compile_loop(
+                update, self.logs, batches_per_call=micro_batches, name="train_function",
+                model=self.model)
         return self._train[key]
 
     def evaluation(self) -> Any:
         """The evaluation function (one batch per replica call)."""
         if self._eval is None:
-            self._eval = self.runner.compile_loop(make_eval_step(self.model), self.metrics_result,
-                                                  batches_per_call=1, name="test_function", training=False)
+            self._eval = self.runner.compile_loop(
+                make_eval_step(self.model), self.metrics_result, batches_per_call=1,
+                name="test_function", training=False)
         return self._eval
 
     def predict(self) -> Any:
@@ -109,8 +113,8 @@ class StepFunctions:
         """Starts ``fn`` for ``num_calls`` calls through the runner; returns its logs handle."""
         # The step all-reduces the gradients itself (once per update); the optimizer must not
         # again. Tracing reads the hook, and the runner may trace inside run().
-        with _compat.gradients_already_summed(self.model.optimizer,
-                                              num_replicas=self.runner.strategy.num_replicas_in_sync):
+        num_replicas = self.runner.strategy.num_replicas_in_sync
+        with _compat.gradients_already_summed(self.model.optimizer, num_replicas=num_replicas):
             return self.runner.run(fn, iterator, num_calls)
 
     def run(self, fn: Any, iterator: Any, num_calls: int) -> dict[str, float]:

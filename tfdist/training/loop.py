@@ -36,8 +36,9 @@ _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_tr
 StartUpdates = Callable[[int, Any, int], Any]
 
 
-def check_fit_arguments(*, epochs: Any, steps_per_epoch: Any, validation_steps: Any, initial_epoch: Any,
-                        verbose: Any, callbacks: Any, requires_steps_per_epoch: bool) -> Sequence[Any]:
+def check_fit_arguments(*, epochs: Any, steps_per_epoch: Any, validation_steps: Any,
+                        initial_epoch: Any, verbose: Any, callbacks: Any,
+                        requires_steps_per_epoch: bool) -> Sequence[Any]:
     """Checks ``Trainer.fit``'s loop arguments; returns the callbacks (None becomes none)."""
     check_positive_int("epochs", epochs)
     check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
@@ -52,8 +53,8 @@ def check_fit_arguments(*, epochs: Any, steps_per_epoch: Any, validation_steps: 
     if steps_per_epoch is None and requires_steps_per_epoch:
         raise invalid_argument(
             "steps_per_epoch", None, "a positive integer under strategy 'parameter_server'",
-            note="Its workers read their datasets independently and repeat them, so an epoch has no "
-                 "natural end: say how many batches make one.")
+            note="Its workers read their datasets independently and repeat them, so an epoch has "
+                 "no natural end: say how many batches make one.")
     return callbacks
 
 
@@ -71,8 +72,9 @@ def steps_per_execution_for(given: int | str, callbacks: Sequence[keras.callback
         return given
     # A hook counts whether the class overrides it or the instance sets it
     # (keras.callbacks.LambdaCallback assigns its hooks in __init__).
+    base = keras.callbacks.Callback
     per_batch = [type(c).__name__ for c in callbacks
-                 if any(h in vars(c) or getattr(type(c), h) is not getattr(keras.callbacks.Callback, h)
+                 if any(h in vars(c) or getattr(type(c), h) is not getattr(base, h)
                         for h in _BATCH_HOOKS)]
     if per_batch:
         logger.info("steps_per_execution='auto': one update per call, for the batch hooks of %s.",
@@ -128,7 +130,8 @@ class EpochLoop:
         self.watcher = watcher
         self.updates = updates  # optimizer updates attempted, over all runs
         self.logs: dict[str, float] = {}
-        self._pending: collections.deque = collections.deque()  # (batch, logs handle), not fetched yet
+        # (batch, logs handle) of executions started but not fetched yet
+        self._pending: collections.deque = collections.deque()
 
     def _deliver(self, limit: int) -> None:
         while len(self._pending) > limit:
@@ -153,14 +156,15 @@ class EpochLoop:
         """Every worker gets here at the same update: ``agree`` voted on the SIGTERM."""
         if self.backup is not None:
             self._save(epoch, step)
-            logger.warning("Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with code %d "
-                           "so the launcher restarts this run.", epoch + 1, step, PREEMPTED_EXIT_CODE)
+            logger.warning("Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with "
+                           "code %d so the launcher restarts this run.", epoch + 1, step,
+                           PREEMPTED_EXIT_CODE)
             raise SystemExit(PREEMPTED_EXIT_CODE)
         self._deliver(0)
         self.runner.join()
-        logger.warning("Stopped at epoch %d, micro-batch %d (%d updates) after SIGTERM; no backup_dir, so "
-                       "nothing was saved. Exiting with code %d.", epoch + 1, step, self.updates,
-                       TERMINATED_EXIT_CODE)
+        logger.warning("Stopped at epoch %d, micro-batch %d (%d updates) after SIGTERM; no "
+                       "backup_dir, so nothing was saved. Exiting with code %d.", epoch + 1, step,
+                       self.updates, TERMINATED_EXIT_CODE)
         raise SystemExit(TERMINATED_EXIT_CODE)
 
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
@@ -193,9 +197,10 @@ class EpochLoop:
         return dict(self.logs)
 
 
-def fit_epochs(plan: EpochPlan, *, runner: Runner, model: keras.Model, callbacks: Sequence[Any], verbose: int,
-               start: StartUpdates, logs_fn: LogsFn, backup: Backup | None, position: Position | None,
-               source: InputSource, epochs: int, initial_epoch: int, repeat: bool,
+def fit_epochs(plan: EpochPlan, *, runner: Runner, model: keras.Model, callbacks: Sequence[Any],
+               verbose: int, start: StartUpdates, logs_fn: LogsFn, backup: Backup | None,
+               position: Position | None, source: InputSource, epochs: int, initial_epoch: int,
+               repeat: bool,
                validate: Callable[[], dict[str, float]] | None) -> None:
     """One ``fit``'s training from ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
 
@@ -254,10 +259,12 @@ def train_epochs(loop: EpochLoop, *, model: keras.Model, source: InputSource, ep
             if persistent is None:
                 # One repeated stream from epoch 0: skip every step trained on since.
                 done = epoch * steps + first_step if position is not None else 0
-                persistent = runner.make_iterator(runner.distribute(source.repeated().skipping(done)))
+                persistent = runner.make_iterator(
+                    runner.distribute(source.repeated().skipping(done)))
             iterator = persistent
         else:
-            iterator = runner.make_iterator(runner.distribute(source.for_epoch(epoch).skipping(first_step)))
+            iterator = runner.make_iterator(
+                runner.distribute(source.for_epoch(epoch).skipping(first_step)))
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
         epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)

@@ -15,12 +15,13 @@ ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 def created_in_scope(strategy: tf.distribute.Strategy, model: keras.Model) -> bool:
     """Whether every variable of a built ``model`` was created in ``strategy``'s scope."""
     variables = model.variables
-    # A Keras variable wraps the tf.Variable the strategy made (`.value`); the strategy knows only that one.
+    # A Keras variable wraps the tf.Variable the strategy made (`.value`); only that one is known.
     return bool(variables) and all(
         strategy.extended.variable_created_in_scope(getattr(v, "value", v)) for v in variables)
 
 
-def place_model(model: ModelOrBuilder | Any, strategy: tf.distribute.Strategy, precision: str) -> keras.Model:
+def place_model(model: ModelOrBuilder | Any, strategy: tf.distribute.Strategy,
+                precision: str) -> keras.Model:
     """The Trainer's model, with its variables in ``strategy``'s scope; call inside the scope.
 
     A model built in the scope is used as is; an unbuilt one is built later
@@ -30,7 +31,7 @@ def place_model(model: ModelOrBuilder | Any, strategy: tf.distribute.Strategy, p
     if isinstance(model, keras.Model):
         check_model_policy(model, precision)
         if not model.variables:
-            return model  # unbuilt: its variables are created when tfdist builds it, inside the scope
+            return model  # unbuilt: its variables are made when tfdist builds it, in the scope
         if created_in_scope(strategy, model):
             return model
         return rebuild_in_scope(model)
@@ -39,7 +40,8 @@ def place_model(model: ModelOrBuilder | Any, strategy: tf.distribute.Strategy, p
         if not isinstance(built, keras.Model):
             raise invalid_argument("model", built, "a builder that returns a keras.Model")
         return built
-    note = (f"For a built-in model pass `lambda: tfdist.models.get({model!r})`." if isinstance(model, str) else "")
+    note = (f"For a built-in model pass `lambda: tfdist.models.get({model!r})`."
+            if isinstance(model, str) else "")
     raise invalid_argument("model", model if isinstance(model, str) else type(model).__name__,
                            "a keras.Model or a zero-arg builder", note=note)
 

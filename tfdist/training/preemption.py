@@ -31,9 +31,11 @@ class PreemptionWatcher:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.has_backup:
-            logger.warning("SIGTERM: saving a backup at the next step boundary, then exiting for a restart")
+            logger.warning("SIGTERM: saving a backup at the next step boundary, then exiting for a "
+                           "restart")
         else:
-            logger.warning("SIGTERM: stopping at the next step boundary (no backup_dir, so nothing is saved)")
+            logger.warning("SIGTERM: stopping at the next step boundary (no backup_dir, so nothing "
+                           "is saved)")
         self.requested = True
 
     def __exit__(self, *exc: Any) -> None:

@@ -20,13 +20,11 @@ import logging
 from typing import Any, Literal, Mapping, Sequence
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfdist import _compat
 from tfdist.config import check_positive_int, invalid_argument
-from tfdist.data.inputs import DEFAULT_GLOBAL_BATCH_SIZE, InputSource, as_input, check_evaluation_steps
-from tfdist.models import check_features
+from tfdist.data.inputs import InputSource, as_input, check_evaluation_steps
 from tfdist.strategies.base import Runner
 from tfdist.strategies.factory import runner_for
 from tfdist.training import evaluation, schedules
@@ -34,9 +32,11 @@ from tfdist.training import precision as precision_lib
 from tfdist.training.build import check_loss, compile_in_scope
 from tfdist.training.functions import StepFunctions
 from tfdist.training.loop import EpochPlan, check_fit_arguments, fit_epochs, steps_per_execution_for
-from tfdist.training.options import BackupOptions, ExchangeOptions, LRScaling, ScalingRule, trainer_options
+from tfdist.training.options import (BackupOptions, ExchangeOptions, LRScaling, ScalingRule,
+                                     trainer_options)
 from tfdist.training.placement import ModelOrBuilder
 from tfdist.training.resume import FitBackups
+from tfdist.training.sources import fit_sources, predict_source
 
 logger = logging.getLogger(__name__)
 
@@ -130,33 +130,38 @@ class Trainer:
         # Every argument is checked here, once, before anything is built.
         precision_lib.check_precision(precision)
         check_positive_int("accumulation_steps", accumulation_steps)
-        if steps_per_execution != "auto" and (isinstance(steps_per_execution, bool) or not isinstance(
-                steps_per_execution, int) or steps_per_execution < 1):
-            raise invalid_argument("steps_per_execution", steps_per_execution, "a positive integer or 'auto'")
+        if steps_per_execution != "auto" and (
+                isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int)
+                or steps_per_execution < 1):
+            raise invalid_argument("steps_per_execution", steps_per_execution,
+                                   "a positive integer or 'auto'")
         check_loss(loss)
         # The option groups (None: not used), each from its object or its shortcuts, checked once.
         self.backup, self.lr_scaling, self.exchange = trainer_options(
             backup=backup, lr_scaling=lr_scaling, exchange=exchange, backup_dir=backup_dir,
             backup_freq=backup_freq, keep_backup=keep_backup, keep_backups=keep_backups,
             base_global_batch_size=base_global_batch_size, warmup_steps=warmup_steps,
-            warmup_epochs=warmup_epochs, gradient_compression=gradient_compression, bucket_bytes=bucket_bytes)
+            warmup_epochs=warmup_epochs, gradient_compression=gradient_compression,
+            bucket_bytes=bucket_bytes)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
         if precision == "auto" and isinstance(model, keras.Model):
-            precision = model.dtype_policy.name  # a model already made keeps the policy it was made with
-        # "auto" becomes a concrete policy; a policy the device runs slowly warns once, on the chief.
+            precision = model.dtype_policy.name  # a model already made keeps its policy
+        # "auto" becomes a concrete policy; a policy the device runs slowly warns once (chief).
         self.precision = precision_lib.resolve_precision(precision, is_chief=self._runner.is_chief)
         self._steps_per_execution = steps_per_execution  # as given: "auto" is resolved by each fit
         self.steps_per_execution = steps_per_execution
         _compat.apply()
-        compiled = compile_in_scope(model, strategy=self.strategy, precision=self.precision, optimizer=optimizer,
-                                    loss=loss, metrics=metrics, accumulation_steps=accumulation_steps,
+        compiled = compile_in_scope(model, strategy=self.strategy, precision=self.precision,
+                                    optimizer=optimizer, loss=loss, metrics=metrics,
+                                    accumulation_steps=accumulation_steps,
                                     lr_scaling=self.lr_scaling)
         self.model = compiled.model
         self.accumulation_steps = compiled.accumulation_steps
-        self._functions = StepFunctions(self.model, self._runner, accumulation_steps=self.accumulation_steps,
-                                        exchange=self.exchange, schedule=compiled.schedule,
-                                        skipped_updates=compiled.skipped_updates)
+        self._functions = StepFunctions(
+            self.model, self._runner, accumulation_steps=self.accumulation_steps,
+            exchange=self.exchange, schedule=compiled.schedule,
+            skipped_updates=compiled.skipped_updates)
         self._backups = FitBackups(self.backup, model=self.model, runner=self._runner,
                                    skipped_updates=compiled.skipped_updates)
 
@@ -178,7 +183,7 @@ class Trainer:
 
     @property
     def train_functions(self) -> Mapping[tuple[int, int], Any]:
-        """The compiled train functions so far, by ``(global_batch_size, micro-batches per update)``.
+        """The compiled train functions, by ``(global_batch_size, micro-batches per update)``.
 
         Read-only; for inspecting what was traced (e.g. the collectives in a
         graph). A fit whose epochs end in a partial update adds a second key.
@@ -188,12 +193,6 @@ class Trainer:
     # -- helpers ------------------------------------------------------------
     def _auto_steps_per_execution(self) -> int:
         return int(getattr(self._runner, "auto_steps_per_execution", 1))
-
-    def _input(self, data: Any, global_batch_size: int | None, training: bool, argument: str) -> InputSource:
-        source = as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
-                          training=training, argument=argument)
-        check_features(self.model, source.element_spec, argument=argument)
-        return source
 
     def _evaluate_source(self, source: InputSource, steps: int | None) -> dict[str, float]:
         per_call = (self.steps_per_execution if self.steps_per_execution != "auto"
@@ -234,19 +233,10 @@ class Trainer:
             epochs=epochs, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
             initial_epoch=initial_epoch, verbose=verbose, callbacks=callbacks,
             requires_steps_per_epoch=self._runner.requires_steps_per_epoch)
-        source = self._input(data, global_batch_size, True, "data")
-        steps = steps_per_epoch or source.steps_per_epoch
-        if steps_per_epoch and source.steps_per_epoch and steps_per_epoch > source.steps_per_epoch:
-            logger.info("steps_per_epoch=%d is more than one pass over the data (%d batches): the data repeats.",
-                        steps_per_epoch, source.steps_per_epoch)
-        if steps is None:
-            raise invalid_argument("steps_per_epoch", None, "a positive integer",
-                                   note="The data's length is unknown (e.g. a repeated dataset).")
-        val_source = None
-        if validation_data is not None:
-            val_source = self._input(validation_data, global_batch_size or source.global_batch_size,
-                                     False, "validation_data")
-            check_evaluation_steps("validation_steps", validation_steps, val_source)
+        source, steps, val_source = fit_sources(
+            data, validation_data, runner=self._runner, model=self.model,
+            global_batch_size=global_batch_size, steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps)
         k = self.accumulation_steps
         full_updates, last_window = divmod(steps, k)
         functions = self._functions
@@ -267,12 +257,18 @@ class Trainer:
         self.model.stop_training = False
         backup = self._backups.open()
         position = self._backups.restore(backup)  # every worker: the chief's position
-        plan = EpochPlan(steps, k, self.steps_per_execution, self.backup.freq if self.backup else "epoch")
-        validate = None if val_source is None else (lambda: self._evaluate_source(val_source, validation_steps))
+        plan = EpochPlan(steps, k, self.steps_per_execution,
+                         self.backup.freq if self.backup else "epoch")
+        validate = None
+        if val_source is not None:
+            def validate() -> dict[str, float]:
+                return self._evaluate_source(val_source, validation_steps)
+        # The loop sees only `start` and `functions.logs`, never this Trainer.
         fit_epochs(plan, runner=self._runner, model=self.model, callbacks=callbacks,
-                   verbose=1 if verbose == "auto" else int(verbose), start=start, logs_fn=functions.logs,
-                   backup=backup, position=position, source=source, epochs=epochs,
-                   initial_epoch=initial_epoch, repeat=bool(steps_per_epoch), validate=validate)
+                   verbose=1 if verbose == "auto" else int(verbose), start=start,
+                   logs_fn=functions.logs, backup=backup, position=position, source=source,
+                   epochs=epochs, initial_epoch=initial_epoch, repeat=bool(steps_per_epoch),
+                   validate=validate)
         self._backups.finish(backup)
         return self.model.history
 
@@ -291,13 +287,15 @@ class Trainer:
             A dict of metric name to value, e.g. ``{"loss": ..., "accuracy": ...}``.
         """
         check_positive_int("steps", steps, allow_none=True)
-        source = as_input(data, input_context=self._runner.input_context(), global_batch_size=global_batch_size,
-                          training=False, argument="data", fallback_global_batch_size=self._functions.built_for)
+        source = as_input(data, input_context=self._runner.input_context(),
+                          global_batch_size=global_batch_size, training=False, argument="data",
+                          fallback_global_batch_size=self._functions.built_for)
         check_evaluation_steps("steps", steps, source)
         return self._evaluate_source(source, steps)
 
-    def predict(self, data: Any, *, steps: int | None = None, global_batch_size: int | None = None) -> Any:
-        """Runs the model on ``data``, distributed like :meth:`evaluate`, and returns outputs in input order.
+    def predict(self, data: Any, *, steps: int | None = None,
+                global_batch_size: int | None = None) -> Any:
+        """Runs the model on ``data``, distributed like :meth:`evaluate`; outputs in input order.
 
         Args:
             data: Inputs ``x`` as an array (or dict of arrays), an
@@ -318,10 +316,6 @@ class Trainer:
             batch included.
         """
         check_positive_int("steps", steps, allow_none=True)
-        if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
-            data = data[0]
-        if isinstance(data, (np.ndarray, dict)) or hasattr(data, "__array__"):
-            gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
-            data = tf.data.Dataset.from_tensor_slices(data).batch(gbs)
-        source = self._input(data, global_batch_size, False, "data")
-        return evaluation.predict(self._functions, source, steps, shown=type(data).__name__)
+        source, shown = predict_source(data, runner=self._runner, model=self.model,
+                                       global_batch_size=global_batch_size)
+        return evaluation.predict(self._functions, source, steps, shown=shown)
