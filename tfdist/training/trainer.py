@@ -4,6 +4,12 @@ The loop decides *when* things happen (epochs, executions, callbacks,
 validation); the runner from ``tfdist.strategies`` decides *how* a step runs on
 its strategy; ``training/step.py`` decides *what* a step does.
 
+This module only checks the Trainer's arguments and wires the parts, one job
+each: ``options`` (option groups), ``build`` (model, optimizer and metrics into
+the scope), ``functions`` (the compiled functions), ``sources`` (data
+arguments), ``loop`` (the epoch loop), ``evaluation`` (evaluate, predict) and
+``resume`` (backups and resuming).
+
 Example (``python -c`` or a script)::
 
     import tfdist
