@@ -25,8 +25,9 @@ def test_shortcuts_build_the_option_objects(tmp_path):
     assert flat.lr_scaling == tfdist.LRScaling("linear", base_global_batch_size=16, warmup_steps=5)
     assert flat.exchange == tfdist.ExchangeOptions(compression="bf16", bucket_bytes=100)
     plain = _trainer()
-    assert plain.backup is None and plain.exchange is None
-    assert plain.learning_rate_schedule is None and not plain.lr_scaling.active
+    assert plain.backup is None and plain.exchange == tfdist.ExchangeOptions()
+    assert plain.lr_scaling == tfdist.LRScaling("none") and not plain.lr_scaling.active
+    assert plain.learning_rate_schedule is None
     assert _trainer(backup_freq=5).backup is None  # checked, but no backups without a directory
 
 

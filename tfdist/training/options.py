@@ -204,9 +204,10 @@ def from_shortcuts(cls: type, options: Any, shortcuts: Mapping[str, Any]) -> Any
         shortcuts: The group's flat keywords as passed (None: not given).
 
     Returns:
-        ``options``, an object built from the shortcuts given, or None when
-        neither is given. A :class:`BackupOptions` needs ``backup_dir``: its
-        other shortcuts are checked but change nothing without it.
+        ``options``, else an object built from the shortcuts given (the
+        defaults for the others), or None when a required field (a
+        :class:`BackupOptions`'s ``dir``) is missing: the other backup
+        shortcuts are then checked but change nothing.
 
     Raises:
         ValueError: For a bad shortcut value (named as the shortcut), or for a
@@ -238,7 +239,8 @@ def trainer_options(
     """The Trainer's three option groups from its keywords (objects or shortcuts), checked once.
 
     Returns:
-        ``(backup, lr_scaling, exchange)``; None for a group not used.
+        ``(backup, lr_scaling, exchange)``: ``backup`` is None without a
+        directory; the other two hold their defaults when nothing is given.
     """
     # `lr_scaling` is both the LRScaling object's keyword and the shortcut for its rule.
     as_object = isinstance(lr_scaling, LRScaling)

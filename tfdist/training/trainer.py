@@ -142,7 +142,8 @@ class Trainer:
             raise invalid_argument("steps_per_execution", steps_per_execution,
                                    "a positive integer or 'auto'")
         check_loss(loss)
-        # The option groups (None: not used), each from its object or its shortcuts, checked once.
+        # The option groups, each from its object or its shortcuts, checked once (backup: None
+        # without a directory).
         self.backup, self.lr_scaling, self.exchange = trainer_options(
             backup=backup, lr_scaling=lr_scaling, exchange=exchange, backup_dir=backup_dir,
             backup_freq=backup_freq, keep_backup=keep_backup, keep_backups=keep_backups,
