@@ -22,12 +22,15 @@ import sys
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Trainer", "make_strategy", "callbacks", "data", "launch", "models", "__version__"]
+__all__ = ["Trainer", "BackupOptions", "ExchangeOptions", "LRScaling", "make_strategy", "callbacks", "data", "launch", "models", "__version__"]
 
 # Subpackages and modules that use TensorFlow: the shims go in before any of them loads.
 _TF_MODULES = ("tfdist.training", "tfdist.strategies", "tfdist.data", "tfdist.models", "tfdist.callbacks",
                "tfdist.bench", "tfdist.launch.train")
 _ATTRIBUTES = {"Trainer": ("tfdist.training.trainer", "Trainer"),
+               "BackupOptions": ("tfdist.training.options", "BackupOptions"),
+               "ExchangeOptions": ("tfdist.training.options", "ExchangeOptions"),
+               "LRScaling": ("tfdist.training.options", "LRScaling"),
                "make_strategy": ("tfdist.strategies.factory", "make_strategy"),
                "callbacks": ("tfdist.callbacks", None), "data": ("tfdist.data", None),
                "models": ("tfdist.models", None), "launch": ("tfdist.launch", None)}

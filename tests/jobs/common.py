@@ -26,8 +26,10 @@ def collectives_in_loop_body(tf_function):
     """
     from tensorflow.core.framework import types_pb2
 
+    from tfdist._compat.keras_training import concrete_functions
+
     counts = {"float": 0, "int": 0}
-    for concrete in tf_function._list_all_concrete_functions():
+    for concrete in concrete_functions(tf_function):
         for f in concrete.graph.as_graph_def().library.function:
             if "while_body" not in f.signature.name:
                 continue

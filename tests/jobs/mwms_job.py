@@ -31,7 +31,7 @@ if mode in ("trainer", "trainer_accum", "trainer_bucketed"):
     history = trainer.fit(dataset(global_batch=GLOBAL_BATCH // k), epochs=2, verbose=0)
     model = trainer.model
     print("iterations", int(model.optimizer.iterations.numpy()))
-    counts = collectives_in_loop_body(trainer._train_fns[(GLOBAL_BATCH // k, k)])
+    counts = collectives_in_loop_body(trainer.train_functions[(GLOBAL_BATCH // k, k)])
     print("gradient_all_reduces_per_update", counts["float"])
 else:
     with strategy.scope():

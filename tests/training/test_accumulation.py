@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tfdist._compat.keras_training import concrete_functions
 from tests.jobs.common import builder, data, initial_weights
 from tfdist.training.schedules import ScaledWarmup
 
@@ -121,7 +122,7 @@ def test_trainer_learning_rate_in_logs_and_tensorboard(tmp_path):
     # After epoch 1: 3 updates done = end of warmup -> 0.2; stays there.
     assert history.history["learning_rate"] == pytest.approx([0.2, 0.2])
     assert float(trainer.model.optimizer.learning_rate) == pytest.approx(0.2)
-    assert float(trainer._schedule(1)) == pytest.approx(0.1 + 0.1 / 3)
+    assert float(trainer.learning_rate_schedule(1)) == pytest.approx(0.1 + 0.1 / 3)
     tags = set()
     for path in glob.glob(str(tmp_path / "train" / "events.out.tfevents.*")):
         for event in tf.compat.v1.train.summary_iterator(path):
@@ -143,7 +144,7 @@ def test_schedule_errors(kwargs, pattern):
 def _graph_size(tf_function):
     """Nodes in a traced tf.function, its nested function bodies (loops, conds) included."""
     total = 0
-    for concrete in tf_function._list_all_concrete_functions():
+    for concrete in concrete_functions(tf_function):
         graph_def = concrete.graph.as_graph_def()
         total += len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
     return total
@@ -154,7 +155,7 @@ def test_accumulation_graph_does_not_grow_with_k():
     sizes = {}
     for k in (1, 2, 16):
         trainer, _ = _fit(tfdist.make_strategy("mirrored", num_devices=2), MICRO, k, n=MICRO * 16, epochs=1)
-        assert list(trainer._train_fns) == [(MICRO, k)]  # whole updates only: one train function
-        sizes[k] = _graph_size(trainer._train_fns[(MICRO, k)])
+        assert list(trainer.train_functions) == [(MICRO, k)]  # whole updates only: one train function
+        sizes[k] = _graph_size(trainer.train_functions[(MICRO, k)])
     assert sizes[16] == sizes[2]
     assert sizes[16] < 1.5 * sizes[1]

@@ -143,7 +143,7 @@ def test_steps_per_epoch_longer_than_one_pass(mirrored, kind):
     assert len(history.history["loss"]) == 2
 
 
-def test_resume_with_steps_per_epoch_skips_in_tf_data(mirrored, tmp_path):
+def test_resume_with_steps_per_epoch_skips_in_tf_data(mirrored, tmp_path, monkeypatch):
     data_fn = tfdist.data.load("synthetic", num_examples=96, input_shape=(6,), num_classes=3)
     kwargs = dict(epochs=3, steps_per_epoch=8, global_batch_size=GLOBAL_BATCH, verbose=0)  # 6 batches a pass
     reference = _trainer(mirrored)
@@ -154,7 +154,8 @@ def test_resume_with_steps_per_epoch_skips_in_tf_data(mirrored, tmp_path):
     with pytest.raises(RuntimeError, match="simulated crash"):
         first.fit(data_fn, callbacks=[Crash(after=13)], **kwargs)
     resumed = _trainer(mirrored, backup_dir=backup_dir, backup_freq=3)
-    resumed._runner.skip = None  # resuming must not draw batches one by one through the runner
+    # Resuming must not draw batches one by one through the runner.
+    monkeypatch.setattr(resumed.runner, "skip", None)
     resumed.fit(data_fn, **kwargs)
     assert int(resumed.model.optimizer.iterations.numpy()) == 24
     for a, b in zip(reference.model.get_weights(), resumed.model.get_weights()):

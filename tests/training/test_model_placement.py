@@ -5,7 +5,7 @@ import pytest
 
 import tfdist
 from tests.jobs.common import dataset
-from tfdist.training.trainer import _in_scope
+from tfdist.training.placement import created_in_scope
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -36,7 +36,7 @@ class ConfiguredNet(Net):
 def _fits(trainer):
     history = trainer.fit(dataset(), epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
-    assert _in_scope(trainer.strategy, trainer.model)
+    assert created_in_scope(trainer.strategy, trainer.model)
 
 
 def test_unbuilt_subclassed_instance_is_built_in_the_scope(mirrored):

@@ -15,9 +15,9 @@ SAPPHIRE_RAPIDS = AVX2_EPYC | {"avx512f", "amx_bf16", "amx_fp16", "avx512_fp16"}
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings():
-    precision_lib._warned.clear()
+    precision_lib.forget_slow_policy_warnings()
     yield
-    precision_lib._warned.clear()
+    precision_lib.forget_slow_policy_warnings()
 
 
 @pytest.mark.parametrize("gpus, flags, native, auto", [

@@ -36,6 +36,7 @@ from typing import Any
 import keras
 
 from tfdist.launch.ray_engine import require_ray
+from tfdist.logs import as_floats
 
 logger = logging.getLogger(__name__)
 STATE_FILE = "state.json"  # tfdist.training.backup.STATE_FILE, read here as a file format
@@ -123,7 +124,7 @@ class RayBackup(keras.callbacks.Callback):
         """Every worker calls it at the same points; the chief attaches a new backup, if any."""
         import ray.train
 
-        metrics = {**{k: float(v) for k, v in self._logs.items()}, "epoch": self._epoch}
+        metrics = {**as_floats(self._logs), "epoch": self._epoch}
         state = _read_state(self.backup_dir) if self.is_chief else None
         if state is None or state["number"] == self._reported:
             ray.train.report(metrics)

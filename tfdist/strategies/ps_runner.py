@@ -30,6 +30,7 @@ import tensorflow as tf
 from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
 from tfdist._compat.runtime import ps_num_workers
 from tfdist.data.inputs import InputSource
+from tfdist.logs import as_floats
 from tfdist.strategies.base import LogsFn, ReplicaFn
 
 logger = logging.getLogger(__name__)
@@ -258,7 +259,7 @@ class PSRunner:
             values, sums = values
             self._sums = list(sums) if self._sums is None else [a + b for a, b in zip(self._sums, sums)]
             values = {**values, **self._metric_logs(self._sums)}
-        self._last_logs = {k: float(np.asarray(v)) for k, v in values.items()}
+        self._last_logs = as_floats(values)
         return dict(self._last_logs)
 
     def join(self) -> None:
@@ -273,4 +274,4 @@ class PSRunner:
             for variable, total in zip(self._metric_vars, self._sums):
                 variable.assign(total)
             self._sums = None
-        return {k: float(np.asarray(v)) for k, v in logs_fn().items()}
+        return as_floats(logs_fn())

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
 from tfdist.data.inputs import InputSource
+from tfdist.logs import as_floats
 from tfdist.strategies.base import LogsFn, ReplicaFn
 
 
@@ -167,7 +168,7 @@ class SyncRunner:
         return fn(iterator, tf.constant(num_calls, tf.int32))
 
     def fetch(self, logs: Any) -> dict[str, float]:
-        return {k: float(np.asarray(v)) for k, v in logs.items()}
+        return as_floats(logs)
 
     def join(self) -> None:
         return None

@@ -34,25 +34,11 @@ from typing import Any, Literal, Sequence
 
 import tensorflow as tf
 
-from tfdist.config import check_positive_int, invalid_argument
 
 Compression = Literal["bf16", "fp16"]
 COMPRESSIONS = ("bf16", "fp16")
 _WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
 _FP16_TARGET = 2.0 ** 14  # the scaled sum stays below 2**15 < 65504
-
-
-def check_compression(value: Any) -> str | None:
-    """Returns ``value`` if it is ``None``, ``"bf16"`` or ``"fp16"``, else raises the standard error."""
-    if value is not None and value not in COMPRESSIONS:
-        raise invalid_argument("gradient_compression", value, "one of: bf16, fp16, None",
-                               note="The gradients are all-reduced in 16 bits and summed back in float32.")
-    return value
-
-
-def check_bucket_bytes(value: Any) -> int | None:
-    """Returns ``value`` if it is a positive int or ``None``, else raises the standard error."""
-    return check_positive_int("bucket_bytes", value, allow_none=True)
 
 
 def buckets(grads: Sequence[tf.Tensor], bucket_bytes: int | None) -> list[list[int]]:

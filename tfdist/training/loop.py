@@ -1,78 +1,137 @@
-"""The inner loop of ``Trainer.fit``: one epoch of executions.
+"""The epoch loop of ``Trainer.fit``: epochs, executions, callbacks, step-level backups, SIGTERM.
 
-It schedules the compiled train function through the runner, hands each
-execution's logs to the callbacks in order (up to ``runner.max_in_flight``
-executions may run ahead, for parameter servers), and takes step-level backups
-and acts on SIGTERM at update boundaries: with a backup it saves and exits 75
-for a restart; without one every worker stops at the same update and exits
-143 (128 + SIGTERM).
+:func:`train_epochs` runs the epochs (an iterator per epoch, validation,
+epoch-end backups); :class:`EpochLoop` runs one epoch's executions. It starts
+updates through one callable, ``start(micro_batches, iterator, num_updates)``,
+as Orbit's Controller calls only ``trainer.train(num_steps)``: it knows
+nothing of the Trainer. It hands each execution's logs to the callbacks in
+order (up to ``runner.max_in_flight`` executions may run ahead, for parameter
+servers), takes step-level backups, and acts on SIGTERM at update boundaries:
+with a backup it saves and exits 75 for a restart; without one every worker
+stops at the same update and exits 143 (128 + SIGTERM).
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
-import signal
-import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Sequence
 
 import keras
 
+from tfdist.config import (PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE, check_non_negative_int,
+                           check_positive_int, invalid_argument)
 from tfdist.data.inputs import InputSource
-from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
+from tfdist.strategies.base import LogsFn, Runner
 from tfdist.training.backup import Backup, Position
-
-if TYPE_CHECKING:
-    from tfdist.training.trainer import Trainer
+from tfdist.training.callbacks import chief_writes_only
+from tfdist.training.preemption import PreemptionWatcher
 
 logger = logging.getLogger(__name__)
 
+_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
 
-class PreemptionWatcher:
-    """Notes SIGTERM so the loop can stop at the next step boundary.
+#: ``start(micro_batches, iterator, num_updates)``: starts ``num_updates`` optimizer updates of
+#: ``micro_batches`` micro-batches each and returns the runner's logs handle.
+StartUpdates = Callable[[int, Any, int], Any]
 
-    Args:
-        has_backup: Whether the run saves a backup before exiting for a
-            restart (else it just stops); only changes the log message.
+
+def check_fit_arguments(*, epochs: Any, steps_per_epoch: Any, validation_steps: Any,
+                        initial_epoch: Any, verbose: Any, callbacks: Any,
+                        requires_steps_per_epoch: bool) -> Sequence[Any]:
+    """Checks ``Trainer.fit``'s loop arguments; returns the callbacks (None becomes none)."""
+    check_positive_int("epochs", epochs)
+    check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
+    check_positive_int("validation_steps", validation_steps, allow_none=True)
+    check_non_negative_int("initial_epoch", initial_epoch)
+    if verbose not in ("auto", 0, 1, 2):
+        raise invalid_argument("verbose", verbose, "'auto', 0, 1 or 2")
+    callbacks = () if callbacks is None else callbacks
+    if isinstance(callbacks, keras.callbacks.Callback) or not all(
+            isinstance(c, keras.callbacks.Callback) for c in callbacks):
+        raise invalid_argument("callbacks", callbacks, "a list of keras.callbacks.Callback")
+    if steps_per_epoch is None and requires_steps_per_epoch:
+        raise invalid_argument(
+            "steps_per_epoch", None, "a positive integer under strategy 'parameter_server'",
+            note="Its workers read their datasets independently and repeat them, so an epoch has "
+                 "no natural end: say how many batches make one.")
+    return callbacks
+
+
+def steps_per_execution_for(given: int | str, callbacks: Sequence[keras.callbacks.Callback], *,
+                            auto: int) -> int:
+    """``steps_per_execution`` for one fit: the int given, or what ``"auto"`` picks.
+
+    ``"auto"`` runs one update per call when a callback has batch hooks (so it
+    sees every update), else ``auto`` batches. Only the callbacks and the
+    runner decide (never timing, nor which process is the chief): every worker
+    must split an epoch into the same calls, since each call ends with
+    collectives (logs, preemption vote).
+    """
+    if given != "auto":
+        return given
+    # A hook counts whether the class overrides it or the instance sets it
+    # (keras.callbacks.LambdaCallback assigns its hooks in __init__).
+    base = keras.callbacks.Callback
+    per_batch = [type(c).__name__ for c in callbacks
+                 if any(h in vars(c) or getattr(type(c), h) is not getattr(base, h)
+                        for h in _BATCH_HOOKS)]
+    if per_batch:
+        logger.info("steps_per_execution='auto': one update per call, for the batch hooks of %s.",
+                    ", ".join(per_batch))
+        return 1
+    return auto
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochPlan:
+    """How one ``fit`` cuts its epochs into executions; the same on every worker.
+
+    Attributes:
+        steps: Micro-batches per epoch.
+        accumulation_steps: Micro-batches per optimizer update (``k``).
+        steps_per_execution: Micro-batches per call, rounded down to whole
+            updates (at least one).
+        backup_freq: ``"epoch"`` or updates between step-level backups.
     """
 
-    def __init__(self, *, has_backup: bool = True) -> None:
-        self.requested = False
-        self.has_backup = has_backup
-        self._previous: Any = None
-
-    def __enter__(self) -> "PreemptionWatcher":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
-        return self
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.has_backup:
-            logger.warning("SIGTERM: saving a backup at the next step boundary, then exiting for a restart")
-        else:
-            logger.warning("SIGTERM: stopping at the next step boundary (no backup_dir, so nothing is saved)")
-        self.requested = True
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+    steps: int
+    accumulation_steps: int
+    steps_per_execution: int
+    backup_freq: int | str = "epoch"
 
 
-class EpochRunner:
-    """One fit call's epochs: executions, logs delivery, step-level backups, preemption."""
+class EpochLoop:
+    """One fit call's epochs of executions: logs delivery, step-level backups, preemption.
 
-    def __init__(self, trainer: "Trainer", callbacks: keras.callbacks.CallbackList, source: InputSource,
-                 train_fn: Any, steps: int, backup: Backup | None, *, updates: int) -> None:
-        self.trainer = trainer
-        self.runner = trainer._runner
+    Args:
+        plan: How an epoch is cut into executions.
+        runner: Fetches logs, joins scheduled work and votes across workers.
+        callbacks: The fit's callbacks, batch hooks called per execution.
+        start: Starts updates (see :data:`StartUpdates`).
+        logs_fn: The logs in cross-replica context, for ``runner.final_logs``.
+        should_stop: True once a callback asked to stop (``model.stop_training``).
+        backup: Where step-level backups go, or None.
+        watcher: The SIGTERM watcher, or None.
+        updates: Optimizer updates already attempted (over all runs, when resuming).
+    """
+
+    def __init__(self, plan: EpochPlan, *, runner: Runner, callbacks: keras.callbacks.CallbackList,
+                 start: StartUpdates, logs_fn: LogsFn, should_stop: Callable[[], bool],
+                 backup: Backup | None = None, watcher: PreemptionWatcher | None = None,
+                 updates: int = 0) -> None:
+        self.plan = plan
+        self.runner = runner
         self.callbacks = callbacks
-        self.source = source
-        self.train_fn = train_fn
-        self.steps = steps
+        self.start = start
+        self.logs_fn = logs_fn
+        self.should_stop = should_stop
         self.backup = backup
+        self.watcher = watcher
         self.updates = updates  # optimizer updates attempted, over all runs
-        self.watcher: PreemptionWatcher | None = None
         self.logs: dict[str, float] = {}
-        self._pending: collections.deque = collections.deque()  # (batch, logs handle), not fetched yet
+        # (batch, logs handle) of executions started but not fetched yet
+        self._pending: collections.deque = collections.deque()
 
     def _deliver(self, limit: int) -> None:
         while len(self._pending) > limit:
@@ -80,12 +139,15 @@ class EpochRunner:
             self.logs = self.runner.fetch(handle)
             self.callbacks.on_train_batch_end(batch, self.logs)
 
-    def _call(self, fn: Any, iterator: Any, num_updates: int, first_batch: int, last_batch: int) -> None:
+    def _call(self, micro_batches: int, iterator: Any, num_updates: int, first_batch: int,
+              last_batch: int) -> None:
         self.callbacks.on_train_batch_begin(first_batch)
-        self._pending.append((last_batch, self.trainer._start(fn, iterator, num_updates)))
+        self._pending.append((last_batch, self.start(micro_batches, iterator, num_updates)))
         self._deliver(self.runner.max_in_flight)
 
     def _save(self, epoch: int, step: int) -> None:
+        # Every scheduled update must have run (and its logs reached the callbacks) before the
+        # variables are saved with a position that says they did.
         self._deliver(0)
         self.runner.join()
         self.backup.save(Position(epoch, step, self.updates))
@@ -94,41 +156,123 @@ class EpochRunner:
         """Every worker gets here at the same update: ``agree`` voted on the SIGTERM."""
         if self.backup is not None:
             self._save(epoch, step)
-            logger.warning("Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with code %d "
-                           "so the launcher restarts this run.", epoch + 1, step, PREEMPTED_EXIT_CODE)
+            logger.warning("Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with "
+                           "code %d so the launcher restarts this run.", epoch + 1, step,
+                           PREEMPTED_EXIT_CODE)
             raise SystemExit(PREEMPTED_EXIT_CODE)
         self._deliver(0)
         self.runner.join()
-        logger.warning("Stopped at epoch %d, micro-batch %d (%d updates) after SIGTERM; no backup_dir, so "
-                       "nothing was saved. Exiting with code %d.", epoch + 1, step, self.updates,
-                       TERMINATED_EXIT_CODE)
+        logger.warning("Stopped at epoch %d, micro-batch %d (%d updates) after SIGTERM; no "
+                       "backup_dir, so nothing was saved. Exiting with code %d.", epoch + 1, step,
+                       self.updates, TERMINATED_EXIT_CODE)
         raise SystemExit(TERMINATED_EXIT_CODE)
 
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
         """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
-        trainer, model, k = self.trainer, self.trainer.model, self.trainer.accumulation_steps
-        full_updates, last_window = divmod(self.steps, k)
-        per_call = max(trainer.steps_per_execution // k, 1)
-        freq = trainer.backup_freq
+        k, steps, freq = self.plan.accumulation_steps, self.plan.steps, self.plan.backup_freq
+        full_updates, last_window = divmod(steps, k)
+        per_call = max(self.plan.steps_per_execution // k, 1)
+        backing_up = isinstance(freq, int) and self.backup is not None
         done = first_step // k
-        while done < full_updates and not model.stop_training:
+        while done < full_updates and not self.should_stop():
             n = min(per_call, full_updates - done)
-            if isinstance(freq, int) and self.backup is not None:
+            if backing_up:
                 n = min(n, freq - self.updates % freq)  # a call ends where a backup is due
-            self._call(self.train_fn, iterator, n, done * k, (done + n) * k - 1)
+            self._call(k, iterator, n, done * k, (done + n) * k - 1)
             done += n
             before, self.updates = self.updates, self.updates + n
             crossed = isinstance(freq, int) and before // freq != self.updates // freq
-            if self.backup is not None and crossed and done * k < self.steps:  # the epoch end saves anyway
+            if backing_up and crossed and done * k < steps:  # the epoch end saves anyway
                 self._save(epoch, done * k)
+            # A collective on every worker at every call: all must stop at the same update.
             if self.watcher is not None and self.runner.agree(self.watcher.requested):
                 self._stop_for_sigterm(epoch, done * k)
-        if last_window and not model.stop_training:
+        if last_window and not self.should_stop():
             # The epoch's last `last_window` micro-batches make one smaller
             # update, still a true mean over its examples.
-            fn = trainer._train_function(self.source.global_batch_size, last_window)
-            self._call(fn, iterator, 1, done * k, self.steps - 1)
+            self._call(last_window, iterator, 1, done * k, steps - 1)
             self.updates += 1
         self._deliver(0)
-        self.logs = self.runner.final_logs(trainer._logs, self.logs)
+        self.logs = self.runner.final_logs(self.logs_fn, self.logs)
         return dict(self.logs)
+
+
+def fit_epochs(plan: EpochPlan, *, runner: Runner, model: keras.Model, callbacks: Sequence[Any],
+               verbose: int, start: StartUpdates, logs_fn: LogsFn, backup: Backup | None,
+               position: Position | None, source: InputSource, epochs: int, initial_epoch: int,
+               repeat: bool,
+               validate: Callable[[], dict[str, float]] | None) -> None:
+    """One ``fit``'s training from ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
+
+    Args:
+        plan: How epochs are cut into executions.
+        runner: The strategy's runner.
+        model: The compiled model.
+        callbacks: The user's Keras callbacks.
+        verbose: 0 silent, 1 progress bar, 2 one line per epoch (chief only).
+        start: Starts updates (see :data:`StartUpdates`).
+        logs_fn: The logs in cross-replica context.
+        backup: Where backups go, or None.
+        position: Where a restored backup stood, or None.
+        source, epochs, initial_epoch, repeat, validate: As for :func:`train_epochs`.
+    """
+    with chief_writes_only(callbacks, is_chief=runner.is_chief, task_label=runner.task_label), \
+            PreemptionWatcher(has_backup=backup is not None) as watcher:
+        # Made inside chief_writes_only: set_model makes TensorBoard cache its
+        # log paths, which must already be the redirected ones on non-chiefs.
+        callback_list = keras.callbacks.CallbackList(
+            list(callbacks), add_history=True, add_progbar=bool(verbose) and runner.is_chief,
+            verbose=verbose, epochs=epochs, steps=plan.steps, model=model)
+        # SIGTERM: save and exit 75 with a backup, else stop and exit 143.
+        loop = EpochLoop(plan, runner=runner, callbacks=callback_list, start=start, logs_fn=logs_fn,
+                         should_stop=lambda: model.stop_training, backup=backup, watcher=watcher,
+                         updates=position.updates if position else 0)
+        train_epochs(loop, model=model, source=source, epochs=epochs, initial_epoch=initial_epoch,
+                     repeat=repeat, position=position, validate=validate)
+
+
+def train_epochs(loop: EpochLoop, *, model: keras.Model, source: InputSource, epochs: int,
+                 initial_epoch: int, repeat: bool, position: Position | None,
+                 validate: Callable[[], dict[str, float]] | None = None) -> None:
+    """Runs epochs ``initial_epoch..epochs-1`` with ``loop`` and its callbacks (train begin to end).
+
+    Args:
+        loop: The epoch loop, its callbacks and backup.
+        model: The model (metrics reset per epoch, ``stop_training`` honoured).
+        source: The training input.
+        epochs: Epochs to reach.
+        initial_epoch: The first epoch to run (a resumed position overrides it).
+        repeat: One iterator over the repeated data across epochs (``steps_per_epoch``
+            given, Keras's rule) instead of one pass per epoch.
+        position: Where a restored backup stood, or None.
+        validate: Returns the validation logs (un-prefixed), or None for none.
+    """
+    runner, callbacks, steps = loop.runner, loop.callbacks, loop.plan.steps
+    if position is not None:
+        initial_epoch = position.epoch
+    persistent = None
+    callbacks.on_train_begin()
+    for epoch in range(initial_epoch, epochs):
+        first_step = position.step if position is not None and epoch == position.epoch else 0
+        # Resuming skips the batches already trained on inside tf.data, not by next() calls.
+        if repeat:
+            if persistent is None:
+                # One repeated stream from epoch 0: skip every step trained on since.
+                done = epoch * steps + first_step if position is not None else 0
+                persistent = runner.make_iterator(
+                    runner.distribute(source.repeated().skipping(done)))
+            iterator = persistent
+        else:
+            iterator = runner.make_iterator(
+                runner.distribute(source.for_epoch(epoch).skipping(first_step)))
+        model.reset_metrics()
+        callbacks.on_epoch_begin(epoch)
+        epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
+        if validate is not None:
+            epoch_logs.update({f"val_{name}": v for name, v in validate().items()})
+        callbacks.on_epoch_end(epoch, epoch_logs)
+        if loop.backup is not None:
+            loop.backup.save(Position(epoch + 1, 0, loop.updates))
+        if model.stop_training:
+            break
+    callbacks.on_train_end(loop.logs)

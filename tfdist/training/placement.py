@@ -1,9 +1,49 @@
-"""Placing a model made outside the strategy scope into it."""
+"""Placing the user's model in the strategy scope: as given, built there, or rebuilt there."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import keras
+import tensorflow as tf
 
 from tfdist.config import invalid_argument
+from tfdist.training.precision import check_model_policy
+
+ModelOrBuilder = keras.Model | Callable[[], keras.Model]
+
+
+def created_in_scope(strategy: tf.distribute.Strategy, model: keras.Model) -> bool:
+    """Whether every variable of a built ``model`` was created in ``strategy``'s scope."""
+    variables = model.variables
+    # A Keras variable wraps the tf.Variable the strategy made (`.value`); only that one is known.
+    return bool(variables) and all(
+        strategy.extended.variable_created_in_scope(getattr(v, "value", v)) for v in variables)
+
+
+def place_model(model: ModelOrBuilder | Any, strategy: tf.distribute.Strategy,
+                precision: str) -> keras.Model:
+    """The Trainer's model, with its variables in ``strategy``'s scope; call inside the scope.
+
+    A model built in the scope is used as is; an unbuilt one is built later
+    (in the scope); one built outside is rebuilt by :func:`rebuild_in_scope`;
+    a zero-arg builder is called here, under the dtype policy already set.
+    """
+    if isinstance(model, keras.Model):
+        check_model_policy(model, precision)
+        if not model.variables:
+            return model  # unbuilt: its variables are made when tfdist builds it, in the scope
+        if created_in_scope(strategy, model):
+            return model
+        return rebuild_in_scope(model)
+    if callable(model):
+        built = model()
+        if not isinstance(built, keras.Model):
+            raise invalid_argument("model", built, "a builder that returns a keras.Model")
+        return built
+    note = (f"For a built-in model pass `lambda: tfdist.models.get({model!r})`."
+            if isinstance(model, str) else "")
+    raise invalid_argument("model", model if isinstance(model, str) else type(model).__name__,
+                           "a keras.Model or a zero-arg builder", note=note)
 
 
 def _from_keras(cls: type) -> bool:

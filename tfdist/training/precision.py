@@ -111,7 +111,12 @@ def auto_precision(support: DeviceSupport) -> str:
     return "float32"
 
 
-_warned: set[tuple[str, str]] = set()
+_warned: set[tuple[str, str]] = set()  # (precision, device) already warned about, once per process
+
+
+def forget_slow_policy_warnings() -> None:
+    """Lets :func:`resolve_precision` warn again about a slow policy (it warns once per process)."""
+    _warned.clear()
 
 
 def resolve_precision(precision: str, *, is_chief: bool = True, support: DeviceSupport | None = None) -> str:

@@ -1,7 +1,8 @@
 """Learning-rate scaling and warmup for large global batches (Goyal et al., 2017).
 
-``lr_scaling="linear"`` multiplies the base learning rate by
-``effective_global_batch / base_global_batch_size`` where the effective batch
+``LRScaling("linear")`` (``Trainer(lr_scaling="linear")`` for short)
+multiplies the base learning rate by ``effective_global_batch /
+base_global_batch_size`` where the effective batch
 is ``global_batch_size * accumulation_steps``. Warmup ramps linearly over
 ``warmup_steps`` optimizer updates: from the base (unscaled) learning rate to
 the scaled one when scaling is on, as in the paper, and from 0 otherwise.
@@ -9,27 +10,13 @@ Steps are optimizer updates (``optimizer.iterations``), never micro-batches.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import keras
 import tensorflow as tf
 
-from tfdist.config import check_choice, check_positive_int, invalid_argument
-
-LRScaling = Literal["none", "linear"]
-LR_SCALINGS = ("none", "linear")
-
-
-def check_warmup(warmup_steps: int | None, warmup_epochs: float | None) -> None:
-    """Validates the warmup options: at most one of them, non-negative."""
-    if warmup_steps is not None and warmup_epochs is not None:
-        raise invalid_argument("warmup_epochs", warmup_epochs, "None when warmup_steps is given",
-                               note=f"Received warmup_steps={warmup_steps} as well; pass one of them.")
-    if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
-                                     or warmup_steps < 0):
-        raise invalid_argument("warmup_steps", warmup_steps, "a non-negative integer (optimizer updates)")
-    if warmup_epochs is not None and not (isinstance(warmup_epochs, (int, float)) and warmup_epochs >= 0):
-        raise invalid_argument("warmup_epochs", warmup_epochs, "a non-negative number of epochs")
+if TYPE_CHECKING:
+    from tfdist.training.options import LRScaling
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
@@ -81,41 +68,27 @@ class ScaledWarmup(keras.optimizers.schedules.LearningRateSchedule):
         return cls(base, config["multiplier"], config["warmup_steps"], config["warmup_from_base"])
 
 
-class LRPlan:
-    """What the Trainer asked for; resolved into numbers once the batch size is known.
+def schedule_for(learning_rate: Any, options: LRScaling) -> ScaledWarmup:
+    """Wraps an optimizer config's ``learning_rate`` (a float or a serialized schedule).
 
-    Args:
-        lr_scaling: ``"none"`` or ``"linear"``.
-        base_global_batch_size: The batch the base learning rate was tuned for.
-        warmup_steps: Warmup length in optimizer updates.
-        warmup_epochs: Warmup length in epochs (converted with the updates per epoch).
+    The multiplier and warmup length stay neutral until :func:`resolve` fills
+    them in, once ``fit`` knows the batch size and the updates per epoch.
     """
+    if isinstance(learning_rate, dict):
+        learning_rate = keras.saving.deserialize_keras_object(learning_rate)
+    return ScaledWarmup(learning_rate, warmup_from_base=options.rule == "linear")
 
-    def __init__(self, lr_scaling: str = "none", base_global_batch_size: int = 256,
-                 warmup_steps: int | None = None, warmup_epochs: float | None = None) -> None:
-        check_choice("lr_scaling", lr_scaling, LR_SCALINGS)
-        check_positive_int("base_global_batch_size", base_global_batch_size)
-        check_warmup(warmup_steps, warmup_epochs)
-        self.lr_scaling = lr_scaling
-        self.base_global_batch_size = base_global_batch_size
-        self.warmup_steps = warmup_steps
-        self.warmup_epochs = warmup_epochs
 
-    @property
-    def active(self) -> bool:
-        return self.lr_scaling != "none" or bool(self.warmup_steps) or bool(self.warmup_epochs)
+def resolve(schedule: ScaledWarmup, options: LRScaling, *, effective_global_batch_size: int,
+            updates_per_epoch: int) -> None:
+    """Fills in the multiplier and warmup length; call before the train step is traced.
 
-    def schedule_for(self, learning_rate: Any) -> ScaledWarmup:
-        """Wraps an optimizer config's ``learning_rate`` (a float or a serialized schedule)."""
-        if isinstance(learning_rate, dict):
-            learning_rate = keras.saving.deserialize_keras_object(learning_rate)
-        return ScaledWarmup(learning_rate, warmup_from_base=self.lr_scaling == "linear")
-
-    def resolve(self, schedule: ScaledWarmup, *, effective_global_batch_size: int, updates_per_epoch: int) -> None:
-        """Fills in the multiplier and warmup length; call before the step is traced."""
-        if self.lr_scaling == "linear":
-            schedule.multiplier = effective_global_batch_size / self.base_global_batch_size
-        if self.warmup_epochs is not None:
-            schedule.warmup_steps = int(round(self.warmup_epochs * updates_per_epoch))
-        elif self.warmup_steps is not None:
-            schedule.warmup_steps = self.warmup_steps
+    The schedule's fields are read when ``schedule(step)`` is traced, so a
+    value set after tracing would not reach the compiled step.
+    """
+    if options.rule == "linear":
+        schedule.multiplier = effective_global_batch_size / options.base_global_batch_size
+    if options.warmup_epochs is not None:
+        schedule.warmup_steps = int(round(options.warmup_epochs * updates_per_epoch))
+    elif options.warmup_steps is not None:
+        schedule.warmup_steps = options.warmup_steps

@@ -17,14 +17,15 @@ A training *update* runs in replica context on ``k`` micro-batches:
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Sequence
 
 import keras
 import tensorflow as tf
-from keras.src.losses.loss import unscale_loss_for_distribution
-from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
+from keras.utils import unpack_x_y_sample_weight
 
 from tfdist._compat.sharded import is_sharded_variable
+from tfdist._compat.keras_training import loss_tracker, unscale_loss
 from tfdist.training.exchange import all_reduce_sum
 
 
@@ -55,10 +56,28 @@ def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
     return tf.nest.map_structure(lambda t: t[:n], y_pred)  # an identity slice for full batches
 
 
+def _takes_training(method: Callable[..., Any]) -> bool:
+    # A user's call()/compute_loss() override may lack `training` (compute_loss got it in Keras 3.3);
+    # Keras probes the signature the same way. Read at trace time only.
+    return "training" in inspect.signature(method).parameters
+
+
 def _forward(model: keras.Model, x: Any, training: bool) -> Any:
-    if getattr(model, "_call_has_training_arg", True):
+    if _takes_training(model.call):
         return model(x, training=training)
     return model(x)
+
+
+def _loss(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> tf.Tensor:
+    """Keras's compiled loss (+ regularisers) of one replica's batch, divided by the replica count."""
+    if _takes_training(model.compute_loss):
+        return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
+    return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+
+
+def _track_loss(model: keras.Model, loss: tf.Tensor, size: tf.Tensor) -> None:
+    # The `loss` log is a mean over examples: weight each replica's (unscaled) mean by its batch.
+    loss_tracker(model).update_state(unscale_loss(loss), sample_weight=size)
 
 
 def _shards(variable: Any) -> list[Any] | None:
@@ -143,8 +162,8 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
             # Keras's loss: local mean (+ regularisers) / num_replicas. Its
             # mean is a divide_no_nan, so an empty replica batch (the tail
             # of a partial global batch) gives zero loss and gradients.
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-            model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
+            loss = _loss(model, x, y, y_pred, sample_weight, training=True)
+            _track_loss(model, loss, size)
             # -> (sum of local losses + size * regularisers) / (global batch * k)
             objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
             objective = optimizer.scale_loss(objective)
@@ -228,8 +247,8 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
 
             def update_metrics(x=x, y=y, sample_weight=sample_weight, size=size):
                 y_pred = _forward(model, x, training=False)
-                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
-                model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=size)
+                loss = _loss(model, x, y, y_pred, sample_weight, training=False)
+                _track_loss(model, loss, size)
                 model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
                 return tf.constant(True)
 

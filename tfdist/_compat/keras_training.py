@@ -1,0 +1,47 @@
+"""The Keras and TF internals that tfdist's training code uses, each behind one named function.
+
+``tfdist/training`` calls only these functions, so a Keras upgrade that moves
+one of them breaks here, in one place, with a name that says what was needed.
+Where Keras has a public equivalent, tfdist uses that instead (e.g.
+``keras.utils.unpack_x_y_sample_weight``, ``model.compute_loss``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+
+def symbolic_build(model: keras.Model, data_batch: Any) -> None:
+    """Builds a compiled model, its metrics and its optimizer from a batch spec, as ``fit`` does.
+
+    Call it inside the strategy scope, so that every variable is created there.
+    """
+    # Private: public model.build() builds only the layers; this also builds the compiled metrics
+    # and the optimizer's slots, which must be created in the scope before the step is traced.
+    model._symbolic_build(data_batch=data_batch)
+
+
+def loss_tracker(model: keras.Model) -> keras.metrics.Metric:
+    """The ``Mean`` metric behind a compiled model's ``loss`` log."""
+    # Private: Keras keeps its running loss mean only here; train_step updates it by this name.
+    return model._loss_tracker
+
+
+def unscale_loss(loss: tf.Tensor) -> tf.Tensor:
+    """Undoes the division by the replica count that ``model.compute_loss`` applies in a replica.
+
+    Gives the loss value that Keras's ``loss`` metric tracks, so the logs read
+    as ``model.fit``'s do on every strategy.
+    """
+    # Private: Keras's own inverse of the scaling inside compute_loss, so the pair stays matched.
+    from keras.src.losses.loss import unscale_loss_for_distribution
+
+    return unscale_loss_for_distribution(loss)
+
+
+def concrete_functions(function: Any) -> list[Any]:
+    """Every concrete function a ``tf.function`` has traced so far (to inspect graphs in tests)."""
+    # Private: TF lists a tf.function's traces only here (get_concrete_function needs a signature).
+    return list(function._list_all_concrete_functions())

@@ -1,0 +1,145 @@
+"""Building the model, its optimizer and its metrics into the strategy scope.
+
+Every variable a distributed step touches must be created inside
+``strategy.scope()``: the model's (see :mod:`tfdist.training.placement`), the
+optimizer's slots and counters, the metrics' totals and the loss-scale
+counters. Users often make the optimizer and metrics outside the scope, so
+they are rebuilt from their configs inside it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Sequence
+
+import keras
+import tensorflow as tf
+
+from tfdist.config import invalid_argument
+from tfdist.training import precision as precision_lib
+from tfdist.training import schedules
+from tfdist.training.options import LRScaling
+from tfdist.training.placement import ModelOrBuilder, place_model
+
+logger = logging.getLogger(__name__)
+
+
+def check_loss(loss: Any) -> None:
+    """Raises the standard error for a missing loss or an unknown loss name."""
+    # A misspelt name would otherwise fail only at the first step, deep inside compile.
+    expected = "a Keras loss, its name, or a callable(y_true, y_pred)"
+    if loss is None:
+        raise invalid_argument("loss", None, expected)
+    if isinstance(loss, str):
+        try:
+            keras.losses.get(loss)
+        except ValueError:
+            raise invalid_argument("loss", loss, expected) from None
+
+
+def optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any] | None]:
+    """Returns (class, config, loss-scale config or None) of an optimizer or its name."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        scale = {"initial_scale": float(optimizer.initial_scale),
+                 "dynamic_growth_steps": int(optimizer.dynamic_growth_steps)}
+        cls, config, _ = optimizer_parts(optimizer.inner_optimizer)
+        return cls, config, scale
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        try:
+            optimizer = keras.optimizers.get(optimizer)
+        except ValueError as e:
+            raise invalid_argument("optimizer", optimizer,
+                                   "a Keras optimizer or its name, e.g. 'adam'") from e
+    elif optimizer.built:
+        logger.warning("The optimizer was already built outside the strategy scope; tfdist "
+                       "rebuilds it from its config and its slot variables start afresh.")
+    return type(optimizer), optimizer.get_config(), None
+
+
+def take_keras_accumulation(opt_config: dict[str, Any], accumulation_steps: int) -> int:
+    """Moves Keras's ``gradient_accumulation_steps`` (which fails under tf.distribute) to ours.
+
+    Clears it in ``opt_config`` and returns the ``accumulation_steps`` to use.
+    """
+    keras_steps = opt_config.get("gradient_accumulation_steps")
+    if not keras_steps:
+        return accumulation_steps
+    if accumulation_steps not in (1, keras_steps):
+        raise invalid_argument(
+            "accumulation_steps", accumulation_steps, f"1 or {keras_steps}",
+            note=f"The optimizer also sets gradient_accumulation_steps={keras_steps}; set only "
+                 "Trainer(accumulation_steps=...).")
+    logger.info("Using the optimizer's gradient_accumulation_steps=%d as "
+                "Trainer(accumulation_steps=%d): Keras's own accumulation fails under "
+                "tf.distribute (merge_call).", keras_steps, keras_steps)
+    opt_config["gradient_accumulation_steps"] = None
+    return keras_steps
+
+
+def _rebuild_metric(metric: Any) -> Any:
+    # A Metric object made outside the scope holds its totals there: a fresh copy makes them in it.
+    if isinstance(metric, keras.metrics.Metric):
+        return metric.__class__.from_config(metric.get_config())
+    return metric
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """What :func:`compile_in_scope` made.
+
+    Attributes:
+        model: The compiled model, its variables in the scope (built later if
+            it was given unbuilt).
+        accumulation_steps: Micro-batches per update, the optimizer's Keras
+            ``gradient_accumulation_steps`` taken over.
+        schedule: The learning-rate schedule wrapping the optimizer's rate
+            when scaling or warmup is on, else None.
+        skipped_updates: With loss scaling, the counter of updates skipped for
+            non-finite gradients, else None.
+    """
+
+    model: keras.Model
+    accumulation_steps: int
+    schedule: schedules.ScaledWarmup | None
+    skipped_updates: tf.Variable | None
+
+
+def compile_in_scope(model: ModelOrBuilder, *, strategy: tf.distribute.Strategy, precision: str,
+                     optimizer: Any, loss: Any, metrics: Sequence[Any] | None,
+                     accumulation_steps: int, lr_scaling: LRScaling | None) -> Compiled:
+    """Places ``model`` in ``strategy``'s scope and compiles it with a fresh optimizer and metrics.
+
+    Args:
+        model: A ``keras.Model`` or a zero-arg builder.
+        strategy: The strategy whose scope holds every variable.
+        precision: A resolved dtype policy name (not ``"auto"``).
+        optimizer: A Keras optimizer (made anywhere) or its name.
+        loss: As for ``keras.Model.compile``.
+        metrics: As for ``keras.Model.compile``.
+        accumulation_steps: ``k`` as given to the Trainer.
+        lr_scaling: Scaling and warmup of the optimizer's learning rate, or None.
+    """
+    opt_cls, opt_config, loss_scale = optimizer_parts(optimizer)
+    accumulation_steps = take_keras_accumulation(opt_config, accumulation_steps)
+    schedule = None
+    if lr_scaling is not None and lr_scaling.active:
+        schedule = schedules.schedule_for(opt_config["learning_rate"], lr_scaling)
+        opt_config["learning_rate"] = schedule
+    # Builders run under the policy, so their layers compute in the mixed dtype.
+    with precision_lib.dtype_policy(precision), strategy.scope():
+        placed = place_model(model, strategy, precision)
+        opt = opt_cls.from_config(opt_config)
+        if loss_scale is not None:
+            opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
+        opt = precision_lib.wrap_optimizer(opt, precision)
+        placed.compile(optimizer=opt, loss=loss,
+                       metrics=[_rebuild_metric(m) for m in (metrics or [])])
+        skipped_updates = None
+        if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+            # Written after the all-reduce, where every replica takes the same skip decision:
+            # one copy per replica that only the first replica's write sets.
+            skipped_updates = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="skipped_updates",
+                synchronization=tf.VariableSynchronization.ON_WRITE,
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    return Compiled(placed, accumulation_steps, schedule, skipped_updates)

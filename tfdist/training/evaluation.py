@@ -1,0 +1,78 @@
+"""Evaluation and prediction on any strategy: each example counts once, outputs in input order."""
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist.config import invalid_argument
+from tfdist.data.inputs import InputSource
+from tfdist.training.functions import StepFunctions
+
+
+def evaluate(functions: StepFunctions, source: InputSource, steps: int | None, *,
+             steps_per_execution: int) -> dict[str, float]:
+    """Evaluates on ``steps`` batches of ``source`` (default one pass); returns the metrics.
+
+    Args:
+        functions: The model's compiled functions (and its runner).
+        source: The evaluation input, batched globally.
+        steps: Batches to evaluate, or None for one pass.
+        steps_per_execution: Batches per call.
+
+    Raises:
+        ValueError: If ``steps`` is None and the input's length is unknown.
+    """
+    steps = steps or source.steps_per_epoch
+    if steps is None:
+        raise invalid_argument("validation_steps", None, "a positive integer",
+                               note="The evaluation data's length is unknown.")
+    runner = functions.runner
+    functions.build(source)
+    fn = functions.evaluation()
+    iterator = runner.make_iterator(runner.distribute(source, training=False))
+    functions.model.reset_metrics()
+    logs: dict[str, float] = {}
+    done = 0
+    while done < steps:
+        n = min(steps_per_execution, steps - done)
+        logs = functions.run(fn, iterator, n)
+        done += n
+    # Parameter servers: scheduled calls may still be running; their metric updates count.
+    runner.join()
+    return logs
+
+
+def predict(functions: StepFunctions, source: InputSource, steps: int | None, *, shown: str) -> Any:
+    """The model's outputs on ``steps`` batches of ``source`` (default all), in input order.
+
+    Args:
+        functions: The model's compiled functions (and its runner).
+        source: The inputs, batched globally; ``y`` and sample weights are ignored.
+        steps: Batches to predict, or None for all.
+        shown: How the user's data is named in an error (its type name).
+
+    Returns:
+        NumPy outputs (a structure of them for a multi-output model), one row
+        per input example.
+
+    Raises:
+        ValueError: If ``source`` has no batch.
+    """
+    model, runner = functions.model, functions.runner
+    if not model.built:
+        # Only the layers: prediction needs no optimizer or metrics (unlike StepFunctions.build).
+        with runner.strategy.scope():
+            x_spec = keras.utils.unpack_x_y_sample_weight(source.element_spec)[0]
+            model.build(tf.nest.map_structure(lambda s: s.shape, x_spec))
+    fn = functions.predict()
+    outputs = []
+    for batch in runner.distribute(source, training=False):
+        if steps is not None and len(outputs) >= steps:
+            break
+        outputs.append(tf.nest.map_structure(np.asarray, fn(batch)))
+    if not outputs:
+        raise invalid_argument("data", shown, "at least one batch to predict on")
+    return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)

@@ -1,0 +1,122 @@
+"""The compiled functions of one model on one runner: train, evaluate, predict, and their logs.
+
+Each is built once and cached, as Keras's ``make_train_function`` does: a
+train function per ``(global_batch_size, micro-batches per update)`` (an
+epoch whose micro-batches do not fill its last update needs a second one),
+one evaluation and one predict function.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Mapping
+
+import keras
+import tensorflow as tf
+
+from tfdist import _compat
+from tfdist._compat.keras_training import symbolic_build
+from tfdist.data.inputs import InputSource
+from tfdist.strategies.base import Runner
+from tfdist.training import schedules
+from tfdist.training.options import ExchangeOptions
+from tfdist.training.step import make_eval_step, make_predict_step, make_train_update
+
+
+class StepFunctions:
+    """Builds, caches and starts the compiled functions of ``model`` on ``runner``.
+
+    Args:
+        model: The compiled model, its variables in the strategy scope.
+        runner: The strategy's runner.
+        accumulation_steps: Micro-batches per update (``k``), for the logs.
+        exchange: How gradients are all-reduced, or None for the default.
+        schedule: The learning-rate schedule when scaling or warmup is on.
+        skipped_updates: The loss-scaling skip counter, when loss scaling.
+    """
+
+    def __init__(self, model: keras.Model, runner: Runner, *, accumulation_steps: int,
+                 exchange: ExchangeOptions | None = None,
+                 schedule: schedules.ScaledWarmup | None = None,
+                 skipped_updates: tf.Variable | None = None) -> None:
+        self.model = model
+        self.runner = runner
+        self.accumulation_steps = accumulation_steps
+        self.exchange = exchange or ExchangeOptions()
+        self.schedule = schedule
+        self.skipped_updates = skipped_updates
+        self.built_for: int | None = None  # the global batch size of the first input built from
+        self._train: dict[tuple[int, int], Any] = {}
+        self._eval = None
+        self._predict = None
+
+    @property
+    def train_functions(self) -> Mapping[tuple[int, int], Any]:
+        """The train functions so far, by ``(global_batch_size, micro_batches)`` (read-only)."""
+        return types.MappingProxyType(self._train)
+
+    def build(self, source: InputSource) -> None:
+        """Builds the model, metrics and optimizer from ``source``'s batch spec, once, in scope."""
+        if self.built_for is None:
+            with self.runner.strategy.scope():
+                symbolic_build(self.model, source.element_spec)
+            self.built_for = source.global_batch_size
+
+    def logs(self) -> dict[str, tf.Tensor]:
+        """Metric results plus tfdist's own state, in cross-replica context."""
+        logs = dict(self.metrics_result())
+        optimizer = self.model.optimizer
+        if self.accumulation_steps > 1:
+            logs["updates"] = optimizer.iterations
+        if self.schedule is not None:
+            logs["learning_rate"] = self.schedule(optimizer.iterations)
+        if self.skipped_updates is not None:
+            logs["loss_scale"] = optimizer.dynamic_scale
+            logs["skipped_updates"] = self.skipped_updates
+        return logs
+
+    def metrics_result(self) -> dict[str, tf.Tensor]:
+        """The model's metric results, in cross-replica context."""
+        # A runner may reduce all metric state in one collective (SyncRunner.metrics_result).
+        packed = getattr(self.runner, "metrics_result", None)
+        return packed(self.model) if packed is not None else self.model.get_metrics_result()
+
+    def train(self, global_batch_size: int, micro_batches: int) -> Any:
+        """The train function for updates of ``micro_batches`` batches of ``global_batch_size``."""
+        key = (global_batch_size, micro_batches)
+        if key not in self._train:
+            update = make_train_update(
+                self.model, self.model.optimizer, global_batch_size=global_batch_size,
+                accumulation_steps=micro_batches,
+                num_replicas=self.runner.strategy.num_replicas_in_sync,
+                skipped_updates=self.skipped_updates, bucket_bytes=self.exchange.bucket_bytes,
+                gradient_compression=self.exchange.compression)
+            self._train[key] = self.runner.compile_loop(
+                update, self.logs, batches_per_call=micro_batches, name="train_function",
+                model=self.model)
+        return self._train[key]
+
+    def evaluation(self) -> Any:
+        """The evaluation function (one batch per replica call)."""
+        if self._eval is None:
+            self._eval = self.runner.compile_loop(
+                make_eval_step(self.model), self.metrics_result, batches_per_call=1,
+                name="test_function", training=False)
+        return self._eval
+
+    def predict(self) -> Any:
+        """The predict function: one distributed batch in, all replicas' outputs out."""
+        if self._predict is None:
+            self._predict = self.runner.compile_predict(make_predict_step(self.model))
+        return self._predict
+
+    def start(self, fn: Any, iterator: Any, num_calls: int) -> Any:
+        """Starts ``fn`` for ``num_calls`` calls through the runner; returns its logs handle."""
+        # The step all-reduces the gradients itself (once per update); the optimizer must not
+        # again. Tracing reads the hook, and the runner may trace inside run().
+        num_replicas = self.runner.strategy.num_replicas_in_sync
+        with _compat.gradients_already_summed(self.model.optimizer, num_replicas=num_replicas):
+            return self.runner.run(fn, iterator, num_calls)
+
+    def run(self, fn: Any, iterator: Any, num_calls: int) -> dict[str, float]:
+        """Runs ``fn`` for ``num_calls`` calls and returns its logs as floats."""
+        return self.runner.fetch(self.start(fn, iterator, num_calls))

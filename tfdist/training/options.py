@@ -1,0 +1,250 @@
+"""The Trainer's option groups: small frozen dataclasses, each checked once when it is made.
+
+::
+
+    trainer = tfdist.Trainer(
+        build, strategy=strategy, loss=..., accumulation_steps=4,
+        backup=tfdist.BackupOptions("gs://bucket/run1", freq=100, keep_last=3),
+        lr_scaling=tfdist.LRScaling("linear", base_global_batch_size=256, warmup_epochs=1),
+        exchange=tfdist.ExchangeOptions(compression="bf16", bucket_bytes=4 << 20))
+
+The flat keywords ``backup_dir``, ``backup_freq``, ``keep_backup``,
+``keep_backups``, ``lr_scaling="linear"``, ``base_global_batch_size``,
+``warmup_steps``, ``warmup_epochs``, ``gradient_compression`` and
+``bucket_bytes`` stay as shortcuts that fill one field each
+(:data:`SHORTCUTS`); :func:`from_shortcuts` checks them under their own names,
+so an error names the keyword the user wrote.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+from typing import Any, Literal, Mapping
+
+from tfdist.config import (LR_SCALINGS, check_choice, check_directory, check_non_negative_int,
+                           check_positive_int, invalid_argument)
+from tfdist.training.backup import check_frequency
+from tfdist.training.exchange import COMPRESSIONS, Compression
+
+ScalingRule = Literal["none", "linear"]  # the names are tfdist.config.LR_SCALINGS
+_FIELD_NAMES: Mapping[str, str] = types.MappingProxyType({})  # errors name the fields themselves
+
+
+def _named(names: Mapping[str, str], field: str) -> str:
+    return names.get(field, field)
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise invalid_argument(name, value, "True or False")
+
+
+@dataclasses.dataclass(frozen=True)
+class BackupOptions:
+    """Fault tolerance: a step-exact backup that a restarted ``fit`` resumes from.
+
+    A restarted ``fit`` resumes at the exact update of the last backup,
+    skipping the micro-batches already trained on (each epoch's data order
+    depends only on the seed and the epoch). On SIGTERM the run saves at the
+    next step boundary and exits with code 75, which ``tfdist launch``
+    restarts.
+
+    Args:
+        dir: Where to keep the backup (model, optimizer, loss scale, counters,
+            epoch and position in it); any ``tf.io.gfile`` path. Only the chief
+            writes, with an atomic commit (see :mod:`tfdist.training.backup`
+            for which filesystems make it so). Every worker restores the
+            chief's backup, so with several workers it must be shared storage
+            (else a clear error). Restoring loads weight files: use a trusted
+            directory.
+        freq: ``"epoch"`` or a number of optimizer updates between backups (a
+            backup is also taken at every epoch end).
+        keep_last: How many of the newest backups ``dir`` holds; older ones
+            are deleted once a newer one is committed. Only the newest is
+            resumed from; ``state.json`` lists the kept ones.
+        keep_after_success: Keep the backups after a successful run (default:
+            remove them).
+
+    Raises:
+        ValueError: For a ``dir`` that is a file or not a path, a ``freq``
+            that is neither ``"epoch"`` nor a positive int, a non-positive
+            ``keep_last``, or a non-bool ``keep_after_success``.
+    """
+
+    dir: str | os.PathLike
+    freq: int | Literal["epoch"] = "epoch"
+    keep_last: int = 1
+    keep_after_success: bool = False
+
+    def __post_init__(self) -> None:
+        self.check(vars(self))
+
+    @staticmethod
+    def check(values: Mapping[str, Any], names: Mapping[str, str] = _FIELD_NAMES) -> None:
+        """Checks field ``values``; an error names ``names[field]`` (default the field)."""
+        if "dir" in values:
+            name = _named(names, "dir")
+            # As the shortcut backup_dir, None is valid (no backups); a BackupOptions needs a dir.
+            check_directory(name, values["dir"], allow_none=name != "dir")
+        if "freq" in values:
+            check_frequency(_named(names, "freq"), values["freq"], "optimizer updates")
+        if "keep_last" in values:
+            check_positive_int(_named(names, "keep_last"), values["keep_last"])
+        if "keep_after_success" in values:
+            _check_bool(_named(names, "keep_after_success"), values["keep_after_success"])
+
+
+@dataclasses.dataclass(frozen=True)
+class LRScaling:
+    """Learning-rate scaling and warmup for large batches (Goyal et al., 2017).
+
+    Args:
+        rule: ``"linear"`` multiplies the learning rate by
+            ``accumulation_steps * global_batch_size / base_global_batch_size``;
+            ``"none"`` leaves it (warmup only).
+        base_global_batch_size: The batch size the base learning rate is for.
+        warmup_steps: Ramp the learning rate linearly over this many optimizer
+            updates (from the base rate when scaling, else from 0).
+        warmup_epochs: The same in epochs; give at most one of the two.
+
+    Raises:
+        ValueError: For an unknown rule, a non-positive base batch, a negative
+            warmup, or both warmups.
+    """
+
+    rule: ScalingRule
+    base_global_batch_size: int = 256
+    warmup_steps: int | None = None
+    warmup_epochs: float | None = None
+
+    def __post_init__(self) -> None:
+        self.check(vars(self))
+
+    @staticmethod
+    def check(values: Mapping[str, Any], names: Mapping[str, str] = _FIELD_NAMES) -> None:
+        """Checks field ``values``; an error names ``names[field]`` (default the field)."""
+        if "rule" in values:
+            check_choice(_named(names, "rule"), values["rule"], LR_SCALINGS)
+        if "base_global_batch_size" in values:
+            check_positive_int(_named(names, "base_global_batch_size"),
+                               values["base_global_batch_size"])
+        steps, epochs = values.get("warmup_steps"), values.get("warmup_epochs")
+        steps_name, epochs_name = _named(names, "warmup_steps"), _named(names, "warmup_epochs")
+        if steps is not None and epochs is not None:
+            raise invalid_argument(epochs_name, epochs, f"None when {steps_name} is given",
+                                   note=f"Received {steps_name}={steps} as well; pass one of them.")
+        check_non_negative_int(steps_name, steps, allow_none=True,
+                               expected="a non-negative integer (optimizer updates)")
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, (int, float))
+                                   or epochs < 0):
+            raise invalid_argument(epochs_name, epochs, "a non-negative number of epochs")
+
+    @property
+    def active(self) -> bool:
+        """Whether the learning rate differs from the optimizer's own at any step."""
+        return self.rule != "none" or bool(self.warmup_steps) or bool(self.warmup_epochs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExchangeOptions:
+    """How the summed gradients travel in the one all-reduce per update.
+
+    Args:
+        compression: ``"bf16"`` or ``"fp16"`` all-reduces the gradients in 16
+            bits (half the bytes) and casts them back to float32 at once; fp16
+            is scaled per bucket so the sum cannot overflow. Changes numerics
+            slightly (a bf16 value has 8 significant bits). ``None``: float32.
+        bucket_bytes: Bucketed all-reduce: gradients in reverse layer order,
+            about this many bytes per all-reduce, each started as soon as its
+            gradients exist (overlapping the backward pass). The sums are those
+            of the single all-reduce. ``None``: one packed all-reduce. See
+            :mod:`tfdist.training.exchange`.
+
+    Raises:
+        ValueError: For an unknown compression or a non-positive ``bucket_bytes``.
+    """
+
+    compression: Compression | None = None
+    bucket_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        self.check(vars(self))
+
+    @staticmethod
+    def check(values: Mapping[str, Any], names: Mapping[str, str] = _FIELD_NAMES) -> None:
+        """Checks field ``values``; an error names ``names[field]`` (default the field)."""
+        compression = values.get("compression")
+        if compression is not None and compression not in COMPRESSIONS:
+            raise invalid_argument(
+                _named(names, "compression"), compression, "one of: bf16, fp16, None",
+                note="The gradients are all-reduced in 16 bits and summed back in float32.")
+        check_positive_int(_named(names, "bucket_bytes"), values.get("bucket_bytes"),
+                           allow_none=True)
+
+
+#: The Trainer's flat shortcut keywords: option class, its Trainer keyword, and field -> shortcut.
+SHORTCUTS: dict[type, tuple[str, dict[str, str]]] = {
+    BackupOptions: ("backup", {"dir": "backup_dir", "freq": "backup_freq",
+                               "keep_last": "keep_backups", "keep_after_success": "keep_backup"}),
+    LRScaling: ("lr_scaling", {"rule": "lr_scaling",
+                               "base_global_batch_size": "base_global_batch_size",
+                               "warmup_steps": "warmup_steps", "warmup_epochs": "warmup_epochs"}),
+    ExchangeOptions: ("exchange", {"compression": "gradient_compression",
+                                   "bucket_bytes": "bucket_bytes"}),
+}
+
+
+def from_shortcuts(cls: type, options: Any, shortcuts: Mapping[str, Any]) -> Any:
+    """A Trainer option group: ``options`` as given, else an object built from its shortcuts.
+
+    Args:
+        cls: :class:`BackupOptions`, :class:`LRScaling` or :class:`ExchangeOptions`.
+        options: The object passed as the group's keyword, or None.
+        shortcuts: The group's flat keywords as passed (None: not given).
+
+    Returns:
+        ``options``, else an object built from the shortcuts given (the
+        defaults for the others), or None when a required field (a
+        :class:`BackupOptions`'s ``dir``) is missing: the other backup
+        shortcuts are then checked but change nothing.
+
+    Raises:
+        ValueError: For a bad shortcut value (named as the shortcut), or for a
+            shortcut given next to an option object (one place per setting).
+    """
+    keyword, names = SHORTCUTS[cls]
+    given = {field: shortcuts[name] for field, name in names.items()
+             if shortcuts.get(name) is not None}
+    if options is not None:
+        if not isinstance(options, cls):
+            raise invalid_argument(keyword, options, f"a tfdist.{cls.__name__} or None")
+        if given:
+            field = next(iter(given))
+            raise invalid_argument(names[field], given[field], f"None when `{keyword}` is given",
+                                   note=f"Set it once, as {cls.__name__}({field}=...), or use "
+                                        "only the shortcut keywords.")
+        return options
+    cls.check(given, names)  # the user wrote the shortcuts: name them in any error
+    required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+    if any(field not in given for field in required):
+        return None
+    return cls(**given)
+
+
+def trainer_options(
+        *, backup: BackupOptions | None, lr_scaling: LRScaling | str,
+        exchange: ExchangeOptions | None,
+        **shortcuts: Any) -> tuple[BackupOptions | None, LRScaling | None, ExchangeOptions | None]:
+    """The Trainer's three option groups from its keywords (objects or shortcuts), checked once.
+
+    Returns:
+        ``(backup, lr_scaling, exchange)``: ``backup`` is None without a
+        directory; the other two hold their defaults when nothing is given.
+    """
+    # `lr_scaling` is both the LRScaling object's keyword and the shortcut for its rule.
+    as_object = isinstance(lr_scaling, LRScaling)
+    return (from_shortcuts(BackupOptions, backup, shortcuts),
+            from_shortcuts(LRScaling, lr_scaling if as_object else None,
+                           {**shortcuts, "lr_scaling": None if as_object else lr_scaling}),
+            from_shortcuts(ExchangeOptions, exchange, shortcuts))

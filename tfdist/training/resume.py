@@ -1,0 +1,64 @@
+"""How the Trainer backs up and resumes: what it checkpoints, where a fit starts again, and cleanup.
+
+The files, the atomic commit and the restore protocol are
+:mod:`tfdist.training.backup`'s; this module only decides, for each ``fit``,
+which ``Backup`` to use (``BackupOptions`` or none), restores it on every
+worker, and removes it after a successful run unless asked to keep it.
+"""
+from __future__ import annotations
+
+import logging
+
+import keras
+import tensorflow as tf
+
+from tfdist.strategies.base import Runner
+from tfdist.training.backup import Backup, Position, checkpoint_for, restore_on_every_worker
+from tfdist.training.options import BackupOptions
+
+logger = logging.getLogger(__name__)
+
+
+class FitBackups:
+    """A Trainer's backups, one ``Backup`` per ``fit``.
+
+    Args:
+        options: Where and how often to back up; None for no backups.
+        model: The compiled model (its optimizer is backed up with it).
+        runner: The strategy's runner (chief, task label, collectives).
+        skipped_updates: The loss-scaling skip counter, backed up when given.
+    """
+
+    def __init__(self, options: BackupOptions | None, *, model: keras.Model, runner: Runner,
+                 skipped_updates: tf.Variable | None = None) -> None:
+        self.options = options
+        self._model = model
+        self._runner = runner
+        self._extra = {} if skipped_updates is None else {"skipped_updates": skipped_updates}
+        self._checkpoint: tf.train.Checkpoint | None = None
+
+    def open(self) -> Backup | None:
+        """This fit's ``Backup``, or None without ``BackupOptions``; every worker calls it."""
+        if self.options is None:
+            return None
+        if self._checkpoint is None:
+            # Made at the first fit, once the model and optimizer are built: a checkpoint tracks the
+            # variables that exist when it is made. Later fits reuse it.
+            self._checkpoint = checkpoint_for(self._model, self._model.optimizer, **self._extra)
+        return Backup(self.options.dir, self._checkpoint, is_chief=self._runner.is_chief,
+                      task_label=self._runner.task_label, keep_backups=self.options.keep_last)
+
+    def restore(self, backup: Backup | None) -> Position | None:
+        """The chief's backup position, restored on every worker (None: start afresh)."""
+        position = restore_on_every_worker(backup, self._runner)
+        if position is not None and self._runner.is_chief:
+            # A warning, so the user sees why an epoch's progress bar starts again.
+            logger.warning("Resumed from update %d (epoch %d, step %d) of the backup in %s.",
+                           position.updates, position.epoch + 1, position.step, backup.backup_dir)
+        return position
+
+    def finish(self, backup: Backup | None) -> None:
+        """After a successful fit: removes the backups unless ``keep_after_success``."""
+        if backup is not None and not self.options.keep_after_success:
+            backup.remove()
+
