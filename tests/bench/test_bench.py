@@ -1,4 +1,4 @@
-"""``tfdist bench``: one quick run in this process; structure and sanity, no speed assertions.
+"""``tfdist bench``: one quick run in this process; its figures must come from the runs.
 
 tests/conftest.py has already split the CPU into 4 virtual devices, so the
 bench's ``make_strategy("mirrored", num_devices=2)`` takes 2 of them. The
@@ -8,9 +8,11 @@ runs last, as it does in ``tfdist bench``.
 import json
 import math
 import os
+import statistics
 
 import pytest
 
+from tests.bench.checks import cpuinfo_first
 from tfdist.bench import bf16_vs_fp32, common, report, runner, timing
 
 FIT_KEYS = {"trainer_examples_per_s", "keras_fit_examples_per_s", "ratio", "fit_overhead_s", "samples"}
@@ -21,6 +23,27 @@ ALL = {"trainer_vs_fit", "mfu", "accumulation", "bf16_vs_fp32", "backup", "param
 
 def _positive_finite(value):
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _clean_median(samples, name):
+    """The median the bench must report for side ``name``, recomputed from the JSON's samples.
+
+    Written out here rather than calling timing.Samples: clean = other processes took at most
+    BUSY_CPU cores (None: unknown, counts as clean); no clean sample -> all of them.
+    """
+    values, busy = samples["values"][name], samples["others_cpu"][name]
+    clean = [v for v, b in zip(values, busy) if b is None or b <= timing.BUSY_CPU]
+    return statistics.median(clean or values)
+
+
+def _check_samples(samples, name, *, work, repeats=2):
+    """Side ``name`` measured >= ``repeats`` times, each value = ``work`` / its recorded seconds."""
+    values, seconds = samples["values"][name], samples["seconds"][name]
+    assert len(values) == len(seconds) >= repeats  # more when other processes disturbed some
+    assert all(_positive_finite(s) for s in seconds)
+    assert values == pytest.approx([work / s for s in seconds]), name
+    busy = samples["others_cpu"][name]
+    assert samples["clean"][name] == sum(b is None or b <= timing.BUSY_CPU for b in busy)
 
 
 @pytest.fixture(scope="module")
@@ -40,60 +63,104 @@ def test_writes_the_returned_results_as_json(quick_run):
     for key in ("tensorflow", "keras", "cpu_count", "date", "repeats"):
         assert meta[key] not in (None, "")
     assert meta["repeats"] == 2 and meta["quick"] is True
+    assert meta["cpu_count"] == os.cpu_count()
     # The multi-process ones (scaling, allreduce) run only when named; see test_scaling.py.
     assert set(written["results"]) == set(runner.available()) - set(runner.ON_REQUEST) == ALL
     assert list(written["results"])[-1] == "parameter_server"  # its cluster disables the local strategies
 
 
-def test_trainer_vs_fit_reports_positive_ratios(quick_run):
+def test_trainer_vs_fit_figures_come_from_equal_runs(quick_run):
     result = quick_run[0]["results"]["trainer_vs_fit"]
     assert FIT_KEYS <= set(result)
     assert result["goal"] == ">= 1.0"
+    config = result["config"]
+    steps, batch = config["steps_per_fit"], config["global_batch_size"]
+    assert config["num_replicas"] == 2
     for pair in (result, result["steps_per_execution_8"]):
-        for key in ("trainer_examples_per_s", "keras_fit_examples_per_s", "ratio"):
-            assert _positive_finite(pair[key]), (key, pair[key])
+        samples = pair["samples"]
+        for side in ("trainer", "keras_fit"):
+            # Every value is the same work (steps x global batch) over its call's seconds...
+            _check_samples(samples, side, work=steps * batch)
+            # ...the reported rate is the median of the clean ones...
+            assert pair[f"{side}_examples_per_s"] == pytest.approx(_clean_median(samples, side))
+            # ...and each timed call made exactly `steps` optimizer updates, counted, on both sides.
+            assert pair["updates_per_call"][side] == [steps] * len(samples["values"][side])
         assert pair["ratio"] == pytest.approx(pair["trainer_examples_per_s"] / pair["keras_fit_examples_per_s"])
-        assert all(len(v) == 2 for v in pair["samples"]["values"].values())
-        # Both sides did the same work: the optimizer updates each timed call really made, counted.
-        steps = result["config"]["steps_per_fit"]
-        assert pair["updates_per_call"] == {"trainer": [steps, steps], "keras_fit": [steps, steps]}
-    assert result["config"]["num_replicas"] == 2
+    assert result["steps_per_execution"] == 1
+    assert result["steps_per_execution_8"]["steps_per_execution"] == 8
 
 
-def test_mfu_reports_positive_ratios(quick_run):
+def test_mfu_counts_the_mlps_flops_and_its_own_peak(quick_run):
     result = quick_run[0]["results"]["mfu"]
     assert MFU_KEYS <= set(result)
     assert result["goal"] == ">= 0.60"
-    for key in ("matmul_peak_gflops", "trainer_gflops", "keras_fit_gflops", "trainer_mfu", "keras_fit_mfu",
-                "mfu_ratio"):
-        assert _positive_finite(result[key]), (key, result[key])
-    assert result["trainer_mfu"] == pytest.approx(result["trainer_gflops"] / result["matmul_peak_gflops"])
+    config = result["config"]
+    # 6 FLOPs per multiply-add of every Dense kernel, counted from the config by hand.
+    widths = [*config["input_shape"], *config["hidden_units"], config["num_classes"]]
+    flops = 6 * sum(a * b for a, b in zip(widths, widths[1:]))
+    assert config["flops_per_example"] == flops
+    samples, matmul = result["samples"], config["matmul"]
+    _check_samples(samples, "matmul", work=2 * matmul["n"] ** 3 * matmul["iterations"] / 1e9)
+    assert result["matmul_peak_gflops"] == pytest.approx(_clean_median(samples, "matmul"))
+    steps, batch = config["steps_per_fit"], config["global_batch_size"]
+    for side in ("trainer", "keras_fit"):
+        _check_samples(samples, side, work=steps * batch)
+        rate = _clean_median(samples, side)
+        assert result[f"{side}_examples_per_s"] == pytest.approx(rate)
+        assert result[f"{side}_gflops"] == pytest.approx(flops * rate / 1e9)
+        peak = result["matmul_peak_gflops"]
+        assert result[f"{side}_mfu"] == pytest.approx(flops * rate / 1e9 / peak)
+    assert result["mfu_ratio"] == pytest.approx(result["trainer_mfu"] / result["keras_fit_mfu"])
 
 
 def test_accumulation_compares_the_same_micro_batches(quick_run):
     result = quick_run[0]["results"]["accumulation"]
     assert result["goal"] == ">= 0.95"
-    for key in ("accumulating_examples_per_s", "plain_examples_per_s", "ratio"):
-        assert _positive_finite(result[key]), (key, result[key])
-    assert result["ratio"] == pytest.approx(result["accumulating_examples_per_s"] / result["plain_examples_per_s"])
     config = result["config"]
     assert config["accumulation_steps"] == {"accumulating": 4, "plain": 1}
     assert config["steps_per_execution"] == 4 and config["num_replicas"] == 2
-    # steps_per_epoch counts micro-batches: 4 per update when accumulating, 1 otherwise.
-    micro_batches = config["micro_batches_per_fit"]
+    micro_batches, batch = config["micro_batches_per_fit"], config["global_batch_size"]
+    samples = result["samples"]
+    for side, k in config["accumulation_steps"].items():
+        # Both sides train on the same micro-batches per call; examples/s counts them all...
+        _check_samples(samples, side, work=micro_batches * batch)
+        assert result[f"{side}_examples_per_s"] == pytest.approx(_clean_median(samples, side))
+        # ...and the updates each call really made differ by the accumulation factor.
+        calls = len(samples["values"][side])
+        assert result["updates_per_call"][side] == [micro_batches // k] * calls
     assert result["updates_per_fit"] == {"accumulating": micro_batches / 4, "plain": micro_batches}
+    assert result["ratio"] == pytest.approx(
+        result["accumulating_examples_per_s"] / result["plain_examples_per_s"])
 
 
-def test_bf16_vs_fp32_reports_speedups_and_the_cpu_flags(quick_run):
+def test_bf16_vs_fp32_trains_in_both_precisions_and_reads_the_cpu(quick_run):
     result = quick_run[0]["results"]["bf16_vs_fp32"]
     assert result["goal"] == ">= 1.5"
-    for key in ("float32_step_s", "bf16_step_s", "ratio", "float32_matmul_gflops", "bf16_matmul_gflops",
-                "matmul_speedup_ratio", "realised_ratio"):
-        assert _positive_finite(result[key]), (key, result[key])
+    config = result["config"]
+    # The two sides really computed in different dtypes, with the same number of updates.
+    assert result["compute_dtypes"] == {"float32": ["float32"],
+                                        "mixed_bfloat16": ["bfloat16", "float32"]}
+    steps, batch = config["steps_per_fit"], config["global_batch_size"]
+    samples = result["samples"]
+    for side, key in (("float32", "float32"), ("mixed_bfloat16", "bf16")):
+        _check_samples(samples, side, work=steps * batch)
+        assert result["updates_per_call"][side] == [steps] * len(samples["values"][side])
+        rate = _clean_median(samples, side)
+        assert result[f"{key}_examples_per_s"] == pytest.approx(rate)
+        assert result[f"{key}_step_s"] == pytest.approx(batch / rate)
+    matmul = config["matmul"]
+    for side, key in (("float32_matmul", "float32"), ("bfloat16_matmul", "bf16")):
+        _check_samples(samples, side, work=2 * matmul["n"] ** 3 * matmul["iterations"] / 1e9)
+        assert result[f"{key}_matmul_gflops"] == pytest.approx(_clean_median(samples, side))
     assert result["ratio"] == pytest.approx(result["float32_step_s"] / result["bf16_step_s"])
-    assert result["matmul_speedup_ratio"] == pytest.approx(
-        result["bf16_matmul_gflops"] / result["float32_matmul_gflops"])
-    assert set(bf16_vs_fp32.BF16_CPU_FLAGS) <= set(result["cpu"])
+    assert result["realised_ratio"] == pytest.approx(
+        result["ratio"] / result["matmul_speedup_ratio"])
+    # The CPU block is this machine's /proc/cpuinfo, read apart from the bench here.
+    flags = cpuinfo_first("flags")
+    flags = None if flags is None else set(flags.split())
+    assert {flag: result["cpu"][flag] for flag in bf16_vs_fp32.BF16_CPU_FLAGS} == {
+        flag: None if flags is None else flag in flags for flag in bf16_vs_fp32.BF16_CPU_FLAGS}
+    assert result["cpu"]["model_name"] == cpuinfo_first("model name")
 
 
 def test_cpu_features_reads_the_flags_that_are_there(tmp_path):
@@ -107,29 +174,59 @@ def test_cpu_features_reads_the_flags_that_are_there(tmp_path):
     assert all(missing[flag] is None for flag in bf16_vs_fp32.BF16_CPU_FLAGS)
 
 
+def test_backup_sides_did_the_same_updates_and_the_cost_follows(quick_run):
+    result = quick_run[0]["results"]["backup"]
+    config = result["config"]
+    steps, batch = config["updates_per_fit"], config["global_batch_size"]
+    freq = config["backup_freq"]
+    assert (steps, freq) == (8, 2)
+    samples = result["samples"]
+    for side in ("with_backup", "no_backup"):
+        _check_samples(samples, side, work=steps * batch)
+        assert result["updates_per_call"][side] == [steps] * len(samples["values"][side])
+        assert result[f"{side}_examples_per_s"] == pytest.approx(_clean_median(samples, side))
+    examples = steps * batch
+    seconds = {side: examples / result[f"{side}_examples_per_s"] for side in ("with_backup", "no_backup")}
+    extra = seconds["with_backup"] - seconds["no_backup"]
+    # 3 in-epoch backups (after updates 2, 4, 6; the one at the epoch end is not in the steps' time).
+    assert result["seconds_per_backup"] == pytest.approx(extra / ((steps - 1) // freq))
+    whole = {side: examples / (seconds[side] + result["fit_overhead_s"][side]) for side in seconds}
+    assert result["ratio_whole_call"] == pytest.approx(whole["with_backup"] / whole["no_backup"])
+    assert result["max_updates_lost_per_kill"] == freq
+
+
 def test_parameter_server_compares_trainer_with_hand_written_loops(quick_run):
     result = quick_run[0]["results"]["parameter_server"]
     assert result["goal"] == ">= 0.95"
-    bare = result["hand_written_bare_examples_per_s"]
-    with_loss = result["hand_written_with_loss_metric_examples_per_s"]
-    assert _positive_finite(bare) and _positive_finite(with_loss)
-    for pair in (result, result["steps_per_execution_8"]):
-        assert _positive_finite(pair["trainer_examples_per_s"]) and _positive_finite(pair["ratio"])
-        assert pair["ratio"] == pytest.approx(pair["trainer_examples_per_s"] / bare)
-        assert pair["ratio_vs_loop_with_loss_metric"] == pytest.approx(pair["trainer_examples_per_s"] / with_loss)
+    config = result["config"]
+    steps, batch = config["steps_per_run"], config["global_batch_size"]
+    samples = result["samples"]
     sides = {"trainer", "hand_written_bare", "hand_written_with_loss_metric", "trainer_spe8"}
-    assert set(result["samples"]["values"]) == sides == set(result["cpu_ms_per_step"])
+    assert set(samples["values"]) == sides == set(result["cpu_ms_per_step"])
+    rates = {}
+    for side in sides:
+        _check_samples(samples, side, work=steps * batch)
+        rates[side] = _clean_median(samples, side)
+    assert result["hand_written_bare_examples_per_s"] == pytest.approx(rates["hand_written_bare"])
+    assert result["hand_written_with_loss_metric_examples_per_s"] == pytest.approx(
+        rates["hand_written_with_loss_metric"])
+    for pair, side in ((result, "trainer"), (result["steps_per_execution_8"], "trainer_spe8")):
+        assert pair["trainer_examples_per_s"] == pytest.approx(rates[side])
+        assert pair["ratio"] == pytest.approx(rates[side] / rates["hand_written_bare"])
+        assert pair["ratio_vs_loop_with_loss_metric"] == pytest.approx(
+            rates[side] / rates["hand_written_with_loss_metric"])
     assert all(_positive_finite(v) for v in result["cpu_ms_per_step"].values())
     cpu = result["cpu_ms_per_step"]
     assert result["cpu_ratio"] == pytest.approx(cpu["hand_written_bare"] / cpu["trainer"])
-    # Every scheduled step reached the variables on the ps, on every side, and the metric's too.
-    for name, steps in result["optimizer_steps"].items():
-        assert steps["counted"] == steps["expected"] > 0, name
+    # Every scheduled step reached the variables on the ps, on every side (warm-up call included),
+    # and the loss metric's too.
+    for name, counted in result["optimizer_steps"].items():
+        calls = 1 + len(samples["values"][name])
+        assert counted["counted"] == counted["expected"] == calls * steps, name
     assert set(result["optimizer_steps"]) == sides
     updates = result["loss_metric_updates"]
     assert updates["counted"] == updates["expected"] == result["optimizer_steps"][
         "hand_written_with_loss_metric"]["expected"]
-    config = result["config"]
     assert config["num_workers"] == 2 and config["num_ps"] == 1
     assert config["hand_written_loops"] == {"hand_written_bare": {"loss_metric": None},
                                             "hand_written_with_loss_metric": {"loss_metric": "keras.metrics.Mean"}}
@@ -171,48 +268,3 @@ def test_unknown_benchmark_lists_the_valid_names(tmp_path):
 def test_repeats_must_be_positive():
     with pytest.raises(ValueError, match="Invalid value for argument `repeats`"):
         runner.run(["mfu"], output=None, repeats=0)
-
-
-def test_alternate_interleaves_and_reverses_the_order():
-    order = []
-
-    def side(name):
-        def measure():
-            order.append(name)
-            return float(len(order)), timing.Timing(1.0, 0.5, None)
-        return measure
-
-    samples = timing.alternate({"a": side("a"), "b": side("b"), "c": side("c")}, repeats=3)
-    assert order == list("abccbaabc")
-    assert samples.values["a"] == [1.0, 6.0, 7.0]
-    assert samples.median("c") == 4.0
-    assert samples.cpu_share["b"] == [0.5] * 3
-    assert all(math.isnan(v) for v in samples.others_cpu["a"])
-
-
-def _scripted(*measurements):
-    """A side that returns (value, Timing) with others_cpu as scripted, one per call."""
-    script = iter(measurements)
-
-    def measure():
-        value, others_cpu = next(script)
-        return value, timing.Timing(1.0, 1.0, others_cpu)
-
-    return measure
-
-
-def test_alternate_adds_rounds_while_other_processes_make_samples_unclean():
-    a = _scripted((1.0, 0.9), (1.0, 0.9), (1.0, 0.9), (2.0, 0.0), (2.0, 0.0))
-    b = _scripted(*[(5.0, 0.0)] * 5)
-    samples = timing.alternate({"a": a, "b": b}, repeats=3, extra_rounds=3)
-    # 3 rounds, all unclean for "a"; 2 extra rounds give it 2 clean ones, a majority of 3.
-    assert samples.values["a"] == [1.0, 1.0, 1.0, 2.0, 2.0]
-    assert samples.others_cpu["a"] == [0.9, 0.9, 0.9, 0.0, 0.0]
-    assert samples.clean("a") == [2.0, 2.0] and samples.median("a") == 2.0
-    assert samples.as_dict()["clean"] == {"a": 2, "b": 5}
-
-
-def test_median_falls_back_to_all_samples_when_none_is_clean():
-    samples = timing.alternate({"a": _scripted(*[(3.0, 1.0)] * 3)}, repeats=2, extra_rounds=1)
-    assert len(samples.values["a"]) == 3
-    assert samples.clean("a") == [] and samples.median("a") == 3.0

@@ -5,8 +5,15 @@
 test_ray.py starts it in a private network namespace that holds only loopback,
 so Ray's ports, TF's gRPC ports and every packet of the tests stay inside it
 (Ray writes the node's address into TF_CONFIG; inside the namespace that is
-127.0.0.1). It reads one JSON request per line, ``{"scenario": NAME, "args": [...]}``,
-and answers each with one line ``RESULT <json>``.
+127.0.0.1). It reads one JSON request per line, ``{"id": ID, "scenario": NAME,
+"args": [...]}``, runs each in its own thread as soon as it arrives, and answers
+each with one line ``RESULT {"id": ID, "ok": ...}`` (or ``"error"``) when it ends.
+
+Why threads: most of a scenario's wall time is Ray and TF starting up
+(placement groups, worker actors importing TensorFlow, MWMS connecting), not
+computing, so scenarios run side by side finish far sooner than one after
+another. Ray queues the worker groups that do not fit in the cluster's CPUs and
+starts them as others end; the scenarios share nothing but the cluster.
 """
 import concurrent.futures
 import json
@@ -14,6 +21,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -36,8 +44,9 @@ def fault(out_dir):
     storage = tempfile.mkdtemp(prefix="ray-results-")
     reference_dir, faulty_dir = os.path.join(out_dir, "reference"), os.path.join(out_dir, "faulty")
     os.makedirs(reference_dir), os.makedirs(faulty_dir)
-    # The uninterrupted reference trains at the same time (the cluster has 4 CPUs): op determinism makes
-    # its weights independent of what else runs, and the two groups' start-up waits overlap.
+    # The uninterrupted reference trains at the same time (the cluster has CPUs for both groups):
+    # op determinism makes its weights independent of what else runs, and the two groups'
+    # start-up waits overlap.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(ray_fit, jobs.train_with_backups, reference_dir, -1, num_workers=2,
                               storage_path=storage, name="ref")
@@ -110,14 +119,22 @@ def cli(args):
 def main():
     ray.init(num_cpus=int(sys.argv[1]), include_dashboard=False, log_to_driver=True)
     print("READY", flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
+    write = threading.Lock()  # one RESULT line at a time
+
+    def run(request):
         try:
             answer = {"ok": globals()[request["scenario"]](*request.get("args", []))}
         except Exception:  # the test shows it
             answer = {"error": traceback.format_exc()}
-        sys.stdout.write("RESULT " + json.dumps(answer, default=repr) + "\n")
-        sys.stdout.flush()
+        line = "RESULT " + json.dumps({"id": request["id"], **answer}, default=repr) + "\n"
+        with write:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    # Leaving the with-block (stdin closed) waits for every scenario still running.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        for line in sys.stdin:
+            pool.submit(run, json.loads(line))
     ray.shutdown()
 
 

@@ -2,12 +2,17 @@
 
     .venv/bin/python -m pytest tests/ray -q
 
-One driver process (tests/ray/driver.py) runs ``ray.init(num_cpus=4,
+One driver process (tests/ray/driver.py) runs ``ray.init(num_cpus=12,
 include_dashboard=False)`` once for the whole module, inside a private network
 namespace that has only ``lo`` (``unshare -n``): Ray's ports, TF's gRPC ports
 and every packet these tests send stay there. Ray writes the node's address
 into TF_CONFIG; inside the namespace that address is 127.0.0.1, which the
-tests check. Each test asks the driver to run one scenario.
+tests check.
+
+Each test checks the result of one scenario (see :data:`SCENARIOS`). The
+fixture hands the driver the scenarios of every selected test at once, and the
+driver runs them side by side on the one cluster (mostly start-up waits, which
+then overlap); each test waits only for its own result.
 """
 import json
 import os
@@ -21,7 +26,10 @@ import pytest
 from tests.helpers import REPO, run_tfdist
 
 pytestmark = [pytest.mark.ray]
-NUM_CPUS = 4
+# Logical CPUs (Ray's scheduling units, not cores): enough for every scenario's worker groups at
+# once (fault 2 x 2, four others x 2). With fewer, the groups queue, and a queued group can take
+# the CPUs the killed group frees, so the fault scenario's restart would wait for it to end.
+NUM_CPUS = 12
 
 
 def _have_ray():
@@ -30,6 +38,20 @@ def _have_ray():
         return True
     except ImportError:
         return False
+
+
+# Test -> the driver scenario whose result it checks (tests/ray/driver.py), in the order they are
+# handed to the driver: the longest first, so that it starts before the others queue for CPUs.
+SCENARIOS = {
+    "test_killed_worker_resumes_from_rays_checkpoint_bitwise": "fault",
+    "test_two_workers_train_digits_with_identical_weights": "training",
+    "test_ray_data_shards_feed_the_trainer": "ray_data_trainer",
+    "test_rays_tensorflow_quickstart_flow_with_tfdist_imported": "quickstart",
+    "test_cli_engine_ray": "cli",
+    "test_more_workers_than_cpus_fails_before_waiting": "too_many_workers",
+}
+CLI_ARGS = ["--engine=ray", "--num_workers=2", "--model=mlp", "--epochs=2", "--verbose=0"]
+RESULT = "RESULT "
 
 
 class Driver:
@@ -41,51 +63,71 @@ class Driver:
             ["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {sys.executable} -m tests.ray.driver {NUM_CPUS}"],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log = []
-        self._line("READY", timeout=180)
+        self.answers = {}
+        self._read_until(lambda line: line.startswith("READY"), "READY", timeout=180)
 
-    def _line(self, prefix, timeout):
+    def _read_until(self, done, what, timeout):
         timer = threading.Timer(timeout, self.proc.kill)
         timer.start()
         try:
             for line in self.proc.stdout:
                 self.log.append(line)
-                if line.startswith(prefix):
-                    return line[len(prefix):].strip()
+                # A Ray log line may lack its newline when ours follows it: look anywhere in it.
+                at = line.find(RESULT + "{")
+                if at >= 0:
+                    answer = json.loads(line[at + len(RESULT):])
+                    self.answers[answer.pop("id")] = answer
+                if done(line):
+                    return
         finally:
             timer.cancel()
-        raise AssertionError(f"the Ray driver stopped before {prefix}:\n" + "".join(self.log[-80:]))
+        raise AssertionError(f"the Ray driver stopped before {what}:\n" + "".join(self.log[-80:]))
 
-    def ask(self, scenario, *args, timeout=400):
-        start = len(self.log)
-        self.proc.stdin.write(json.dumps({"scenario": scenario, "args": list(args)}) + "\n")
+    def submit(self, scenario, *args):
+        """Starts ``scenario`` in the driver (it runs beside the others); returns its id."""
+        request = {"id": scenario, "scenario": scenario, "args": list(args)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        answer = json.loads(self._line("RESULT ", timeout))
-        assert "ok" in answer, answer["error"] + "\n" + "".join(self.log[start:][-60:])
+        return scenario
+
+    def result(self, key, timeout=600):
+        """Waits for the scenario's answer (``timeout`` from now; others may finish first)."""
+        if key not in self.answers:
+            self._read_until(lambda line: key in self.answers, f"the result of {key!r}", timeout)
+        answer = self.answers[key]
+        assert "ok" in answer, answer["error"] + "\n" + "".join(self.log[-60:])
         return answer["ok"]
 
     def close(self):
-        self.proc.stdin.close()
         try:
-            self.proc.wait(timeout=60)
+            # Closes stdin (the driver then waits for its scenarios and shuts Ray down) and reads
+            # what is left, so that a scenario still running is not blocked on a full pipe.
+            self.proc.communicate(timeout=300)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
 
 
 @pytest.fixture(scope="module")
-def driver():
+def driver(request, tmp_path_factory):
     if not _have_ray():
         pytest.skip("Ray is not installed (pip install -e '.[test]' installs it)")
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"]).returncode != 0:
         pytest.skip("needs `unshare -n` (Linux, root) to keep Ray's traffic inside a loopback-only namespace")
     d = Driver()
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    for test, scenario in SCENARIOS.items():
+        if test in selected:
+            args = {"fault": [str(tmp_path_factory.mktemp("fault"))],
+                    "cli": [CLI_ARGS]}.get(scenario, [])
+            d.submit(scenario, *args)
     yield d
     d.close()
 
 
 @pytest.mark.multiprocess
 def test_two_workers_train_digits_with_identical_weights(driver):
-    outputs = driver.ask("training")["outputs"]
+    outputs = driver.result("training")["outputs"]
     print("val_accuracy per worker:", [o["val_accuracy"] for o in outputs])
     assert [o["tf_config"]["task"]["index"] for o in outputs] == [0, 1]
     for o in outputs:
@@ -98,10 +140,10 @@ def test_two_workers_train_digits_with_identical_weights(driver):
 
 @pytest.mark.multiprocess
 @pytest.mark.fault
-def test_killed_worker_resumes_from_rays_checkpoint_bitwise(driver, tmp_path):
+def test_killed_worker_resumes_from_rays_checkpoint_bitwise(driver):
     # rank 1 os._exit's after global batch 21 (22 updates; 16 per epoch, a backup every 2). Each attempt has
     # a fresh backup_dir, so the resume can only come from ray.train.get_checkpoint().
-    out = driver.ask("fault", str(tmp_path))
+    out = driver.result("fault")
     print("fault scenario:", json.dumps(out))
     assert out["attempts"] == [2, 2] and out["iterations"] == [32, 32]
     assert out["restored"] is not None and 16 <= out["restored"]["updates"] <= 22
@@ -113,28 +155,28 @@ def test_killed_worker_resumes_from_rays_checkpoint_bitwise(driver, tmp_path):
 
 @pytest.mark.multiprocess
 def test_rays_tensorflow_quickstart_flow_with_tfdist_imported(driver):
-    out = driver.ask("quickstart")
+    out = driver.result("quickstart")
     assert out["error"] == "None"
     assert out["has_checkpoint"] and "loss" in out["metrics"]
 
 
 @pytest.mark.multiprocess
 def test_ray_data_shards_feed_the_trainer(driver):
-    outputs = driver.ask("ray_data_trainer")["outputs"]
+    outputs = driver.result("ray_data_trainer")["outputs"]
     assert outputs[0]["digest"] == outputs[1]["digest"]
     assert outputs[0]["accuracy"] > 0.5
 
 
 @pytest.mark.multiprocess
 def test_cli_engine_ray(driver):
-    out = driver.ask("cli", ["--engine=ray", "--num_workers=2", "--model=mlp", "--epochs=2", "--verbose=0"])
+    out = driver.result("cli")
     assert out["returncode"] == 0, out["output"]
     assert "replicas=2" in out["output"] and "final val_accuracy=" in out["output"]
 
 
 @pytest.mark.multiprocess
 def test_more_workers_than_cpus_fails_before_waiting(driver):
-    out = driver.ask("too_many_workers")
+    out = driver.result("too_many_workers")
     assert out["error"].startswith("Invalid value for argument `num_workers`. Received: num_workers=64. "
                                    f"Expected at most {NUM_CPUS} (the Ray cluster has {NUM_CPUS} CPUs")
     assert "wait for the missing resources forever" in out["error"]

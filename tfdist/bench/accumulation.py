@@ -77,6 +77,8 @@ def accumulation(repeats: int, quick: bool) -> dict[str, Any]:
         "fit_overhead_s": {name: timing.median(side.overheads) for name, side in sides.items()},
         "updates_per_fit": {name: int(trainer.model.optimizer.iterations.numpy()) / calls[name]
                             for name, trainer in trainers.items()},
+        # Counted per timed call (fits.FitThroughput), so a check can see each call's own updates.
+        "updates_per_call": {name: list(side.updates) for name, side in sides.items()},
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {

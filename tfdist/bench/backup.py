@@ -75,6 +75,7 @@ def backup(repeats: int, quick: bool) -> dict[str, Any]:
         "max_updates_lost_per_kill": freq,
         "goal": ">= 0.9",
         "fit_overhead_s": overheads,
+        "updates_per_call": {name: list(side.updates) for name, side in sides.items()},
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {"strategy": "mirrored", "num_replicas": strategy.num_replicas_in_sync, "model": "cnn",

@@ -30,6 +30,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfdist._compat.bench import onednn_enabled
 from tfdist.bench import common, fits, mfu, timing
 
 BF16_CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")
@@ -61,18 +62,9 @@ def cpu_features(path: str = "/proc/cpuinfo") -> dict[str, Any]:
         pass
     features: dict[str, Any] = {flag: None if flags is None else flag in flags for flag in BF16_CPU_FLAGS}
     features["model_name"] = model
-    features["onednn_enabled"] = _onednn_enabled()
+    features["onednn_enabled"] = onednn_enabled()
     features["TF_ENABLE_ONEDNN_OPTS"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
     return features
-
-
-def _onednn_enabled() -> bool | None:
-    try:  # private, but the only way to ask; TF enables oneDNN by default on x86 Linux
-        from tensorflow.python.util import _pywrap_util_port
-
-        return bool(_pywrap_util_port.IsMklEnabled())
-    except (ImportError, AttributeError):
-        return None
 
 
 @common.register("bf16_vs_fp32")
@@ -95,11 +87,15 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
         "bfloat16_matmul": mfu.matmul_peak(n, iterations, dtype=tf.bfloat16),
     }
     fit_sides = {}
+    compute_dtypes = {}
     for precision in PRECISIONS:
         trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=keras.optimizers.SGD(LEARNING_RATE),
                                  loss=fits.logits_loss(), precision=precision)
         fit_sides[precision] = fits.trainer_side(trainer, dataset, global_batch_size=global_batch_size,
                                                  steps=steps)
+        # What the Dense layers really computed in (the logits stay float32 on both sides).
+        compute_dtypes[precision] = sorted({layer.compute_dtype for layer in trainer.model.layers
+                                            if isinstance(layer, keras.layers.Dense)})
     sides.update(fit_sides)
     samples = timing.alternate(sides, repeats)
     rates = {precision: samples.median(precision) for precision in PRECISIONS}
@@ -121,6 +117,8 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
         "float32_examples_per_s": rates["float32"],
         "bf16_examples_per_s": rates["mixed_bfloat16"],
         "fit_overhead_s": {name: timing.median(side.overheads) for name, side in fit_sides.items()},
+        "updates_per_call": {name: list(side.updates) for name, side in fit_sides.items()},
+        "compute_dtypes": compute_dtypes,
         "cpu": cpu_features(),
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),

@@ -25,7 +25,7 @@ measurements are reported (see ``timing``).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import keras
 import numpy as np
@@ -85,9 +85,22 @@ def matmul_peak(n: int, iterations: int, *, dtype: tf.DType = tf.float32, device
     return measure
 
 
+def _layers(model: keras.Model) -> Iterator[keras.layers.Layer]:
+    """Every layer of ``model``, those of nested models included (public ``Model.layers`` only)."""
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _layers(layer)
+
+
 def dense_flops_per_example(model: keras.Model) -> int:
-    """Training FLOPs per example of ``model``'s Dense layers: ``6 * sum(in * out)``."""
-    macs = sum(int(np.prod(layer.kernel.shape)) for layer in model._flatten_layers()
+    """Training FLOPs per example of ``model``'s Dense layers: ``6 * sum(in * out)``.
+
+    Counts the Dense layers of the model and of the models nested in it; a
+    Dense layer held inside a custom (non-Model) layer is not seen. The bench's
+    MLP has none.
+    """
+    macs = sum(int(np.prod(layer.kernel.shape)) for layer in _layers(model)
                if isinstance(layer, keras.layers.Dense))
     return 6 * macs
 

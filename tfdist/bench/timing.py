@@ -24,7 +24,7 @@ _MIN_SECONDS_FOR_OTHERS = 0.25
 BUSY_CPU = 0.25
 
 
-def _busy_cpu_seconds() -> float | None:
+def busy_cpu_seconds() -> float | None:
     """CPU seconds all processes have used since boot (Linux), else None."""
     try:
         with open("/proc/stat") as f:
@@ -58,10 +58,11 @@ class Stopwatch:
     """Wall, own-CPU and others'-CPU time between :meth:`start` and :meth:`stop`."""
 
     def start(self) -> None:
-        self._wall, self._cpu, self._busy = time.perf_counter(), time.process_time(), _busy_cpu_seconds()
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        self._busy = busy_cpu_seconds()
 
     def stop(self) -> Timing:
-        wall, cpu, busy = time.perf_counter(), time.process_time(), _busy_cpu_seconds()
+        wall, cpu, busy = time.perf_counter(), time.process_time(), busy_cpu_seconds()
         cpu -= self._cpu
         others = None if busy is None or self._busy is None else (busy - self._busy) - cpu
         return Timing(wall - self._wall, cpu, others)
@@ -83,15 +84,18 @@ Side = Callable[[], tuple[float, Timing]]
 class Samples:
     """Measurements per side, in the order taken.
 
-    ``values`` are what the sides measured; ``cpu_share`` and ``others_cpu``
-    are this process's and other processes' CPU seconds per wall second during
-    each measurement (see :class:`Timing`). A measurement is *clean* when other
-    processes took at most :data:`BUSY_CPU` cores meanwhile (or it is unknown).
+    ``values`` are what the sides measured; ``seconds`` the wall seconds each
+    measurement's Timing took (so a rate can be checked against the time it
+    came from); ``cpu_share`` and ``others_cpu`` are this process's and other
+    processes' CPU seconds per wall second during each measurement (see
+    :class:`Timing`). A measurement is *clean* when other processes took at
+    most :data:`BUSY_CPU` cores meanwhile (or it is unknown).
     """
 
     values: dict[str, list[float]]
     cpu_share: dict[str, list[float]]
     others_cpu: dict[str, list[float]]
+    seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     def clean(self, name: str) -> list[float]:
         """The clean values of side ``name``."""
@@ -125,7 +129,7 @@ def alternate(sides: Mapping[str, Side], repeats: int, *, extra_rounds: int | No
             ``repeats // 2 + 1``.
     """
     names = list(sides)
-    samples = Samples(*({name: [] for name in names} for _ in range(3)))
+    samples = Samples(*({name: [] for name in names} for _ in range(4)))
     wanted = repeats // 2 + 1
     extra_rounds = wanted if extra_rounds is None else extra_rounds
     r = 0
@@ -133,6 +137,7 @@ def alternate(sides: Mapping[str, Side], repeats: int, *, extra_rounds: int | No
         for name in (names if r % 2 == 0 else names[::-1]):
             value, timing = sides[name]()
             samples.values[name].append(float(value))
+            samples.seconds[name].append(timing.seconds)
             samples.cpu_share[name].append(round(timing.cpu_share, 2))
             samples.others_cpu[name].append(round(timing.others_cpu, 2))
         r += 1

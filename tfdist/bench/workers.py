@@ -61,11 +61,11 @@ class Recorder:
 
     def measure(self, name: str, fn: Any) -> tuple[Any, timing.Timing]:
         watch = timing.Stopwatch()
-        busy = timing._busy_cpu_seconds()
+        busy = timing.busy_cpu_seconds()
         watch.start()
         value = fn()
         took = watch.stop()
-        after = timing._busy_cpu_seconds()
+        after = timing.busy_cpu_seconds()
         self.records.setdefault(name, []).append({
             "seconds": took.seconds, "cpu_seconds": took.cpu_seconds,
             "busy_cpu_seconds": None if busy is None or after is None else after - busy})

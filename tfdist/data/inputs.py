@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.config import invalid_argument
-from tfdist.data.datasets import DatasetFn
+from tfdist.data.dataset_fn import DatasetFn
 from tfdist.data.sharding import per_replica_batch_size, replicas_per_pipeline
 
 logger = logging.getLogger(__name__)
