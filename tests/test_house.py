@@ -1,0 +1,180 @@
+"""The house rules of issue 9, checked on the source (ARCHITECTURE.md says why they matter).
+
+No import circles; no module much over 300 lines; no private tfdist name used outside its
+module; Keras and TF internals only under ``tfdist/_compat/``; no tfdist attributes set on
+TF objects. All static (``ast``), so this module runs in well under a second.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tfdist"
+MAX_LINES = 300
+INTERNALS = re.compile(r"\bkeras\.src\b|\btensorflow\.python\b|\btf\.__internal__\b")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str:
+    """The tfdist module that defines ``name`` (a module, or a name inside one)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _top_level_imports(tree: ast.Module):
+    """Imports run when the module loads, plus ``if TYPE_CHECKING:`` ones (a circle for readers)."""
+    for node in tree.body:
+        if isinstance(node, ast.If):
+            yield from (n for n in node.body if isinstance(n, (ast.Import, ast.ImportFrom)))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+
+
+def _imported(module: str, node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:  # relative import
+        package = module.split(".")
+        if not MODULES[module].name == "__init__.py":
+            package = package[:-1]
+        base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+    return [f"{base}.{a.name}" for a in node.names] or [base]
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for module, path in MODULES.items():
+        edges = set()
+        for node in _top_level_imports(ast.parse(path.read_text())):
+            for name in _imported(module, node):
+                if name.startswith("tfdist"):
+                    target = _owner(name)
+                    if target and target != module and not module.startswith(target + "."):
+                        edges.add(target)
+        graph[module] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    assert _cycles(_graph()) == []
+
+
+def test_the_circle_check_sees_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_stay_short(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines: split it by job"
+
+
+def _private_imports(path: pathlib.Path, module: str):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfdist"):
+            for alias in node.names:
+                if alias.name.startswith("_") and alias.name != "_compat":
+                    yield f"from {node.module} import {alias.name}"
+
+
+@pytest.mark.parametrize("tree", ["tfdist", "tests"])
+def test_no_private_tfdist_names_across_modules(tree):
+    offenders = []
+    for path in sorted((ROOT / tree).rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        offenders += [f"{module}: {line}" for line in _private_imports(path, module)]
+        # ``tfdist_module._name`` after ``from tfdist import module`` / ``import tfdist.x as m``.
+        tree_ = ast.parse(path.read_text())
+        aliases = {a.asname or a.name for n in ast.walk(tree_) if isinstance(n, ast.ImportFrom)
+                   and (n.module or "").startswith("tfdist") for a in n.names
+                   if _owner(f"{n.module}.{a.name}") == f"{n.module}.{a.name}" and a.name != "_compat"}
+        aliases |= {a.asname for n in ast.walk(tree_) if isinstance(n, ast.Import)
+                    for a in n.names if a.name.startswith("tfdist") and a.asname}
+        offenders += [f"{module}: {n.value.id}.{n.attr}" for n in ast.walk(tree_)
+                      if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                      and n.value.id in aliases and n.attr.startswith("_") and not n.attr.startswith("__")]
+    assert offenders == []
+
+
+def test_keras_and_tf_internals_only_under_compat():
+    offenders = [str(p.relative_to(ROOT)) for p in MODULES.values()
+                 if "_compat" not in p.parts and INTERNALS.search(p.read_text())]
+    assert offenders == []
+
+
+def test_no_tfdist_attributes_on_tf_objects():
+    offenders = [str(p.relative_to(ROOT)) for p in MODULES.values() if "._tfdist_" in p.read_text()]
+    assert offenders == []
+
+
+#: What each part of tfdist may import when it loads (ARCHITECTURE.md, "Layers"). Lazy imports
+#: inside functions are not counted: the CLI reaches the Trainer that way without loading TF.
+LAYERS = {
+    "config": set(),
+    "logs": set(),
+    "_compat": {"config"},
+    "cluster": {"config"},
+    "data": {"config", "_compat"},
+    "models": {"config", "_compat"},
+    "strategies": {"config", "logs", "_compat", "cluster", "data"},
+    "training": {"config", "logs", "_compat", "cluster", "data", "models", "strategies"},
+    "callbacks": {"training"},
+    "launch": {"config", "logs", "cluster"},
+    "bench": {"config", "logs", "_compat", "cluster", "data", "models", "strategies", "training"},
+}
+
+
+def test_each_layer_imports_only_those_below_it():
+    def part(module: str) -> str:
+        return module.split(".")[1] if "." in module else ""
+
+    wrong = sorted(f"{a} -> {b}" for a, targets in _graph().items() for b in targets
+                   if part(a) in LAYERS and part(b) != part(a) and part(b) not in LAYERS[part(a)])
+    assert wrong == []
