@@ -3,6 +3,7 @@
 Virtual devices must exist before TensorFlow initialises its devices, so this
 runs at import time, before any test imports tfdist's strategies.
 """
+
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

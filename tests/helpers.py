@@ -1,4 +1,5 @@
 """Helpers for tests that start real processes."""
+
 import os
 import signal
 import subprocess
@@ -21,8 +22,9 @@ def run_tfdist(*args, env=None, timeout=300):
     full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
     command = [sys.executable, "-m", "tfdist", *args]
-    with subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
+    with subprocess.Popen(
+        command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -34,7 +36,6 @@ def run_tfdist(*args, env=None, timeout=300):
                 out, _ = proc.communicate()
             raise subprocess.TimeoutExpired(command, timeout, output=out) from None
     return subprocess.CompletedProcess(command, proc.returncode, out, None)
-
 
 
 class Crash(keras.callbacks.Callback):

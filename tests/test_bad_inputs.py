@@ -14,6 +14,7 @@ that checks the real exit path; the one in-process parameter-server cluster is
 built only for the row that needs it. Non-loopback addresses are only parsed
 and refused (192.0.2.1 is a documentation address); nothing is sent to them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,17 +24,17 @@ import re
 import socket
 import subprocess
 import sys
-from typing import Any, Callable
-
-import numpy as np
-import pytest
+from collections.abc import Callable
+from typing import Any
 
 import keras
+import numpy as np
+import pytest
 import tensorflow as tf
 
 import tfdist
 from tfdist import cluster
-from tfdist.launch import local, manifests
+from tfdist.launch import local
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 X = np.zeros((64, 8, 8, 1), np.float32)
@@ -51,7 +52,7 @@ class Case:
     """One row: ``shown`` is the input as a user writes it (README's first column)."""
 
     shown: str
-    trigger: Callable[["Env"], Any] | list[str]  # a list: CLI arguments after `tfdist`
+    trigger: Callable[[Env], Any] | list[str]  # a list: CLI arguments after `tfdist`
     name: str
     received: str
     expected: tuple[str, ...]
@@ -84,10 +85,14 @@ class Env:
 
     def broken_backup_fit(self) -> Any:
         (self.tmp_path / "state.json").write_text('{"number": 1')  # cut short
-        return self.trainer_with(backup_dir=str(self.tmp_path)).fit((X, Y), global_batch_size=32, verbose=0)
+        return self.trainer_with(backup_dir=str(self.tmp_path)).fit(
+            (X, Y), global_batch_size=32, verbose=0
+        )
 
     def tf_config(self, config: Any, kind: str = "multi_worker", **options) -> Any:
-        self.monkeypatch.setenv("TF_CONFIG", config if isinstance(config, str) else json.dumps(config))
+        self.monkeypatch.setenv(
+            "TF_CONFIG", config if isinstance(config, str) else json.dumps(config)
+        )
         return tfdist.make_strategy(kind, **options)
 
     def busy_port_config(self) -> Any:
@@ -97,12 +102,19 @@ class Env:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        return self.tf_config({"cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]},
-                               "task": {"type": "worker", "index": 0}})
+        return self.tf_config(
+            {
+                "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]},
+                "task": {"type": "worker", "index": 0},
+            }
+        )
 
 
 def _cluster(task_type="worker", index=0, **cluster):
-    return {"cluster": cluster or {"worker": ["127.0.0.1:2222"]}, "task": {"type": task_type, "index": index}}
+    return {
+        "cluster": cluster or {"worker": ["127.0.0.1:2222"]},
+        "task": {"type": task_type, "index": index},
+    }
 
 
 PS_CLUSTER = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2221"], "ps": ["127.0.0.1:2222"]}
@@ -110,234 +122,720 @@ PS_CLUSTER = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2221"], "ps": [
 C = Case
 CASES = [
     # --- make_strategy ------------------------------------------------------------------------------
-    C("make_strategy('mirored')", lambda e: tfdist.make_strategy("mirored"),
-      "strategy", "'mirored'", ("one of: auto, mirrored, multi_worker, one_device, parameter_server",)),
-    C("make_strategy('mirrored', num_gpus=2)", lambda e: tfdist.make_strategy("mirrored", num_gpus=2),
-      "num_gpus", "2", ("an option of strategy 'mirrored': num_devices",)),
-    C("make_strategy('mirrored', num_devices=0)", lambda e: tfdist.make_strategy("mirrored", num_devices=0),
-      "num_devices", "0", ("a positive integer or None",)),
-    C("make_strategy('multi_worker', communication='nccl')  # no GPU",
-      lambda e: e.without_gpus() or tfdist.make_strategy("multi_worker", communication="nccl"),
-      "communication", "'nccl'", ("'auto' or 'ring' on a machine without GPUs",)),
-    C("make_strategy('multi_worker', communication='mpi')",
-      lambda e: tfdist.make_strategy("multi_worker", communication="mpi"),
-      "communication", "'mpi'", ("one of: auto, nccl, ring",)),
-    C("make_strategy('one_device', device='/tpu:7')", lambda e: tfdist.make_strategy("one_device", device="/tpu:7"),
-      "device", "'/tpu:7'", ("a device of this machine", "/device:CPU:0")),
-    C("make_strategy('parameter_server', num_workers=0)",
-      lambda e: tfdist.make_strategy("parameter_server", num_workers=0),
-      "num_workers", "0", ("a positive integer or None",)),
+    C(
+        "make_strategy('mirored')",
+        lambda e: tfdist.make_strategy("mirored"),
+        "strategy",
+        "'mirored'",
+        ("one of: auto, mirrored, multi_worker, one_device, parameter_server",),
+    ),
+    C(
+        "make_strategy('mirrored', num_gpus=2)",
+        lambda e: tfdist.make_strategy("mirrored", num_gpus=2),
+        "num_gpus",
+        "2",
+        ("an option of strategy 'mirrored': num_devices",),
+    ),
+    C(
+        "make_strategy('mirrored', num_devices=0)",
+        lambda e: tfdist.make_strategy("mirrored", num_devices=0),
+        "num_devices",
+        "0",
+        ("a positive integer or None",),
+    ),
+    C(
+        "make_strategy('multi_worker', communication='nccl')  # no GPU",
+        lambda e: e.without_gpus() or tfdist.make_strategy("multi_worker", communication="nccl"),
+        "communication",
+        "'nccl'",
+        ("'auto' or 'ring' on a machine without GPUs",),
+    ),
+    C(
+        "make_strategy('multi_worker', communication='mpi')",
+        lambda e: tfdist.make_strategy("multi_worker", communication="mpi"),
+        "communication",
+        "'mpi'",
+        ("one of: auto, nccl, ring",),
+    ),
+    C(
+        "make_strategy('one_device', device='/tpu:7')",
+        lambda e: tfdist.make_strategy("one_device", device="/tpu:7"),
+        "device",
+        "'/tpu:7'",
+        ("a device of this machine", "/device:CPU:0"),
+    ),
+    C(
+        "make_strategy('parameter_server', num_workers=0)",
+        lambda e: tfdist.make_strategy("parameter_server", num_workers=0),
+        "num_workers",
+        "0",
+        ("a positive integer or None",),
+    ),
     # --- Trainer(...) ------------------------------------------------------------------------------------
-    C("Trainer(precision='fp8')", lambda e: e.trainer_with(precision="fp8"),
-      "precision", "'fp8'", ("one of: auto, float32, mixed_bfloat16, mixed_float16",)),
-    C("Trainer(accumulation_steps=0)", lambda e: e.trainer_with(accumulation_steps=0),
-      "accumulation_steps", "0", ("a positive integer",)),
-    C("Trainer(steps_per_execution=-1)", lambda e: e.trainer_with(steps_per_execution=-1),
-      "steps_per_execution", "-1", ("a positive integer or 'auto'",)),
-    C('Trainer(gradient_compression="int8")', lambda e: e.trainer_with(gradient_compression="int8"),
-      "gradient_compression", "'int8'", ("one of: bf16, fp16, None",)),
-    C("Trainer(bucket_bytes=0)", lambda e: e.trainer_with(bucket_bytes=0),
-      "bucket_bytes", "0", ("a positive integer or None",)),
-    C("Trainer(loss=None)", lambda e: e.trainer_with(loss=None),
-      "loss", "None", ("a Keras loss, its name, or a callable",)),
-    C("Trainer(loss='crossentropyy')", lambda e: e.trainer_with(loss="crossentropyy"),
-      "loss", "'crossentropyy'", ("a Keras loss, its name",)),
-    C("Trainer(optimizer='adamm')", lambda e: e.trainer_with(optimizer="adamm"),
-      "optimizer", "'adamm'", ("a Keras optimizer or its name, e.g. 'adam'",)),
-    C("Trainer('cnn')", lambda e: e.trainer_with(model="cnn"),
-      "model", "'cnn'", ("a keras.Model or a zero-arg builder", "tfdist.models.get('cnn')")),
-    C("Trainer(lambda: 3)", lambda e: e.trainer_with(model=lambda: 3),
-      "model", "3", ("a builder that returns a keras.Model",)),
-    C("Trainer(strategy='mirrored')", lambda e: e.trainer_with(strategy="mirrored"),
-      "strategy", "'mirrored'", ("a tf.distribute.Strategy object", "tfdist.make_strategy('mirrored')")),
-    C("Trainer(backup_freq='daily')", lambda e: e.trainer_with(backup_freq="daily"),
-      "backup_freq", "'daily'", ("'epoch' or a positive number of optimizer updates",)),
-    C("Trainer(backup_dir=<a file>)", lambda e: e.trainer_with(backup_dir=str(e.a_file)),
-      "backup_dir", "'{a_file}'", ("a directory, or a path where one can be created", "It is an existing file")),
-    C("Trainer(backup_dir=42)", lambda e: e.trainer_with(backup_dir=42),
-      "backup_dir", "42", ("a directory path (str or os.PathLike) or None",)),
-    C("Trainer(lr_scaling='sqrt')", lambda e: e.trainer_with(lr_scaling="sqrt"),
-      "lr_scaling", "'sqrt'", ("one of: linear, none",)),
-    C("Trainer(warmup_steps=10, warmup_epochs=1)", lambda e: e.trainer_with(warmup_steps=10, warmup_epochs=1),
-      "warmup_epochs", "1", ("None when warmup_steps is given", "warmup_steps=10")),
+    C(
+        "Trainer(precision='fp8')",
+        lambda e: e.trainer_with(precision="fp8"),
+        "precision",
+        "'fp8'",
+        ("one of: auto, float32, mixed_bfloat16, mixed_float16",),
+    ),
+    C(
+        "Trainer(accumulation_steps=0)",
+        lambda e: e.trainer_with(accumulation_steps=0),
+        "accumulation_steps",
+        "0",
+        ("a positive integer",),
+    ),
+    C(
+        "Trainer(steps_per_execution=-1)",
+        lambda e: e.trainer_with(steps_per_execution=-1),
+        "steps_per_execution",
+        "-1",
+        ("a positive integer or 'auto'",),
+    ),
+    C(
+        'Trainer(gradient_compression="int8")',
+        lambda e: e.trainer_with(gradient_compression="int8"),
+        "gradient_compression",
+        "'int8'",
+        ("one of: bf16, fp16, None",),
+    ),
+    C(
+        "Trainer(bucket_bytes=0)",
+        lambda e: e.trainer_with(bucket_bytes=0),
+        "bucket_bytes",
+        "0",
+        ("a positive integer or None",),
+    ),
+    C(
+        "Trainer(loss=None)",
+        lambda e: e.trainer_with(loss=None),
+        "loss",
+        "None",
+        ("a Keras loss, its name, or a callable",),
+    ),
+    C(
+        "Trainer(loss='crossentropyy')",
+        lambda e: e.trainer_with(loss="crossentropyy"),
+        "loss",
+        "'crossentropyy'",
+        ("a Keras loss, its name",),
+    ),
+    C(
+        "Trainer(optimizer='adamm')",
+        lambda e: e.trainer_with(optimizer="adamm"),
+        "optimizer",
+        "'adamm'",
+        ("a Keras optimizer or its name, e.g. 'adam'",),
+    ),
+    C(
+        "Trainer('cnn')",
+        lambda e: e.trainer_with(model="cnn"),
+        "model",
+        "'cnn'",
+        ("a keras.Model or a zero-arg builder", "tfdist.models.get('cnn')"),
+    ),
+    C(
+        "Trainer(lambda: 3)",
+        lambda e: e.trainer_with(model=lambda: 3),
+        "model",
+        "3",
+        ("a builder that returns a keras.Model",),
+    ),
+    C(
+        "Trainer(strategy='mirrored')",
+        lambda e: e.trainer_with(strategy="mirrored"),
+        "strategy",
+        "'mirrored'",
+        ("a tf.distribute.Strategy object", "tfdist.make_strategy('mirrored')"),
+    ),
+    C(
+        "Trainer(backup_freq='daily')",
+        lambda e: e.trainer_with(backup_freq="daily"),
+        "backup_freq",
+        "'daily'",
+        ("'epoch' or a positive number of optimizer updates",),
+    ),
+    C(
+        "Trainer(backup_dir=<a file>)",
+        lambda e: e.trainer_with(backup_dir=str(e.a_file)),
+        "backup_dir",
+        "'{a_file}'",
+        ("a directory, or a path where one can be created", "It is an existing file"),
+    ),
+    C(
+        "Trainer(backup_dir=42)",
+        lambda e: e.trainer_with(backup_dir=42),
+        "backup_dir",
+        "42",
+        ("a directory path (str or os.PathLike) or None",),
+    ),
+    C(
+        "Trainer(lr_scaling='sqrt')",
+        lambda e: e.trainer_with(lr_scaling="sqrt"),
+        "lr_scaling",
+        "'sqrt'",
+        ("one of: linear, none",),
+    ),
+    C(
+        "Trainer(warmup_steps=10, warmup_epochs=1)",
+        lambda e: e.trainer_with(warmup_steps=10, warmup_epochs=1),
+        "warmup_epochs",
+        "1",
+        ("None when warmup_steps is given", "warmup_steps=10"),
+    ),
     # --- the Trainer's option objects --------------------------------------------------------------------
-    C("BackupOptions(dir=None)", lambda e: tfdist.BackupOptions(None),
-      "dir", "None", ("a directory path (str or os.PathLike)",)),
-    C("BackupOptions('dir', freq=0)", lambda e: tfdist.BackupOptions("dir", freq=0),
-      "freq", "0", ("'epoch' or a positive number of optimizer updates",)),
-    C("BackupOptions('dir', keep_last=0)", lambda e: tfdist.BackupOptions("dir", keep_last=0),
-      "keep_last", "0", ("a positive integer",)),
-    C("BackupOptions('dir', keep_after_success='yes')",
-      lambda e: tfdist.BackupOptions("dir", keep_after_success="yes"),
-      "keep_after_success", "'yes'", ("True or False",)),
-    C("LRScaling('sqrt')", lambda e: tfdist.LRScaling("sqrt"), "rule", "'sqrt'", ("one of: linear, none",)),
-    C("LRScaling('linear', warmup_steps=-1)", lambda e: tfdist.LRScaling("linear", warmup_steps=-1),
-      "warmup_steps", "-1", ("a non-negative integer (optimizer updates)",)),
-    C("ExchangeOptions(compression='int8')", lambda e: tfdist.ExchangeOptions(compression="int8"),
-      "compression", "'int8'", ("one of: bf16, fp16, None",)),
-    C("ExchangeOptions(bucket_bytes=0)", lambda e: tfdist.ExchangeOptions(bucket_bytes=0),
-      "bucket_bytes", "0", ("a positive integer or None",)),
-    C("Trainer(backup=BackupOptions('dir'), backup_freq=5)",
-      lambda e: e.trainer_with(backup=tfdist.BackupOptions(str(e.tmp_path)), backup_freq=5),
-      "backup_freq", "5", ("None when `backup` is given",)),
-    C("Trainer(backup='dir')", lambda e: e.trainer_with(backup="dir"),
-      "backup", "'dir'", ("a tfdist.BackupOptions or None",)),
+    C(
+        "BackupOptions(dir=None)",
+        lambda e: tfdist.BackupOptions(None),
+        "dir",
+        "None",
+        ("a directory path (str or os.PathLike)",),
+    ),
+    C(
+        "BackupOptions('dir', freq=0)",
+        lambda e: tfdist.BackupOptions("dir", freq=0),
+        "freq",
+        "0",
+        ("'epoch' or a positive number of optimizer updates",),
+    ),
+    C(
+        "BackupOptions('dir', keep_last=0)",
+        lambda e: tfdist.BackupOptions("dir", keep_last=0),
+        "keep_last",
+        "0",
+        ("a positive integer",),
+    ),
+    C(
+        "BackupOptions('dir', keep_after_success='yes')",
+        lambda e: tfdist.BackupOptions("dir", keep_after_success="yes"),
+        "keep_after_success",
+        "'yes'",
+        ("True or False",),
+    ),
+    C(
+        "LRScaling('sqrt')",
+        lambda e: tfdist.LRScaling("sqrt"),
+        "rule",
+        "'sqrt'",
+        ("one of: linear, none",),
+    ),
+    C(
+        "LRScaling('linear', warmup_steps=-1)",
+        lambda e: tfdist.LRScaling("linear", warmup_steps=-1),
+        "warmup_steps",
+        "-1",
+        ("a non-negative integer (optimizer updates)",),
+    ),
+    C(
+        "ExchangeOptions(compression='int8')",
+        lambda e: tfdist.ExchangeOptions(compression="int8"),
+        "compression",
+        "'int8'",
+        ("one of: bf16, fp16, None",),
+    ),
+    C(
+        "ExchangeOptions(bucket_bytes=0)",
+        lambda e: tfdist.ExchangeOptions(bucket_bytes=0),
+        "bucket_bytes",
+        "0",
+        ("a positive integer or None",),
+    ),
+    C(
+        "Trainer(backup=BackupOptions('dir'), backup_freq=5)",
+        lambda e: e.trainer_with(backup=tfdist.BackupOptions(str(e.tmp_path)), backup_freq=5),
+        "backup_freq",
+        "5",
+        ("None when `backup` is given",),
+    ),
+    C(
+        "Trainer(backup='dir')",
+        lambda e: e.trainer_with(backup="dir"),
+        "backup",
+        "'dir'",
+        ("a tfdist.BackupOptions or None",),
+    ),
     # --- Trainer.fit / evaluate --------------------------------------------------------------------------
-    C("fit(..., epochs=0)", lambda e: e.trainer.fit((X, Y), epochs=0),
-      "epochs", "0", ("a positive integer",)),
-    C("fit(..., steps_per_epoch=0)", lambda e: e.trainer.fit((X, Y), steps_per_epoch=0),
-      "steps_per_epoch", "0", ("a positive integer or None",)),
-    C("fit(..., global_batch_size=33)  # 2 replicas", lambda e: e.trainer.fit((X, Y), global_batch_size=33),
-      "global_batch_size", "33", ("a positive multiple of the number of replicas in sync (2)", "32 or 34")),
-    C("fit(load('digits'), global_batch_size=4096)",
-      lambda e: e.trainer.fit(tfdist.data.load("digits"), global_batch_size=4096),
-      "global_batch_size", "4096", ("at most the 1437 examples of 'digits' split 'train'",)),
-    C("fit({'x': x})", lambda e: e.trainer.fit({"x": X}, global_batch_size=32),
-      "data", "'dict'", ("a tfdist.data.DatasetFn, a dataset_fn(input_context), a tf.data.Dataset",)),
-    C("fit('digits')", lambda e: e.trainer.fit("digits", global_batch_size=32),
-      "data", "'digits'", ("a tfdist.data.DatasetFn", "pass tfdist.data.load('digits')")),
-    C("fit((x[:64], y[:10]))", lambda e: e.trainer.fit((X, Y[:10]), global_batch_size=32),
-      "data", "((64, 8, 8, 1), (10,))", ("arrays with the same first dimension",)),
-    C("fit((np.zeros((64, 5)), y))  # model input (8, 8, 1)",
-      lambda e: e.trainer.fit((np.zeros((64, 5), np.float32), Y), global_batch_size=32),
-      "data", "'batches of x with shape (None, 5)'", ("x of shape (None, 8, 8, 1), the input shape of model 'mlp'",)),
-    C("fit(unbatched dataset_fn)  # no global_batch_size",
-      lambda e: e.trainer.fit(lambda ctx: tf.data.Dataset.range(4)),
-      "global_batch_size", "None", ("a positive integer", "`data` yields unbatched elements")),
-    C("fit(..., verbose='loud')", lambda e: e.trainer.fit((X, Y), global_batch_size=32, verbose="loud"),
-      "verbose", "'loud'", ("'auto', 0, 1 or 2",)),
-    C("fit(..., callbacks='tensorboard')", lambda e: e.trainer.fit((X, Y), callbacks="tensorboard"),
-      "callbacks", "'tensorboard'", ("a list of keras.callbacks.Callback",)),
-    C("fit(..., validation_steps=0)",
-      lambda e: e.trainer.fit((X, Y), validation_data=(X, Y), validation_steps=0),
-      "validation_steps", "0", ("a positive integer or None",)),
-    C("fit(..., initial_epoch=-1)", lambda e: e.trainer.fit((X, Y), initial_epoch=-1),
-      "initial_epoch", "-1", ("a non-negative integer",)),
-    C("evaluate(..., steps=0)", lambda e: e.trainer.evaluate((X, Y), steps=0),
-      "steps", "0", ("a positive integer or None",)),
+    C(
+        "fit(..., epochs=0)",
+        lambda e: e.trainer.fit((X, Y), epochs=0),
+        "epochs",
+        "0",
+        ("a positive integer",),
+    ),
+    C(
+        "fit(..., steps_per_epoch=0)",
+        lambda e: e.trainer.fit((X, Y), steps_per_epoch=0),
+        "steps_per_epoch",
+        "0",
+        ("a positive integer or None",),
+    ),
+    C(
+        "fit(..., global_batch_size=33)  # 2 replicas",
+        lambda e: e.trainer.fit((X, Y), global_batch_size=33),
+        "global_batch_size",
+        "33",
+        ("a positive multiple of the number of replicas in sync (2)", "32 or 34"),
+    ),
+    C(
+        "fit(load('digits'), global_batch_size=4096)",
+        lambda e: e.trainer.fit(tfdist.data.load("digits"), global_batch_size=4096),
+        "global_batch_size",
+        "4096",
+        ("at most the 1437 examples of 'digits' split 'train'",),
+    ),
+    C(
+        "fit({'x': x})",
+        lambda e: e.trainer.fit({"x": X}, global_batch_size=32),
+        "data",
+        "'dict'",
+        ("a tfdist.data.DatasetFn, a dataset_fn(input_context), a tf.data.Dataset",),
+    ),
+    C(
+        "fit('digits')",
+        lambda e: e.trainer.fit("digits", global_batch_size=32),
+        "data",
+        "'digits'",
+        ("a tfdist.data.DatasetFn", "pass tfdist.data.load('digits')"),
+    ),
+    C(
+        "fit((x[:64], y[:10]))",
+        lambda e: e.trainer.fit((X, Y[:10]), global_batch_size=32),
+        "data",
+        "((64, 8, 8, 1), (10,))",
+        ("arrays with the same first dimension",),
+    ),
+    C(
+        "fit((np.zeros((64, 5)), y))  # model input (8, 8, 1)",
+        lambda e: e.trainer.fit((np.zeros((64, 5), np.float32), Y), global_batch_size=32),
+        "data",
+        "'batches of x with shape (None, 5)'",
+        ("x of shape (None, 8, 8, 1), the input shape of model 'mlp'",),
+    ),
+    C(
+        "fit(unbatched dataset_fn)  # no global_batch_size",
+        lambda e: e.trainer.fit(lambda ctx: tf.data.Dataset.range(4)),
+        "global_batch_size",
+        "None",
+        ("a positive integer", "`data` yields unbatched elements"),
+    ),
+    C(
+        "fit(..., verbose='loud')",
+        lambda e: e.trainer.fit((X, Y), global_batch_size=32, verbose="loud"),
+        "verbose",
+        "'loud'",
+        ("'auto', 0, 1 or 2",),
+    ),
+    C(
+        "fit(..., callbacks='tensorboard')",
+        lambda e: e.trainer.fit((X, Y), callbacks="tensorboard"),
+        "callbacks",
+        "'tensorboard'",
+        ("a list of keras.callbacks.Callback",),
+    ),
+    C(
+        "fit(..., validation_steps=0)",
+        lambda e: e.trainer.fit((X, Y), validation_data=(X, Y), validation_steps=0),
+        "validation_steps",
+        "0",
+        ("a positive integer or None",),
+    ),
+    C(
+        "fit(..., initial_epoch=-1)",
+        lambda e: e.trainer.fit((X, Y), initial_epoch=-1),
+        "initial_epoch",
+        "-1",
+        ("a non-negative integer",),
+    ),
+    C(
+        "evaluate(..., steps=0)",
+        lambda e: e.trainer.evaluate((X, Y), steps=0),
+        "steps",
+        "0",
+        ("a positive integer or None",),
+    ),
     # --- data and models ----------------------------------------------------------------------------
-    C("data.load('imagenet')", lambda e: tfdist.data.load("imagenet"),
-      "dataset", "'imagenet'", ("one of: digits, synthetic, tfds:NAME",)),
-    C("data.load('digits', split='trian')", lambda e: tfdist.data.load("digits", split="trian"),
-      "split", "'trian'", ("one of: train, validation, test, all",)),
-    C("data.load('digits', num_examples=5)", lambda e: tfdist.data.load("digits", num_examples=5),
-      "num_examples", "5", ("an option of dataset 'digits': it takes none",)),
-    C("data.load('tfds:mnist', data_dir=<empty dir>)",
-      lambda e: tfdist.data.load("tfds:mnist", data_dir=str(e.tmp_path)),
-      "data_dir", "'{tmp_path}'", ("a directory holding the prepared TFDS dataset 'mnist'", "tfds build mnist")),
-    C("data.load('digits')(input_context)  # unbound", lambda e: tfdist.data.load("digits")(None),
-      "global_batch_size", "None", ("a positive integer", "call .bind(global_batch_size=...) first")),
-    C("models.get('vgg')", lambda e: tfdist.models.get("vgg"),
-      "model", "'vgg'", ("one of: cnn, mlp, resnet, transformer",)),
-    C("models.get('mlp', num_blocks=3)", lambda e: tfdist.models.get("mlp", num_blocks=3),
-      "num_blocks", "3", ("an option of model 'mlp': hidden_units, dropout",)),
-    C("models.get('mlp', hidden_units=-1)", lambda e: tfdist.models.get("mlp", hidden_units=-1),
-      "hidden_units", "-1", ("a sequence of positive ints, e.g. (256, 256)",)),
-    C("models.get('cnn', dropout=1.5)", lambda e: tfdist.models.get("cnn", dropout=1.5),
-      "dropout", "1.5", ("a number in [0, 1)",)),
-    C("models.get('transformer', d_model=30)", lambda e: tfdist.models.get("transformer", d_model=30),
-      "d_model", "30", ("a multiple of num_heads (4)",)),
-    C("models.get('cnn', input_shape=(64,))", lambda e: tfdist.models.get("cnn", input_shape=(64,)),
-      "input_shape", "(64,)", ("(height, width, channels) for model 'cnn'",)),
+    C(
+        "data.load('imagenet')",
+        lambda e: tfdist.data.load("imagenet"),
+        "dataset",
+        "'imagenet'",
+        ("one of: digits, synthetic, tfds:NAME",),
+    ),
+    C(
+        "data.load('digits', split='trian')",
+        lambda e: tfdist.data.load("digits", split="trian"),
+        "split",
+        "'trian'",
+        ("one of: train, validation, test, all",),
+    ),
+    C(
+        "data.load('digits', num_examples=5)",
+        lambda e: tfdist.data.load("digits", num_examples=5),
+        "num_examples",
+        "5",
+        ("an option of dataset 'digits': it takes none",),
+    ),
+    C(
+        "data.load('tfds:mnist', data_dir=<empty dir>)",
+        lambda e: tfdist.data.load("tfds:mnist", data_dir=str(e.tmp_path)),
+        "data_dir",
+        "'{tmp_path}'",
+        ("a directory holding the prepared TFDS dataset 'mnist'", "tfds build mnist"),
+    ),
+    C(
+        "data.load('digits')(input_context)  # unbound",
+        lambda e: tfdist.data.load("digits")(None),
+        "global_batch_size",
+        "None",
+        ("a positive integer", "call .bind(global_batch_size=...) first"),
+    ),
+    C(
+        "models.get('vgg')",
+        lambda e: tfdist.models.get("vgg"),
+        "model",
+        "'vgg'",
+        ("one of: cnn, mlp, resnet, transformer",),
+    ),
+    C(
+        "models.get('mlp', num_blocks=3)",
+        lambda e: tfdist.models.get("mlp", num_blocks=3),
+        "num_blocks",
+        "3",
+        ("an option of model 'mlp': hidden_units, dropout",),
+    ),
+    C(
+        "models.get('mlp', hidden_units=-1)",
+        lambda e: tfdist.models.get("mlp", hidden_units=-1),
+        "hidden_units",
+        "-1",
+        ("a sequence of positive ints, e.g. (256, 256)",),
+    ),
+    C(
+        "models.get('cnn', dropout=1.5)",
+        lambda e: tfdist.models.get("cnn", dropout=1.5),
+        "dropout",
+        "1.5",
+        ("a number in [0, 1)",),
+    ),
+    C(
+        "models.get('transformer', d_model=30)",
+        lambda e: tfdist.models.get("transformer", d_model=30),
+        "d_model",
+        "30",
+        ("a multiple of num_heads (4)",),
+    ),
+    C(
+        "models.get('cnn', input_shape=(64,))",
+        lambda e: tfdist.models.get("cnn", input_shape=(64,)),
+        "input_shape",
+        "(64,)",
+        ("(height, width, channels) for model 'cnn'",),
+    ),
     # --- TF_CONFIG and Slurm (read by make_strategy) ------------------------------------------------------
-    C("TF_CONFIG='{cluster:'", lambda e: e.tf_config("{cluster:"),
-      "TF_CONFIG", "'{cluster:'", ("a JSON object", "line 1 column 2")),
-    C("TF_CONFIG without cluster", lambda e: e.tf_config({"task": {"type": "worker", "index": 0}}),
-      "TF_CONFIG.cluster", "<missing>", ("a non-empty dict mapping task types to lists of 'host:port'",)),
-    C("TF_CONFIG without task", lambda e: e.tf_config({"cluster": {"worker": ["127.0.0.1:2222"]}}),
-      "TF_CONFIG.task", "<missing>", ("a dict like {'type': 'worker', 'index': 0}",)),
-    C("TF_CONFIG worker address '127.0.0.1'", lambda e: e.tf_config(_cluster(worker=["127.0.0.1"])),
-      "TF_CONFIG.cluster.worker[0]", "'127.0.0.1'", ("a 'host:port' string with an integer port in 1..65535",)),
-    C("TF_CONFIG cluster task type 'wrker'", lambda e: e.tf_config(_cluster("wrker", wrker=["127.0.0.1:1"])),
-      "TF_CONFIG.cluster", "{'wrker': ['127.0.0.1:1']}", ("task types from: chief, worker, ps, evaluator",
-                                                          "Unknown task type(s): wrker")),
-    C("TF_CONFIG task type 'ps' not in cluster", lambda e: e.tf_config(_cluster("ps")),
-      "TF_CONFIG.task.type", "'ps'", ("one of: worker", "one of the task types in TF_CONFIG.cluster")),
-    C("TF_CONFIG task index 3 of 1", lambda e: e.tf_config(_cluster(index=3)),
-      "TF_CONFIG.task.index", "3", ("an integer in the range [0, 0]",)),
-    C("TF_CONFIG duplicate address",
-      lambda e: e.tf_config(_cluster(worker=["127.0.0.1:2222", "127.0.0.1:2222"])),
-      "TF_CONFIG.cluster.worker[1]", "'127.0.0.1:2222'", ("an address used by exactly one task",
-                                                          "worker[0] has the same address")),
-    C("TF_CONFIG own port in use", lambda e: e.busy_port_config(),
-      "TF_CONFIG.cluster.worker[0]", "'127.0.0.1:", ("a free port", "already in use")),
-    C("TF_CONFIG with ps, strategy 'multi_worker'", lambda e: e.tf_config({**_cluster("chief"), "cluster": PS_CLUSTER}),
-      "strategy", "'multi_worker'", ("'parameter_server' for a cluster with ps tasks",)),
-    C("TF_CONFIG without ps, strategy 'parameter_server'",
-      lambda e: e.tf_config(_cluster(), kind="parameter_server"),
-      "TF_CONFIG.cluster", "['worker']", ("a cluster with ps tasks", "strategy='multi_worker'")),
-    C("TF_CONFIG and make_strategy('parameter_server', num_workers=2)",
-      lambda e: e.tf_config({**_cluster("chief"), "cluster": PS_CLUSTER}, kind="parameter_server", num_workers=2),
-      "num_workers", "2", ("None when TF_CONFIG describes the cluster",)),
-    C("SLURM_JOB_NODELIST='node[01-03'",
-      lambda e: cluster.from_environment({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
-                                          "SLURM_JOB_NODELIST": "node[01-03", "SLURM_NTASKS": "3"}),
-      "SLURM_JOB_NODELIST", "'node[01-03'", ("a Slurm host list like 'node[01-03,07],other'",)),
+    C(
+        "TF_CONFIG='{cluster:'",
+        lambda e: e.tf_config("{cluster:"),
+        "TF_CONFIG",
+        "'{cluster:'",
+        ("a JSON object", "line 1 column 2"),
+    ),
+    C(
+        "TF_CONFIG without cluster",
+        lambda e: e.tf_config({"task": {"type": "worker", "index": 0}}),
+        "TF_CONFIG.cluster",
+        "<missing>",
+        ("a non-empty dict mapping task types to lists of 'host:port'",),
+    ),
+    C(
+        "TF_CONFIG without task",
+        lambda e: e.tf_config({"cluster": {"worker": ["127.0.0.1:2222"]}}),
+        "TF_CONFIG.task",
+        "<missing>",
+        ("a dict like {'type': 'worker', 'index': 0}",),
+    ),
+    C(
+        "TF_CONFIG worker address '127.0.0.1'",
+        lambda e: e.tf_config(_cluster(worker=["127.0.0.1"])),
+        "TF_CONFIG.cluster.worker[0]",
+        "'127.0.0.1'",
+        ("a 'host:port' string with an integer port in 1..65535",),
+    ),
+    C(
+        "TF_CONFIG cluster task type 'wrker'",
+        lambda e: e.tf_config(_cluster("wrker", wrker=["127.0.0.1:1"])),
+        "TF_CONFIG.cluster",
+        "{'wrker': ['127.0.0.1:1']}",
+        ("task types from: chief, worker, ps, evaluator", "Unknown task type(s): wrker"),
+    ),
+    C(
+        "TF_CONFIG task type 'ps' not in cluster",
+        lambda e: e.tf_config(_cluster("ps")),
+        "TF_CONFIG.task.type",
+        "'ps'",
+        ("one of: worker", "one of the task types in TF_CONFIG.cluster"),
+    ),
+    C(
+        "TF_CONFIG task index 3 of 1",
+        lambda e: e.tf_config(_cluster(index=3)),
+        "TF_CONFIG.task.index",
+        "3",
+        ("an integer in the range [0, 0]",),
+    ),
+    C(
+        "TF_CONFIG duplicate address",
+        lambda e: e.tf_config(_cluster(worker=["127.0.0.1:2222", "127.0.0.1:2222"])),
+        "TF_CONFIG.cluster.worker[1]",
+        "'127.0.0.1:2222'",
+        ("an address used by exactly one task", "worker[0] has the same address"),
+    ),
+    C(
+        "TF_CONFIG own port in use",
+        lambda e: e.busy_port_config(),
+        "TF_CONFIG.cluster.worker[0]",
+        "'127.0.0.1:",
+        ("a free port", "already in use"),
+    ),
+    C(
+        "TF_CONFIG with ps, strategy 'multi_worker'",
+        lambda e: e.tf_config({**_cluster("chief"), "cluster": PS_CLUSTER}),
+        "strategy",
+        "'multi_worker'",
+        ("'parameter_server' for a cluster with ps tasks",),
+    ),
+    C(
+        "TF_CONFIG without ps, strategy 'parameter_server'",
+        lambda e: e.tf_config(_cluster(), kind="parameter_server"),
+        "TF_CONFIG.cluster",
+        "['worker']",
+        ("a cluster with ps tasks", "strategy='multi_worker'"),
+    ),
+    C(
+        "TF_CONFIG and make_strategy('parameter_server', num_workers=2)",
+        lambda e: e.tf_config(
+            {**_cluster("chief"), "cluster": PS_CLUSTER}, kind="parameter_server", num_workers=2
+        ),
+        "num_workers",
+        "2",
+        ("None when TF_CONFIG describes the cluster",),
+    ),
+    C(
+        "SLURM_JOB_NODELIST='node[01-03'",
+        lambda e: cluster.from_environment(
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_ID": "0",
+                "SLURM_PROCID": "0",
+                "SLURM_JOB_NODELIST": "node[01-03",
+                "SLURM_NTASKS": "3",
+            }
+        ),
+        "SLURM_JOB_NODELIST",
+        "'node[01-03'",
+        ("a Slurm host list like 'node[01-03,07],other'",),
+    ),
     # --- launcher (Python API) ------------------------------------------------------------------------
-    C("launch('python train.py', workers=2)", lambda e: local.launch("python train.py", workers=2),
-      "command", "'python train.py'", ("a non-empty list of strings",)),
-    C("launch([...], workers=2, max_restarts=-1)", lambda e: local.launch(["true"], workers=2, max_restarts=-1),
-      "max_restarts", "-1", ("a non-negative integer",)),
-    C("launch([...], workers=1, ports=[2222, 2223])",
-      lambda e: local.launch(["true"], workers=1, ports=[2222, 2223]),
-      "ports", "[2222, 2223]", ("1 port (one per task: 1 worker)",)),
+    C(
+        "launch('python train.py', workers=2)",
+        lambda e: local.launch("python train.py", workers=2),
+        "command",
+        "'python train.py'",
+        ("a non-empty list of strings",),
+    ),
+    C(
+        "launch([...], workers=2, max_restarts=-1)",
+        lambda e: local.launch(["true"], workers=2, max_restarts=-1),
+        "max_restarts",
+        "-1",
+        ("a non-negative integer",),
+    ),
+    C(
+        "launch([...], workers=1, ports=[2222, 2223])",
+        lambda e: local.launch(["true"], workers=1, ports=[2222, 2223]),
+        "ports",
+        "[2222, 2223]",
+        ("1 port (one per task: 1 worker)",),
+    ),
     # --- backups -----------------------------------------------------------------------------------------
-    C("Trainer(backup_dir=<dir with a broken state.json>).fit(...)", lambda e: e.broken_backup_fit(),
-      "backup_dir", "'{tmp_path}'", ("a directory holding a tfdist backup, or none", "state.json is not a backup")),
-    C("BackupAndRestore(dir, save_freq=0)", lambda e: tfdist.callbacks.BackupAndRestore(str(e.tmp_path), save_freq=0),
-      "save_freq", "0", ("'epoch' or a positive number of batches",)),
-    C("BackupAndRestore(<a file>)", lambda e: tfdist.callbacks.BackupAndRestore(str(e.a_file)),
-      "backup_dir", "'{a_file}'", ("a directory, or a path where one can be created",)),
-    C("BackupAndRestore(None)", lambda e: tfdist.callbacks.BackupAndRestore(None),
-      "backup_dir", "None", ("a directory path (str or os.PathLike).",)),
+    C(
+        "Trainer(backup_dir=<dir with a broken state.json>).fit(...)",
+        lambda e: e.broken_backup_fit(),
+        "backup_dir",
+        "'{tmp_path}'",
+        ("a directory holding a tfdist backup, or none", "state.json is not a backup"),
+    ),
+    C(
+        "BackupAndRestore(dir, save_freq=0)",
+        lambda e: tfdist.callbacks.BackupAndRestore(str(e.tmp_path), save_freq=0),
+        "save_freq",
+        "0",
+        ("'epoch' or a positive number of batches",),
+    ),
+    C(
+        "BackupAndRestore(<a file>)",
+        lambda e: tfdist.callbacks.BackupAndRestore(str(e.a_file)),
+        "backup_dir",
+        "'{a_file}'",
+        ("a directory, or a path where one can be created",),
+    ),
+    C(
+        "BackupAndRestore(None)",
+        lambda e: tfdist.callbacks.BackupAndRestore(None),
+        "backup_dir",
+        "None",
+        ("a directory path (str or os.PathLike).",),
+    ),
     # --- command line --------------------------------------------------------------------------------
-    C("tfdist train --strategy=mirored", ["train", "--strategy=mirored"],
-      "strategy", "'mirored'", ("one of: auto, mirrored, multi_worker",)),
-    C("tfdist train --precision=fp8", ["train", "--precision=fp8"],
-      "precision", "'fp8'", ("one of: auto, float32, mixed_bfloat16, mixed_float16",)),
-    C("tfdist train --global_batch_size=0", ["train", "--global_batch_size=0"],
-      "global_batch_size", "0", ("a positive integer",)),
-    C("tfdist train --epochs=five", ["train", "--epochs=five"],
-      "epochs", "'five'", ("an integer",)),
-    C("tfdist train --stratgy=mirrored", ["train", "--stratgy=mirrored"],
-      "flag", "'--stratgy=mirrored'", ("a flag tfdist defines", "Did you mean --strategy?")),
-    C("tfdist train --model_dir=<a file>", ["train", "--model_dir={a_file}"],
-      "model_dir", "'{a_file}'", ("a directory, or a path where one can be created",)),
-    C("tfdist train extra", ["train", "extra"],
-      "args", "['extra']", ("no positional arguments for `tfdist train`",)),
-    C("tfdist fly", ["fly"],
-      "command", "'fly'", ("one of: train, launch, bench, manifest",)),
-    C("tfdist launch --workers=2  # no command", ["launch", "--workers=2"],
-      "command", "[]", ("a command after --", "tfdist launch --workers=2 -- tfdist train")),
-    C("tfdist launch --workers=0 -- CMD", ["launch", "--workers=0", "--", "true"],
-      "workers", "0", ("a positive integer",)),
-    C(f"tfdist launch --host={EXTERNAL} -- CMD", ["launch", f"--host={EXTERNAL}", "--", "true"],
-      "host", f"'{EXTERNAL}'", ("a loopback address", "unauthenticated", "--allow_external")),
-    C("tfdist launch --nnodes=2 --hosts=127.0.0.1 -- CMD", ["launch", "--nnodes=2", "--hosts=127.0.0.1", "--", "true"],
-      "hosts", "['127.0.0.1']", ("2 'host:port' entries, one per node", "It has 1")),
-    C("tfdist launch --nnodes=2 --hosts=127.0.0.1:2222,nohost -- CMD",
-      ["launch", "--nnodes=2", "--hosts=127.0.0.1:2222,nohost", "--", "true"],
-      "hosts[1]", "'nohost'", ("a 'host:port' string with an integer port",)),
-    C("tfdist launch --nnodes=2 --node_rank=2 --hosts=... -- CMD",
-      ["launch", "--nnodes=2", "--node_rank=2", "--hosts=127.0.0.1:2222,127.0.0.1:2232", "--", "true"],
-      "node_rank", "2", ("an integer in the range [0, 1]",)),
-    C("tfdist launch --max_restarts=-1 -- CMD", ["launch", "--max_restarts=-1", "--", "true"],
-      "max_restarts", "-1", ("a non-negative integer",)),
-    C("tfdist manifest unknownkind", ["manifest", "unknownkind", "--", "true"],
-      "manifest", "'unknownkind'", ("one of: kubernetes, slurm",)),
-    C("tfdist manifest slurm  # no command", ["manifest", "slurm"],
-      "command", "[]", ("a command after --", "tfdist manifest slurm --workers=2 -- tfdist train")),
-    C("tfdist manifest slurm --ps=1 -- CMD", ["manifest", "slurm", "--ps=1", "--", "true"],
-      "ps", "1", ("0 without a chief", "add --chief")),
-    C("tfdist manifest kubernetes --nnodes=2 -- CMD", ["manifest", "kubernetes", "--nnodes=2", "--", "true"],
-      "nnodes", "2", ("no --nnodes for `tfdist manifest kubernetes`",)),
-    C("tfdist manifest kubernetes -- CMD  # no --image", ["manifest", "kubernetes", "--", "true"],
-      "image", "None", ("a container image reference",)),
+    C(
+        "tfdist train --strategy=mirored",
+        ["train", "--strategy=mirored"],
+        "strategy",
+        "'mirored'",
+        ("one of: auto, mirrored, multi_worker",),
+    ),
+    C(
+        "tfdist train --precision=fp8",
+        ["train", "--precision=fp8"],
+        "precision",
+        "'fp8'",
+        ("one of: auto, float32, mixed_bfloat16, mixed_float16",),
+    ),
+    C(
+        "tfdist train --global_batch_size=0",
+        ["train", "--global_batch_size=0"],
+        "global_batch_size",
+        "0",
+        ("a positive integer",),
+    ),
+    C(
+        "tfdist train --epochs=five",
+        ["train", "--epochs=five"],
+        "epochs",
+        "'five'",
+        ("an integer",),
+    ),
+    C(
+        "tfdist train --stratgy=mirrored",
+        ["train", "--stratgy=mirrored"],
+        "flag",
+        "'--stratgy=mirrored'",
+        ("a flag tfdist defines", "Did you mean --strategy?"),
+    ),
+    C(
+        "tfdist train --model_dir=<a file>",
+        ["train", "--model_dir={a_file}"],
+        "model_dir",
+        "'{a_file}'",
+        ("a directory, or a path where one can be created",),
+    ),
+    C(
+        "tfdist train extra",
+        ["train", "extra"],
+        "args",
+        "['extra']",
+        ("no positional arguments for `tfdist train`",),
+    ),
+    C("tfdist fly", ["fly"], "command", "'fly'", ("one of: train, launch, bench, manifest",)),
+    C(
+        "tfdist launch --workers=2  # no command",
+        ["launch", "--workers=2"],
+        "command",
+        "[]",
+        ("a command after --", "tfdist launch --workers=2 -- tfdist train"),
+    ),
+    C(
+        "tfdist launch --workers=0 -- CMD",
+        ["launch", "--workers=0", "--", "true"],
+        "workers",
+        "0",
+        ("a positive integer",),
+    ),
+    C(
+        f"tfdist launch --host={EXTERNAL} -- CMD",
+        ["launch", f"--host={EXTERNAL}", "--", "true"],
+        "host",
+        f"'{EXTERNAL}'",
+        ("a loopback address", "unauthenticated", "--allow_external"),
+    ),
+    C(
+        "tfdist launch --nnodes=2 --hosts=127.0.0.1 -- CMD",
+        ["launch", "--nnodes=2", "--hosts=127.0.0.1", "--", "true"],
+        "hosts",
+        "['127.0.0.1']",
+        ("2 'host:port' entries, one per node", "It has 1"),
+    ),
+    C(
+        "tfdist launch --nnodes=2 --hosts=127.0.0.1:2222,nohost -- CMD",
+        ["launch", "--nnodes=2", "--hosts=127.0.0.1:2222,nohost", "--", "true"],
+        "hosts[1]",
+        "'nohost'",
+        ("a 'host:port' string with an integer port",),
+    ),
+    C(
+        "tfdist launch --nnodes=2 --node_rank=2 --hosts=... -- CMD",
+        [
+            "launch",
+            "--nnodes=2",
+            "--node_rank=2",
+            "--hosts=127.0.0.1:2222,127.0.0.1:2232",
+            "--",
+            "true",
+        ],
+        "node_rank",
+        "2",
+        ("an integer in the range [0, 1]",),
+    ),
+    C(
+        "tfdist launch --max_restarts=-1 -- CMD",
+        ["launch", "--max_restarts=-1", "--", "true"],
+        "max_restarts",
+        "-1",
+        ("a non-negative integer",),
+    ),
+    C(
+        "tfdist manifest unknownkind",
+        ["manifest", "unknownkind", "--", "true"],
+        "manifest",
+        "'unknownkind'",
+        ("one of: kubernetes, slurm",),
+    ),
+    C(
+        "tfdist manifest slurm  # no command",
+        ["manifest", "slurm"],
+        "command",
+        "[]",
+        ("a command after --", "tfdist manifest slurm --workers=2 -- tfdist train"),
+    ),
+    C(
+        "tfdist manifest slurm --ps=1 -- CMD",
+        ["manifest", "slurm", "--ps=1", "--", "true"],
+        "ps",
+        "1",
+        ("0 without a chief", "add --chief"),
+    ),
+    C(
+        "tfdist manifest kubernetes --nnodes=2 -- CMD",
+        ["manifest", "kubernetes", "--nnodes=2", "--", "true"],
+        "nnodes",
+        "2",
+        ("no --nnodes for `tfdist manifest kubernetes`",),
+    ),
+    C(
+        "tfdist manifest kubernetes -- CMD  # no --image",
+        ["manifest", "kubernetes", "--", "true"],
+        "image",
+        "None",
+        ("a container image reference",),
+    ),
     # --- last: building the in-process PS cluster points TF's eager context at it, so strategies
     # --- (and the shared mirrored one) made before no longer find their devices.
-    C("fit(...)  # parameter_server, no steps_per_epoch",
-      lambda e: e.trainer_with(strategy=e.ps_strategy).fit((X, Y), global_batch_size=32),
-      "steps_per_epoch", "None", ("a positive integer under strategy 'parameter_server'",)),
+    C(
+        "fit(...)  # parameter_server, no steps_per_epoch",
+        lambda e: e.trainer_with(strategy=e.ps_strategy).fit((X, Y), global_batch_size=32),
+        "steps_per_epoch",
+        "None",
+        ("a positive integer under strategy 'parameter_server'",),
+    ),
 ]
 assert len({c.shown for c in CASES}) == len(CASES)
 
@@ -355,7 +853,9 @@ def trainer(strategy):
 @pytest.fixture(scope="module")
 def ps_strategy():
     # The only in-process parameter-server cluster of this file (its servers live as long as the process).
-    return tfdist.make_strategy("parameter_server", num_workers=1, num_ps=1, allow_late_connect=True)
+    return tfdist.make_strategy(
+        "parameter_server", num_workers=1, num_ps=1, allow_late_connect=True
+    )
 
 
 def _run_cli(args: list[str], capsys) -> tuple[int, str]:
@@ -386,14 +886,16 @@ def test_bad_input(case, request, tmp_path, monkeypatch, capsys):
         return text.replace("{a_file}", str(env.a_file)).replace("{tmp_path}", str(tmp_path))
 
     if case.is_cli:
-        command = case.trigger[0] if case.trigger[0] in ("train", "launch", "bench", "manifest") else ""
+        command = (
+            case.trigger[0] if case.trigger[0] in ("train", "launch", "bench", "manifest") else ""
+        )
         code, err = _run_cli([fill(a) for a in case.trigger], capsys)
         assert code == 2, err
         lines = err.strip().splitlines()
         assert len(lines) == 1, err
         prefix = f"tfdist {command}: error: " if command else "tfdist: error: "
         assert lines[0].startswith(prefix + "Invalid value for argument"), err
-        message = lines[0][len(prefix):]
+        message = lines[0][len(prefix) :]
     else:
         with pytest.raises(Exception) as info:
             case.trigger(env)
@@ -401,22 +903,34 @@ def test_bad_input(case, request, tmp_path, monkeypatch, capsys):
         message = str(info.value)
         assert "\n" not in message, message
     received = fill(case.received)
-    assert message.startswith(f"Invalid value for argument `{case.name}`. Received: {case.name}={received}"), message
+    assert message.startswith(
+        f"Invalid value for argument `{case.name}`. Received: {case.name}={received}"
+    ), message
     for fragment in case.expected:
         assert fill(fragment) in message.split(". Expected ", 1)[1], message
 
 
 def test_cli_bad_flag_exits_2_with_one_line():
     """The real ``python -m tfdist`` path: exit code 2 and one error line, no traceback."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PYTHONPATH": os.path.dirname(README) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONPATH": os.path.dirname(README) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     env.pop("TF_CONFIG", None)
-    proc = subprocess.run([sys.executable, "-m", "tfdist", "train", "--strategy=mirored"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdist", "train", "--strategy=mirored"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     ours = [line for line in proc.stderr.splitlines() if line.startswith("tfdist")]
-    assert ours == ["tfdist train: error: Invalid value for argument `strategy`. Received: strategy='mirored'. "
-                    "Expected one of: auto, mirrored, multi_worker, one_device, parameter_server."], proc.stderr
+    assert ours == [
+        "tfdist train: error: Invalid value for argument `strategy`. Received: strategy='mirored'. "
+        "Expected one of: auto, mirrored, multi_worker, one_device, parameter_server."
+    ], proc.stderr
     assert proc.stderr.rstrip().endswith(ours[0])
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
@@ -425,6 +939,9 @@ def test_readme_lists_every_row():
     """README.md's "Bad input" table has one row per case, in the same order."""
     with open(README) as f:
         section = f.read().split("\n## Bad input\n", 1)[1].split("\n## ", 1)[0]
-    shown = [row.split("|")[1].strip().strip("`") for row in section.splitlines()
-             if row.startswith("| `")]
+    shown = [
+        row.split("|")[1].strip().strip("`")
+        for row in section.splitlines()
+        if row.startswith("| `")
+    ]
     assert shown == [c.shown for c in CASES]

@@ -1,4 +1,5 @@
 """The tfdist command line: the default run, its errors, its logs and its imports."""
+
 import os
 import re
 import subprocess
@@ -20,23 +21,47 @@ def test_default_train_run():
 
 
 def test_train_saves_the_model(tmp_path):
-    proc = run_tfdist("train", "--epochs=1", "--model=mlp", "--strategy=one_device", f"--model_dir={tmp_path}",
-                      "--verbose=0")
+    proc = run_tfdist(
+        "train",
+        "--epochs=1",
+        "--model=mlp",
+        "--strategy=one_device",
+        f"--model_dir={tmp_path}",
+        "--verbose=0",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert (tmp_path / "model.keras").exists()
 
 
-@pytest.mark.parametrize("args,pattern", [
-    (["train", "--strategy=mirored"], "argument `strategy`. Received: strategy='mirored'. Expected one of: auto"),
-    (["train", "--precision=fp8"], "argument `precision`. Received: precision='fp8'. Expected one of: auto, float32"),
-    (["train", "--global_batch_size=63"], "argument `global_batch_size`. Received: global_batch_size=63"),
-    (["train", "--model=vgg"], "argument `model`. Received: model='vgg'"),
-    (["train", "--dataset=imagenet"], "argument `dataset`. Received: dataset='imagenet'"),
-    (["train", "--epochs=0"], "argument `epochs`. Received: epochs=0"),
-    (["fly"], "argument `command`. Received: command='fly'. Expected one of: train, launch, bench"),
-    (["launch", "--workers=2"], "launch needs a command after --"),
-    (["launch", "--host=10.1.2.3", "--", "true"], "argument `host`. Received: host='10.1.2.3'.*--allow_external"),
-])
+@pytest.mark.parametrize(
+    "args,pattern",
+    [
+        (
+            ["train", "--strategy=mirored"],
+            "argument `strategy`. Received: strategy='mirored'. Expected one of: auto",
+        ),
+        (
+            ["train", "--precision=fp8"],
+            "argument `precision`. Received: precision='fp8'. Expected one of: auto, float32",
+        ),
+        (
+            ["train", "--global_batch_size=63"],
+            "argument `global_batch_size`. Received: global_batch_size=63",
+        ),
+        (["train", "--model=vgg"], "argument `model`. Received: model='vgg'"),
+        (["train", "--dataset=imagenet"], "argument `dataset`. Received: dataset='imagenet'"),
+        (["train", "--epochs=0"], "argument `epochs`. Received: epochs=0"),
+        (
+            ["fly"],
+            "argument `command`. Received: command='fly'. Expected one of: train, launch, bench",
+        ),
+        (["launch", "--workers=2"], "launch needs a command after --"),
+        (
+            ["launch", "--host=10.1.2.3", "--", "true"],
+            "argument `host`. Received: host='10.1.2.3'.*--allow_external",
+        ),
+    ],
+)
 def test_cli_errors(args, pattern):
     proc = run_tfdist(*args, timeout=120)
     assert proc.returncode != 0
@@ -46,35 +71,72 @@ def test_cli_errors(args, pattern):
 
 def test_manifest_slurm_writes_the_script(tmp_path):
     out = tmp_path / "job.sbatch"
-    proc = run_tfdist("manifest", "slurm", "--nnodes=2", "--workers=4", "--partition=gpu", "--time=01:00:00",
-                      f"--output={out}", "--", "tfdist", "train", "--strategy=multi_worker", timeout=120)
+    proc = run_tfdist(
+        "manifest",
+        "slurm",
+        "--nnodes=2",
+        "--workers=4",
+        "--partition=gpu",
+        "--time=01:00:00",
+        f"--output={out}",
+        "--",
+        "tfdist",
+        "train",
+        "--strategy=multi_worker",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert f"submit it with: sbatch {out}" in proc.stdout
     lines = out.read_text().splitlines()
     assert [line for line in lines if line.startswith("#SBATCH")] == [
-        "#SBATCH --job-name=tfdist", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --partition=gpu",
-        "#SBATCH --time=01:00:00"]
-    assert "srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 tfdist train --strategy=multi_worker" in lines
+        "#SBATCH --job-name=tfdist",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=01:00:00",
+    ]
+    assert (
+        "srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 tfdist train --strategy=multi_worker"
+        in lines
+    )
     assert lines[-1] == 'exit "$rc"'
 
 
 def test_launch_per_node_refuses_external_hosts():
-    proc = run_tfdist("launch", "--nnodes=2", "--node_rank=1", "--hosts=10.1.2.3:2222,10.1.2.4:2222", "--", "true",
-                      timeout=120)
+    proc = run_tfdist(
+        "launch",
+        "--nnodes=2",
+        "--node_rank=1",
+        "--hosts=10.1.2.3:2222,10.1.2.4:2222",
+        "--",
+        "true",
+        timeout=120,
+    )
     assert proc.returncode == 2
-    assert ("tfdist launch: error: Invalid value for argument `hosts`. "
-            "Received: hosts=['10.1.2.3:2222', '10.1.2.4:2222']") in proc.stdout
+    assert (
+        "tfdist launch: error: Invalid value for argument `hosts`. "
+        "Received: hosts=['10.1.2.3:2222', '10.1.2.4:2222']"
+    ) in proc.stdout
     assert "--allow_external" in proc.stdout and "unauthenticated" in proc.stdout
     assert "Traceback" not in proc.stdout
 
 
 def _cli_without_tf_log_level(*args, **env):
     """Runs ``python -m tfdist ARGS`` with TF_CPP_MIN_LOG_LEVEL unset (unless given): the user chose nothing."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")}
+    full_env = {
+        k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")
+    }
     full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "tfdist", *args], cwd=REPO, env=full_env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tfdist", *args],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_cli_quiets_tf_cpp_logs_unless_the_user_set_the_level():
@@ -86,8 +148,14 @@ def test_cli_quiets_tf_cpp_logs_unless_the_user_set_the_level():
 @pytest.mark.slow
 def test_first_run_prints_no_tf_cpp_warnings_or_errors():
     """No "failed call to cuInit", "Local rendezvous is aborting", "GeneratorDatasetOp ... not be optimized"."""
-    proc = _cli_without_tf_log_level("train", "--strategy=mirrored", "--num_devices=2", "--model=mlp", "--epochs=1",
-                                     "--verbose=0")
+    proc = _cli_without_tf_log_level(
+        "train",
+        "--strategy=mirrored",
+        "--num_devices=2",
+        "--model=mlp",
+        "--epochs=1",
+        "--verbose=0",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "final val_accuracy=" in proc.stdout
     cpp_lines = [line for line in proc.stdout.splitlines() if re.match(r"[WE]\d{4} ", line)]
@@ -97,46 +165,75 @@ def test_first_run_prints_no_tf_cpp_warnings_or_errors():
 
 def test_launch_never_imports_tensorflow():
     """The launcher only supervises: neither the CLI's parsing nor `tfdist launch` imports TF (it held 770 MB)."""
-    code = ("import atexit, runpy, sys\n"
-            "atexit.register(lambda: print('launcher imported tensorflow:', 'tensorflow' in sys.modules))\n"
-            "sys.argv = ['tfdist', 'launch', '--workers=2', '--', sys.executable, '-c', 'print(\"task ran\")']\n"
-            "runpy.run_module('tfdist', run_name='__main__')\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    code = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('launcher imported tensorflow:', 'tensorflow' in sys.modules))\n"
+        "sys.argv = ['tfdist', 'launch', '--workers=2', '--', sys.executable, '-c', 'print(\"task ran\")']\n"
+        "runpy.run_module('tfdist', run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
     assert proc.returncode == 0, proc.stdout
     assert "[worker:0] task ran" in proc.stdout and "[worker:1] task ran" in proc.stdout
     assert "launcher imported tensorflow: False" in proc.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ["slurm", "--ntasks=2"],
-    ["kubernetes", "--workers=2", "--image=img"],
-    ["kubernetes", "--kind=indexed-job", "--workers=2", "--image=img"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["slurm", "--ntasks=2"],
+        ["kubernetes", "--workers=2", "--image=img"],
+        ["kubernetes", "--kind=indexed-job", "--workers=2", "--image=img"],
+    ],
+)
 def test_manifest_never_imports_tensorflow(args):
     """`tfdist manifest` only writes text: no TensorFlow (nor Keras) is imported on its way."""
-    code = ("import atexit, runpy, sys\n"
-            "atexit.register(lambda: print('manifest imported tensorflow:',\n"
-            "                              'tensorflow' in sys.modules or 'keras' in sys.modules))\n"
-            f"sys.argv = ['tfdist', 'manifest', *{args!r}, '--', 'tfdist', 'train']\n"
-            "runpy.run_module('tfdist', run_name='__main__')\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": REPO})
+    code = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('manifest imported tensorflow:',\n"
+        "                              'tensorflow' in sys.modules or 'keras' in sys.modules))\n"
+        f"sys.argv = ['tfdist', 'manifest', *{args!r}, '--', 'tfdist', 'train']\n"
+        "runpy.run_module('tfdist', run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
     assert proc.returncode == 0, proc.stdout
     assert ("srun " if args[0] == "slurm" else "apiVersion: ") in proc.stdout
     assert "manifest imported tensorflow: False" in proc.stdout
 
 
 def test_import_tfdist_is_lazy_and_shims_come_first():
-    code = ("import sys, tfdist\n"
-            "from tfdist.launch import notebook_launcher, local, cli\n"
-            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'imported too early'\n"
-            "from tfdist.training.callbacks import BackupAndRestore  # A direct import of a TF-using module...\n"
-            "assert tfdist._shims_applied  # ...applies the compat shims first.\n"
-            "print(tfdist.Trainer.__name__, tfdist.make_strategy.__name__, tfdist.callbacks.BackupAndRestore.__name__,\n"
-            "      callable(tfdist.data.load), callable(tfdist.models.get), tfdist.launch.notebook_launcher.__name__)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    code = (
+        "import sys, tfdist\n"
+        "from tfdist.launch import notebook_launcher, local, cli\n"
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'imported too early'\n"
+        "from tfdist.training.callbacks import BackupAndRestore  # A direct import of a TF-using module...\n"
+        "assert tfdist._shims_applied  # ...applies the compat shims first.\n"
+        "print(tfdist.Trainer.__name__, tfdist.make_strategy.__name__, tfdist.callbacks.BackupAndRestore.__name__,\n"
+        "      callable(tfdist.data.load), callable(tfdist.models.get), tfdist.launch.notebook_launcher.__name__)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "Trainer make_strategy BackupAndRestore True True notebook_launcher" in proc.stdout

@@ -11,6 +11,7 @@ Three kinds of test, all meaningful on any Keras version:
 The multi-process proof that upstream Keras still crashes without the shims is
 ``tests/strategies/test_multi_worker.py::test_upstream_keras_still_needs_the_shim``.
 """
+
 import keras
 import numpy as np
 import pytest
@@ -40,9 +41,16 @@ def test_shims_in_force_exactly_where_their_probe_says():
 
 def test_shim_table():
     assert _compat.SHIMS == (
-        "symbolic_build", "multi_worker_reduce", "atomic_assign_add", "sharded_variables")
+        "symbolic_build",
+        "multi_worker_reduce",
+        "atomic_assign_add",
+        "sharded_variables",
+    )
     assert _compat.SHARDED_VARIABLE_SHIMS == (
-        "sharded_gradients", "sharded_weight_decay", "sharded_slots")
+        "sharded_gradients",
+        "sharded_weight_decay",
+        "sharded_slots",
+    )
     for shim in TABLE:
         assert shim.reason and "\n" not in shim.reason and shim.patches
         assert _compat.shim(shim.name) is shim
@@ -112,14 +120,17 @@ def _upstream(name):
     return _compat.original(name) or getattr(patch.owner(), patch.attribute)
 
 
-@pytest.mark.parametrize("name,probe", [
-    ("symbolic_build", _compat.keras_reduces_batch_to_build),
-    ("multi_worker_reduce", _compat.keras_reduces_scalars_on_axis_0),
-    ("atomic_assign_add", _compat.keras_assign_add_is_read_then_write),
-    ("sharded_variables", _compat.keras_updates_sharded_through_extended_update),
-    ("sharded_weight_decay", _compat.keras_weight_decay_uses_extended_update),
-    ("sharded_slots", _compat.keras_slots_colocate_with_reference),
-])
+@pytest.mark.parametrize(
+    "name,probe",
+    [
+        ("symbolic_build", _compat.keras_reduces_batch_to_build),
+        ("multi_worker_reduce", _compat.keras_reduces_scalars_on_axis_0),
+        ("atomic_assign_add", _compat.keras_assign_add_is_read_then_write),
+        ("sharded_variables", _compat.keras_updates_sharded_through_extended_update),
+        ("sharded_weight_decay", _compat.keras_weight_decay_uses_extended_update),
+        ("sharded_slots", _compat.keras_slots_colocate_with_reference),
+    ],
+)
 def test_probe_sees_the_fix(name, probe):
     """A probe that always said "needed" would fail here: the shim's own replacement passes it."""
     fixed = _compat.shim(name).patches[0].make(_upstream(name))
@@ -142,7 +153,11 @@ def test_plain_model_fit_under_mirrored():
     strategy = tfdist.make_strategy("mirrored", num_devices=2)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        model.compile(
+            "sgd",
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
     x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
     y = np.arange(64) % 3
     history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1, verbose=0)
@@ -164,7 +179,9 @@ def test_missing_hook_raises_with_several_replicas(monkeypatch):
 
     monkeypatch.delattr(TFOptimizer, "_all_reduce_sum_gradients")
     opt = keras.optimizers.SGD()
-    with pytest.raises(RuntimeError, match="_all_reduce_sum_gradients.*multiplied by the replica count"):
+    with pytest.raises(
+        RuntimeError, match="_all_reduce_sum_gradients.*multiplied by the replica count"
+    ):
         with _compat.gradients_already_summed(opt, num_replicas=2):
             pass
     with _compat.gradients_already_summed(opt, num_replicas=1):  # one replica: nothing to sum twice
@@ -175,9 +192,12 @@ def test_missing_hook_stops_the_trainer(monkeypatch):
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
     strategy = tfdist.make_strategy("mirrored", num_devices=2)
-    trainer = tfdist.Trainer(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]),
-                             strategy=strategy, optimizer="sgd",
-                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainer = tfdist.Trainer(
+        lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]),
+        strategy=strategy,
+        optimizer="sgd",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     monkeypatch.delattr(TFOptimizer, "_all_reduce_sum_gradients")
     x = np.zeros((8, 4), "float32")
     with pytest.raises(RuntimeError, match="_all_reduce_sum_gradients"):
@@ -199,7 +219,9 @@ def test_importing_tfdist_leaves_tensorflow_uninitialised():
     import subprocess
     import sys
 
-    code = ("import tfdist, tensorflow as tf; cpu = tf.config.list_physical_devices('CPU')[0]; "
-            "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)")
+    code = (
+        "import tfdist, tensorflow as tf; cpu = tf.config.list_physical_devices('CPU')[0]; "
+        "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

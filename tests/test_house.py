@@ -132,20 +132,38 @@ def test_no_private_tfdist_names_across_modules(tree):
         offenders += [f"{module}: {line}" for line in _private_imports(path, module)]
         # ``tfdist_module._name`` after ``from tfdist import module`` / ``import tfdist.x as m``.
         tree_ = ast.parse(path.read_text())
-        aliases = {a.asname or a.name for n in ast.walk(tree_) if isinstance(n, ast.ImportFrom)
-                   and (n.module or "").startswith("tfdist") for a in n.names
-                   if _owner(f"{n.module}.{a.name}") == f"{n.module}.{a.name}" and a.name != "_compat"}
-        aliases |= {a.asname for n in ast.walk(tree_) if isinstance(n, ast.Import)
-                    for a in n.names if a.name.startswith("tfdist") and a.asname}
-        offenders += [f"{module}: {n.value.id}.{n.attr}" for n in ast.walk(tree_)
-                      if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-                      and n.value.id in aliases and n.attr.startswith("_") and not n.attr.startswith("__")]
+        aliases = {
+            a.asname or a.name
+            for n in ast.walk(tree_)
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("tfdist")
+            for a in n.names
+            if _owner(f"{n.module}.{a.name}") == f"{n.module}.{a.name}" and a.name != "_compat"
+        }
+        aliases |= {
+            a.asname
+            for n in ast.walk(tree_)
+            if isinstance(n, ast.Import)
+            for a in n.names
+            if a.name.startswith("tfdist") and a.asname
+        }
+        offenders += [
+            f"{module}: {n.value.id}.{n.attr}"
+            for n in ast.walk(tree_)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id in aliases
+            and n.attr.startswith("_")
+            and not n.attr.startswith("__")
+        ]
     assert offenders == []
 
 
 def test_keras_and_tf_internals_only_under_compat():
-    offenders = [str(p.relative_to(ROOT)) for p in MODULES.values()
-                 if "_compat" not in p.parts and INTERNALS.search(p.read_text())]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in MODULES.values()
+        if "_compat" not in p.parts and INTERNALS.search(p.read_text())
+    ]
     assert offenders == []
 
 
@@ -175,6 +193,10 @@ def test_each_layer_imports_only_those_below_it():
     def part(module: str) -> str:
         return module.split(".")[1] if "." in module else ""
 
-    wrong = sorted(f"{a} -> {b}" for a, targets in _graph().items() for b in targets
-                   if part(a) in LAYERS and part(b) != part(a) and part(b) not in LAYERS[part(a)])
+    wrong = sorted(
+        f"{a} -> {b}"
+        for a, targets in _graph().items()
+        for b in targets
+        if part(a) in LAYERS and part(b) != part(a) and part(b) not in LAYERS[part(a)]
+    )
     assert wrong == []

@@ -6,6 +6,7 @@ New notebooks are picked up automatically. Each runs in its own kernel started
 with this interpreter (the venv's), from the repository root, with quiet TF
 logs and no TF_CONFIG, so it behaves as a first run on a user's machine.
 """
+
 import os
 import sys
 from pathlib import Path
@@ -42,15 +43,21 @@ def test_kernel_runs_this_interpreter():
     cmd = KernelManager(kernel_name=KERNEL_NAME).format_kernel_cmd()
     assert cmd[0] == sys.executable, (
         f"Kernel {KERNEL_NAME!r} would start {cmd[0]!r}, not this interpreter {sys.executable!r}. "
-        "Check `jupyter kernelspec list` for a python3 kernelspec shadowing the venv's.")
+        "Check `jupyter kernelspec list` for a python3 kernelspec shadowing the venv's."
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_is_stored_without_outputs(path: Path):
     nb = nbformat.read(path, as_version=4)
-    with_outputs = [i for i, cell in enumerate(nb.cells)
-                    if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)]
-    assert not with_outputs, f"{path.name}: clear the outputs of cells {with_outputs} before committing."
+    with_outputs = [
+        i
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)
+    ]
+    assert not with_outputs, (
+        f"{path.name}: clear the outputs of cells {with_outputs} before committing."
+    )
 
 
 @pytest.mark.notebook
@@ -58,8 +65,12 @@ def test_notebook_is_stored_without_outputs(path: Path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path):
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name=KERNEL_NAME,
-                            resources={"metadata": {"path": str(REPO_ROOT)}})
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name=KERNEL_NAME,
+        resources={"metadata": {"path": str(REPO_ROOT)}},
+    )
     try:
         client.execute(env=_kernel_env())
     except CellExecutionError as e:

@@ -14,6 +14,7 @@ directly (``from tfdist.training.trainer import Trainer``). If Keras is already
 imported, ``import tfdist`` applies the shims at once, so that plain
 ``model.fit`` under ``tf.distribute`` strategies works after ``import tensorflow; import tfdist``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,18 +23,40 @@ import sys
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Trainer", "BackupOptions", "ExchangeOptions", "LRScaling", "make_strategy", "callbacks", "data", "launch", "models", "__version__"]
+__all__ = [
+    "Trainer",
+    "BackupOptions",
+    "ExchangeOptions",
+    "LRScaling",
+    "make_strategy",
+    "callbacks",
+    "data",
+    "launch",
+    "models",
+    "__version__",
+]
 
 # Subpackages and modules that use TensorFlow: the shims go in before any of them loads.
-_TF_MODULES = ("tfdist.training", "tfdist.strategies", "tfdist.data", "tfdist.models", "tfdist.callbacks",
-               "tfdist.bench", "tfdist.launch.train")
-_ATTRIBUTES = {"Trainer": ("tfdist.training.trainer", "Trainer"),
-               "BackupOptions": ("tfdist.training.options", "BackupOptions"),
-               "ExchangeOptions": ("tfdist.training.options", "ExchangeOptions"),
-               "LRScaling": ("tfdist.training.options", "LRScaling"),
-               "make_strategy": ("tfdist.strategies.factory", "make_strategy"),
-               "callbacks": ("tfdist.callbacks", None), "data": ("tfdist.data", None),
-               "models": ("tfdist.models", None), "launch": ("tfdist.launch", None)}
+_TF_MODULES = (
+    "tfdist.training",
+    "tfdist.strategies",
+    "tfdist.data",
+    "tfdist.models",
+    "tfdist.callbacks",
+    "tfdist.bench",
+    "tfdist.launch.train",
+)
+_ATTRIBUTES = {
+    "Trainer": ("tfdist.training.trainer", "Trainer"),
+    "BackupOptions": ("tfdist.training.options", "BackupOptions"),
+    "ExchangeOptions": ("tfdist.training.options", "ExchangeOptions"),
+    "LRScaling": ("tfdist.training.options", "LRScaling"),
+    "make_strategy": ("tfdist.strategies.factory", "make_strategy"),
+    "callbacks": ("tfdist.callbacks", None),
+    "data": ("tfdist.data", None),
+    "models": ("tfdist.models", None),
+    "launch": ("tfdist.launch", None),
+}
 _shims_applied = False
 
 
@@ -57,7 +80,9 @@ class _ShimsFirst(importlib.abc.MetaPathFinder):
     """
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if not _shims_applied and any(fullname == m or fullname.startswith(m + ".") for m in _TF_MODULES):
+        if not _shims_applied and any(
+            fullname == m or fullname.startswith(m + ".") for m in _TF_MODULES
+        ):
             _apply_shims()
         return None
 

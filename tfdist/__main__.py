@@ -1,4 +1,5 @@
 """``python -m tfdist`` is the ``tfdist`` command."""
+
 from tfdist.launch.cli import run
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 Every user-facing check in tfdist raises through :func:`invalid_argument`, so
 messages read alike: the argument's name, what was received, what was expected.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterable, Literal, get_args
+from collections.abc import Iterable
+from typing import Any, Literal, get_args
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 #: Exit code of a process that saved a backup on SIGTERM and asks to be restarted (EX_TEMPFAIL).
@@ -16,7 +18,9 @@ PREEMPTED_EXIT_CODE = 75
 TERMINATED_EXIT_CODE = 143
 
 
-def invalid_argument(name: str, received: Any, expected: str | Iterable[str], *, note: str = "") -> ValueError:
+def invalid_argument(
+    name: str, received: Any, expected: str | Iterable[str], *, note: str = ""
+) -> ValueError:
     """Builds the Keras-style error for a bad argument.
 
     Args:
@@ -31,7 +35,9 @@ def invalid_argument(name: str, received: Any, expected: str | Iterable[str], *,
     """
     if not isinstance(expected, str):
         expected = "one of: " + ", ".join(str(e) for e in expected)
-    msg = f"Invalid value for argument `{name}`. Received: {name}={received!r}. Expected {expected}."
+    msg = (
+        f"Invalid value for argument `{name}`. Received: {name}={received!r}. Expected {expected}."
+    )
     if note:
         msg += " " + note
     return ValueError(msg)
@@ -50,12 +56,15 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> in
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise invalid_argument(name, value, "a positive integer" + (" or None" if allow_none else ""))
+        raise invalid_argument(
+            name, value, "a positive integer" + (" or None" if allow_none else "")
+        )
     return value
 
 
-def check_non_negative_int(name: str, value: Any, *, allow_none: bool = False,
-                           expected: str = "a non-negative integer") -> int | None:
+def check_non_negative_int(
+    name: str, value: Any, *, allow_none: bool = False, expected: str = "a non-negative integer"
+) -> int | None:
     """Returns ``value`` if it is an int >= 0 (or None when allowed), else raises.
 
     ``expected`` words the error's "Expected ..." part, e.g. to name the unit.
@@ -86,10 +95,16 @@ def check_directory(name: str, value: Any, *, allow_none: bool = True) -> Any:
     if isinstance(value, (str, os.PathLike)) and str(os.fspath(value)).strip():
         path = os.fspath(value)
         if "://" not in str(path) and os.path.exists(path) and not os.path.isdir(path):
-            raise invalid_argument(name, str(path), "a directory, or a path where one can be created",
-                                   note="It is an existing file.")
+            raise invalid_argument(
+                name,
+                str(path),
+                "a directory, or a path where one can be created",
+                note="It is an existing file.",
+            )
         return value
-    raise invalid_argument(name, value, "a directory path (str or os.PathLike)" + (" or None" if allow_none else ""))
+    raise invalid_argument(
+        name, value, "a directory path (str or os.PathLike)" + (" or None" if allow_none else "")
+    )
 
 
 #: The one list of strategy names: ``make_strategy``'s type, the CLI's choices and the
@@ -157,10 +172,16 @@ class TrainConfig:
         check_positive_int("base_global_batch_size", self.base_global_batch_size)
         check_positive_int("backup_freq", self.backup_freq, allow_none=True)
         if self.backup_freq is not None and not self.backup_dir:
-            raise invalid_argument("backup_freq", self.backup_freq, "None without backup_dir",
-                                   note="Set backup_dir too: the frequency is of backups to that directory.")
+            raise invalid_argument(
+                "backup_freq",
+                self.backup_freq,
+                "None without backup_dir",
+                note="Set backup_dir too: the frequency is of backups to that directory.",
+            )
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             raise invalid_argument("learning_rate", self.learning_rate, "a positive number")
         check_directory("model_dir", self.model_dir)
         if isinstance(self.verbose, bool) or self.verbose not in (0, 1, 2):
-            raise invalid_argument("verbose", self.verbose, "0 (silent), 1 (progress bar) or 2 (one line per epoch)")
+            raise invalid_argument(
+                "verbose", self.verbose, "0 (silent), 1 (progress bar) or 2 (one line per epoch)"
+            )

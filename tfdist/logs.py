@@ -4,9 +4,11 @@ A leaf module (NumPy only, no TensorFlow import): the runners in
 ``tfdist.strategies``, the training loop and the launch engines all import it
 without an import circle, and ``tfdist launch`` stays TensorFlow-free.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -1,4 +1,5 @@
 """Checks the multi-process bench tests share (test_scaling.py, test_allreduce.py)."""
+
 import os
 
 
@@ -30,7 +31,8 @@ def assert_machine_is_this_one(machine):
     flags = cpuinfo_first("flags")
     flags = None if flags is None else set(flags.split())
     assert {flag: machine["cpu"][flag] for flag in BF16_CPU_FLAGS} == {
-        flag: None if flags is None else flag in flags for flag in BF16_CPU_FLAGS}
+        flag: None if flags is None else flag in flags for flag in BF16_CPU_FLAGS
+    }
     assert machine["cpu"]["model_name"] == cpuinfo_first("model name")
     assert machine["cpu_count"] == os.cpu_count()
     assert machine["cores_usable"] == len(os.sched_getaffinity(0))

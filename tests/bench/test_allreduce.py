@@ -4,6 +4,7 @@ Bandwidths must follow from the recorded times, and every point from the sizes
 asked for. Nothing here asserts speed. Apart from test_scaling.py so that
 pytest-xdist (``--dist loadscope``) runs the two modules' launches side by side.
 """
+
 import json
 import statistics
 
@@ -18,8 +19,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     output = str(tmp_path_factory.mktemp("bench") / "bench.json")
-    results = runner.run(["allreduce"], quick=True, output=output, repeats=2,
-                         options={"threads_per_worker": 1})
+    results = runner.run(
+        ["allreduce"], quick=True, output=output, repeats=2, options={"threads_per_worker": 1}
+    )
     return results, output
 
 
@@ -30,8 +32,11 @@ def test_allreduce_bandwidths_follow_from_the_recorded_times(bench_run):
     expected_sizes = allreduce.sizes(result["config"]["min_bytes"], result["config"]["max_bytes"])
     assert expected_sizes == [1024, 4096, 16384]
     labels = {(s["implementation"], s["packing"], s["dtype"]) for s in result["series"]}
-    assert {("ring", "one_tensor", "float32"), ("ring", "one_tensor", "bfloat16"),
-            ("auto", "4_tensors_packed", "float32")} <= labels
+    assert {
+        ("ring", "one_tensor", "float32"),
+        ("ring", "one_tensor", "bfloat16"),
+        ("auto", "4_tensors_packed", "float32"),
+    } <= labels
     for series in result["series"]:
         assert [p["fp32_bytes"] for p in series["points"]] == expected_sizes
         for p in series["points"]:
@@ -45,9 +50,14 @@ def test_allreduce_bandwidths_follow_from_the_recorded_times(bench_run):
         points = result["loopback"][name]
         assert [p["bytes"] for p in points] == expected_sizes
         assert all(p["GBps"] == pytest.approx(p["bytes"] / p["time_s"] / 1e9) for p in points)
+
     def ring_times(dtype):
-        return {p["fp32_bytes"]: p["time_s"] for s in result["series"] for p in s["points"]
-                if (s["implementation"], s["packing"], s["dtype"]) == ("ring", "one_tensor", dtype)}
+        return {
+            p["fp32_bytes"]: p["time_s"]
+            for s in result["series"]
+            for p in s["points"]
+            if (s["implementation"], s["packing"], s["dtype"]) == ("ring", "one_tensor", dtype)
+        }
 
     ring, ring16 = ring_times("float32"), ring_times("bfloat16")
     assert result["bf16_vs_fp32_sizes"] == [16384]  # no size >= 4 MB here: the largest

@@ -5,6 +5,7 @@ bench's ``make_strategy("mirrored", num_devices=2)`` takes 2 of them. The
 parameter_server benchmark starts an in-process cluster (2 workers, 1 ps) and
 runs last, as it does in ``tfdist bench``.
 """
+
 import json
 import math
 import os
@@ -15,9 +16,25 @@ import pytest
 from tests.bench.checks import cpuinfo_first
 from tfdist.bench import bf16_vs_fp32, common, report, runner, timing
 
-FIT_KEYS = {"trainer_examples_per_s", "keras_fit_examples_per_s", "ratio", "fit_overhead_s", "samples"}
-MFU_KEYS = {"matmul_peak_gflops", "trainer_gflops", "keras_fit_gflops", "trainer_mfu", "keras_fit_mfu",
-            "mfu_ratio", "goal", "trainer_examples_per_s", "keras_fit_examples_per_s", "config"}
+FIT_KEYS = {
+    "trainer_examples_per_s",
+    "keras_fit_examples_per_s",
+    "ratio",
+    "fit_overhead_s",
+    "samples",
+}
+MFU_KEYS = {
+    "matmul_peak_gflops",
+    "trainer_gflops",
+    "keras_fit_gflops",
+    "trainer_mfu",
+    "keras_fit_mfu",
+    "mfu_ratio",
+    "goal",
+    "trainer_examples_per_s",
+    "keras_fit_examples_per_s",
+    "config",
+}
 ALL = {"trainer_vs_fit", "mfu", "accumulation", "bf16_vs_fp32", "backup", "parameter_server"}
 
 
@@ -66,7 +83,9 @@ def test_writes_the_returned_results_as_json(quick_run):
     assert meta["cpu_count"] == os.cpu_count()
     # The multi-process ones (scaling, allreduce) run only when named; see test_scaling.py.
     assert set(written["results"]) == set(runner.available()) - set(runner.ON_REQUEST) == ALL
-    assert list(written["results"])[-1] == "parameter_server"  # its cluster disables the local strategies
+    assert (
+        list(written["results"])[-1] == "parameter_server"
+    )  # its cluster disables the local strategies
 
 
 def test_trainer_vs_fit_figures_come_from_equal_runs(quick_run):
@@ -85,7 +104,9 @@ def test_trainer_vs_fit_figures_come_from_equal_runs(quick_run):
             assert pair[f"{side}_examples_per_s"] == pytest.approx(_clean_median(samples, side))
             # ...and each timed call made exactly `steps` optimizer updates, counted, on both sides.
             assert pair["updates_per_call"][side] == [steps] * len(samples["values"][side])
-        assert pair["ratio"] == pytest.approx(pair["trainer_examples_per_s"] / pair["keras_fit_examples_per_s"])
+        assert pair["ratio"] == pytest.approx(
+            pair["trainer_examples_per_s"] / pair["keras_fit_examples_per_s"]
+        )
     assert result["steps_per_execution"] == 1
     assert result["steps_per_execution_8"]["steps_per_execution"] == 8
 
@@ -130,7 +151,8 @@ def test_accumulation_compares_the_same_micro_batches(quick_run):
         assert result["updates_per_call"][side] == [micro_batches // k] * calls
     assert result["updates_per_fit"] == {"accumulating": micro_batches / 4, "plain": micro_batches}
     assert result["ratio"] == pytest.approx(
-        result["accumulating_examples_per_s"] / result["plain_examples_per_s"])
+        result["accumulating_examples_per_s"] / result["plain_examples_per_s"]
+    )
 
 
 def test_bf16_vs_fp32_trains_in_both_precisions_and_reads_the_cpu(quick_run):
@@ -138,8 +160,10 @@ def test_bf16_vs_fp32_trains_in_both_precisions_and_reads_the_cpu(quick_run):
     assert result["goal"] == ">= 1.5"
     config = result["config"]
     # The two sides really computed in different dtypes, with the same number of updates.
-    assert result["compute_dtypes"] == {"float32": ["float32"],
-                                        "mixed_bfloat16": ["bfloat16", "float32"]}
+    assert result["compute_dtypes"] == {
+        "float32": ["float32"],
+        "mixed_bfloat16": ["bfloat16", "float32"],
+    }
     steps, batch = config["steps_per_fit"], config["global_batch_size"]
     samples = result["samples"]
     for side, key in (("float32", "float32"), ("mixed_bfloat16", "bf16")):
@@ -154,21 +178,29 @@ def test_bf16_vs_fp32_trains_in_both_precisions_and_reads_the_cpu(quick_run):
         assert result[f"{key}_matmul_gflops"] == pytest.approx(_clean_median(samples, side))
     assert result["ratio"] == pytest.approx(result["float32_step_s"] / result["bf16_step_s"])
     assert result["realised_ratio"] == pytest.approx(
-        result["ratio"] / result["matmul_speedup_ratio"])
+        result["ratio"] / result["matmul_speedup_ratio"]
+    )
     # The CPU block is this machine's /proc/cpuinfo, read apart from the bench here.
     flags = cpuinfo_first("flags")
     flags = None if flags is None else set(flags.split())
     assert {flag: result["cpu"][flag] for flag in bf16_vs_fp32.BF16_CPU_FLAGS} == {
-        flag: None if flags is None else flag in flags for flag in bf16_vs_fp32.BF16_CPU_FLAGS}
+        flag: None if flags is None else flag in flags for flag in bf16_vs_fp32.BF16_CPU_FLAGS
+    }
     assert result["cpu"]["model_name"] == cpuinfo_first("model name")
 
 
 def test_cpu_features_reads_the_flags_that_are_there(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512_bf16 amx_tile\n\n"
-                       "processor\t: 1\nflags\t\t: fpu\n")
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512_bf16 amx_tile\n\n"
+        "processor\t: 1\nflags\t\t: fpu\n"
+    )
     features = bf16_vs_fp32.cpu_features(str(cpuinfo))
-    assert features["avx512_bf16"] is True and features["amx_tile"] is True and features["amx_bf16"] is False
+    assert (
+        features["avx512_bf16"] is True
+        and features["amx_tile"] is True
+        and features["amx_bf16"] is False
+    )
     assert features["model_name"] == "Some CPU"
     missing = bf16_vs_fp32.cpu_features(str(tmp_path / "absent"))
     assert all(missing[flag] is None for flag in bf16_vs_fp32.BF16_CPU_FLAGS)
@@ -186,7 +218,9 @@ def test_backup_sides_did_the_same_updates_and_the_cost_follows(quick_run):
         assert result["updates_per_call"][side] == [steps] * len(samples["values"][side])
         assert result[f"{side}_examples_per_s"] == pytest.approx(_clean_median(samples, side))
     examples = steps * batch
-    seconds = {side: examples / result[f"{side}_examples_per_s"] for side in ("with_backup", "no_backup")}
+    seconds = {
+        side: examples / result[f"{side}_examples_per_s"] for side in ("with_backup", "no_backup")
+    }
     extra = seconds["with_backup"] - seconds["no_backup"]
     # 3 in-epoch backups (after updates 2, 4, 6; the one at the epoch end is not in the steps' time).
     assert result["seconds_per_backup"] == pytest.approx(extra / ((steps - 1) // freq))
@@ -209,12 +243,14 @@ def test_parameter_server_compares_trainer_with_hand_written_loops(quick_run):
         rates[side] = _clean_median(samples, side)
     assert result["hand_written_bare_examples_per_s"] == pytest.approx(rates["hand_written_bare"])
     assert result["hand_written_with_loss_metric_examples_per_s"] == pytest.approx(
-        rates["hand_written_with_loss_metric"])
+        rates["hand_written_with_loss_metric"]
+    )
     for pair, side in ((result, "trainer"), (result["steps_per_execution_8"], "trainer_spe8")):
         assert pair["trainer_examples_per_s"] == pytest.approx(rates[side])
         assert pair["ratio"] == pytest.approx(rates[side] / rates["hand_written_bare"])
         assert pair["ratio_vs_loop_with_loss_metric"] == pytest.approx(
-            rates[side] / rates["hand_written_with_loss_metric"])
+            rates[side] / rates["hand_written_with_loss_metric"]
+        )
     assert all(_positive_finite(v) for v in result["cpu_ms_per_step"].values())
     cpu = result["cpu_ms_per_step"]
     assert result["cpu_ratio"] == pytest.approx(cpu["hand_written_bare"] / cpu["trainer"])
@@ -225,11 +261,16 @@ def test_parameter_server_compares_trainer_with_hand_written_loops(quick_run):
         assert counted["counted"] == counted["expected"] == calls * steps, name
     assert set(result["optimizer_steps"]) == sides
     updates = result["loss_metric_updates"]
-    assert updates["counted"] == updates["expected"] == result["optimizer_steps"][
-        "hand_written_with_loss_metric"]["expected"]
+    assert (
+        updates["counted"]
+        == updates["expected"]
+        == result["optimizer_steps"]["hand_written_with_loss_metric"]["expected"]
+    )
     assert config["num_workers"] == 2 and config["num_ps"] == 1
-    assert config["hand_written_loops"] == {"hand_written_bare": {"loss_metric": None},
-                                            "hand_written_with_loss_metric": {"loss_metric": "keras.metrics.Mean"}}
+    assert config["hand_written_loops"] == {
+        "hand_written_bare": {"loss_metric": None},
+        "hand_written_with_loss_metric": {"loss_metric": "keras.metrics.Mean"},
+    }
 
 
 def test_local_strategies_refuse_to_run_after_the_cluster_connected(quick_run):
@@ -242,9 +283,16 @@ def test_every_charted_ratio_is_positive_and_finite(quick_run):
     results, output = quick_run
     rows = list(report.ratios(results))
     labels = {label for label, _, _ in rows}
-    assert {"trainer_vs_fit.ratio", "trainer_vs_fit.steps_per_execution_8.ratio", "mfu.trainer_mfu",
-            "accumulation.ratio", "bf16_vs_fp32.ratio", "bf16_vs_fp32.matmul_speedup_ratio",
-            "parameter_server.ratio", "parameter_server.steps_per_execution_8.ratio"} <= labels
+    assert {
+        "trainer_vs_fit.ratio",
+        "trainer_vs_fit.steps_per_execution_8.ratio",
+        "mfu.trainer_mfu",
+        "accumulation.ratio",
+        "bf16_vs_fp32.ratio",
+        "bf16_vs_fp32.matmul_speedup_ratio",
+        "parameter_server.ratio",
+        "parameter_server.steps_per_execution_8.ratio",
+    } <= labels
     assert all(_positive_finite(value) for _, value, _ in rows)
     assert dict((label, goal) for label, _, goal in rows)["trainer_vs_fit.ratio"] == 1.0
     png = os.path.splitext(output)[0] + ".png"
@@ -258,9 +306,12 @@ def test_every_charted_ratio_is_positive_and_finite(quick_run):
 
 def test_unknown_benchmark_lists_the_valid_names(tmp_path):
     output = tmp_path / "bench.json"
-    with pytest.raises(ValueError, match=r"Invalid value for argument `benchmarks`.*'nope'.*"
-                                         r"accumulation, allreduce, backup, bf16_vs_fp32, mfu, parameter_server, scaling, "
-                                         r"trainer_vs_fit"):
+    with pytest.raises(
+        ValueError,
+        match=r"Invalid value for argument `benchmarks`.*'nope'.*"
+        r"accumulation, allreduce, backup, bf16_vs_fp32, mfu, parameter_server, scaling, "
+        r"trainer_vs_fit",
+    ):
         runner.run(["nope"], output=str(output))
     assert not output.exists()
 

@@ -7,6 +7,7 @@ speed. Each worker gets 1 thread and its own core (2 cores). The all-reduce
 benchmark has its own module (test_allreduce.py), so that pytest-xdist
 (``--dist loadscope``: one module, one process) can run the two launches at once.
 """
+
 import json
 import math
 import os
@@ -27,7 +28,11 @@ def _positive(value):
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     output = str(tmp_path_factory.mktemp("bench") / "bench.json")
-    options = {"threads_per_worker": 1, "scaling_workers": (1, 2), "gradient_compression": ("none", "bf16")}
+    options = {
+        "threads_per_worker": 1,
+        "scaling_workers": (1, 2),
+        "gradient_compression": ("none", "bf16"),
+    }
     results = runner.run(["scaling"], quick=True, output=output, repeats=2, options=options)
     return results, output
 
@@ -49,12 +54,18 @@ def test_every_side_did_the_same_work_on_every_worker(bench_run):
             # Counted optimizer updates, not the requested steps: each measurement made `steps` updates...
             assert side["updates_per_measurement"] == [steps] * config["repeats"], name
             # ...on every worker of the synchronous sides (the PS side counts on the chief).
-            expected_tasks = {"chief-0"} if name == "trainer_ps" else {f"worker-{i}" for i in range(n)}
+            expected_tasks = (
+                {"chief-0"} if name == "trainer_ps" else {f"worker-{i}" for i in range(n)}
+            )
             assert set(side["updates_per_worker"]) == expected_tasks
-            assert all(u == side["updates_per_measurement"] for u in side["updates_per_worker"].values())
+            assert all(
+                u == side["updates_per_measurement"] for u in side["updates_per_worker"].values()
+            )
             rates = side["examples_per_s_samples"]
             assert side["examples_per_s"] == pytest.approx(statistics.median(rates))
-            assert side["spread"] == pytest.approx(max(rates) / min(rates)) and side["spread"] >= 1.0
+            assert (
+                side["spread"] == pytest.approx(max(rates) / min(rates)) and side["spread"] >= 1.0
+            )
             seconds = side["seconds_samples"]
             assert rates == pytest.approx([side["examples_per_measurement"] / s for s in seconds])
             assert side["step_s"] == pytest.approx(statistics.median(seconds) / steps)
@@ -76,9 +87,12 @@ def test_efficiency_follows_from_the_recorded_rates(bench_run):
         two = per["2"]["sides"][name]["examples_per_s"]
         assert by_count["2"] == pytest.approx(two / (2 * one))
     top = per["2"]["sides"]
-    assert result["ratio"] == pytest.approx(top["trainer"]["examples_per_s"] / top["raw_loop"]["examples_per_s"])
+    assert result["ratio"] == pytest.approx(
+        top["trainer"]["examples_per_s"] / top["raw_loop"]["examples_per_s"]
+    )
     assert result["trainer_vs_keras_fit_ratio"] == pytest.approx(
-        top["trainer"]["examples_per_s"] / top["keras_fit"]["examples_per_s"])
+        top["trainer"]["examples_per_s"] / top["keras_fit"]["examples_per_s"]
+    )
 
 
 def test_step_parts_are_measured_and_positive(bench_run):
@@ -89,7 +103,9 @@ def test_step_parts_are_measured_and_positive(bench_run):
             for part in ("compute", "exchange", "input"):
                 assert _positive(parts[f"{part}_s"])
                 assert len(parts["samples"][part]) == result["config"]["repeats"]
-            assert parts["sum_s"] == pytest.approx(parts["compute_s"] + parts["exchange_s"] + parts["input_s"])
+            assert parts["sum_s"] == pytest.approx(
+                parts["compute_s"] + parts["exchange_s"] + parts["input_s"]
+            )
             # The parts, measured apart, add up to the order of a whole raw-loop step (not a timing claim:
             # only that each part is a per-step figure, not per measurement or per call).
             step = entry["sides"]["raw_loop"]["step_s"]
@@ -117,8 +133,11 @@ def test_results_and_pngs_are_written(bench_run):
 
 
 def test_bad_scaling_options_get_one_clear_error():
-    with pytest.raises(ValueError, match=r"Invalid value for argument `gradient_compression`. Received: "
-                                         r"gradient_compression='bf8'"):
+    with pytest.raises(
+        ValueError,
+        match=r"Invalid value for argument `gradient_compression`. Received: "
+        r"gradient_compression='bf8'",
+    ):
         scaling.run(gradient_compression=("bf8",))
     with pytest.raises(ValueError, match=r"Invalid value for argument `scaling_workers`"):
         scaling.run(workers=(0, 2))
@@ -134,10 +153,14 @@ def test_multi_process_benchmarks_run_only_when_named():
 def test_cli_refuses_a_bad_bench_flag_in_one_line():
     from tests.helpers import run_tfdist
 
-    proc = run_tfdist("bench", "--benchmarks=scaling", "--gradient_compression=none,bf8", timeout=120)
+    proc = run_tfdist(
+        "bench", "--benchmarks=scaling", "--gradient_compression=none,bf8", timeout=120
+    )
     assert proc.returncode == 2, proc.stdout
-    assert ("tfdist bench: error: Invalid value for argument `gradient_compression`. Received: "
-            "gradient_compression='bf8'") in proc.stdout
+    assert (
+        "tfdist bench: error: Invalid value for argument `gradient_compression`. Received: "
+        "gradient_compression='bf8'"
+    ) in proc.stdout
 
 
 def test_trainer_variants_pass_only_the_keywords_the_trainer_takes(monkeypatch):

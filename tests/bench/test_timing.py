@@ -1,4 +1,5 @@
 """``tfdist.bench.timing``: alternation, extra rounds on a busy machine, clean medians (no TF work)."""
+
 import math
 
 from tfdist.bench import timing
@@ -11,6 +12,7 @@ def test_alternate_interleaves_and_reverses_the_order():
         def measure():
             order.append(name)
             return float(len(order)), timing.Timing(1.0, 0.5, None)
+
         return measure
 
     samples = timing.alternate({"a": side("a"), "b": side("b"), "c": side("c")}, repeats=3)

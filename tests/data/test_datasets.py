@@ -1,4 +1,5 @@
 """Tests for tfdist.data.datasets: sharding, batch counts, evaluation top-up batches, tfds."""
+
 import dataclasses
 
 import numpy as np
@@ -10,8 +11,9 @@ from tfdist.data import DatasetFn, load
 
 
 def ctx(pipelines, pipeline_id, replicas):
-    return tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
-                                      num_replicas_in_sync=replicas)
+    return tf.distribute.InputContext(
+        num_input_pipelines=pipelines, input_pipeline_id=pipeline_id, num_replicas_in_sync=replicas
+    )
 
 
 def rows(x):
@@ -22,7 +24,7 @@ def rows(x):
 
 def full_split(name, split):
     fn = load(name, split=split, training=False, global_batch_size=10_000)
-    (x, y), = list(fn())  # one evaluation batch holding the whole split
+    ((x, y),) = list(fn())  # one evaluation batch holding the whole split
     assert len(x) == len(y) == fn.num_examples
     return x.numpy(), y.numpy()
 
@@ -47,7 +49,7 @@ def evaluation_batches(ds, *, per_replica, expected_batches, input_shape):
     assert all(0 <= n <= per_replica for n in sizes)
     real = [n for n in sizes if n]
     assert sizes == real + [0] * (len(sizes) - len(real))  # empty batches only at the end
-    assert all(n == per_replica for n in real[:-1])         # only the last real batch may be partial
+    assert all(n == per_replica for n in real[:-1])  # only the last real batch may be partial
     assert len(xs) == len(ys) == sum(sizes)
     return xs, ys, sizes
 
@@ -61,7 +63,10 @@ def test_digits_metadata_and_splits():
     assert (train.num_examples, val.num_examples) == (1437, 360)
     assert train.input_shape == (8, 8, 1) and train.num_classes == 10
     assert train.training and not val.training and train.global_batch_size is None
-    assert load("digits", split="test").num_examples == 360 and load("digits", split="all").num_examples == 1797
+    assert (
+        load("digits", split="test").num_examples == 360
+        and load("digits", split="all").num_examples == 1797
+    )
     x, y = full_split("digits", "validation")
     assert x.dtype == np.float32 and x.min() >= 0.0 and x.max() <= 1.0 and y.dtype == np.int32
     # The fixed stratified split: train and validation are disjoint and make up all 1797 images' rows.
@@ -86,13 +91,16 @@ def test_bind_returns_new_copy_and_validates():
 
 
 def test_steps_per_epoch():
-    assert load("digits", global_batch_size=128).steps_per_epoch() == 11      # 1437 // 128
+    assert load("digits", global_batch_size=128).steps_per_epoch() == 11  # 1437 // 128
     assert load("digits", global_batch_size=1437).steps_per_epoch() == 1
     val = load("digits", split="validation", global_batch_size=128)
-    assert val.steps_per_epoch() == 3                                            # ceil(360 / 128)
+    assert val.steps_per_epoch() == 3  # ceil(360 / 128)
     assert val.bind(global_batch_size=120).steps_per_epoch() == 3
     assert load("synthetic", num_examples=100, global_batch_size=32).steps_per_epoch() == 3
-    assert load("synthetic", num_examples=100, training=False, global_batch_size=32).steps_per_epoch() == 4
+    assert (
+        load("synthetic", num_examples=100, training=False, global_batch_size=32).steps_per_epoch()
+        == 4
+    )
 
 
 def test_indivisible_batch_raises_our_error():
@@ -110,31 +118,43 @@ def test_evaluation_shards_cover_split_exactly_once(pipelines, replicas, per_rep
     for i in range(pipelines):
         ds = fn(ctx(pipelines, i, replicas))
         assert int(ds.cardinality()) == expected_batches
-        xs, ys, _ = evaluation_batches(ds, per_replica=per_replica, expected_batches=expected_batches,
-                                       input_shape=(8, 8, 1))
+        xs, ys, _ = evaluation_batches(
+            ds, per_replica=per_replica, expected_batches=expected_batches, input_shape=(8, 8, 1)
+        )
         seen += xs
         labels += ys
     x_all, y_all = full_split("digits", "validation")
-    assert len(seen) == fn.num_examples == 360          # counted by rows actually present
-    assert sorted(seen) == sorted(rows(x_all))          # the same multiset of rows: each example once
+    assert len(seen) == fn.num_examples == 360  # counted by rows actually present
+    assert sorted(seen) == sorted(rows(x_all))  # the same multiset of rows: each example once
     assert sorted(zip(seen, labels)) == sorted(zip(rows(x_all), y_all))
 
 
-@pytest.mark.parametrize("global_batch_size, pipelines, replicas, expected_sizes", [
-    (32, 1, 1, [[32, 32, 32, 4]]),                                     # partial last batch, no top-up
-    (12, 3, 6, [[2] * 17 + [0], [2] * 16 + [1, 0], [2] * 16 + [1, 0]]),  # shards of 34, 33, 33
-    (48, 2, 4, [[12] * 4 + [2, 0]] * 2),                               # shards of 50 in 6 batches each
-    (40, 2, 4, [[10] * 5 + [0]] * 2),                                   # no partial batch, one top-up each
-])
-def test_evaluation_batch_sizes_and_disjoint_shards(global_batch_size, pipelines, replicas, expected_sizes):
-    fn = load("synthetic", split="validation", num_examples=100, global_batch_size=global_batch_size)
+@pytest.mark.parametrize(
+    "global_batch_size, pipelines, replicas, expected_sizes",
+    [
+        (32, 1, 1, [[32, 32, 32, 4]]),  # partial last batch, no top-up
+        (12, 3, 6, [[2] * 17 + [0], [2] * 16 + [1, 0], [2] * 16 + [1, 0]]),  # shards of 34, 33, 33
+        (48, 2, 4, [[12] * 4 + [2, 0]] * 2),  # shards of 50 in 6 batches each
+        (40, 2, 4, [[10] * 5 + [0]] * 2),  # no partial batch, one top-up each
+    ],
+)
+def test_evaluation_batch_sizes_and_disjoint_shards(
+    global_batch_size, pipelines, replicas, expected_sizes
+):
+    fn = load(
+        "synthetic", split="validation", num_examples=100, global_batch_size=global_batch_size
+    )
     assert not fn.training
     per_replica = global_batch_size // replicas
     expected_batches = fn.steps_per_epoch() * replicas // pipelines
     shards, sizes = [], []
     for i in range(pipelines):
-        xs, _, s = evaluation_batches(fn(ctx(pipelines, i, replicas)), per_replica=per_replica,
-                                      expected_batches=expected_batches, input_shape=(8, 8, 1))
+        xs, _, s = evaluation_batches(
+            fn(ctx(pipelines, i, replicas)),
+            per_replica=per_replica,
+            expected_batches=expected_batches,
+            input_shape=(8, 8, 1),
+        )
         shards.append(xs)
         sizes.append(s)
     assert sizes == expected_sizes
@@ -143,7 +163,7 @@ def test_evaluation_batch_sizes_and_disjoint_shards(global_batch_size, pipelines
         assert len(set(shards[a])) == len(shards[a])  # synthetic rows are distinct: no repeats
         for b in range(a + 1, pipelines):
             assert not set(shards[a]) & set(shards[b])
-    (x_all, _), = list(fn.bind(global_batch_size=10_000)())
+    ((x_all, _),) = list(fn.bind(global_batch_size=10_000)())
     assert set().union(*map(set, shards)) == set(rows(x_all))
 
 
@@ -160,7 +180,9 @@ def test_training_shards_disjoint_with_equal_counts(pipelines, replicas):
             assert x.shape == (per_replica, 8, 8, 1) and y.shape == (per_replica,)
     assert counts == [fn.steps_per_epoch() * replicas // pipelines] * pipelines
     for a in range(pipelines):
-        assert len(set(shards[a])) > 0.95 * len(shards[a])  # no repeats beyond digits' duplicate images
+        assert len(set(shards[a])) > 0.95 * len(
+            shards[a]
+        )  # no repeats beyond digits' duplicate images
         for b in range(a + 1, pipelines):
             assert len(set(shards[a]) & set(shards[b])) < 20
 
@@ -182,7 +204,7 @@ class UnevenSource:
 
     def examples(self, input_context, *, training, seed):
         n = self.sizes[input_context.input_pipeline_id]
-        start = sum(self.sizes[:input_context.input_pipeline_id])
+        start = sum(self.sizes[: input_context.input_pipeline_id])
         x = np.arange(start, start + n, dtype=np.float32).reshape(n, 1, 1, 1)
         return tf.data.Dataset.from_tensor_slices((x, np.zeros(n, np.int32)))
 
@@ -190,41 +212,61 @@ class UnevenSource:
 @pytest.mark.parametrize("training", [True, False])
 def test_equal_batch_counts_for_uneven_shards(training):
     sizes = (70, 17, 13)
-    fn = DatasetFn(name="uneven", split="train", num_examples=sum(sizes), input_shape=(1, 1, 1), num_classes=1,
-                   source=UnevenSource(sizes)).bind(global_batch_size=12, training=training)
+    fn = DatasetFn(
+        name="uneven",
+        split="train",
+        num_examples=sum(sizes),
+        input_shape=(1, 1, 1),
+        num_classes=1,
+        source=UnevenSource(sizes),
+    ).bind(global_batch_size=12, training=training)
     counts = [len(list(fn(ctx(3, i, 6)))) for i in range(3)]
     assert counts == [fn.steps_per_epoch() * 2] * 3
     assert fn.steps_per_epoch() == (8 if training else 9)
     if not training:  # the small shards are topped up with empty batches; none exceeds per_replica
         for i in range(3):
-            evaluation_batches(fn(ctx(3, i, 6)), per_replica=2, expected_batches=18, input_shape=(1, 1, 1))
+            evaluation_batches(
+                fn(ctx(3, i, 6)), per_replica=2, expected_batches=18, input_shape=(1, 1, 1)
+            )
 
 
 def test_synthetic():
-    train = load("synthetic", num_examples=256, input_shape=(4, 4, 2), num_classes=5, global_batch_size=32)
-    val = load("synthetic", split="validation", num_examples=256, input_shape=(4, 4, 2), num_classes=5)
+    train = load(
+        "synthetic", num_examples=256, input_shape=(4, 4, 2), num_classes=5, global_batch_size=32
+    )
+    val = load(
+        "synthetic", split="validation", num_examples=256, input_shape=(4, 4, 2), num_classes=5
+    )
     assert train.input_shape == (4, 4, 2) and train.num_classes == 5 and train.num_examples == 256
+    assert val.input_shape == (4, 4, 2) and val.num_classes == 5
     x, y = next(iter(train()))
     assert x.shape == (32, 4, 4, 2) and x.dtype == tf.float32 and y.dtype == tf.int32
     xt, yt = full_split("synthetic", "train")
     xv, _ = full_split("synthetic", "validation")
-    assert not set(rows(xt)) & set(rows(xv))                     # different seeds per split
-    assert len(np.unique(yt)) == 10                                # defaults: 10 classes, roughly balanced
+    assert not set(rows(xt)) & set(rows(xv))  # different seeds per split
+    assert len(np.unique(yt)) == 10  # defaults: 10 classes, roughly balanced
     np.testing.assert_array_equal(full_split("synthetic", "train")[1], yt)  # deterministic
     # Learnable: a linear model on the flat features fits the labels.
     from sklearn.linear_model import LogisticRegression
+
     clf = LogisticRegression(max_iter=2000).fit(xt.reshape(len(xt), -1), yt)
-    assert clf.score(xv.reshape(len(xv), -1), full_split("synthetic", "validation")[1]) > 0.6  # chance: 0.1
+    assert (
+        clf.score(xv.reshape(len(xv), -1), full_split("synthetic", "validation")[1]) > 0.6
+    )  # chance: 0.1
 
 
 def test_unknown_dataset_split_and_kwargs():
     with pytest.raises(ValueError) as e:
         load("mnist")
-    assert str(e.value) == ("Invalid value for argument `dataset`. Received: dataset='mnist'. "
-                            "Expected one of: digits, synthetic, tfds:NAME.")
+    assert str(e.value) == (
+        "Invalid value for argument `dataset`. Received: dataset='mnist'. "
+        "Expected one of: digits, synthetic, tfds:NAME."
+    )
     with pytest.raises(ValueError, match="Expected one of: train, validation, test, all"):
         load("digits", split="trian")
-    with pytest.raises(ValueError, match="argument `split`.*Expected one of: train, validation, test"):
+    with pytest.raises(
+        ValueError, match="argument `split`.*Expected one of: train, validation, test"
+    ):
         load("synthetic", split="all")
     with pytest.raises(ValueError, match="argument `num_classes`"):
         load("digits", num_classes=3)
@@ -248,14 +290,27 @@ def tfds_mnist_dir(tmp_path_factory):
     tfds = pytest.importorskip("tensorflow_datasets")
     root = tmp_path_factory.mktemp("tfds")
     builder = tfds.builder("mnist", data_dir=str(root))
-    template = tfds.core.ShardedFileTemplate(data_dir=builder.data_path, dataset_name="mnist",
-                                             filetype_suffix="tfrecord")
-    builder.info.set_splits(tfds.core.SplitDict([
-        tfds.core.SplitInfo(name="train", shard_lengths=[50, 30, 16], num_bytes=0,
-                            filename_template=template.replace(split="train")),
-        tfds.core.SplitInfo(name="test", shard_lengths=[TFDS_TEST], num_bytes=0,
-                            filename_template=template.replace(split="test")),
-    ]))
+    template = tfds.core.ShardedFileTemplate(
+        data_dir=builder.data_path, dataset_name="mnist", filetype_suffix="tfrecord"
+    )
+    builder.info.set_splits(
+        tfds.core.SplitDict(
+            [
+                tfds.core.SplitInfo(
+                    name="train",
+                    shard_lengths=[50, 30, 16],
+                    num_bytes=0,
+                    filename_template=template.replace(split="train"),
+                ),
+                tfds.core.SplitInfo(
+                    name="test",
+                    shard_lengths=[TFDS_TEST],
+                    num_bytes=0,
+                    filename_template=template.replace(split="test"),
+                ),
+            ]
+        )
+    )
     builder.data_path.mkdir(parents=True)
     builder.info.write_to_directory(builder.data_path)
     return str(root)
@@ -266,8 +321,12 @@ def mock_mnist(tfds_mnist_dir):
     import tensorflow_datasets as tfds
 
     def mock(num_examples):
-        return tfds.testing.mock_data(num_examples=num_examples, data_dir=tfds_mnist_dir,
-                                      policy=tfds.testing.MockPolicy.USE_FILES)
+        return tfds.testing.mock_data(
+            num_examples=num_examples,
+            data_dir=tfds_mnist_dir,
+            policy=tfds.testing.MockPolicy.USE_FILES,
+        )
+
     return mock
 
 
@@ -292,9 +351,15 @@ def test_tfds_validation_maps_to_test_and_counts_each_example_once(mock_mnist):
         assert fn.split == "test" and not fn.training and fn.num_examples == TFDS_TEST
         shards, sizes = [], []
         for i in range(3):  # evaluation shards by example (DATA): 14, 13 and 13 of the 40
-            xs, _, s = evaluation_batches(fn(ctx(3, i, 6)), per_replica=2,
-                                          expected_batches=fn.steps_per_epoch() * 2, input_shape=(28, 28, 1))
-            assert len(s) == 8 and s[-1] == 0  # 4 steps * 2 replicas per pipeline; the last is a top-up
+            xs, _, s = evaluation_batches(
+                fn(ctx(3, i, 6)),
+                per_replica=2,
+                expected_batches=fn.steps_per_epoch() * 2,
+                input_shape=(28, 28, 1),
+            )
+            assert (
+                len(s) == 8 and s[-1] == 0
+            )  # 4 steps * 2 replicas per pipeline; the last is a top-up
             shards.append(xs)
             sizes.append(s)
         assert sum(map(sum, sizes)) == TFDS_TEST  # counted by batch sizes
@@ -302,7 +367,9 @@ def test_tfds_validation_maps_to_test_and_counts_each_example_once(mock_mnist):
         for a in range(3):
             for b in range(a + 1, 3):
                 assert not set(shards[a]) & set(shards[b])
-        (x_all, _), = list(fn.bind(global_batch_size=1000)())  # mock data is the same on every call
+        ((x_all, _),) = list(
+            fn.bind(global_batch_size=1000)()
+        )  # mock data is the same on every call
         assert sorted(r for shard in shards for r in shard) == sorted(rows(x_all))
 
 
@@ -317,18 +384,24 @@ def test_tfds_errors(mock_mnist, tmp_path):
     with pytest.raises(ValueError) as e:
         load("tfds:mnist", data_dir=str(tmp_path))  # not prepared there, and never downloaded
     msg = str(e.value)
-    assert "argument `data_dir`" in msg and str(tmp_path) in msg and "downloads nothing at run time" in msg
+    assert (
+        "argument `data_dir`" in msg
+        and str(tmp_path) in msg
+        and "downloads nothing at run time" in msg
+    )
     assert not any(tmp_path.rglob("*.tfrecord*"))
 
 
-@pytest.mark.parametrize("per_replica", [32, 25])  # 360 examples: 32 ends partial, 25 also tops up an empty batch
+@pytest.mark.parametrize(
+    "per_replica", [32, 25]
+)  # 360 examples: 32 ends partial, 25 also tops up an empty batch
 def test_distribute_datasets_from_function_under_mirrored(per_replica):
     devices = [d.name for d in tf.config.list_logical_devices("CPU")][:4]
     strategy = tf.distribute.MirroredStrategy(devices)
     fn = load("digits", split="validation", global_batch_size=per_replica * len(devices))
     dist = strategy.distribute_datasets_from_function(fn)
     steps, examples, local_sizes = 0, 0, []
-    for x, y in dist:
+    for x, _ in dist:
         steps += 1
         local_sizes += [int(t.shape[0]) for t in strategy.experimental_local_results(x)]
         assert all(t.shape[1:] == (8, 8, 1) for t in strategy.experimental_local_results(x))

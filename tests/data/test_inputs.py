@@ -1,4 +1,5 @@
 """InputSource: inferred global batch sizes, step counts, and repeating and skipping inside tf.data."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,27 +11,58 @@ from tfdist.data.sharding import default_input_context
 
 def test_global_batch_size_inference():
     x, y = data(40)
-    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0, num_replicas_in_sync=4)
-    source = as_input(lambda c: tf.data.Dataset.from_tensor_slices((x, y)).batch(5), input_context=ctx,
-                      global_batch_size=None, training=False)
-    assert source.global_batch_size == 20                         # 5 per replica x 4 replicas
-    assert source.steps_per_epoch == 4                            # ceil(8 batches / 2 replicas per pipeline)
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=0, num_replicas_in_sync=4
+    )
+    source = as_input(
+        lambda c: tf.data.Dataset.from_tensor_slices((x, y)).batch(5),
+        input_context=ctx,
+        global_batch_size=None,
+        training=False,
+    )
+    assert source.global_batch_size == 20  # 5 per replica x 4 replicas
+    assert source.steps_per_epoch == 4  # ceil(8 batches / 2 replicas per pipeline)
     with pytest.raises(ValueError, match=r"argument `global_batch_size`.*unbatched elements"):
-        as_input(lambda c: tf.data.Dataset.from_tensor_slices(y), input_context=ctx, global_batch_size=None,
-                 training=False)
-    with pytest.raises(ValueError, match=r"argument `global_batch_size`.*`validation_data` yields no batches"):
-        as_input(tf.data.Dataset.from_tensor_slices((x, y)).batch(4).take(0), input_context=ctx,
-                 global_batch_size=None, training=False, argument="validation_data")
+        as_input(
+            lambda c: tf.data.Dataset.from_tensor_slices(y),
+            input_context=ctx,
+            global_batch_size=None,
+            training=False,
+        )
+    with pytest.raises(
+        ValueError, match=r"argument `global_batch_size`.*`validation_data` yields no batches"
+    ):
+        as_input(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(4).take(0),
+            input_context=ctx,
+            global_batch_size=None,
+            training=False,
+            argument="validation_data",
+        )
 
 
 def test_skipping_and_repeating_happen_in_tf_data():
     x = np.arange(24)
-    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=4)
-    by_fn = as_input(lambda c: tf.data.Dataset.from_tensor_slices(x).shard(2, c.input_pipeline_id).batch(2),
-                     input_context=ctx, global_batch_size=8, training=True)
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=4
+    )
+    by_fn = as_input(
+        lambda c: tf.data.Dataset.from_tensor_slices(x).shard(2, c.input_pipeline_id).batch(2),
+        input_context=ctx,
+        global_batch_size=8,
+        training=True,
+    )
     # One global step takes two per-replica batches of each pipeline.
     first = [b.numpy().tolist() for b in by_fn.repeated().skipping(2).dataset_fn(ctx).take(3)]
-    assert first == [[17, 19], [21, 23], [1, 3]]  # pipeline 1 holds the odd numbers, 6 batches a pass
-    by_dataset = as_input(tf.data.Dataset.from_tensor_slices(x).batch(8), input_context=default_input_context(),
-                          global_batch_size=None, training=True)
+    assert first == [
+        [17, 19],
+        [21, 23],
+        [1, 3],
+    ]  # pipeline 1 holds the odd numbers, 6 batches a pass
+    by_dataset = as_input(
+        tf.data.Dataset.from_tensor_slices(x).batch(8),
+        input_context=default_input_context(),
+        global_batch_size=None,
+        training=True,
+    )
     assert [b.numpy()[0] for b in by_dataset.repeated().skipping(2).dataset.take(2)] == [16, 0]

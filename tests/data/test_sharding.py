@@ -1,4 +1,5 @@
 """Tests for tfdist.data.sharding: global -> per-replica batch arithmetic."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -7,8 +8,10 @@ from tfdist.data import per_replica_batch_size
 from tfdist.data.sharding import default_input_context, replicas_per_pipeline
 
 
-@pytest.mark.parametrize("global_batch_size, replicas, expected", [(128, 1, 128), (128, 4, 32), (9, 3, 3),
-                                                                   (np.int64(64), 2, 32)])
+@pytest.mark.parametrize(
+    "global_batch_size, replicas, expected",
+    [(128, 1, 128), (128, 4, 32), (9, 3, 3), (np.int64(64), 2, 32)],
+)
 def test_per_replica_batch_size_divides(global_batch_size, replicas, expected):
     result = per_replica_batch_size(global_batch_size, replicas)
     assert result == expected and type(result) is int
@@ -18,7 +21,9 @@ def test_indivisible_names_replicas_and_nearest_values():
     with pytest.raises(ValueError) as e:
         per_replica_batch_size(128, 3)
     msg = str(e.value)
-    assert msg.startswith("Invalid value for argument `global_batch_size`. Received: global_batch_size=128.")
+    assert msg.startswith(
+        "Invalid value for argument `global_batch_size`. Received: global_batch_size=128."
+    )
     assert "a positive multiple of the number of replicas in sync (3)" in msg
     assert "126 or 129" in msg
 
@@ -45,11 +50,16 @@ def test_bad_num_replicas(bad):
 
 
 def test_replicas_per_pipeline():
-    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=6)
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=6
+    )
     assert replicas_per_pipeline(ctx) == 3
     with pytest.raises(ValueError, match="argument `input_context`"):
-        replicas_per_pipeline(tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0,
-                                                         num_replicas_in_sync=3))
+        replicas_per_pipeline(
+            tf.distribute.InputContext(
+                num_input_pipelines=2, input_pipeline_id=0, num_replicas_in_sync=3
+            )
+        )
 
 
 def test_default_input_context():

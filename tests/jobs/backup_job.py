@@ -9,6 +9,7 @@ DIE_TASK's first attempt calls os._exit(3) after global batch BATCH; with
 --sigterm_at it sends itself SIGTERM there (a preemption notice). Each
 task writes OUT_DIR/<task>.npz (weights) and OUT_DIR/<task>.json.
 """
+
 import argparse
 import json
 import os
@@ -22,9 +23,13 @@ parser.add_argument("out_dir")
 parser.add_argument("backup_dir")
 parser.add_argument("--die_at", type=int, default=-1)
 parser.add_argument("--die_task", default="worker-1")
-parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per batch (to be preempted)")
+parser.add_argument(
+    "--sleep", type=float, default=0.0, help="seconds to sleep per batch (to be preempted)"
+)
 parser.add_argument("--epochs", type=int, default=3)
-parser.add_argument("--sigterm_at", type=int, default=-1, help="DIE_TASK's first attempt SIGTERMs itself")
+parser.add_argument(
+    "--sigterm_at", type=int, default=-1, help="DIE_TASK's first attempt SIGTERMs itself"
+)
 args = parser.parse_args()
 
 out = pathlib.Path(args.out_dir)
@@ -42,7 +47,9 @@ import tfdist  # noqa: E402
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 logging.getLogger("tfdist.training.backup").setLevel(logging.INFO)
 
-strategy = tfdist.make_strategy(args.strategy, **({"num_devices": 2} if args.strategy == "mirrored" else {}))
+strategy = tfdist.make_strategy(
+    args.strategy, **({"num_devices": 2} if args.strategy == "mirrored" else {})
+)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -55,8 +62,9 @@ class StepCounter(keras.layers.Layer):
     """Counts replica steps: +1 per replica per training call (summed over replicas)."""
 
     def build(self, input_shape):
-        self.count = self.add_weight(shape=(), initializer="zeros", trainable=False, aggregation="sum",
-                                     name="count")
+        self.count = self.add_weight(
+            shape=(), initializer="zeros", trainable=False, aggregation="sum", name="count"
+        )
 
     def call(self, x, training=False):
         if training:
@@ -66,8 +74,15 @@ class StepCounter(keras.layers.Layer):
 
 def build():
     keras.utils.set_random_seed(7)
-    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), StepCounter(),
-                             keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10)])
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Flatten(),
+            StepCounter(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
 
 
 class Die(keras.callbacks.Callback):
@@ -85,14 +100,26 @@ class Die(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-trainer = tfdist.Trainer(build, strategy=strategy, optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                         backup_dir=args.backup_dir, backup_freq=2)
+trainer = tfdist.Trainer(
+    build,
+    strategy=strategy,
+    optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    backup_dir=args.backup_dir,
+    backup_freq=2,
+)
 train = tfdist.data.load("synthetic", num_examples=512)
 trainer.fit(train, epochs=args.epochs, global_batch_size=32, callbacks=[Die()], verbose=0)
 counter = next(v for v in trainer.model.non_trainable_variables if "count" in v.path)
 np.savez(out / f"{task}.npz", *trainer.model.get_weights())
-(out / f"{task}.json").write_text(json.dumps({
-    "attempt": attempt, "iterations": int(trainer.model.optimizer.iterations.numpy()),
-    "counter": float(counter.numpy()), "replicas": strategy.num_replicas_in_sync}))
+(out / f"{task}.json").write_text(
+    json.dumps(
+        {
+            "attempt": attempt,
+            "iterations": int(trainer.model.optimizer.iterations.numpy()),
+            "counter": float(counter.numpy()),
+            "replicas": strategy.num_replicas_in_sync,
+        }
+    )
+)
 print("finished", task, "attempt", attempt, flush=True)

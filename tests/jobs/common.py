@@ -1,4 +1,5 @@
 """Tiny model and data shared by the multi-process test jobs and their in-process references."""
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -35,17 +36,24 @@ def collectives_in_loop_body(tf_function):
                 continue
             for n in f.node_def:
                 if n.op in ("CollectiveReduceV2", "CollectiveReduce", "NcclAllReduce"):
-                    kind = "int" if n.attr["T"].type in (types_pb2.DT_INT32, types_pb2.DT_INT64) else "float"
+                    kind = (
+                        "int"
+                        if n.attr["T"].type in (types_pb2.DT_INT32, types_pb2.DT_INT64)
+                        else "float"
+                    )
                     counts[kind] += 1
     return counts
 
 
 def builder(weights=None):
     def build():
-        m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+        m = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
+        )
         if weights is not None:
             m.set_weights(weights)
         return m
+
     return build
 
 

@@ -3,6 +3,7 @@
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODE OUT_DIR``
 with MODE in {trainer, trainer_accum, trainer_bucketed, keras_fit}. Each task writes OUT_DIR/<task>.npz.
 """
+
 import json
 import os
 import sys
@@ -23,10 +24,15 @@ w0 = initial_weights()
 if mode in ("trainer", "trainer_accum", "trainer_bucketed"):
     k = 2 if mode == "trainer_accum" else 1
     # trainer_bucketed: the 4 gradients (12, 96, 32, 192 bytes in reverse order) make 2 buckets of >= 100 bytes.
-    trainer = tfdist.Trainer(builder(w0), strategy=strategy, optimizer=keras.optimizers.SGD(0.1),
-                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                             metrics=["accuracy"], accumulation_steps=k,
-                             bucket_bytes=100 if mode == "trainer_bucketed" else None)
+    trainer = tfdist.Trainer(
+        builder(w0),
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        accumulation_steps=k,
+        bucket_bytes=100 if mode == "trainer_bucketed" else None,
+    )
     # k micro-batches of GLOBAL_BATCH // k make one update of GLOBAL_BATCH.
     history = trainer.fit(dataset(global_batch=GLOBAL_BATCH // k), epochs=2, verbose=0)
     model = trainer.model
@@ -36,8 +42,11 @@ if mode in ("trainer", "trainer_accum", "trainer_bucketed"):
 else:
     with strategy.scope():
         model = builder(w0)()
-        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
+        model.compile(
+            keras.optimizers.SGD(0.1),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
     history = model.fit(dataset(), epochs=2, verbose=0)
 np.savez(os.path.join(out_dir, f"{task['type']}-{task['index']}.npz"), *model.get_weights())
 with open(os.path.join(out_dir, f"{task['type']}-{task['index']}.json"), "w") as f:

@@ -11,6 +11,7 @@ earlier has been restarted by the launcher. With wait_rejoin it also pauses
 after the last kill until the killed tasks are restarted, so they rejoin
 while training is still going on.
 """
+
 import json
 import os
 import pathlib
@@ -19,12 +20,18 @@ import sys
 import time
 
 out = pathlib.Path(sys.argv[1])
-kills = [(int(b), t) for b, t in (k.split(":") for k in sys.argv[2].split(","))] if len(sys.argv) > 2 else []
+kills = (
+    [(int(b), t) for b, t in (k.split(":") for k in sys.argv[2].split(","))]
+    if len(sys.argv) > 2
+    else []
+)
 wait_rejoin = len(sys.argv) > 3 and sys.argv[3] == "wait_rejoin"
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 name = f"{task['type']}-{task['index']}"
 starts = out / f"{name}.starts"
-starts.write_text(starts.read_text() + f"{os.getpid()}\n" if starts.exists() else f"{os.getpid()}\n")
+starts.write_text(
+    starts.read_text() + f"{os.getpid()}\n" if starts.exists() else f"{os.getpid()}\n"
+)
 
 import tfdist  # noqa: E402
 
@@ -66,11 +73,25 @@ class Killer(keras.callbacks.Callback):
 
 
 keras.utils.set_random_seed(0)
-trainer = tfdist.Trainer(lambda: tfdist.models.get("cnn"), strategy=strategy, optimizer=keras.optimizers.Adam(2e-3),
-                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-history = trainer.fit(tfdist.data.load("digits"), epochs=4, steps_per_epoch=30, global_batch_size=64,
-                      validation_data=tfdist.data.load("digits", split="validation"), callbacks=[Killer()], verbose=2)
-result = {"iterations": int(trainer.model.optimizer.iterations.numpy()),
-          "val_accuracy": history.history["val_accuracy"][-1]}
+trainer = tfdist.Trainer(
+    lambda: tfdist.models.get("cnn"),
+    strategy=strategy,
+    optimizer=keras.optimizers.Adam(2e-3),
+    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    metrics=["accuracy"],
+)
+history = trainer.fit(
+    tfdist.data.load("digits"),
+    epochs=4,
+    steps_per_epoch=30,
+    global_batch_size=64,
+    validation_data=tfdist.data.load("digits", split="validation"),
+    callbacks=[Killer()],
+    verbose=2,
+)
+result = {
+    "iterations": int(trainer.model.optimizer.iterations.numpy()),
+    "val_accuracy": history.history["val_accuracy"][-1],
+}
 (out / "result.json").write_text(json.dumps(result))
 print("result", json.dumps(result), flush=True)

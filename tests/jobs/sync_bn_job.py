@@ -3,6 +3,7 @@
 Run under ``tfdist launch --workers=2 -- python tests/jobs/sync_bn_job.py OUT_DIR``; each task
 writes OUT_DIR/<task>.npz. The model and data are shared with the in-process tests.
 """
+
 import json
 import os
 import sys
@@ -15,13 +16,15 @@ GLOBAL_BATCH = 16
 
 
 def bn_model(synchronized, weights=None):
-    model = keras.Sequential([
-        keras.Input((6,)),
-        keras.layers.Dense(8),
-        keras.layers.BatchNormalization(synchronized=synchronized, momentum=0.5),
-        keras.layers.Activation("tanh"),
-        keras.layers.Dense(3),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8),
+            keras.layers.BatchNormalization(synchronized=synchronized, momentum=0.5),
+            keras.layers.Activation("tanh"),
+            keras.layers.Dense(3),
+        ]
+    )
     if weights is not None:
         model.set_weights(weights)
     return model
@@ -39,7 +42,12 @@ def bn_data(n=64):
     x = np.random.default_rng(0).normal(size=(n, 6)).astype("float32")
     x = x[np.argsort(x[:, 0])]  # quarter q holds sorted rows 16q..16q+15
     quarters, batches = 4, n // GLOBAL_BATCH
-    order = np.arange(n).reshape(quarters, batches, GLOBAL_BATCH // quarters).transpose(1, 0, 2).reshape(-1)
+    order = (
+        np.arange(n)
+        .reshape(quarters, batches, GLOBAL_BATCH // quarters)
+        .transpose(1, 0, 2)
+        .reshape(-1)
+    )
     x = x[order] * np.linspace(0.5, 3.0, 6, dtype="float32")
     y = (x.sum(1) > 0).astype("int32") + (x[:, 0] > 1).astype("int32")
     return x, y
@@ -50,9 +58,12 @@ def bn_train(strategy, synchronized, weights):
     import tfdist
 
     x, y = bn_data()
-    trainer = tfdist.Trainer(lambda: bn_model(synchronized, weights), strategy=strategy,
-                             optimizer=keras.optimizers.SGD(0.1),
-                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainer = tfdist.Trainer(
+        lambda: bn_model(synchronized, weights),
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH), epochs=2, verbose=0)
     return [np.asarray(w) for w in trainer.model.get_weights()]
 

@@ -14,6 +14,7 @@ MODE:
 Each task writes OUT_DIR/<task>.pid and, in sigterm mode, appends each batch
 its callbacks saw to OUT_DIR/<task>.batches ("epoch:batch" per line).
 """
+
 import json
 import os
 import pathlib
@@ -53,8 +54,13 @@ class Record(keras.callbacks.Callback):
 
 
 backup_dir = str(out / f"{name}-backup") if mode == "not_shared" else None
-trainer = tfdist.Trainer(builder(initial_weights()), strategy=strategy, optimizer=keras.optimizers.SGD(0.1),
-                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), backup_dir=backup_dir)
+trainer = tfdist.Trainer(
+    builder(initial_weights()),
+    strategy=strategy,
+    optimizer=keras.optimizers.SGD(0.1),
+    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    backup_dir=backup_dir,
+)
 callbacks = [Record(), keras.callbacks.TensorBoard(log_dir=str(out / "logs"), update_freq=1)]
 try:
     trainer.fit(dataset(), epochs=3, callbacks=callbacks, verbose=0)  # 6 batches per epoch

@@ -3,6 +3,7 @@
 Nothing here sends traffic off loopback: the tasks talk over the loopback of a
 network namespace the launch creates, and the test only reads socket tables.
 """
+
 import io
 import json
 import logging
@@ -26,7 +27,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _sandbox_or_skip(private_network=True):
     with isolation.Sandbox(private_network=private_network) as sandbox:
         if (private_network and not sandbox.private_network) or not sandbox.pid_namespace:
-            pytest.skip(f"namespaces are not permitted here: {sandbox.network_problem or sandbox.pid_problem}")
+            pytest.skip(
+                f"namespaces are not permitted here: {sandbox.network_problem or sandbox.pid_problem}"
+            )
 
 
 def _without_cap_sys_admin():
@@ -79,8 +82,17 @@ def test_task_ports_are_absent_from_the_host_socket_table(tmp_path):
     result = {}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
-    launcher = threading.Thread(target=lambda: result.update(rc=local.launch(
-        [sys.executable, "-c", _MWMS_TASK, str(tmp_path)], workers=2, env=env, output=out, timeout=240)))
+    launcher = threading.Thread(
+        target=lambda: result.update(
+            rc=local.launch(
+                [sys.executable, "-c", _MWMS_TASK, str(tmp_path)],
+                workers=2,
+                env=env,
+                output=out,
+                timeout=240,
+            )
+        )
+    )
     launcher.start()
     try:
         deadline = time.monotonic() + 240
@@ -100,7 +112,9 @@ def test_task_ports_are_absent_from_the_host_socket_table(tmp_path):
     assert sorted(reports) == ["[worker:0]", "[worker:1]"], out.getvalue()[-3000:]
     ports = {int(r["inside"].rpartition(":")[2]) for r in reports.values()}
     for report in reports.values():
-        assert report["total"] == 3.0  # 1 + 2: the all-reduce crossed both processes, over loopback.
+        assert (
+            report["total"] == 3.0
+        )  # 1 + 2: the all-reduce crossed both processes, over loopback.
         # Inside its namespace TF's server listens on every interface (*:PORT), as it does on a host...
         assert report["inside"].rpartition(":")[0] in ("*", "0.0.0.0", "[::]"), report
     # ...but that namespace has only loopback: the host's table does not list the ports at all.
@@ -108,12 +122,17 @@ def test_task_ports_are_absent_from_the_host_socket_table(tmp_path):
 
 
 def test_without_a_private_network_the_launcher_warns_and_names_a_firewall_rule(caplog):
-    rc = local.launch([sys.executable, "-c", "pass"], workers=2, private_network=False, output=io.StringIO())
+    rc = local.launch(
+        [sys.executable, "-c", "pass"], workers=2, private_network=False, output=io.StringIO()
+    )
     assert rc == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "private_network=False" in warnings[0] and "other hosts can reach them" in warnings[0]
-    assert "unauthenticated" in warnings[0] and "iptables -I INPUT ! -i lo -p tcp -m multiport --dports" in warnings[0]
+    assert (
+        "unauthenticated" in warnings[0]
+        and "iptables -I INPUT ! -i lo -p tcp -m multiport --dports" in warnings[0]
+    )
 
 
 def test_private_network_is_the_default_and_says_so(caplog):
@@ -165,10 +184,17 @@ def test_no_task_outlives_a_launcher_killed_with_sigkill(tmp_path, namespaces):
         from tfdist.launch import local
         sys.exit(local.launch([sys.executable, "-c", {task!r}, {marker!r}], workers=2, ps=1))
         """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    )
     with open(tmp_path / "stderr", "w") as stderr:
-        launcher = subprocess.Popen([*prefix, sys.executable, "-c", launcher_code], stdout=subprocess.PIPE,
-                                    stderr=stderr, text=True, env=env)
+        launcher = subprocess.Popen(
+            [*prefix, sys.executable, "-c", launcher_code],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+        )
     try:
         ready = [launcher.stdout.readline() for _ in range(3)]
         assert sorted(ready) == ["[ps:0] ready\n", "[worker:0] ready\n", "[worker:1] ready\n"]
@@ -176,11 +202,15 @@ def test_no_task_outlives_a_launcher_killed_with_sigkill(tmp_path, namespaces):
         started = {p: c for p, c in _processes_with(marker).items() if p != launcher.pid}
         # Per task: its sandbox helper, the task, a child, and with namespaces a grandchild.
         assert len(started) == 3 * (4 if namespaces else 3), started
-        assert _processes_with(f"--ppid={launcher.pid}")  # The sandbox helpers (and namespace holder).
+        assert _processes_with(
+            f"--ppid={launcher.pid}"
+        )  # The sandbox helpers (and namespace holder).
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 15
-        while (_processes_with(marker) or _processes_with(f"--ppid={launcher.pid}")) and time.monotonic() < deadline:
+        while (
+            _processes_with(marker) or _processes_with(f"--ppid={launcher.pid}")
+        ) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _processes_with(marker) == {}
         assert _processes_with(f"--ppid={launcher.pid}") == {}
@@ -195,6 +225,9 @@ def test_no_task_outlives_a_launcher_killed_with_sigkill(tmp_path, namespaces):
     if namespaces:
         assert warnings == ""
     else:  # Where no namespace can be made, the launcher says so and names the firewall rule.
-        assert "No private network namespace for the tasks (unshare(CLONE_NEWNET): Operation not permitted)" in warnings
+        assert (
+            "No private network namespace for the tasks (unshare(CLONE_NEWNET): Operation not permitted)"
+            in warnings
+        )
         assert "iptables -I INPUT ! -i lo -p tcp -m multiport --dports" in warnings
         assert "No PID namespace for the tasks" in warnings

@@ -5,6 +5,7 @@ pickles them by reference (``tests.launch.test_notebook_launcher.<name>``) and
 each task imports this module again, which works because the launcher gives
 the tasks a PYTHONPATH made of the current directory and ``sys.path``.
 """
+
 import os
 
 import pytest
@@ -23,15 +24,22 @@ def train_digits_one_epoch():
 
     import keras
 
-    trainer = tfdist.Trainer(lambda: tfdist.models.get("mlp", hidden_units=(32,)), strategy=strategy,
-                             optimizer=keras.optimizers.Adam(1e-2),
-                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                             metrics=["accuracy"])
+    trainer = tfdist.Trainer(
+        lambda: tfdist.models.get("mlp", hidden_units=(32,)),
+        strategy=strategy,
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     history = trainer.fit(tfdist.data.load("digits"), epochs=1, global_batch_size=64, verbose=0)
     task = json.loads(os.environ["TF_CONFIG"])["task"]
-    return {"task": f"{task['type']}:{task['index']}", "pid": os.getpid(),
-            "num_replicas_in_sync": strategy.num_replicas_in_sync,
-            "is_chief": trainer.is_chief, "history": history.history}
+    return {
+        "task": f"{task['type']}:{task['index']}",
+        "pid": os.getpid(),
+        "num_replicas_in_sync": strategy.num_replicas_in_sync,
+        "is_chief": trainer.is_chief,
+        "history": history.history,
+    }
 
 
 def always_fails(message):
@@ -53,7 +61,10 @@ def test_a_failing_function_raises_runtime_error(capsys):
         notebook_launcher(always_fails, "boom from the task", num_workers=2, timeout=120)
     out = capsys.readouterr().out
     # The failing task's traceback reaches the caller's stdout, prefixed by its task.
-    assert "[worker:0] ValueError: boom from the task" in out or "[worker:1] ValueError: boom from the task" in out
+    assert (
+        "[worker:0] ValueError: boom from the task" in out
+        or "[worker:1] ValueError: boom from the task" in out
+    )
 
 
 @pytest.mark.parametrize("bad", [0, -1])

@@ -1,4 +1,5 @@
 """Tests for tfdist.launch.restarts: the launcher's restart policy, decided without processes."""
+
 import pytest
 
 from tfdist.config import PREEMPTED_EXIT_CODE
@@ -20,7 +21,8 @@ def test_a_failure_restarts_the_group_or_only_a_ps_worker(ps_mode, expected):
     assert policy.decide(*failed("worker", 1), workers_left=True) == gone
     assert policy.decide(*failed("worker", 1), workers_left=False) == "fail"
     assert policy.failure_reason(failed("worker", 1)[1]) == (
-        "worker:1 exited with code 3 after 1 of 1 restarts")
+        "worker:1 exited with code 3 after 1 of 1 restarts"
+    )
 
 
 def test_a_failed_chief_or_ps_under_parameter_servers_restarts_the_group():
@@ -34,7 +36,8 @@ def test_preemptions_restart_without_using_up_max_restarts():
     policy = RestartPolicy(max_restarts=0, parameter_server_mode=False)
     for _ in range(3):
         assert policy.decide(*failed("worker", 0, PREEMPTED_EXIT_CODE), workers_left=True) == (
-            "restart_group")
+            "restart_group"
+        )
     assert (policy.restarts, policy.preemptions) == (0, 3)
     ps = RestartPolicy(max_restarts=0, parameter_server_mode=True)
     assert ps.decide(*failed("chief", 0, PREEMPTED_EXIT_CODE), workers_left=True) == "restart_task"
@@ -42,4 +45,5 @@ def test_preemptions_restart_without_using_up_max_restarts():
     ps.preemptions = MAX_PREEMPTIONS
     assert ps.decide(*failed("chief", 0, PREEMPTED_EXIT_CODE), workers_left=True) == "fail"
     assert ps.failure_reason(failed("chief", 0, PREEMPTED_EXIT_CODE)[1]) == (
-        "chief:0 exited with code 75")
+        "chief:0 exited with code 75"
+    )

@@ -4,6 +4,7 @@ A real `python -m tfdist train` process gets SIGTERM mid-training, saves its
 backup and exits 75; a second run of the same command restores it and ends
 with the update count of an uninterrupted run.
 """
+
 import os
 import re
 import signal
@@ -18,12 +19,24 @@ from tfdist.launch import cli
 
 EPOCHS = 6
 STEPS = 1437 // 64  # digits' training split in full batches of 64: updates per epoch.
-ARGS = ["train", "--strategy=mirrored", "--num_devices=1", "--model=mlp", "--dataset=digits",
-        f"--epochs={EPOCHS}", "--global_batch_size=64", "--backup_freq=4"]
+ARGS = [
+    "train",
+    "--strategy=mirrored",
+    "--num_devices=1",
+    "--model=mlp",
+    "--dataset=digits",
+    f"--epochs={EPOCHS}",
+    "--global_batch_size=64",
+    "--backup_freq=4",
+]
 
 
 def _env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     env.pop("TF_CONFIG", None)
     return env
 
@@ -33,8 +46,9 @@ def _env():
 def test_sigterm_then_restart_resumes_at_the_exact_update(tmp_path):
     backup_dir = tmp_path / "backup"
     command = [sys.executable, "-m", "tfdist", *ARGS, f"--backup_dir={backup_dir}"]
-    with subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
+    with subprocess.Popen(
+        command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
         deadline = time.monotonic() + 240
         while not (backup_dir / "state.json").exists():  # The first backup: training is under way.
             assert proc.poll() is None and time.monotonic() < deadline, "no backup appeared"
@@ -47,21 +61,37 @@ def test_sigterm_then_restart_resumes_at_the_exact_update(tmp_path):
     saved_update = (int(saved.group(1)) - 1) * STEPS + int(saved.group(2))
     assert 0 < saved_update < EPOCHS * STEPS
 
-    second = subprocess.run(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=240)
+    second = subprocess.run(
+        command,
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=240,
+    )
     assert second.returncode == 0, second.stdout
-    resumed = re.search(r"resuming at epoch (\d+), micro-batch (\d+) \((\d+) updates done\)", second.stdout)
+    resumed = re.search(
+        r"resuming at epoch (\d+), micro-batch (\d+) \((\d+) updates done\)", second.stdout
+    )
     assert resumed, second.stdout
     assert resumed.groups() == (saved.group(1), saved.group(2), str(saved_update))
     assert f"{STEPS}/{STEPS} - " in second.stdout  # The epoch length this test assumes.
-    assert f"final updates={EPOCHS * STEPS} " in second.stdout  # Same count as an uninterrupted run.
-    assert not backup_dir.exists() or not (backup_dir / "state.json").exists()  # Removed after success.
+    assert (
+        f"final updates={EPOCHS * STEPS} " in second.stdout
+    )  # Same count as an uninterrupted run.
+    assert (
+        not backup_dir.exists() or not (backup_dir / "state.json").exists()
+    )  # Removed after success.
 
 
 def test_backup_freq_needs_backup_dir(capsys):
     from tfdist.config import TrainConfig
 
-    with pytest.raises(ValueError, match=r"`backup_freq`. Received: backup_freq=5. Expected None without backup_dir"):
+    with pytest.raises(
+        ValueError,
+        match=r"`backup_freq`. Received: backup_freq=5. Expected None without backup_dir",
+    ):
         TrainConfig(backup_freq=5)
     with pytest.raises(ValueError, match=r"`backup_freq`. Received: backup_freq=0"):
         TrainConfig(backup_dir="/tmp/x", backup_freq=0)

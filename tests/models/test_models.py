@@ -1,4 +1,5 @@
 """Tests for tfdist.models: every builder, float32 logits under mixed precision, CNN on digits."""
+
 import keras
 import numpy as np
 import pytest
@@ -36,21 +37,39 @@ def test_builds_and_outputs_float32_logits(name, dtype_policy):
 def test_other_shapes_and_options():
     assert tfdist.models.get("mlp", input_shape=(20,), num_classes=3).output_shape == (None, 3)
     wide = tfdist.models.get("mlp", hidden_units=(2048, 2048, 2048))
-    assert [layer.units for layer in wide.layers if isinstance(layer, keras.layers.Dense)] == [2048, 2048, 2048, 10]
-    assert tfdist.models.get("cnn", input_shape=(28, 28, 1), dropout=0.5).get_layer("dropout").rate == 0.5
+    assert [layer.units for layer in wide.layers if isinstance(layer, keras.layers.Dense)] == [
+        2048,
+        2048,
+        2048,
+        10,
+    ]
+    assert (
+        tfdist.models.get("cnn", input_shape=(28, 28, 1), dropout=0.5).get_layer("dropout").rate
+        == 0.5
+    )
     resnet = tfdist.models.get("resnet", num_blocks=3)
-    assert sum(isinstance(layer, keras.layers.BatchNormalization) for layer in resnet.layers) == 1 + 2 * 3
+    assert (
+        sum(isinstance(layer, keras.layers.BatchNormalization) for layer in resnet.layers)
+        == 1 + 2 * 3
+    )
     transformer = tfdist.models.get("transformer", input_shape=(16, 16, 3), num_layers=1)
-    assert sum(isinstance(layer, keras.layers.MultiHeadAttention) for layer in transformer.layers) == 1
+    assert (
+        sum(isinstance(layer, keras.layers.MultiHeadAttention) for layer in transformer.layers) == 1
+    )
     assert transformer.output_shape == (None, 10)
 
 
 def test_unknown_name_and_options():
     with pytest.raises(ValueError) as e:
         tfdist.models.get("vgg")
-    assert str(e.value) == ("Invalid value for argument `model`. Received: model='vgg'. "
-                            "Expected one of: cnn, mlp, resnet, transformer.")
-    with pytest.raises(ValueError, match="argument `num_blocks`.*Expected an option of model 'mlp': hidden_units, dropout"):
+    assert str(e.value) == (
+        "Invalid value for argument `model`. Received: model='vgg'. "
+        "Expected one of: cnn, mlp, resnet, transformer."
+    )
+    with pytest.raises(
+        ValueError,
+        match="argument `num_blocks`.*Expected an option of model 'mlp': hidden_units, dropout",
+    ):
         tfdist.models.get("mlp", num_blocks=3)
     with pytest.raises(ValueError, match="argument `input_shape`"):
         tfdist.models.get("cnn", input_shape=(64,))
@@ -63,17 +82,21 @@ def test_unknown_name_and_options():
 def test_cnn_learns_digits():
     keras.utils.set_random_seed(0)
     model = tfdist.models.get("cnn")
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     train = tfdist.data.load("digits", split="train", global_batch_size=128)
     val = tfdist.data.load("digits", split="validation", global_batch_size=128)
     history = model.fit(train(), validation_data=val(), epochs=10, shuffle=False, verbose=0)
     assert max(history.history["val_accuracy"][-3:]) >= 0.95
-    predictions = np.argmax(model.predict(np.stack([x for x, _ in _digits_validation()]), verbose=0), axis=1)
+    predictions = np.argmax(
+        model.predict(np.stack([x for x, _ in _digits_validation()]), verbose=0), axis=1
+    )
     assert np.mean(predictions == np.array([y for _, y in _digits_validation()])) >= 0.95
 
 
 def _digits_validation():
-    (x, y), = list(tfdist.data.load("digits", split="validation", global_batch_size=360)())
+    ((x, y),) = list(tfdist.data.load("digits", split="validation", global_batch_size=360)())
     return list(zip(x.numpy(), y.numpy()))

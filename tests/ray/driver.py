@@ -15,10 +15,10 @@ computing, so scenarios run side by side finish far sooner than one after
 another. Ray queues the worker groups that do not fit in the cluster's CPUs and
 starts them as others end; the scenarios share nothing but the cluster.
 """
+
 import concurrent.futures
 import json
 import os
-import pickle
 import sys
 import tempfile
 import threading
@@ -34,7 +34,9 @@ from tests.ray import jobs
 def training():
     from tfdist.launch.ray_engine import ray_fit
 
-    run = ray_fit(jobs.train_digits, 6, num_workers=2, storage_path=tempfile.mkdtemp(prefix="ray-results-"))
+    run = ray_fit(
+        jobs.train_digits, 6, num_workers=2, storage_path=tempfile.mkdtemp(prefix="ray-results-")
+    )
     return {"outputs": run.outputs}
 
 
@@ -48,23 +50,46 @@ def fault(out_dir):
     # op determinism makes its weights independent of what else runs, and the two groups'
     # start-up waits overlap.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(ray_fit, jobs.train_with_backups, reference_dir, -1, num_workers=2,
-                              storage_path=storage, name="ref")
+        pending = pool.submit(
+            ray_fit,
+            jobs.train_with_backups,
+            reference_dir,
+            -1,
+            num_workers=2,
+            storage_path=storage,
+            name="ref",
+        )
         start = time.time()
-        faulty = ray_fit(jobs.train_with_backups, faulty_dir, 21, num_workers=2, max_failures=1,
-                         storage_path=storage, name="faulty")
+        faulty = ray_fit(
+            jobs.train_with_backups,
+            faulty_dir,
+            21,
+            num_workers=2,
+            max_failures=1,
+            storage_path=storage,
+            name="faulty",
+        )
         reference = pending.result()
     chief = faulty.outputs[0]
     killed_at = float(open(os.path.join(faulty_dir, "killed_at")).read())
-    same = all(all(np.array_equal(a, b) for a, b in zip(out["weights"], reference.outputs[0]["weights"]))
-               for out in faulty.outputs)
+    same = all(
+        all(np.array_equal(a, b) for a, b in zip(out["weights"], reference.outputs[0]["weights"]))
+        for out in faulty.outputs
+    )
     checkpoint = faulty.result.checkpoint
     with checkpoint.as_directory() as d:
         final_state = json.load(open(os.path.join(d, "state.json")))
-    return {"same_weights_as_uninterrupted": same, "attempts": [o["attempt"] for o in faulty.outputs],
-            "iterations": [o["iterations"] for o in faulty.outputs], "restored": chief["restored"],
-            "kill_to_resume_s": chief["restored_at"] - killed_at, "seconds": time.time() - start,
-            "metrics": faulty.result.metrics, "checkpoint_state": final_state, "error": repr(faulty.result.error)}
+    return {
+        "same_weights_as_uninterrupted": same,
+        "attempts": [o["attempt"] for o in faulty.outputs],
+        "iterations": [o["iterations"] for o in faulty.outputs],
+        "restored": chief["restored"],
+        "kill_to_resume_s": chief["restored_at"] - killed_at,
+        "seconds": time.time() - start,
+        "metrics": faulty.result.metrics,
+        "checkpoint_state": final_state,
+        "error": repr(faulty.result.error),
+    }
 
 
 def quickstart():
@@ -75,24 +100,41 @@ def quickstart():
     rng = np.random.default_rng(0)
     xs = rng.uniform(size=256).astype("float32")
     dataset = ray.data.from_items([{"x": float(x), "y": float(2 * x + 1)} for x in xs])
-    trainer = TensorflowTrainer(jobs.ray_quickstart, train_loop_config={"batch_size": 16, "epochs": 2},
-                                scaling_config=ScalingConfig(num_workers=2),
-                                run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="ray-results-")),
-                                datasets={"train": dataset})
+    trainer = TensorflowTrainer(
+        jobs.ray_quickstart,
+        train_loop_config={"batch_size": 16, "epochs": 2},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="ray-results-")),
+        datasets={"train": dataset},
+    )
     result = trainer.fit()
-    return {"metrics": result.metrics, "has_checkpoint": result.checkpoint is not None, "error": repr(result.error)}
+    return {
+        "metrics": result.metrics,
+        "has_checkpoint": result.checkpoint is not None,
+        "error": repr(result.error),
+    }
 
 
 def ray_data_trainer():
     import ray.data
     from sklearn.datasets import load_digits
+
     from tfdist.launch.ray_engine import ray_fit
 
     digits = load_digits()
-    dataset = ray.data.from_items([{"x": (x / 16.0).astype("float32"), "y": int(y)}
-                                   for x, y in zip(digits.data, digits.target)])
-    run = ray_fit(jobs.trainer_on_ray_data, 3, num_workers=2, datasets={"train": dataset},
-                  storage_path=tempfile.mkdtemp(prefix="ray-results-"))
+    dataset = ray.data.from_items(
+        [
+            {"x": (x / 16.0).astype("float32"), "y": int(y)}
+            for x, y in zip(digits.data, digits.target)
+        ]
+    )
+    run = ray_fit(
+        jobs.trainer_on_ray_data,
+        3,
+        num_workers=2,
+        datasets={"train": dataset},
+        storage_path=tempfile.mkdtemp(prefix="ray-results-"),
+    )
     return {"outputs": run.outputs}
 
 
@@ -111,8 +153,14 @@ def cli(args):
     import subprocess
 
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-    proc = subprocess.run([sys.executable, "-m", "tfdist", "train", *args], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdist", "train", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
     return {"returncode": proc.returncode, "output": proc.stdout[-5000:]}
 
 

@@ -3,6 +3,7 @@
 Each is a user's function: it uses only tfdist's public API (and Ray's), as
 one would pass to ``tfdist.launch.ray_launcher`` or ``TensorflowTrainer``.
 """
+
 import hashlib
 import json
 import os
@@ -27,14 +28,27 @@ def train_digits(epochs):
     import tensorflow as tf
 
     keras.utils.set_random_seed(0)
-    trainer = tfdist.Trainer(lambda: tfdist.models.get("mlp", input_shape=(8, 8, 1), num_classes=10),
-                             strategy=strategy, optimizer=keras.optimizers.Adam(5e-3),
-                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    history = trainer.fit(tfdist.data.load("digits"), epochs=epochs, global_batch_size=64,
-                          validation_data=tfdist.data.load("digits", split="validation"), verbose=0)
-    return {"val_accuracy": float(history.history["val_accuracy"][-1]), "digest": _digest(trainer.model.get_weights()),
-            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-            "tf_config": json.loads(os.environ["TF_CONFIG"]), "replicas": strategy.num_replicas_in_sync}
+    trainer = tfdist.Trainer(
+        lambda: tfdist.models.get("mlp", input_shape=(8, 8, 1), num_classes=10),
+        strategy=strategy,
+        optimizer=keras.optimizers.Adam(5e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    history = trainer.fit(
+        tfdist.data.load("digits"),
+        epochs=epochs,
+        global_batch_size=64,
+        validation_data=tfdist.data.load("digits", split="validation"),
+        verbose=0,
+    )
+    return {
+        "val_accuracy": float(history.history["val_accuracy"][-1]),
+        "digest": _digest(trainer.model.get_weights()),
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "tf_config": json.loads(os.environ["TF_CONFIG"]),
+        "replicas": strategy.num_replicas_in_sync,
+    }
 
 
 def train_with_backups(out_dir, die_at):
@@ -60,8 +74,14 @@ def train_with_backups(out_dir, die_at):
 
     def build():
         keras.utils.set_random_seed(7)
-        return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
-                                 keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10)])
+        return keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Flatten(),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
 
     class Die(keras.callbacks.Callback):
         seen = 0
@@ -74,13 +94,28 @@ def train_with_backups(out_dir, die_at):
                 os._exit(3)
 
     backup = RayBackup(os.path.join(out_dir, f"backup-attempt{attempt}"), backup_freq=2)
-    trainer = tfdist.Trainer(build, strategy=strategy, optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                             backup_dir=backup.backup_dir, backup_freq=2)
-    trainer.fit(tfdist.data.load("synthetic", num_examples=512), epochs=2, global_batch_size=32,
-                callbacks=[Die(), backup], verbose=0)
-    return {"attempt": attempt, "iterations": int(trainer.model.optimizer.iterations.numpy()),
-            "weights": trainer.model.get_weights(), "restored": backup.restored, "restored_at": backup.restored_at}
+    trainer = tfdist.Trainer(
+        build,
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        backup_dir=backup.backup_dir,
+        backup_freq=2,
+    )
+    trainer.fit(
+        tfdist.data.load("synthetic", num_examples=512),
+        epochs=2,
+        global_batch_size=32,
+        callbacks=[Die(), backup],
+        verbose=0,
+    )
+    return {
+        "attempt": attempt,
+        "iterations": int(trainer.model.optimizer.iterations.numpy()),
+        "weights": trainer.model.get_weights(),
+        "restored": backup.restored,
+        "restored_at": backup.restored_at,
+    }
 
 
 def ray_quickstart(config):
@@ -88,17 +123,21 @@ def ray_quickstart(config):
     import keras
     import ray.train
     import tensorflow as tf
+    from ray.train.tensorflow.keras import ReportCheckpointCallback
 
     import tfdist  # noqa: F401  (after keras: its shims make Keras 3's model.fit work under MWMS)
-    from ray.train.tensorflow.keras import ReportCheckpointCallback
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
-        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(10, activation="relu"), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [keras.Input((1,)), keras.layers.Dense(10, activation="relu"), keras.layers.Dense(1)]
+        )
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mean_squared_error")
     shard = ray.train.get_dataset_shard("train")
     dataset = shard.to_tf(feature_columns="x", label_columns="y", batch_size=config["batch_size"])
-    history = model.fit(dataset, epochs=config["epochs"], callbacks=[ReportCheckpointCallback()], verbose=0)
+    history = model.fit(
+        dataset, epochs=config["epochs"], callbacks=[ReportCheckpointCallback()], verbose=0
+    )
     return history.history
 
 
@@ -120,8 +159,15 @@ def trainer_on_ray_data(epochs):
         return ds.map(lambda x, y: (tf.reshape(tf.cast(x, tf.float32), (-1, 8, 8, 1)), y))
 
     keras.utils.set_random_seed(0)
-    trainer = tfdist.Trainer(lambda: tfdist.models.get("mlp", input_shape=(8, 8, 1), num_classes=10),
-                             strategy=strategy, optimizer=keras.optimizers.Adam(5e-3),
-                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    trainer = tfdist.Trainer(
+        lambda: tfdist.models.get("mlp", input_shape=(8, 8, 1), num_classes=10),
+        strategy=strategy,
+        optimizer=keras.optimizers.Adam(5e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     history = trainer.fit(dataset_fn, epochs=epochs, steps_per_epoch=10, verbose=0)
-    return {"accuracy": float(history.history["accuracy"][-1]), "digest": _digest(trainer.model.get_weights())}
+    return {
+        "accuracy": float(history.history["accuracy"][-1]),
+        "digest": _digest(trainer.model.get_weights()),
+    }

@@ -14,6 +14,7 @@ fixture hands the driver the scenarios of every selected test at once, and the
 driver runs them side by side on the one cluster (mostly start-up waits, which
 then overlap); each test waits only for its own result.
 """
+
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ NUM_CPUS = 12
 def _have_ray():
     try:
         import ray  # noqa: F401
+
         return True
     except ImportError:
         return False
@@ -60,8 +62,20 @@ class Driver:
         env.pop("TF_CONFIG", None)
         env.pop("RAY_ADDRESS", None)
         self.proc = subprocess.Popen(
-            ["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {sys.executable} -m tests.ray.driver {NUM_CPUS}"],
-            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                "unshare",
+                "-n",
+                "sh",
+                "-c",
+                f"ip link set lo up && exec {sys.executable} -m tests.ray.driver {NUM_CPUS}",
+            ],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.log = []
         self.answers = {}
         self._read_until(lambda line: line.startswith("READY"), "READY", timeout=180)
@@ -75,7 +89,7 @@ class Driver:
                 # A Ray log line may lack its newline when ours follows it: look anywhere in it.
                 at = line.find(RESULT + "{")
                 if at >= 0:
-                    answer = json.loads(line[at + len(RESULT):])
+                    answer = json.loads(line[at + len(RESULT) :])
                     self.answers[answer.pop("id")] = answer
                 if done(line):
                     return
@@ -113,13 +127,16 @@ def driver(request, tmp_path_factory):
     if not _have_ray():
         pytest.skip("Ray is not installed (pip install -e '.[test]' installs it)")
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"]).returncode != 0:
-        pytest.skip("needs `unshare -n` (Linux, root) to keep Ray's traffic inside a loopback-only namespace")
+        pytest.skip(
+            "needs `unshare -n` (Linux, root) to keep Ray's traffic inside a loopback-only namespace"
+        )
     d = Driver()
     selected = {item.name for item in request.session.items if item.module is request.module}
     for test, scenario in SCENARIOS.items():
         if test in selected:
-            args = {"fault": [str(tmp_path_factory.mktemp("fault"))],
-                    "cli": [CLI_ARGS]}.get(scenario, [])
+            args = {"fault": [str(tmp_path_factory.mktemp("fault"))], "cli": [CLI_ARGS]}.get(
+                scenario, []
+            )
             d.submit(scenario, *args)
     yield d
     d.close()
@@ -149,7 +166,11 @@ def test_killed_worker_resumes_from_rays_checkpoint_bitwise(driver):
     assert out["restored"] is not None and 16 <= out["restored"]["updates"] <= 22
     assert out["restored"]["updates"] % 2 == 0
     assert out["same_weights_as_uninterrupted"]
-    assert out["metrics"]["updates"] == 32 and out["metrics"]["epoch"] == 2 and "loss" in out["metrics"]
+    assert (
+        out["metrics"]["updates"] == 32
+        and out["metrics"]["epoch"] == 2
+        and "loss" in out["metrics"]
+    )
     assert out["checkpoint_state"]["updates"] == 32  # Result.checkpoint is the final backup
 
 
@@ -177,30 +198,51 @@ def test_cli_engine_ray(driver):
 @pytest.mark.multiprocess
 def test_more_workers_than_cpus_fails_before_waiting(driver):
     out = driver.result("too_many_workers")
-    assert out["error"].startswith("Invalid value for argument `num_workers`. Received: num_workers=64. "
-                                   f"Expected at most {NUM_CPUS} (the Ray cluster has {NUM_CPUS} CPUs")
+    assert out["error"].startswith(
+        "Invalid value for argument `num_workers`. Received: num_workers=64. "
+        f"Expected at most {NUM_CPUS} (the Ray cluster has {NUM_CPUS} CPUs"
+    )
     assert "wait for the missing resources forever" in out["error"]
 
 
 def test_ray_not_installed_says_how_to_install():
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "from tfdist.launch import ray_launcher\n"
-            "try:\n    ray_launcher(print, num_workers=2)\n"
-            "except ImportError as e:\n    print('ERROR', e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    assert "ERROR Ray is not installed. Install it with: pip install 'tfdist[ray]'" in proc.stdout, proc.stdout
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from tfdist.launch import ray_launcher\n"
+        "try:\n    ray_launcher(print, num_workers=2)\n"
+        "except ImportError as e:\n    print('ERROR', e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        "ERROR Ray is not installed. Install it with: pip install 'tfdist[ray]'" in proc.stdout
+    ), proc.stdout
 
 
 def test_unknown_engine_is_rejected():
     proc = run_tfdist("train", "--engine=rya", timeout=120)
     assert proc.returncode == 2
-    assert ("tfdist train: error: Invalid value for argument `engine`. Received: engine='rya'. "
-            "Expected one of: local, ray.") in proc.stdout
+    assert (
+        "tfdist train: error: Invalid value for argument `engine`. Received: engine='rya'. "
+        "Expected one of: local, ray."
+    ) in proc.stdout
 
 
 def test_importing_tfdist_launch_imports_no_ray():
     code = "import sys, tfdist.launch; tfdist.launch.notebook_launcher; print('ray' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
-                          stdout=subprocess.PIPE, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=60,
+    )
     assert proc.stdout.strip() == "False"

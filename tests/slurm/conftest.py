@@ -5,6 +5,7 @@ runs the daemons in a network namespace of their own whose only interface is
 loopback; jobs inherit it. The tests skip only when that is impossible here
 (not root, or no apt-get and no Slurm).
 """
+
 import os
 import shutil
 import subprocess
@@ -15,8 +16,17 @@ import pytest
 from tests.helpers import REPO
 
 START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "start.sh")
-TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-                   "BOOT_FAIL", "DEADLINE"}
+TERMINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 class Slurm:
@@ -28,8 +38,12 @@ class Slurm:
         self.netns = os.path.join(state_dir, "netns")
 
     def env(self, extra=None):
-        env = dict(os.environ, SLURM_CONF=self.conf, TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(
+            os.environ,
+            SLURM_CONF=self.conf,
+            TF_CPP_MIN_LOG_LEVEL="2",
+            PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        )
         for name in list(env):
             if name.startswith("SLURM_") and name != "SLURM_CONF" or name == "TF_CONFIG":
                 del env[name]
@@ -38,8 +52,15 @@ class Slurm:
 
     def run(self, *command, timeout=60, check=True, env=None, cwd=None):
         """Runs ``command`` (e.g. ``"sbatch", FILE``) in the cluster's namespace; returns the CompletedProcess."""
-        result = subprocess.run(["nsenter", f"--net={self.netns}", *command], env=self.env(env), cwd=cwd,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        result = subprocess.run(
+            ["nsenter", f"--net={self.netns}", *command],
+            env=self.env(env),
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"{command} exited {result.returncode}:\n{result.stdout}")
         return result
@@ -69,11 +90,18 @@ def slurm(tmp_path_factory):
     if not shutil.which("slurmctld") and not shutil.which("apt-get"):
         pytest.skip("Slurm is not installed and apt-get is not available to install slurm-wlm")
     state_dir = str(tmp_path_factory.mktemp("slurm"))
-    start = subprocess.run([START, "start", state_dir], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, timeout=600)
+    start = subprocess.run(
+        [START, "start", state_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     try:
         if start.returncode != 0:
-            pytest.fail(f"tests/slurm/start.sh failed ({start.returncode}):\n{start.stdout}", pytrace=False)
+            pytest.fail(
+                f"tests/slurm/start.sh failed ({start.returncode}):\n{start.stdout}", pytrace=False
+            )
         yield Slurm(state_dir)
     finally:
         subprocess.run([START, "stop", state_dir], timeout=60)

@@ -4,6 +4,7 @@ Every job runs `python -m tfdist train` on scikit-learn's digits with a small
 MLP. srun starts the tasks; tfdist builds the cluster from SLURM_* (ports from
 the job id, 127.0.0.1 on one node).
 """
+
 import os
 import re
 import sys
@@ -17,7 +18,15 @@ from tfdist.launch import manifests
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
 
 STEPS = 1437 // 64  # Updates per epoch: digits' training split in full global batches of 64.
-TRAIN = [sys.executable, "-m", "tfdist", "train", "--model=mlp", "--dataset=digits", "--global_batch_size=64"]
+TRAIN = [
+    sys.executable,
+    "-m",
+    "tfdist",
+    "train",
+    "--model=mlp",
+    "--dataset=digits",
+    "--global_batch_size=64",
+]
 EPOCHS = 6  # MLP on digits over 2 workers: val_accuracy 0.9694 (epoch 5: 0.9528).
 FINAL = re.compile(r"final updates=(\d+) weights_digest=(\w+)")
 
@@ -29,7 +38,9 @@ def manifest(path, command, **options):
 
 
 def submit(slurm, script, out, *flags):
-    result = slurm.run("sbatch", "--parsable", f"--output={out}", *flags, script, cwd=os.path.dirname(out))
+    result = slurm.run(
+        "sbatch", "--parsable", f"--output={out}", *flags, script, cwd=os.path.dirname(out)
+    )
     return int(result.stdout.strip().split(";")[0])
 
 
@@ -40,77 +51,122 @@ def finals(text):
 
 def test_mwms_over_two_slurm_tasks_trains_digits(slurm, tmp_path):
     """`tfdist manifest slurm --ntasks=2` + `sbatch --wait`: 2 tasks, 2 replicas, equal weights."""
-    script = manifest(tmp_path / "job.sbatch", [*TRAIN, "--strategy=multi_worker", f"--epochs={EPOCHS}"], ntasks=2)
+    script = manifest(
+        tmp_path / "job.sbatch", [*TRAIN, "--strategy=multi_worker", f"--epochs={EPOCHS}"], ntasks=2
+    )
     start = time.monotonic()
-    result = slurm.run("sbatch", "--wait", f"--output={tmp_path / 'out.txt'}", script, timeout=400, check=False,
-                       cwd=str(tmp_path))
+    result = slurm.run(
+        "sbatch",
+        "--wait",
+        f"--output={tmp_path / 'out.txt'}",
+        script,
+        timeout=400,
+        check=False,
+        cwd=str(tmp_path),
+    )
     seconds = time.monotonic() - start
     out = (tmp_path / "out.txt").read_text()
     assert result.returncode == 0, result.stdout + out
     accuracy = re.search(r"final val_accuracy=([0-9.]+) .*replicas=2 ", out)
     assert accuracy, out
     assert float(accuracy.group(1)) >= 0.95, out
-    assert finals(out) == [(EPOCHS * STEPS, finals(out)[0][1])] * 2, out  # Both tasks: same updates, same weights.
+    assert finals(out) == [(EPOCHS * STEPS, finals(out)[0][1])] * 2, (
+        out
+    )  # Both tasks: same updates, same weights.
     print(f"slurm mwms job: {seconds:.0f} s wall, val_accuracy={accuracy.group(1)}")
 
 
 def test_preempted_job_is_requeued_and_resumes_at_the_exact_update(slurm, tmp_path):
     """scancel --signal=TERM reaches both tasks; they back up and exit 75; the requeued run resumes there."""
     epochs, backup_dir = 3, tmp_path / "backup"
-    script = manifest(tmp_path / "job.sbatch", [*TRAIN, "--strategy=multi_worker", f"--epochs={epochs}",
-                                                f"--backup_dir={backup_dir}", "--backup_freq=2"],
-                      ntasks=2, max_restarts=1)
+    script = manifest(
+        tmp_path / "job.sbatch",
+        [
+            *TRAIN,
+            "--strategy=multi_worker",
+            f"--epochs={epochs}",
+            f"--backup_dir={backup_dir}",
+            "--backup_freq=2",
+        ],
+        ntasks=2,
+        max_restarts=1,
+    )
     out_path = tmp_path / "out.txt"
     job_id = submit(slurm, script, str(out_path))
     deadline = time.monotonic() + 300
     while not (backup_dir / "state.json").exists():  # The first backup: training is under way.
-        assert time.monotonic() < deadline and slurm.job(job_id)["JobState"] in ("PENDING", "RUNNING"), \
-            out_path.read_text() if out_path.exists() else "no output"
+        assert time.monotonic() < deadline and slurm.job(job_id)["JobState"] in (
+            "PENDING",
+            "RUNNING",
+        ), out_path.read_text() if out_path.exists() else "no output"
         time.sleep(0.2)
     slurm.run("scancel", "--signal=TERM", str(job_id))
     info = slurm.wait(job_id, timeout=400)
     out = out_path.read_text()
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), (info, out)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), (
+        info,
+        out,
+    )
     saved = re.findall(r"Saved a backup at epoch (\d+), micro-batch (\d+) after SIGTERM", out)
     assert len(saved) == 2 and saved[0] == saved[1], out  # Both tasks, at the same step.
     epoch, step = map(int, saved[0])
     assert f"requeueing job {job_id} (restart 1 of 1)" in out
     resumed = re.findall(r"resuming at epoch (\d+), micro-batch (\d+) \((\d+) updates done\)", out)
-    assert resumed and set(resumed) == {(str(epoch), str(step), str((epoch - 1) * STEPS + step))}, out
+    assert resumed and set(resumed) == {(str(epoch), str(step), str((epoch - 1) * STEPS + step))}, (
+        out
+    )
     # The same update count as an uninterrupted run, and the same weights on both tasks.
     assert finals(out) == [(epochs * STEPS, finals(out)[0][1])] * 2, out
-    print(f"slurm requeue: preempted at epoch {epoch}, micro-batch {step}; resumed at update "
-          f"{(epoch - 1) * STEPS + step}; finished at {epochs * STEPS}")
+    print(
+        f"slurm requeue: preempted at epoch {epoch}, micro-batch {step}; resumed at update "
+        f"{(epoch - 1) * STEPS + step}; finished at {epochs * STEPS}"
+    )
 
 
 def test_parameter_servers_chief_ps_and_two_workers(slurm, tmp_path):
     """--ntasks=4 --chief --ps=1: rank 0 coordinates, rank 1 holds the variables, ranks 2-3 compute."""
-    script = manifest(tmp_path / "job.sbatch",
-                      [*TRAIN, "--strategy=parameter_server", "--epochs=3", f"--steps_per_epoch={STEPS}"],
-                      ntasks=4, chief=True, ps=1)
+    script = manifest(
+        tmp_path / "job.sbatch",
+        [*TRAIN, "--strategy=parameter_server", "--epochs=3", f"--steps_per_epoch={STEPS}"],
+        ntasks=4,
+        chief=True,
+        ps=1,
+    )
     job_id = submit(slurm, script, str(tmp_path / "out.txt"))
     info = slurm.wait(job_id, timeout=400)
     out = (tmp_path / "out.txt").read_text()
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, out)
     accuracy = re.search(r"final val_accuracy=([0-9.]+) ", out)
     assert accuracy and float(accuracy.group(1)) >= 0.9, out
-    assert finals(out) == [(3 * STEPS, finals(out)[0][1])], out  # Only the chief returns from training.
+    assert finals(out) == [(3 * STEPS, finals(out)[0][1])], (
+        out
+    )  # Only the chief returns from training.
 
 
 def test_outside_srun_and_interactive_shells_are_not_clusters(slurm, tmp_path):
     """A 2-task batch script without srun is an error; an `srun --pty` shell is no cluster."""
     # Imports tfdist.cluster without the package's __init__ (which loads TensorFlow): a quick probe.
-    probe = (f"import sys, types; p = types.ModuleType('tfdist'); p.__path__ = ['{REPO}/tfdist']; "
-             "sys.modules['tfdist'] = p; import tfdist.cluster as c; print('cluster:', c.from_environment())")
+    probe = (
+        f"import sys, types; p = types.ModuleType('tfdist'); p.__path__ = ['{REPO}/tfdist']; "
+        "sys.modules['tfdist'] = p; import tfdist.cluster as c; print('cluster:', c.from_environment())"
+    )
     script = tmp_path / "no_srun.sbatch"
-    script.write_text(f"#!/bin/bash\n#SBATCH --ntasks=2\n{sys.executable} -c \"{probe}\"\n")
+    script.write_text(f'#!/bin/bash\n#SBATCH --ntasks=2\n{sys.executable} -c "{probe}"\n')
     job_id = submit(slurm, str(script), str(tmp_path / "no_srun.txt"))
     info = slurm.wait(job_id, timeout=200)
     out = (tmp_path / "no_srun.txt").read_text()
     assert info["JobState"] == "FAILED", (info, out)
-    assert "Invalid value for argument `SLURM_STEP_ID`. Received: SLURM_STEP_ID=<missing>" in out, out
+    assert "Invalid value for argument `SLURM_STEP_ID`. Received: SLURM_STEP_ID=<missing>" in out, (
+        out
+    )
     assert "outside `srun`" in out
     # `script` gives srun the terminal that --pty needs.
-    pty = slurm.run("script", "-qec", f"srun --pty {sys.executable} -c \"{probe}\"", "/dev/null", timeout=200,
-                    cwd=str(tmp_path))
+    pty = slurm.run(
+        "script",
+        "-qec",
+        f'srun --pty {sys.executable} -c "{probe}"',
+        "/dev/null",
+        timeout=200,
+        cwd=str(tmp_path),
+    )
     assert "cluster: None" in pty.stdout, pty.stdout

@@ -3,6 +3,7 @@
 The test session runs other TensorFlow work first, so the strategies are made
 with ``allow_late_connect=True`` (nothing made before is used afterwards).
 """
+
 import tfdist
 
 

@@ -1,4 +1,5 @@
 """make_strategy: every registered kind, options, and the errors users see."""
+
 import json
 
 import pytest
@@ -62,22 +63,30 @@ def test_unknown_kind_lists_the_valid_ones():
     with pytest.raises(ValueError) as e:
         tfdist.make_strategy("mirored")
     msg = str(e.value)
-    assert msg.startswith("Invalid value for argument `strategy`. Received: strategy='mirored'. Expected one of: ")
+    assert msg.startswith(
+        "Invalid value for argument `strategy`. Received: strategy='mirored'. Expected one of: "
+    )
     assert "mirrored" in msg and "multi_worker" in msg and "one_device" in msg
 
 
 def test_unknown_option():
-    with pytest.raises(ValueError, match="argument `num_gpus`. Received: num_gpus=2. Expected an option of "
-                                         "strategy 'mirrored': num_devices"):
+    with pytest.raises(
+        ValueError,
+        match="argument `num_gpus`. Received: num_gpus=2. Expected an option of "
+        "strategy 'mirrored': num_devices",
+    ):
         tfdist.make_strategy("mirrored", num_gpus=2)
 
 
-@pytest.mark.parametrize("kind,options,replicas,cls", [
-    ("one_device", {}, 1, tf.distribute.OneDeviceStrategy),
-    ("mirrored", {"num_devices": 2}, 2, tf.distribute.MirroredStrategy),
-    ("mirrored", {"num_devices": 4}, 4, tf.distribute.MirroredStrategy),
-    ("multi_worker", {}, 1, tf.distribute.MultiWorkerMirroredStrategy),
-])
+@pytest.mark.parametrize(
+    "kind,options,replicas,cls",
+    [
+        ("one_device", {}, 1, tf.distribute.OneDeviceStrategy),
+        ("mirrored", {"num_devices": 2}, 2, tf.distribute.MirroredStrategy),
+        ("mirrored", {"num_devices": 4}, 4, tf.distribute.MirroredStrategy),
+        ("multi_worker", {}, 1, tf.distribute.MultiWorkerMirroredStrategy),
+    ],
+)
 def test_kinds(kind, options, replicas, cls):
     strategy = tfdist.make_strategy(kind, **options)
     assert isinstance(strategy, cls) and strategy.num_replicas_in_sync == replicas
@@ -94,7 +103,9 @@ def test_auto_without_cluster_is_mirrored(monkeypatch):
 
 def test_num_devices_after_tf_initialised():
     tf.constant(1.0)  # TF is initialised with the 4 devices of tests/conftest.py
-    with pytest.raises(ValueError, match="argument `num_devices`. Received: num_devices=8. Expected at most 4"):
+    with pytest.raises(
+        ValueError, match="argument `num_devices`. Received: num_devices=8. Expected at most 4"
+    ):
         tfdist.make_strategy("mirrored", num_devices=8)
     with pytest.raises(ValueError, match="argument `num_devices`. Received: num_devices=0"):
         tfdist.make_strategy("mirrored", num_devices=0)
@@ -103,20 +114,40 @@ def test_num_devices_after_tf_initialised():
 def test_communication_errors():
     with pytest.raises(ValueError, match="argument `communication`. Received: communication='tcp'"):
         tfdist.make_strategy("multi_worker", communication="tcp")
-    with pytest.raises(ValueError, match="argument `communication`. Received: communication='nccl'.*without GPUs"):
+    with pytest.raises(
+        ValueError, match="argument `communication`. Received: communication='nccl'.*without GPUs"
+    ):
         tfdist.make_strategy("multi_worker", communication="nccl")
 
 
-@pytest.mark.parametrize("tf_config,pattern", [
-    ("{not json", r"argument `TF_CONFIG`"),
-    (json.dumps({"task": {"type": "worker", "index": 0}}), r"TF_CONFIG.cluster"),
-    (json.dumps({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "chief", "index": 0}}),
-     r"TF_CONFIG.task.type"),
-    (json.dumps({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}),
-     r"TF_CONFIG.task.index"),
-    (json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}),
-     r"127.0.0.1:1"),
-])
+@pytest.mark.parametrize(
+    "tf_config,pattern",
+    [
+        ("{not json", r"argument `TF_CONFIG`"),
+        (json.dumps({"task": {"type": "worker", "index": 0}}), r"TF_CONFIG.cluster"),
+        (
+            json.dumps(
+                {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "chief", "index": 0}}
+            ),
+            r"TF_CONFIG.task.type",
+        ),
+        (
+            json.dumps(
+                {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}
+            ),
+            r"TF_CONFIG.task.index",
+        ),
+        (
+            json.dumps(
+                {
+                    "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:1"]},
+                    "task": {"type": "worker", "index": 0},
+                }
+            ),
+            r"127.0.0.1:1",
+        ),
+    ],
+)
 def test_malformed_tf_config(monkeypatch, tf_config, pattern):
     monkeypatch.setenv("TF_CONFIG", tf_config)
     with pytest.raises(ValueError, match=pattern):
@@ -124,13 +155,22 @@ def test_malformed_tf_config(monkeypatch, tf_config, pattern):
 
 
 def test_multi_worker_refuses_a_ps_cluster(monkeypatch):
-    monkeypatch.setenv("TF_CONFIG", json.dumps({
-        "cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}))
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
+                "task": {"type": "worker", "index": 0},
+            }
+        ),
+    )
     with pytest.raises(ValueError, match="'parameter_server' for a cluster with ps tasks"):
         tfdist.make_strategy("multi_worker")
 
 
 def test_runner_for_an_unsupported_strategy():
     strategy = tf.distribute.experimental.CentralStorageStrategy()
-    with pytest.raises(ValueError, match="argument `strategy`. Received: strategy='CentralStorageStrategy'"):
+    with pytest.raises(
+        ValueError, match="argument `strategy`. Received: strategy='CentralStorageStrategy'"
+    ):
         factory.runner_for(strategy)

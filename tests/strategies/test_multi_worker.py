@@ -1,4 +1,5 @@
 """MultiWorkerMirroredStrategy with two real worker processes started by `tfdist launch`."""
+
 import json
 import os
 import socket
@@ -17,7 +18,9 @@ pytestmark = pytest.mark.multiprocess
 
 
 def _launch_job(mode, out_dir, env=None):
-    return run_tfdist("launch", "--workers=2", "--", sys.executable, JOB, mode, str(out_dir), env=env)
+    return run_tfdist(
+        "launch", "--workers=2", "--", sys.executable, JOB, mode, str(out_dir), env=env
+    )
 
 
 def _weights(path):
@@ -27,9 +30,12 @@ def _weights(path):
 
 @pytest.fixture(scope="module")
 def reference_weights():
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("one_device"),
-                             optimizer=keras.optimizers.SGD(0.1),
-                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=tfdist.make_strategy("one_device"),
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     trainer.fit(dataset(), epochs=2, verbose=0)
     return trainer.model.get_weights()
 
@@ -58,10 +64,10 @@ def test_two_workers_train_identically(mode, tmp_path, reference_weights):
     assert set(history) == expected and len(history["loss"]) == 2
 
 
-@pytest.mark.parametrize("shim,symptom", [
-    ("symbolic_build", "PerReplica"),
-    ("multi_worker_reduce", "Invalid reduction dimension 0"),
-])
+@pytest.mark.parametrize(
+    "shim,symptom",
+    [("symbolic_build", "PerReplica"), ("multi_worker_reduce", "Invalid reduction dimension 0")],
+)
 def test_upstream_keras_still_needs_the_shim(shim, symptom, tmp_path):
     """Fails when Keras fixes plain multi-worker fit: then gate the shim off for that version."""
     proc = _launch_job("keras_fit", tmp_path, env={"TFDIST_DISABLE_COMPAT": shim})
@@ -70,8 +76,19 @@ def test_upstream_keras_still_needs_the_shim(shim, symptom, tmp_path):
 
 
 def test_cli_train_under_launch():
-    proc = run_tfdist("launch", "--workers=2", "--", sys.executable, "-m", "tfdist", "train",
-                      "--strategy=multi_worker", "--epochs=4", "--global_batch_size=64", "--verbose=0")
+    proc = run_tfdist(
+        "launch",
+        "--workers=2",
+        "--",
+        sys.executable,
+        "-m",
+        "tfdist",
+        "train",
+        "--strategy=multi_worker",
+        "--epochs=4",
+        "--global_batch_size=64",
+        "--verbose=0",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     lines = [line for line in proc.stdout.splitlines() if "final val_accuracy=" in line]
     assert len(lines) == 1 and lines[0].startswith("[worker:0]")  # only the chief reports
@@ -86,8 +103,14 @@ def test_port_in_use_is_a_clear_error(monkeypatch):
         s.listen()
         port = s.getsockname()[1]
         other = port + 1 if port < 65000 else port - 1
-        monkeypatch.setenv("TF_CONFIG", json.dumps({
-            "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{other}"]},
-            "task": {"type": "worker", "index": 0}}))
+        monkeypatch.setenv(
+            "TF_CONFIG",
+            json.dumps(
+                {
+                    "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{other}"]},
+                    "task": {"type": "worker", "index": 0},
+                }
+            ),
+        )
         with pytest.raises(ValueError, match=r"TF_CONFIG.cluster.worker\[0\].*in use"):
             tfdist.make_strategy("multi_worker")

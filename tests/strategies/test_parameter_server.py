@@ -1,4 +1,5 @@
 """ParameterServerStrategy through the same Trainer, on an in-process loopback cluster."""
+
 import json
 
 import keras
@@ -25,15 +26,21 @@ def digits():
 
 def _trainer(strategy, **kwargs):
     keras.utils.set_random_seed(0)
-    options = {"optimizer": keras.optimizers.Adam(2e-3), "loss": LOSS, "metrics": ["accuracy"], **kwargs}
+    options = {
+        "optimizer": keras.optimizers.Adam(2e-3),
+        "loss": LOSS,
+        "metrics": ["accuracy"],
+        **kwargs,
+    }
     return tfdist.Trainer(lambda: tfdist.models.get("cnn"), strategy=strategy, **options)
 
 
 def test_ps_trains_digits(ps, digits):
     train, val = digits
     trainer = _trainer(ps)
-    history = trainer.fit(train, epochs=4, steps_per_epoch=25, global_batch_size=G, validation_data=val,
-                          verbose=0)
+    history = trainer.fit(
+        train, epochs=4, steps_per_epoch=25, global_batch_size=G, validation_data=val, verbose=0
+    )
     assert history.history["val_accuracy"][-1] >= 0.9
     assert set(history.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     assert int(trainer.model.optimizer.iterations.numpy()) == 100
@@ -43,8 +50,9 @@ def test_ps_trains_digits(ps, digits):
 
 def test_step_counter_is_exact_under_concurrent_workers(ps):
     # Keras's read-then-write assign_add lost increments here (200 scheduled, 167 counted).
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=ps, optimizer=keras.optimizers.SGD(0.05),
-                             loss=LOSS)
+    trainer = tfdist.Trainer(
+        builder(initial_weights()), strategy=ps, optimizer=keras.optimizers.SGD(0.05), loss=LOSS
+    )
     fn = lambda ctx: dataset(96, 16)  # noqa: E731 - a plain dataset_fn(input_context)
     trainer.fit(fn, epochs=2, steps_per_epoch=100, global_batch_size=16, verbose=0)
     assert int(trainer.model.optimizer.iterations.numpy()) == 200
@@ -59,11 +67,32 @@ def test_batch_callbacks_receive_fetched_logs(ps):
         def on_train_batch_end(self, batch, logs=None):
             seen.append((batch, logs))
 
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=ps, optimizer="sgd", loss=LOSS,
-                             metrics=["accuracy"], steps_per_execution=5)
-    trainer.fit(lambda ctx: dataset(96, 16), epochs=1, steps_per_epoch=40, global_batch_size=16,
-                callbacks=[Recorder()], verbose=0)
-    assert [b for b, _ in seen] == [4, 9, 14, 19, 24, 29, 34, 39]  # one per scheduled execution, in order
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=ps,
+        optimizer="sgd",
+        loss=LOSS,
+        metrics=["accuracy"],
+        steps_per_execution=5,
+    )
+    trainer.fit(
+        lambda ctx: dataset(96, 16),
+        epochs=1,
+        steps_per_epoch=40,
+        global_batch_size=16,
+        callbacks=[Recorder()],
+        verbose=0,
+    )
+    assert [b for b, _ in seen] == [
+        4,
+        9,
+        14,
+        19,
+        24,
+        29,
+        34,
+        39,
+    ]  # one per scheduled execution, in order
     for _, logs in seen:
         assert set(logs) == {"loss", "accuracy"}
         assert all(isinstance(v, float) and np.isfinite(v) for v in logs.values())
@@ -75,8 +104,10 @@ def test_validation_counts_each_example_once(ps, digits):
     trainer.fit(train, epochs=1, steps_per_epoch=10, global_batch_size=G, verbose=0)
     ours = trainer.evaluate(val, global_batch_size=G)
     x, y = next(iter(val.bind(global_batch_size=val.num_examples)(None)))
-    theirs = {"loss": float(LOSS(y, trainer.model(x))),
-              "accuracy": float(np.mean(np.argmax(trainer.model(x), 1) == y.numpy()))}
+    theirs = {
+        "loss": float(LOSS(y, trainer.model(x))),
+        "accuracy": float(np.mean(np.argmax(trainer.model(x), 1) == y.numpy())),
+    }
     assert ours["accuracy"] == pytest.approx(theirs["accuracy"], abs=1e-6)
     assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
     assert float(loss_tracker(trainer.model).count.numpy()) == 360
@@ -86,8 +117,9 @@ def test_validation_counts_each_example_once(ps, digits):
 def test_accumulation_and_precision(ps, digits, precision):
     train, val = digits
     trainer = _trainer(ps, precision=precision, accumulation_steps=2)
-    history = trainer.fit(train, epochs=2, steps_per_epoch=20, global_batch_size=G, validation_data=val,
-                          verbose=0)
+    history = trainer.fit(
+        train, epochs=2, steps_per_epoch=20, global_batch_size=G, validation_data=val, verbose=0
+    )
     assert int(trainer.model.optimizer.iterations.numpy()) == 20  # updates, not micro-batches
     assert history.history["updates"] == [10, 20]
     assert np.isfinite(history.history["loss"]).all()
@@ -98,13 +130,22 @@ def test_accumulation_and_precision(ps, digits, precision):
 def test_sharded_variables(digits, tmp_path):
     strategy = ps_strategy(num_workers=2, num_ps=2, min_shard_bytes=4096)
     train, val = digits
-    trainer = tfdist.Trainer(lambda: tfdist.models.get("mlp", hidden_units=(64, 64)), strategy=strategy,
-                             optimizer="adam", loss=LOSS, metrics=["accuracy"])
+    trainer = tfdist.Trainer(
+        lambda: tfdist.models.get("mlp", hidden_units=(64, 64)),
+        strategy=strategy,
+        optimizer="adam",
+        loss=LOSS,
+        metrics=["accuracy"],
+    )
     kernel = next(v for v in trainer.model.trainable_variables if v.shape == (64, 64)).value
     assert type(kernel).__name__ == "ShardedVariable"
-    assert {v.device.split("/task:")[1][0] for v in kernel.variables} == {"0", "1"}  # on both ps tasks
-    history = trainer.fit(train, epochs=3, steps_per_epoch=20, global_batch_size=G, validation_data=val,
-                          verbose=0)
+    assert {v.device.split("/task:")[1][0] for v in kernel.variables} == {
+        "0",
+        "1",
+    }  # on both ps tasks
+    history = trainer.fit(
+        train, epochs=3, steps_per_epoch=20, global_batch_size=G, validation_data=val, verbose=0
+    )
     assert history.history["val_accuracy"][-1] >= 0.8
     path = str(tmp_path / "sharded.weights.h5")
     trainer.model.save_weights(path)
@@ -116,21 +157,43 @@ def test_sharded_variables(digits, tmp_path):
 
 def test_ps_errors(ps, monkeypatch):
     trainer = tfdist.Trainer(builder(), strategy=ps, optimizer="sgd", loss=LOSS)
-    with pytest.raises(ValueError, match="argument `steps_per_epoch`. Received: steps_per_epoch=None. "
-                                         "Expected a positive integer under strategy 'parameter_server'"):
+    with pytest.raises(
+        ValueError,
+        match="argument `steps_per_epoch`. Received: steps_per_epoch=None. "
+        "Expected a positive integer under strategy 'parameter_server'",
+    ):
         trainer.fit(tfdist.data.load("digits"), global_batch_size=G, verbose=0)
     with pytest.raises(ValueError, match="argument `num_workers`. Received: num_workers=0"):
         tfdist.make_strategy("parameter_server", num_workers=0)
-    with pytest.raises(ValueError, match="argument `allow_late_connect`. Received: allow_late_connect='yes'"):
+    with pytest.raises(
+        ValueError, match="argument `allow_late_connect`. Received: allow_late_connect='yes'"
+    ):
         tfdist.make_strategy("parameter_server", allow_late_connect="yes")
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
-                                                            "chief": ["127.0.0.1:3"]},
-                                                "task": {"type": "chief", "index": 0}}))
-    with pytest.raises(ValueError, match="argument `num_workers`. Received: num_workers=2. Expected None when "
-                                         "TF_CONFIG describes the cluster"):
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {
+                    "worker": ["127.0.0.1:1"],
+                    "ps": ["127.0.0.1:2"],
+                    "chief": ["127.0.0.1:3"],
+                },
+                "task": {"type": "chief", "index": 0},
+            }
+        ),
+    )
+    with pytest.raises(
+        ValueError,
+        match="argument `num_workers`. Received: num_workers=2. Expected None when "
+        "TF_CONFIG describes the cluster",
+    ):
         tfdist.make_strategy("parameter_server", num_workers=2)
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
-                                                "task": {"type": "worker", "index": 0}}))
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}
+        ),
+    )
     with pytest.raises(ValueError, match="argument `TF_CONFIG.cluster`.*a cluster with ps tasks"):
         tfdist.make_strategy("parameter_server")
 
@@ -140,4 +203,6 @@ def test_predict_on_the_coordinator_in_input_order(ps):
     trainer = tfdist.Trainer(builder(weights), strategy=ps, optimizer="sgd", loss=LOSS)
     x = np.random.default_rng(5).normal(size=(50, 6)).astype("float32")  # a partial last batch of 2
     expected = builder(weights)().predict(x, batch_size=16, verbose=0)
-    np.testing.assert_allclose(trainer.predict(x, global_batch_size=16), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        trainer.predict(x, global_batch_size=16), expected, rtol=1e-5, atol=1e-6
+    )

@@ -1,4 +1,5 @@
 """The in-process parameter-server cluster: reused per shape, exposure warned, late connects refused."""
+
 import json
 import os
 import subprocess
@@ -42,7 +43,9 @@ def test_same_shape_reuses_the_servers_and_each_strategy_trains():
         assert listening_ports() == ports  # no new servers, no new coordinator port
     # A new strategy (and coordinator) over the same servers trains.
     trainer = tfdist.Trainer(builder(), strategy=again, optimizer="sgd", loss=LOSS)
-    trainer.fit(lambda ctx: dataset(96, 16), epochs=1, steps_per_epoch=4, global_batch_size=16, verbose=0)
+    trainer.fit(
+        lambda ctx: dataset(96, 16), epochs=1, steps_per_epoch=4, global_batch_size=16, verbose=0
+    )
     assert int(trainer.model.optimizer.iterations.numpy()) == 4
     assert listening_ports() == ports
 
@@ -76,16 +79,24 @@ _FRESH_PROCESS = textwrap.dedent("""
 def fresh_process():
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
     env.pop("TF_CONFIG", None)
-    proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH_PROCESS],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT") :])
 
 
 def test_make_strategy_after_other_tensorflow_work_is_refused(fresh_process):
     error = fresh_process["error"]
-    assert error.startswith("Invalid value for argument `allow_late_connect`. Received: allow_late_connect=False.")
+    assert error.startswith(
+        "Invalid value for argument `allow_late_connect`. Received: allow_late_connect=False."
+    )
     assert "TensorFlow has already started" in error and "/job:localhost" in error
     assert fresh_process["early_still_works"] == [0, 1, 2]  # refusing left the process intact
 
@@ -99,4 +110,6 @@ def test_exposure_is_warned_once_and_is_what_ss_shows(fresh_process):
     warning = fresh_process["warnings"][0]
     assert "iptables" in warning
     named = {int(p) for p in warning.split("--dports ")[1].split()[0].split(",")}
-    assert named == {port for _, port in listening}  # every listening port, the coordinator's own included
+    assert named == {
+        port for _, port in listening
+    }  # every listening port, the coordinator's own included

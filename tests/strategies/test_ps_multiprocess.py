@@ -1,4 +1,5 @@
 """A real multi-process parameter-server cluster under `tfdist launch`: workers and a ps really killed."""
+
 import json
 import os
 import sys
@@ -12,8 +13,20 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
 
 
 def _launch(out_dir, kills, *flags, job_args=()):
-    return run_tfdist("launch", "--chief", "--workers=2", "--ps=1", *flags, "--", sys.executable, JOB,
-                      str(out_dir), kills, *job_args, timeout=400)
+    return run_tfdist(
+        "launch",
+        "--chief",
+        "--workers=2",
+        "--ps=1",
+        *flags,
+        "--",
+        sys.executable,
+        JOB,
+        str(out_dir),
+        kills,
+        *job_args,
+        timeout=400,
+    )
 
 
 def _starts(out_dir, task):
@@ -25,8 +38,12 @@ def test_training_survives_a_killed_worker(tmp_path, restarts):
     # worker-1 is SIGKILLed after batch 20. Without restarts the coordinator
     # reschedules its steps on worker-0; with one, the launcher restarts it
     # and the coordinator takes it back into the job.
-    proc = _launch(tmp_path, "20:worker-1", f"--max_restarts={restarts}",
-                   job_args=["wait_rejoin"] if restarts else [])
+    proc = _launch(
+        tmp_path,
+        "20:worker-1",
+        f"--max_restarts={restarts}",
+        job_args=["wait_rejoin"] if restarts else [],
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "killing worker-1" in proc.stdout
     tail = proc.stdout[-4000:]
@@ -50,9 +67,22 @@ def test_a_lost_parameter_server_stops_the_run_with_a_clear_error(tmp_path):
 
 
 def test_cli_train_on_a_launched_ps_cluster():
-    proc = run_tfdist("launch", "--chief", "--workers=2", "--ps=1", "--", sys.executable, "-m", "tfdist", "train",
-                      "--strategy=parameter_server", "--epochs=3", "--steps_per_epoch=25", "--verbose=0",
-                      timeout=300)
+    proc = run_tfdist(
+        "launch",
+        "--chief",
+        "--workers=2",
+        "--ps=1",
+        "--",
+        sys.executable,
+        "-m",
+        "tfdist",
+        "train",
+        "--strategy=parameter_server",
+        "--epochs=3",
+        "--steps_per_epoch=25",
+        "--verbose=0",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     line = [x for x in proc.stdout.splitlines() if "final val_accuracy=" in x]
     assert len(line) == 1 and line[0].startswith("[chief:0]")

@@ -1,11 +1,13 @@
 """The PS runner's contract with the loop: failures leave the strategy usable, data inputs, true running logs."""
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfdist
-from tests.jobs.common import builder, data as arrays, dataset, initial_weights
+from tests.jobs.common import builder, dataset, initial_weights
+from tests.jobs.common import data as arrays
 from tests.strategies.ps_common import loss_tracker, ps_strategy
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -17,12 +19,19 @@ def ps():
 
 
 def _fit(strategy, data, steps=6, **kwargs):
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=strategy, optimizer="sgd", loss=LOSS, **kwargs)
-    return trainer, trainer.fit(data, epochs=1, steps_per_epoch=steps, global_batch_size=16, verbose=0)
+    trainer = tfdist.Trainer(
+        builder(initial_weights()), strategy=strategy, optimizer="sgd", loss=LOSS, **kwargs
+    )
+    return trainer, trainer.fit(
+        data, epochs=1, steps_per_epoch=steps, global_batch_size=16, verbose=0
+    )
 
 
 def test_a_failed_fit_leaves_the_strategy_usable(ps):
-    x, y = np.zeros((32, 6), "float32"), np.full((32,), 7, "int32")  # label 7 of 3 classes: fails on the worker
+    x, y = (
+        np.zeros((32, 6), "float32"),
+        np.full((32,), 7, "int32"),
+    )  # label 7 of 3 classes: fails on the worker
     bad = lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(16)  # noqa: E731
     good = lambda ctx: dataset(96, 16)  # noqa: E731
     trainer, _ = _fit(ps, good)
@@ -49,9 +58,13 @@ def _classifier():
 
     def expected(model):
         logits = model(x)
-        return {"loss": float(LOSS(y, logits)), "accuracy": float(np.mean(np.argmax(logits, 1) == y)),
-                "sparse_top_k_categorical_accuracy": float(keras.metrics.SparseTopKCategoricalAccuracy(k=2)(
-                    y, logits))}
+        return {
+            "loss": float(LOSS(y, logits)),
+            "accuracy": float(np.mean(np.argmax(logits, 1) == y)),
+            "sparse_top_k_categorical_accuracy": float(
+                keras.metrics.SparseTopKCategoricalAccuracy(k=2)(y, logits)
+            ),
+        }
 
     return builder(initial_weights()), (x, y), options, expected
 
@@ -61,26 +74,41 @@ def _embedding():
     x = np.random.default_rng(0).integers(0, 50, (16, 5)).astype("int32")
     y = (x[:, :1] > 25).astype("float32")
     loss = keras.losses.BinaryCrossentropy(from_logits=True)
-    options = {"optimizer": keras.optimizers.RMSprop(0.0), "loss": loss,
-               "metrics": [keras.metrics.BinaryAccuracy(threshold=0.0)]}
+    options = {
+        "optimizer": keras.optimizers.RMSprop(0.0),
+        "loss": loss,
+        "metrics": [keras.metrics.BinaryAccuracy(threshold=0.0)],
+    }
 
     def build():
         keras.utils.set_random_seed(2)
-        return keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(50, 8),
-                                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+        return keras.Sequential(
+            [
+                keras.Input((5,), dtype="int32"),
+                keras.layers.Embedding(50, 8),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(1),
+            ]
+        )
 
     def expected(model):
         logits = model(x)
-        return {"loss": float(loss(y, logits)),
-                "binary_accuracy": float(np.mean((np.asarray(logits) > 0) == (y > 0.5)))}
+        return {
+            "loss": float(loss(y, logits)),
+            "binary_accuracy": float(np.mean((np.asarray(logits) > 0) == (y > 0.5))),
+        }
 
     return build, (x, y), options, expected
 
 
-@pytest.mark.parametrize("case, steps_per_execution, accumulation_steps",
-                         [(_classifier, 1, 1), (_classifier, 20, 1), (_classifier, 4, 2), (_embedding, 1, 1)],
-                         ids=["classifier", "20_per_execution", "accumulation", "embedding_rmsprop"])
-def test_every_logged_value_is_a_true_running_mean(ps, case, steps_per_execution, accumulation_steps):
+@pytest.mark.parametrize(
+    "case, steps_per_execution, accumulation_steps",
+    [(_classifier, 1, 1), (_classifier, 20, 1), (_classifier, 4, 2), (_embedding, 1, 1)],
+    ids=["classifier", "20_per_execution", "accumulation", "embedding_rmsprop"],
+)
+def test_every_logged_value_is_a_true_running_mean(
+    ps, case, steps_per_execution, accumulation_steps
+):
     """Mid-epoch logs are read while other steps run; they must still be exact running means.
 
     With a learning rate of 0 and one repeated batch every finished step has
@@ -95,10 +123,21 @@ def test_every_logged_value_is_a_true_running_mean(ps, case, steps_per_execution
         def on_train_batch_end(self, batch, logs=None):
             seen.append(dict(logs))
 
-    trainer = tfdist.Trainer(build, strategy=ps, steps_per_execution=steps_per_execution,
-                             accumulation_steps=accumulation_steps, **options)
-    history = trainer.fit(lambda ctx: tf.data.Dataset.from_tensors(batch), epochs=2, steps_per_epoch=60,
-                          global_batch_size=16, callbacks=[Recorder()], verbose=0)
+    trainer = tfdist.Trainer(
+        build,
+        strategy=ps,
+        steps_per_execution=steps_per_execution,
+        accumulation_steps=accumulation_steps,
+        **options,
+    )
+    history = trainer.fit(
+        lambda ctx: tf.data.Dataset.from_tensors(batch),
+        epochs=2,
+        steps_per_epoch=60,
+        global_batch_size=16,
+        callbacks=[Recorder()],
+        verbose=0,
+    )
     expected = expected_of(trainer.model)
     assert len(seen) == 120 // steps_per_execution
     for logs in seen + [{k: v[-1] for k, v in history.history.items()}]:
@@ -113,9 +152,11 @@ def test_every_logged_value_is_a_true_running_mean(ps, case, steps_per_execution
 def test_only_a_lost_workers_logs_are_skipped():
     from tfdist.strategies.ps_runner import lost_worker_output
 
-    copy = ("{{function_node __wrapped__Identity_device_/job:chief/replica:0/task:0/device:CPU:0}} failed to connect "
-            "to all addresses. Additional GRPC error information from remote target /job:worker/replica:0/task:1"
-            "/device:CPU:0 while calling /tensorflow.eager.EagerService/RunComponentFunction")
+    copy = (
+        "{{function_node __wrapped__Identity_device_/job:chief/replica:0/task:0/device:CPU:0}} failed to connect "
+        "to all addresses. Additional GRPC error information from remote target /job:worker/replica:0/task:1"
+        "/device:CPU:0 while calling /tensorflow.eager.EagerService/RunComponentFunction"
+    )
     assert lost_worker_output(tf.errors.UnavailableError(None, None, copy)) == "worker:1"
     ps_lost = copy.replace("/job:worker/replica:0/task:1", "/job:ps/replica:0/task:0")
     # A lost ps stops the run.

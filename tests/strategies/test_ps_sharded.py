@@ -1,4 +1,5 @@
 """Variable partitioning (``min_shard_bytes``) with every Keras optimizer, in the Trainer and in user loops."""
+
 import keras
 import numpy as np
 import pytest
@@ -8,8 +9,12 @@ import tfdist
 from tests.strategies.ps_common import ps_strategy
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-OPTIMIZERS = sorted(n for n in dir(keras.optimizers) if n[0].isupper()
-                    and n not in ("Optimizer", "LossScaleOptimizer", "MultiOptimizer", "OptimizerMap"))
+OPTIMIZERS = sorted(
+    n
+    for n in dir(keras.optimizers)
+    if n[0].isupper()
+    and n not in ("Optimizer", "LossScaleOptimizer", "MultiOptimizer", "OptimizerMap")
+)
 
 
 def _batch():
@@ -19,7 +24,9 @@ def _batch():
 
 def _model():
     keras.utils.set_random_seed(3)
-    return keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="tanh"), keras.layers.Dense(4)])
+    return keras.Sequential(
+        [keras.Input((32,)), keras.layers.Dense(64, activation="tanh"), keras.layers.Dense(4)]
+    )
 
 
 def _optimizer(name):
@@ -43,13 +50,20 @@ def test_every_optimizer_updates_sharded_variables_exactly(sharded, name):
     for _ in range(3):
         with tf.GradientTape() as tape:
             loss = LOSS(y, reference(x, training=True))
-        opt.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables), reference.trainable_variables))
+        opt.apply_gradients(
+            zip(tape.gradient(loss, reference.trainable_variables), reference.trainable_variables)
+        )
 
     trainer = tfdist.Trainer(_model, strategy=sharded, optimizer=_optimizer(name), loss=LOSS)
     kernel = trainer.model.trainable_variables[0]
     assert type(kernel.value).__name__ == "ShardedVariable"
-    trainer.fit(lambda ctx: tf.data.Dataset.from_tensors(_batch()), epochs=1, steps_per_epoch=3,
-                global_batch_size=16, verbose=0)
+    trainer.fit(
+        lambda ctx: tf.data.Dataset.from_tensors(_batch()),
+        epochs=1,
+        steps_per_epoch=3,
+        global_batch_size=16,
+        verbose=0,
+    )
     for ours, theirs in zip(trainer.model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(ours, theirs, atol=2e-5, rtol=1e-4)
 
@@ -57,8 +71,14 @@ def test_every_optimizer_updates_sharded_variables_exactly(sharded, name):
 def test_users_own_coordinator_loop_with_a_sharded_embedding(sharded):
     """The parameter-server tutorial's loop: a sharded embedding, scheduled steps, apply_gradients."""
     with sharded.scope():
-        model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(64, 16),
-                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [
+                keras.Input((4,), dtype="int32"),
+                keras.layers.Embedding(64, 16),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(1),
+            ]
+        )
         optimizer = keras.optimizers.RMSprop(0.01)
         accuracy = keras.metrics.BinaryAccuracy()
     embedding = model.layers[0].embeddings
@@ -68,10 +88,17 @@ def test_users_own_coordinator_loop_with_a_sharded_embedding(sharded):
 
     def dataset_fn(_):
         x = np.random.default_rng(0).integers(0, 64, (64, 4)).astype("int32")
-        return tf.data.Dataset.from_tensor_slices((x, (x[:, :1] > 31).astype("float32"))).repeat().batch(8)
+        return (
+            tf.data.Dataset.from_tensor_slices((x, (x[:, :1] > 31).astype("float32")))
+            .repeat()
+            .batch(8)
+        )
 
-    iterator = iter(coordinator.create_per_worker_dataset(
-        lambda: sharded.distribute_datasets_from_function(dataset_fn)))
+    iterator = iter(
+        coordinator.create_per_worker_dataset(
+            lambda: sharded.distribute_datasets_from_function(dataset_fn)
+        )
+    )
 
     @tf.function
     def step(iterator):
@@ -101,5 +128,8 @@ def test_the_sharded_variable_shims_are_still_needed():
     assert _compat.sharded_variables_lack_handle()
     assert _compat.keras_weight_decay_uses_extended_update()
     assert _compat.keras_slots_colocate_with_reference()
-    assert set(_compat.apply_sharded_variable_shims()) == {"sharded_gradients", "sharded_weight_decay",
-                                                           "sharded_slots"}
+    assert set(_compat.apply_sharded_variable_shims()) == {
+        "sharded_gradients",
+        "sharded_weight_decay",
+        "sharded_slots",
+    }

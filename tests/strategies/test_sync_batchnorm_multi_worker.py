@@ -1,4 +1,5 @@
 """SyncBatchNorm on two real MultiWorkerMirrored workers equals one replica on the global batch."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Backup and restore in one process: exact resume, removal, PS with sharded variables, errors."""
+
 import os
 
 import keras
@@ -14,13 +15,25 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 def _build():
     keras.utils.set_random_seed(5)
-    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
-                             keras.layers.Dense(10)])
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
 
 
 def _trainer(strategy, backup_dir, **kwargs):
-    return tfdist.Trainer(_build, strategy=strategy, optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=LOSS,
-                          backup_dir=backup_dir, **kwargs)
+    return tfdist.Trainer(
+        _build,
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+        loss=LOSS,
+        backup_dir=backup_dir,
+        **kwargs,
+    )
 
 
 def test_resume_is_exact_and_the_backup_is_removed(tmp_path):
@@ -34,7 +47,11 @@ def test_resume_is_exact_and_the_backup_is_removed(tmp_path):
     with pytest.raises(RuntimeError, match="simulated crash"):
         first.fit(data, epochs=3, global_batch_size=32, verbose=0, callbacks=[Crash(after=22)])
     state = Backup(backup_dir, None, is_chief=True).read_state()
-    assert (state["epoch"], state["step"], state["updates"]) == (1, 5, 21)  # last multiple of 3 updates
+    assert (state["epoch"], state["step"], state["updates"]) == (
+        1,
+        5,
+        21,
+    )  # last multiple of 3 updates
 
     resumed = _trainer(strategy, backup_dir, backup_freq=3)
     history = resumed.fit(data, epochs=3, global_batch_size=32, verbose=0)
@@ -48,24 +65,36 @@ def test_resume_is_exact_and_the_backup_is_removed(tmp_path):
 def test_keep_backup(tmp_path):
     strategy = tfdist.make_strategy("one_device")
     trainer = _trainer(strategy, str(tmp_path / "b"), keep_backup=True)
-    trainer.fit(tfdist.data.load("synthetic", num_examples=128), epochs=2, global_batch_size=32, verbose=0)
+    trainer.fit(
+        tfdist.data.load("synthetic", num_examples=128), epochs=2, global_batch_size=32, verbose=0
+    )
     state = Backup(str(tmp_path / "b"), None, is_chief=True).read_state()
     assert (state["epoch"], state["step"], state["updates"]) == (2, 0, 8)
     # A finished backup resumes as "nothing left to do".
     again = _trainer(strategy, str(tmp_path / "b"), keep_backup=True)
-    history = again.fit(tfdist.data.load("synthetic", num_examples=128), epochs=2, global_batch_size=32, verbose=0)
+    history = again.fit(
+        tfdist.data.load("synthetic", num_examples=128), epochs=2, global_batch_size=32, verbose=0
+    )
     assert history.history == {} and int(again.model.optimizer.iterations.numpy()) == 8
 
 
 def test_parameter_server_resumes_after_a_coordinator_crash(tmp_path):
-    strategy = tfdist.make_strategy("parameter_server", num_workers=2, num_ps=2, min_shard_bytes=1024,
-                                    allow_late_connect=True)  # earlier tests ran TF in this process
+    strategy = tfdist.make_strategy(
+        "parameter_server", num_workers=2, num_ps=2, min_shard_bytes=1024, allow_late_connect=True
+    )  # earlier tests ran TF in this process
     data = tfdist.data.load("synthetic", num_examples=512)
     backup_dir = str(tmp_path / "ps-backup")
     first = _trainer(strategy, backup_dir, backup_freq=5)
     assert type(first.model.layers[1].kernel.value).__name__ == "ShardedVariable"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        first.fit(data, epochs=2, steps_per_epoch=10, global_batch_size=32, verbose=0, callbacks=[Crash(after=12)])
+        first.fit(
+            data,
+            epochs=2,
+            steps_per_epoch=10,
+            global_batch_size=32,
+            verbose=0,
+            callbacks=[Crash(after=12)],
+        )
     saved = [np.asarray(w) for w in first.model.get_weights()]
     state = Backup(backup_dir, None, is_chief=True).read_state()
     assert (state["epoch"], state["step"], state["updates"]) == (1, 0, 10)
@@ -74,11 +103,17 @@ def test_parameter_server_resumes_after_a_coordinator_crash(tmp_path):
     fresh = [np.asarray(w) for w in resumed.model.get_weights()]
     history = resumed.fit(data, epochs=2, steps_per_epoch=10, global_batch_size=32, verbose=0)
     assert len(history.history["loss"]) == 1
-    assert int(resumed.model.optimizer.iterations.numpy()) == 20  # exact, no update lost or repeated
-    assert any(not np.array_equal(a, b) for a, b in zip(saved, fresh))  # sanity: the new model started elsewhere
+    assert (
+        int(resumed.model.optimizer.iterations.numpy()) == 20
+    )  # exact, no update lost or repeated
+    assert any(
+        not np.array_equal(a, b) for a, b in zip(saved, fresh)
+    )  # sanity: the new model started elsewhere
 
 
 @pytest.mark.parametrize("freq", [0, "step", 2.5, True])
 def test_backup_freq_errors(freq):
-    with pytest.raises(ValueError, match="argument `backup_freq`.*Expected 'epoch' or a positive number"):
+    with pytest.raises(
+        ValueError, match="argument `backup_freq`.*Expected 'epoch' or a positive number"
+    ):
         _trainer(tfdist.make_strategy("one_device"), "/tmp/unused", backup_freq=freq)

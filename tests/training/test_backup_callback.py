@@ -1,4 +1,5 @@
 """tfdist.callbacks.BackupAndRestore with plain model.fit: step-exact resume."""
+
 import os
 
 import keras
@@ -23,7 +24,9 @@ def _dataset():
 def _model(strategy):
     with strategy.scope():
         keras.utils.set_random_seed(3)
-        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+        model = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
+        )
         model.compile(keras.optimizers.SGD(0.1, momentum=0.9), LOSS)
     return model
 
@@ -36,14 +39,22 @@ def test_plain_fit_resumes_at_the_exact_batch(tmp_path):
     backup_dir = str(tmp_path / "backup")
     first = _model(strategy)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        first.fit(_dataset(), epochs=3, verbose=0,
-                  callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5), Crash(after=23)])
+        first.fit(
+            _dataset(),
+            epochs=3,
+            verbose=0,
+            callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5), Crash(after=23)],
+        )
     state = Backup(backup_dir, None, is_chief=True).read_state()
     assert (state["epoch"], state["step"], state["updates"]) == (1, 4, 20)
 
     resumed = _model(strategy)
-    history = resumed.fit(_dataset(), epochs=3, verbose=0,
-                          callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5)])
+    history = resumed.fit(
+        _dataset(),
+        epochs=3,
+        verbose=0,
+        callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5)],
+    )
     assert len(history.history["loss"]) == 2
     assert int(resumed.optimizer.iterations.numpy()) == 48
     for a, b in zip(reference.get_weights(), resumed.get_weights()):
@@ -70,13 +81,21 @@ def test_callbacks_see_only_the_trained_batches_after_a_resume(tmp_path):
     strategy = tfdist.make_strategy("one_device")
     backup_dir = str(tmp_path / "backup")
     with pytest.raises(RuntimeError, match="simulated crash"):
-        _model(strategy).fit(_dataset(), epochs=3, verbose=0,
-                             callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5), Crash(after=23)])
+        _model(strategy).fit(
+            _dataset(),
+            epochs=3,
+            verbose=0,
+            callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5), Crash(after=23)],
+        )
     # The backup is at epoch 1 (0-based), batch 4 of 16: 12 batches of it remain, then 16 in epoch 2.
     recorder = Recorder()
     model = _model(strategy)
-    model.fit(_dataset(), epochs=3, verbose=0,
-              callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5), recorder])
+    model.fit(
+        _dataset(),
+        epochs=3,
+        verbose=0,
+        callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5), recorder],
+    )
     trained = [(1, b) for b in range(4, 16)] + [(2, b) for b in range(16)]
     assert recorder.begins == trained
     assert [(e, b) for e, b, _ in recorder.ends] == trained  # 28 calls for 28 trained batches

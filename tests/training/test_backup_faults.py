@@ -1,4 +1,5 @@
 """Fault tolerance with real processes and real kills: worker death, a kill inside a save, SIGTERM."""
+
 import json
 import os
 import re
@@ -23,13 +24,31 @@ def _weights(path):
 def _job(strategy, out, backup, *extra, env=None):
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, **(env or {})}
     full_env.pop("TF_CONFIG", None)
-    return subprocess.run([sys.executable, JOB, strategy, str(out), str(backup), *extra], env=full_env, cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, JOB, strategy, str(out), str(backup), *extra],
+        env=full_env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
 
 
 def _launch(out, backup, *extra, restarts=1):
-    return run_tfdist("launch", "--workers=2", f"--max_restarts={restarts}", "--", sys.executable, JOB, "multi_worker",
-                      str(out), str(backup), *extra, timeout=400)
+    return run_tfdist(
+        "launch",
+        "--workers=2",
+        f"--max_restarts={restarts}",
+        "--",
+        sys.executable,
+        JOB,
+        "multi_worker",
+        str(out),
+        str(backup),
+        *extra,
+        timeout=400,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +68,9 @@ def test_worker_death_resumes_at_the_backed_up_update_bitwise(tmp_path, uninterr
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "worker-1 dying after batch 21" in proc.stdout
     assert "restarting the whole group (restart 1 of 1)" in proc.stdout
-    resumed = re.search(r"resuming at epoch 2, micro-batch (\d+) \((\d+) updates done\)", proc.stdout)
+    resumed = re.search(
+        r"resuming at epoch 2, micro-batch (\d+) \((\d+) updates done\)", proc.stdout
+    )
     assert resumed and int(resumed.group(2)) in (20, 22), proc.stdout[-3000:]
     assert int(resumed.group(1)) == int(resumed.group(2)) - 16
     for task in ("worker-0", "worker-1"):
@@ -74,10 +95,15 @@ def test_sigterm_preemption_loses_and_repeats_nothing(tmp_path):
 
 def test_kill_inside_a_save_leaves_the_previous_backup(tmp_path):
     backup = tmp_path / "backup"
-    killed = _job("one_device", tmp_path, backup, env={"TFDIST_BACKUP_TEST_HOOK": "kill_before_commit:3"})
+    killed = _job(
+        "one_device", tmp_path, backup, env={"TFDIST_BACKUP_TEST_HOOK": "kill_before_commit:3"}
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:]
     state = json.loads((backup / "state.json").read_text())
-    assert (state["checkpoint"], state["updates"]) == ("ckpt-2", 4)  # the interrupted save 3 never committed
+    assert (state["checkpoint"], state["updates"]) == (
+        "ckpt-2",
+        4,
+    )  # the interrupted save 3 never committed
     assert (backup / "ckpt-3.index").exists()  # its files were written, but nothing points at them
 
     resumed = _job("one_device", tmp_path, backup)

@@ -1,4 +1,5 @@
 """Two real MultiWorkerMirrored workers: SIGTERM without a backup, chief-only TensorBoard, a non-shared backup_dir."""
+
 import os
 import sys
 
@@ -11,7 +12,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
 
 
 def _launch(mode, out):
-    return run_tfdist("launch", "--workers=2", "--", sys.executable, JOB, mode, str(out), timeout=400)
+    return run_tfdist(
+        "launch", "--workers=2", "--", sys.executable, JOB, mode, str(out), timeout=400
+    )
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +33,25 @@ def test_sigterm_without_backup_stops_every_worker_at_the_same_step(sigterm_run)
         # The vote happens after each update: batch 9 is the last one trained, on both workers.
         batches = (out / f"{task}.batches").read_text().split()
         assert batches == [f"{e}:{b}" for e in range(2) for b in range(6)][:10], (task, batches)
-    stopped = [line for line in proc.stdout.splitlines() if "Stopped at epoch 2, micro-batch 4 (10 updates)" in line]
-    assert {line.split("]")[0] for line in stopped} == {"[worker:0", "[worker:1"}, proc.stdout[-3000:]
+    stopped = [
+        line
+        for line in proc.stdout.splitlines()
+        if "Stopped at epoch 2, micro-batch 4 (10 updates)" in line
+    ]
+    assert {line.split("]")[0] for line in stopped} == {"[worker:0", "[worker:1"}, proc.stdout[
+        -3000:
+    ]
 
 
 def test_tensorboard_events_come_from_the_chief_only(sigterm_run):
     out, _ = sigterm_run
     chief_pid = (out / "worker-0.pid").read_text().strip()
-    events = [name for _, _, files in os.walk(out / "logs") for name in files if name.startswith("events.out")]
+    events = [
+        name
+        for _, _, files in os.walk(out / "logs")
+        for name in files
+        if name.startswith("events.out")
+    ]
     assert events, "the chief wrote no TensorBoard events"
     # Event file names end in .<hostname>.<pid>.<n>.v2; worker-1 wrote into a temporary directory.
     assert all(name.split(".")[-3] == chief_pid for name in events), (chief_pid, events)
@@ -47,7 +61,7 @@ def test_backup_dir_not_shared_between_workers_is_a_clear_error(tmp_path):
     proc = _launch("not_shared", tmp_path)
     assert proc.returncode != 0
     for task in ("worker-0", "worker-1"):
-        line = next((l for l in proc.stdout.splitlines() if f"{task} error:" in l), "")
+        line = next((ln for ln in proc.stdout.splitlines() if f"{task} error:" in ln), "")
         assert "Invalid value for argument `backup_dir`" in line, proc.stdout[-3000:]
         assert "shared" in line
     assert "worker:1 does not see the file the chief has just written there" in proc.stdout

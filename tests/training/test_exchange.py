@@ -1,4 +1,5 @@
 """The gradient exchange (bucketed, 16-bit; tfdist/training/exchange.py) and the per-call costs of fit."""
+
 import inspect
 
 import keras
@@ -14,9 +15,14 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def _fit(k=1, n=96, global_batch=16, num_devices=2, epochs=2, **options):
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored",
-                                                                                      num_devices=num_devices),
-                             optimizer=keras.optimizers.SGD(0.1), loss=LOSS, accumulation_steps=k, **options)
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=tfdist.make_strategy("mirrored", num_devices=num_devices),
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=LOSS,
+        accumulation_steps=k,
+        **options,
+    )
     ds = tf.data.Dataset.from_tensor_slices(data(n)).batch(global_batch)
     history = trainer.fit(ds, epochs=epochs, verbose=0)
     return trainer, history
@@ -39,7 +45,9 @@ def all_reduce_calls(monkeypatch):
 
     def counting(self, reduce_op, value, options=None):
         shapes = [tuple(t.shape) for t in tf.nest.flatten(value)]
-        from_logs = any(frame.function == "local_sums" for frame in inspect.stack(0))  # replica thread
+        from_logs = any(
+            frame.function == "local_sums" for frame in inspect.stack(0)
+        )  # replica thread
         (calls.metrics if from_logs else calls).append(shapes)
         return original(self, reduce_op, value, options)
 
@@ -48,11 +56,16 @@ def all_reduce_calls(monkeypatch):
 
 
 def test_bucket_grouping_is_reverse_order_and_about_bucket_bytes():
-    grads = [tf.zeros([6, 8]), tf.zeros([8]), tf.zeros([8, 3]), tf.zeros([3])]  # 192, 32, 96, 12 bytes
+    grads = [
+        tf.zeros([6, 8]),
+        tf.zeros([8]),
+        tf.zeros([8, 3]),
+        tf.zeros([3]),
+    ]  # 192, 32, 96, 12 bytes
     assert buckets(grads, None) == [[3, 2, 1, 0]]
     assert buckets(grads, 1) == [[3], [2], [1], [0]]
     assert buckets(grads, 100) == [[3, 2], [1, 0]]  # a bucket closes once it holds >= 100 bytes
-    assert buckets(grads, 10 ** 9) == [[3, 2, 1, 0]]
+    assert buckets(grads, 10**9) == [[3, 2, 1, 0]]
 
 
 @pytest.mark.parametrize("bucket_bytes,num_buckets", [(1, 4), (100, 2)])
@@ -66,7 +79,9 @@ def test_one_collective_per_bucket_and_same_result(all_reduce_calls, bucket_byte
     assert len(all_reduce_calls) == 2 * num_buckets
     assert all(len(shapes) == 1 for shapes in all_reduce_calls)
     groups = buckets([tf.zeros(v.shape) for v in trainer.model.trainable_variables], bucket_bytes)
-    sizes = [sum(int(np.prod(trainer.model.trainable_variables[i].shape)) for i in g) for g in groups]
+    sizes = [
+        sum(int(np.prod(trainer.model.trainable_variables[i].shape)) for i in g) for g in groups
+    ]
     sizes[0] += 1
     # The replicas' merge_calls alternate: replica 0's calls are every other one.
     assert [shapes[0][0] for shapes in all_reduce_calls[::2]] == sizes
@@ -80,7 +95,9 @@ def test_no_options_is_the_original_packed_exchange(all_reduce_calls):
     calls = list(all_reduce_calls)
     explicit, _ = _fit(gradient_compression=None, bucket_bytes=None)
     n_vars = len(default.model.trainable_variables)
-    assert calls == [[(6, 8), (8,), (8, 3), (3,), ()]] * 2 and n_vars == 4  # one list, packed by the strategy
+    assert (
+        calls == [[(6, 8), (8,), (8, 3), (3,), ()]] * 2 and n_vars == 4
+    )  # one list, packed by the strategy
     for a, b in zip(default.model.get_weights(), explicit.model.get_weights()):
         np.testing.assert_array_equal(a, b)  # bitwise
 
@@ -89,16 +106,23 @@ def test_no_options_is_the_original_packed_exchange(all_reduce_calls):
 # and 2e-4 (fp16, 11 bits) of the float32 exchange, absolute on weights of order 1.
 @pytest.mark.parametrize("compression,tolerance", [("bf16", 2e-3), ("fp16", 2e-4)])
 @pytest.mark.parametrize("bucket_bytes", [None, 100])
-def test_compressed_training_stays_close_to_float32(all_reduce_calls, compression, tolerance, bucket_bytes):
+def test_compressed_training_stays_close_to_float32(
+    all_reduce_calls, compression, tolerance, bucket_bytes
+):
     reference, ref_history = _fit()
     all_reduce_calls.clear()
     trainer, history = _fit(gradient_compression=compression, bucket_bytes=bucket_bytes)
     per_replica = all_reduce_calls[::2]
     wire = [shapes for shapes in per_replica if shapes[0] not in ((1,), (2,))]
     assert len(wire) == (2 if bucket_bytes else 1)  # one 16-bit collective per bucket
-    moved = max(np.abs(a - b).max() for a, b in zip(initial_weights(), reference.model.get_weights()))
+    moved = max(
+        np.abs(a - b).max() for a, b in zip(initial_weights(), reference.model.get_weights())
+    )
     assert moved > 1e-2
-    diff = max(np.abs(a - b).max() for a, b in zip(reference.model.get_weights(), trainer.model.get_weights()))
+    diff = max(
+        np.abs(a - b).max()
+        for a, b in zip(reference.model.get_weights(), trainer.model.get_weights())
+    )
     assert 0 < diff < tolerance
     np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], atol=tolerance)
 
@@ -114,14 +138,20 @@ def test_compression_with_one_replica_changes_nothing():
 def test_fp16_is_scaled_so_it_neither_overflows_nor_flushes(magnitude):
     strategy = tfdist.make_strategy("mirrored", num_devices=2)
     rng = np.random.default_rng(0)
-    values = [rng.normal(size=(2, 50)).astype("float32") * magnitude, rng.normal(size=(2, 3)).astype("float32")]
+    values = [
+        rng.normal(size=(2, 50)).astype("float32") * magnitude,
+        rng.normal(size=(2, 3)).astype("float32"),
+    ]
 
     @tf.function
     def exchange():
         def replica():
             r = tf.distribute.get_replica_context().replica_id_in_sync_group
             grads = [tf.gather(tf.constant(v), r) for v in values]
-            return all_reduce_sum(grads, tf.constant(8.0), num_replicas=2, bucket_bytes=1, compression="fp16")
+            return all_reduce_sum(
+                grads, tf.constant(8.0), num_replicas=2, bucket_bytes=1, compression="fp16"
+            )
+
         return strategy.run(replica)
 
     grads, count = exchange()
@@ -132,11 +162,19 @@ def test_fp16_is_scaled_so_it_neither_overflows_nor_flushes(magnitude):
         np.testing.assert_allclose(g, v.sum(0), rtol=0, atol=2e-3 * np.abs(v).max())
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    ({"gradient_compression": "int8"},
-     "argument `gradient_compression`. Received: gradient_compression='int8'. Expected one of: bf16, fp16, None"),
-    ({"bucket_bytes": 0}, "argument `bucket_bytes`. Received: bucket_bytes=0. Expected a positive integer or None"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (
+            {"gradient_compression": "int8"},
+            "argument `gradient_compression`. Received: gradient_compression='int8'. Expected one of: bf16, fp16, None",
+        ),
+        (
+            {"bucket_bytes": 0},
+            "argument `bucket_bytes`. Received: bucket_bytes=0. Expected a positive integer or None",
+        ),
+    ],
+)
 def test_exchange_option_errors(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         tfdist.Trainer(builder(), strategy=tfdist.make_strategy("one_device"), loss=LOSS, **kwargs)
@@ -145,8 +183,13 @@ def test_exchange_option_errors(kwargs, pattern):
 def test_logs_are_one_packed_reduction_and_exact(all_reduce_calls):
     x, y = data(96)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored", num_devices=2),
-                             optimizer=keras.optimizers.SGD(0.1), loss=LOSS, metrics=["accuracy"])
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=tfdist.make_strategy("mirrored", num_devices=2),
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=LOSS,
+        metrics=["accuracy"],
+    )
     history = trainer.fit(ds, epochs=2, verbose=0)
     # loss tracker (total, count) + accuracy (total, count): one all-reduce of 4 values per replica.
     assert all_reduce_calls.metrics == [[(4,)]] * 2
@@ -154,7 +197,9 @@ def test_logs_are_one_packed_reduction_and_exact(all_reduce_calls):
     model.compile(keras.optimizers.SGD(0.1), LOSS, metrics=["accuracy"])
     keras_history = model.fit(ds, epochs=2, verbose=0)
     for key in ("loss", "accuracy"):
-        np.testing.assert_allclose(history.history[key], keras_history.history[key], atol=1e-6, rtol=0)
+        np.testing.assert_allclose(
+            history.history[key], keras_history.history[key], atol=1e-6, rtol=0
+        )
 
 
 class _EveryBatch(keras.callbacks.Callback):
@@ -170,8 +215,13 @@ def test_auto_steps_per_execution_keeps_batch_hooks_exact():
     ds = tf.data.Dataset.from_tensor_slices(data(96)).batch(16)
 
     def trainer(**options):
-        return tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored", num_devices=2),
-                              optimizer=keras.optimizers.SGD(0.1), loss=LOSS, **options)
+        return tfdist.Trainer(
+            builder(initial_weights()),
+            strategy=tfdist.make_strategy("mirrored", num_devices=2),
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=LOSS,
+            **options,
+        )
 
     fast = trainer()
     fast_history = fast.fit(ds, epochs=2, verbose=0)
@@ -182,8 +232,16 @@ def test_auto_steps_per_execution_keeps_batch_hooks_exact():
     assert [b for b, _ in every.seen] == list(range(6)) * 2  # every batch, with its running logs
     lambda_batches = []  # LambdaCallback sets its hooks on the instance, not the class
     lam = trainer()
-    lam.fit(ds, epochs=1, verbose=0,
-            callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: lambda_batches.append(b))])
+    lam.fit(
+        ds,
+        epochs=1,
+        verbose=0,
+        callbacks=[
+            keras.callbacks.LambdaCallback(
+                on_train_batch_end=lambda b, logs: lambda_batches.append(b)
+            )
+        ],
+    )
     assert lam.steps_per_execution == 1 and lambda_batches == list(range(6))
     one = trainer(steps_per_execution=1)
     one_history = one.fit(ds, epochs=1, verbose=0)
@@ -191,24 +249,36 @@ def test_auto_steps_per_execution_keeps_batch_hooks_exact():
     assert fast_history.history == hooked_history.history
     for a, b in zip(fast.model.get_weights(), hooked.model.get_weights()):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(ValueError, match="argument `steps_per_execution`. Received: steps_per_execution='fast'. "
-                                         "Expected a positive integer or 'auto'"):
+    with pytest.raises(
+        ValueError,
+        match="argument `steps_per_execution`. Received: steps_per_execution='fast'. "
+        "Expected a positive integer or 'auto'",
+    ):
         trainer(steps_per_execution="fast")
 
 
 def test_fp16_exchange_keeps_loss_scaling_overflow_skips():
     # An overflowing loss scale gives non-finite gradients: the fp16 exchange passes them on (scale 1),
     # so the loss-scale optimizer still skips the update and lowers the scale; a sane scale then trains.
-    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0 ** 60)
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=tfdist.make_strategy("mirrored", num_devices=2),
-                             optimizer=optimizer, loss=LOSS, precision="mixed_float16", accumulation_steps=2,
-                             gradient_compression="fp16", bucket_bytes=100)
+    optimizer = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), initial_scale=2.0**60
+    )
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=tfdist.make_strategy("mirrored", num_devices=2),
+        optimizer=optimizer,
+        loss=LOSS,
+        precision="mixed_float16",
+        accumulation_steps=2,
+        gradient_compression="fp16",
+        bucket_bytes=100,
+    )
     ds = tf.data.Dataset.from_tensor_slices(data(96)).batch(8)
     before = trainer.model.get_weights()
     history = trainer.fit(ds, epochs=1, steps_per_epoch=2, verbose=0)
     assert history.history["skipped_updates"] == [1]
     for a, b in zip(before, trainer.model.get_weights()):
         np.testing.assert_array_equal(a, b)
-    trainer.model.optimizer.dynamic_scale.assign(2.0 ** 10)
+    trainer.model.optimizer.dynamic_scale.assign(2.0**10)
     history = trainer.fit(ds, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"]).all() and history.history["skipped_updates"] == [1]

@@ -1,24 +1,32 @@
 """Numerical fidelity: N replicas x b equals 1 replica x N*b (float32, SGD)."""
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfdist
-
-from tests.jobs.common import GLOBAL_BATCH, builder as _builder, data as _data, initial_weights as _initial_weights
+from tests.jobs.common import GLOBAL_BATCH
+from tests.jobs.common import builder as _builder
+from tests.jobs.common import data as _data
+from tests.jobs.common import initial_weights as _initial_weights
 
 
 def _train(strategy, weights, data, **fit_kwargs):
     trainer = tfdist.Trainer(
-        _builder(weights), strategy=strategy, optimizer=keras.optimizers.SGD(0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        _builder(weights),
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     trainer.fit(data, epochs=2, verbose=0, **fit_kwargs)
     return [np.asarray(w) for w in trainer.model.get_weights()]
 
 
-@pytest.mark.parametrize("kind,options", [("one_device", {}), ("mirrored", {"num_devices": 2}),
-                                          ("mirrored", {"num_devices": 4})])
+@pytest.mark.parametrize(
+    "kind,options",
+    [("one_device", {}), ("mirrored", {"num_devices": 2}), ("mirrored", {"num_devices": 4})],
+)
 def test_replicas_match_one_big_batch(kind, options):
     x, y = _data()
     w0 = _initial_weights()
@@ -50,7 +58,9 @@ def test_matches_plain_keras_fit():
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     got = _train(tfdist.make_strategy("mirrored", num_devices=2), w0, ds)
     model = _builder(w0)()
-    model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     model.fit(ds, epochs=2, verbose=0)
     for a, b in zip(model.get_weights(), got):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

@@ -1,5 +1,6 @@
 """Trainer inputs: exact evaluation for every input kind (against plain Keras), inferred batch
 sizes, empty replica batches in training, steps_per_epoch beyond one pass, resuming in tf.data."""
+
 import keras
 import numpy as np
 import pytest
@@ -20,15 +21,25 @@ def mirrored():
 
 def _tutorial_dataset_fn(x, y, global_batch_size=GLOBAL_BATCH):
     """The pattern of TF's input tutorial: shard per pipeline, then batch per replica."""
+
     def dataset_fn(ctx):
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            ctx.num_input_pipelines, ctx.input_pipeline_id
+        )
         return ds.batch(ctx.get_per_replica_batch_size(global_batch_size))
+
     return dataset_fn
 
 
 def _trainer(strategy, model=None, **kwargs):
-    return tfdist.Trainer(model or builder(initial_weights()), strategy=strategy, optimizer=keras.optimizers.SGD(0.1),
-                          loss=LOSS, metrics=["accuracy"], **kwargs)
+    return tfdist.Trainer(
+        model or builder(initial_weights()),
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=LOSS,
+        metrics=["accuracy"],
+        **kwargs,
+    )
 
 
 def _keras_evaluate(strategy, inputs):
@@ -43,13 +54,18 @@ def _keras_evaluate(strategy, inputs):
     return model.evaluate(inputs, verbose=0, return_dict=True)
 
 
-@pytest.mark.parametrize("n", [100, 97])  # last global batch of 4 (2 per replica), or of 1 (one replica empty)
+@pytest.mark.parametrize(
+    "n", [100, 97]
+)  # last global batch of 4 (2 per replica), or of 1 (one replica empty)
 def test_evaluation_matches_keras_for_every_input_kind(mirrored, n):
     x, y = data(n)
     trainer = _trainer(mirrored)
     exact = trainer.model.evaluate(x, y, batch_size=n, verbose=0, return_dict=True)
-    kinds = {"arrays": (x, y), "dataset": tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH),
-             "dataset_fn": _tutorial_dataset_fn(x, y)}
+    kinds = {
+        "arrays": (x, y),
+        "dataset": tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH),
+        "dataset_fn": _tutorial_dataset_fn(x, y),
+    }
     for kind, inputs in kinds.items():
         keras_logs = _keras_evaluate(mirrored, inputs)
         ours = trainer.evaluate(inputs, global_batch_size=GLOBAL_BATCH)
@@ -61,10 +77,14 @@ def test_evaluation_matches_keras_for_every_input_kind(mirrored, n):
 
 
 def test_evaluation_of_a_loaded_dataset_matches_keras(mirrored):
-    val = tfdist.data.load("synthetic", split="validation", num_examples=101, input_shape=(6,), num_classes=3)
+    val = tfdist.data.load(
+        "synthetic", split="validation", num_examples=101, input_shape=(6,), num_classes=3
+    )
     trainer = _trainer(mirrored)
     x, y = next(iter(val.bind(global_batch_size=101)(None)))
-    exact = trainer.model.evaluate(x.numpy(), y.numpy(), batch_size=101, verbose=0, return_dict=True)
+    exact = trainer.model.evaluate(
+        x.numpy(), y.numpy(), batch_size=101, verbose=0, return_dict=True
+    )
     keras_logs = _keras_evaluate(mirrored, val.bind(global_batch_size=GLOBAL_BATCH))
     ours = trainer.evaluate(val, global_batch_size=GLOBAL_BATCH)
     for name in ("loss", "accuracy"):
@@ -72,7 +92,9 @@ def test_evaluation_of_a_loaded_dataset_matches_keras(mirrored):
         assert ours[name] == pytest.approx(keras_logs[name], rel=1e-5)
     # Unbound: evaluate takes the batch size the model was trained with.
     trainer.fit((x.numpy(), y.numpy()), global_batch_size=GLOBAL_BATCH, verbose=0)
-    after = trainer.model.evaluate(x.numpy(), y.numpy(), batch_size=101, verbose=0, return_dict=True)
+    after = trainer.model.evaluate(
+        x.numpy(), y.numpy(), batch_size=101, verbose=0, return_dict=True
+    )
     assert trainer.evaluate(val)["loss"] == pytest.approx(after["loss"], rel=1e-5)
 
 
@@ -87,10 +109,20 @@ def test_evaluate_a_dataset_fn_for_some_steps_without_a_global_batch_size(mirror
 def test_evaluation_steps_beyond_one_pass_are_refused(mirrored):
     x, y = data(100)
     trainer = _trainer(mirrored)
-    with pytest.raises(ValueError, match=r"argument `steps`. Received: steps=8.*at most 7, the batches in one pass"):
+    with pytest.raises(
+        ValueError, match=r"argument `steps`. Received: steps=8.*at most 7, the batches in one pass"
+    ):
         trainer.evaluate(_tutorial_dataset_fn(x, y), steps=8)
-    with pytest.raises(ValueError, match=r"argument `validation_steps`. Received: validation_steps=9.*at most 7"):
-        trainer.fit((x, y), global_batch_size=GLOBAL_BATCH, validation_data=(x, y), validation_steps=9, verbose=0)
+    with pytest.raises(
+        ValueError, match=r"argument `validation_steps`. Received: validation_steps=9.*at most 7"
+    ):
+        trainer.fit(
+            (x, y),
+            global_batch_size=GLOBAL_BATCH,
+            validation_data=(x, y),
+            validation_steps=9,
+            verbose=0,
+        )
 
 
 def test_fit_on_a_dataset_fn_without_a_global_batch_size(mirrored):
@@ -100,7 +132,9 @@ def test_fit_on_a_dataset_fn_without_a_global_batch_size(mirrored):
     history = by_fn.fit(_tutorial_dataset_fn(x, y), epochs=2, verbose=0)
     assert int(by_fn.model.optimizer.iterations.numpy()) == 14
     by_dataset = _trainer(mirrored)
-    by_dataset.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH), epochs=2, verbose=0)
+    by_dataset.fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH), epochs=2, verbose=0
+    )
     for a, b in zip(by_dataset.model.get_weights(), by_fn.model.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     assert len(history.history["loss"]) == 2
@@ -108,9 +142,15 @@ def test_fit_on_a_dataset_fn_without_a_global_batch_size(mirrored):
 
 def _cnn():
     keras.utils.set_random_seed(3)
-    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, activation="relu"),
-                             keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.Flatten(),
-                             keras.layers.Dense(10)])
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ]
+    )
 
 
 def test_conv_model_trains_on_a_last_global_batch_of_one(mirrored):
@@ -121,31 +161,45 @@ def test_conv_model_trains_on_a_last_global_batch_of_one(mirrored):
     y = rng.integers(0, 10, 33).astype("int32")
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     results = {}
-    for name, strategy in (("one_device", tfdist.make_strategy("one_device")), ("mirrored", mirrored)):
+    for name, strategy in (
+        ("one_device", tfdist.make_strategy("one_device")),
+        ("mirrored", mirrored),
+    ):
         trainer = _trainer(strategy, model=_cnn)
         history = trainer.fit(dataset, epochs=2, verbose=0)
         assert np.isfinite(history.history["loss"]).all()
         results[name] = (trainer.model.get_weights(), history.history)
     for a, b in zip(results["one_device"][0], results["mirrored"][0]):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(results["one_device"][1]["loss"], results["mirrored"][1]["loss"], rtol=1e-5)
-    np.testing.assert_allclose(results["one_device"][1]["accuracy"], results["mirrored"][1]["accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(
+        results["one_device"][1]["loss"], results["mirrored"][1]["loss"], rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        results["one_device"][1]["accuracy"], results["mirrored"][1]["accuracy"], rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("kind", ["loaded", "arrays", "dataset_fn"])
 def test_steps_per_epoch_longer_than_one_pass(mirrored, kind):
     x, y = data(96)
-    inputs = {"loaded": tfdist.data.load("synthetic", num_examples=96, input_shape=(6,), num_classes=3),
-              "arrays": (x, y), "dataset_fn": _tutorial_dataset_fn(x, y)}[kind]
+    inputs = {
+        "loaded": tfdist.data.load("synthetic", num_examples=96, input_shape=(6,), num_classes=3),
+        "arrays": (x, y),
+        "dataset_fn": _tutorial_dataset_fn(x, y),
+    }[kind]
     trainer = _trainer(mirrored)
-    history = trainer.fit(inputs, epochs=2, steps_per_epoch=8, global_batch_size=GLOBAL_BATCH, verbose=0)  # 6 a pass
+    history = trainer.fit(
+        inputs, epochs=2, steps_per_epoch=8, global_batch_size=GLOBAL_BATCH, verbose=0
+    )  # 6 a pass
     assert int(trainer.model.optimizer.iterations.numpy()) == 16
     assert len(history.history["loss"]) == 2
 
 
 def test_resume_with_steps_per_epoch_skips_in_tf_data(mirrored, tmp_path, monkeypatch):
     data_fn = tfdist.data.load("synthetic", num_examples=96, input_shape=(6,), num_classes=3)
-    kwargs = dict(epochs=3, steps_per_epoch=8, global_batch_size=GLOBAL_BATCH, verbose=0)  # 6 batches a pass
+    kwargs = dict(
+        epochs=3, steps_per_epoch=8, global_batch_size=GLOBAL_BATCH, verbose=0
+    )  # 6 batches a pass
     reference = _trainer(mirrored)
     reference.fit(data_fn, **kwargs)
 

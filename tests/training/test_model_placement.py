@@ -1,4 +1,5 @@
 """Trainer model placement: subclassed instances, built or not, and `precision="auto"` with a made model."""
+
 import keras
 import numpy as np
 import pytest
@@ -59,8 +60,11 @@ def test_built_subclassed_instance_with_get_config_is_rebuilt_with_its_weights(m
 def test_built_subclassed_instance_without_get_config_is_a_clear_error(mirrored):
     model = Net(units=3)
     model(np.zeros((2, 6), "float32"))
-    with pytest.raises(ValueError, match=r"argument `model`. Received: model='Net'.*no get_config\(\).*"
-                                         r"`model=lambda: Net\(...\)`"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument `model`. Received: model='Net'.*no get_config\(\).*"
+        r"`model=lambda: Net\(...\)`",
+    ):
         tfdist.Trainer(model, strategy=mirrored, optimizer="sgd", loss=LOSS)
 
 

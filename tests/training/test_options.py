@@ -1,4 +1,5 @@
 """The Trainer's option groups (objects and flat shortcuts mean the same); logs as floats."""
+
 import dataclasses
 
 import keras
@@ -14,16 +15,26 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def _trainer(**kwargs):
-    return tfdist.Trainer(builder(), strategy=tfdist.make_strategy("one_device"), loss=LOSS,
-                          **kwargs)
+    return tfdist.Trainer(
+        builder(), strategy=tfdist.make_strategy("one_device"), loss=LOSS, **kwargs
+    )
 
 
 def test_shortcuts_build_the_option_objects(tmp_path):
-    flat = _trainer(backup_dir=str(tmp_path), backup_freq=3, keep_backups=2, keep_backup=True,
-                    lr_scaling="linear", base_global_batch_size=16, warmup_steps=5,
-                    gradient_compression="bf16", bucket_bytes=100)
-    assert flat.backup == tfdist.BackupOptions(str(tmp_path), freq=3, keep_last=2,
-                                               keep_after_success=True)
+    flat = _trainer(
+        backup_dir=str(tmp_path),
+        backup_freq=3,
+        keep_backups=2,
+        keep_backup=True,
+        lr_scaling="linear",
+        base_global_batch_size=16,
+        warmup_steps=5,
+        gradient_compression="bf16",
+        bucket_bytes=100,
+    )
+    assert flat.backup == tfdist.BackupOptions(
+        str(tmp_path), freq=3, keep_last=2, keep_after_success=True
+    )
     assert flat.lr_scaling == tfdist.LRScaling("linear", base_global_batch_size=16, warmup_steps=5)
     assert flat.exchange == tfdist.ExchangeOptions(compression="bf16", bucket_bytes=100)
     plain = _trainer()
@@ -41,16 +52,27 @@ def test_option_objects_are_frozen_and_exported():
     assert (options.freq, options.keep_last, options.keep_after_success) == ("epoch", 1, False)
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    ({"lr_scaling": tfdist.LRScaling("linear"), "warmup_steps": 3},
-     "argument `warmup_steps`. Received: warmup_steps=3. Expected None when `lr_scaling` is given"),
-    ({"exchange": tfdist.ExchangeOptions(), "bucket_bytes": 8},
-     "argument `bucket_bytes`. Received: bucket_bytes=8. Expected None when `exchange` is given"),
-    ({"exchange": {"compression": "bf16"}},
-     "argument `exchange`.*Expected a tfdist.ExchangeOptions or None"),
-    ({"keep_backup": "yes"},
-     "argument `keep_backup`. Received: keep_backup='yes'. Expected True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (
+            {"lr_scaling": tfdist.LRScaling("linear"), "warmup_steps": 3},
+            "argument `warmup_steps`. Received: warmup_steps=3. Expected None when `lr_scaling` is given",
+        ),
+        (
+            {"exchange": tfdist.ExchangeOptions(), "bucket_bytes": 8},
+            "argument `bucket_bytes`. Received: bucket_bytes=8. Expected None when `exchange` is given",
+        ),
+        (
+            {"exchange": {"compression": "bf16"}},
+            "argument `exchange`.*Expected a tfdist.ExchangeOptions or None",
+        ),
+        (
+            {"keep_backup": "yes"},
+            "argument `keep_backup`. Received: keep_backup='yes'. Expected True or False",
+        ),
+    ],
+)
 def test_option_errors_name_what_the_user_wrote(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         _trainer(**kwargs)
@@ -59,12 +81,17 @@ def test_option_errors_name_what_the_user_wrote(kwargs, pattern):
 def test_an_lr_scaling_object_trains_as_its_shortcuts():
     x, y = data(96)
     histories = []
-    for options in ({"lr_scaling": tfdist.LRScaling("linear", base_global_batch_size=16,
-                                                    warmup_epochs=1)},
-                    {"lr_scaling": "linear", "base_global_batch_size": 16, "warmup_epochs": 1}):
-        trainer = tfdist.Trainer(builder(initial_weights()),
-                                 strategy=tfdist.make_strategy("one_device"),
-                                 optimizer=keras.optimizers.SGD(0.1), loss=LOSS, **options)
+    for options in (
+        {"lr_scaling": tfdist.LRScaling("linear", base_global_batch_size=16, warmup_epochs=1)},
+        {"lr_scaling": "linear", "base_global_batch_size": 16, "warmup_epochs": 1},
+    ):
+        trainer = tfdist.Trainer(
+            builder(initial_weights()),
+            strategy=tfdist.make_strategy("one_device"),
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=LOSS,
+            **options,
+        )
         histories.append(trainer.fit((x, y), epochs=2, global_batch_size=32, verbose=0).history)
     # effective batch 32 over a base of 16: 0.1 -> 0.2, reached after epoch 1's 3 warmup updates.
     assert histories[0]["learning_rate"] == pytest.approx([0.2, 0.2])
@@ -74,9 +101,12 @@ def test_an_lr_scaling_object_trains_as_its_shortcuts():
 
 
 def test_as_floats_takes_tensors_numpy_and_numbers():
-    logs = {"loss": tf.constant(0.5), "accuracy": np.float32(0.25),
-            "updates": tf.constant(3, tf.int64),
-            "n": 2}
+    logs = {
+        "loss": tf.constant(0.5),
+        "accuracy": np.float32(0.25),
+        "updates": tf.constant(3, tf.int64),
+        "n": 2,
+    }
     assert as_floats(logs) == {"loss": 0.5, "accuracy": 0.25, "updates": 3.0, "n": 2.0}
     assert all(type(v) is float for v in as_floats(logs).values())
     assert list(as_floats(logs)) == list(logs)

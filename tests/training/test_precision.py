@@ -1,4 +1,5 @@
 """Precision: device detection (CPU flags and GPUs mocked), `auto`, and the slow-policy warning."""
+
 import logging
 
 import keras
@@ -20,17 +21,30 @@ def _fresh_warnings():
     precision_lib.forget_slow_policy_warnings()
 
 
-@pytest.mark.parametrize("gpus, flags, native, auto", [
-    ([], AVX2_EPYC, set(), "float32"),
-    ([], AVX512_BF16, {"mixed_bfloat16"}, "mixed_bfloat16"),
-    ([], SAPPHIRE_RAPIDS, {"mixed_bfloat16", "mixed_float16"}, "mixed_bfloat16"),
-    ([], frozenset({"avx512_fp16"}), {"mixed_float16"}, "float32"),  # TF's CPU float16 kernels stay slow
-    ([(6, 1)], AVX512_BF16, set(), "float32"),  # the GPU decides, not the host CPU
-    ([(7, 0)], AVX2_EPYC, {"mixed_float16"}, "mixed_float16"),
-    ([(7, 5), (8, 0)], AVX2_EPYC, {"mixed_float16"}, "mixed_float16"),  # the slowest GPU sets the pace
-    ([(8, 0)], AVX2_EPYC, {"mixed_float16", "mixed_bfloat16"}, "mixed_bfloat16"),
-    ([(9, 0)], AVX2_EPYC, {"mixed_float16", "mixed_bfloat16"}, "mixed_bfloat16"),
-])
+@pytest.mark.parametrize(
+    "gpus, flags, native, auto",
+    [
+        ([], AVX2_EPYC, set(), "float32"),
+        ([], AVX512_BF16, {"mixed_bfloat16"}, "mixed_bfloat16"),
+        ([], SAPPHIRE_RAPIDS, {"mixed_bfloat16", "mixed_float16"}, "mixed_bfloat16"),
+        (
+            [],
+            frozenset({"avx512_fp16"}),
+            {"mixed_float16"},
+            "float32",
+        ),  # TF's CPU float16 kernels stay slow
+        ([(6, 1)], AVX512_BF16, set(), "float32"),  # the GPU decides, not the host CPU
+        ([(7, 0)], AVX2_EPYC, {"mixed_float16"}, "mixed_float16"),
+        (
+            [(7, 5), (8, 0)],
+            AVX2_EPYC,
+            {"mixed_float16"},
+            "mixed_float16",
+        ),  # the slowest GPU sets the pace
+        ([(8, 0)], AVX2_EPYC, {"mixed_float16", "mixed_bfloat16"}, "mixed_bfloat16"),
+        ([(9, 0)], AVX2_EPYC, {"mixed_float16", "mixed_bfloat16"}, "mixed_bfloat16"),
+    ],
+)
 def test_detection_and_auto(gpus, flags, native, auto):
     support = precision_lib.device_support(gpu_capabilities=gpus, flags=flags)
     assert support.native == native
@@ -45,15 +59,20 @@ def test_cpu_flags_are_read_from_proc_cpuinfo(monkeypatch, tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\n")
     real_open = builtins.open
-    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: real_open(
-        cpuinfo if f == "/proc/cpuinfo" else f, *a, **k))
+    monkeypatch.setattr(
+        builtins,
+        "open",
+        lambda f, *a, **k: real_open(cpuinfo if f == "/proc/cpuinfo" else f, *a, **k),
+    )
     assert precision_lib.cpu_flags() == {"fpu", "avx2", "avx512_bf16"}
 
 
 def test_slow_policy_warns_once_on_the_chief_with_the_way_out(caplog):
     support = precision_lib.device_support(gpu_capabilities=[], flags=AVX2_EPYC)
     with caplog.at_level(logging.WARNING, logger=precision_lib.__name__):
-        assert precision_lib.resolve_precision("mixed_bfloat16", support=support) == "mixed_bfloat16"
+        assert (
+            precision_lib.resolve_precision("mixed_bfloat16", support=support) == "mixed_bfloat16"
+        )
         precision_lib.resolve_precision("mixed_bfloat16", support=support)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
@@ -80,15 +99,23 @@ def test_old_gpu_float16_warning_names_tensor_cores(caplog):
 
 def test_trainer_resolves_auto_for_this_machine(monkeypatch):
     real = precision_lib.device_support
-    monkeypatch.setattr(precision_lib, "device_support", lambda: real(gpu_capabilities=[], flags=AVX512_BF16))
+    monkeypatch.setattr(
+        precision_lib, "device_support", lambda: real(gpu_capabilities=[], flags=AVX512_BF16)
+    )
     strategy = tfdist.make_strategy("mirrored", num_devices=2)
-    trainer = tfdist.Trainer(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]),
-                             strategy=strategy, loss="mse", precision="auto")
+    trainer = tfdist.Trainer(
+        lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]),
+        strategy=strategy,
+        loss="mse",
+        precision="auto",
+    )
     assert trainer.precision == "mixed_bfloat16"
     assert trainer.model.dtype_policy.name == "mixed_bfloat16"
 
 
 def test_auto_is_a_valid_cli_precision():
     assert TrainConfig(precision="auto").precision == "auto"
-    with pytest.raises(ValueError, match="Expected one of: auto, float32, mixed_bfloat16, mixed_float16"):
+    with pytest.raises(
+        ValueError, match="Expected one of: auto, float32, mixed_bfloat16, mixed_float16"
+    ):
         TrainConfig(precision="fp8")

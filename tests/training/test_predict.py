@@ -1,4 +1,5 @@
 """Trainer.predict on 4 mirrored replicas: exact, in input order, partial last batch included."""
+
 import keras
 import numpy as np
 import pytest
@@ -16,8 +17,14 @@ def mirrored():
 
 def _conv_model():
     keras.utils.set_random_seed(2)
-    return keras.Sequential([keras.Input((6, 6, 1)), keras.layers.Conv2D(4, 3, activation="relu"),
-                             keras.layers.Flatten(), keras.layers.Dense(3)])
+    return keras.Sequential(
+        [
+            keras.Input((6, 6, 1)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3),
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,9 @@ def test_predict_matches_one_device_in_input_order(case, form):
         "array": x,
         "x_y_tuple": (x, y),
         "dataset": tf.data.Dataset.from_tensor_slices(x).batch(G),
-        "dataset_fn": lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(ctx.get_per_replica_batch_size(G)),
+        "dataset_fn": lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+            ctx.get_per_replica_batch_size(G)
+        ),
     }[form]
     got = trainer.predict(data, global_batch_size=G)
     assert got.shape == expected.shape == (N, 3)
@@ -48,7 +57,9 @@ def test_predict_matches_one_device_in_input_order(case, form):
 def test_predict_steps_and_multiple_outputs(mirrored):
     def two_heads():
         inputs = keras.Input((4,))
-        return keras.Model(inputs, {"a": keras.layers.Dense(2)(inputs), "b": keras.layers.Dense(1)(inputs)})
+        return keras.Model(
+            inputs, {"a": keras.layers.Dense(2)(inputs), "b": keras.layers.Dense(1)(inputs)}
+        )
 
     trainer = tfdist.Trainer(two_heads, strategy=mirrored, loss={"a": "mse", "b": "mse"})
     x = np.random.default_rng(1).normal(size=(20, 4)).astype("float32")
@@ -63,5 +74,7 @@ def test_predict_errors(case):
     trainer, x, _ = case
     with pytest.raises(ValueError, match="argument `steps`. Received: steps=0"):
         trainer.predict(x, steps=0)
-    with pytest.raises(ValueError, match="argument `global_batch_size`. Received: global_batch_size=6"):
+    with pytest.raises(
+        ValueError, match="argument `global_batch_size`. Received: global_batch_size=6"
+    ):
         trainer.predict(tf.data.Dataset.from_tensor_slices(x).batch(6), global_batch_size=6)

@@ -6,6 +6,7 @@ by its own local statistics, so the same comparison fails (checked below, so the
 test cannot pass vacuously). The 2-worker MultiWorkerMirrored version is
 ``tests/strategies/test_sync_batchnorm_multi_worker.py``.
 """
+
 import numpy as np
 import pytest
 
@@ -26,7 +27,9 @@ def reference(weights):
 @pytest.mark.parametrize("num_devices", [2, 4])
 def test_sync_batchnorm_matches_one_replica_on_the_global_batch(weights, reference, num_devices):
     got = bn_train(tfdist.make_strategy("mirrored", num_devices=num_devices), True, weights)
-    assert max(np.abs(a - b).max() for a, b in zip(weights, reference)) > 1e-2  # training moved things
+    assert (
+        max(np.abs(a - b).max() for a, b in zip(weights, reference)) > 1e-2
+    )  # training moved things
     for a, b in zip(reference, got):  # kernels, gamma/beta, moving mean and variance
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 

@@ -1,4 +1,5 @@
 """Trainer on one process: accuracy, History, callbacks, precision, exact evaluation, errors."""
+
 import glob
 import os
 
@@ -24,8 +25,14 @@ def digits():
 
 def _digits_trainer(strategy, **kwargs):
     keras.utils.set_random_seed(0)
-    return tfdist.Trainer(lambda: tfdist.models.get("cnn"), strategy=strategy,
-                          optimizer=keras.optimizers.Adam(2e-3), loss=LOSS, metrics=["accuracy"], **kwargs)
+    return tfdist.Trainer(
+        lambda: tfdist.models.get("cnn"),
+        strategy=strategy,
+        optimizer=keras.optimizers.Adam(2e-3),
+        loss=LOSS,
+        metrics=["accuracy"],
+        **kwargs,
+    )
 
 
 def test_mirrored_trains_digits(mirrored, digits):
@@ -40,11 +47,18 @@ def test_mirrored_trains_digits(mirrored, digits):
 
 def test_history_keys_match_keras_fit(mirrored):
     x, y = data()
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=mirrored, optimizer="sgd", loss=LOSS,
-                             metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=mirrored,
+        optimizer="sgd",
+        loss=LOSS,
+        metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)],
+    )
     ours = trainer.fit((x, y), epochs=2, global_batch_size=16, validation_data=(x, y), verbose=0)
     model = builder(initial_weights())()
-    model.compile("sgd", LOSS, metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
+    model.compile(
+        "sgd", LOSS, metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)]
+    )
     theirs = model.fit(x, y, batch_size=16, epochs=2, validation_data=(x, y), verbose=0)
     assert sorted(ours.history) == sorted(theirs.history)
     assert isinstance(ours, keras.callbacks.History)
@@ -59,7 +73,9 @@ def test_evaluation_counts_each_example_once(digits):
     trainer.fit(train, epochs=1, global_batch_size=64, verbose=0)
     ours = trainer.evaluate(val, global_batch_size=64)
     x, y = next(iter(val.bind(global_batch_size=val.num_examples)(None)))
-    theirs = trainer.model.evaluate(x.numpy(), y.numpy(), batch_size=360, verbose=0, return_dict=True)
+    theirs = trainer.model.evaluate(
+        x.numpy(), y.numpy(), batch_size=360, verbose=0, return_dict=True
+    )
     assert ours["accuracy"] == pytest.approx(theirs["accuracy"], abs=1e-6)
     assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
 
@@ -72,15 +88,28 @@ def test_keras_callbacks(mirrored, tmp_path):
             events.append((batch, sorted(logs)))
 
     x, y = data()
-    trainer = tfdist.Trainer(builder(initial_weights()), strategy=mirrored, optimizer="sgd", loss=LOSS,
-                             metrics=["accuracy"])
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=mirrored,
+        optimizer="sgd",
+        loss=LOSS,
+        metrics=["accuracy"],
+    )
     ckpt = str(tmp_path / "ckpt" / "epoch{epoch}.weights.h5")
     os.makedirs(tmp_path / "ckpt")
     history = trainer.fit(
-        (x, y), epochs=10, global_batch_size=16, validation_data=(x, y), verbose=0,
-        callbacks=[Recorder(), keras.callbacks.ModelCheckpoint(ckpt, save_weights_only=True),
-                   keras.callbacks.TensorBoard(str(tmp_path / "tb")),
-                   keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1)])
+        (x, y),
+        epochs=10,
+        global_batch_size=16,
+        validation_data=(x, y),
+        verbose=0,
+        callbacks=[
+            Recorder(),
+            keras.callbacks.ModelCheckpoint(ckpt, save_weights_only=True),
+            keras.callbacks.TensorBoard(str(tmp_path / "tb")),
+            keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1),
+        ],
+    )
     assert len(history.history["loss"]) == 2  # EarlyStopping stopped training
     assert events[0] == (0, ["accuracy", "loss"]) and events[5][0] == 5
     assert len(glob.glob(str(tmp_path / "ckpt" / "*.weights.h5"))) == 2
@@ -91,8 +120,13 @@ def test_steps_per_execution_gives_the_same_weights(mirrored):
     w0 = initial_weights()
     results = []
     for spe in (1, 3):
-        trainer = tfdist.Trainer(builder(w0), strategy=mirrored, optimizer=keras.optimizers.SGD(0.1), loss=LOSS,
-                                 steps_per_execution=spe)
+        trainer = tfdist.Trainer(
+            builder(w0),
+            strategy=mirrored,
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=LOSS,
+            steps_per_execution=spe,
+        )
         trainer.fit(dataset(), epochs=2, verbose=0)
         results.append(trainer.model.get_weights())
     for a, b in zip(*results):
@@ -104,8 +138,13 @@ def test_objects_created_outside_the_scope(mirrored):
     keras.utils.set_random_seed(3)
     model = builder()()
     before = model.get_weights()
-    trainer = tfdist.Trainer(model, strategy=mirrored, optimizer=keras.optimizers.Adam(1e-2), loss=LOSS,
-                             metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
+    trainer = tfdist.Trainer(
+        model,
+        strategy=mirrored,
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=LOSS,
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+    )
     for a, b in zip(before, trainer.model.get_weights()):
         np.testing.assert_array_equal(a, b)  # cloned into the scope, weights kept
     history = trainer.fit(dataset(), epochs=1, verbose=0)
@@ -125,13 +164,22 @@ def test_mixed_precision(mirrored, digits, precision):
     assert history.history["val_accuracy"][-1] >= 0.85
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    ({"precision": "float8"}, "argument `precision`. Received: precision='float8'. Expected one of"),
-    ({"accumulation_steps": 0}, "argument `accumulation_steps`. Received: accumulation_steps=0"),
-    ({"steps_per_execution": -1}, "argument `steps_per_execution`"),
-    ({"loss": None}, "argument `loss`. Received: loss=None"),
-    ({"optimizer": "adamm"}, "argument `optimizer`. Received: optimizer='adamm'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (
+            {"precision": "float8"},
+            "argument `precision`. Received: precision='float8'. Expected one of",
+        ),
+        (
+            {"accumulation_steps": 0},
+            "argument `accumulation_steps`. Received: accumulation_steps=0",
+        ),
+        ({"steps_per_execution": -1}, "argument `steps_per_execution`"),
+        ({"loss": None}, "argument `loss`. Received: loss=None"),
+        ({"optimizer": "adamm"}, "argument `optimizer`. Received: optimizer='adamm'"),
+    ],
+)
 def test_constructor_errors(mirrored, kwargs, pattern):
     options = {"optimizer": "sgd", "loss": LOSS, **kwargs}
     with pytest.raises(ValueError, match=pattern.replace("(", r"\(").replace("[", r"\[")):
@@ -139,9 +187,13 @@ def test_constructor_errors(mirrored, kwargs, pattern):
 
 
 def test_model_argument_errors(mirrored):
-    with pytest.raises(ValueError, match=r"argument `model`. Received: model='cnn'.*tfdist.models.get\('cnn'\)"):
+    with pytest.raises(
+        ValueError, match=r"argument `model`. Received: model='cnn'.*tfdist.models.get\('cnn'\)"
+    ):
         tfdist.Trainer("cnn", strategy=mirrored, loss=LOSS)
-    with pytest.raises(ValueError, match="argument `precision`.*dtype policy the model was built with"):
+    with pytest.raises(
+        ValueError, match="argument `precision`.*dtype policy the model was built with"
+    ):
         tfdist.Trainer(builder()(), strategy=mirrored, loss=LOSS, precision="mixed_bfloat16")
 
 
@@ -149,14 +201,21 @@ def test_fit_data_errors(mirrored, digits):
     train, _ = digits
     trainer = tfdist.Trainer(builder(), strategy=mirrored, optimizer="sgd", loss=LOSS)
     x, y = data()
-    with pytest.raises(ValueError, match=r"argument `global_batch_size`. Received: global_batch_size=15.*"
-                                         r"multiple of the number of replicas in sync \(2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument `global_batch_size`. Received: global_batch_size=15.*"
+        r"multiple of the number of replicas in sync \(2\)",
+    ):
         trainer.fit((x, y), global_batch_size=15, verbose=0)
-    with pytest.raises(ValueError, match="argument `steps_per_epoch`. Received: steps_per_epoch=None"):
+    with pytest.raises(
+        ValueError, match="argument `steps_per_epoch`. Received: steps_per_epoch=None"
+    ):
         trainer.fit(dataset().repeat(), verbose=0)
     with pytest.raises(ValueError, match="argument `global_batch_size`.*yields no batches"):
         trainer.fit(lambda ctx: dataset().take(0), verbose=0)
-    with pytest.raises(ValueError, match="argument `data`. Received: data='digits'.*tfdist.data.load"):
+    with pytest.raises(
+        ValueError, match="argument `data`. Received: data='digits'.*tfdist.data.load"
+    ):
         trainer.fit("digits", verbose=0)
     with pytest.raises(ValueError, match="argument `epochs`. Received: epochs=0"):
         trainer.fit(dataset(), epochs=0, verbose=0)

@@ -24,6 +24,7 @@ Modules, by job:
 Set ``TFDIST_DISABLE_COMPAT=symbolic_build`` (comma separated) to skip a shim,
 e.g. to check whether upstream still needs it.
 """
+
 from __future__ import annotations
 
 from tfdist._compat.atomic import VARIABLE, keras_assign_add_is_read_then_write, make_atomic
@@ -58,41 +59,64 @@ from tfdist._compat.shims import Patch, Shim, apply_table, disabled, in_force, o
 
 #: What :func:`apply` considers, in order (``import tfdist`` applies them once Keras loads).
 SHIM_TABLE: tuple[Shim, ...] = (
-    Shim("symbolic_build",
-         "Keras fit reduces the first distributed batch across workers only to learn its shapes",
-         keras_reduces_batch_to_build,
-         (Patch(TRAINER_MODULE + ":TensorFlowTrainer", "_maybe_symbolic_build",
-                lambda upstream: maybe_symbolic_build),)),
-    Shim("multi_worker_reduce",
-         "Keras reduces scalar metrics with axis=0 under multi-worker collectives",
-         keras_reduces_scalars_on_axis_0,
-         (Patch(TRAINER_MODULE, "reduce_per_replica", make_reduce_per_replica),)),
-    Shim("atomic_assign_add",
-         "Keras assign_add is a read then a write: concurrent PS workers lose increments",
-         keras_assign_add_is_read_then_write,
-         (Patch(VARIABLE, "assign_add", lambda upstream: make_atomic(upstream, "assign_add")),
-          Patch(VARIABLE, "assign_sub", lambda upstream: make_atomic(upstream, "assign_sub")))),
-    Shim("sharded_variables",
-         "Keras updates a ShardedVariable through extended.update and reads it through __array__",
-         lambda: keras_updates_sharded_through_extended_update() or sharded_variable_lacks_array(),
-         (Patch(TF_OPTIMIZER, "_distributed_tf_update_step", make_sharded_update),
-          Patch(KERAS_VARIABLE, "__array__", make_array))),
+    Shim(
+        "symbolic_build",
+        "Keras fit reduces the first distributed batch across workers only to learn its shapes",
+        keras_reduces_batch_to_build,
+        (
+            Patch(
+                TRAINER_MODULE + ":TensorFlowTrainer",
+                "_maybe_symbolic_build",
+                lambda upstream: maybe_symbolic_build,
+            ),
+        ),
+    ),
+    Shim(
+        "multi_worker_reduce",
+        "Keras reduces scalar metrics with axis=0 under multi-worker collectives",
+        keras_reduces_scalars_on_axis_0,
+        (Patch(TRAINER_MODULE, "reduce_per_replica", make_reduce_per_replica),),
+    ),
+    Shim(
+        "atomic_assign_add",
+        "Keras assign_add is a read then a write: concurrent PS workers lose increments",
+        keras_assign_add_is_read_then_write,
+        (
+            Patch(VARIABLE, "assign_add", lambda upstream: make_atomic(upstream, "assign_add")),
+            Patch(VARIABLE, "assign_sub", lambda upstream: make_atomic(upstream, "assign_sub")),
+        ),
+    ),
+    Shim(
+        "sharded_variables",
+        "Keras updates a ShardedVariable through extended.update and reads it through __array__",
+        lambda: keras_updates_sharded_through_extended_update() or sharded_variable_lacks_array(),
+        (
+            Patch(TF_OPTIMIZER, "_distributed_tf_update_step", make_sharded_update),
+            Patch(KERAS_VARIABLE, "__array__", make_array),
+        ),
+    ),
 )
 
 #: What :func:`apply_sharded_variable_shims` considers (``make_strategy("parameter_server")``).
 SHARDED_VARIABLE_SHIM_TABLE: tuple[Shim, ...] = (
-    Shim("sharded_gradients",
-         "GradientTape cannot take a Keras variable that wraps a ShardedVariable",
-         sharded_variables_lack_handle,
-         (Patch("tensorflow:GradientTape", "gradient", make_sharded_gradient),)),
-    Shim("sharded_weight_decay",
-         "Keras applies weight decay through extended.update, which a ShardedVariable refuses",
-         keras_weight_decay_uses_extended_update,
-         (Patch(TF_OPTIMIZER, "_apply_weight_decay", make_sharded_weight_decay),)),
-    Shim("sharded_slots",
-         "Keras creates slots under colocate_vars_with, which a ShardedVariable refuses in a graph",
-         keras_slots_colocate_with_reference,
-         (Patch(TF_OPTIMIZER, "add_variable_from_reference", make_sharded_slot),)),
+    Shim(
+        "sharded_gradients",
+        "GradientTape cannot take a Keras variable that wraps a ShardedVariable",
+        sharded_variables_lack_handle,
+        (Patch("tensorflow:GradientTape", "gradient", make_sharded_gradient),),
+    ),
+    Shim(
+        "sharded_weight_decay",
+        "Keras applies weight decay through extended.update, which a ShardedVariable refuses",
+        keras_weight_decay_uses_extended_update,
+        (Patch(TF_OPTIMIZER, "_apply_weight_decay", make_sharded_weight_decay),),
+    ),
+    Shim(
+        "sharded_slots",
+        "Keras creates slots under colocate_vars_with, which a ShardedVariable refuses in a graph",
+        keras_slots_colocate_with_reference,
+        (Patch(TF_OPTIMIZER, "add_variable_from_reference", make_sharded_slot),),
+    ),
 )
 
 #: Names of the shims :func:`apply` considers, in order.
@@ -135,15 +159,43 @@ def apply_sharded_variable_shims() -> list[str]:
 
 
 __all__ = [
-    "SHARDED_VARIABLE_SHIMS", "SHARDED_VARIABLE_SHIM_TABLE", "SHIMS", "SHIM_TABLE", "Patch", "Shim",
-    "additive", "apply", "apply_sharded_variable_shims", "connected_cluster",
+    "SHARDED_VARIABLE_SHIMS",
+    "SHARDED_VARIABLE_SHIM_TABLE",
+    "SHIMS",
+    "SHIM_TABLE",
+    "Patch",
+    "Shim",
+    "additive",
+    "apply",
+    "apply_sharded_variable_shims",
+    "connected_cluster",
     "connected_to_cluster",
-    "disabled", "gradients_already_summed", "in_force", "is_sharded_variable",
-    "keras_assign_add_is_read_then_write", "keras_reduces_batch_to_build",
-    "keras_reduces_scalars_on_axis_0", "keras_slots_colocate_with_reference",
-    "keras_updates_sharded_through_extended_update", "keras_weight_decay_uses_extended_update",
-    "local_batch", "make_array", "make_atomic", "make_reduce_per_replica", "make_sharded_gradient",
-    "make_sharded_slot", "make_sharded_update", "make_sharded_weight_decay", "maybe_symbolic_build",
-    "metric_state_as_tensors", "metric_variables", "needs", "original", "shards_of", "shim",
-    "sharded_variable_lacks_array", "sharded_variables_lack_handle", "tf_runtime_started",
+    "disabled",
+    "gradients_already_summed",
+    "in_force",
+    "is_sharded_variable",
+    "keras_assign_add_is_read_then_write",
+    "keras_reduces_batch_to_build",
+    "keras_reduces_scalars_on_axis_0",
+    "keras_slots_colocate_with_reference",
+    "keras_updates_sharded_through_extended_update",
+    "keras_weight_decay_uses_extended_update",
+    "local_batch",
+    "make_array",
+    "make_atomic",
+    "make_reduce_per_replica",
+    "make_sharded_gradient",
+    "make_sharded_slot",
+    "make_sharded_update",
+    "make_sharded_weight_decay",
+    "maybe_symbolic_build",
+    "metric_state_as_tensors",
+    "metric_variables",
+    "needs",
+    "original",
+    "shards_of",
+    "shim",
+    "sharded_variable_lacks_array",
+    "sharded_variables_lack_handle",
+    "tf_runtime_started",
 ]

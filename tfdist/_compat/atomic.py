@@ -6,6 +6,7 @@ overwrite each other's increments (200 updates scheduled, ``optimizer.iterations
 counted 167), and metric totals lose updates the same way. The shim uses the TF
 variable's own ``assign_add``, one atomic op on the variable's device.
 """
+
 from __future__ import annotations
 
 import inspect

@@ -3,6 +3,7 @@
 ``tfdist bench`` only reports these (in a result's ``cpu`` block); nothing it
 measures depends on them, so each returns None when the internal is gone.
 """
+
 from __future__ import annotations
 
 

@@ -3,6 +3,7 @@
 Each function names one reach past Keras's public surface, with the reason;
 ``tests/training/test_backup_callback.py`` fails if a Keras release moves it.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -21,7 +22,8 @@ def set_initial_epoch(model: keras.Model, epoch: int) -> None:
 
 
 def calling_callback_list(
-        callback: keras.callbacks.Callback) -> keras.callbacks.CallbackList | None:
+    callback: keras.callbacks.Callback,
+) -> keras.callbacks.CallbackList | None:
     """The ``CallbackList`` whose ``on_train_begin`` is calling ``callback``'s, if any.
 
     Reason: Keras gives a callback no handle on its ``CallbackList``; the
@@ -37,7 +39,8 @@ def calling_callback_list(
                 break
             caller = frame.f_locals.get("self")
             if isinstance(caller, keras.callbacks.CallbackList) and any(
-                    c is callback for c in caller.callbacks):
+                c is callback for c in caller.callbacks
+            ):
                 return caller
             frame = frame.f_back
     finally:

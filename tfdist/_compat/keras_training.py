@@ -5,6 +5,7 @@ one of them breaks here, in one place, with a name that says what was needed.
 Where Keras has a public equivalent, tfdist uses that instead (e.g.
 ``keras.utils.unpack_x_y_sample_weight``, ``model.compute_loss``).
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -7,10 +7,12 @@ therefore traces its scheduled function with each metric variable's TF variable
 swapped for a local tensor that starts at zero: each execution computes the
 sums of its own steps, which the coordinator adds up in order.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -49,7 +51,8 @@ class _StateBox:
 
 tf.register_tensor_conversion_function(
     _StateBox,
-    lambda box, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(box.current, dtype=dtype))
+    lambda box, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(box.current, dtype=dtype),
+)
 
 
 def metric_variables(model: keras.Model) -> list[Any]:
@@ -63,8 +66,9 @@ def additive(variables: list[Any]) -> bool:
 
 
 @contextlib.contextmanager
-def metric_state_as_tensors(variables: list[Any],
-                            values: list[Any] | None = None) -> Iterator[list[_StateBox]]:
+def metric_state_as_tensors(
+    variables: list[Any], values: list[Any] | None = None
+) -> Iterator[list[_StateBox]]:
     """Within this block, ``variables`` (Keras metric variables) read and write local tensors.
 
     Args:

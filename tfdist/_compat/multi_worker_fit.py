@@ -11,6 +11,7 @@ metric results with ``strategy.reduce("MEAN", v, axis=0)`` under multi-worker
 collectives (``reduce_per_replica``), which fails on scalars: "Invalid reduction
 dimension 0 for input with 0 dimensions". The shim reduces scalars with ``axis=None``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,9 +30,11 @@ def local_batch(strategy: tf.distribute.Strategy, batch: Any) -> Any:
     Runs in cross-replica context.
     """
     return tf.nest.map_structure(
-        lambda v: strategy.experimental_local_results(v)[0]
-        if isinstance(v, tf.distribute.DistributedValues)
-        else v,
+        lambda v: (
+            strategy.experimental_local_results(v)[0]
+            if isinstance(v, tf.distribute.DistributedValues)
+            else v
+        ),
         batch,
     )
 
@@ -106,8 +109,11 @@ def keras_reduces_scalars_on_axis_0(fn: Any = None) -> bool:
         @property
         def extended(self) -> Any:
             # Keras asks the (private) multi-worker flag of the strategy's extended.
-            return type("Extended", (), {"_in_multi_worker_mode": lambda _: True,
-                                         "worker_devices": ("cpu",)})()
+            return type(
+                "Extended",
+                (),
+                {"_in_multi_worker_mode": lambda _: True, "worker_devices": ("cpu",)},
+            )()
 
         def reduce(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
             return self.recorder.reduce(reduce_op, value, axis)

@@ -8,10 +8,12 @@ tfdist traces its step, and restores it afterwards. If the hook is missing (a
 Keras that renamed it) with more than one replica, it raises: otherwise
 gradients would be all-reduced twice, i.e. multiplied by the replica count.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -30,8 +32,9 @@ def _num_replicas(optimizer: Any) -> int:
 
 
 @contextlib.contextmanager
-def gradients_already_summed(optimizer: keras.optimizers.Optimizer, *,
-                             num_replicas: int | None = None) -> Iterator[None]:
+def gradients_already_summed(
+    optimizer: keras.optimizers.Optimizer, *, num_replicas: int | None = None
+) -> Iterator[None]:
     """Within this block, ``optimizer`` applies gradients without all-reducing them.
 
     Only tracing reads the hook, so wrap every call of a ``tf.function`` that
@@ -59,7 +62,8 @@ def gradients_already_summed(optimizer: keras.optimizers.Optimizer, *,
                     f"all-reducing gradients: its private hook `{HOOK}` is gone. With {replicas} "
                     "replicas the gradients tfdist already summed would be summed again "
                     "(multiplied by the replica count). Use a Keras version with the hook or "
-                    "update tfdist/_compat/optimizer.py.")
+                    "update tfdist/_compat/optimizer.py."
+                )
             continue
         # An instance attribute shadows the class's method for this optimizer only;
         # object.__setattr__ skips Keras's attribute tracking.

@@ -4,6 +4,7 @@ Probes run at ``import tfdist`` time, before a multi-worker program creates its
 strategy (TF refuses to configure collectives once its context is initialised),
 so they must create no tensors and need no cluster.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,9 @@ class RecordingStrategy:
         self.calls.append(("reduce", axis))
         return value
 
-    def update(self, var: Any, fn: Any, args: Any = (), kwargs: Any = None,
-               group: bool = True) -> None:
+    def update(
+        self, var: Any, fn: Any, args: Any = (), kwargs: Any = None, group: bool = True
+    ) -> None:
         self.calls.append(("update", var))
 
     def experimental_local_results(self, value: Any) -> tuple:

@@ -1,4 +1,5 @@
 """The TF runtime's and tf.distribute strategies' own state, which no public TF API exposes."""
+
 from __future__ import annotations
 
 from typing import Any

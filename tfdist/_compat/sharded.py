@@ -26,6 +26,7 @@ first ``apply_gradients``) creates its slots under ``colocate_vars_with(var)``,
 which fails in a graph for a ShardedVariable. The shim creates such slots
 without colocation; the strategy's partitioner then shards them like the variable.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -91,8 +92,9 @@ def make_sharded_gradient(upstream):
         shards = [shards_of(s) for s in flat]
         if all(s is None for s in shards):
             return upstream(self, target, sources, *args, **kwargs)
-        expanded = [v for s, parts in zip(flat, shards)
-                    for v in (parts if parts is not None else [s])]
+        expanded = [
+            v for s, parts in zip(flat, shards) for v in (parts if parts is not None else [s])
+        ]
         grads = upstream(self, target, expanded, *args, **kwargs)
         out, i = [], 0
         for parts in shards:
@@ -100,9 +102,12 @@ def make_sharded_gradient(upstream):
                 out.append(grads[i])
                 i += 1
                 continue
-            pieces, i = grads[i:i + len(parts)], i + len(parts)
-            out.append(None if any(p is None for p in pieces)
-                       else tf.concat([tf.convert_to_tensor(p) for p in pieces], axis=0))
+            pieces, i = grads[i : i + len(parts)], i + len(parts)
+            out.append(
+                None
+                if any(p is None for p in pieces)
+                else tf.concat([tf.convert_to_tensor(p) for p in pieces], axis=0)
+            )
         return tf.nest.pack_sequence_as(sources, out)
 
     gradient.__doc__ = upstream.__doc__
@@ -138,8 +143,9 @@ def make_sharded_slot(upstream):
         if shards_of(reference_variable) is None:
             return upstream(self, reference_variable, name=name, initializer=initializer)
         # What TFOptimizer's own version calls, minus the colocation.
-        return BaseOptimizer.add_variable_from_reference(self, reference_variable, name=name,
-                                                         initializer=initializer)
+        return BaseOptimizer.add_variable_from_reference(
+            self, reference_variable, name=name, initializer=initializer
+        )
 
     return add_variable_from_reference
 

@@ -7,13 +7,15 @@ saves what each patch replaced (see :func:`original`), and is idempotent.
 This module imports nothing from Keras or TensorFlow itself: patch targets are
 named by ``"module:Class"`` strings and resolved only when a shim is applied.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import logging
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 logger = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ updates each side actually made per call are recorded as a check.
 
     tfdist bench --benchmarks=accumulation
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -54,18 +55,31 @@ def accumulation(repeats: int, quick: bool) -> dict[str, Any]:
     strategy = common.strategy("mirrored")
     global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
     micro_batches = 8 if quick else MICRO_BATCHES_PER_FIT
-    dataset = fits.make_dataset(INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8)
+    dataset = fits.make_dataset(
+        INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8
+    )
 
     def build() -> keras.Model:
         return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
 
     builder = fits.with_weights(build, fits.initial_weights(build))
-    trainers = {name: tfdist.Trainer(builder, strategy=strategy, optimizer=keras.optimizers.SGD(LEARNING_RATE),
-                                     loss=fits.logits_loss(), accumulation_steps=k,
-                                     steps_per_execution=STEPS_PER_EXECUTION)
-                for name, k in SIDES.items()}
-    sides = {name: fits.trainer_side(trainer, dataset, global_batch_size=global_batch_size, steps=micro_batches)
-             for name, trainer in trainers.items()}
+    trainers = {
+        name: tfdist.Trainer(
+            builder,
+            strategy=strategy,
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss=fits.logits_loss(),
+            accumulation_steps=k,
+            steps_per_execution=STEPS_PER_EXECUTION,
+        )
+        for name, k in SIDES.items()
+    }
+    sides = {
+        name: fits.trainer_side(
+            trainer, dataset, global_batch_size=global_batch_size, steps=micro_batches
+        )
+        for name, trainer in trainers.items()
+    }
     samples = timing.alternate(sides, repeats)
     rates = {name: samples.median(name) for name in sides}
     calls = {name: 1 + len(samples.values[name]) for name in sides}  # + the warm-up
@@ -75,17 +89,25 @@ def accumulation(repeats: int, quick: bool) -> dict[str, Any]:
         "ratio": timing.ratio(rates["accumulating"], rates["plain"]),
         "goal": ">= 0.95",
         "fit_overhead_s": {name: timing.median(side.overheads) for name, side in sides.items()},
-        "updates_per_fit": {name: int(trainer.model.optimizer.iterations.numpy()) / calls[name]
-                            for name, trainer in trainers.items()},
+        "updates_per_fit": {
+            name: int(trainer.model.optimizer.iterations.numpy()) / calls[name]
+            for name, trainer in trainers.items()
+        },
         # Counted per timed call (fits.FitThroughput), so a check can see each call's own updates.
         "updates_per_call": {name: list(side.updates) for name, side in sides.items()},
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {
-            "strategy": "mirrored", "num_replicas": strategy.num_replicas_in_sync, "model": "cnn",
-            "input_shape": list(INPUT_SHAPE), "num_classes": NUM_CLASSES,
-            "global_batch_size": global_batch_size, "micro_batches_per_fit": micro_batches,
-            "accumulation_steps": dict(SIDES), "steps_per_execution": STEPS_PER_EXECUTION,
-            "optimizer": f"SGD({LEARNING_RATE})", "metrics": [],
+            "strategy": "mirrored",
+            "num_replicas": strategy.num_replicas_in_sync,
+            "model": "cnn",
+            "input_shape": list(INPUT_SHAPE),
+            "num_classes": NUM_CLASSES,
+            "global_batch_size": global_batch_size,
+            "micro_batches_per_fit": micro_batches,
+            "accumulation_steps": dict(SIDES),
+            "steps_per_execution": STEPS_PER_EXECUTION,
+            "optimizer": f"SGD({LEARNING_RATE})",
+            "metrics": [],
         },
     }

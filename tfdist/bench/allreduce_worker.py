@@ -7,6 +7,7 @@ and the loop is not unrolled. Then, in the same two processes, a loopback TCP
 transfer of the same sizes (worker 0 receives, worker 1 sends) and, on worker
 0, a numpy copy: what one host can move at most.
 """
+
 from __future__ import annotations
 
 import socket
@@ -20,15 +21,19 @@ import tfdist
 from tfdist.bench.timing import median
 from tfdist.bench.workers import task
 
-_IMPLEMENTATIONS = {"ring": tf.distribute.experimental.CommunicationImplementation.RING,
-                    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-                    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
+_IMPLEMENTATIONS = {
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
 DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 
 
 def iterations(nbytes: int, spec: dict[str, Any]) -> int:
     """All-reduces per timed call: about ``spec["bytes_per_call"]`` in all, within [min_iters, max_iters]."""
-    return int(min(spec["max_iters"], max(spec["min_iters"], spec["bytes_per_call"] // max(nbytes, 1))))
+    return int(
+        min(spec["max_iters"], max(spec["min_iters"], spec["bytes_per_call"] // max(nbytes, 1)))
+    )
 
 
 def _pieces(elements: int, count: int) -> list[int]:
@@ -37,22 +42,31 @@ def _pieces(elements: int, count: int) -> list[int]:
     return [base + (1 if i < elements % count else 0) for i in range(count)]
 
 
-def time_allreduce(strategy: tf.distribute.Strategy, sizes: list[int], dtype: tf.DType,
-                   options: tf.distribute.experimental.CommunicationOptions, iters: int, repeats: int) -> list[float]:
+def time_allreduce(
+    strategy: tf.distribute.Strategy,
+    sizes: list[int],
+    dtype: tf.DType,
+    options: tf.distribute.experimental.CommunicationOptions,
+    iters: int,
+    repeats: int,
+) -> list[float]:
     """Seconds per all-reduce of tensors of ``sizes`` elements (``repeats`` timed calls of ``iters`` each)."""
 
     def one(*tensors: tf.Tensor) -> list[tf.Tensor]:
         # tf.identity in the replica function puts the inputs on the replica's device: made in
         # cross-replica context they have none, and the all-reduce would have no destination.
         placed = [tf.identity(t) for t in tensors]
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, placed,
-                                                              options=options)
+        return tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, placed, options=options
+        )
 
     @tf.function
     def loop(n: tf.Tensor) -> tf.Tensor:
         tensors = [tf.zeros([s], dtype) for s in sizes]
         for _ in tf.range(n):
-            tensors = [strategy.experimental_local_results(t)[0] for t in strategy.run(one, args=tensors)]
+            tensors = [
+                strategy.experimental_local_results(t)[0] for t in strategy.run(one, args=tensors)
+            ]
         return tf.add_n([tf.cast(t[0], tf.float32) for t in tensors])
 
     loop(tf.constant(1)).numpy()  # trace, and connect
@@ -65,8 +79,9 @@ def time_allreduce(strategy: tf.distribute.Strategy, sizes: list[int], dtype: tf
 
 
 def sweep(strategy: tf.distribute.Strategy, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    implementations = [i for i in spec["implementations"]
-                       if i != "nccl" or tf.config.list_physical_devices("GPU")]
+    implementations = [
+        i for i in spec["implementations"] if i != "nccl" or tf.config.list_physical_devices("GPU")
+    ]
     rows = []
     for impl in implementations:
         for packing, (count, per_pack) in spec["packings"].items():
@@ -78,18 +93,38 @@ def sweep(strategy: tf.distribute.Strategy, spec: dict[str, Any]) -> list[dict[s
                     nbytes = elements * dtype.size
                     iters = iterations(nbytes, spec)
                     options = tf.distribute.experimental.CommunicationOptions(
-                        bytes_per_pack=int(per_pack), implementation=_IMPLEMENTATIONS[impl])
-                    point = {"fp32_bytes": fp32_bytes, "elements": elements, "bytes": nbytes, "iters": iters,
-                             "tensors": len(_pieces(elements, count))}
+                        bytes_per_pack=int(per_pack), implementation=_IMPLEMENTATIONS[impl]
+                    )
+                    point = {
+                        "fp32_bytes": fp32_bytes,
+                        "elements": elements,
+                        "bytes": nbytes,
+                        "iters": iters,
+                        "tensors": len(_pieces(elements, count)),
+                    }
                     try:
-                        seconds = time_allreduce(strategy, _pieces(elements, count), dtype, options, iters,
-                                                 spec["repeats"])
+                        seconds = time_allreduce(
+                            strategy,
+                            _pieces(elements, count),
+                            dtype,
+                            options,
+                            iters,
+                            spec["repeats"],
+                        )
                         point.update(samples_s=seconds, time_s=median(seconds))
                     except (tf.errors.OpError, ValueError, TypeError) as e:  # same on every worker
                         point["unavailable"] = f"{type(e).__name__}: {str(e)[:200]}"
                     points.append(point)
-                rows.append({"implementation": impl, "packing": packing, "tensors": count,
-                             "bytes_per_pack": per_pack, "dtype": dtype_name, "points": points})
+                rows.append(
+                    {
+                        "implementation": impl,
+                        "packing": packing,
+                        "tensors": count,
+                        "bytes_per_pack": per_pack,
+                        "dtype": dtype_name,
+                        "points": points,
+                    }
+                )
     return rows
 
 
@@ -110,7 +145,9 @@ def loopback(spec: dict[str, Any], task_id: int) -> dict[str, list[dict[str, Any
     if task_id == 0:
         with socket.create_server(("127.0.0.1", port)) as server:
             conn, _ = server.accept()
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no Nagle delay on the 1-byte "go"
+            conn.setsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
+            )  # no Nagle delay on the 1-byte "go"
             with conn:
                 for size in sizes:
                     iters = iterations(size, spec)
@@ -118,7 +155,9 @@ def loopback(spec: dict[str, Any], task_id: int) -> dict[str, list[dict[str, Any
                     samples = []
                     for _ in range(spec["repeats"]):
                         start = time.perf_counter()
-                        conn.sendall(b"g")  # the sender starts now: the time includes one round trip
+                        conn.sendall(
+                            b"g"
+                        )  # the sender starts now: the time includes one round trip
                         for _ in range(iters):
                             _recv_exactly(conn, buf)
                         samples.append((time.perf_counter() - start) / iters)
@@ -156,12 +195,21 @@ def loopback(spec: dict[str, Any], task_id: int) -> dict[str, list[dict[str, Any
 
 def _rate(size: int, samples: list[float], iters: int) -> dict[str, Any]:
     t = median(samples)
-    return {"bytes": size, "time_s": t, "GBps": size / t / 1e9 if t > 0 else None, "iters": iters,
-            "samples_s": samples}
+    return {
+        "bytes": size,
+        "time_s": t,
+        "GBps": size / t / 1e9 if t > 0 else None,
+        "iters": iters,
+        "samples_s": samples,
+    }
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     strategy = tfdist.make_strategy("multi_worker")
     _, task_id = task()
     rows = sweep(strategy, spec)
-    return {"num_workers": strategy.num_replicas_in_sync, "series": rows, "loopback": loopback(spec, task_id)}
+    return {
+        "num_workers": strategy.num_replicas_in_sync,
+        "series": rows,
+        "loopback": loopback(spec, task_id),
+    }

@@ -17,6 +17,7 @@ show it: a worker killed after update 22 resumes from 20 or 22).
 
     tfdist bench --benchmarks=backup
 """
+
 from __future__ import annotations
 
 import shutil
@@ -43,7 +44,9 @@ def backup(repeats: int, quick: bool) -> dict[str, Any]:
     global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
     steps = 8 if quick else STEPS_PER_FIT
     freq = 2 if quick else BACKUP_FREQ
-    dataset = fits.make_dataset(INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8)
+    dataset = fits.make_dataset(
+        INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8
+    )
 
     def build() -> keras.Model:
         return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
@@ -51,12 +54,26 @@ def backup(repeats: int, quick: bool) -> dict[str, Any]:
     builder = fits.with_weights(build, fits.initial_weights(build))
     workdir = tempfile.mkdtemp(prefix="tfdist-bench-backup-")
     try:
-        options = {"with_backup": {"backup_dir": f"{workdir}/backup", "backup_freq": freq}, "no_backup": {}}
-        trainers = {name: tfdist.Trainer(builder, strategy=strategy, optimizer=keras.optimizers.SGD(0.01),
-                                         loss=fits.logits_loss(), **kwargs)
-                    for name, kwargs in options.items()}
-        sides = {name: fits.trainer_side(trainer, dataset, global_batch_size=global_batch_size, steps=steps)
-                 for name, trainer in trainers.items()}
+        options = {
+            "with_backup": {"backup_dir": f"{workdir}/backup", "backup_freq": freq},
+            "no_backup": {},
+        }
+        trainers = {
+            name: tfdist.Trainer(
+                builder,
+                strategy=strategy,
+                optimizer=keras.optimizers.SGD(0.01),
+                loss=fits.logits_loss(),
+                **kwargs,
+            )
+            for name, kwargs in options.items()
+        }
+        sides = {
+            name: fits.trainer_side(
+                trainer, dataset, global_batch_size=global_batch_size, steps=steps
+            )
+            for name, trainer in trainers.items()
+        }
         samples = timing.alternate(sides, repeats)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -78,6 +95,12 @@ def backup(repeats: int, quick: bool) -> dict[str, Any]:
         "updates_per_call": {name: list(side.updates) for name, side in sides.items()},
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
-        "config": {"strategy": "mirrored", "num_replicas": strategy.num_replicas_in_sync, "model": "cnn",
-                   "global_batch_size": global_batch_size, "updates_per_fit": steps, "backup_freq": freq},
+        "config": {
+            "strategy": "mirrored",
+            "num_replicas": strategy.num_replicas_in_sync,
+            "model": "cnn",
+            "global_batch_size": global_batch_size,
+            "updates_per_fit": steps,
+            "backup_freq": freq,
+        },
     }

@@ -22,6 +22,7 @@ bfloat16 is only emulated. ``cpu`` records which of these flags
 
     tfdist bench --benchmarks=bf16_vs_fp32
 """
+
 from __future__ import annotations
 
 import os
@@ -60,7 +61,9 @@ def cpu_features(path: str = "/proc/cpuinfo") -> dict[str, Any]:
                     model = value.strip()
     except OSError:
         pass
-    features: dict[str, Any] = {flag: None if flags is None else flag in flags for flag in BF16_CPU_FLAGS}
+    features: dict[str, Any] = {
+        flag: None if flags is None else flag in flags for flag in BF16_CPU_FLAGS
+    }
     features["model_name"] = model
     features["onednn_enabled"] = onednn_enabled()
     features["TF_ENABLE_ONEDNN_OPTS"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
@@ -80,8 +83,9 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
     """
     import tfdist
 
-    strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder = \
+    strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder = (
         mfu.wide_mlp_setup(quick)
+    )
     sides: dict[str, timing.Side] = {
         "float32_matmul": mfu.matmul_peak(n, iterations, dtype=tf.float32),
         "bfloat16_matmul": mfu.matmul_peak(n, iterations, dtype=tf.bfloat16),
@@ -89,13 +93,24 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
     fit_sides = {}
     compute_dtypes = {}
     for precision in PRECISIONS:
-        trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=keras.optimizers.SGD(LEARNING_RATE),
-                                 loss=fits.logits_loss(), precision=precision)
-        fit_sides[precision] = fits.trainer_side(trainer, dataset, global_batch_size=global_batch_size,
-                                                 steps=steps)
+        trainer = tfdist.Trainer(
+            builder,
+            strategy=strategy,
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss=fits.logits_loss(),
+            precision=precision,
+        )
+        fit_sides[precision] = fits.trainer_side(
+            trainer, dataset, global_batch_size=global_batch_size, steps=steps
+        )
         # What the Dense layers really computed in (the logits stay float32 on both sides).
-        compute_dtypes[precision] = sorted({layer.compute_dtype for layer in trainer.model.layers
-                                            if isinstance(layer, keras.layers.Dense)})
+        compute_dtypes[precision] = sorted(
+            {
+                layer.compute_dtype
+                for layer in trainer.model.layers
+                if isinstance(layer, keras.layers.Dense)
+            }
+        )
     sides.update(fit_sides)
     samples = timing.alternate(sides, repeats)
     rates = {precision: samples.median(precision) for precision in PRECISIONS}
@@ -123,11 +138,21 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {
-            "strategy": "one_device", "precisions": list(PRECISIONS), "model": "mlp", "input_shape": [features],
-            "hidden_units": list(hidden), "num_classes": NUM_CLASSES, "global_batch_size": global_batch_size,
-            "steps_per_fit": steps, "optimizer": f"SGD({LEARNING_RATE})",
+            "strategy": "one_device",
+            "precisions": list(PRECISIONS),
+            "model": "mlp",
+            "input_shape": [features],
+            "hidden_units": list(hidden),
+            "num_classes": NUM_CLASSES,
+            "global_batch_size": global_batch_size,
+            "steps_per_fit": steps,
+            "optimizer": f"SGD({LEARNING_RATE})",
             "step_s_formula": "global_batch_size / median examples/s",
-            "matmul": {"n": n, "iterations": iterations, "dtypes": ["float32", "bfloat16"],
-                       "gflops_formula": "2 * n**3 * iterations / seconds / 1e9"},
+            "matmul": {
+                "n": n,
+                "iterations": iterations,
+                "dtypes": ["float32", "bfloat16"],
+                "gflops_formula": "2 * n**3 * iterations / seconds / 1e9",
+            },
         },
     }

@@ -10,6 +10,7 @@ Threads are pinned before TensorFlow starts in each task: the spec's
 ``threads_per_worker`` goes into ``OMP_NUM_THREADS``/``TF_NUM_INTRAOP_THREADS``
 here and into ``tf.config.threading`` in the task (see ``workers.pin_threads``).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,8 @@ import resource
 import sys
 import tempfile
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tfdist.bench import timing
 from tfdist.config import invalid_argument
@@ -47,8 +49,14 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_tasks(spec: Mapping[str, Any], *, workers: int, ps: int = 0, chief: bool = False,
-              timeout: float = 900.0) -> dict[str, Any]:
+def run_tasks(
+    spec: Mapping[str, Any],
+    *,
+    workers: int,
+    ps: int = 0,
+    chief: bool = False,
+    timeout: float = 900.0,
+) -> dict[str, Any]:
     """Launches the tasks on ``spec`` and returns their results.
 
     Args:
@@ -79,8 +87,13 @@ def run_tasks(spec: Mapping[str, Any], *, workers: int, ps: int = 0, chief: bool
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
         # Read by TF and OpenMP when they start, before the task's own tf.config.threading call.
-        env.update({"OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads),
-                    "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2")})
+        env.update(
+            {
+                "OMP_NUM_THREADS": str(threads),
+                "TF_NUM_INTRAOP_THREADS": str(threads),
+                "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+            }
+        )
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         log_path = os.path.join(out_dir, "tasks.log")
@@ -88,22 +101,38 @@ def run_tasks(spec: Mapping[str, Any], *, workers: int, ps: int = 0, chief: bool
         children = _children_cpu_seconds()
         watch.start()
         with open(log_path, "w") as log:
-            code = launch([sys.executable, "-m", WORKER_MODULE, spec_path], workers=workers, ps=ps, chief=chief,
-                          env=env, output=log, timeout=timeout)
+            code = launch(
+                [sys.executable, "-m", WORKER_MODULE, spec_path],
+                workers=workers,
+                ps=ps,
+                chief=chief,
+                env=env,
+                output=log,
+                timeout=timeout,
+            )
         took = watch.stop()
         children = _children_cpu_seconds() - children
         if code != 0:
             with open(log_path) as f:
                 tail = "".join(f.readlines()[-40:])
-            raise RuntimeError(f"bench tasks ({spec['kind']}, {workers} workers, {ps} ps) exited {code}:\n{tail}")
+            raise RuntimeError(
+                f"bench tasks ({spec['kind']}, {workers} workers, {ps} ps) exited {code}:\n{tail}"
+            )
         tasks = {}
         for name in sorted(os.listdir(out_dir)):
             if name.endswith(".json") and name != "spec.json":
                 with open(os.path.join(out_dir, name)) as f:
                     tasks[name[:-5]] = json.load(f)
-    others = (took.others_cpu_seconds - children) / took.seconds if took.others_cpu_seconds is not None else None
-    return {"tasks": tasks, "launch_seconds": round(took.seconds, 2),
-            "others_cpu": None if others is None else round(max(others, 0.0), 2)}
+    others = (
+        (took.others_cpu_seconds - children) / took.seconds
+        if took.others_cpu_seconds is not None
+        else None
+    )
+    return {
+        "tasks": tasks,
+        "launch_seconds": round(took.seconds, 2),
+        "others_cpu": None if others is None else round(max(others, 0.0), 2),
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -115,12 +144,18 @@ def machine() -> dict[str, Any]:
         load = os.getloadavg()
     except OSError:
         load = None
-    return {"cpu": info, "cpu_count": os.cpu_count(), "cores_usable": cores(), "loadavg": load,
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "cpu": info,
+        "cpu_count": os.cpu_count(),
+        "cores_usable": cores(),
+        "loadavg": load,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
-def merge_options(defaults: Mapping[str, Any], quick_overrides: Mapping[str, Any],
-                  overrides: dict[str, Any]) -> dict[str, Any]:
+def merge_options(
+    defaults: Mapping[str, Any], quick_overrides: Mapping[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
     """A multi-process benchmark's options: defaults, then ``--quick``'s, then the caller's.
 
     Raises:

@@ -19,9 +19,11 @@ device"). So it is created lazily, by the first ``strategy("parameter_server")``
 and a benchmark that uses it registers with ``connects_cluster=True``: the
 runner runs such benchmarks after all the others.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import tensorflow as tf
 
@@ -47,8 +49,9 @@ _PLOTS: dict[str, PlotFn] = {}
 _OPTIONS: dict[str, Any] = {}
 
 
-def register(name: str, *, connects_cluster: bool = False,
-             plot: PlotFn | None = None) -> Callable[[BenchmarkFn], BenchmarkFn]:
+def register(
+    name: str, *, connects_cluster: bool = False, plot: PlotFn | None = None
+) -> Callable[[BenchmarkFn], BenchmarkFn]:
     """Decorator: registers ``fn(repeats, quick) -> dict`` under ``name``.
 
     Args:
@@ -136,7 +139,9 @@ def strategy(kind: str) -> tf.distribute.Strategy:
             from tfdist.strategies.factory import make_strategy
 
             # Deliberately after the local strategies (see the module docstring).
-            _STRATEGIES[kind] = make_strategy(kind, num_workers=PS_WORKERS, num_ps=PS_TASKS, allow_late_connect=True)
+            _STRATEGIES[kind] = make_strategy(
+                kind, num_workers=PS_WORKERS, num_ps=PS_TASKS, allow_late_connect=True
+            )
         return _STRATEGIES[kind]
     if kind not in LOCAL_KINDS:
         raise invalid_argument("strategy", kind, sorted([*LOCAL_KINDS, CLUSTER_KIND]))
@@ -144,5 +149,6 @@ def strategy(kind: str) -> tf.distribute.Strategy:
         raise RuntimeError(
             f"The bench's {kind!r} strategy no longer works: the parameter_server strategy has connected this "
             f"process to its in-process cluster, so its local devices are now /job:chief/... . Run benchmarks "
-            f"that use {kind!r} first (runner.run orders them so).")
+            f"that use {kind!r} first (runner.run orders them so)."
+        )
     return strategies[kind]

@@ -4,10 +4,12 @@ Both sides get the same strategy, model (from identical weights), data and
 options; only the loop differs: ``tfdist.Trainer(...).fit`` vs
 ``model.compile(...)`` + ``model.fit`` inside ``strategy.scope()``.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -16,8 +18,14 @@ import tensorflow as tf
 from tfdist.bench.timing import Samples, Stopwatch, Timing, median, ratio
 
 
-def make_dataset(input_shape: tuple[int, ...], num_classes: int, *, global_batch_size: int,
-                 num_batches: int, seed: int = 0) -> tf.data.Dataset:
+def make_dataset(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    global_batch_size: int,
+    num_batches: int,
+    seed: int = 0,
+) -> tf.data.Dataset:
     """An in-memory, repeated ``tf.data.Dataset`` of ``num_batches`` distinct global batches.
 
     Random features and labels: throughput does not depend on what is learned.
@@ -36,7 +44,9 @@ def initial_weights(build: Callable[[], keras.Model], seed: int = 0) -> list[np.
     return build().get_weights()
 
 
-def with_weights(build: Callable[[], keras.Model], weights: list[np.ndarray]) -> Callable[[], keras.Model]:
+def with_weights(
+    build: Callable[[], keras.Model], weights: list[np.ndarray]
+) -> Callable[[], keras.Model]:
     """A zero-arg builder that builds the model and loads ``weights``."""
 
     def builder() -> keras.Model:
@@ -87,8 +97,14 @@ class FitThroughput:
             made, so that a comparison can show both sides did the same work.
     """
 
-    def __init__(self, fit: Callable[..., Any], *, steps: int, global_batch_size: int,
-                 iterations: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        fit: Callable[..., Any],
+        *,
+        steps: int,
+        global_batch_size: int,
+        iterations: Callable[[], int] | None = None,
+    ) -> None:
         self.fit = fit
         self.steps = steps
         self.global_batch_size = global_batch_size
@@ -108,9 +124,17 @@ class FitThroughput:
         return self.steps * self.global_batch_size / window.timing.seconds, window.timing
 
 
-def fit_sides(strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model], dataset: tf.data.Dataset, *,
-              global_batch_size: int, steps: int, optimizer: Callable[[], keras.optimizers.Optimizer],
-              metrics: Sequence[str] = (), steps_per_execution: int = 1) -> dict[str, FitThroughput]:
+def fit_sides(
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    dataset: tf.data.Dataset,
+    *,
+    global_batch_size: int,
+    steps: int,
+    optimizer: Callable[[], keras.optimizers.Optimizer],
+    metrics: Sequence[str] = (),
+    steps_per_execution: int = 1,
+) -> dict[str, FitThroughput]:
     """The two sides, "trainer" and "keras_fit", each warmed up by one untimed call (see :func:`warm_up`).
 
     Args:
@@ -126,20 +150,38 @@ def fit_sides(strategy: tf.distribute.Strategy, builder: Callable[[], keras.Mode
     """
     import tfdist
 
-    trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=optimizer(), loss=logits_loss(),
-                             metrics=list(metrics), steps_per_execution=steps_per_execution)
+    trainer = tfdist.Trainer(
+        builder,
+        strategy=strategy,
+        optimizer=optimizer(),
+        loss=logits_loss(),
+        metrics=list(metrics),
+        steps_per_execution=steps_per_execution,
+    )
     with strategy.scope():
         model = builder()
-        model.compile(optimizer=optimizer(), loss=logits_loss(), metrics=list(metrics),
-                      steps_per_execution=steps_per_execution)
+        model.compile(
+            optimizer=optimizer(),
+            loss=logits_loss(),
+            metrics=list(metrics),
+            steps_per_execution=steps_per_execution,
+        )
 
     def keras_fit(**kwargs: Any) -> Any:
         # Keras never shuffles a Dataset; shuffle=False only mutes its warning.
         return model.fit(dataset, shuffle=False, **kwargs)
 
-    return {"trainer": trainer_side(trainer, dataset, global_batch_size=global_batch_size, steps=steps),
-            "keras_fit": warm_up(FitThroughput(keras_fit, steps=steps, global_batch_size=global_batch_size,
-                                               iterations=lambda: int(model.optimizer.iterations.numpy())))}
+    return {
+        "trainer": trainer_side(trainer, dataset, global_batch_size=global_batch_size, steps=steps),
+        "keras_fit": warm_up(
+            FitThroughput(
+                keras_fit,
+                steps=steps,
+                global_batch_size=global_batch_size,
+                iterations=lambda: int(model.optimizer.iterations.numpy()),
+            )
+        ),
+    }
 
 
 def warm_up(side: FitThroughput) -> FitThroughput:
@@ -163,8 +205,14 @@ def trainer_side(trainer: Any, data: Any, *, global_batch_size: int, steps: int)
     def fit(**kwargs: Any) -> Any:
         return trainer.fit(data, global_batch_size=global_batch_size, **kwargs)
 
-    return warm_up(FitThroughput(fit, steps=steps, global_batch_size=global_batch_size,
-                                 iterations=lambda: int(trainer.model.optimizer.iterations.numpy())))
+    return warm_up(
+        FitThroughput(
+            fit,
+            steps=steps,
+            global_batch_size=global_batch_size,
+            iterations=lambda: int(trainer.model.optimizer.iterations.numpy()),
+        )
+    )
 
 
 def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[str, Any]:

@@ -23,9 +23,11 @@ measurements are reported (see ``timing``).
 
     tfdist bench --benchmarks=mfu
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import numpy as np
@@ -43,8 +45,9 @@ STEPS_PER_FIT = 6
 LEARNING_RATE = 0.01
 
 
-def matmul_peak(n: int, iterations: int, *, dtype: tf.DType = tf.float32, device: str = "/cpu:0",
-                seed: int = 0) -> timing.Side:
+def matmul_peak(
+    n: int, iterations: int, *, dtype: tf.DType = tf.float32, device: str = "/cpu:0", seed: int = 0
+) -> timing.Side:
     """A measurement of matmul GFLOP/s in ``dtype``: one call of a chained-matmul loop.
 
     The returned callable traces and runs the loop once when created (warm-up);
@@ -100,8 +103,11 @@ def dense_flops_per_example(model: keras.Model) -> int:
     Dense layer held inside a custom (non-Model) layer is not seen. The bench's
     MLP has none.
     """
-    macs = sum(int(np.prod(layer.kernel.shape)) for layer in _layers(model)
-               if isinstance(layer, keras.layers.Dense))
+    macs = sum(
+        int(np.prod(layer.kernel.shape))
+        for layer in _layers(model)
+        if isinstance(layer, keras.layers.Dense)
+    )
     return 6 * macs
 
 
@@ -120,13 +126,28 @@ def wide_mlp_setup(quick: bool) -> tuple:
     features, hidden = (64, (128, 128)) if quick else (INPUT_FEATURES, HIDDEN_UNITS)
     global_batch_size = 64 if quick else GLOBAL_BATCH_SIZE
     steps = 4 if quick else STEPS_PER_FIT
-    dataset = fits.make_dataset((features,), NUM_CLASSES, global_batch_size=global_batch_size, num_batches=4)
+    dataset = fits.make_dataset(
+        (features,), NUM_CLASSES, global_batch_size=global_batch_size, num_batches=4
+    )
 
     def build() -> keras.Model:
-        return tfdist.models.get("mlp", input_shape=(features,), num_classes=NUM_CLASSES, hidden_units=hidden)
+        return tfdist.models.get(
+            "mlp", input_shape=(features,), num_classes=NUM_CLASSES, hidden_units=hidden
+        )
 
     builder = fits.with_weights(build, fits.initial_weights(build))
-    return strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder
+    return (
+        strategy,
+        n,
+        iterations,
+        features,
+        hidden,
+        global_batch_size,
+        steps,
+        dataset,
+        build,
+        builder,
+    )
 
 
 @common.register("mfu")
@@ -138,13 +159,20 @@ def mfu(repeats: int, quick: bool) -> dict[str, Any]:
         ``trainer_mfu``, ``keras_fit_mfu``, ``mfu_ratio`` (trainer / keras MFU),
         ``goal``, the examples/s of both sides, the raw samples and the config.
     """
-    strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder = \
+    strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder = (
         wide_mlp_setup(quick)
+    )
     flops_per_example = dense_flops_per_example(build())
 
     sides: dict[str, timing.Side] = {"matmul": matmul_peak(n, iterations)}
-    fit_sides = fits.fit_sides(strategy, builder, dataset, global_batch_size=global_batch_size, steps=steps,
-                                 optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE))
+    fit_sides = fits.fit_sides(
+        strategy,
+        builder,
+        dataset,
+        global_batch_size=global_batch_size,
+        steps=steps,
+        optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE),
+    )
     sides.update(fit_sides)
     samples = timing.alternate(sides, repeats)
     rates = fits.fit_summary(samples, fit_sides)
@@ -167,11 +195,22 @@ def mfu(repeats: int, quick: bool) -> dict[str, Any]:
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {
-            "strategy": "one_device", "precision": "float32", "model": "mlp", "input_shape": [features],
-            "hidden_units": list(hidden), "num_classes": NUM_CLASSES, "global_batch_size": global_batch_size,
-            "steps_per_fit": steps, "optimizer": f"SGD({LEARNING_RATE})", "flops_per_example": flops_per_example,
+            "strategy": "one_device",
+            "precision": "float32",
+            "model": "mlp",
+            "input_shape": [features],
+            "hidden_units": list(hidden),
+            "num_classes": NUM_CLASSES,
+            "global_batch_size": global_batch_size,
+            "steps_per_fit": steps,
+            "optimizer": f"SGD({LEARNING_RATE})",
+            "flops_per_example": flops_per_example,
             "flops_formula": "6 * sum(in * out over Dense kernels) per example",
-            "matmul": {"n": n, "iterations": iterations, "dtype": "float32",
-                       "gflops_formula": "2 * n**3 * iterations / seconds / 1e9"},
+            "matmul": {
+                "n": n,
+                "iterations": iterations,
+                "dtype": "float32",
+                "gflops_formula": "2 * n**3 * iterations / seconds / 1e9",
+            },
         },
     }

@@ -54,10 +54,12 @@ the goal is about ``ratio``.
 
     tfdist bench --benchmarks=parameter_server
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -76,8 +78,9 @@ TRAINER_STEPS_PER_EXECUTION = {"trainer": 1, "trainer_spe8": 8}
 HAND_WRITTEN_LOOPS = {"hand_written_bare": False, "hand_written_with_loss_metric": True}
 
 
-def make_dataset_fn(global_batch_size: int, *, num_batches: int = NUM_BATCHES,
-                    seed: int = 0) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+def make_dataset_fn(
+    global_batch_size: int, *, num_batches: int = NUM_BATCHES, seed: int = 0
+) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """A ``dataset_fn(input_context)`` of repeated per-replica batches of in-memory random examples.
 
     Each input pipeline (worker) takes its shard of the examples; runs on the
@@ -92,7 +95,9 @@ def make_dataset_fn(global_batch_size: int, *, num_batches: int = NUM_BATCHES,
         per_replica = input_context.get_per_replica_batch_size(global_batch_size)
         ds = tf.data.Dataset.from_tensor_slices((x, y))
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        return ds.batch(per_replica, drop_remainder=True).cache().repeat().prefetch(tf.data.AUTOTUNE)
+        return (
+            ds.batch(per_replica, drop_remainder=True).cache().repeat().prefetch(tf.data.AUTOTUNE)
+        )
 
     return dataset_fn
 
@@ -115,9 +120,16 @@ class HandWrittenLoop:
             not read while timing.
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model],
-                 dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset], *,
-                 global_batch_size: int, steps: int, loss_metric: bool = False) -> None:
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        builder: Callable[[], keras.Model],
+        dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+        *,
+        global_batch_size: int,
+        steps: int,
+        loss_metric: bool = False,
+    ) -> None:
         from tfdist.strategies.ps_runner import coordinator_for
 
         self.strategy = strategy
@@ -141,7 +153,9 @@ class HandWrittenLoop:
             def replica(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
                 with tf.GradientTape() as tape:
                     per_example = loss_fn(y, model(x, training=True))
-                    loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+                    loss = tf.nn.compute_average_loss(
+                        per_example, global_batch_size=global_batch_size
+                    )
                 grads = tape.gradient(loss, model.trainable_variables)
                 optimizer.apply(grads, model.trainable_variables)
                 if mean_loss is not None:
@@ -157,7 +171,8 @@ class HandWrittenLoop:
         start = time.perf_counter()
         strategy, dataset_fn = self.strategy, self.dataset_fn
         per_worker = self.coordinator.create_per_worker_dataset(
-            lambda: strategy.distribute_datasets_from_function(dataset_fn))
+            lambda: strategy.distribute_datasets_from_function(dataset_fn)
+        )
         iterator = iter(per_worker)
         self.setups.append(time.perf_counter() - start)
         watch = timing.Stopwatch()
@@ -211,27 +226,53 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
         return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
 
     builder = fits.with_weights(build, fits.initial_weights(build))
-    trainers = {name: tfdist.Trainer(builder, strategy=strategy, optimizer=keras.optimizers.SGD(LEARNING_RATE),
-                                     loss=fits.logits_loss(), steps_per_execution=spe)
-                for name, spe in TRAINER_STEPS_PER_EXECUTION.items()}
-    trainer_sides = {name: fits.trainer_side(trainer, dataset_fn, global_batch_size=global_batch_size, steps=steps)
-                     for name, trainer in trainers.items()}
-    loops = {name: HandWrittenLoop(strategy, builder, dataset_fn, global_batch_size=global_batch_size, steps=steps,
-                                   loss_metric=loss_metric)
-             for name, loss_metric in HAND_WRITTEN_LOOPS.items()}
+    trainers = {
+        name: tfdist.Trainer(
+            builder,
+            strategy=strategy,
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss=fits.logits_loss(),
+            steps_per_execution=spe,
+        )
+        for name, spe in TRAINER_STEPS_PER_EXECUTION.items()
+    }
+    trainer_sides = {
+        name: fits.trainer_side(
+            trainer, dataset_fn, global_batch_size=global_batch_size, steps=steps
+        )
+        for name, trainer in trainers.items()
+    }
+    loops = {
+        name: HandWrittenLoop(
+            strategy,
+            builder,
+            dataset_fn,
+            global_batch_size=global_batch_size,
+            steps=steps,
+            loss_metric=loss_metric,
+        )
+        for name, loss_metric in HAND_WRITTEN_LOOPS.items()
+    }
     for loop in loops.values():
         loop()  # warm-up: traces, starts the workers' pipelines
         loop.setups.clear()
-    measured: dict[str, timing.Side] = {"trainer": trainer_sides["trainer"], **loops,
-                                        "trainer_spe8": trainer_sides["trainer_spe8"]}
+    measured: dict[str, timing.Side] = {
+        "trainer": trainer_sides["trainer"],
+        **loops,
+        "trainer_spe8": trainer_sides["trainer_spe8"],
+    }
     cpu_ms: dict[str, list[float]] = {name: [] for name in measured}
     sides = {name: _cpu_ms_per_step(side, steps, cpu_ms[name]) for name, side in measured.items()}
     samples = timing.alternate(sides, repeats)
     rates = {name: samples.median(name) for name in sides}
     cpu_per_step = {name: _clean_median(samples, name, cpu_ms[name]) for name in sides}
     calls = {name: 1 + len(samples.values[name]) for name in sides}  # + the warm-up
-    optimizer_steps = {name: int(trainer.model.optimizer.iterations.numpy()) for name, trainer in trainers.items()}
-    optimizer_steps.update({name: int(loop.optimizer.iterations.numpy()) for name, loop in loops.items()})
+    optimizer_steps = {
+        name: int(trainer.model.optimizer.iterations.numpy()) for name, trainer in trainers.items()
+    }
+    optimizer_steps.update(
+        {name: int(loop.optimizer.iterations.numpy()) for name, loop in loops.items()}
+    )
     metric_loop = loops["hand_written_with_loss_metric"]
     bare, with_loss = rates["hand_written_bare"], rates["hand_written_with_loss_metric"]
     return {
@@ -248,22 +289,37 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
         },
         "cpu_ms_per_step": cpu_per_step,
         "cpu_ratio": timing.ratio(cpu_per_step["hand_written_bare"], cpu_per_step["trainer"]),
-        "fit_overhead_s": {name: timing.median(side.overheads) for name, side in trainer_sides.items()},
+        "fit_overhead_s": {
+            name: timing.median(side.overheads) for name, side in trainer_sides.items()
+        },
         "setup_s": {name: timing.median(loop.setups) for name, loop in loops.items()},
-        "optimizer_steps": {name: {"expected": calls[name] * steps, "counted": optimizer_steps[name]}
-                            for name in sides},
-        "loss_metric_updates": {"expected": calls["hand_written_with_loss_metric"] * steps,
-                                "counted": int(metric_loop.loss_metric.count.numpy())},
+        "optimizer_steps": {
+            name: {"expected": calls[name] * steps, "counted": optimizer_steps[name]}
+            for name in sides
+        },
+        "loss_metric_updates": {
+            "expected": calls["hand_written_with_loss_metric"] * steps,
+            "counted": int(metric_loop.loss_metric.count.numpy()),
+        },
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {
-            "strategy": "parameter_server", "num_workers": common.PS_WORKERS, "num_ps": common.PS_TASKS,
-            "num_replicas_in_sync": strategy.num_replicas_in_sync, "model": "cnn",
-            "input_shape": list(INPUT_SHAPE), "num_classes": NUM_CLASSES, "global_batch_size": global_batch_size,
-            "steps_per_run": steps, "optimizer": f"SGD({LEARNING_RATE})", "metrics": [],
+            "strategy": "parameter_server",
+            "num_workers": common.PS_WORKERS,
+            "num_ps": common.PS_TASKS,
+            "num_replicas_in_sync": strategy.num_replicas_in_sync,
+            "model": "cnn",
+            "input_shape": list(INPUT_SHAPE),
+            "num_classes": NUM_CLASSES,
+            "global_batch_size": global_batch_size,
+            "steps_per_run": steps,
+            "optimizer": f"SGD({LEARNING_RATE})",
+            "metrics": [],
             "trainer_steps_per_execution": dict(TRAINER_STEPS_PER_EXECUTION),
             "hand_written_steps_per_closure": 1,
-            "hand_written_loops": {name: {"loss_metric": "keras.metrics.Mean" if flag else None}
-                                   for name, flag in HAND_WRITTEN_LOOPS.items()},
+            "hand_written_loops": {
+                name: {"loss_metric": "keras.metrics.Mean" if flag else None}
+                for name, flag in HAND_WRITTEN_LOOPS.items()
+            },
         },
     }

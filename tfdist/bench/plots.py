@@ -1,4 +1,5 @@
 """PNG figures of the multi-process benchmarks (matplotlib's object API on the Agg canvas, no pyplot)."""
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,11 @@ def plot_scaling(result: dict[str, Any], path: str) -> None:
     eff_ax.set_ylim(0, 1.2)
     eff_ax.legend(fontsize=8)
     config = result.get("config", {})
-    eff_ax.set_title(f"weak scaling, {config.get('per_worker_batch_size')} examples/worker, "
-                     f"{config.get('threads_per_worker')} thread(s)/worker", fontsize=9)
+    eff_ax.set_title(
+        f"weak scaling, {config.get('per_worker_batch_size')} examples/worker, "
+        f"{config.get('threads_per_worker')} thread(s)/worker",
+        fontsize=9,
+    )
     labels, x = [], 0
     for n in counts:
         entry = result["per_workers"][str(n)]
@@ -49,13 +53,20 @@ def plot_scaling(result: dict[str, Any], path: str) -> None:
             bottom = 0.0
             for part, color in PART_COLORS.items():
                 value = (parts.get(f"{part}_s") or 0.0) * 1e3
-                bar_ax.bar(x, value, bottom=bottom, color=color, width=0.6,
-                           label=part if x == 0 else None)
+                bar_ax.bar(
+                    x, value, bottom=bottom, color=color, width=0.6, label=part if x == 0 else None
+                )
                 bottom += value
             for i, (name, side) in enumerate(sorted(entry["sides"].items())):
                 if side.get("step_s") is not None:
-                    bar_ax.plot(x + 0.35, side["step_s"] * 1e3, marker="o", linestyle="",
-                                color=f"C{(i + 3) % 10}", label=f"{name} step" if x == 0 else None)
+                    bar_ax.plot(
+                        x + 0.35,
+                        side["step_s"] * 1e3,
+                        marker="o",
+                        linestyle="",
+                        color=f"C{(i + 3) % 10}",
+                        label=f"{name} step" if x == 0 else None,
+                    )
             labels.append(f"{n}w" + ("" if key == "none" else f" {key}"))
             x += 1
     bar_ax.set_xticks(range(len(labels)), labels)
@@ -73,13 +84,19 @@ def plot_allreduce(result: dict[str, Any], path: str) -> None:
         if points:
             ax.plot(*zip(*points), marker=".", label=row["label"])
     for name, style in (("numpy_copy", ":"), ("tcp_loopback", "--")):
-        points = [(p["bytes"], p["GBps"]) for p in result.get("loopback", {}).get(name, []) if p.get("GBps")]
+        points = [
+            (p["bytes"], p["GBps"])
+            for p in result.get("loopback", {}).get(name, [])
+            if p.get("GBps")
+        ]
         if points:
             ax.plot(*zip(*points), linestyle=style, color="black", label=f"{name} (limit)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message bytes")
     ax.set_ylabel("GB/s (all-reduce: bus bandwidth)")
-    ax.set_title(f"all-reduce over {result.get('config', {}).get('workers')} worker processes", fontsize=9)
+    ax.set_title(
+        f"all-reduce over {result.get('config', {}).get('workers')} worker processes", fontsize=9
+    )
     ax.legend(fontsize=7)
     _save(fig, path)

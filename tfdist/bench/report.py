@@ -1,4 +1,5 @@
 """Writes bench results: the JSON file and, when matplotlib is there, a PNG of the ratios."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +7,8 @@ import logging
 import math
 import os
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +49,15 @@ def ratios(results: dict[str, Any]) -> Iterator[tuple[str, float, float | None]]
     keys; other ratios get ``None``.
     """
 
-    def walk(prefix: str, node: dict[str, Any], goal: float | None) -> Iterator[tuple[str, float, float | None]]:
+    def walk(
+        prefix: str, node: dict[str, Any], goal: float | None
+    ) -> Iterator[tuple[str, float, float | None]]:
         for key, value in node.items():
             if isinstance(value, dict) and key not in ("config", "samples"):
                 yield from walk(f"{prefix}.{key}", value, None)
-            elif _RATIO_KEY.search(key) and isinstance(value, (int, float)) and math.isfinite(value):
+            elif (
+                _RATIO_KEY.search(key) and isinstance(value, (int, float)) and math.isfinite(value)
+            ):
                 headline = key == "ratio" or key.endswith("_mfu")
                 yield f"{prefix}.{key}", float(value), goal if headline else None
 
@@ -107,7 +113,9 @@ def _draw(rows: list[tuple[str, float, float | None]], meta: dict[str, Any], pat
     ax.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_yticks(positions, [label for label, _, _ in rows])
     ax.set_xlabel("ratio (red tick: goal)")
-    ax.set_title(f"tfdist bench  {meta.get('date', '')}  repeats={meta.get('repeats', '')}", fontsize=9)
+    ax.set_title(
+        f"tfdist bench  {meta.get('date', '')}  repeats={meta.get('repeats', '')}", fontsize=9
+    )
     ax.set_xlim(0, max(max(v for _, v, _ in rows), 1.0) * 1.2)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

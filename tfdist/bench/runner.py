@@ -19,6 +19,7 @@ the module to :data:`BUILTIN_MODULES`. Build it from ``timing.alternate`` (and
 under ``"ratio"`` (or ``"*_ratio"``/``"*_mfu"``), its target under ``"goal"``
 (``">= x"``), and ``samples.max_others_cpu()`` under ``"others_cpu_max"``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -28,7 +29,8 @@ import math
 import os
 import platform
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tfdist.bench import common, report, timing
 from tfdist.config import check_positive_int, invalid_argument
@@ -86,8 +88,14 @@ def _meta(repeats: int, quick: bool) -> dict[str, Any]:
     }
 
 
-def run(names: Sequence[str] | None = None, *, output: str | None = "bench_results/bench.json",
-        repeats: int = 3, quick: bool = False, options: dict[str, Any] | None = None) -> dict[str, Any]:
+def run(
+    names: Sequence[str] | None = None,
+    *,
+    output: str | None = "bench_results/bench.json",
+    repeats: int = 3,
+    quick: bool = False,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Runs benchmarks and returns (and writes) their results.
 
     Creates the shared strategies first, before any other TensorFlow work: the
@@ -129,8 +137,10 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
     # Stable: benchmarks that connect to the in-process cluster go last (see common.strategy).
     ordered = sorted(names, key=common.connects_cluster)
     if ordered != names:
-        logger.info("bench: running %s last (after it the local strategies stop working)",
-                    ", ".join(n for n in ordered if common.connects_cluster(n)))
+        logger.info(
+            "bench: running %s last (after it the local strategies stop working)",
+            ", ".join(n for n in ordered if common.connects_cluster(n)),
+        )
     names = ordered
     benchmarks = common.registry()
     common.set_options(options)
@@ -144,15 +154,21 @@ def run(names: Sequence[str] | None = None, *, output: str | None = "bench_resul
         logger.info("bench %s: done in %.1f s", name, result["seconds"])
         busy = result.get("others_cpu_max", math.nan)
         if busy > timing.BUSY_CPU:  # False for NaN (unknown)
-            logger.warning("bench %s: other processes took up to %.1f CPU cores during some measurements; "
-                           "medians use the clean ones where there are any (see samples.others_cpu, "
-                           "samples.clean)", name, busy)
+            logger.warning(
+                "bench %s: other processes took up to %.1f CPU cores during some measurements; "
+                "medians use the clean ones where there are any (see samples.others_cpu, "
+                "samples.clean)",
+                name,
+                busy,
+            )
     if output is not None:
         for name in names:
             plot = common.plotter(name)
             if plot is not None:
                 path = f"{os.path.splitext(output)[0]}.{name}.png"
-                results["results"][name]["chart"] = report.write_other_png(plot, results["results"][name], path)
+                results["results"][name]["chart"] = report.write_other_png(
+                    plot, results["results"][name], path
+                )
         chart = report.write_png(results, os.path.splitext(output)[0] + ".png")
         results["meta"]["chart"] = chart
         report.write_json(results, output)

@@ -16,6 +16,7 @@ runs as well. Reported, per side and worker count: examples/s (median over
 the repeats and spread = max/min), efficiency T(N) / (N * T(1)), and the
 measured parts of a step.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,14 +30,29 @@ logger = logging.getLogger(__name__)
 
 COMPRESSIONS = ("none", "bf16", "fp16")
 DEFAULTS: dict[str, Any] = {
-    "workers": None, "threads_per_worker": None, "input_dim": 784, "hidden_units": (1024, 1024, 1024),
-    "num_classes": 10, "per_worker_batch_size": 256, "steps": 50, "repeats": 5, "learning_rate": 0.01,
-    "metrics": ("accuracy",), "gradient_compression": ("none",), "bucket_bytes": None,
-    "parameter_server": True, "pin_cores": True,
+    "workers": None,
+    "threads_per_worker": None,
+    "input_dim": 784,
+    "hidden_units": (1024, 1024, 1024),
+    "num_classes": 10,
+    "per_worker_batch_size": 256,
+    "steps": 50,
+    "repeats": 5,
+    "learning_rate": 0.01,
+    "metrics": ("accuracy",),
+    "gradient_compression": ("none",),
+    "bucket_bytes": None,
+    "parameter_server": True,
+    "pin_cores": True,
 }
 # --quick and tests: every process still real, the model tiny.
-QUICK: dict[str, Any] = {"input_dim": 16, "hidden_units": (32,), "per_worker_batch_size": 8, "steps": 4,
-                         "repeats": 2}
+QUICK: dict[str, Any] = {
+    "input_dim": 16,
+    "hidden_units": (32,),
+    "per_worker_batch_size": 8,
+    "steps": 4,
+    "repeats": 2,
+}
 
 
 def _check(options: dict[str, Any]) -> None:
@@ -44,8 +60,12 @@ def _check(options: dict[str, Any]) -> None:
     if not workers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in workers):
         raise invalid_argument("scaling_workers", list(workers), "worker counts >= 1, e.g. 1,2")
     threads = options["threads_per_worker"]
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise invalid_argument("threads_per_worker", threads, "a positive integer or None (cores / workers)")
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise invalid_argument(
+            "threads_per_worker", threads, "a positive integer or None (cores / workers)"
+        )
     for variant in options["gradient_compression"]:
         if variant not in COMPRESSIONS:
             raise invalid_argument("gradient_compression", variant, COMPRESSIONS)
@@ -72,7 +92,9 @@ def run(**overrides: Any) -> dict[str, Any]:
         RuntimeError: If a worker process failed.
     """
     options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
-    if options["workers"] is None:  # 1, 2, then 4, 8, ... while every worker can have a core of its own
+    if (
+        options["workers"] is None
+    ):  # 1, 2, then 4, 8, ... while every worker can have a core of its own
         counts, n = [1, 2], 4
         while n <= cluster_run.cores():
             counts.append(n)
@@ -94,11 +116,15 @@ def run(**overrides: Any) -> dict[str, Any]:
             ps_spec = {**spec, "kind": "scaling_ps", "ps_workers": n, "pin_cores": False}
             launched = cluster_run.run_tasks(ps_spec, workers=n, ps=1, chief=True)
             per_workers[str(n)]["sides"].update(summarise(launched, n, task="chief-0")["sides"])
-    result = {"config": {**spec, "threads_per_worker": threads}, "machine": cluster_run.machine(),
-              "per_workers": per_workers}
+    result = {
+        "config": {**spec, "threads_per_worker": threads},
+        "machine": cluster_run.machine(),
+        "per_workers": per_workers,
+    }
     result.update(efficiencies(per_workers))
     result["others_cpu_max"] = timing.nanmax(
-        v for entry in per_workers.values() for v in entry["others_cpu"].values() if v is not None)
+        v for entry in per_workers.values() for v in entry["others_cpu"].values() if v is not None
+    )
     return result
 
 
@@ -108,9 +134,15 @@ def _others_cpu(tasks: dict[str, Any], lead: str) -> dict[str, float | None]:
     for name, records in tasks[lead]["records"].items():
         worst = math.nan
         for i, rec in enumerate(records):
-            own = sum(t["records"][name][i]["cpu_seconds"] for t in tasks.values() if name in t.get("records", {}))
+            own = sum(
+                t["records"][name][i]["cpu_seconds"]
+                for t in tasks.values()
+                if name in t.get("records", {})
+            )
             if rec["busy_cpu_seconds"] is not None and rec["seconds"] >= 0.25:
-                worst = timing.nanmax([worst, max(rec["busy_cpu_seconds"] - own, 0.0) / rec["seconds"]])
+                worst = timing.nanmax(
+                    [worst, max(rec["busy_cpu_seconds"] - own, 0.0) / rec["seconds"]]
+                )
         out[name] = None if math.isnan(worst) else round(worst, 2)
     return out
 
@@ -123,22 +155,39 @@ def summarise(launched: dict[str, Any], n: int, task: str = "worker-0") -> dict[
     sides = {}
     for name, seconds in lead["seconds"].items():
         rates = [examples / s for s in seconds]
-        sides[name] = {"examples_per_s": timing.median(rates), "spread": max(rates) / min(rates),
-                       "step_s": timing.median(seconds) / lead["steps"], "examples_per_s_samples": rates,
-                       "seconds_samples": seconds,
-                       "steps_per_measurement": lead["steps"], "examples_per_measurement": examples,
-                       "updates_per_measurement": lead["updates"][name],
-                       # Every worker made the same updates (a collective step cannot run on one alone).
-                       "updates_per_worker": {t: r["updates"][name] for t, r in tasks.items() if "updates" in r}}
+        sides[name] = {
+            "examples_per_s": timing.median(rates),
+            "spread": max(rates) / min(rates),
+            "step_s": timing.median(seconds) / lead["steps"],
+            "examples_per_s_samples": rates,
+            "seconds_samples": seconds,
+            "steps_per_measurement": lead["steps"],
+            "examples_per_measurement": examples,
+            "updates_per_measurement": lead["updates"][name],
+            # Every worker made the same updates (a collective step cannot run on one alone).
+            "updates_per_worker": {
+                t: r["updates"][name] for t, r in tasks.items() if "updates" in r
+            },
+        }
     parts = {}
     for key, measured in lead.get("parts_s_per_step", {}).items():
         med = {part: timing.median(values) for part, values in measured.items()}
-        parts[key] = {**{f"{part}_s": v for part, v in med.items()}, "sum_s": sum(med.values()),
-                      "samples": measured}
-    return {"num_workers": n, "sides": sides, "parts": parts, "unavailable": lead.get("unavailable", {}),
-            "gradient_bytes": lead.get("gradient_bytes"), "threads": {t: r["threads"] for t, r in tasks.items()},
-            "others_cpu": _others_cpu(tasks, task), "others_cpu_whole_launch": launched["others_cpu"],
-            "launch_seconds": launched["launch_seconds"]}
+        parts[key] = {
+            **{f"{part}_s": v for part, v in med.items()},
+            "sum_s": sum(med.values()),
+            "samples": measured,
+        }
+    return {
+        "num_workers": n,
+        "sides": sides,
+        "parts": parts,
+        "unavailable": lead.get("unavailable", {}),
+        "gradient_bytes": lead.get("gradient_bytes"),
+        "threads": {t: r["threads"] for t, r in tasks.items()},
+        "others_cpu": _others_cpu(tasks, task),
+        "others_cpu_whole_launch": launched["others_cpu"],
+        "launch_seconds": launched["launch_seconds"],
+    }
 
 
 def efficiencies(per_workers: dict[str, Any]) -> dict[str, Any]:
@@ -149,14 +198,21 @@ def efficiencies(per_workers: dict[str, Any]) -> dict[str, Any]:
     if 1 in counts:
         for name in names:
             base = per_workers["1"]["sides"].get(name, {}).get("examples_per_s", math.nan)
-            eff[name] = {str(n): timing.ratio(per_workers[str(n)]["sides"][name]["examples_per_s"], n * base)
-                         for n in counts if name in per_workers[str(n)]["sides"]}
+            eff[name] = {
+                str(n): timing.ratio(per_workers[str(n)]["sides"][name]["examples_per_s"], n * base)
+                for n in counts
+                if name in per_workers[str(n)]["sides"]
+            }
     top = per_workers[str(counts[-1])]["sides"]
     rate = lambda name: top.get(name, {}).get("examples_per_s", math.nan)  # noqa: E731
-    out: dict[str, Any] = {"efficiency": eff, "top_workers": counts[-1],
-                           "ratio": timing.ratio(rate("trainer"), rate("raw_loop")), "goal": ">= 0.95",
-                           "trainer_vs_keras_fit_ratio": timing.ratio(rate("trainer"), rate("keras_fit")),
-                           "trainer_spread": top.get("trainer", {}).get("spread")}
+    out: dict[str, Any] = {
+        "efficiency": eff,
+        "top_workers": counts[-1],
+        "ratio": timing.ratio(rate("trainer"), rate("raw_loop")),
+        "goal": ">= 0.95",
+        "trainer_vs_keras_fit_ratio": timing.ratio(rate("trainer"), rate("keras_fit")),
+        "trainer_spread": top.get("trainer", {}).get("spread"),
+    }
     for name in names:
         if name in eff and str(counts[-1]) in eff[name] and counts[-1] > 1:
             out[f"{name}_efficiency_ratio"] = eff[name][str(counts[-1])]
@@ -164,10 +220,16 @@ def efficiencies(per_workers: dict[str, Any]) -> dict[str, Any]:
 
 
 # ``tfdist bench`` flag -> option of :func:`run`.
-FLAG_OPTIONS = {"scaling_workers": "workers", "threads_per_worker": "threads_per_worker",
-                "gradient_compression": "gradient_compression", "bucket_bytes": "bucket_bytes",
-                "per_worker_batch_size": "per_worker_batch_size", "hidden_units": "hidden_units",
-                "scaling_steps": "steps", "scaling_parameter_server": "parameter_server"}
+FLAG_OPTIONS = {
+    "scaling_workers": "workers",
+    "threads_per_worker": "threads_per_worker",
+    "gradient_compression": "gradient_compression",
+    "bucket_bytes": "bucket_bytes",
+    "per_worker_batch_size": "per_worker_batch_size",
+    "hidden_units": "hidden_units",
+    "scaling_steps": "steps",
+    "scaling_parameter_server": "parameter_server",
+}
 
 
 @common.register("scaling", plot=plots.plot_scaling)
@@ -176,4 +238,3 @@ def scaling(repeats: int, quick: bool) -> dict[str, Any]:
     options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
     options.setdefault("repeats", repeats)
     return run(quick=quick, **options)
-

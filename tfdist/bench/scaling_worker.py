@@ -11,10 +11,12 @@ of the model: no all-reduce), an exchange-only step (one all-reduce of the
 gradients' bytes, chained from step to step so TF cannot merge them), and
 the input pipeline alone (the distributed dataset, nothing else).
 """
+
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -29,8 +31,13 @@ NUM_BATCHES = 4  # distinct global batches, cached and repeated
 
 
 def build_model(spec: dict[str, Any]) -> keras.Model:
-    return tfdist.models.get("mlp", input_shape=(spec["input_dim"],), num_classes=spec["num_classes"],
-                             hidden_units=tuple(spec["hidden_units"]), dropout=0.0)
+    return tfdist.models.get(
+        "mlp",
+        input_shape=(spec["input_dim"],),
+        num_classes=spec["num_classes"],
+        hidden_units=tuple(spec["hidden_units"]),
+        dropout=0.0,
+    )
 
 
 def make_dataset(spec: dict[str, Any], global_batch_size: int) -> tf.data.Dataset:
@@ -68,14 +75,22 @@ class Side:
         self.run, self.updates = run, updates
 
 
-def _fit_side(fit: Callable[..., Any], optimizer: Callable[[], Any], steps: int, global_batch_size: int) -> Side:
+def _fit_side(
+    fit: Callable[..., Any], optimizer: Callable[[], Any], steps: int, global_batch_size: int
+) -> Side:
     throughput = fits.FitThroughput(fit, steps=steps, global_batch_size=global_batch_size)
     # Only the steps are timed (first batch's start to the epoch's end), not the iterator's set-up.
     return Side(lambda n: throughput()[1].seconds, lambda: int(optimizer().iterations.numpy()))
 
 
-def raw_loop_side(strategy: tf.distribute.Strategy, spec: dict[str, Any], weights: list[np.ndarray],
-                  dataset: tf.data.Dataset, global_batch_size: int, compression: str | None) -> Side:
+def raw_loop_side(
+    strategy: tf.distribute.Strategy,
+    spec: dict[str, Any],
+    weights: list[np.ndarray],
+    dataset: tf.data.Dataset,
+    global_batch_size: int,
+    compression: str | None,
+) -> Side:
     """A hand-written loop: SGD, one all-reduce of all gradients per step, all steps in one tf.function."""
     with strategy.scope():
         model = build_model(spec)
@@ -89,7 +104,9 @@ def raw_loop_side(strategy: tf.distribute.Strategy, spec: dict[str, Any], weight
 
     def apply(distribution: tf.distribute.Strategy, grads: list[Any]) -> None:
         for var, grad in zip(variables, grads):
-            distribution.extended.update(var, lambda v, g: v.assign_sub(lr * g), args=(grad,), group=False)
+            distribution.extended.update(
+                var, lambda v, g: v.assign_sub(lr * g), args=(grad,), group=False
+            )
         distribution.extended.update(updates, lambda v: v.assign_add(1), group=False)
 
     def step(x: tf.Tensor, y: tf.Tensor) -> None:
@@ -117,9 +134,17 @@ def raw_loop_side(strategy: tf.distribute.Strategy, spec: dict[str, Any], weight
     return Side(run, lambda: int(updates.numpy()))
 
 
-def split_parts(strategy: tf.distribute.Strategy, spec: dict[str, Any], weights: list[np.ndarray],
-                dataset: tf.data.Dataset, per_worker_batch_size: int, compression: str | None,
-                recorder: Recorder, steps: int, repeats: int) -> dict[str, list[float]]:
+def split_parts(
+    strategy: tf.distribute.Strategy,
+    spec: dict[str, Any],
+    weights: list[np.ndarray],
+    dataset: tf.data.Dataset,
+    per_worker_batch_size: int,
+    compression: str | None,
+    recorder: Recorder,
+    steps: int,
+    repeats: int,
+) -> dict[str, list[float]]:
     """Seconds per step of compute alone, gradient exchange alone and input alone (``repeats`` each)."""
     local = build_model(spec)  # outside the scope: a plain local model, no collectives
     local.set_weights(weights)
@@ -128,7 +153,9 @@ def split_parts(strategy: tf.distribute.Strategy, spec: dict[str, Any], weights:
     lr = float(spec["learning_rate"])
     rng = np.random.default_rng(1)
     x = tf.constant(rng.normal(size=(per_worker_batch_size, spec["input_dim"])).astype("float32"))
-    y = tf.constant(rng.integers(0, spec["num_classes"], size=(per_worker_batch_size,)).astype("int32"))
+    y = tf.constant(
+        rng.integers(0, spec["num_classes"], size=(per_worker_batch_size,)).astype("int32")
+    )
 
     @tf.function
     def compute(steps: tf.Tensor) -> tf.Tensor:
@@ -149,13 +176,17 @@ def split_parts(strategy: tf.distribute.Strategy, spec: dict[str, Any], weights:
             # tf.identity in the replica function puts the inputs on the replica's device: made in
             # cross-replica context they have none, and the all-reduce would have no destination.
             placed = [tf.identity(t) for t in tensors]
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, placed)
+            return tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, placed
+            )
 
         # Zeros summed stay zeros; each step's input is the previous step's output, so no two
         # all-reduces are the same op on the same input (TF would merge them).
         tensors = [tf.zeros(s, wire) for s in shapes]
         for _ in tf.range(steps):
-            tensors = [strategy.experimental_local_results(t)[0] for t in strategy.run(one, args=tensors)]
+            tensors = [
+                strategy.experimental_local_results(t)[0] for t in strategy.run(one, args=tensors)
+            ]
         return tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in tensors])
 
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
@@ -173,8 +204,10 @@ def split_parts(strategy: tf.distribute.Strategy, spec: dict[str, Any], weights:
         fn(tf.constant(2)).numpy()  # trace and warm up
     out: dict[str, list[float]] = {name: [] for name in parts}
     for r in range(repeats):
-        for name in (list(parts) if r % 2 == 0 else list(parts)[::-1]):
-            _, took = recorder.measure(f"part:{name}", lambda fn=parts[name]: fn(tf.constant(steps)).numpy())
+        for name in list(parts) if r % 2 == 0 else list(parts)[::-1]:
+            _, took = recorder.measure(
+                f"part:{name}", lambda fn=parts[name]: fn(tf.constant(steps)).numpy()
+            )
             out[name].append(took.seconds / steps)
     return out
 
@@ -198,32 +231,54 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
         name = "trainer" if variant in (None, "none") else f"trainer_{variant}"
         kwargs = trainer_kwargs(variant, spec.get("bucket_bytes"))
         if kwargs is None:
-            unavailable[name] = "this tfdist.Trainer does not take gradient_compression/bucket_bytes"
+            unavailable[name] = (
+                "this tfdist.Trainer does not take gradient_compression/bucket_bytes"
+            )
             continue
         try:
-            trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=sgd(), loss=fits.logits_loss(),
-                                     metrics=metrics, **kwargs)
+            trainer = tfdist.Trainer(
+                builder,
+                strategy=strategy,
+                optimizer=sgd(),
+                loss=fits.logits_loss(),
+                metrics=metrics,
+                **kwargs,
+            )
         except (TypeError, ValueError) as e:  # e.g. a variant this Trainer refuses on this machine
             unavailable[name] = f"{type(e).__name__}: {e}"
             continue
-        fit = (lambda t: lambda **kw: t.fit(dataset, global_batch_size=global_batch_size, **kw))(trainer)
-        sides[name] = _fit_side(fit, (lambda t: lambda: t.model.optimizer)(trainer), steps, global_batch_size)
+        fit = (lambda t: lambda **kw: t.fit(dataset, global_batch_size=global_batch_size, **kw))(
+            trainer
+        )
+        sides[name] = _fit_side(
+            fit, (lambda t: lambda: t.model.optimizer)(trainer), steps, global_batch_size
+        )
     with strategy.scope():
         model = builder()
         model.compile(optimizer=sgd(), loss=fits.logits_loss(), metrics=metrics)
-    sides["keras_fit"] = _fit_side(lambda **kw: model.fit(dataset, shuffle=False, **kw), lambda: model.optimizer,
-                                   steps, global_batch_size)
+    sides["keras_fit"] = _fit_side(
+        lambda **kw: model.fit(dataset, shuffle=False, **kw),
+        lambda: model.optimizer,
+        steps,
+        global_batch_size,
+    )
     for variant in spec["gradient_compression"]:
         name = "raw_loop" if variant in (None, "none") else f"raw_loop_{variant}"
-        sides[name] = raw_loop_side(strategy, spec, weights, dataset, global_batch_size,
-                                    None if variant == "none" else variant)
+        sides[name] = raw_loop_side(
+            strategy,
+            spec,
+            weights,
+            dataset,
+            global_batch_size,
+            None if variant == "none" else variant,
+        )
     recorder = Recorder()
     for side in sides.values():
         side.run(steps)  # untimed: traces, fills the dataset cache
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     updates: dict[str, list[int]] = {name: [] for name in sides}
     for r in range(repeats):
-        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
             before = sides[name].updates()
             took, _ = recorder.measure(name, lambda s=sides[name]: s.run(steps))
             seconds[name].append(took)
@@ -231,12 +286,28 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
     parts = {}
     for variant in spec["gradient_compression"]:
         key = "none" if variant in (None, "none") else variant
-        parts[key] = split_parts(strategy, spec, weights, dataset, b, None if key == "none" else key, recorder,
-                                 steps, repeats)
-    return {"num_workers": workers, "global_batch_size": global_batch_size, "steps": steps, "seconds": seconds,
-            "updates": updates, "parts_s_per_step": parts, "unavailable": unavailable,
-            "gradient_bytes": int(sum(w.size for w in weights) * 4),
-            "records": recorder.records}
+        parts[key] = split_parts(
+            strategy,
+            spec,
+            weights,
+            dataset,
+            b,
+            None if key == "none" else key,
+            recorder,
+            steps,
+            repeats,
+        )
+    return {
+        "num_workers": workers,
+        "global_batch_size": global_batch_size,
+        "steps": steps,
+        "seconds": seconds,
+        "updates": updates,
+        "parts_s_per_step": parts,
+        "unavailable": unavailable,
+        "gradient_bytes": int(sum(w.size for w in weights) * 4),
+        "records": recorder.records,
+    }
 
 
 def run_ps(spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -249,10 +320,19 @@ def run_ps(spec: dict[str, Any]) -> dict[str, Any] | None:
     dataset = make_dataset(spec, global_batch_size)
     keras.utils.set_random_seed(0)
     builder = fits.with_weights(lambda: build_model(spec), build_model(spec).get_weights())
-    trainer = tfdist.Trainer(builder, strategy=strategy, optimizer=keras.optimizers.SGD(spec["learning_rate"]),
-                             loss=fits.logits_loss(), metrics=list(spec["metrics"]))
-    side = _fit_side(lambda **kw: trainer.fit(dataset, global_batch_size=global_batch_size, **kw),
-                     lambda: trainer.model.optimizer, steps, global_batch_size)
+    trainer = tfdist.Trainer(
+        builder,
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(spec["learning_rate"]),
+        loss=fits.logits_loss(),
+        metrics=list(spec["metrics"]),
+    )
+    side = _fit_side(
+        lambda **kw: trainer.fit(dataset, global_batch_size=global_batch_size, **kw),
+        lambda: trainer.model.optimizer,
+        steps,
+        global_batch_size,
+    )
     recorder = Recorder()
     side.run(steps)
     seconds, updates = [], []
@@ -261,5 +341,11 @@ def run_ps(spec: dict[str, Any]) -> dict[str, Any] | None:
         took, _ = recorder.measure("trainer_ps", lambda: side.run(steps))
         seconds.append(took)
         updates.append(side.updates() - before)
-    return {"num_workers": workers, "global_batch_size": global_batch_size, "steps": steps,
-            "seconds": {"trainer_ps": seconds}, "updates": {"trainer_ps": updates}, "records": recorder.records}
+    return {
+        "num_workers": workers,
+        "global_batch_size": global_batch_size,
+        "steps": steps,
+        "seconds": {"trainer_ps": seconds},
+        "updates": {"trainer_ps": updates},
+        "records": recorder.records,
+    }

@@ -7,6 +7,7 @@ The last says whether the machine was shared during that measurement: on a
 another process took a core. Medians are taken over the clean measurements, and
 :func:`alternate` adds a few rounds when too few were clean.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,8 @@ import math
 import os
 import statistics
 import time
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
 # /proc/stat "cpu" fields counted as busy: user nice system (idle iowait) irq softirq steal.
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
@@ -29,7 +31,9 @@ def busy_cpu_seconds() -> float | None:
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()[1:]
-        return sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields)) / os.sysconf("SC_CLK_TCK")
+        return sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields)) / os.sysconf(
+            "SC_CLK_TCK"
+        )
     except (OSError, ValueError, IndexError):
         return None
 
@@ -99,7 +103,9 @@ class Samples:
 
     def clean(self, name: str) -> list[float]:
         """The clean values of side ``name``."""
-        return [v for v, busy in zip(self.values[name], self.others_cpu[name]) if not busy > BUSY_CPU]
+        return [
+            v for v, busy in zip(self.values[name], self.others_cpu[name]) if not busy > BUSY_CPU
+        ]
 
     def median(self, name: str) -> float:
         """The median of the clean values of side ``name``, or of all of them if none is clean."""
@@ -110,10 +116,15 @@ class Samples:
         return nanmax(v for vs in self.others_cpu.values() for v in vs)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "clean": {name: len(self.clean(name)) for name in self.values}}
+        return {
+            **dataclasses.asdict(self),
+            "clean": {name: len(self.clean(name)) for name in self.values},
+        }
 
 
-def alternate(sides: Mapping[str, Side], repeats: int, *, extra_rounds: int | None = None) -> Samples:
+def alternate(
+    sides: Mapping[str, Side], repeats: int, *, extra_rounds: int | None = None
+) -> Samples:
     """Runs each side ``repeats`` times, interleaved A B C, C B A, A B C, ...
 
     Interleaving (and reversing the order every round) spreads the machine's
@@ -133,8 +144,10 @@ def alternate(sides: Mapping[str, Side], repeats: int, *, extra_rounds: int | No
     wanted = repeats // 2 + 1
     extra_rounds = wanted if extra_rounds is None else extra_rounds
     r = 0
-    while r < repeats or (r < repeats + extra_rounds and any(len(samples.clean(n)) < wanted for n in names)):
-        for name in (names if r % 2 == 0 else names[::-1]):
+    while r < repeats or (
+        r < repeats + extra_rounds and any(len(samples.clean(n)) < wanted for n in names)
+    ):
+        for name in names if r % 2 == 0 else names[::-1]:
             value, timing = sides[name]()
             samples.values[name].append(float(value))
             samples.seconds[name].append(timing.seconds)

@@ -14,9 +14,11 @@ rest of the call is reported apart, as ``fit_overhead_s``.
 
     tfdist bench --benchmarks=trainer_vs_fit
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -32,20 +34,39 @@ STEPS_PER_EXECUTION = (1, 8)
 METRICS = ("accuracy",)
 
 
-def compare(strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model], dataset: tf.data.Dataset, *,
-            global_batch_size: int, steps: int, repeats: int, steps_per_execution: int) -> dict[str, Any]:
+def compare(
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    dataset: tf.data.Dataset,
+    *,
+    global_batch_size: int,
+    steps: int,
+    repeats: int,
+    steps_per_execution: int,
+) -> dict[str, Any]:
     """Times Trainer.fit against Keras fit (SGD, accuracy), alternating the sides.
 
     Returns:
         ``trainer_examples_per_s``, ``keras_fit_examples_per_s`` (medians),
         ``ratio`` (trainer / keras), per-call overheads and the raw samples.
     """
-    sides = fits.fit_sides(strategy, builder, dataset, global_batch_size=global_batch_size, steps=steps,
-                           optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE), metrics=METRICS,
-                           steps_per_execution=steps_per_execution)
+    sides = fits.fit_sides(
+        strategy,
+        builder,
+        dataset,
+        global_batch_size=global_batch_size,
+        steps=steps,
+        optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE),
+        metrics=METRICS,
+        steps_per_execution=steps_per_execution,
+    )
     samples = timing.alternate(sides, repeats)
-    return {**fits.fit_summary(samples, sides), "steps_per_execution": steps_per_execution,
-            "others_cpu_max": samples.max_others_cpu(), "samples": samples.as_dict()}
+    return {
+        **fits.fit_summary(samples, sides),
+        "steps_per_execution": steps_per_execution,
+        "others_cpu_max": samples.max_others_cpu(),
+        "samples": samples.as_dict(),
+    }
 
 
 @common.register("trainer_vs_fit")
@@ -62,23 +83,40 @@ def trainer_vs_fit(repeats: int, quick: bool) -> dict[str, Any]:
     strategy = common.strategy("mirrored")
     global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
     steps = 8 if quick else STEPS_PER_FIT
-    dataset = fits.make_dataset(INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8)
+    dataset = fits.make_dataset(
+        INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8
+    )
 
     def build() -> keras.Model:
         return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
 
     builder = fits.with_weights(build, fits.initial_weights(build))
-    pairs = {spe: compare(strategy, builder, dataset, global_batch_size=global_batch_size, steps=steps,
-                          repeats=repeats, steps_per_execution=spe)
-             for spe in STEPS_PER_EXECUTION}
+    pairs = {
+        spe: compare(
+            strategy,
+            builder,
+            dataset,
+            global_batch_size=global_batch_size,
+            steps=steps,
+            repeats=repeats,
+            steps_per_execution=spe,
+        )
+        for spe in STEPS_PER_EXECUTION
+    }
     first, *others = STEPS_PER_EXECUTION
     result: dict[str, Any] = {**pairs[first], "goal": ">= 1.0"}
     for spe in others:
         result[f"steps_per_execution_{spe}"] = pairs[spe]
     result["others_cpu_max"] = timing.nanmax(pair["others_cpu_max"] for pair in pairs.values())
     result["config"] = {
-        "strategy": "mirrored", "num_replicas": strategy.num_replicas_in_sync, "model": "cnn",
-        "input_shape": list(INPUT_SHAPE), "num_classes": NUM_CLASSES, "global_batch_size": global_batch_size,
-        "steps_per_fit": steps, "optimizer": f"SGD({LEARNING_RATE})", "metrics": list(METRICS),
+        "strategy": "mirrored",
+        "num_replicas": strategy.num_replicas_in_sync,
+        "model": "cnn",
+        "input_shape": list(INPUT_SHAPE),
+        "num_classes": NUM_CLASSES,
+        "global_batch_size": global_batch_size,
+        "steps_per_fit": steps,
+        "optimizer": f"SGD({LEARNING_RATE})",
+        "metrics": list(METRICS),
     }
     return result

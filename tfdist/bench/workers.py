@@ -6,6 +6,7 @@ It pins this process's threads (and, where the cores allow, its CPUs) before
 TensorFlow starts, runs ``spec["kind"]`` ("scaling", "scaling_ps" or
 "allreduce") and writes its results to ``<out_dir>/<task_type>-<task_id>.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,18 +36,27 @@ def pin_threads(spec: dict[str, Any]) -> dict[str, Any]:
     # Collectives block an inter-op thread while they wait for the peer: keep at least 2.
     inter = int(spec.get("inter_op_threads") or max(2, threads))
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    if task_type != "ps":  # a ps serves many RPCs at once; TF's default pool (or tfdist's) is right there
+    if (
+        task_type != "ps"
+    ):  # a ps serves many RPCs at once; TF's default pool (or tfdist's) is right there
         tf.config.threading.set_inter_op_parallelism_threads(inter)
     cpus = None
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     slots = int(spec.get("num_pinned_tasks", 0))
-    if spec.get("pin_cores") and task_type in ("worker", "chief") and slots * threads <= len(available):
+    if (
+        spec.get("pin_cores")
+        and task_type in ("worker", "chief")
+        and slots * threads <= len(available)
+    ):
         # Each worker gets its own cores, so the workers do not compete for one (weak scaling).
         index = task_id + (1 if task_type == "worker" and spec.get("chief_pinned") else 0)
-        cpus = available[index * threads:(index + 1) * threads]
+        cpus = available[index * threads : (index + 1) * threads]
         os.sched_setaffinity(0, cpus)
-    return {"intra_op_threads": threads, "inter_op_threads": inter if task_type != "ps" else None,
-            "cpus": cpus}
+    return {
+        "intra_op_threads": threads,
+        "inter_op_threads": inter if task_type != "ps" else None,
+        "cpus": cpus,
+    }
 
 
 class Recorder:
@@ -66,9 +76,13 @@ class Recorder:
         value = fn()
         took = watch.stop()
         after = timing.busy_cpu_seconds()
-        self.records.setdefault(name, []).append({
-            "seconds": took.seconds, "cpu_seconds": took.cpu_seconds,
-            "busy_cpu_seconds": None if busy is None or after is None else after - busy})
+        self.records.setdefault(name, []).append(
+            {
+                "seconds": took.seconds,
+                "cpu_seconds": took.cpu_seconds,
+                "busy_cpu_seconds": None if busy is None or after is None else after - busy,
+            }
+        )
         return value, took
 
 

@@ -19,6 +19,7 @@ strategy. Every problem raises one ``ValueError`` worded by
 :func:`tfdist.config.invalid_argument`, naming the offending field, e.g.
 ``TF_CONFIG.cluster.worker[1]``.
 """
+
 from __future__ import annotations
 
 import logging

@@ -4,6 +4,7 @@ Modelled on Lightning Fabric's ``ClusterEnvironment.detect()``: the launcher and
 not know which scheduler started them; :func:`tfdist.cluster.from_environment` asks each
 environment in turn.
 """
+
 from __future__ import annotations
 
 import abc

@@ -1,4 +1,5 @@
 """What every cluster environment produces (:class:`ClusterInfo`); task labels; the chief rule."""
+
 from __future__ import annotations
 
 import copy
@@ -48,8 +49,9 @@ class ClusterInfo:
     @property
     def is_chief(self) -> bool:
         """True for the chief, or for worker 0 when the cluster has no chief."""
-        return is_chief_task(self.task_type, self.task_id,
-                             cluster_has_chief=bool(self.cluster.get("chief")))
+        return is_chief_task(
+            self.task_type, self.task_id, cluster_has_chief=bool(self.cluster.get("chief"))
+        )
 
     @property
     def num_workers(self) -> int:

@@ -1,4 +1,5 @@
 """Addresses, ports and socket checks, and the one-machine cluster builder :func:`make_cluster`."""
+
 from __future__ import annotations
 
 import errno
@@ -77,16 +78,29 @@ def check_port_free(host: str, port: int, *, what: str) -> None:
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise invalid_argument(
-                    what, address, "a free port",
+                    what,
+                    address,
+                    "a free port",
                     note="The port is already in use by another process; "
-                         "stop that process or choose another port.") from None
-            raise invalid_argument(what, address, "an address this machine can bind",
-                                   note=f"Binding it failed: {e.strerror or e}.") from None
+                    "stop that process or choose another port.",
+                ) from None
+            raise invalid_argument(
+                what,
+                address,
+                "an address this machine can bind",
+                note=f"Binding it failed: {e.strerror or e}.",
+            ) from None
 
 
-def make_cluster(*, workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
-                 host: str = "127.0.0.1",
-                 ports: Sequence[int] | None = None) -> dict[str, list[str]]:
+def make_cluster(
+    *,
+    workers: int,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    host: str = "127.0.0.1",
+    ports: Sequence[int] | None = None,
+) -> dict[str, list[str]]:
     """Builds a cluster dict with every task on ``host``.
 
     This is the cluster of ``tfdist launch`` on one machine and of the in-process
@@ -111,8 +125,12 @@ def make_cluster(*, workers: int, ps: int = 0, chief: bool = False, evaluator: b
     check_non_negative_int("ps", ps)
     if not isinstance(host, str) or not host.strip():
         raise invalid_argument("host", host, "a host name or IP address")
-    counts = {"chief": int(bool(chief)), "worker": workers, "ps": ps,
-              "evaluator": int(bool(evaluator))}
+    counts = {
+        "chief": int(bool(chief)),
+        "worker": workers,
+        "ps": ps,
+        "evaluator": int(bool(evaluator)),
+    }
     num_tasks = sum(counts.values())
     if ports is None:
         # portpicker may hand out the same free port twice (nothing holds it between calls).
@@ -127,7 +145,8 @@ def make_cluster(*, workers: int, ps: int = 0, chief: bool = False, evaluator: b
         if len(ports) != num_tasks:
             plural = "s" if num_tasks > 1 else ""
             raise invalid_argument(
-                "ports", ports, f"{num_tasks} port{plural} (one per task: {_describe(counts)})")
+                "ports", ports, f"{num_tasks} port{plural} (one per task: {_describe(counts)})"
+            )
         for i, port in enumerate(ports):
             if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
                 raise invalid_argument(f"ports[{i}]", port, "an integer port in 1..65535")

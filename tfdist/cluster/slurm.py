@@ -34,6 +34,7 @@ at ``port_base + k``, roles as consecutive rank ranges).
 tests/test_cluster.py::test_from_slurm_matches_tf_slurm_cluster_resolver checks that where
 both apply (sorted hosts, workers) the two give the same cluster.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,9 +59,11 @@ SLURM_PORTS_PER_JOB = 32
 SLURM_PORT_BLOCKS = 700
 # Roles by rank, e.g. "chief:1,ps:1,worker:2"; by default every task is a worker.
 SLURM_ROLES_VAR = "TFDIST_SLURM_ROLES"
-_SLURM_NEEDS = ("tfdist builds the cluster from the variables `srun` sets in each task "
-                "(SLURM_JOB_ID, SLURM_PROCID, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE); "
-                "start the program with srun.")
+_SLURM_NEEDS = (
+    "tfdist builds the cluster from the variables `srun` sets in each task "
+    "(SLURM_JOB_ID, SLURM_PROCID, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE); "
+    "start the program with srun."
+)
 
 
 class SlurmEnvironment(ClusterEnvironment):
@@ -86,19 +89,24 @@ class SlurmEnvironment(ClusterEnvironment):
         if environ.get("SLURM_PTY_PORT"):
             # `srun --pty bash` is a step of one task for a person at a terminal; programs
             # started in it are not the tasks of a training cluster.
-            logger.info("Interactive Slurm shell (srun --pty, job %s): not a cluster; "
-                        "ignoring SLURM_*.", environ["SLURM_JOB_ID"])
+            logger.info(
+                "Interactive Slurm shell (srun --pty, job %s): not a cluster; ignoring SLURM_*.",
+                environ["SLURM_JOB_ID"],
+            )
             return False
         if environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"):
             return True
         ntasks = environ.get("SLURM_NTASKS", "1").strip()
         if ntasks.isdigit() and int(ntasks) > 1:
             raise invalid_argument(
-                "SLURM_STEP_ID", MISSING, "the variables of a job step that srun starts",
+                "SLURM_STEP_ID",
+                MISSING,
+                "the variables of a job step that srun starts",
                 note=f"This process runs in Slurm job {environ['SLURM_JOB_ID']} of {ntasks} "
-                     "tasks, but outside `srun` (in the batch script or an salloc shell), so it "
-                     "is none of those tasks. Start it with `srun COMMAND` (as `tfdist manifest "
-                     "slurm` writes), or ask for --ntasks=1.")
+                "tasks, but outside `srun` (in the batch script or an salloc shell), so it "
+                "is none of those tasks. Start it with `srun COMMAND` (as `tfdist manifest "
+                "slurm` writes), or ask for --ntasks=1.",
+            )
         return False
 
     def cluster_info(self, environ: Mapping[str, str]) -> ClusterInfo:
@@ -125,17 +133,26 @@ def slurm_roles(spec: str, *, name: str = SLURM_ROLES_VAR) -> list[tuple[str, in
     for part in spec.split(","):
         match = re.fullmatch(r"\s*(chief|worker|ps):([0-9]+)\s*", part)
         if not match:
-            raise invalid_argument(name, spec, "roles by rank like 'chief:1,ps:1,worker:2'",
-                                   note="Task types: chief, worker, ps.")
+            raise invalid_argument(
+                name,
+                spec,
+                "roles by rank like 'chief:1,ps:1,worker:2'",
+                note="Task types: chief, worker, ps.",
+            )
         roles.append((match.group(1), int(match.group(2))))
     counts = dict(roles)
-    if (len(counts) != len(roles) or counts.get("chief", 0) > 1
-            or not (counts.get("worker") or counts.get("chief"))):
-        raise invalid_argument(name, spec,
-                               "each role once, at most one chief, and a chief or workers")
+    if (
+        len(counts) != len(roles)
+        or counts.get("chief", 0) > 1
+        or not (counts.get("worker") or counts.get("chief"))
+    ):
+        raise invalid_argument(
+            name, spec, "each role once, at most one chief, and a chief or workers"
+        )
     if counts.get("ps") and not counts.get("chief"):
-        raise invalid_argument(name, spec, "a chief with ps",
-                               note="The chief coordinates parameter-server training.")
+        raise invalid_argument(
+            name, spec, "a chief with ps", note="The chief coordinates parameter-server training."
+        )
     return [(t, n) for t, n in roles if n]
 
 
@@ -167,67 +184,92 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
     """
     nodelist_var = next((v for v in _SLURM_NODELISTS if environ.get(v)), None)
     if nodelist_var is None:
-        raise invalid_argument(_SLURM_NODELISTS[0], MISSING,
-                               "a Slurm host list like 'node[01-03]'", note=_SLURM_NEEDS)
+        raise invalid_argument(
+            _SLURM_NODELISTS[0], MISSING, "a Slurm host list like 'node[01-03]'", note=_SLURM_NEEDS
+        )
     if not environ.get("SLURM_PROCID"):
-        raise invalid_argument("SLURM_PROCID", MISSING, "this task's rank, an integer >= 0",
-                               note=_SLURM_NEEDS)
+        raise invalid_argument(
+            "SLURM_PROCID", MISSING, "this task's rank, an integer >= 0", note=_SLURM_NEEDS
+        )
     hosts = expand_nodelist(environ[nodelist_var], name=nodelist_var)
     task_id = _slurm_int(environ, "SLURM_PROCID", minimum=0)
     tpn_var = next((v for v in _SLURM_TASKS_PER_NODE if environ.get(v)), None)
-    ntasks_var = next((v for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") if environ.get(v)),
-                      None)
+    ntasks_var = next((v for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") if environ.get(v)), None)
     ntasks = _slurm_int(environ, ntasks_var, minimum=1) if ntasks_var else None
     if tpn_var is not None:
         per_node = expand_tasks_per_node(environ[tpn_var], name=tpn_var)
         if len(per_node) != len(hosts):
             raise invalid_argument(
-                tpn_var, environ[tpn_var], f"counts for {len(hosts)} node(s)",
-                note=f"{nodelist_var} lists {len(hosts)} node(s).")
+                tpn_var,
+                environ[tpn_var],
+                f"counts for {len(hosts)} node(s)",
+                note=f"{nodelist_var} lists {len(hosts)} node(s).",
+            )
     elif ntasks is not None and ntasks % len(hosts) == 0:
         per_node = [ntasks // len(hosts)] * len(hosts)
     else:
         raise invalid_argument(
-            "SLURM_TASKS_PER_NODE", MISSING, "a count such as '2(x3),1'",
-            note="Set it, or SLURM_NTASKS as a multiple of the number of nodes.")
+            "SLURM_TASKS_PER_NODE",
+            MISSING,
+            "a count such as '2(x3),1'",
+            note="Set it, or SLURM_NTASKS as a multiple of the number of nodes.",
+        )
     total = sum(per_node)
     if ntasks is not None and ntasks != total:
-        raise invalid_argument(ntasks_var, environ[ntasks_var], f"{total}",
-                               note=f"{tpn_var} adds up to {total} tasks.")
+        raise invalid_argument(
+            ntasks_var, environ[ntasks_var], f"{total}", note=f"{tpn_var} adds up to {total} tasks."
+        )
     if task_id >= total:
-        raise invalid_argument("SLURM_PROCID", environ["SLURM_PROCID"],
-                               f"an integer in the range [0, {total - 1}]")
+        raise invalid_argument(
+            "SLURM_PROCID", environ["SLURM_PROCID"], f"an integer in the range [0, {total - 1}]"
+        )
     if port_base is None:
         if not environ.get("SLURM_JOB_ID"):
-            raise invalid_argument("SLURM_JOB_ID", MISSING, "the job id, an integer",
-                                   note=_SLURM_NEEDS)
+            raise invalid_argument(
+                "SLURM_JOB_ID", MISSING, "the job id, an integer", note=_SLURM_NEEDS
+            )
         if max(per_node) > SLURM_PORTS_PER_JOB:
             count_var = tpn_var or "SLURM_NTASKS"
-            raise invalid_argument(count_var, environ.get(count_var),
-                                   f"at most {SLURM_PORTS_PER_JOB} tasks per node",
-                                   note="Each job gets a block of that many ports per node.")
+            raise invalid_argument(
+                count_var,
+                environ.get(count_var),
+                f"at most {SLURM_PORTS_PER_JOB} tasks per node",
+                note="Each job gets a block of that many ports per node.",
+            )
         port_base = slurm_port_base(_slurm_int(environ, "SLURM_JOB_ID", minimum=0))
-    if isinstance(port_base, bool) or not isinstance(port_base, int) or not (
-            1 <= port_base and port_base + max(per_node) - 1 <= 65535):
+    if (
+        isinstance(port_base, bool)
+        or not isinstance(port_base, int)
+        or not (1 <= port_base and port_base + max(per_node) - 1 <= 65535)
+    ):
         raise invalid_argument(
-            "port_base", port_base,
-            f"an integer in 1..{65536 - max(per_node)} ({max(per_node)} tasks per node)")
+            "port_base",
+            port_base,
+            f"an integer in 1..{65536 - max(per_node)} ({max(per_node)} tasks per node)",
+        )
     if len(hosts) == 1:
         # Every task is on this machine: loopback keeps the unauthenticated gRPC traffic off the
         # network, whatever the node's name resolves to (often a public address).
         hosts = ["127.0.0.1"]
-    addresses = [join_address(host, port_base + k)
-                 for host, n in zip(hosts, per_node) for k in range(n)]
-    roles = (slurm_roles(environ[SLURM_ROLES_VAR]) if environ.get(SLURM_ROLES_VAR)
-             else [("worker", total)])
+    addresses = [
+        join_address(host, port_base + k) for host, n in zip(hosts, per_node) for k in range(n)
+    ]
+    roles = (
+        slurm_roles(environ[SLURM_ROLES_VAR])
+        if environ.get(SLURM_ROLES_VAR)
+        else [("worker", total)]
+    )
     if sum(n for _, n in roles) != total:
-        raise invalid_argument(SLURM_ROLES_VAR, environ[SLURM_ROLES_VAR],
-                               f"roles for the step's {total} tasks",
-                               note="Ask Slurm for as many tasks as the roles add up to.")
+        raise invalid_argument(
+            SLURM_ROLES_VAR,
+            environ[SLURM_ROLES_VAR],
+            f"roles for the step's {total} tasks",
+            note="Ask Slurm for as many tasks as the roles add up to.",
+        )
     cluster: dict[str, list[str]] = {}
     rank = 0
     for role, n in roles:
-        cluster[role] = addresses[rank:rank + n]
+        cluster[role] = addresses[rank : rank + n]
         if rank <= task_id < rank + n:
             task_type, index = role, task_id - rank
         rank += n
@@ -237,7 +279,10 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
 def _slurm_int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
     """An integer SLURM_* variable (a string of digits), checked against ``minimum``."""
     value = environ.get(name, MISSING)
-    if (not isinstance(value, str) or not re.fullmatch(r"\s*[0-9]+\s*", value)
-            or int(value) < minimum):
+    if (
+        not isinstance(value, str)
+        or not re.fullmatch(r"\s*[0-9]+\s*", value)
+        or int(value) < minimum
+    ):
         raise invalid_argument(name, value, f"an integer >= {minimum}")
     return int(value)

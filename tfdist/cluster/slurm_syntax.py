@@ -5,6 +5,7 @@ call (and unit tests without Slurm), and TF's ``slurm_cluster_resolver.expand_ho
 public API, imports TensorFlow with it, and rejects names Slurm accepts (``r[1-2]-n[1,3]``,
 ``b[2-3]x``); see :mod:`tfdist.cluster.slurm`. Pure Python, no TensorFlow.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,9 @@ def expand_nodelist(nodelist: str, *, name: str = "SLURM_JOB_NODELIST") -> list[
     for i, char in enumerate(nodelist + ","):
         depth += {"[": 1, "]": -1}.get(char, 0)
         if depth not in (0, 1):
-            raise invalid_argument(name, nodelist, _HOSTLIST_EXAMPLE,
-                                   note="Its brackets are unbalanced.")
+            raise invalid_argument(
+                name, nodelist, _HOSTLIST_EXAMPLE, note="Its brackets are unbalanced."
+            )
         if char == "," and depth == 0:
             items.append(nodelist[start:i].strip())
             start = i + 1
@@ -48,8 +50,9 @@ def expand_nodelist(nodelist: str, *, name: str = "SLURM_JOB_NODELIST") -> list[
         for literal, bracket in re.findall(r"([^\[\]]*)(\[[^\[\]]*\])?", item):
             if not literal and not bracket:
                 continue
-            suffixes = (_expand_ranges(bracket[1:-1], name=name, nodelist=nodelist)
-                        if bracket else [""])
+            suffixes = (
+                _expand_ranges(bracket[1:-1], name=name, nodelist=nodelist) if bracket else [""]
+            )
             expanded = [prefix + literal + s for prefix in expanded for s in suffixes]
         hosts.extend(expanded)
     return hosts
@@ -60,8 +63,9 @@ def _expand_ranges(ranges: str, *, name: str, nodelist: str) -> list[str]:
     for part in ranges.split(","):
         match = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
         if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
-            raise invalid_argument(name, nodelist, _HOSTLIST_EXAMPLE,
-                                   note=f"Bad range {part!r} in brackets.")
+            raise invalid_argument(
+                name, nodelist, _HOSTLIST_EXAMPLE, note=f"Bad range {part!r} in brackets."
+            )
         first, last = match.group(1), match.group(2) or match.group(1)
         # The width of the first number is the padding: "08-10" -> 08, 09, 10.
         out.extend(str(n).zfill(len(first)) for n in range(int(first), int(last) + 1))

@@ -1,9 +1,10 @@
 """Datasets as dataset_fns, and the global -> per-replica batch arithmetic.
 
-    import tfdist
-    train_fn = tfdist.data.load("digits", split="train").bind(global_batch_size=128)
-    dist_ds = strategy.distribute_datasets_from_function(train_fn)
+import tfdist
+train_fn = tfdist.data.load("digits", split="train").bind(global_batch_size=128)
+dist_ds = strategy.distribute_datasets_from_function(train_fn)
 """
+
 from tfdist.data.datasets import DatasetFn, load
 from tfdist.data.sharding import per_replica_batch_size
 

@@ -5,6 +5,7 @@ Both are read with ``from_tensor_slices``, not a Python generator. The
 MirroredStrategy with several devices comes from TF's own multi-device
 iterator, whatever the input pipeline.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,7 @@ from tfdist.config import check_positive_int, invalid_argument
 from tfdist.data.dataset_fn import DatasetFn
 
 DIGITS_SPLITS = ("train", "validation", "test", "all")  # "test" is an alias of "validation"
-SYNTHETIC_SPLITS = ("train", "validation", "test")      # "test" is an alias of "validation"
+SYNTHETIC_SPLITS = ("train", "validation", "test")  # "test" is an alias of "validation"
 _SYNTHETIC_SPLIT_SEEDS = {"train": 1, "validation": 2, "test": 2}
 _SYNTHETIC_WEIGHT_SEED = 0  # one labelling function for every split, so validation is learnable
 
@@ -30,8 +31,9 @@ class ArraySource:
     x: np.ndarray
     y: np.ndarray
 
-    def examples(self, input_context: tf.distribute.InputContext, *, training: bool,
-                 seed: int) -> tf.data.Dataset:
+    def examples(
+        self, input_context: tf.distribute.InputContext, *, training: bool, seed: int
+    ) -> tf.data.Dataset:
         del training, seed  # Shuffling happens after sharding, in DatasetFn.
         p, i = input_context.num_input_pipelines, input_context.input_pipeline_id
         return tf.data.Dataset.from_tensor_slices((self.x[i::p], self.y[i::p]))
@@ -45,10 +47,15 @@ def _digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     digits = load_digits()
     x = (digits.images / 16.0).astype(np.float32).reshape(-1, 8, 8, 1)
     y = digits.target.astype(np.int32)
-    x_train, x_val, y_train, y_val = train_test_split(x, y, test_size=0.2, random_state=0,
-                                                      stratify=y)
-    splits = {"train": (x_train, y_train), "validation": (x_val, y_val), "test": (x_val, y_val),
-              "all": (x, y)}
+    x_train, x_val, y_train, y_val = train_test_split(
+        x, y, test_size=0.2, random_state=0, stratify=y
+    )
+    splits = {
+        "train": (x_train, y_train),
+        "validation": (x_val, y_val),
+        "test": (x_val, y_val),
+        "all": (x, y),
+    }
     for arrays in splits.values():
         for a in arrays:
             a.setflags(write=False)  # cached and shared: keep it immutable
@@ -60,20 +67,33 @@ def load_digits(split: str) -> DatasetFn:
     if split not in DIGITS_SPLITS:
         raise invalid_argument("split", split, DIGITS_SPLITS)
     x, y = _digits_arrays()[split]
-    return DatasetFn(name="digits", split=split, num_examples=len(y), input_shape=(8, 8, 1),
-                     num_classes=10, source=ArraySource(x, y))
+    return DatasetFn(
+        name="digits",
+        split=split,
+        num_examples=len(y),
+        input_shape=(8, 8, 1),
+        num_classes=10,
+        source=ArraySource(x, y),
+    )
 
 
-def load_synthetic(split: str, *, input_shape: tuple[int, ...] = (8, 8, 1), num_classes: int = 10,
-                   num_examples: int = 1024) -> DatasetFn:
+def load_synthetic(
+    split: str,
+    *,
+    input_shape: tuple[int, ...] = (8, 8, 1),
+    num_classes: int = 10,
+    num_examples: int = 1024,
+) -> DatasetFn:
     """Seeded Gaussian inputs with linearly separable labels (one labelling for every split)."""
     if split not in SYNTHETIC_SPLITS:
         raise invalid_argument("split", split, SYNTHETIC_SPLITS)
     input_shape = tuple(input_shape)
-    if not input_shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1
-                              for d in input_shape):
-        raise invalid_argument("input_shape", input_shape,
-                               "a non-empty tuple of positive ints, e.g. (8, 8, 1)")
+    if not input_shape or any(
+        isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in input_shape
+    ):
+        raise invalid_argument(
+            "input_shape", input_shape, "a non-empty tuple of positive ints, e.g. (8, 8, 1)"
+        )
     check_positive_int("num_classes", num_classes)
     check_positive_int("num_examples", num_examples)
     features = math.prod(input_shape)
@@ -82,5 +102,11 @@ def load_synthetic(split: str, *, input_shape: tuple[int, ...] = (8, 8, 1), num_
     x = rng.standard_normal((num_examples, features))
     y = np.argmax(x @ weights, axis=1).astype(np.int32)
     x = x.astype(np.float32).reshape((num_examples, *input_shape))
-    return DatasetFn(name="synthetic", split=split, num_examples=num_examples,
-                     input_shape=input_shape, num_classes=num_classes, source=ArraySource(x, y))
+    return DatasetFn(
+        name="synthetic",
+        split=split,
+        num_examples=num_examples,
+        input_shape=input_shape,
+        num_classes=num_classes,
+        source=ArraySource(x, y),
+    )

@@ -14,6 +14,7 @@ Each call with an ``input_context`` builds that pipeline's shard from its
 Where the examples come from is the source's job: in-memory arrays
 (``tfdist.data.arrays``) or a prepared TFDS split (``tfdist.data.tfds_source``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,9 @@ DEFAULT_SHUFFLE_BUFFER_SIZE = 10_000
 class Source(Protocol):
     """Where a :class:`DatasetFn`'s examples come from."""
 
-    def examples(self, input_context: tf.distribute.InputContext, *, training: bool,
-                 seed: int) -> tf.data.Dataset:
+    def examples(
+        self, input_context: tf.distribute.InputContext, *, training: bool, seed: int
+    ) -> tf.data.Dataset:
         """Returns this pipeline's shard as unbatched ``(x float32, y int32)`` examples."""
 
 
@@ -73,8 +75,9 @@ class DatasetFn:
     shuffle_buffer_size: int | None = None
     source: Source | None = dataclasses.field(default=None, repr=False, compare=False)
 
-    def bind(self, *, global_batch_size: int, training: bool | None = None,
-             seed: int | None = None) -> DatasetFn:
+    def bind(
+        self, *, global_batch_size: int, training: bool | None = None, seed: int | None = None
+    ) -> DatasetFn:
         """Returns a copy bound to ``global_batch_size`` (and optionally a mode and seed).
 
         Args:
@@ -90,11 +93,17 @@ class DatasetFn:
         training = self.training if training is None else bool(training)
         if training and self.num_examples is not None and global_batch_size > self.num_examples:
             raise invalid_argument(
-                "global_batch_size", global_batch_size,
+                "global_batch_size",
+                global_batch_size,
                 f"at most the {self.num_examples} examples of {self.name!r} split {self.split!r}",
-                note="Training drops the last partial batch, so an epoch would have no steps.")
-        return dataclasses.replace(self, global_batch_size=int(global_batch_size),
-                                   training=training, seed=self.seed if seed is None else int(seed))
+                note="Training drops the last partial batch, so an epoch would have no steps.",
+            )
+        return dataclasses.replace(
+            self,
+            global_batch_size=int(global_batch_size),
+            training=training,
+            seed=self.seed if seed is None else int(seed),
+        )
 
     def steps_per_epoch(self) -> int | None:
         """Returns global steps in one pass, or ``None`` if ``num_examples`` is unknown.
@@ -132,8 +141,11 @@ class DatasetFn:
         # Our error first, before TF's.
         sharding.per_replica_batch_size(global_batch_size, ctx.num_replicas_in_sync)
         per_replica = ctx.get_per_replica_batch_size(global_batch_size)
-        batches_per_pipeline = None if self.num_examples is None else (
-            self.steps_per_epoch() * sharding.replicas_per_pipeline(ctx))
+        batches_per_pipeline = (
+            None
+            if self.num_examples is None
+            else (self.steps_per_epoch() * sharding.replicas_per_pipeline(ctx))
+        )
         ds = self.source.examples(ctx, training=self.training, seed=self.seed)
         if self.training:
             ds = self._training_batches(ds, per_replica, batches_per_pipeline)
@@ -142,12 +154,15 @@ class DatasetFn:
         return ds.prefetch(tf.data.AUTOTUNE)
 
     def _training_batches(self, ds, per_replica, batches_per_pipeline):
-        buffer_size = min(self.shuffle_buffer_size or math.inf,
-                          self.num_examples or DEFAULT_SHUFFLE_BUFFER_SIZE)
+        buffer_size = min(
+            self.shuffle_buffer_size or math.inf, self.num_examples or DEFAULT_SHUFFLE_BUFFER_SIZE
+        )
         ds = ds.shuffle(buffer_size, seed=self.seed, reshuffle_each_iteration=True)
         if batches_per_pipeline is None:
-            logger.warning("%s: num_examples is unknown, so pipelines may yield different batch "
-                           "counts.", self.name)
+            logger.warning(
+                "%s: num_examples is unknown, so pipelines may yield different batch counts.",
+                self.name,
+            )
             return ds.batch(per_replica, drop_remainder=True)
         # repeat() first: uneven (file) shards still fill the same number of batches.
         return ds.repeat().batch(per_replica, drop_remainder=True).take(batches_per_pipeline)
@@ -155,19 +170,26 @@ class DatasetFn:
     def _evaluation_batches(self, ds, per_replica, batches_per_pipeline):
         batches = ds.batch(per_replica)
         if batches_per_pipeline is None:
-            logger.warning("%s: num_examples is unknown, so pipelines may yield different batch "
-                           "counts.", self.name)
+            logger.warning(
+                "%s: num_examples is unknown, so pipelines may yield different batch counts.",
+                self.name,
+            )
             return batches
         # Top up with empty batches: every pipeline runs the same number of
         # steps, and each real example is still counted exactly once.
         x_spec, y_spec = ds.element_spec
-        empty = tf.data.Dataset.from_tensors((tf.zeros((0, *x_spec.shape), x_spec.dtype),
-                                              tf.zeros((0, *y_spec.shape), y_spec.dtype)))
+        empty = tf.data.Dataset.from_tensors(
+            (tf.zeros((0, *x_spec.shape), x_spec.dtype), tf.zeros((0, *y_spec.shape), y_spec.dtype))
+        )
         return batches.concatenate(empty.repeat()).take(batches_per_pipeline)
 
     def _require_bound(self) -> int:
         if self.global_batch_size is None:
-            raise invalid_argument("global_batch_size", None, "a positive integer",
-                                   note=f"The DatasetFn for {self.name!r} is unbound; "
-                                        "call .bind(global_batch_size=...) first.")
+            raise invalid_argument(
+                "global_batch_size",
+                None,
+                "a positive integer",
+                note=f"The DatasetFn for {self.name!r} is unbound; "
+                "call .bind(global_batch_size=...) first.",
+            )
         return self.global_batch_size

@@ -16,6 +16,7 @@ Nothing is downloaded at run time: "digits" ships with scikit-learn,
 "synthetic" is generated, and "tfds:NAME" must already be prepared in
 ``data_dir``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,9 +35,16 @@ __all__ = ["DATASET_NAMES", "DIGITS_SPLITS", "SYNTHETIC_SPLITS", "DatasetFn", "l
 DATASET_NAMES = ("digits", "synthetic", "tfds:NAME")
 
 
-def load(name: str, *, split: str = "train", data_dir: str | None = None, seed: int = 0,
-         training: bool | None = None, global_batch_size: int | None = None,
-         **kwargs: Any) -> DatasetFn:
+def load(
+    name: str,
+    *,
+    split: str = "train",
+    data_dir: str | None = None,
+    seed: int = 0,
+    training: bool | None = None,
+    global_batch_size: int | None = None,
+    **kwargs: Any,
+) -> DatasetFn:
     """Returns a :class:`DatasetFn` for a built-in or prepared TFDS dataset.
 
     Args:
@@ -74,8 +82,14 @@ def load(name: str, *, split: str = "train", data_dir: str | None = None, seed: 
         raise invalid_argument("dataset", name, DATASET_NAMES)
     training = split.startswith("train") if training is None else training
     fn = dataclasses.replace(fn, seed=int(seed), training=training)
-    logger.info("Loaded %s split %r: %s examples of shape %s, %d classes.", name, fn.split,
-                fn.num_examples, fn.input_shape, fn.num_classes)
+    logger.info(
+        "Loaded %s split %r: %s examples of shape %s, %d classes.",
+        name,
+        fn.split,
+        fn.num_examples,
+        fn.input_shape,
+        fn.num_classes,
+    )
     return fn if global_batch_size is None else fn.bind(global_batch_size=global_batch_size)
 
 

@@ -17,12 +17,14 @@ Steps: a pass over a user's dataset_fn is ``ceil(batches / replicas_per_pipeline
 global steps, so the last, partial step is not dropped (the distributed
 iterator hands the replicas without a batch an empty one).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -51,7 +53,7 @@ class InputSource:
     dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset] | None = None
     dataset: tf.data.Dataset | None = None
 
-    def for_epoch(self, epoch: int) -> "InputSource":
+    def for_epoch(self, epoch: int) -> InputSource:
         """The source for one epoch: a DatasetFn is reseeded with ``seed + epoch``.
 
         Each epoch's order then depends on the epoch alone, not on how many
@@ -59,17 +61,19 @@ class InputSource:
         """
         if isinstance(self.dataset_fn, DatasetFn):
             fn = self.dataset_fn
-            return dataclasses.replace(self, dataset_fn=fn.bind(global_batch_size=fn.global_batch_size,
-                                                                seed=fn.seed + epoch))
+            return dataclasses.replace(
+                self,
+                dataset_fn=fn.bind(global_batch_size=fn.global_batch_size, seed=fn.seed + epoch),
+            )
         return self
 
-    def repeated(self) -> "InputSource":
+    def repeated(self) -> InputSource:
         """The source repeated without end (``fit`` with ``steps_per_epoch`` reads across passes)."""
         if self.dataset is not None:
             return dataclasses.replace(self, dataset=self.dataset.repeat())
         return dataclasses.replace(self, dataset_fn=_Repeat(self.dataset_fn))
 
-    def skipping(self, num_steps: int) -> "InputSource":
+    def skipping(self, num_steps: int) -> InputSource:
         """The source without its first ``num_steps`` global batches (resuming mid-epoch).
 
         Skipping happens inside tf.data, before the data is distributed: each
@@ -106,7 +110,9 @@ class _Skip:
     @tf.autograph.experimental.do_not_convert
     def __call__(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         # One global step takes one per-replica batch for each of this pipeline's replicas.
-        return self.dataset_fn(input_context).skip(self.num_steps * replicas_per_pipeline(input_context))
+        return self.dataset_fn(input_context).skip(
+            self.num_steps * replicas_per_pipeline(input_context)
+        )
 
 
 def _first_batch_size(ds: tf.data.Dataset, argument: str) -> int:
@@ -116,12 +122,19 @@ def _first_batch_size(ds: tf.data.Dataset, argument: str) -> int:
         if first.shape.rank:
             return int(first.shape[0])
         raise invalid_argument(
-            "global_batch_size", None, "a positive integer",
+            "global_batch_size",
+            None,
+            "a positive integer",
             note=f"`{argument}` yields unbatched elements (shape {first.shape}), so the batch size cannot be "
-                 "read off them; batch the dataset or pass global_batch_size.")
-    raise invalid_argument("global_batch_size", None, "a positive integer",
-                           note=f"`{argument}` yields no batches, so the batch size cannot be read off it; "
-                                "pass global_batch_size (or non-empty data).")
+            "read off them; batch the dataset or pass global_batch_size.",
+        )
+    raise invalid_argument(
+        "global_batch_size",
+        None,
+        "a positive integer",
+        note=f"`{argument}` yields no batches, so the batch size cannot be read off it; "
+        "pass global_batch_size (or non-empty data).",
+    )
 
 
 def check_evaluation_steps(name: str, steps: int | None, source: InputSource) -> None:
@@ -131,9 +144,13 @@ def check_evaluation_steps(name: str, steps: int | None, source: InputSource) ->
         ValueError: Naming ``name`` and the pass length.
     """
     if steps is not None and source.steps_per_epoch is not None and steps > source.steps_per_epoch:
-        raise invalid_argument(name, steps, f"at most {source.steps_per_epoch}, the batches in one pass over the data",
-                               note="Evaluation counts each example once and does not repeat the data; "
-                                    f"pass {name}=None for one full pass.")
+        raise invalid_argument(
+            name,
+            steps,
+            f"at most {source.steps_per_epoch}, the batches in one pass over the data",
+            note="Evaluation counts each example once and does not repeat the data; "
+            f"pass {name}=None for one full pass.",
+        )
 
 
 def _finite_cardinality(ds: tf.data.Dataset) -> int | None:
@@ -141,9 +158,16 @@ def _finite_cardinality(ds: tf.data.Dataset) -> int | None:
     return n if n >= 0 else None
 
 
-def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_batch_size: int | None,
-             training: bool, seed: int = 0, argument: str = "data",
-             fallback_global_batch_size: int | None = None) -> InputSource:
+def as_input(
+    data: Any,
+    *,
+    input_context: tf.distribute.InputContext,
+    global_batch_size: int | None,
+    training: bool,
+    seed: int = 0,
+    argument: str = "data",
+    fallback_global_batch_size: int | None = None,
+) -> InputSource:
     """Builds an :class:`InputSource` from any accepted form of ``data``.
 
     Args:
@@ -170,9 +194,13 @@ def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_bat
     if isinstance(data, DatasetFn):
         gbs = global_batch_size or data.global_batch_size or fallback_global_batch_size
         if gbs is None:
-            raise invalid_argument("global_batch_size", None, "a positive integer",
-                                   note=f"`{argument}` is the unbound dataset {data.name!r}; "
-                                        "pass global_batch_size to fit/evaluate.")
+            raise invalid_argument(
+                "global_batch_size",
+                None,
+                "a positive integer",
+                note=f"`{argument}` is the unbound dataset {data.name!r}; "
+                "pass global_batch_size to fit/evaluate.",
+            )
         bound = data.bind(global_batch_size=gbs, training=training)
         spec = bound(input_context).element_spec
         return InputSource(gbs, spec, bound.steps_per_epoch(), dataset_fn=bound)
@@ -187,13 +215,22 @@ def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_bat
     if callable(data):
         ds = data(input_context)
         if not isinstance(ds, tf.data.Dataset):
-            raise invalid_argument(argument, data, "a dataset_fn(input_context) that returns a tf.data.Dataset",
-                                   note=f"It returned {type(ds).__name__}.")
+            raise invalid_argument(
+                argument,
+                data,
+                "a dataset_fn(input_context) that returns a tf.data.Dataset",
+                note=f"It returned {type(ds).__name__}.",
+            )
         gbs = global_batch_size
         if gbs is None:
             gbs = _first_batch_size(ds, argument) * replicas
-            logger.info("`%s` is a dataset_fn and global_batch_size was not given: using %d (its first "
-                        "per-replica batch times %d replicas).", argument, gbs, replicas)
+            logger.info(
+                "`%s` is a dataset_fn and global_batch_size was not given: using %d (its first "
+                "per-replica batch times %d replicas).",
+                argument,
+                gbs,
+                replicas,
+            )
         n = _finite_cardinality(ds)
         # The last step may be partial: ceil, so that no per-replica batch is left out.
         steps = None if n is None else math.ceil(n / replicas_per_pipeline(input_context))
@@ -203,7 +240,9 @@ def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_bat
         arrays = tuple(np.asarray(a) for a in data)
         n = len(arrays[0])
         if any(len(a) != n for a in arrays):
-            raise invalid_argument(argument, tuple(a.shape for a in arrays), "arrays with the same first dimension")
+            raise invalid_argument(
+                argument, tuple(a.shape for a in arrays), "arrays with the same first dimension"
+            )
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
         per_replica_batch_size(gbs, replicas)
         ds = tf.data.Dataset.from_tensor_slices(arrays)
@@ -212,7 +251,13 @@ def as_input(data: Any, *, input_context: tf.distribute.InputContext, global_bat
         ds = ds.batch(gbs).prefetch(tf.data.AUTOTUNE)
         return InputSource(gbs, ds.element_spec, -(-n // gbs), dataset=ds)
 
-    note = f"For a built-in dataset pass tfdist.data.load({data!r})." if isinstance(data, str) else ""
-    raise invalid_argument(argument, data if isinstance(data, str) else type(data).__name__,
-                           "a tfdist.data.DatasetFn, a dataset_fn(input_context), a tf.data.Dataset of "
-                           "global batches, or an (x, y[, sample_weight]) tuple of arrays", note=note)
+    note = (
+        f"For a built-in dataset pass tfdist.data.load({data!r})." if isinstance(data, str) else ""
+    )
+    raise invalid_argument(
+        argument,
+        data if isinstance(data, str) else type(data).__name__,
+        "a tfdist.data.DatasetFn, a dataset_fn(input_context), a tf.data.Dataset of "
+        "global batches, or an (x, y[, sample_weight]) tuple of arrays",
+        note=note,
+    )

@@ -6,6 +6,7 @@ place that checks the division and words the error.
 
 Everything here is plain Python and runs outside any replica context.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -48,8 +49,10 @@ def per_replica_batch_size(global_batch_size: int, num_replicas_in_sync: int) ->
         lower = (global_batch_size // replicas) * replicas
         upper = lower + replicas
         nearest = f"{lower} or {upper}" if lower > 0 else f"{upper}"
-        note = (f"It cannot be split evenly across {replicas} replicas; "
-                f"the nearest valid values are {nearest}.")
+        note = (
+            f"It cannot be split evenly across {replicas} replicas; "
+            f"the nearest valid values are {nearest}."
+        )
         raise invalid_argument("global_batch_size", global_batch_size, expected, note=note)
     return global_batch_size // replicas
 
@@ -77,7 +80,8 @@ def replicas_per_pipeline(input_context: tf.distribute.InputContext) -> int:
             "input_context",
             f"InputContext(num_input_pipelines={pipelines}, input_pipeline_id="
             f"{input_context.input_pipeline_id}, num_replicas_in_sync={replicas})",
-            "num_replicas_in_sync to be a positive multiple of num_input_pipelines")
+            "num_replicas_in_sync to be a positive multiple of num_input_pipelines",
+        )
     return replicas // pipelines
 
 
@@ -87,4 +91,6 @@ def default_input_context() -> tf.distribute.InputContext:
     Used when a dataset_fn is called without a strategy: the per-replica batch
     is then the global batch.
     """
-    return tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+    return tf.distribute.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1
+    )

@@ -15,6 +15,7 @@ Importing this package imports no TensorFlow (the launcher only supervises
 processes) and no Ray: ``ray_launcher``, ``ray_fit`` and ``RayBackup`` load
 :mod:`tfdist.launch.ray_engine` / :mod:`tfdist.launch.ray_backup` when first touched.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,8 +24,11 @@ from typing import Any
 from tfdist.launch.notebook import notebook_launcher
 
 __all__ = ["notebook_launcher", "ray_launcher", "ray_fit", "RayBackup"]
-_LAZY = {"ray_launcher": "tfdist.launch.ray_engine", "ray_fit": "tfdist.launch.ray_engine",
-         "RayBackup": "tfdist.launch.ray_backup"}
+_LAZY = {
+    "ray_launcher": "tfdist.launch.ray_engine",
+    "ray_fit": "tfdist.launch.ray_engine",
+    "RayBackup": "tfdist.launch.ray_backup",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,7 @@
 
 A package-private entry point: only :mod:`tfdist.launch.notebook` starts it, and nothing imports it.
 """
+
 from __future__ import annotations
 
 import os

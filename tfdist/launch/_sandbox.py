@@ -22,6 +22,7 @@ launcher does, the task (and, through the PID namespace, every process it starte
 with them. Without a PID namespace (not permitted) the task's process group is
 killed instead.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -62,7 +63,9 @@ def _loopback_up() -> None:
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
-def _ignore(signum, frame) -> None:  # A handler, not SIG_IGN: exec resets handlers but keeps SIG_IGN.
+def _ignore(
+    signum, frame
+) -> None:  # A handler, not SIG_IGN: exec resets handlers but keeps SIG_IGN.
     pass
 
 
@@ -95,7 +98,9 @@ def hold(ppid: int, net: bool) -> None:
         init = os.fork()
         if init == 0:
             try:
-                _die_with_parent(signal.SIGKILL, 0)  # Our parent is outside the namespace: getppid() is 0.
+                _die_with_parent(
+                    signal.SIGKILL, 0
+                )  # Our parent is outside the namespace: getppid() is 0.
                 _reap_forever()
             finally:
                 os._exit(0)

@@ -15,6 +15,7 @@ namespace whose init dies with it, taking every process the task started along.
 Both need CAP_SYS_ADMIN (root). Without it the launcher warns, names the ports
 to firewall, and ties lifetimes with the process group instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,10 @@ logger = logging.getLogger(__name__)
 # starts fast and nothing from the task's environment (PYTHONPATH, site-packages) runs as it.
 _HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox.py")
 _READY_SECONDS = 30.0
-UNAUTHENTICATED = ("TF's gRPC servers are unauthenticated (no authentication) and run any graph "
-                   "sent to them, so anyone who can reach their ports can run code as this user")
+UNAUTHENTICATED = (
+    "TF's gRPC servers are unauthenticated (no authentication) and run any graph "
+    "sent to them, so anyone who can reach their ports can run code as this user"
+)
 
 
 class Sandbox:
@@ -75,7 +78,8 @@ class Sandbox:
             holder.kill()
             holder.wait()
             self.network_problem = self.pid_problem = (
-                f"the namespace helper did not start (exit code {holder.returncode})")
+                f"the namespace helper did not start (exit code {holder.returncode})"
+            )
             return
         self._holder = holder
         self.private_network = self.requested_network and report["net"] is None
@@ -122,13 +126,21 @@ class Sandbox:
 def firewall_advice(ports: Sequence[int]) -> str:
     """A firewall rule keeping other hosts off ``ports``, where no private network can be made."""
     listed = ",".join(str(p) for p in sorted(ports))
-    return (f"block these ports from other hosts with a firewall, e.g. "
-            f"`iptables -I INPUT ! -i lo -p tcp -m multiport --dports {listed} -j DROP` "
-            f"(and ip6tables the same)")
+    return (
+        f"block these ports from other hosts with a firewall, e.g. "
+        f"`iptables -I INPUT ! -i lo -p tcp -m multiport --dports {listed} -j DROP` "
+        f"(and ip6tables the same)"
+    )
 
 
-def report_exposure(sandbox: Sandbox, ports: Sequence[int], *, single_node: bool, loopback: bool,
-                    private_network: bool) -> None:
+def report_exposure(
+    sandbox: Sandbox,
+    ports: Sequence[int],
+    *,
+    single_node: bool,
+    loopback: bool,
+    private_network: bool,
+) -> None:
     """Logs what protects the tasks' ``ports``, and what to do where nothing does.
 
     Args:
@@ -139,8 +151,10 @@ def report_exposure(sandbox: Sandbox, ports: Sequence[int], *, single_node: bool
         private_network: Whether the caller asked for a private network namespace.
     """
     if sandbox.private_network:
-        logger.info("The tasks run in a private network namespace that has only loopback: other "
-                    "hosts cannot reach their ports.")
+        logger.info(
+            "The tasks run in a private network namespace that has only loopback: other "
+            "hosts cannot reach their ports."
+        )
     elif loopback:  # Non-loopback addresses were warned about when allowed (require_loopback).
         if not single_node:
             why = "A multi-node cluster (--hosts) uses this host's network"
@@ -148,10 +162,17 @@ def report_exposure(sandbox: Sandbox, ports: Sequence[int], *, single_node: bool
             why = "private_network=False (--noprivate_network)"
         else:
             why = f"No private network namespace for the tasks ({sandbox.network_problem})"
-        logger.warning("%s: ports %s listen on every interface (TF ignores the host in TF_CONFIG), "
-                       "so other hosts can reach them, and %s. To prevent that, %s.", why,
-                       ", ".join(map(str, ports)), UNAUTHENTICATED, firewall_advice(ports))
+        logger.warning(
+            "%s: ports %s listen on every interface (TF ignores the host in TF_CONFIG), "
+            "so other hosts can reach them, and %s. To prevent that, %s.",
+            why,
+            ", ".join(map(str, ports)),
+            UNAUTHENTICATED,
+            firewall_advice(ports),
+        )
     if not sandbox.pid_namespace:
-        logger.warning("No PID namespace for the tasks (%s): a process that a task moves out of "
-                       "its process group can outlive a launcher killed with SIGKILL.",
-                       sandbox.pid_problem)
+        logger.warning(
+            "No PID namespace for the tasks (%s): a process that a task moves out of "
+            "its process group can outlive a launcher killed with SIGKILL.",
+            sandbox.pid_problem,
+        )

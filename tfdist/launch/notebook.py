@@ -15,6 +15,7 @@ cell prefixed by task, and the chief's return value comes back. As under
 ``tfdist launch``, the tasks run in a private network namespace that has only
 loopback, and no task outlives the kernel that started it.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,16 +23,25 @@ import pickle
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
 from tfdist.config import check_positive_int
 
 
-def notebook_launcher(fn: Callable[..., Any], *args: Any, num_workers: int = 2, num_ps: int = 0,
-                      chief: bool = False, max_restarts: int = 0, timeout: float | None = None,
-                      env: dict[str, str] | None = None, private_network: bool = True) -> Any:
+def notebook_launcher(
+    fn: Callable[..., Any],
+    *args: Any,
+    num_workers: int = 2,
+    num_ps: int = 0,
+    chief: bool = False,
+    max_restarts: int = 0,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+    private_network: bool = True,
+) -> Any:
     """Runs ``fn(*args)`` in every task of a local cluster; returns the chief's result.
 
     Args:
@@ -64,11 +74,21 @@ def notebook_launcher(fn: Callable[..., Any], *args: Any, num_workers: int = 2, 
             cloudpickle.dump((fn, args), f)
         task_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
         task_env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *sys.path])
-        code = launch([sys.executable, "-m", "tfdist.launch._notebook_task", workdir], workers=num_workers, ps=num_ps,
-                      chief=chief, max_restarts=max_restarts, timeout=timeout, env=task_env, output=sys.stdout,
-                      private_network=private_network)
+        code = launch(
+            [sys.executable, "-m", "tfdist.launch._notebook_task", workdir],
+            workers=num_workers,
+            ps=num_ps,
+            chief=chief,
+            max_restarts=max_restarts,
+            timeout=timeout,
+            env=task_env,
+            output=sys.stdout,
+            private_network=private_network,
+        )
         if code != 0:
-            raise RuntimeError(f"The notebook_launcher job failed with code {code}; see the tasks' output above.")
+            raise RuntimeError(
+                f"The notebook_launcher job failed with code {code}; see the tasks' output above."
+            )
         with open(os.path.join(workdir, "result.pkl"), "rb") as f:
             return pickle.load(f)
     finally:

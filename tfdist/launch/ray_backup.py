@@ -22,6 +22,7 @@ all of them see: at the first batch after ``backup_freq`` more updates, at
 each epoch start and at the end of training. Only the chief attaches a
 checkpoint, and only when ``state.json`` names a backup it has not reported.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,9 @@ class RayBackup(keras.callbacks.Callback):
         restored_at: ``time.time()`` when that copy finished.
     """
 
-    def __init__(self, backup_dir: str, *, backup_freq: int | str = "epoch", accumulation_steps: int = 1) -> None:
+    def __init__(
+        self, backup_dir: str, *, backup_freq: int | str = "epoch", accumulation_steps: int = 1
+    ) -> None:
         super().__init__()
         ray = require_ray()
         self.backup_dir = backup_dir
@@ -99,8 +102,11 @@ class RayBackup(keras.callbacks.Callback):
             if theirs is None:
                 return
             if ours is not None and ours["updates"] >= theirs["updates"]:
-                logger.info("backup_dir holds update %d, Ray's checkpoint %d: keeping backup_dir.",
-                            ours["updates"], theirs["updates"])
+                logger.info(
+                    "backup_dir holds update %d, Ray's checkpoint %d: keeping backup_dir.",
+                    ours["updates"],
+                    theirs["updates"],
+                )
                 return
             os.makedirs(self.backup_dir, exist_ok=True)
             for name in os.listdir(source):
@@ -112,8 +118,12 @@ class RayBackup(keras.callbacks.Callback):
             os.replace(tmp, os.path.join(self.backup_dir, STATE_FILE))
         self.restored, self.restored_at = theirs, time.time()
         self._reported = theirs["number"]
-        logger.warning("Restored Ray's checkpoint %s (update %d) into %s.", checkpoint.path, theirs["updates"],
-                       self.backup_dir)
+        logger.warning(
+            "Restored Ray's checkpoint %s (update %d) into %s.",
+            checkpoint.path,
+            theirs["updates"],
+            self.backup_dir,
+        )
 
     def _updates_before(self, epoch: int, micro_batch: int) -> int:
         steps = self.params.get("steps") or 0
@@ -134,7 +144,9 @@ class RayBackup(keras.callbacks.Callback):
             for name in os.listdir(self.backup_dir):
                 if name == STATE_FILE or name.startswith(state["checkpoint"] + "."):
                     shutil.copy2(os.path.join(self.backup_dir, name), os.path.join(tmp, name))
-            if _read_state(tmp)["number"] != state["number"]:  # a save committed while copying: next time
+            if (
+                _read_state(tmp)["number"] != state["number"]
+            ):  # a save committed while copying: next time
                 ray.train.report(metrics)
                 return
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
@@ -143,7 +155,11 @@ class RayBackup(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if epoch > self._epoch:  # the previous epoch's end backup is committed by now
             self._epoch = epoch
-            self._mark = self._updates_before(epoch, 0) // self.backup_freq if isinstance(self.backup_freq, int) else 0
+            self._mark = (
+                self._updates_before(epoch, 0) // self.backup_freq
+                if isinstance(self.backup_freq, int)
+                else 0
+            )
             self._report()
         self._epoch = epoch
 

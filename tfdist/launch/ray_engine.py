@@ -25,13 +25,15 @@ Before ``fn`` runs, each worker:
 
 Importing this module imports neither Ray nor TensorFlow.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tfdist.config import check_non_negative_int, check_positive_int, invalid_argument
 
@@ -73,13 +75,19 @@ def _check_fits(ray: Any, num_workers: int, cpus_per_worker: float, use_gpu: boo
     if num_workers * cpus_per_worker > have:
         fit = int(have // cpus_per_worker) if cpus_per_worker else 0
         raise invalid_argument(
-            "num_workers", num_workers, f"at most {fit} (the Ray cluster has {have:g} CPUs, "
-                                        f"{cpus_per_worker:g} per worker)",
+            "num_workers",
+            num_workers,
+            f"at most {fit} (the Ray cluster has {have:g} CPUs, {cpus_per_worker:g} per worker)",
             note="Ray would wait for the missing resources forever. Use fewer workers or CPUs per worker, add "
-                 "nodes, or pass check_resources=False on a cluster that autoscales.")
+            "nodes, or pass check_resources=False on a cluster that autoscales.",
+        )
     if use_gpu and num_workers > total.get("GPU", 0.0):
-        raise invalid_argument("num_workers", num_workers, f"at most {total.get('GPU', 0.0):g} with use_gpu=True "
-                               "(one GPU per worker)", note="Ray would wait for the missing GPUs forever.")
+        raise invalid_argument(
+            "num_workers",
+            num_workers,
+            f"at most {total.get('GPU', 0.0):g} with use_gpu=True (one GPU per worker)",
+            note="Ray would wait for the missing GPUs forever.",
+        )
 
 
 def _local_tf_config() -> None:
@@ -139,9 +147,18 @@ class RayRun:
     outputs: list[Any]
 
 
-def ray_fit(fn: Callable[..., Any], *args: Any, num_workers: int = 2, cpus_per_worker: float = 1,
-            use_gpu: bool = False, max_failures: int = 0, storage_path: str | None = None,
-            name: str | None = None, datasets: dict[str, Any] | None = None, check_resources: bool = True) -> RayRun:
+def ray_fit(
+    fn: Callable[..., Any],
+    *args: Any,
+    num_workers: int = 2,
+    cpus_per_worker: float = 1,
+    use_gpu: bool = False,
+    max_failures: int = 0,
+    storage_path: str | None = None,
+    name: str | None = None,
+    datasets: dict[str, Any] | None = None,
+    check_resources: bool = True,
+) -> RayRun:
     """Runs ``fn(*args)`` on every worker of a Ray Train ``TensorflowTrainer``.
 
     Args:
@@ -193,11 +210,16 @@ def ray_fit(fn: Callable[..., Any], *args: Any, num_workers: int = 2, cpus_per_w
 
     trainer = TensorflowTrainer(
         train_loop_per_worker,
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker={"CPU": cpus_per_worker}),
-        run_config=RunConfig(name=name, storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=max_failures)),
-        datasets=datasets)
+        scaling_config=ScalingConfig(
+            num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
+        datasets=datasets,
+    )
     try:
         result = trainer.fit()
     except Exception as e:  # Ray's TrainingFailedError names the worker and carries its traceback.
@@ -207,16 +229,33 @@ def ray_fit(fn: Callable[..., Any], *args: Any, num_workers: int = 2, cpus_per_w
     return RayRun(result=result, outputs=[results.get(rank) for rank in range(num_workers)])
 
 
-def ray_launcher(fn: Callable[..., Any], *args: Any, num_workers: int = 2, cpus_per_worker: float = 1,
-                 use_gpu: bool = False, max_failures: int = 0, storage_path: str | None = None,
-                 name: str | None = None, datasets: dict[str, Any] | None = None,
-                 check_resources: bool = True) -> Any:
+def ray_launcher(
+    fn: Callable[..., Any],
+    *args: Any,
+    num_workers: int = 2,
+    cpus_per_worker: float = 1,
+    use_gpu: bool = False,
+    max_failures: int = 0,
+    storage_path: str | None = None,
+    name: str | None = None,
+    datasets: dict[str, Any] | None = None,
+    check_resources: bool = True,
+) -> Any:
     """Runs ``fn(*args)`` on a Ray Train group; returns the chief's result (as ``notebook_launcher`` does).
 
     Starts a local loopback Ray cluster (no dashboard) unless Ray is already
     initialised or ``RAY_ADDRESS`` names a cluster. Arguments are those of
     :func:`ray_fit`, which also returns Ray's ``Result``.
     """
-    return ray_fit(fn, *args, num_workers=num_workers, cpus_per_worker=cpus_per_worker, use_gpu=use_gpu,
-                   max_failures=max_failures, storage_path=storage_path, name=name, datasets=datasets,
-                   check_resources=check_resources).outputs[0]
+    return ray_fit(
+        fn,
+        *args,
+        num_workers=num_workers,
+        cpus_per_worker=cpus_per_worker,
+        use_gpu=use_gpu,
+        max_failures=max_failures,
+        storage_path=storage_path,
+        name=name,
+        datasets=datasets,
+        check_resources=check_resources,
+    ).outputs[0]

@@ -9,6 +9,7 @@ backed-up update, e.g. under Slurm with requeue on preemption::
     tfdist manifest slurm --ntasks=2 --max_restarts=3 --output=job.sbatch -- \
         tfdist train --strategy=multi_worker --backup_dir=$HOME/run/backup --backup_freq=50
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,7 +31,11 @@ def _strategy_options(config: TrainConfig) -> dict[str, Any]:
     if config.strategy == "multi_worker":
         return {"communication": config.communication}
     if config.strategy == "parameter_server":
-        options = {"num_workers": config.num_workers, "num_ps": config.num_ps, "min_shard_bytes": config.min_shard_bytes}
+        options = {
+            "num_workers": config.num_workers,
+            "num_ps": config.num_ps,
+            "min_shard_bytes": config.min_shard_bytes,
+        }
         return {k: v for k, v in options.items() if v is not None}
     return {}
 
@@ -62,21 +67,36 @@ def run(config: TrainConfig) -> dict[str, Any]:
     keras.utils.set_random_seed(config.seed)
     train = data.load(config.dataset, split="train", data_dir=config.data_dir, seed=config.seed)
     val = data.load(config.dataset, split="validation", data_dir=config.data_dir, seed=config.seed)
-    optimizer = keras.optimizers.get({"class_name": config.optimizer,
-                                      "config": {"learning_rate": config.learning_rate}})
+    optimizer = keras.optimizers.get(
+        {"class_name": config.optimizer, "config": {"learning_rate": config.learning_rate}}
+    )
     trainer = tfdist.Trainer(
-        lambda: models.get(config.model, input_shape=train.input_shape, num_classes=train.num_classes),
-        strategy=strategy, optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
-        precision=config.precision, accumulation_steps=config.accumulation_steps,
-        steps_per_execution=config.steps_per_execution, lr_scaling=config.lr_scaling,
-        base_global_batch_size=config.base_global_batch_size, warmup_steps=config.warmup_steps,
-        warmup_epochs=config.warmup_epochs, backup_dir=config.backup_dir,
-        backup_freq=config.backup_freq if config.backup_freq is not None else "epoch")
+        lambda: models.get(
+            config.model, input_shape=train.input_shape, num_classes=train.num_classes
+        ),
+        strategy=strategy,
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        precision=config.precision,
+        accumulation_steps=config.accumulation_steps,
+        steps_per_execution=config.steps_per_execution,
+        lr_scaling=config.lr_scaling,
+        base_global_batch_size=config.base_global_batch_size,
+        warmup_steps=config.warmup_steps,
+        warmup_epochs=config.warmup_epochs,
+        backup_dir=config.backup_dir,
+        backup_freq=config.backup_freq if config.backup_freq is not None else "epoch",
+    )
     start = time.perf_counter()
-    history = trainer.fit(train, epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
-                          global_batch_size=config.global_batch_size, validation_data=val,
-                          verbose=config.verbose if trainer.is_chief else 0)
+    history = trainer.fit(
+        train,
+        epochs=config.epochs,
+        steps_per_epoch=config.steps_per_epoch,
+        global_batch_size=config.global_batch_size,
+        validation_data=val,
+        verbose=config.verbose if trainer.is_chief else 0,
+    )
     seconds = time.perf_counter() - start
     if config.model_dir:
         _save(trainer, config.model_dir)

@@ -8,10 +8,12 @@ Every model ends in ``Dense(num_classes, dtype="float32")`` and outputs logits,
 so losses stay float32 under mixed precision; every other layer follows the
 global dtype policy.
 """
+
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import keras
 
@@ -33,8 +35,13 @@ def available() -> tuple[str, ...]:
     return tuple(sorted(_BUILDERS))
 
 
-def get(name: ModelName, *, input_shape: tuple[int, ...] = (8, 8, 1), num_classes: int = 10,
-        **kwargs: Any) -> keras.Model:
+def get(
+    name: ModelName,
+    *,
+    input_shape: tuple[int, ...] = (8, 8, 1),
+    num_classes: int = 10,
+    **kwargs: Any,
+) -> keras.Model:
     """Builds a registered model (in the current strategy scope, if any).
 
     Args:
@@ -56,12 +63,20 @@ def get(name: ModelName, *, input_shape: tuple[int, ...] = (8, 8, 1), num_classe
     if name not in _BUILDERS:
         raise invalid_argument("model", name, available())
     builder = _BUILDERS[name]
-    accepted = [p.name for p in inspect.signature(builder).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    accepted = [
+        p.name for p in inspect.signature(builder).parameters.values() if p.kind is p.KEYWORD_ONLY
+    ]
     for key in sorted(set(kwargs) - set(accepted)):
-        raise invalid_argument(key, kwargs[key], f"an option of model {name!r}: {', '.join(accepted)}")
+        raise invalid_argument(
+            key, kwargs[key], f"an option of model {name!r}: {', '.join(accepted)}"
+        )
     input_shape = tuple(input_shape)
-    if not input_shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in input_shape):
-        raise invalid_argument("input_shape", input_shape, "a non-empty tuple of positive ints, e.g. (8, 8, 1)")
+    if not input_shape or any(
+        isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in input_shape
+    ):
+        raise invalid_argument(
+            "input_shape", input_shape, "a non-empty tuple of positive ints, e.g. (8, 8, 1)"
+        )
     check_positive_int("num_classes", num_classes)
     return builder(input_shape, num_classes, **kwargs)
 
@@ -88,9 +103,14 @@ def check_features(model: keras.Model, element_spec: Any, *, argument: str = "da
     if not inputs or len(inputs) != 1 or not hasattr(x, "shape") or x.shape.rank is None:
         return
     want, got = tuple(inputs[0].shape[1:]), tuple(x.shape[1:])
-    if len(want) != len(got) or any(w is not None and g is not None and w != g for w, g in zip(want, got)):
-        raise invalid_argument(argument, f"batches of x with shape {(None, *got)}",
-                               f"x of shape {(None, *want)}, the input shape of model {model.name!r}")
+    if len(want) != len(got) or any(
+        w is not None and g is not None and w != g for w, g in zip(want, got)
+    ):
+        raise invalid_argument(
+            argument,
+            f"batches of x with shape {(None, *got)}",
+            f"x of shape {(None, *want)}, the input shape of model {model.name!r}",
+        )
 
 
 __all__ = ["ModelName", "available", "check_features", "get"]

@@ -3,6 +3,7 @@
 Reaches >= 0.95 validation accuracy on "digits" in a few epochs with
 ``Adam(1e-3)`` and a global batch of 128.
 """
+
 from __future__ import annotations
 
 import keras
@@ -22,7 +23,9 @@ def build(input_shape: tuple[int, ...], num_classes: int, *, dropout: float = 0.
         A functional ``keras.Model`` named "cnn" that outputs float32 logits.
     """
     if len(input_shape) != 3:
-        raise invalid_argument("input_shape", input_shape, "(height, width, channels) for model 'cnn'")
+        raise invalid_argument(
+            "input_shape", input_shape, "(height, width, channels) for model 'cnn'"
+        )
     check_fraction("dropout", dropout)
     inputs = keras.Input(shape=input_shape, name="inputs")
     x = keras.layers.Conv2D(32, 3, activation="relu", padding="same", name="conv_0")(inputs)

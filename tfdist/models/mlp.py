@@ -3,17 +3,23 @@
 Wide configurations make a FLOP-heavy benchmark, e.g.
 ``tfdist.models.get("mlp", hidden_units=(2048, 2048, 2048))``.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import keras
 
 from tfdist.config import check_fraction, invalid_argument
 
 
-def build(input_shape: tuple[int, ...], num_classes: int, *, hidden_units: Sequence[int] = (256, 256),
-          dropout: float = 0.0) -> keras.Model:
+def build(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    hidden_units: Sequence[int] = (256, 256),
+    dropout: float = 0.0,
+) -> keras.Model:
     """Builds the MLP.
 
     Args:
@@ -26,8 +32,12 @@ def build(input_shape: tuple[int, ...], num_classes: int, *, hidden_units: Seque
         A functional ``keras.Model`` named "mlp" that outputs float32 logits.
     """
     units_ok = not isinstance(hidden_units, (int, str)) and hasattr(hidden_units, "__iter__")
-    if not units_ok or any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in tuple(hidden_units)):
-        raise invalid_argument("hidden_units", hidden_units, "a sequence of positive ints, e.g. (256, 256)")
+    if not units_ok or any(
+        isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in tuple(hidden_units)
+    ):
+        raise invalid_argument(
+            "hidden_units", hidden_units, "a sequence of positive ints, e.g. (256, 256)"
+        )
     hidden_units = tuple(hidden_units)
     check_fraction("dropout", dropout)
     inputs = keras.Input(shape=input_shape, name="inputs")

@@ -3,6 +3,7 @@
 BatchNormalization makes this the model that exercises synchronised
 (cross-replica) statistics under a strategy.
 """
+
 from __future__ import annotations
 
 import keras
@@ -21,7 +22,9 @@ def _residual_block(x, filters: int, name: str):
     return keras.layers.ReLU(name=f"{name}_relu_1")(x)
 
 
-def build(input_shape: tuple[int, ...], num_classes: int, *, num_blocks: int = 2, filters: int = 32) -> keras.Model:
+def build(
+    input_shape: tuple[int, ...], num_classes: int, *, num_blocks: int = 2, filters: int = 32
+) -> keras.Model:
     """Builds the ResNet.
 
     Args:
@@ -34,7 +37,9 @@ def build(input_shape: tuple[int, ...], num_classes: int, *, num_blocks: int = 2
         A functional ``keras.Model`` named "resnet" that outputs float32 logits.
     """
     if len(input_shape) != 3:
-        raise invalid_argument("input_shape", input_shape, "(height, width, channels) for model 'resnet'")
+        raise invalid_argument(
+            "input_shape", input_shape, "(height, width, channels) for model 'resnet'"
+        )
     check_positive_int("num_blocks", num_blocks)
     check_positive_int("filters", filters)
     inputs = keras.Input(shape=input_shape, name="inputs")

@@ -5,6 +5,7 @@ features: Dense projection to ``d_model`` plus a learned position embedding,
 ``num_layers`` pre-norm encoder blocks (self-attention and a feed-forward
 network, each residual), global average pooling, float32 logits.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,9 @@ class PositionEmbedding(keras.layers.Layer):
     """Adds a learned embedding per sequence position to ``(batch, length, dim)`` inputs."""
 
     def build(self, input_shape):
-        self.embedding = self.add_weight(shape=tuple(input_shape[1:]), initializer="random_normal",
-                                         name="embedding")
+        self.embedding = self.add_weight(
+            shape=tuple(input_shape[1:]), initializer="random_normal", name="embedding"
+        )
 
     def call(self, inputs):
         # Keras autocasts the variable to the compute dtype (bfloat16/float16 under mixed precision).
@@ -29,8 +31,9 @@ class PositionEmbedding(keras.layers.Layer):
 
 def _encoder_block(x, *, d_model: int, num_heads: int, ff_dim: int, dropout: float, name: str):
     h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"{name}_ln_0")(x)
-    h = keras.layers.MultiHeadAttention(num_heads=num_heads, key_dim=d_model // num_heads, dropout=dropout,
-                                        name=f"{name}_attention")(h, h)
+    h = keras.layers.MultiHeadAttention(
+        num_heads=num_heads, key_dim=d_model // num_heads, dropout=dropout, name=f"{name}_attention"
+    )(h, h)
     x = keras.layers.Add(name=f"{name}_add_0")([x, h])
     h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"{name}_ln_1")(x)
     h = keras.layers.Dense(ff_dim, activation="gelu", name=f"{name}_ff_0")(h)
@@ -40,8 +43,16 @@ def _encoder_block(x, *, d_model: int, num_heads: int, ff_dim: int, dropout: flo
     return keras.layers.Add(name=f"{name}_add_1")([x, h])
 
 
-def build(input_shape: tuple[int, ...], num_classes: int, *, num_layers: int = 2, d_model: int = 64,
-          num_heads: int = 4, ff_dim: int = 128, dropout: float = 0.0) -> keras.Model:
+def build(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    num_layers: int = 2,
+    d_model: int = 64,
+    num_heads: int = 4,
+    ff_dim: int = 128,
+    dropout: float = 0.0,
+) -> keras.Model:
     """Builds the Transformer classifier.
 
     Args:
@@ -57,9 +68,15 @@ def build(input_shape: tuple[int, ...], num_classes: int, *, num_layers: int = 2
         A functional ``keras.Model`` named "transformer" that outputs float32 logits.
     """
     if len(input_shape) not in (2, 3):
-        raise invalid_argument("input_shape", input_shape, "(H, W, C) or (length, features) for model 'transformer'")
-    for arg, value in (("num_layers", num_layers), ("d_model", d_model), ("num_heads", num_heads),
-                       ("ff_dim", ff_dim)):
+        raise invalid_argument(
+            "input_shape", input_shape, "(H, W, C) or (length, features) for model 'transformer'"
+        )
+    for arg, value in (
+        ("num_layers", num_layers),
+        ("d_model", d_model),
+        ("num_heads", num_heads),
+        ("ff_dim", ff_dim),
+    ):
         check_positive_int(arg, value)
     check_fraction("dropout", dropout)
     if d_model % num_heads:
@@ -70,8 +87,14 @@ def build(input_shape: tuple[int, ...], num_classes: int, *, num_layers: int = 2
     x = keras.layers.Dense(d_model, name="token_projection")(x)
     x = PositionEmbedding(name="position_embedding")(x)
     for i in range(num_layers):
-        x = _encoder_block(x, d_model=d_model, num_heads=num_heads, ff_dim=ff_dim, dropout=dropout,
-                           name=f"encoder_{i}")
+        x = _encoder_block(
+            x,
+            d_model=d_model,
+            num_heads=num_heads,
+            ff_dim=ff_dim,
+            dropout=dropout,
+            name=f"encoder_{i}",
+        )
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="final_ln")(x)
     x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
     outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)

@@ -5,9 +5,11 @@ executed on its strategy; ``training/step.py`` decides *what* a step does.
 Everything that differs between strategies is a method here, so the training
 loop holds no ``isinstance(strategy, ...)``.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import tensorflow as tf
 
@@ -59,8 +61,16 @@ class Runner(Protocol):
         that all workers resume from the chief's backup position.
         """
 
-    def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
-                     name: str, training: bool = True, model: Any = None) -> Callable[[Any, int], Any]:
+    def compile_loop(
+        self,
+        replica_fn: ReplicaFn,
+        logs_fn: LogsFn,
+        *,
+        batches_per_call: int,
+        name: str,
+        training: bool = True,
+        model: Any = None,
+    ) -> Callable[[Any, int], Any]:
         """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.
 
         Each call of ``replica_fn`` receives a list of ``batches_per_call``
@@ -79,7 +89,9 @@ class Runner(Protocol):
         per call when no callback needs every batch; default 1).
         """
 
-    def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:
+    def compile_predict(
+        self, replica_fn: ReplicaFn, *, name: str = "predict_function"
+    ) -> Callable[[Any], Any]:
         """Builds ``fn(batch)`` for a batch of ``distribute(..., training=False)``.
 
         ``fn`` runs ``replica_fn(batch)`` on every replica and returns all

@@ -3,6 +3,7 @@
 The kinds come from the leaf registry (``tfdist/strategies/registry.py``); each
 lives in its own module, imported only when that kind is built or matched.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -72,8 +73,10 @@ def make_strategy(kind: StrategyName | str = "auto", **options: Any) -> tf.distr
     for key in options:
         if key not in params:
             raise invalid_argument(
-                key, options[key], f"an option of strategy {kind!r}: "
-                + (", ".join(params) or "it takes none"))
+                key,
+                options[key],
+                f"an option of strategy {kind!r}: " + (", ".join(params) or "it takes none"),
+            )
     return entry.build(**options)
 
 
@@ -89,8 +92,12 @@ def runner_for(strategy: tf.distribute.Strategy | None) -> Any:
         ImportError: If a strategy module fails to import.
     """
     if isinstance(strategy, str):
-        raise invalid_argument("strategy", strategy, "a tf.distribute.Strategy object",
-                               note=f"Build one with tfdist.make_strategy({strategy!r}).")
+        raise invalid_argument(
+            "strategy",
+            strategy,
+            "a tf.distribute.Strategy object",
+            note=f"Build one with tfdist.make_strategy({strategy!r}).",
+        )
     strategy = strategy or tf.distribute.get_strategy()
     for entry in registry.entries():
         if entry.matches(strategy):
@@ -101,5 +108,6 @@ def runner_for(strategy: tf.distribute.Strategy | None) -> Any:
 
         return SyncRunner(strategy)
     kinds = ", ".join(sorted(registry.MODULES))
-    raise invalid_argument("strategy", type(strategy).__name__,
-                           "a strategy of one of the registered kinds: " + kinds)
+    raise invalid_argument(
+        "strategy", type(strategy).__name__, "a strategy of one of the registered kinds: " + kinds
+    )

@@ -1,4 +1,5 @@
 """``mirrored``: ``tf.distribute.MirroredStrategy`` over local GPUs or virtual CPUs."""
+
 from __future__ import annotations
 
 import logging
@@ -26,12 +27,16 @@ def ensure_cpu_devices(num_devices: int) -> None:
         return
     try:
         tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+            cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices
+        )
     except RuntimeError as e:
         raise invalid_argument(
-            "num_devices", num_devices, f"at most {have}, the CPU devices TensorFlow already initialised",
+            "num_devices",
+            num_devices,
+            f"at most {have}, the CPU devices TensorFlow already initialised",
             note="Virtual CPU devices can only be created before TensorFlow initialises: "
-                 "call tfdist.make_strategy first in the program.") from e
+            "call tfdist.make_strategy first in the program.",
+        ) from e
     logger.info("Split the CPU into %d virtual devices", num_devices)
 
 
@@ -59,7 +64,9 @@ def build(num_devices: int | None = None) -> tf.distribute.Strategy:
     if gpus:
         n = num_devices or len(gpus)
         if n > len(gpus):
-            raise invalid_argument("num_devices", n, f"at most {len(gpus)}, the GPUs on this machine")
+            raise invalid_argument(
+                "num_devices", n, f"at most {len(gpus)}, the GPUs on this machine"
+            )
         return tf.distribute.MirroredStrategy([f"/gpu:{i}" for i in range(n)])
     if num_devices is not None:
         ensure_cpu_devices(num_devices)
@@ -67,5 +74,6 @@ def build(num_devices: int | None = None) -> tf.distribute.Strategy:
     # Virtual CPU devices share memory: reduce on one device. (The collective
     # default also reuses group keys across strategies of different sizes in
     # one process, which aborts the second one.)
-    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)],
-                                          cross_device_ops=tf.distribute.ReductionToOneDevice())
+    return tf.distribute.MirroredStrategy(
+        [f"/cpu:{i}" for i in range(n)], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )

@@ -1,4 +1,5 @@
 """``multi_worker``: ``MultiWorkerMirroredStrategy`` with the cluster from TF_CONFIG or Slurm."""
+
 from __future__ import annotations
 
 import logging
@@ -22,15 +23,20 @@ _IMPLEMENTATIONS = {
 def resolver_for(info: cluster_lib.ClusterInfo) -> tf.distribute.cluster_resolver.ClusterResolver:
     """A cluster resolver for a validated :class:`tfdist.cluster.ClusterInfo`."""
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(info.cluster), task_type=info.task_type, task_id=info.task_id,
-        rpc_layer=info.rpc_layer or "grpc")
+        tf.train.ClusterSpec(info.cluster),
+        task_type=info.task_type,
+        task_id=info.task_id,
+        rpc_layer=info.rpc_layer or "grpc",
+    )
 
 
 def check_own_port(info: cluster_lib.ClusterInfo) -> None:
     """Raises a clear error if this task's loopback port is already taken."""
     host, _, port = info.address.rpartition(":")
     if cluster_lib.is_loopback(host):
-        cluster_lib.check_port_free(host, int(port), what=f"TF_CONFIG.cluster.{info.task_type}[{info.task_id}]")
+        cluster_lib.check_port_free(
+            host, int(port), what=f"TF_CONFIG.cluster.{info.task_type}[{info.task_id}]"
+        )
 
 
 #: Runs training steps on this kind's strategies (see ``tfdist/strategies/registry.py``).
@@ -58,15 +64,24 @@ def build(communication: Literal["auto", "ring", "nccl"] = "auto") -> tf.distrib
     """
     check_choice("communication", communication, _IMPLEMENTATIONS)
     if communication == "nccl" and not tf.config.list_physical_devices("GPU"):
-        raise invalid_argument("communication", communication, "'auto' or 'ring' on a machine without GPUs")
+        raise invalid_argument(
+            "communication", communication, "'auto' or 'ring' on a machine without GPUs"
+        )
     info = cluster_lib.from_environment()
-    options = tf.distribute.experimental.CommunicationOptions(implementation=_IMPLEMENTATIONS[communication])
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=_IMPLEMENTATIONS[communication]
+    )
     if info is None:
         logger.info("No TF_CONFIG or Slurm cluster: multi_worker runs this process alone")
         return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     if "ps" in info.cluster:
-        raise invalid_argument("strategy", "multi_worker", "'parameter_server' for a cluster with ps tasks",
-                               note=f"TF_CONFIG.cluster has task types {sorted(info.cluster)}.")
+        raise invalid_argument(
+            "strategy",
+            "multi_worker",
+            "'parameter_server' for a cluster with ps tasks",
+            note=f"TF_CONFIG.cluster has task types {sorted(info.cluster)}.",
+        )
     check_own_port(info)
     return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver_for(info), communication_options=options)
+        cluster_resolver=resolver_for(info), communication_options=options
+    )

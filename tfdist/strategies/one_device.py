@@ -1,4 +1,5 @@
 """``one_device``: ``tf.distribute.OneDeviceStrategy`` on the first GPU, else the CPU."""
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -34,6 +35,10 @@ def build(device: str | None = None) -> tf.distribute.Strategy:
         spec = None
     wanted = spec and spec.device_type and f"{spec.device_type.upper()}:{spec.device_index or 0}"
     if not wanted or not any(name.upper().endswith("/DEVICE:" + wanted) for name in names):
-        raise invalid_argument("device", device, "a device of this machine, e.g. /cpu:0",
-                               note=f"Its logical devices: {', '.join(names)}.")
+        raise invalid_argument(
+            "device",
+            device,
+            "a device of this machine, e.g. /cpu:0",
+            note=f"Its logical devices: {', '.join(names)}.",
+        )
     return tf.distribute.OneDeviceStrategy(device)

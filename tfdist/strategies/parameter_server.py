@@ -27,6 +27,7 @@ Connecting the coordinator to a cluster renames this process's devices
 So, as ``mirrored`` refuses to add devices late, ``parameter_server`` refuses
 to connect after TensorFlow has started unless ``allow_late_connect=True``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,9 +61,20 @@ def server_config() -> tf.compat.v1.ConfigProto:
 def serve_forever(info: cluster_lib.ClusterInfo) -> None:
     """Runs this worker or ps task's gRPC server until the process is stopped."""
     check_own_port(info)
-    server = tf.distribute.Server(tf.train.ClusterSpec(info.cluster), job_name=info.task_type,
-                                  task_index=info.task_id, protocol="grpc", config=server_config(), start=True)
-    logger.info("%s:%d serving at %s for the parameter-server job", info.task_type, info.task_id, info.address)
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(info.cluster),
+        job_name=info.task_type,
+        task_index=info.task_id,
+        protocol="grpc",
+        config=server_config(),
+        start=True,
+    )
+    logger.info(
+        "%s:%d serving at %s for the parameter-server job",
+        info.task_type,
+        info.task_id,
+        info.address,
+    )
     sys.stdout.flush()
     server.join()
 
@@ -72,7 +84,8 @@ def _partitioner(min_shard_bytes: int | None, num_ps: int) -> Any:
         return None
     check_positive_int("min_shard_bytes", min_shard_bytes)
     return tf.distribute.experimental.partitioners.MinSizePartitioner(
-        min_shard_bytes=min_shard_bytes, max_shards=num_ps)
+        min_shard_bytes=min_shard_bytes, max_shards=num_ps
+    )
 
 
 # (num_workers, num_ps) -> (resolver, servers): servers cannot be stopped, so
@@ -81,7 +94,8 @@ _CLUSTERS: dict[tuple[int, int], tuple[Any, list[tf.distribute.Server]]] = {}
 # strategy -> the in-process servers it runs on. Weak keys: a map beside the strategy (no
 # attribute set on TF's object) that forgets a strategy once it is collected.
 _SERVERS_OF: weakref.WeakKeyDictionary[tf.distribute.Strategy, list[tf.distribute.Server]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 _warned_exposed = False
 
 
@@ -92,29 +106,43 @@ def _warn_exposed() -> None:
         return
     _warned_exposed = True
     # The connected cluster: our servers plus the coordinator's own (its port is TF's pick).
-    ports = sorted(int(a.rpartition(":")[2])
-                   for tasks in connected_cluster().values() for a in tasks)
+    ports = sorted(
+        int(a.rpartition(":")[2]) for tasks in connected_cluster().values() for a in tasks
+    )
     listed = ",".join(map(str, ports))
     logger.warning(
         "The in-process parameter-server cluster listens on every network interface, on ports %s (TF's gRPC "
         "server binds 0.0.0.0 and has no option to bind loopback only), without authentication: anyone who "
         "can reach this machine can run TF graphs in this process. On a shared network, drop outside traffic "
-        "to them, e.g. `iptables -I INPUT ! -i lo -p tcp -m multiport --dports %s -j DROP`.", listed, listed)
+        "to them, e.g. `iptables -I INPUT ! -i lo -p tcp -m multiport --dports %s -j DROP`.",
+        listed,
+        listed,
+    )
 
 
 def _in_process_cluster(num_workers: int, num_ps: int) -> tuple[Any, list[tf.distribute.Server]]:
     """This process's loopback cluster of that shape, started on first use."""
     key = (num_workers, num_ps)
     if key in _CLUSTERS:
-        logger.info("Reusing this process's in-process cluster of %d workers and %d ps", num_workers, num_ps)
+        logger.info(
+            "Reusing this process's in-process cluster of %d workers and %d ps", num_workers, num_ps
+        )
         return _CLUSTERS[key]
     spec = cluster_lib.make_cluster(workers=num_workers, ps=num_ps)
     cluster_spec = tf.train.ClusterSpec(spec)
     servers = []
     for job in ("worker", "ps"):
         for index in range(len(spec[job])):
-            servers.append(tf.distribute.Server(cluster_spec, job_name=job, task_index=index, protocol="grpc",
-                                                config=server_config(), start=True))
+            servers.append(
+                tf.distribute.Server(
+                    cluster_spec,
+                    job_name=job,
+                    task_index=index,
+                    protocol="grpc",
+                    config=server_config(),
+                    start=True,
+                )
+            )
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster_spec, rpc_layer="grpc")
     logger.info("Started an in-process cluster: %s", spec)
     _CLUSTERS[key] = (resolver, servers)
@@ -135,11 +163,14 @@ def _check_not_late(allow_late_connect: bool) -> None:
     if allow_late_connect or connected_to_cluster() or not tf_runtime_started():
         return
     raise invalid_argument(
-        "allow_late_connect", False, "True, or a call of make_strategy('parameter_server') before any other "
-        "TensorFlow work", note="TensorFlow has already started in this process. Connecting to the cluster "
+        "allow_late_connect",
+        False,
+        "True, or a call of make_strategy('parameter_server') before any other TensorFlow work",
+        note="TensorFlow has already started in this process. Connecting to the cluster "
         "renames the local devices /job:chief/..., so datasets, variables and functions made before fail "
         "('/job:localhost/... unknown device'). Call tfdist.make_strategy first in the program, or pass "
-        "allow_late_connect=True if nothing made before is used afterwards.")
+        "allow_late_connect=True if nothing made before is used afterwards.",
+    )
 
 
 #: Runs training steps on this kind's strategies (see ``tfdist/strategies/registry.py``).
@@ -151,8 +182,12 @@ def matches(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
-def build(num_workers: int | None = None, num_ps: int | None = None,
-          min_shard_bytes: int | None = None, allow_late_connect: bool = False) -> tf.distribute.Strategy:
+def build(
+    num_workers: int | None = None,
+    num_ps: int | None = None,
+    min_shard_bytes: int | None = None,
+    allow_late_connect: bool = False,
+) -> tf.distribute.Strategy:
     """Builds a ParameterServerStrategy; this process becomes the coordinator.
 
     Args:
@@ -184,24 +219,40 @@ def build(num_workers: int | None = None, num_ps: int | None = None,
         partitioner = _partitioner(min_shard_bytes, num_ps or 1)
         _check_not_late(allow_late_connect)
         resolver, servers = _in_process_cluster(num_workers or 2, num_ps or 1)
-        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+        strategy = tf.distribute.experimental.ParameterServerStrategy(
+            resolver, variable_partitioner=partitioner
+        )
         _SERVERS_OF[strategy] = servers
         _warn_exposed()
         return strategy
     for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
         if value is not None:
-            raise invalid_argument(name, value, "None when TF_CONFIG describes the cluster",
-                                   note="The counts only size an in-process cluster.")
+            raise invalid_argument(
+                name,
+                value,
+                "None when TF_CONFIG describes the cluster",
+                note="The counts only size an in-process cluster.",
+            )
     if "ps" not in info.cluster:
-        raise invalid_argument("TF_CONFIG.cluster", sorted(info.cluster), "a cluster with ps tasks",
-                               note="Use strategy='multi_worker' for a cluster without parameter servers.")
+        raise invalid_argument(
+            "TF_CONFIG.cluster",
+            sorted(info.cluster),
+            "a cluster with ps tasks",
+            note="Use strategy='multi_worker' for a cluster without parameter servers.",
+        )
     if info.task_type in ("worker", "ps"):
         serve_forever(info)
         raise SystemExit(0)
     if info.task_type != "chief":
-        raise invalid_argument("TF_CONFIG.task.type", info.task_type, "chief, worker or ps",
-                               note="The chief coordinates parameter-server training.")
+        raise invalid_argument(
+            "TF_CONFIG.task.type",
+            info.task_type,
+            "chief, worker or ps",
+            note="The chief coordinates parameter-server training.",
+        )
     check_own_port(info)
     partitioner = _partitioner(min_shard_bytes, len(info.cluster["ps"]))
     _check_not_late(allow_late_connect)
-    return tf.distribute.experimental.ParameterServerStrategy(resolver_for(info), variable_partitioner=partitioner)
+    return tf.distribute.experimental.ParameterServerStrategy(
+        resolver_for(info), variable_partitioner=partitioner
+    )

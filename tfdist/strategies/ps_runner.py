@@ -16,13 +16,15 @@ metric variables at the epoch end.
 Evaluation runs on the coordinator itself, reading the variables from the ps
 tasks: each validation example is counted exactly once.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
 import re
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -68,7 +70,8 @@ def _raise_clearly(error: Exception) -> None:
         raise ParameterServerFailure(
             f"Parameter server {task} failed, so training stopped (the variables live there). "
             f"Restart the job; with backup_dir set it resumes from the last backup. Cause: "
-            f"{type(error).__name__}: {text.splitlines()[0] if text else ''}") from error
+            f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+        ) from error
     raise error
 
 
@@ -91,7 +94,9 @@ class PSRunner:
         self.max_in_flight = 2 * self.num_workers
         self._model: Any = None  # whose metrics the train functions sum per execution
         self._metric_vars: list[Any] = []
-        self._sums: list[np.ndarray] | None = None  # this epoch's metric sums over fetched executions
+        self._sums: list[np.ndarray] | None = (
+            None  # this epoch's metric sums over fetched executions
+        )
         self._last_logs: dict[str, float] = {}
         # The compiled loops run() schedules on workers (training); others run here, on the
         # coordinator. Weak: the Trainer owns the functions, the runner only recognises them.
@@ -122,7 +127,8 @@ class PSRunner:
             # A dataset made here is serialised with its graph and rebuilt on
             # every worker: each worker reads all of it, as a dataset_fn does.
             return self.coordinator.create_per_worker_dataset(
-                strategy.experimental_distribute_dataset(source.dataset.repeat()))
+                strategy.experimental_distribute_dataset(source.dataset.repeat())
+            )
         dataset_fn = source.dataset_fn
 
         def per_worker_dataset():
@@ -137,7 +143,9 @@ class PSRunner:
         # Workers draw from their own repeated pipelines in no fixed order, so
         # there is no position to return to; the update count is what resumes.
         if num_batches:
-            logger.info("parameter_server resume: workers start fresh pipelines (no data position to skip to)")
+            logger.info(
+                "parameter_server resume: workers start fresh pipelines (no data position to skip to)"
+            )
 
     def agree(self, flag: bool) -> bool:
         return flag  # only the coordinator runs the loop
@@ -145,8 +153,16 @@ class PSRunner:
     def broadcast(self, values: Any) -> list[int]:
         return list(values)  # the coordinator is the chief
 
-    def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int, name: str,
-                     training: bool = True, model: Any = None) -> Callable[[Any, Any], Any]:
+    def compile_loop(
+        self,
+        replica_fn: ReplicaFn,
+        logs_fn: LogsFn,
+        *,
+        batches_per_call: int,
+        name: str,
+        training: bool = True,
+        model: Any = None,
+    ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
         per_execution = training and self._sum_metrics_of(model)
         variables = self._metric_vars
@@ -155,10 +171,13 @@ class PSRunner:
             strategy.run(replica_fn, args=([next(iterator) for _ in range(batches_per_call)],))
 
         if training:
+
             def loop(iterator, num_calls):
                 # A Python int (see run) unrolls the steps; a tensor loops in the graph.
                 if not per_execution:
-                    for _ in (range(num_calls) if isinstance(num_calls, int) else tf.range(num_calls)):
+                    for _ in (
+                        range(num_calls) if isinstance(num_calls, int) else tf.range(num_calls)
+                    ):
                         one_step(iterator)
                     return logs_fn()
                 with metric_state_as_tensors(variables) as boxes:
@@ -166,18 +185,23 @@ class PSRunner:
                         for _ in range(num_calls):
                             one_step(iterator)
                     else:
+
                         def body(i, *state):
                             for box, value in zip(boxes, state):
                                 box.current = value
                             one_step(iterator)
                             return (i + 1, *[box.current for box in boxes])
 
-                        _, *state = tf.while_loop(lambda i, *_: i < num_calls, body,
-                                                  (tf.constant(0), *[box.current for box in boxes]))
+                        _, *state = tf.while_loop(
+                            lambda i, *_: i < num_calls,
+                            body,
+                            (tf.constant(0), *[box.current for box in boxes]),
+                        )
                         for box, value in zip(boxes, state):
                             box.current = value
                     return logs_fn(), [box.current for box in boxes]
         else:
+
             def loop(iterator, num_calls):
                 # On the coordinator, in cross-replica context: no strategy.run.
                 for _ in tf.range(num_calls):
@@ -190,7 +214,9 @@ class PSRunner:
             self._scheduled.add(fn)
         return fn
 
-    def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:
+    def compile_predict(
+        self, replica_fn: ReplicaFn, *, name: str = "predict_function"
+    ) -> Callable[[Any], Any]:
         # Like evaluation, on the coordinator (variables read from the ps tasks): outputs keep the data's order.
         replica_fn.__name__ = name
         return tf.function(replica_fn, reduce_retracing=True)
@@ -201,8 +227,10 @@ class PSRunner:
             return False
         variables = metric_variables(model)
         if not additive(variables):
-            logger.warning("A metric keeps state that is not a sum; its mid-epoch logs under parameter_server "
-                           "are read while other steps update it and may be inexact (epoch-end logs are exact).")
+            logger.warning(
+                "A metric keeps state that is not a sum; its mid-epoch logs under parameter_server "
+                "are read while other steps update it and may be inexact (epoch-end logs are exact)."
+            )
             return False
         self._model, self._metric_vars = model, variables
         return bool(variables)
@@ -231,13 +259,19 @@ class PSRunner:
                 self.coordinator.join()
                 return
             except Exception as e:  # noqa: BLE001 - already being reported
-                logger.debug("Cleared a failure of the same fit from the coordinator: %s", type(e).__name__)
-        logger.warning("The parameter-server coordinator still reports failures; the next fit may fail too.")
+                logger.debug(
+                    "Cleared a failure of the same fit from the coordinator: %s", type(e).__name__
+                )
+        logger.warning(
+            "The parameter-server coordinator still reports failures; the next fit may fail too."
+        )
 
     def run(self, fn: Callable[[Any, Any], Any], iterator: Any, num_calls: int) -> Any:
         if fn not in self._scheduled:
             return fn(iterator, tf.constant(num_calls, tf.int32))
-        count = int(num_calls) if num_calls <= MAX_UNROLLED_STEPS else tf.constant(num_calls, tf.int32)
+        count = (
+            int(num_calls) if num_calls <= MAX_UNROLLED_STEPS else tf.constant(num_calls, tf.int32)
+        )
         with self._failures():
             return self.coordinator.schedule(fn, args=(iterator, count))
 
@@ -252,12 +286,17 @@ class PSRunner:
             # The call ran (its updates are on the ps), but its worker stopped
             # before the coordinator copied its logs: they are gone. The
             # running means then leave out its steps.
-            logger.warning("The logs of one scheduled call were lost: %s stopped after running it. Its updates "
-                           "were applied; the logged means leave out its steps.", worker)
+            logger.warning(
+                "The logs of one scheduled call were lost: %s stopped after running it. Its updates "
+                "were applied; the logged means leave out its steps.",
+                worker,
+            )
             return dict(self._last_logs)
         if isinstance(values, tuple):  # (logs, this execution's metric sums)
             values, sums = values
-            self._sums = list(sums) if self._sums is None else [a + b for a, b in zip(self._sums, sums)]
+            self._sums = (
+                list(sums) if self._sums is None else [a + b for a, b in zip(self._sums, sums)]
+            )
             values = {**values, **self._metric_logs(self._sums)}
         self._last_logs = as_floats(values)
         return dict(self._last_logs)

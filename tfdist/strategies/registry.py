@@ -15,11 +15,13 @@ lives in one module named like it, ``tfdist/strategies/<name>.py``, which define
 To add a kind: write ``tfdist/strategies/<name>.py`` and add the name to
 ``tfdist.config.StrategyName``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tfdist.config import STRATEGY_NAMES
 
@@ -27,8 +29,9 @@ from tfdist.config import STRATEGY_NAMES
 AUTO = "auto"
 
 #: Kind -> the module that defines its ``build``, ``RUNNER`` and ``matches``.
-MODULES: dict[str, str] = {name: f"tfdist.strategies.{name}"
-                           for name in STRATEGY_NAMES if name != AUTO}
+MODULES: dict[str, str] = {
+    name: f"tfdist.strategies.{name}" for name in STRATEGY_NAMES if name != AUTO
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,9 +3,11 @@
 One ``tf.function`` loops over calls of the replica step with ``strategy.run``;
 the Python loop above it sees one call per execution.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -42,7 +44,9 @@ class SyncRunner:
         return f"{self._task_type}:{self._task_id}"
 
     def input_context(self) -> tf.distribute.InputContext:
-        spec = getattr(getattr(self.strategy, "cluster_resolver", None), "cluster_spec", lambda: None)()
+        spec = getattr(
+            getattr(self.strategy, "cluster_resolver", None), "cluster_spec", lambda: None
+        )()
         jobs = spec.as_dict() if spec is not None else {}
         chiefs = len(jobs.get("chief", []))
         num_pipelines = max(chiefs + len(jobs.get("worker", [])), 1)
@@ -105,10 +109,20 @@ class SyncRunner:
             self._broadcast = send
         mine = [int(v) for v in values] if self.is_chief else [0] * len(values)
         local_replicas = len(self.strategy.extended.worker_devices)
-        return [int(v) // local_replicas for v in self._broadcast(tf.constant(mine, tf.int64)).numpy()]
+        return [
+            int(v) // local_replicas for v in self._broadcast(tf.constant(mine, tf.int64)).numpy()
+        ]
 
-    def compile_loop(self, replica_fn: ReplicaFn, logs_fn: LogsFn, *, batches_per_call: int,
-                     name: str, training: bool = True, model: Any = None) -> Callable[[Any, Any], Any]:
+    def compile_loop(
+        self,
+        replica_fn: ReplicaFn,
+        logs_fn: LogsFn,
+        *,
+        batches_per_call: int,
+        name: str,
+        training: bool = True,
+        model: Any = None,
+    ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
 
         drive = getattr(replica_fn, "cross_replica", None)
@@ -137,14 +151,22 @@ class SyncRunner:
         Metrics whose state is not a float32 sum are read the usual way.
         """
         variables = metric_variables(model)
-        if (self.strategy.num_replicas_in_sync == 1 or not variables or not additive(variables)
-                or any(tf.as_dtype(v.dtype) != tf.float32 for v in variables)):
+        if (
+            self.strategy.num_replicas_in_sync == 1
+            or not variables
+            or not additive(variables)
+            or any(tf.as_dtype(v.dtype) != tf.float32 for v in variables)
+        ):
             return model.get_metrics_result()
 
         def local_sums():
             # In replica context a replica-local variable reads its own (local) value.
-            packed = tf.concat([tf.reshape(tf.convert_to_tensor(v.value), [-1]) for v in variables], axis=0)
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, packed)
+            packed = tf.concat(
+                [tf.reshape(tf.convert_to_tensor(v.value), [-1]) for v in variables], axis=0
+            )
+            return tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, packed
+            )
 
         summed = self.strategy.experimental_local_results(self.strategy.run(local_sums))[0]
         sizes = [int(np.prod(v.shape)) for v in variables]
@@ -152,7 +174,9 @@ class SyncRunner:
         with metric_state_as_tensors(variables, values):
             return dict(model.get_metrics_result())
 
-    def compile_predict(self, replica_fn: ReplicaFn, *, name: str = "predict_function") -> Callable[[Any], Any]:
+    def compile_predict(
+        self, replica_fn: ReplicaFn, *, name: str = "predict_function"
+    ) -> Callable[[Any], Any]:
         strategy = self.strategy
 
         def predict(batch):

@@ -18,6 +18,7 @@ chief's checkpoint.
 Security: restoring reads the weight files in ``backup_dir``; point it only at
 a directory you trust.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,8 @@ import os
 import secrets
 import signal
 import tempfile
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import keras
 import tensorflow as tf
@@ -35,8 +37,17 @@ import tensorflow as tf
 from tfdist.training import backup_files
 from tfdist.training.backup_files import PROBE_PREFIX, STATE_FILE, TMP_SUFFIX, checkpoint_name
 
-__all__ = ["Backup", "Position", "Sync", "check_frequency", "checkpoint_for",
-           "restore_on_every_worker", "PROBE_PREFIX", "STATE_FILE", "TMP_SUFFIX"]
+__all__ = [
+    "Backup",
+    "Position",
+    "Sync",
+    "check_frequency",
+    "checkpoint_for",
+    "restore_on_every_worker",
+    "PROBE_PREFIX",
+    "STATE_FILE",
+    "TMP_SUFFIX",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +75,15 @@ def checkpoint_for(model: Any, optimizer: Any, **extra: Any) -> tf.train.Checkpo
     restores these on every strategy, ``ShardedVariable`` included, which the
     Keras objects themselves do not.
     """
+
     def tf_variables(variables):
         # keras.Variable.value is the backing TF variable (Mirrored, Sharded,
         # ...) outside an autocast scope, which is where checkpoints are made.
         return [v.value if isinstance(v, keras.Variable) else v for v in variables]
 
-    return tf.train.Checkpoint(model=tf_variables(model.variables),
-                               optimizer=tf_variables(optimizer.variables), **extra)
+    return tf.train.Checkpoint(
+        model=tf_variables(model.variables), optimizer=tf_variables(optimizer.variables), **extra
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +138,15 @@ class Backup:
             older ones are deleted once a newer one is committed.
     """
 
-    def __init__(self, backup_dir: str, checkpoint: tf.train.Checkpoint | None, *, is_chief: bool,
-                 task_label: str | None = None, keep_backups: int = 1) -> None:
+    def __init__(
+        self,
+        backup_dir: str,
+        checkpoint: tf.train.Checkpoint | None,
+        *,
+        is_chief: bool,
+        task_label: str | None = None,
+        keep_backups: int = 1,
+    ) -> None:
         from tfdist.cluster import task_label as label
         from tfdist.config import check_positive_int
 
@@ -138,8 +158,11 @@ class Backup:
         self._position = _PositionState()
         # What is written: the caller's checkpoint and the position, one set of files
         # (None: a Backup made only to read state.json).
-        self._root = None if checkpoint is None else tf.train.Checkpoint(objects=checkpoint,
-                                                                         position=self._position)
+        self._root = (
+            None
+            if checkpoint is None
+            else tf.train.Checkpoint(objects=checkpoint, position=self._position)
+        )
         self._saves = 0
 
     def read_state(self) -> dict[str, Any] | None:
@@ -180,7 +203,7 @@ class Backup:
             # state.json only has none in its checkpoint (see _load).
             keys = ("number", "epoch", "step", "updates")
             chief_read = [state[k] for k in keys] if state else [0] * len(keys)
-            fields = [int(probe[len(PROBE_PREFIX):] or 0)] + chief_read
+            fields = [int(probe[len(PROBE_PREFIX) :] or 0)] + chief_read
             nonce, number, epoch, step, updates = sync.broadcast(fields)
             problem = None if self.is_chief else self._mismatch(nonce, number)
             if sync.agree(problem is not None):
@@ -190,11 +213,19 @@ class Backup:
                 tf.io.gfile.remove(os.path.join(self.backup_dir, probe))
         if number == 0:
             if state is not None:
-                logger.warning("%s sees a backup in %s but the chief does not: starting afresh as "
-                               "the chief does.", self.task_label, self.backup_dir)
+                logger.warning(
+                    "%s sees a backup in %s but the chief does not: starting afresh as "
+                    "the chief does.",
+                    self.task_label,
+                    self.backup_dir,
+                )
             return None
-        chief_state = {"checkpoint": checkpoint_name(number), "epoch": epoch, "step": step,
-                       "updates": updates}
+        chief_state = {
+            "checkpoint": checkpoint_name(number),
+            "epoch": epoch,
+            "step": step,
+            "updates": updates,
+        }
         return self._load(chief_state)
 
     def _mismatch(self, nonce: int, number: int) -> str | None:
@@ -212,10 +243,13 @@ class Backup:
         what = f"checkpoint {checkpoint_name(number)}" if number else "no backup (a fresh start)"
         seen = problem or "another worker does not see the chief's files there (see its error)"
         return invalid_argument(
-            "backup_dir", self.backup_dir, "a directory on storage that every worker shares",
+            "backup_dir",
+            self.backup_dir,
+            "a directory on storage that every worker shares",
             note=f"The chief found {what}, but {seen}. Every worker restores the chief's backup, "
-                 "so backup_dir must be the same shared filesystem or bucket (NFS, GCS, HDFS, ...) "
-                 "on every worker, not a local disk of each machine.")
+            "so backup_dir must be the same shared filesystem or bucket (NFS, GCS, HDFS, ...) "
+            "on every worker, not a local disk of each machine.",
+        )
 
     def _load(self, state: dict[str, Any] | None) -> Position | None:
         if state is None:
@@ -230,8 +264,13 @@ class Backup:
             status.expect_partial()  # it matched nothing: its objects sit at the checkpoint's root
             self.checkpoint.read(prefix).assert_existing_objects_matched()
             position = Position(state["epoch"], state["step"], state["updates"])
-        logger.info("Restored backup %s: resuming at epoch %d, micro-batch %d (%d updates done)",
-                    prefix, position.epoch + 1, position.step, position.updates)
+        logger.info(
+            "Restored backup %s: resuming at epoch %d, micro-batch %d (%d updates done)",
+            prefix,
+            position.epoch + 1,
+            position.step,
+            position.updates,
+        )
         return position
 
     def save(self, position: Position) -> None:
@@ -240,8 +279,11 @@ class Backup:
         state = self.read_state() if self.is_chief else None
         number = (state["number"] + 1) if state else 1
         name = checkpoint_name(number)
-        target = self.backup_dir if self.is_chief else tempfile.mkdtemp(
-            prefix=f"tfdist-backup-{self.task_label.replace(':', '-')}-")
+        target = (
+            self.backup_dir
+            if self.is_chief
+            else tempfile.mkdtemp(prefix=f"tfdist-backup-{self.task_label.replace(':', '-')}-")
+        )
         if self.is_chief:
             tf.io.gfile.makedirs(self.backup_dir)
         self._position.position = position
@@ -250,11 +292,13 @@ class Backup:
             self._test_hook()
             if self.is_chief:
                 entry = {"checkpoint": name, **dataclasses.asdict(position)}
-                kept = ((state or {}).get("kept", []) + [entry])[-self.keep_backups:]
-                backup_files.commit_state(self.backup_dir,
-                                          {"number": number, **entry, "kept": kept})
+                kept = ((state or {}).get("kept", []) + [entry])[-self.keep_backups :]
+                backup_files.commit_state(
+                    self.backup_dir, {"number": number, **entry, "kept": kept}
+                )
                 backup_files.delete_other_checkpoints(
-                    self.backup_dir, keep=range(number - self.keep_backups + 1, number + 1))
+                    self.backup_dir, keep=range(number - self.keep_backups + 1, number + 1)
+                )
         finally:
             if not self.is_chief:
                 tf.io.gfile.rmtree(target)
@@ -292,9 +336,11 @@ def restore_on_every_worker(backup: Backup | None, sync: Sync) -> Position | Non
     some_without, some_with = sync.agree(backup is None), sync.agree(backup is not None)
     if some_without and some_with:
         raise invalid_argument(
-            "backup_dir", backup.backup_dir if backup is not None else None,
+            "backup_dir",
+            backup.backup_dir if backup is not None else None,
             "the same shared backup_dir on every worker",
             note="Some workers were given a backup_dir and others none. Every worker restores the "
-                 "chief's backup (only the chief writes it), so pass the same backup_dir to every "
-                 "worker.")
+            "chief's backup (only the chief writes it), so pass the same backup_dir to every "
+            "worker.",
+        )
     return backup.restore(sync) if backup is not None else None

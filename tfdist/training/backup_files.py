@@ -42,6 +42,7 @@ it deletes only the checkpoints it recorded, not the leftovers above; and its
 text-proto index cannot hold the kept positions that tools without TF read.
 The numbering and the keep-N sweep it would give are the few lines below.
 """
+
 from __future__ import annotations
 
 import json
@@ -95,10 +96,13 @@ def read_state(backup_dir: str) -> dict[str, Any] | None:
         except ValueError as e:
             state = str(e)
     if not isinstance(state, dict) or not all(k in state for k in STATE_KEYS):
-        raise invalid_argument("backup_dir", backup_dir,
-                               "a directory holding a tfdist backup, or none",
-                               note=f"Its {STATE_FILE} is not a backup's state ({state!r:.80}); "
-                                    "remove it to start afresh.")
+        raise invalid_argument(
+            "backup_dir",
+            backup_dir,
+            "a directory holding a tfdist backup, or none",
+            note=f"Its {STATE_FILE} is not a backup's state ({state!r:.80}); "
+            "remove it to start afresh.",
+        )
     return state
 
 
@@ -111,7 +115,7 @@ def commit_state(backup_dir: str, state: dict[str, Any]) -> None:
             json.dump(state, f)
         tf.io.gfile.rename(tmp, path, overwrite=True)
         return
-    local_dir = backup_dir[len("file://"):] if backup_dir.startswith("file://") else backup_dir
+    local_dir = backup_dir[len("file://") :] if backup_dir.startswith("file://") else backup_dir
     path, tmp = os.path.join(local_dir, STATE_FILE), os.path.join(local_dir, os.path.basename(tmp))
     # The checkpoint's bytes must be on disk before state.json names it,
     # else a power loss could leave a committed but torn checkpoint.

@@ -6,11 +6,13 @@ optimizer's slots and counters, the metrics' totals and the loss-scale
 counters. Users often make the optimizer and metrics outside the scope, so
 they are rebuilt from their configs inside it.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -40,19 +42,24 @@ def check_loss(loss: Any) -> None:
 def optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any] | None]:
     """Returns (class, config, loss-scale config or None) of an optimizer or its name."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        scale = {"initial_scale": float(optimizer.initial_scale),
-                 "dynamic_growth_steps": int(optimizer.dynamic_growth_steps)}
+        scale = {
+            "initial_scale": float(optimizer.initial_scale),
+            "dynamic_growth_steps": int(optimizer.dynamic_growth_steps),
+        }
         cls, config, _ = optimizer_parts(optimizer.inner_optimizer)
         return cls, config, scale
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         try:
             optimizer = keras.optimizers.get(optimizer)
         except ValueError as e:
-            raise invalid_argument("optimizer", optimizer,
-                                   "a Keras optimizer or its name, e.g. 'adam'") from e
+            raise invalid_argument(
+                "optimizer", optimizer, "a Keras optimizer or its name, e.g. 'adam'"
+            ) from e
     elif optimizer.built:
-        logger.warning("The optimizer was already built outside the strategy scope; tfdist "
-                       "rebuilds it from its config and its slot variables start afresh.")
+        logger.warning(
+            "The optimizer was already built outside the strategy scope; tfdist "
+            "rebuilds it from its config and its slot variables start afresh."
+        )
     return type(optimizer), optimizer.get_config(), None
 
 
@@ -66,12 +73,19 @@ def take_keras_accumulation(opt_config: dict[str, Any], accumulation_steps: int)
         return accumulation_steps
     if accumulation_steps not in (1, keras_steps):
         raise invalid_argument(
-            "accumulation_steps", accumulation_steps, f"1 or {keras_steps}",
+            "accumulation_steps",
+            accumulation_steps,
+            f"1 or {keras_steps}",
             note=f"The optimizer also sets gradient_accumulation_steps={keras_steps}; set only "
-                 "Trainer(accumulation_steps=...).")
-    logger.info("Using the optimizer's gradient_accumulation_steps=%d as "
-                "Trainer(accumulation_steps=%d): Keras's own accumulation fails under "
-                "tf.distribute (merge_call).", keras_steps, keras_steps)
+            "Trainer(accumulation_steps=...).",
+        )
+    logger.info(
+        "Using the optimizer's gradient_accumulation_steps=%d as "
+        "Trainer(accumulation_steps=%d): Keras's own accumulation fails under "
+        "tf.distribute (merge_call).",
+        keras_steps,
+        keras_steps,
+    )
     opt_config["gradient_accumulation_steps"] = None
     return keras_steps
 
@@ -104,9 +118,17 @@ class Compiled:
     skipped_updates: tf.Variable | None
 
 
-def compile_in_scope(model: ModelOrBuilder, *, strategy: tf.distribute.Strategy, precision: str,
-                     optimizer: Any, loss: Any, metrics: Sequence[Any] | None,
-                     accumulation_steps: int, lr_scaling: LRScaling | None) -> Compiled:
+def compile_in_scope(
+    model: ModelOrBuilder,
+    *,
+    strategy: tf.distribute.Strategy,
+    precision: str,
+    optimizer: Any,
+    loss: Any,
+    metrics: Sequence[Any] | None,
+    accumulation_steps: int,
+    lr_scaling: LRScaling | None,
+) -> Compiled:
     """Places ``model`` in ``strategy``'s scope and compiles it with a fresh optimizer and metrics.
 
     Args:
@@ -132,14 +154,19 @@ def compile_in_scope(model: ModelOrBuilder, *, strategy: tf.distribute.Strategy,
         if loss_scale is not None:
             opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
         opt = precision_lib.wrap_optimizer(opt, precision)
-        placed.compile(optimizer=opt, loss=loss,
-                       metrics=[_rebuild_metric(m) for m in (metrics or [])])
+        placed.compile(
+            optimizer=opt, loss=loss, metrics=[_rebuild_metric(m) for m in (metrics or [])]
+        )
         skipped_updates = None
         if isinstance(opt, keras.optimizers.LossScaleOptimizer):
             # Written after the all-reduce, where every replica takes the same skip decision:
             # one copy per replica that only the first replica's write sets.
             skipped_updates = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="skipped_updates",
+                0,
+                dtype=tf.int64,
+                trainable=False,
+                name="skipped_updates",
                 synchronization=tf.VariableSynchronization.ON_WRITE,
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
     return Compiled(placed, accumulation_steps, schedule, skipped_updates)

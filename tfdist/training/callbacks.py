@@ -5,6 +5,7 @@ collectives, so all workers must take part), but on a non-chief worker each
 known file-writing callback is pointed at a private temporary directory that
 is removed at the end of training.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import keras
 
@@ -29,8 +30,9 @@ _PATH_ATTRIBUTES = (
 
 
 @contextlib.contextmanager
-def chief_writes_only(callbacks: Sequence[keras.callbacks.Callback], *, is_chief: bool,
-                      task_label: str) -> Iterator[None]:
+def chief_writes_only(
+    callbacks: Sequence[keras.callbacks.Callback], *, is_chief: bool, task_label: str
+) -> Iterator[None]:
     """Redirects file-writing callbacks to a temporary place on non-chief workers.
 
     Enter it before the callbacks meet the model (before building the
@@ -54,7 +56,9 @@ def chief_writes_only(callbacks: Sequence[keras.callbacks.Callback], *, is_chief
                     saved.append((cb, attr, original))
                     # The documented constructor argument, kept as a public attribute of a Keras
                     # callback (not a TF object), and put back in the finally below.
-                    setattr(cb, attr, os.path.join(tmp, os.path.basename(original.rstrip("/")) or "out"))
+                    setattr(
+                        cb, attr, os.path.join(tmp, os.path.basename(original.rstrip("/")) or "out")
+                    )
         yield
     finally:
         for cb, attr, original in saved:
@@ -73,7 +77,9 @@ class _ResumeSkip:
     indices in the epoch.
     """
 
-    def __init__(self, model: keras.Model, calls: int, callback_list: keras.callbacks.CallbackList | None) -> None:
+    def __init__(
+        self, model: keras.Model, calls: int, callback_list: keras.callbacks.CallbackList | None
+    ) -> None:
         self.left = calls
         self.skipped_last = False
         self.model = model
@@ -143,8 +149,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         keep_backups: How many of the newest backups ``backup_dir`` holds.
     """
 
-    def __init__(self, backup_dir: str, save_freq: int | str = "epoch", keep_backup: bool = False, *,
-                 keep_backups: int = 1) -> None:
+    def __init__(
+        self,
+        backup_dir: str,
+        save_freq: int | str = "epoch",
+        keep_backup: bool = False,
+        *,
+        keep_backups: int = 1,
+    ) -> None:
         super().__init__()
         from tfdist.config import check_directory, check_positive_int
         from tfdist.training.backup import check_frequency
@@ -168,8 +180,10 @@ class BackupAndRestore(keras.callbacks.Callback):
 
         callback_list = calling_callback_list(self)
         if callback_list is None:
-            logger.warning("BackupAndRestore was not called from a keras CallbackList: the batches "
-                           "skipped on resume will still reach the other callbacks.")
+            logger.warning(
+                "BackupAndRestore was not called from a keras CallbackList: the batches "
+                "skipped on resume will still reach the other callbacks."
+            )
         model = self.model
         strategy = model.distribute_strategy
         if model.optimizer is not None and not model.optimizer.built:
@@ -177,15 +191,25 @@ class BackupAndRestore(keras.callbacks.Callback):
                 model.optimizer.build(model.trainable_variables)
         checkpoint = checkpoint_for(model, model.optimizer)
         runner = runner_for(strategy)
-        self._backup = Backup(self.backup_dir, checkpoint, is_chief=runner.is_chief, task_label=runner.task_label,
-                              keep_backups=self.keep_backups)
+        self._backup = Backup(
+            self.backup_dir,
+            checkpoint,
+            is_chief=runner.is_chief,
+            task_label=runner.task_label,
+            keep_backups=self.keep_backups,
+        )
         position = self._backup.restore(runner)  # every worker resumes at the chief's position
         self._resume, self._skip = None, None
         if position is None:
             return
         if runner.is_chief:  # the chief tells the user why an epoch starts again
-            logger.warning("Resumed from update %d (epoch %d, step %d) of the backup in %s.",
-                           position.updates, position.epoch + 1, position.step, self.backup_dir)
+            logger.warning(
+                "Resumed from update %d (epoch %d, step %d) of the backup in %s.",
+                position.updates,
+                position.epoch + 1,
+                position.step,
+                self.backup_dir,
+            )
         set_initial_epoch(model, position.epoch)  # no public way: see _compat.keras_callbacks
         self._updates = position.updates
         self._resume = (position.epoch, position.step)

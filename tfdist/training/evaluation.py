@@ -1,4 +1,5 @@
 """Evaluation and prediction on any strategy: each example counts once, outputs in input order."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,8 +13,9 @@ from tfdist.data.inputs import InputSource
 from tfdist.training.functions import StepFunctions
 
 
-def evaluate(functions: StepFunctions, source: InputSource, steps: int | None, *,
-             steps_per_execution: int) -> dict[str, float]:
+def evaluate(
+    functions: StepFunctions, source: InputSource, steps: int | None, *, steps_per_execution: int
+) -> dict[str, float]:
     """Evaluates on ``steps`` batches of ``source`` (default one pass); returns the metrics.
 
     Args:
@@ -27,8 +29,12 @@ def evaluate(functions: StepFunctions, source: InputSource, steps: int | None, *
     """
     steps = steps or source.steps_per_epoch
     if steps is None:
-        raise invalid_argument("validation_steps", None, "a positive integer",
-                               note="The evaluation data's length is unknown.")
+        raise invalid_argument(
+            "validation_steps",
+            None,
+            "a positive integer",
+            note="The evaluation data's length is unknown.",
+        )
     runner = functions.runner
     functions.build(source)
     fn = functions.evaluation()

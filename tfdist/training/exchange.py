@@ -28,17 +28,18 @@ gradients (dense float tensors) and the local example count:
 
 With one replica there is nothing to exchange: compression is not applied.
 """
+
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import tensorflow as tf
-
 
 Compression = Literal["bf16", "fp16"]
 COMPRESSIONS = ("bf16", "fp16")
 _WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
-_FP16_TARGET = 2.0 ** 14  # the scaled sum stays below 2**15 < 65504
+_FP16_TARGET = 2.0**14  # the scaled sum stays below 2**15 < 65504
 
 
 def buckets(grads: Sequence[tf.Tensor], bucket_bytes: int | None) -> list[list[int]]:
@@ -68,9 +69,14 @@ def _fp16_scale(bound: tf.Tensor) -> tf.Tensor:
     return tf.where(usable, tf.pow(2.0, exponent), 1.0)
 
 
-def all_reduce_sum(grads: Sequence[tf.Tensor], count: tf.Tensor, *, num_replicas: int,
-                   bucket_bytes: int | None = None,
-                   compression: str | None = None) -> tuple[list[tf.Tensor], tf.Tensor]:
+def all_reduce_sum(
+    grads: Sequence[tf.Tensor],
+    count: tf.Tensor,
+    *,
+    num_replicas: int,
+    bucket_bytes: int | None = None,
+    compression: str | None = None,
+) -> tuple[list[tf.Tensor], tf.Tensor]:
     """Sums ``grads`` and ``count`` over all replicas; runs in replica context.
 
     Args:
@@ -104,7 +110,9 @@ def all_reduce_sum(grads: Sequence[tf.Tensor], count: tf.Tensor, *, num_replicas
                 total, reduced = reduced[-1], reduced[:-1]
         else:
             if compression == "fp16":
-                side.append(tf.reduce_max(tf.abs(flat)) if flat.shape.num_elements() else tf.constant(0.0))
+                side.append(
+                    tf.reduce_max(tf.abs(flat)) if flat.shape.num_elements() else tf.constant(0.0)
+                )
             scale = None
             if side:
                 summed_side = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack(side))

@@ -5,10 +5,12 @@ train function per ``(global_batch_size, micro-batches per update)`` (an
 epoch whose micro-batches do not fill its last update needs a second one),
 one evaluation and one predict function.
 """
+
 from __future__ import annotations
 
 import types
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -34,10 +36,16 @@ class StepFunctions:
         skipped_updates: The loss-scaling skip counter, when loss scaling.
     """
 
-    def __init__(self, model: keras.Model, runner: Runner, *, accumulation_steps: int,
-                 exchange: ExchangeOptions | None = None,
-                 schedule: schedules.ScaledWarmup | None = None,
-                 skipped_updates: tf.Variable | None = None) -> None:
+    def __init__(
+        self,
+        model: keras.Model,
+        runner: Runner,
+        *,
+        accumulation_steps: int,
+        exchange: ExchangeOptions | None = None,
+        schedule: schedules.ScaledWarmup | None = None,
+        skipped_updates: tf.Variable | None = None,
+    ) -> None:
         self.model = model
         self.runner = runner
         self.accumulation_steps = accumulation_steps
@@ -85,22 +93,34 @@ class StepFunctions:
         key = (global_batch_size, micro_batches)
         if key not in self._train:
             update = make_train_update(
-                self.model, self.model.optimizer, global_batch_size=global_batch_size,
+                self.model,
+                self.model.optimizer,
+                global_batch_size=global_batch_size,
                 accumulation_steps=micro_batches,
                 num_replicas=self.runner.strategy.num_replicas_in_sync,
-                skipped_updates=self.skipped_updates, bucket_bytes=self.exchange.bucket_bytes,
-                gradient_compression=self.exchange.compression)
+                skipped_updates=self.skipped_updates,
+                bucket_bytes=self.exchange.bucket_bytes,
+                gradient_compression=self.exchange.compression,
+            )
             self._train[key] = self.runner.compile_loop(
-                update, self.logs, batches_per_call=micro_batches, name="train_function",
-                model=self.model)
+                update,
+                self.logs,
+                batches_per_call=micro_batches,
+                name="train_function",
+                model=self.model,
+            )
         return self._train[key]
 
     def evaluation(self) -> Any:
         """The evaluation function (one batch per replica call)."""
         if self._eval is None:
             self._eval = self.runner.compile_loop(
-                make_eval_step(self.model), self.metrics_result, batches_per_call=1,
-                name="test_function", training=False)
+                make_eval_step(self.model),
+                self.metrics_result,
+                batches_per_call=1,
+                name="test_function",
+                training=False,
+            )
         return self._eval
 
     def predict(self) -> Any:

@@ -10,17 +10,24 @@ servers), takes step-level backups, and acts on SIGTERM at update boundaries:
 with a backup it saves and exits 75 for a restart; without one every worker
 stops at the same update and exits 143 (128 + SIGTERM).
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
 import logging
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 
-from tfdist.config import (PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE, check_non_negative_int,
-                           check_positive_int, invalid_argument)
+from tfdist.config import (
+    PREEMPTED_EXIT_CODE,
+    TERMINATED_EXIT_CODE,
+    check_non_negative_int,
+    check_positive_int,
+    invalid_argument,
+)
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, Runner
 from tfdist.training.backup import Backup, Position
@@ -36,9 +43,16 @@ _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_tr
 StartUpdates = Callable[[int, Any, int], Any]
 
 
-def check_fit_arguments(*, epochs: Any, steps_per_epoch: Any, validation_steps: Any,
-                        initial_epoch: Any, verbose: Any, callbacks: Any,
-                        requires_steps_per_epoch: bool) -> Sequence[Any]:
+def check_fit_arguments(
+    *,
+    epochs: Any,
+    steps_per_epoch: Any,
+    validation_steps: Any,
+    initial_epoch: Any,
+    verbose: Any,
+    callbacks: Any,
+    requires_steps_per_epoch: bool,
+) -> Sequence[Any]:
     """Checks ``Trainer.fit``'s loop arguments; returns the callbacks (None becomes none)."""
     check_positive_int("epochs", epochs)
     check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
@@ -48,18 +62,23 @@ def check_fit_arguments(*, epochs: Any, steps_per_epoch: Any, validation_steps: 
         raise invalid_argument("verbose", verbose, "'auto', 0, 1 or 2")
     callbacks = () if callbacks is None else callbacks
     if isinstance(callbacks, keras.callbacks.Callback) or not all(
-            isinstance(c, keras.callbacks.Callback) for c in callbacks):
+        isinstance(c, keras.callbacks.Callback) for c in callbacks
+    ):
         raise invalid_argument("callbacks", callbacks, "a list of keras.callbacks.Callback")
     if steps_per_epoch is None and requires_steps_per_epoch:
         raise invalid_argument(
-            "steps_per_epoch", None, "a positive integer under strategy 'parameter_server'",
+            "steps_per_epoch",
+            None,
+            "a positive integer under strategy 'parameter_server'",
             note="Its workers read their datasets independently and repeat them, so an epoch has "
-                 "no natural end: say how many batches make one.")
+            "no natural end: say how many batches make one.",
+        )
     return callbacks
 
 
-def steps_per_execution_for(given: int | str, callbacks: Sequence[keras.callbacks.Callback], *,
-                            auto: int) -> int:
+def steps_per_execution_for(
+    given: int | str, callbacks: Sequence[keras.callbacks.Callback], *, auto: int
+) -> int:
     """``steps_per_execution`` for one fit: the int given, or what ``"auto"`` picks.
 
     ``"auto"`` runs one update per call when a callback has batch hooks (so it
@@ -73,12 +92,16 @@ def steps_per_execution_for(given: int | str, callbacks: Sequence[keras.callback
     # A hook counts whether the class overrides it or the instance sets it
     # (keras.callbacks.LambdaCallback assigns its hooks in __init__).
     base = keras.callbacks.Callback
-    per_batch = [type(c).__name__ for c in callbacks
-                 if any(h in vars(c) or getattr(type(c), h) is not getattr(base, h)
-                        for h in _BATCH_HOOKS)]
+    per_batch = [
+        type(c).__name__
+        for c in callbacks
+        if any(h in vars(c) or getattr(type(c), h) is not getattr(base, h) for h in _BATCH_HOOKS)
+    ]
     if per_batch:
-        logger.info("steps_per_execution='auto': one update per call, for the batch hooks of %s.",
-                    ", ".join(per_batch))
+        logger.info(
+            "steps_per_execution='auto': one update per call, for the batch hooks of %s.",
+            ", ".join(per_batch),
+        )
         return 1
     return auto
 
@@ -116,10 +139,19 @@ class EpochLoop:
         updates: Optimizer updates already attempted (over all runs, when resuming).
     """
 
-    def __init__(self, plan: EpochPlan, *, runner: Runner, callbacks: keras.callbacks.CallbackList,
-                 start: StartUpdates, logs_fn: LogsFn, should_stop: Callable[[], bool],
-                 backup: Backup | None = None, watcher: PreemptionWatcher | None = None,
-                 updates: int = 0) -> None:
+    def __init__(
+        self,
+        plan: EpochPlan,
+        *,
+        runner: Runner,
+        callbacks: keras.callbacks.CallbackList,
+        start: StartUpdates,
+        logs_fn: LogsFn,
+        should_stop: Callable[[], bool],
+        backup: Backup | None = None,
+        watcher: PreemptionWatcher | None = None,
+        updates: int = 0,
+    ) -> None:
         self.plan = plan
         self.runner = runner
         self.callbacks = callbacks
@@ -139,8 +171,9 @@ class EpochLoop:
             self.logs = self.runner.fetch(handle)
             self.callbacks.on_train_batch_end(batch, self.logs)
 
-    def _call(self, micro_batches: int, iterator: Any, num_updates: int, first_batch: int,
-              last_batch: int) -> None:
+    def _call(
+        self, micro_batches: int, iterator: Any, num_updates: int, first_batch: int, last_batch: int
+    ) -> None:
         self.callbacks.on_train_batch_begin(first_batch)
         self._pending.append((last_batch, self.start(micro_batches, iterator, num_updates)))
         self._deliver(self.runner.max_in_flight)
@@ -156,15 +189,24 @@ class EpochLoop:
         """Every worker gets here at the same update: ``agree`` voted on the SIGTERM."""
         if self.backup is not None:
             self._save(epoch, step)
-            logger.warning("Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with "
-                           "code %d so the launcher restarts this run.", epoch + 1, step,
-                           PREEMPTED_EXIT_CODE)
+            logger.warning(
+                "Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with "
+                "code %d so the launcher restarts this run.",
+                epoch + 1,
+                step,
+                PREEMPTED_EXIT_CODE,
+            )
             raise SystemExit(PREEMPTED_EXIT_CODE)
         self._deliver(0)
         self.runner.join()
-        logger.warning("Stopped at epoch %d, micro-batch %d (%d updates) after SIGTERM; no "
-                       "backup_dir, so nothing was saved. Exiting with code %d.", epoch + 1, step,
-                       self.updates, TERMINATED_EXIT_CODE)
+        logger.warning(
+            "Stopped at epoch %d, micro-batch %d (%d updates) after SIGTERM; no "
+            "backup_dir, so nothing was saved. Exiting with code %d.",
+            epoch + 1,
+            step,
+            self.updates,
+            TERMINATED_EXIT_CODE,
+        )
         raise SystemExit(TERMINATED_EXIT_CODE)
 
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
@@ -197,11 +239,23 @@ class EpochLoop:
         return dict(self.logs)
 
 
-def fit_epochs(plan: EpochPlan, *, runner: Runner, model: keras.Model, callbacks: Sequence[Any],
-               verbose: int, start: StartUpdates, logs_fn: LogsFn, backup: Backup | None,
-               position: Position | None, source: InputSource, epochs: int, initial_epoch: int,
-               repeat: bool,
-               validate: Callable[[], dict[str, float]] | None) -> None:
+def fit_epochs(
+    plan: EpochPlan,
+    *,
+    runner: Runner,
+    model: keras.Model,
+    callbacks: Sequence[Any],
+    verbose: int,
+    start: StartUpdates,
+    logs_fn: LogsFn,
+    backup: Backup | None,
+    position: Position | None,
+    source: InputSource,
+    epochs: int,
+    initial_epoch: int,
+    repeat: bool,
+    validate: Callable[[], dict[str, float]] | None,
+) -> None:
     """One ``fit``'s training from ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
 
     Args:
@@ -216,24 +270,56 @@ def fit_epochs(plan: EpochPlan, *, runner: Runner, model: keras.Model, callbacks
         position: Where a restored backup stood, or None.
         source, epochs, initial_epoch, repeat, validate: As for :func:`train_epochs`.
     """
-    with chief_writes_only(callbacks, is_chief=runner.is_chief, task_label=runner.task_label), \
-            PreemptionWatcher(has_backup=backup is not None) as watcher:
+    with (
+        chief_writes_only(callbacks, is_chief=runner.is_chief, task_label=runner.task_label),
+        PreemptionWatcher(has_backup=backup is not None) as watcher,
+    ):
         # Made inside chief_writes_only: set_model makes TensorBoard cache its
         # log paths, which must already be the redirected ones on non-chiefs.
         callback_list = keras.callbacks.CallbackList(
-            list(callbacks), add_history=True, add_progbar=bool(verbose) and runner.is_chief,
-            verbose=verbose, epochs=epochs, steps=plan.steps, model=model)
+            list(callbacks),
+            add_history=True,
+            add_progbar=bool(verbose) and runner.is_chief,
+            verbose=verbose,
+            epochs=epochs,
+            steps=plan.steps,
+            model=model,
+        )
         # SIGTERM: save and exit 75 with a backup, else stop and exit 143.
-        loop = EpochLoop(plan, runner=runner, callbacks=callback_list, start=start, logs_fn=logs_fn,
-                         should_stop=lambda: model.stop_training, backup=backup, watcher=watcher,
-                         updates=position.updates if position else 0)
-        train_epochs(loop, model=model, source=source, epochs=epochs, initial_epoch=initial_epoch,
-                     repeat=repeat, position=position, validate=validate)
+        loop = EpochLoop(
+            plan,
+            runner=runner,
+            callbacks=callback_list,
+            start=start,
+            logs_fn=logs_fn,
+            should_stop=lambda: model.stop_training,
+            backup=backup,
+            watcher=watcher,
+            updates=position.updates if position else 0,
+        )
+        train_epochs(
+            loop,
+            model=model,
+            source=source,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            repeat=repeat,
+            position=position,
+            validate=validate,
+        )
 
 
-def train_epochs(loop: EpochLoop, *, model: keras.Model, source: InputSource, epochs: int,
-                 initial_epoch: int, repeat: bool, position: Position | None,
-                 validate: Callable[[], dict[str, float]] | None = None) -> None:
+def train_epochs(
+    loop: EpochLoop,
+    *,
+    model: keras.Model,
+    source: InputSource,
+    epochs: int,
+    initial_epoch: int,
+    repeat: bool,
+    position: Position | None,
+    validate: Callable[[], dict[str, float]] | None = None,
+) -> None:
     """Runs epochs ``initial_epoch..epochs-1`` with ``loop`` and its callbacks (train begin to end).
 
     Args:
@@ -260,11 +346,13 @@ def train_epochs(loop: EpochLoop, *, model: keras.Model, source: InputSource, ep
                 # One repeated stream from epoch 0: skip every step trained on since.
                 done = epoch * steps + first_step if position is not None else 0
                 persistent = runner.make_iterator(
-                    runner.distribute(source.repeated().skipping(done)))
+                    runner.distribute(source.repeated().skipping(done))
+                )
             iterator = persistent
         else:
             iterator = runner.make_iterator(
-                runner.distribute(source.for_epoch(epoch).skipping(first_step)))
+                runner.distribute(source.for_epoch(epoch).skipping(first_step))
+            )
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
         epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)

@@ -15,15 +15,23 @@ The flat keywords ``backup_dir``, ``backup_freq``, ``keep_backup``,
 (:data:`SHORTCUTS`); :func:`from_shortcuts` checks them under their own names,
 so an error names the keyword the user wrote.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 import types
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from tfdist.config import (LR_SCALINGS, check_choice, check_directory, check_non_negative_int,
-                           check_positive_int, invalid_argument)
+from tfdist.config import (
+    LR_SCALINGS,
+    check_choice,
+    check_directory,
+    check_non_negative_int,
+    check_positive_int,
+    invalid_argument,
+)
 from tfdist.training.backup import check_frequency
 from tfdist.training.exchange import COMPRESSIONS, Compression
 
@@ -127,17 +135,27 @@ class LRScaling:
         if "rule" in values:
             check_choice(_named(names, "rule"), values["rule"], LR_SCALINGS)
         if "base_global_batch_size" in values:
-            check_positive_int(_named(names, "base_global_batch_size"),
-                               values["base_global_batch_size"])
+            check_positive_int(
+                _named(names, "base_global_batch_size"), values["base_global_batch_size"]
+            )
         steps, epochs = values.get("warmup_steps"), values.get("warmup_epochs")
         steps_name, epochs_name = _named(names, "warmup_steps"), _named(names, "warmup_epochs")
         if steps is not None and epochs is not None:
-            raise invalid_argument(epochs_name, epochs, f"None when {steps_name} is given",
-                                   note=f"Received {steps_name}={steps} as well; pass one of them.")
-        check_non_negative_int(steps_name, steps, allow_none=True,
-                               expected="a non-negative integer (optimizer updates)")
-        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, (int, float))
-                                   or epochs < 0):
+            raise invalid_argument(
+                epochs_name,
+                epochs,
+                f"None when {steps_name} is given",
+                note=f"Received {steps_name}={steps} as well; pass one of them.",
+            )
+        check_non_negative_int(
+            steps_name,
+            steps,
+            allow_none=True,
+            expected="a non-negative integer (optimizer updates)",
+        )
+        if epochs is not None and (
+            isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or epochs < 0
+        ):
             raise invalid_argument(epochs_name, epochs, "a non-negative number of epochs")
 
     @property
@@ -177,21 +195,40 @@ class ExchangeOptions:
         compression = values.get("compression")
         if compression is not None and compression not in COMPRESSIONS:
             raise invalid_argument(
-                _named(names, "compression"), compression, "one of: bf16, fp16, None",
-                note="The gradients are all-reduced in 16 bits and summed back in float32.")
-        check_positive_int(_named(names, "bucket_bytes"), values.get("bucket_bytes"),
-                           allow_none=True)
+                _named(names, "compression"),
+                compression,
+                "one of: bf16, fp16, None",
+                note="The gradients are all-reduced in 16 bits and summed back in float32.",
+            )
+        check_positive_int(
+            _named(names, "bucket_bytes"), values.get("bucket_bytes"), allow_none=True
+        )
 
 
 #: The Trainer's flat shortcut keywords: option class, its Trainer keyword, and field -> shortcut.
 SHORTCUTS: dict[type, tuple[str, dict[str, str]]] = {
-    BackupOptions: ("backup", {"dir": "backup_dir", "freq": "backup_freq",
-                               "keep_last": "keep_backups", "keep_after_success": "keep_backup"}),
-    LRScaling: ("lr_scaling", {"rule": "lr_scaling",
-                               "base_global_batch_size": "base_global_batch_size",
-                               "warmup_steps": "warmup_steps", "warmup_epochs": "warmup_epochs"}),
-    ExchangeOptions: ("exchange", {"compression": "gradient_compression",
-                                   "bucket_bytes": "bucket_bytes"}),
+    BackupOptions: (
+        "backup",
+        {
+            "dir": "backup_dir",
+            "freq": "backup_freq",
+            "keep_last": "keep_backups",
+            "keep_after_success": "keep_backup",
+        },
+    ),
+    LRScaling: (
+        "lr_scaling",
+        {
+            "rule": "lr_scaling",
+            "base_global_batch_size": "base_global_batch_size",
+            "warmup_steps": "warmup_steps",
+            "warmup_epochs": "warmup_epochs",
+        },
+    ),
+    ExchangeOptions: (
+        "exchange",
+        {"compression": "gradient_compression", "bucket_bytes": "bucket_bytes"},
+    ),
 }
 
 
@@ -214,16 +251,21 @@ def from_shortcuts(cls: type, options: Any, shortcuts: Mapping[str, Any]) -> Any
             shortcut given next to an option object (one place per setting).
     """
     keyword, names = SHORTCUTS[cls]
-    given = {field: shortcuts[name] for field, name in names.items()
-             if shortcuts.get(name) is not None}
+    given = {
+        field: shortcuts[name] for field, name in names.items() if shortcuts.get(name) is not None
+    }
     if options is not None:
         if not isinstance(options, cls):
             raise invalid_argument(keyword, options, f"a tfdist.{cls.__name__} or None")
         if given:
             field = next(iter(given))
-            raise invalid_argument(names[field], given[field], f"None when `{keyword}` is given",
-                                   note=f"Set it once, as {cls.__name__}({field}=...), or use "
-                                        "only the shortcut keywords.")
+            raise invalid_argument(
+                names[field],
+                given[field],
+                f"None when `{keyword}` is given",
+                note=f"Set it once, as {cls.__name__}({field}=...), or use "
+                "only the shortcut keywords.",
+            )
         return options
     cls.check(given, names)  # the user wrote the shortcuts: name them in any error
     required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
@@ -233,9 +275,12 @@ def from_shortcuts(cls: type, options: Any, shortcuts: Mapping[str, Any]) -> Any
 
 
 def trainer_options(
-        *, backup: BackupOptions | None, lr_scaling: LRScaling | str,
-        exchange: ExchangeOptions | None,
-        **shortcuts: Any) -> tuple[BackupOptions | None, LRScaling | None, ExchangeOptions | None]:
+    *,
+    backup: BackupOptions | None,
+    lr_scaling: LRScaling | str,
+    exchange: ExchangeOptions | None,
+    **shortcuts: Any,
+) -> tuple[BackupOptions | None, LRScaling | None, ExchangeOptions | None]:
     """The Trainer's three option groups from its keywords (objects or shortcuts), checked once.
 
     Returns:
@@ -244,7 +289,12 @@ def trainer_options(
     """
     # `lr_scaling` is both the LRScaling object's keyword and the shortcut for its rule.
     as_object = isinstance(lr_scaling, LRScaling)
-    return (from_shortcuts(BackupOptions, backup, shortcuts),
-            from_shortcuts(LRScaling, lr_scaling if as_object else None,
-                           {**shortcuts, "lr_scaling": None if as_object else lr_scaling}),
-            from_shortcuts(ExchangeOptions, exchange, shortcuts))
+    return (
+        from_shortcuts(BackupOptions, backup, shortcuts),
+        from_shortcuts(
+            LRScaling,
+            lr_scaling if as_object else None,
+            {**shortcuts, "lr_scaling": None if as_object else lr_scaling},
+        ),
+        from_shortcuts(ExchangeOptions, exchange, shortcuts),
+    )

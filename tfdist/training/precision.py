@@ -12,12 +12,14 @@ warns (on the chief) when the asked-for policy has no native support, and
 * CPU with ``avx512_bf16`` or ``amx_bf16``: ``mixed_bfloat16``;
 * anything else: ``float32``.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import logging
-from typing import Iterator, Literal, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import keras
 import tensorflow as tf
@@ -75,8 +77,11 @@ def gpu_compute_capabilities() -> list[tuple[int, int]]:
     return capabilities
 
 
-def device_support(*, gpu_capabilities: Sequence[tuple[int, int]] | None = None,
-                   flags: frozenset[str] | None = None) -> DeviceSupport:
+def device_support(
+    *,
+    gpu_capabilities: Sequence[tuple[int, int]] | None = None,
+    flags: frozenset[str] | None = None,
+) -> DeviceSupport:
     """Inspects the device training runs on: the GPUs if there are any, else the CPU.
 
     Args:
@@ -89,24 +94,38 @@ def device_support(*, gpu_capabilities: Sequence[tuple[int, int]] | None = None,
         name = f"GPU (compute capability {cc[0]}.{cc[1]})"
         missing = {}
         if cc < (7, 0):
-            missing["mixed_float16"] = f"this {name} has no tensor cores (they need compute capability >= 7.0)"
+            missing["mixed_float16"] = (
+                f"this {name} has no tensor cores (they need compute capability >= 7.0)"
+            )
         if cc < (8, 0):
-            missing["mixed_bfloat16"] = f"this {name} has no native bfloat16 (it needs compute capability >= 8.0)"
-        return DeviceSupport(name, frozenset({"mixed_float16", "mixed_bfloat16"} - set(missing)), missing)
+            missing["mixed_bfloat16"] = (
+                f"this {name} has no native bfloat16 (it needs compute capability >= 8.0)"
+            )
+        return DeviceSupport(
+            name, frozenset({"mixed_float16", "mixed_bfloat16"} - set(missing)), missing
+        )
     flags = cpu_flags() if flags is None else flags
     missing = {}
     if not flags & set(CPU_BF16_FLAGS):
-        missing["mixed_bfloat16"] = ("this CPU has no native bfloat16 (no avx512_bf16 or amx_bf16 flag), so TF "
-                                     "emulates it (measured 0.77x float32 on an AVX2-only AMD EPYC)")
+        missing["mixed_bfloat16"] = (
+            "this CPU has no native bfloat16 (no avx512_bf16 or amx_bf16 flag), so TF "
+            "emulates it (measured 0.77x float32 on an AVX2-only AMD EPYC)"
+        )
     if not flags & set(CPU_FP16_FLAGS):
-        missing["mixed_float16"] = "this CPU has no native float16 (no avx512_fp16 or amx_fp16 flag), so TF emulates it"
-    return DeviceSupport("CPU", frozenset({"mixed_float16", "mixed_bfloat16"} - set(missing)), missing)
+        missing["mixed_float16"] = (
+            "this CPU has no native float16 (no avx512_fp16 or amx_fp16 flag), so TF emulates it"
+        )
+    return DeviceSupport(
+        "CPU", frozenset({"mixed_float16", "mixed_bfloat16"} - set(missing)), missing
+    )
 
 
 def auto_precision(support: DeviceSupport) -> str:
     """The fastest exact-enough policy for a device: bfloat16 (no loss scaling) first, then float16."""
     for precision in ("mixed_bfloat16", "mixed_float16"):
-        if precision in support.native and (support.device != "CPU" or precision == "mixed_bfloat16"):
+        if precision in support.native and (
+            support.device != "CPU" or precision == "mixed_bfloat16"
+        ):
             return precision
     return "float32"
 
@@ -119,7 +138,9 @@ def forget_slow_policy_warnings() -> None:
     _warned.clear()
 
 
-def resolve_precision(precision: str, *, is_chief: bool = True, support: DeviceSupport | None = None) -> str:
+def resolve_precision(
+    precision: str, *, is_chief: bool = True, support: DeviceSupport | None = None
+) -> str:
     """Validates ``precision``, resolves ``auto``, and warns once if it will be slow here.
 
     Args:
@@ -142,9 +163,13 @@ def resolve_precision(precision: str, *, is_chief: bool = True, support: DeviceS
     reason = support.missing.get(precision)
     if reason and is_chief and (precision, support.device) not in _warned:
         _warned.add((precision, support.device))
-        logger.warning("precision=%r will likely train slower than float32: %s. Use precision='float32', or "
-                       "precision='auto' to pick the fastest exact-enough policy for the device (here %r).",
-                       precision, reason, auto_precision(support))
+        logger.warning(
+            "precision=%r will likely train slower than float32: %s. Use precision='float32', or "
+            "precision='auto' to pick the fastest exact-enough policy for the device (here %r).",
+            precision,
+            reason,
+            auto_precision(support),
+        )
     return precision
 
 
@@ -168,8 +193,11 @@ def check_model_policy(model: keras.Model, precision: str) -> None:
     name = getattr(model.dtype_policy, "name", str(model.dtype_policy))
     if precision != "float32" and name != precision:
         raise invalid_argument(
-            "precision", precision, f"the dtype policy the model was built with ({name!r})",
-            note="Pass a zero-arg builder as `model` so tfdist builds it under the policy.")
+            "precision",
+            precision,
+            f"the dtype policy the model was built with ({name!r})",
+            note="Pass a zero-arg builder as `model` so tfdist builds it under the policy.",
+        )
 
 
 def needs_loss_scaling(precision: str) -> bool:
@@ -177,11 +205,15 @@ def needs_loss_scaling(precision: str) -> bool:
     return precision == "mixed_float16"
 
 
-def wrap_optimizer(optimizer: keras.optimizers.Optimizer, precision: str) -> keras.optimizers.Optimizer:
+def wrap_optimizer(
+    optimizer: keras.optimizers.Optimizer, precision: str
+) -> keras.optimizers.Optimizer:
     """Wraps ``optimizer`` in a dynamic ``LossScaleOptimizer`` for mixed_float16.
 
     Must run inside the strategy scope.
     """
-    if needs_loss_scaling(precision) and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    if needs_loss_scaling(precision) and not isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ):
         return keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer

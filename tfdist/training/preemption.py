@@ -1,4 +1,5 @@
 """Noting SIGTERM so that training stops at a step boundary, on every worker at the same one."""
+
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,7 @@ class PreemptionWatcher:
         self.has_backup = has_backup
         self._previous: Any = None
 
-    def __enter__(self) -> "PreemptionWatcher":
+    def __enter__(self) -> PreemptionWatcher:
         # Python delivers signals to the main thread only; elsewhere (e.g. a notebook worker
         # thread) the handler cannot be installed and SIGTERM keeps its default action.
         if threading.current_thread() is threading.main_thread():
@@ -31,11 +32,13 @@ class PreemptionWatcher:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.has_backup:
-            logger.warning("SIGTERM: saving a backup at the next step boundary, then exiting for a "
-                           "restart")
+            logger.warning(
+                "SIGTERM: saving a backup at the next step boundary, then exiting for a restart"
+            )
         else:
-            logger.warning("SIGTERM: stopping at the next step boundary (no backup_dir, so nothing "
-                           "is saved)")
+            logger.warning(
+                "SIGTERM: stopping at the next step boundary (no backup_dir, so nothing is saved)"
+            )
         self.requested = True
 
     def __exit__(self, *exc: Any) -> None:

@@ -5,6 +5,7 @@ The files, the atomic commit and the restore protocol are
 which ``Backup`` to use (``BackupOptions`` or none), restores it on every
 worker, and removes it after a successful run unless asked to keep it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,8 +30,14 @@ class FitBackups:
         skipped_updates: The loss-scaling skip counter, backed up when given.
     """
 
-    def __init__(self, options: BackupOptions | None, *, model: keras.Model, runner: Runner,
-                 skipped_updates: tf.Variable | None = None) -> None:
+    def __init__(
+        self,
+        options: BackupOptions | None,
+        *,
+        model: keras.Model,
+        runner: Runner,
+        skipped_updates: tf.Variable | None = None,
+    ) -> None:
         self.options = options
         self._model = model
         self._runner = runner
@@ -45,20 +52,29 @@ class FitBackups:
             # Made at the first fit, once the model and optimizer are built: a checkpoint tracks the
             # variables that exist when it is made. Later fits reuse it.
             self._checkpoint = checkpoint_for(self._model, self._model.optimizer, **self._extra)
-        return Backup(self.options.dir, self._checkpoint, is_chief=self._runner.is_chief,
-                      task_label=self._runner.task_label, keep_backups=self.options.keep_last)
+        return Backup(
+            self.options.dir,
+            self._checkpoint,
+            is_chief=self._runner.is_chief,
+            task_label=self._runner.task_label,
+            keep_backups=self.options.keep_last,
+        )
 
     def restore(self, backup: Backup | None) -> Position | None:
         """The chief's backup position, restored on every worker (None: start afresh)."""
         position = restore_on_every_worker(backup, self._runner)
         if position is not None and self._runner.is_chief:
             # A warning, so the user sees why an epoch's progress bar starts again.
-            logger.warning("Resumed from update %d (epoch %d, step %d) of the backup in %s.",
-                           position.updates, position.epoch + 1, position.step, backup.backup_dir)
+            logger.warning(
+                "Resumed from update %d (epoch %d, step %d) of the backup in %s.",
+                position.updates,
+                position.epoch + 1,
+                position.step,
+                backup.backup_dir,
+            )
         return position
 
     def finish(self, backup: Backup | None) -> None:
         """After a successful fit: removes the backups unless ``keep_after_success``."""
         if backup is not None and not self.options.keep_after_success:
             backup.remove()
-

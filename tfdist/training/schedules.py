@@ -8,6 +8,7 @@ is ``global_batch_size * accumulation_steps``. Warmup ramps linearly over
 the scaled one when scaling is on, as in the paper, and from 0 otherwise.
 Steps are optimizer updates (``optimizer.iterations``), never micro-batches.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -31,8 +32,13 @@ class ScaledWarmup(keras.optimizers.schedules.LearningRateSchedule):
             rather than from 0.
     """
 
-    def __init__(self, base: Any, multiplier: float = 1.0, warmup_steps: int = 0,
-                 warmup_from_base: bool = True) -> None:
+    def __init__(
+        self,
+        base: Any,
+        multiplier: float = 1.0,
+        warmup_steps: int = 0,
+        warmup_from_base: bool = True,
+    ) -> None:
         self.base = base
         self.multiplier = float(multiplier)
         self.warmup_steps = int(warmup_steps)
@@ -57,11 +63,15 @@ class ScaledWarmup(keras.optimizers.schedules.LearningRateSchedule):
         base = self.base
         if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
             base = keras.saving.serialize_keras_object(base)
-        return {"base": base, "multiplier": self.multiplier, "warmup_steps": self.warmup_steps,
-                "warmup_from_base": self.warmup_from_base}
+        return {
+            "base": base,
+            "multiplier": self.multiplier,
+            "warmup_steps": self.warmup_steps,
+            "warmup_from_base": self.warmup_from_base,
+        }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "ScaledWarmup":
+    def from_config(cls, config: dict[str, Any]) -> ScaledWarmup:
         base = config["base"]
         if isinstance(base, dict):
             base = keras.saving.deserialize_keras_object(base)
@@ -79,8 +89,13 @@ def schedule_for(learning_rate: Any, options: LRScaling) -> ScaledWarmup:
     return ScaledWarmup(learning_rate, warmup_from_base=options.rule == "linear")
 
 
-def resolve(schedule: ScaledWarmup, options: LRScaling, *, effective_global_batch_size: int,
-            updates_per_epoch: int) -> None:
+def resolve(
+    schedule: ScaledWarmup,
+    options: LRScaling,
+    *,
+    effective_global_batch_size: int,
+    updates_per_epoch: int,
+) -> None:
     """Fills in the multiplier and warmup length; call before the train step is traced.
 
     The schedule's fields are read when ``schedule(step)`` is traced, so a

@@ -15,17 +15,19 @@ A training *update* runs in replica context on ``k`` micro-batches:
 6. one ``optimizer.apply`` (the loss-scale optimizer unscales and skips
    non-finite updates).
 """
+
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.sharded import is_sharded_variable
 from tfdist._compat.keras_training import loss_tracker, unscale_loss
+from tfdist._compat.sharded import is_sharded_variable
 from tfdist.training.exchange import all_reduce_sum
 
 
@@ -68,10 +70,14 @@ def _forward(model: keras.Model, x: Any, training: bool) -> Any:
     return model(x)
 
 
-def _loss(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> tf.Tensor:
+def _loss(
+    model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool
+) -> tf.Tensor:
     """Keras's compiled loss (+ regularisers) of one replica's batch, divided by the replica count."""
     if _takes_training(model.compute_loss):
-        return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
+        return model.compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
     return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
 
 
@@ -106,9 +112,12 @@ def _gradients(tape: tf.GradientTape, target: tf.Tensor, variables: Sequence[Any
             grads.append(flat[i])
             i += 1
         else:
-            parts = flat[i:i + span]
-            grads.append(None if any(p is None for p in parts)
-                         else tf.concat([tf.convert_to_tensor(p) for p in parts], axis=0))
+            parts = flat[i : i + span]
+            grads.append(
+                None
+                if any(p is None for p in parts)
+                else tf.concat([tf.convert_to_tensor(p) for p in parts], axis=0)
+            )
             i += span
     return grads
 
@@ -117,14 +126,23 @@ def _scale(g: Any, factor: tf.Tensor) -> Any:
     if g is None:
         return None
     if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape)
+        return tf.IndexedSlices(
+            g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape
+        )
     return g * tf.cast(factor, g.dtype)
 
 
-def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, global_batch_size: int,
-                      accumulation_steps: int, num_replicas: int,
-                      skipped_updates: tf.Variable | None = None, bucket_bytes: int | None = None,
-                      gradient_compression: str | None = None) -> Callable[[Sequence[Any]], None]:
+def make_train_update(
+    model: keras.Model,
+    optimizer: keras.optimizers.Optimizer,
+    *,
+    global_batch_size: int,
+    accumulation_steps: int,
+    num_replicas: int,
+    skipped_updates: tf.Variable | None = None,
+    bucket_bytes: int | None = None,
+    gradient_compression: str | None = None,
+) -> Callable[[Sequence[Any]], None]:
     """Returns ``update(micro_batches)``: one optimizer update in replica context.
 
     The returned function also has ``update.cross_replica(run, next_batch)``,
@@ -176,8 +194,13 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
     def apply(summed: Sequence[Any], count: tf.Tensor) -> None:
         """One exchange and one optimizer update; ``summed`` holds the present variables' sums."""
         variables = model.trainable_variables
-        reduced, total = all_reduce_sum(summed, count, num_replicas=num_replicas, bucket_bytes=bucket_bytes,
-                                        compression=gradient_compression)
+        reduced, total = all_reduce_sum(
+            summed,
+            count,
+            num_replicas=num_replicas,
+            bucket_bytes=bucket_bytes,
+            compression=gradient_compression,
+        )
         factor = tf.math.divide_no_nan(tf.constant(expected), total)
         grads: list[Any] = [None] * len(variables)
         for i, g in zip(present, reduced):
@@ -203,10 +226,14 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
         # Every trainable variable gets a sum; those without a gradient stay zero and are not applied.
         return [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables], tf.constant(0.0)
 
-    def accumulate(data: Any, state: tuple[list[tf.Tensor], tf.Tensor]) -> tuple[list[tf.Tensor], tf.Tensor]:
+    def accumulate(
+        data: Any, state: tuple[list[tf.Tensor], tf.Tensor]
+    ) -> tuple[list[tf.Tensor], tf.Tensor]:
         sums, count = state
         grads, size = micro_step(data)
-        return [s if g is None else s + tf.convert_to_tensor(g) for s, g in zip(sums, grads)], count + size
+        return [
+            s if g is None else s + tf.convert_to_tensor(g) for s, g in zip(sums, grads)
+        ], count + size
 
     def finish(state: tuple[list[tf.Tensor], tf.Tensor]) -> None:
         # Loop outputs carry no device; MWMS places an all-reduce by its inputs' devices, so
@@ -225,8 +252,12 @@ def make_train_update(model: keras.Model, optimizer: keras.optimizers.Optimizer,
             return i + 1, run(accumulate, (next_batch(), state))
 
         # Starting from zeros, the sums are bit for bit those of the unrolled loop (0 + g == g).
-        _, state = tf.while_loop(lambda i, _: i < accumulation_steps, body, (tf.constant(0), run(zeros, ())),
-                                 parallel_iterations=1)
+        _, state = tf.while_loop(
+            lambda i, _: i < accumulation_steps,
+            body,
+            (tf.constant(0), run(zeros, ())),
+            parallel_iterations=1,
+        )
         run(finish, (state,))
 
     update.cross_replica = cross_replica
@@ -276,7 +307,8 @@ def make_predict_step(model: keras.Model) -> Callable[[Any], Any]:
         def one_example():
             # Only the output structure, dtypes and trailing shapes are used.
             zeros = tf.nest.map_structure(
-                lambda t: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], axis=0), t.dtype), x)
+                lambda t: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], axis=0), t.dtype), x
+            )
             return tf.nest.map_structure(lambda t: t[:0], _forward(model, zeros, training=False))
 
         return tf.cond(_batch_size(x) > 0, lambda: _forward(model, x, training=False), one_example)

@@ -20,10 +20,12 @@ Example (``python -c`` or a script)::
     history = trainer.fit(tfdist.data.load("digits"), epochs=5, global_batch_size=128,
                           validation_data=tfdist.data.load("digits", split="validation"))
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import keras
 import tensorflow as tf
@@ -38,13 +40,19 @@ from tfdist.training import precision as precision_lib
 from tfdist.training.build import check_loss, compile_in_scope
 from tfdist.training.functions import StepFunctions
 from tfdist.training.loop import EpochPlan, check_fit_arguments, fit_epochs, steps_per_execution_for
-from tfdist.training.options import (BackupOptions, ExchangeOptions, LRScaling, ScalingRule,
-                                     trainer_options)
+from tfdist.training.options import (
+    BackupOptions,
+    ExchangeOptions,
+    LRScaling,
+    ScalingRule,
+    trainer_options,
+)
 from tfdist.training.placement import ModelOrBuilder
 from tfdist.training.resume import FitBackups
 from tfdist.training.sources import fit_sources, predict_source
 
 logger = logging.getLogger(__name__)
+
 
 class Trainer:
     """Trains a Keras model on any tfdist strategy with one loop.
@@ -122,34 +130,58 @@ class Trainer:
             option object, or a model that cannot be placed in the strategy scope.
     """
 
-    def __init__(self, model: ModelOrBuilder, *, strategy: tf.distribute.Strategy | None = None,
-                 optimizer: Any = "adam", loss: Any = None, metrics: Sequence[Any] | None = None,
-                 precision: precision_lib.Precision = "float32", accumulation_steps: int = 1,
-                 steps_per_execution: int | Literal["auto"] = "auto",
-                 backup: BackupOptions | None = None, lr_scaling: LRScaling | ScalingRule = "none",
-                 exchange: ExchangeOptions | None = None,
-                 backup_dir: str | None = None, backup_freq: int | str | None = None,
-                 keep_backup: bool | None = None, keep_backups: int | None = None,
-                 base_global_batch_size: int | None = None, warmup_steps: int | None = None,
-                 warmup_epochs: float | None = None, gradient_compression: str | None = None,
-                 bucket_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelOrBuilder,
+        *,
+        strategy: tf.distribute.Strategy | None = None,
+        optimizer: Any = "adam",
+        loss: Any = None,
+        metrics: Sequence[Any] | None = None,
+        precision: precision_lib.Precision = "float32",
+        accumulation_steps: int = 1,
+        steps_per_execution: int | Literal["auto"] = "auto",
+        backup: BackupOptions | None = None,
+        lr_scaling: LRScaling | ScalingRule = "none",
+        exchange: ExchangeOptions | None = None,
+        backup_dir: str | None = None,
+        backup_freq: int | str | None = None,
+        keep_backup: bool | None = None,
+        keep_backups: int | None = None,
+        base_global_batch_size: int | None = None,
+        warmup_steps: int | None = None,
+        warmup_epochs: float | None = None,
+        gradient_compression: str | None = None,
+        bucket_bytes: int | None = None,
+    ) -> None:
         # Every argument is checked here, once, before anything is built.
         precision_lib.check_precision(precision)
         check_positive_int("accumulation_steps", accumulation_steps)
         if steps_per_execution != "auto" and (
-                isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int)
-                or steps_per_execution < 1):
-            raise invalid_argument("steps_per_execution", steps_per_execution,
-                                   "a positive integer or 'auto'")
+            isinstance(steps_per_execution, bool)
+            or not isinstance(steps_per_execution, int)
+            or steps_per_execution < 1
+        ):
+            raise invalid_argument(
+                "steps_per_execution", steps_per_execution, "a positive integer or 'auto'"
+            )
         check_loss(loss)
         # The option groups, each from its object or its shortcuts, checked once (backup: None
         # without a directory).
         self.backup, self.lr_scaling, self.exchange = trainer_options(
-            backup=backup, lr_scaling=lr_scaling, exchange=exchange, backup_dir=backup_dir,
-            backup_freq=backup_freq, keep_backup=keep_backup, keep_backups=keep_backups,
-            base_global_batch_size=base_global_batch_size, warmup_steps=warmup_steps,
-            warmup_epochs=warmup_epochs, gradient_compression=gradient_compression,
-            bucket_bytes=bucket_bytes)
+            backup=backup,
+            lr_scaling=lr_scaling,
+            exchange=exchange,
+            backup_dir=backup_dir,
+            backup_freq=backup_freq,
+            keep_backup=keep_backup,
+            keep_backups=keep_backups,
+            base_global_batch_size=base_global_batch_size,
+            warmup_steps=warmup_steps,
+            warmup_epochs=warmup_epochs,
+            gradient_compression=gradient_compression,
+            bucket_bytes=bucket_bytes,
+        )
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
         if precision == "auto" and isinstance(model, keras.Model):
@@ -159,18 +191,32 @@ class Trainer:
         self._steps_per_execution = steps_per_execution  # as given: "auto" is resolved by each fit
         self.steps_per_execution = steps_per_execution
         _compat.apply()
-        compiled = compile_in_scope(model, strategy=self.strategy, precision=self.precision,
-                                    optimizer=optimizer, loss=loss, metrics=metrics,
-                                    accumulation_steps=accumulation_steps,
-                                    lr_scaling=self.lr_scaling)
+        compiled = compile_in_scope(
+            model,
+            strategy=self.strategy,
+            precision=self.precision,
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            accumulation_steps=accumulation_steps,
+            lr_scaling=self.lr_scaling,
+        )
         self.model = compiled.model
         self.accumulation_steps = compiled.accumulation_steps
         self._functions = StepFunctions(
-            self.model, self._runner, accumulation_steps=self.accumulation_steps,
-            exchange=self.exchange, schedule=compiled.schedule,
-            skipped_updates=compiled.skipped_updates)
-        self._backups = FitBackups(self.backup, model=self.model, runner=self._runner,
-                                   skipped_updates=compiled.skipped_updates)
+            self.model,
+            self._runner,
+            accumulation_steps=self.accumulation_steps,
+            exchange=self.exchange,
+            schedule=compiled.schedule,
+            skipped_updates=compiled.skipped_updates,
+        )
+        self._backups = FitBackups(
+            self.backup,
+            model=self.model,
+            runner=self._runner,
+            skipped_updates=compiled.skipped_updates,
+        )
 
     # -- public state -------------------------------------------------------
     @property
@@ -202,15 +248,27 @@ class Trainer:
         return int(getattr(self._runner, "auto_steps_per_execution", 1))
 
     def _evaluate_source(self, source: InputSource, steps: int | None) -> dict[str, float]:
-        per_call = (self.steps_per_execution if self.steps_per_execution != "auto"
-                    else self._auto_steps_per_execution())
+        per_call = (
+            self.steps_per_execution
+            if self.steps_per_execution != "auto"
+            else self._auto_steps_per_execution()
+        )
         return evaluation.evaluate(self._functions, source, steps, steps_per_execution=per_call)
 
     # -- public loop --------------------------------------------------------
-    def fit(self, data: Any, *, epochs: int = 1, steps_per_epoch: int | None = None,
-            global_batch_size: int | None = None, validation_data: Any = None,
-            validation_steps: int | None = None, callbacks: Sequence[keras.callbacks.Callback] = (),
-            verbose: str | int = "auto", initial_epoch: int = 0) -> keras.callbacks.History:
+    def fit(
+        self,
+        data: Any,
+        *,
+        epochs: int = 1,
+        steps_per_epoch: int | None = None,
+        global_batch_size: int | None = None,
+        validation_data: Any = None,
+        validation_steps: int | None = None,
+        callbacks: Sequence[keras.callbacks.Callback] = (),
+        verbose: str | int = "auto",
+        initial_epoch: int = 0,
+    ) -> keras.callbacks.History:
         """Trains for ``epochs`` epochs and returns the Keras ``History``.
 
         Args:
@@ -237,21 +295,34 @@ class Trainer:
             A ``keras.callbacks.History`` with the keys ``model.fit`` gives.
         """
         callbacks = check_fit_arguments(
-            epochs=epochs, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-            initial_epoch=initial_epoch, verbose=verbose, callbacks=callbacks,
-            requires_steps_per_epoch=self._runner.requires_steps_per_epoch)
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps,
+            initial_epoch=initial_epoch,
+            verbose=verbose,
+            callbacks=callbacks,
+            requires_steps_per_epoch=self._runner.requires_steps_per_epoch,
+        )
         source, steps, val_source = fit_sources(
-            data, validation_data, runner=self._runner, model=self.model,
-            global_batch_size=global_batch_size, steps_per_epoch=steps_per_epoch,
-            validation_steps=validation_steps)
+            data,
+            validation_data,
+            runner=self._runner,
+            model=self.model,
+            global_batch_size=global_batch_size,
+            steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps,
+        )
         k = self.accumulation_steps
         full_updates, last_window = divmod(steps, k)
         functions = self._functions
         if functions.schedule is not None:
             # Before the first trace: the compiled step reads the schedule's numbers as constants.
-            schedules.resolve(functions.schedule, self.lr_scaling,
-                              effective_global_batch_size=source.global_batch_size * k,
-                              updates_per_epoch=full_updates + bool(last_window))
+            schedules.resolve(
+                functions.schedule,
+                self.lr_scaling,
+                effective_global_batch_size=source.global_batch_size * k,
+                updates_per_epoch=full_updates + bool(last_window),
+            )
         functions.build(source)
         gbs = source.global_batch_size
 
@@ -259,28 +330,44 @@ class Trainer:
             return functions.start(functions.train(gbs, micro_batches), iterator, num_updates)
 
         functions.train(gbs, k)  # traced lazily, but made now so that train_functions lists it
-        self.steps_per_execution = steps_per_execution_for(self._steps_per_execution, callbacks,
-                                                           auto=self._auto_steps_per_execution())
+        self.steps_per_execution = steps_per_execution_for(
+            self._steps_per_execution, callbacks, auto=self._auto_steps_per_execution()
+        )
         self.model.stop_training = False
         backup = self._backups.open()
         position = self._backups.restore(backup)  # every worker: the chief's position
-        plan = EpochPlan(steps, k, self.steps_per_execution,
-                         self.backup.freq if self.backup else "epoch")
+        plan = EpochPlan(
+            steps, k, self.steps_per_execution, self.backup.freq if self.backup else "epoch"
+        )
         validate = None
         if val_source is not None:
+
             def validate() -> dict[str, float]:
                 return self._evaluate_source(val_source, validation_steps)
+
         # The loop sees only `start` and `functions.logs`, never this Trainer.
-        fit_epochs(plan, runner=self._runner, model=self.model, callbacks=callbacks,
-                   verbose=1 if verbose == "auto" else int(verbose), start=start,
-                   logs_fn=functions.logs, backup=backup, position=position, source=source,
-                   epochs=epochs, initial_epoch=initial_epoch, repeat=bool(steps_per_epoch),
-                   validate=validate)
+        fit_epochs(
+            plan,
+            runner=self._runner,
+            model=self.model,
+            callbacks=callbacks,
+            verbose=1 if verbose == "auto" else int(verbose),
+            start=start,
+            logs_fn=functions.logs,
+            backup=backup,
+            position=position,
+            source=source,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            repeat=bool(steps_per_epoch),
+            validate=validate,
+        )
         self._backups.finish(backup)
         return self.model.history
 
-    def evaluate(self, data: Any, *, steps: int | None = None,
-                 global_batch_size: int | None = None) -> dict[str, float]:
+    def evaluate(
+        self, data: Any, *, steps: int | None = None, global_batch_size: int | None = None
+    ) -> dict[str, float]:
         """Evaluates the model; each example counts once, on every strategy.
 
         Args:
@@ -294,14 +381,20 @@ class Trainer:
             A dict of metric name to value, e.g. ``{"loss": ..., "accuracy": ...}``.
         """
         check_positive_int("steps", steps, allow_none=True)
-        source = as_input(data, input_context=self._runner.input_context(),
-                          global_batch_size=global_batch_size, training=False, argument="data",
-                          fallback_global_batch_size=self._functions.built_for)
+        source = as_input(
+            data,
+            input_context=self._runner.input_context(),
+            global_batch_size=global_batch_size,
+            training=False,
+            argument="data",
+            fallback_global_batch_size=self._functions.built_for,
+        )
         check_evaluation_steps("steps", steps, source)
         return self._evaluate_source(source, steps)
 
-    def predict(self, data: Any, *, steps: int | None = None,
-                global_batch_size: int | None = None) -> Any:
+    def predict(
+        self, data: Any, *, steps: int | None = None, global_batch_size: int | None = None
+    ) -> Any:
         """Runs the model on ``data``, distributed like :meth:`evaluate`; outputs in input order.
 
         Args:
@@ -323,6 +416,7 @@ class Trainer:
             batch included.
         """
         check_positive_int("steps", steps, allow_none=True)
-        source, shown = predict_source(data, runner=self._runner, model=self.model,
-                                       global_batch_size=global_batch_size)
+        source, shown = predict_source(
+            data, runner=self._runner, model=self.model, global_batch_size=global_batch_size
+        )
         return evaluation.predict(self._functions, source, steps, shown=shown)
