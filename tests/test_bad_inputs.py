@@ -121,7 +121,7 @@ PS_CLUSTER = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2221"], "ps": [
 
 C = Case
 CASES = [
-    # --- make_strategy ------------------------------------------------------------------------------
+    # --- make_strategy ----------------------------------------------------------------------------
     C(
         "make_strategy('mirored')",
         lambda e: tfdist.make_strategy("mirored"),
@@ -171,7 +171,7 @@ CASES = [
         "0",
         ("a positive integer or None",),
     ),
-    # --- Trainer(...) ------------------------------------------------------------------------------------
+    # --- Trainer(...) -----------------------------------------------------------------------------
     C(
         "Trainer(precision='fp8')",
         lambda e: e.trainer_with(precision="fp8"),
@@ -284,7 +284,7 @@ CASES = [
         "1",
         ("None when warmup_steps is given", "warmup_steps=10"),
     ),
-    # --- the Trainer's option objects --------------------------------------------------------------------
+    # --- the Trainer's option objects -------------------------------------------------------------
     C(
         "BackupOptions(dir=None)",
         lambda e: tfdist.BackupOptions(None),
@@ -355,7 +355,7 @@ CASES = [
         "'dir'",
         ("a tfdist.BackupOptions or None",),
     ),
-    # --- Trainer.fit / evaluate --------------------------------------------------------------------------
+    # --- Trainer.fit / evaluate -------------------------------------------------------------------
     C(
         "fit(..., epochs=0)",
         lambda e: e.trainer.fit((X, Y), epochs=0),
@@ -454,7 +454,7 @@ CASES = [
         "0",
         ("a positive integer or None",),
     ),
-    # --- data and models ----------------------------------------------------------------------------
+    # --- data and models --------------------------------------------------------------------------
     C(
         "data.load('imagenet')",
         lambda e: tfdist.data.load("imagenet"),
@@ -532,7 +532,7 @@ CASES = [
         "(64,)",
         ("(height, width, channels) for model 'cnn'",),
     ),
-    # --- TF_CONFIG and Slurm (read by make_strategy) ------------------------------------------------------
+    # --- TF_CONFIG and Slurm (read by make_strategy) ----------------------------------------------
     C(
         "TF_CONFIG='{cluster:'",
         lambda e: e.tf_config("{cluster:"),
@@ -634,7 +634,7 @@ CASES = [
         "'node[01-03'",
         ("a Slurm host list like 'node[01-03,07],other'",),
     ),
-    # --- launcher (Python API) ------------------------------------------------------------------------
+    # --- launcher (Python API) --------------------------------------------------------------------
     C(
         "launch('python train.py', workers=2)",
         lambda e: local.launch("python train.py", workers=2),
@@ -656,7 +656,7 @@ CASES = [
         "[2222, 2223]",
         ("1 port (one per task: 1 worker)",),
     ),
-    # --- backups -----------------------------------------------------------------------------------------
+    # --- backups ----------------------------------------------------------------------------------
     C(
         "Trainer(backup_dir=<dir with a broken state.json>).fit(...)",
         lambda e: e.broken_backup_fit(),
@@ -685,7 +685,7 @@ CASES = [
         "None",
         ("a directory path (str or os.PathLike).",),
     ),
-    # --- command line --------------------------------------------------------------------------------
+    # --- command line -----------------------------------------------------------------------------
     C(
         "tfdist train --strategy=mirored",
         ["train", "--strategy=mirored"],
@@ -852,7 +852,7 @@ def trainer(strategy):
 
 @pytest.fixture(scope="module")
 def ps_strategy():
-    # The only in-process parameter-server cluster of this file (its servers live as long as the process).
+    # This file's only in-process parameter-server cluster (its servers live as long as pytest).
     return tfdist.make_strategy(
         "parameter_server", num_workers=1, num_ps=1, allow_late_connect=True
     )

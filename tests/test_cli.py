@@ -96,8 +96,8 @@ def test_manifest_slurm_writes_the_script(tmp_path):
         "#SBATCH --time=01:00:00",
     ]
     assert (
-        "srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 tfdist train --strategy=multi_worker"
-        in lines
+        "srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 "
+        "tfdist train --strategy=multi_worker" in lines
     )
     assert lines[-1] == 'exit "$rc"'
 
@@ -122,7 +122,7 @@ def test_launch_per_node_refuses_external_hosts():
 
 
 def _cli_without_tf_log_level(*args, **env):
-    """Runs ``python -m tfdist ARGS`` with TF_CPP_MIN_LOG_LEVEL unset (unless given): the user chose nothing."""
+    """Runs ``python -m tfdist ARGS``; TF_CPP_MIN_LOG_LEVEL unset unless given (no user choice)."""
     full_env = {
         k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")
     }
@@ -147,7 +147,7 @@ def test_cli_quiets_tf_cpp_logs_unless_the_user_set_the_level():
 
 @pytest.mark.slow
 def test_first_run_prints_no_tf_cpp_warnings_or_errors():
-    """No "failed call to cuInit", "Local rendezvous is aborting", "GeneratorDatasetOp ... not be optimized"."""
+    """No "failed call to cuInit", "Local rendezvous is aborting", "... will not be optimized"."""
     proc = _cli_without_tf_log_level(
         "train",
         "--strategy=mirrored",
@@ -164,11 +164,16 @@ def test_first_run_prints_no_tf_cpp_warnings_or_errors():
 
 
 def test_launch_never_imports_tensorflow():
-    """The launcher only supervises: neither the CLI's parsing nor `tfdist launch` imports TF (it held 770 MB)."""
+    """The launcher only supervises: neither the CLI's parsing nor `tfdist launch` imports TF.
+
+    (TF held 770 MB in each launcher.)
+    """
     code = (
         "import atexit, runpy, sys\n"
-        "atexit.register(lambda: print('launcher imported tensorflow:', 'tensorflow' in sys.modules))\n"
-        "sys.argv = ['tfdist', 'launch', '--workers=2', '--', sys.executable, '-c', 'print(\"task ran\")']\n"
+        "atexit.register(lambda: print('launcher imported tensorflow:',\n"
+        "                              'tensorflow' in sys.modules))\n"
+        "sys.argv = ['tfdist', 'launch', '--workers=2', '--',\n"
+        "            sys.executable, '-c', 'print(\"task ran\")']\n"
         "runpy.run_module('tfdist', run_name='__main__')\n"
     )
     proc = subprocess.run(
@@ -220,11 +225,15 @@ def test_import_tfdist_is_lazy_and_shims_come_first():
     code = (
         "import sys, tfdist\n"
         "from tfdist.launch import notebook_launcher, local, cli\n"
-        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'imported too early'\n"
-        "from tfdist.training.callbacks import BackupAndRestore  # A direct import of a TF-using module...\n"
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, \\\n"
+        "    'imported too early'\n"
+        "# A direct import of a TF-using module...\n"
+        "from tfdist.training.callbacks import BackupAndRestore\n"
         "assert tfdist._shims_applied  # ...applies the compat shims first.\n"
-        "print(tfdist.Trainer.__name__, tfdist.make_strategy.__name__, tfdist.callbacks.BackupAndRestore.__name__,\n"
-        "      callable(tfdist.data.load), callable(tfdist.models.get), tfdist.launch.notebook_launcher.__name__)\n"
+        "print(tfdist.Trainer.__name__, tfdist.make_strategy.__name__,\n"
+        "      tfdist.callbacks.BackupAndRestore.__name__,\n"
+        "      callable(tfdist.data.load), callable(tfdist.models.get),\n"
+        "      tfdist.launch.notebook_launcher.__name__)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],

@@ -134,7 +134,8 @@ def test_more_than_one_chief():
 def test_task_type_not_in_cluster_lists_cluster_types():
     with pytest.raises(
         ValueError,
-        match=r"`TF_CONFIG.task.type`. Received: TF_CONFIG.task.type='ps'. Expected one of: chief, worker",
+        match=r"`TF_CONFIG.task.type`. Received: TF_CONFIG.task.type='ps'. "
+        r"Expected one of: chief, worker",
     ):
         parse_tf_config(tf_config(cluster={"chief": ["a:1"], "worker": ["a:2"]}, task_type="ps"))
 
@@ -336,7 +337,10 @@ def test_from_slurm_job_variables_and_even_split():
 
 
 def test_slurm_ports_come_from_the_job_id():
-    """Jobs sharing a node get disjoint port blocks below the ephemeral range; a requeued job keeps its own."""
+    """Jobs sharing a node get disjoint port blocks below the ephemeral range.
+
+    A requeued job keeps its own block.
+    """
     bases = [
         cluster_lib.slurm_port_base(job_id)
         for job_id in range(1000, 1000 + cluster_lib.SLURM_PORT_BLOCKS)
@@ -549,7 +553,8 @@ def test_check_port_free_raises_on_bound_port():
         with pytest.raises(
             ValueError,
             match=(
-                rf"`TF_CONFIG.cluster.worker\[0\]`. Received: TF_CONFIG.cluster.worker\[0\]='127.0.0.1:{port}'"
+                r"`TF_CONFIG.cluster.worker\[0\]`. "
+                rf"Received: TF_CONFIG.cluster.worker\[0\]='127.0.0.1:{port}'"
                 r".*already in use by another process"
             ),
         ):

@@ -1,4 +1,4 @@
-"""What a local launch exposes and what outlives it: the host's socket table, and a launcher killed with -9.
+"""What a local launch exposes and what outlives it: the host's socket table, a launcher killed -9.
 
 Nothing here sends traffic off loopback: the tasks talk over the loopback of a
 network namespace the launch creates, and the test only reads socket tables.
@@ -27,13 +27,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _sandbox_or_skip(private_network=True):
     with isolation.Sandbox(private_network=private_network) as sandbox:
         if (private_network and not sandbox.private_network) or not sandbox.pid_namespace:
-            pytest.skip(
-                f"namespaces are not permitted here: {sandbox.network_problem or sandbox.pid_problem}"
-            )
+            problem = sandbox.network_problem or sandbox.pid_problem
+            pytest.skip(f"namespaces are not permitted here: {problem}")
 
 
 def _without_cap_sys_admin():
-    """A command prefix that runs a program as root without CAP_SYS_ADMIN: no namespaces can be made."""
+    """A command prefix that runs a program as root without CAP_SYS_ADMIN: no namespaces at all."""
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv(1) to drop CAP_SYS_ADMIN")
@@ -41,7 +40,7 @@ def _without_cap_sys_admin():
 
 
 def _listening_ports():
-    """Local (address, port) of every listening TCP socket in *this* (the host's) network namespace."""
+    """Local (address, port) of every listening TCP socket in *this* (the host's) net namespace."""
     out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, check=True).stdout
     sockets = []
     for line in out.splitlines():
@@ -50,8 +49,9 @@ def _listening_ports():
     return sockets
 
 
-# Each worker joins a real MultiWorkerMirroredStrategy (TF gRPC servers), all-reduces over loopback, reports
-# its server's socket as seen inside its namespace, then waits until the test has read the host's table.
+# Each worker joins a real MultiWorkerMirroredStrategy (TF gRPC servers), all-reduces over
+# loopback, reports its server's socket as seen inside its namespace, then waits until the
+# test has read the host's table.
 _MWMS_TASK = textwrap.dedent("""
     import json, os, pathlib, subprocess, sys, time
     import tensorflow as tf
@@ -65,8 +65,10 @@ _MWMS_TASK = textwrap.dedent("""
         return tf.distribute.get_replica_context().all_reduce("sum", tf.constant(index + 1.0))
 
     total = strategy.experimental_local_results(strategy.run(step))[0]
-    inside = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout.split()
-    print(json.dumps({"total": float(total), "inside": inside[3] if len(inside) > 3 else None}), flush=True)
+    ss = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True)
+    inside = ss.stdout.split()
+    report = {"total": float(total), "inside": inside[3] if len(inside) > 3 else None}
+    print(json.dumps(report), flush=True)
     out = pathlib.Path(sys.argv[1])
     (out / f"ready-{index}").touch()
     deadline = time.time() + 120
@@ -115,7 +117,7 @@ def test_task_ports_are_absent_from_the_host_socket_table(tmp_path):
         assert (
             report["total"] == 3.0
         )  # 1 + 2: the all-reduce crossed both processes, over loopback.
-        # Inside its namespace TF's server listens on every interface (*:PORT), as it does on a host...
+        # Inside its namespace TF's server listens on every interface (*:PORT), as on a host...
         assert report["inside"].rpartition(":")[0] in ("*", "0.0.0.0", "[::]"), report
     # ...but that namespace has only loopback: the host's table does not list the ports at all.
     assert not [s for s in host_sockets if s[1] in ports], host_sockets
@@ -168,8 +170,9 @@ def test_no_task_outlives_a_launcher_killed_with_sigkill(tmp_path, namespaces):
         _sandbox_or_skip()
     prefix = [] if namespaces else _without_cap_sys_admin()
     marker = f"tfdist-orphan-test-{uuid.uuid4().hex}"
-    # Each task starts a child in its process group and (with namespaces) a grandchild in a session of its
-    # own, out of reach of killpg; then it waits. Every one of them carries the marker in its command line.
+    # Each task starts a child in its process group and (with namespaces) a grandchild in a
+    # session of its own, out of reach of killpg; then it waits. Every one of them carries the
+    # marker in its command line.
     sleeper = [sys.executable, "-c", "import time; time.sleep(300)", marker]
     task = textwrap.dedent(f"""
         import subprocess, time
@@ -226,8 +229,8 @@ def test_no_task_outlives_a_launcher_killed_with_sigkill(tmp_path, namespaces):
         assert warnings == ""
     else:  # Where no namespace can be made, the launcher says so and names the firewall rule.
         assert (
-            "No private network namespace for the tasks (unshare(CLONE_NEWNET): Operation not permitted)"
-            in warnings
+            "No private network namespace for the tasks "
+            "(unshare(CLONE_NEWNET): Operation not permitted)" in warnings
         )
         assert "iptables -I INPUT ! -i lo -p tcp -m multiport --dports" in warnings
         assert "No PID namespace for the tasks" in warnings

@@ -242,8 +242,8 @@ _FLAKY = (
 
 def test_group_restart_without_ps(tmp_path, caplog):
     out = io.StringIO()
-    # worker:1 fails only once worker:0 has counted its first run: otherwise the launcher may stop worker:0
-    # before it counts, and its restart would count as its first run.
+    # worker:1 fails only once worker:0 has counted its first run: otherwise the launcher may
+    # stop worker:0 before it counts, and its restart would count as its first run.
     flaky = _FLAKY.replace(
         "sys.exit(3 if",
         "import time\nfirst = marker.parent / 'worker-0'\n"
@@ -400,8 +400,9 @@ def test_two_nodes_on_one_machine(tmp_path):
     """Two launchers (node_rank 0 and 1) agree on one cluster and each runs only its own tasks."""
     base = free_port_range(7)  # Node 0: 2 workers, 1 ps, the chief; node 1: 2 workers, 1 ps.
     hosts = f"127.0.0.1:{base},127.0.0.1:{base + 4}"
-    # Each task saves its TF_CONFIG. In a PS job the launcher stops the other tasks once the chief (or,
-    # without one, the workers) exit, so those wait until every task of their node has saved.
+    # Each task saves its TF_CONFIG. In a PS job the launcher stops the other tasks once the
+    # chief (or, without one, the workers) exit, so those wait until every task of their node
+    # has saved.
     code = """
         out = sys.argv[1]
         with open(os.path.join(out, f"{TYPE}-{INDEX}.json"), "w") as f:

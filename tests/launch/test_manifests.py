@@ -182,7 +182,7 @@ def test_slurm_environment_gives_every_task_a_consistent_cluster():
 
 
 def test_make_strategy_multi_worker_reads_slurm(monkeypatch):
-    """make_strategy("multi_worker") gets its cluster from Slurm (the strategy itself is faked: no network)."""
+    """make_strategy("multi_worker") gets its cluster from Slurm (the strategy is fake: no net)."""
     import tensorflow as tf
 
     import tfdist
@@ -350,7 +350,7 @@ def test_indexed_job_and_service():
 
 @pytest.mark.skipif(not os.path.exists("/bin/sh"), reason="needs /bin/sh")
 def test_indexed_job_pods_build_tf_config_from_their_index():
-    """Runs each pod's container command locally with JOB_COMPLETION_INDEX set, as Kubernetes would."""
+    """Runs each pod's container command locally, JOB_COMPLETION_INDEX set as by Kubernetes."""
     _, job = manifests.indexed_job(["unused"], workers=3, image="img", name="mnist")
     container = job["spec"]["template"]["spec"]["containers"][0]
     show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG'])"]
@@ -460,7 +460,8 @@ def test_cli_refuses_ntasks_that_do_not_divide_into_the_roles(tmp_path):
     )
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert (
-        "tfdist manifest: error: Invalid value for argument `ntasks`. Received: ntasks=2. Expected at least 3. "
+        "tfdist manifest: error: Invalid value for argument `ntasks`. Received: ntasks=2. "
+        "Expected at least 3. "
         "The roles need 1 chief, 1 ps and at least one worker."
     ) in proc.stdout
     assert "Traceback" not in proc.stdout and not (tmp_path / "job.sbatch").exists()

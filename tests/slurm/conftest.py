@@ -1,4 +1,4 @@
-"""One real single-node Slurm cluster (munged, slurmctld, slurmd) for every Slurm test in the session.
+"""One real single-node Slurm cluster (munged, slurmctld, slurmd) for all Slurm tests of a session.
 
 tests/slurm/start.sh installs slurm-wlm and munge when they are missing, and
 runs the daemons in a network namespace of their own whose only interface is
@@ -51,7 +51,11 @@ class Slurm:
         return env
 
     def run(self, *command, timeout=60, check=True, env=None, cwd=None):
-        """Runs ``command`` (e.g. ``"sbatch", FILE``) in the cluster's namespace; returns the CompletedProcess."""
+        """Runs ``command`` (e.g. ``"sbatch", FILE``) in the cluster's namespace.
+
+        Returns:
+            The ``CompletedProcess``.
+        """
         result = subprocess.run(
             ["nsenter", f"--net={self.netns}", *command],
             env=self.env(env),

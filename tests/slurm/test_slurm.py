@@ -1,4 +1,4 @@
-"""tfdist on a real Slurm 22.05 (single node, loopback only): the scripts `tfdist manifest slurm` writes.
+"""tfdist on a real Slurm 22.05 (one node, loopback only): scripts `tfdist manifest slurm` writes.
 
 Every job runs `python -m tfdist train` on scikit-learn's digits with a small
 MLP. srun starts the tasks; tfdist builds the cluster from SLURM_* (ports from
@@ -32,7 +32,10 @@ FINAL = re.compile(r"final updates=(\d+) weights_digest=(\w+)")
 
 
 def manifest(path, command, **options):
-    """Writes what `tfdist manifest slurm --OPTION=... -- COMMAND` writes (tests/test_cli.py runs the CLI itself)."""
+    """Writes what `tfdist manifest slurm --OPTION=... -- COMMAND` writes.
+
+    (tests/test_cli.py runs the CLI itself.)
+    """
     path.write_text(manifests.slurm_script(command, **options))
     return str(path)
 
@@ -77,7 +80,7 @@ def test_mwms_over_two_slurm_tasks_trains_digits(slurm, tmp_path):
 
 
 def test_preempted_job_is_requeued_and_resumes_at_the_exact_update(slurm, tmp_path):
-    """scancel --signal=TERM reaches both tasks; they back up and exit 75; the requeued run resumes there."""
+    """scancel --signal=TERM reaches both tasks; they back up, exit 75; the requeued run resumes."""
     epochs, backup_dir = 3, tmp_path / "backup"
     script = manifest(
         tmp_path / "job.sbatch",
@@ -124,7 +127,7 @@ def test_preempted_job_is_requeued_and_resumes_at_the_exact_update(slurm, tmp_pa
 
 
 def test_parameter_servers_chief_ps_and_two_workers(slurm, tmp_path):
-    """--ntasks=4 --chief --ps=1: rank 0 coordinates, rank 1 holds the variables, ranks 2-3 compute."""
+    """--ntasks=4 --chief --ps=1: rank 0 coordinates, rank 1 holds the variables, 2-3 compute."""
     script = manifest(
         tmp_path / "job.sbatch",
         [*TRAIN, "--strategy=parameter_server", "--epochs=3", f"--steps_per_epoch={STEPS}"],
@@ -148,7 +151,8 @@ def test_outside_srun_and_interactive_shells_are_not_clusters(slurm, tmp_path):
     # Imports tfdist.cluster without the package's __init__ (which loads TensorFlow): a quick probe.
     probe = (
         f"import sys, types; p = types.ModuleType('tfdist'); p.__path__ = ['{REPO}/tfdist']; "
-        "sys.modules['tfdist'] = p; import tfdist.cluster as c; print('cluster:', c.from_environment())"
+        "sys.modules['tfdist'] = p; import tfdist.cluster as c; "
+        "print('cluster:', c.from_environment())"
     )
     script = tmp_path / "no_srun.sbatch"
     script.write_text(f'#!/bin/bash\n#SBATCH --ntasks=2\n{sys.executable} -c "{probe}"\n')

@@ -1,4 +1,4 @@
-"""Starting processes: ``tfdist launch``, ``notebook_launcher``, ``ray_launcher`` and cluster manifests.
+"""Starting processes: ``tfdist launch``, ``notebook_launcher``, ``ray_launcher``, manifests.
 
 Engines start processes that call tfdist's public API; none reaches into training:
 
@@ -9,7 +9,8 @@ Engines start processes that call tfdist's public API; none reaches into trainin
 * ``notebook.py``: ``notebook_launcher``, ``launch()`` around a pickled function;
 * ``manifests/``: ``tfdist manifest``: ``slurm.py`` (sbatch) and ``kubernetes.py`` (YAML);
 * ``ray_engine.py``, ``ray_backup.py``: Ray Train as the engine;
-* ``cli.py`` (the ``tfdist`` command) and ``train.py`` (the ``tfdist train`` job).
+* ``cli/`` (the ``tfdist`` command, one module per job) and ``train.py`` (the
+  ``tfdist train`` job).
 
 Importing this package imports no TensorFlow (the launcher only supervises
 processes) and no Ray: ``ray_launcher``, ``ray_fit`` and ``RayBackup`` load

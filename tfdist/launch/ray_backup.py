@@ -2,8 +2,10 @@
 
     def train():
         strategy = tfdist.make_strategy("multi_worker")
-        backup = RayBackup("/shared/run/backup")       # restores ray.train.get_checkpoint() first
-        trainer = tfdist.Trainer(build, strategy=strategy, ..., backup_dir=backup.backup_dir, backup_freq=50)
+        backup = RayBackup("/shared/run/backup")  # restores ray.train.get_checkpoint() first
+        trainer = tfdist.Trainer(
+            build, strategy=strategy, ..., backup_dir=backup.backup_dir, backup_freq=50
+        )
         trainer.fit(data, epochs=5, callbacks=[backup])  # reports each committed backup to Ray
 
     tfdist.launch.ray_launcher(train, num_workers=2, max_failures=2)
@@ -91,7 +93,7 @@ class RayBackup(keras.callbacks.Callback):
             self._restore()
 
     def _restore(self) -> None:
-        """Copies Ray's latest checkpoint into ``backup_dir`` unless that holds a newer backup (chief only)."""
+        """Copies Ray's latest checkpoint into ``backup_dir`` unless that is newer (chief only)."""
         import ray.train
 
         checkpoint = ray.train.get_checkpoint()
@@ -112,7 +114,7 @@ class RayBackup(keras.callbacks.Callback):
             for name in os.listdir(source):
                 if name.startswith(theirs["checkpoint"] + "."):
                     shutil.copy2(os.path.join(source, name), os.path.join(self.backup_dir, name))
-            # state.json last, by rename: the Trainer's own commit rule, so a kill here leaves no torn backup.
+            # state.json last, by rename (the Trainer's commit rule): a kill leaves no torn backup.
             tmp = os.path.join(self.backup_dir, f"{STATE_FILE}.tmp-{os.getpid()}")
             shutil.copy2(os.path.join(source, STATE_FILE), tmp)
             os.replace(tmp, os.path.join(self.backup_dir, STATE_FILE))

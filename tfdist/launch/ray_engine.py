@@ -39,7 +39,10 @@ from tfdist.config import check_non_negative_int, check_positive_int, invalid_ar
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "Ray is not installed. Install it with: pip install 'tfdist[ray]' (or pip install 'ray[train]')."
+INSTALL_HINT = (
+    "Ray is not installed. Install it with: pip install 'tfdist[ray]' "
+    "(or pip install 'ray[train]')."
+)
 
 
 def require_ray() -> Any:
@@ -53,7 +56,7 @@ def require_ray() -> Any:
 
 
 def init_local(num_cpus: int | None = None) -> None:
-    """Starts a local Ray cluster on loopback, unless Ray is initialised or ``RAY_ADDRESS`` names one.
+    """Starts a loopback Ray cluster unless Ray is initialised or ``RAY_ADDRESS`` names one.
 
     Ray's own ports are then announced on 127.0.0.1 and the dashboard is off.
     """
@@ -78,8 +81,8 @@ def _check_fits(ray: Any, num_workers: int, cpus_per_worker: float, use_gpu: boo
             "num_workers",
             num_workers,
             f"at most {fit} (the Ray cluster has {have:g} CPUs, {cpus_per_worker:g} per worker)",
-            note="Ray would wait for the missing resources forever. Use fewer workers or CPUs per worker, add "
-            "nodes, or pass check_resources=False on a cluster that autoscales.",
+            note="Ray would wait for the missing resources forever. Use fewer workers or CPUs "
+            "per worker, add nodes, or pass check_resources=False on a cluster that autoscales.",
         )
     if use_gpu and num_workers > total.get("GPU", 0.0):
         raise invalid_argument(
@@ -241,7 +244,7 @@ def ray_launcher(
     datasets: dict[str, Any] | None = None,
     check_resources: bool = True,
 ) -> Any:
-    """Runs ``fn(*args)`` on a Ray Train group; returns the chief's result (as ``notebook_launcher`` does).
+    """``notebook_launcher`` on Ray Train: runs ``fn(*args)``, returns the chief's result.
 
     Starts a local loopback Ray cluster (no dashboard) unless Ray is already
     initialised or ``RAY_ADDRESS`` names a cluster. Arguments are those of

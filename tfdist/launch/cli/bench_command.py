@@ -1,0 +1,53 @@
+"""``tfdist bench``: the benchmarks of :mod:`tfdist.bench`, written as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from tfdist.config import invalid_argument
+from tfdist.launch.cli.flag_definitions import FLAGS
+
+
+def run(args: Sequence[str]) -> int:
+    """Runs the benchmarks the flags choose and prints their results.
+
+    Returns:
+        The exit code, 0.
+    """
+    from tfdist.bench import runner
+
+    def ints(name: str) -> tuple[int, ...] | None:
+        values = FLAGS[name].value
+        if values is None:
+            return None
+        try:
+            return tuple(int(v) for v in values)
+        except ValueError:
+            raise invalid_argument(
+                name, ",".join(values), "comma-separated integers, e.g. 1,2"
+            ) from None
+
+    options = {
+        "threads_per_worker": FLAGS.threads_per_worker,
+        "scaling_workers": ints("scaling_workers"),
+        "per_worker_batch_size": FLAGS.per_worker_batch_size,
+        "hidden_units": ints("hidden_units"),
+        "scaling_steps": FLAGS.scaling_steps,
+        "scaling_parameter_server": FLAGS.scaling_parameter_server,
+        "gradient_compression": None
+        if FLAGS.gradient_compression is None
+        else tuple(FLAGS.gradient_compression),
+        "bucket_bytes": FLAGS.bucket_bytes,
+        "allreduce_workers": FLAGS.allreduce_workers,
+        "allreduce_max_bytes": FLAGS.allreduce_max_bytes,
+    }
+    results = runner.run(
+        FLAGS.benchmarks or None,
+        output=FLAGS.output,
+        repeats=FLAGS.repeats,
+        quick=FLAGS.quick,
+        options=options,
+    )
+    print(json.dumps(results, indent=2))
+    return 0

@@ -1,0 +1,209 @@
+"""Every flag of the ``tfdist`` command, grouped by the command that reads it.
+
+absl parses all of them before the command is known (an unknown flag is an error
+for every command), so they are defined together, here, when the CLI loads.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from tfdist.config import COMMUNICATIONS, LR_SCALINGS, PRECISIONS, STRATEGY_NAMES, TrainConfig
+
+FLAGS = flags.FLAGS
+ENGINES = ("local", "ray")  # --engine values, checked by `tfdist train`
+_DEFAULT = TrainConfig()
+
+# train. Names are plain strings checked by TrainConfig (not DEFINE_enum), so a typo gets the
+# same one-line Keras-style error and exit code 2 as every other bad value.
+flags.DEFINE_string(
+    "strategy", _DEFAULT.strategy, "Distribution strategy: " + ", ".join(STRATEGY_NAMES) + "."
+)
+flags.DEFINE_integer("num_devices", _DEFAULT.num_devices, "Replicas for --strategy=mirrored.")
+flags.DEFINE_string(
+    "communication",
+    _DEFAULT.communication,
+    "Collectives for --strategy=multi_worker: " + ", ".join(COMMUNICATIONS) + ".",
+)
+flags.DEFINE_integer(
+    "num_workers",
+    None,
+    "Workers of an in-process --strategy=parameter_server cluster; "
+    "with --engine=ray, the Ray Train workers (default 2).",
+)
+flags.DEFINE_string(
+    "engine",
+    "local",
+    "train: where the job runs. local: this process (one task of `tfdist launch`); "
+    "ray: a Ray Train group of --num_workers multi_worker tasks on the Ray cluster at RAY_ADDRESS, "
+    "else on a new local one on loopback (pip install 'tfdist[ray]').",
+)
+flags.DEFINE_float(
+    "cpus_per_worker", 1, "train --engine=ray: CPUs per Ray worker; TF's thread pools follow them."
+)
+flags.DEFINE_integer(
+    "num_ps", None, "Parameter servers of an in-process --strategy=parameter_server cluster."
+)
+flags.DEFINE_integer(
+    "min_shard_bytes", None, "parameter_server: shard variables larger than this over the ps."
+)
+flags.DEFINE_string("model", _DEFAULT.model, "mlp, cnn, resnet or transformer.")
+flags.DEFINE_string("dataset", _DEFAULT.dataset, "digits, synthetic or tfds:NAME.")
+flags.DEFINE_string("data_dir", None, "tensorflow-datasets data_dir for tfds:NAME.")
+flags.DEFINE_integer("epochs", _DEFAULT.epochs, "Epochs to train.")
+flags.DEFINE_integer(
+    "global_batch_size", _DEFAULT.global_batch_size, "Examples per step over all replicas."
+)
+flags.DEFINE_integer("steps_per_epoch", None, "Batches per epoch (default: one pass).")
+flags.DEFINE_string(
+    "precision", _DEFAULT.precision, "Numeric precision: " + ", ".join(PRECISIONS) + "."
+)
+flags.DEFINE_integer(
+    "steps_per_execution", _DEFAULT.steps_per_execution, "Batches per tf.function call."
+)
+flags.DEFINE_integer(
+    "accumulation_steps", _DEFAULT.accumulation_steps, "Micro-batches per optimizer update."
+)
+flags.DEFINE_string("optimizer", _DEFAULT.optimizer, "adam, adamw, sgd or rmsprop.")
+flags.DEFINE_float("learning_rate", _DEFAULT.learning_rate, "Base learning rate.")
+flags.DEFINE_string(
+    "lr_scaling",
+    _DEFAULT.lr_scaling,
+    f"{', '.join(LR_SCALINGS)}. linear: scale the learning rate by effective batch "
+    "/ --base_global_batch_size.",
+)
+flags.DEFINE_integer(
+    "base_global_batch_size",
+    _DEFAULT.base_global_batch_size,
+    "The batch size --learning_rate is tuned for.",
+)
+flags.DEFINE_integer("warmup_steps", None, "Linear warmup over this many optimizer updates.")
+flags.DEFINE_float("warmup_epochs", None, "Linear warmup over this many epochs.")
+flags.DEFINE_string("model_dir", None, "Where the chief saves model.keras after training.")
+flags.DEFINE_string(
+    "backup_dir",
+    None,
+    "Step-exact backups here: a restarted run (tfdist launch --max_restarts, "
+    "a Slurm requeue) resumes at the last backed-up update; SIGTERM saves one and exits 75.",
+)
+flags.DEFINE_integer(
+    "backup_freq",
+    None,
+    "With --backup_dir: optimizer updates between backups (default: each epoch).",
+)
+flags.DEFINE_integer("seed", _DEFAULT.seed, "Random seed.")
+flags.DEFINE_integer("verbose", _DEFAULT.verbose, "0 silent, 1 progress bar, 2 one line per epoch.")
+# launch (and manifest)
+flags.DEFINE_integer(
+    "workers",
+    2,
+    "launch: worker processes (per node with --hosts); manifest: workers (slurm: per node).",
+)
+flags.DEFINE_integer(
+    "ps",
+    0,
+    "launch: parameter-server processes (per node with --hosts); "
+    "manifest kubernetes: PS replicas; manifest slurm: ps tasks (ranks after the chief).",
+)
+flags.DEFINE_boolean(
+    "chief",
+    False,
+    "launch: add a chief process (on node 0); manifest kubernetes: a Chief replica; "
+    "manifest slurm: rank 0 is the chief.",
+)
+flags.DEFINE_boolean("evaluator", False, "launch: add an evaluator process (on node 0).")
+flags.DEFINE_string(
+    "host", "127.0.0.1", "launch: address the processes listen on (loopback by default)."
+)
+flags.DEFINE_boolean(
+    "allow_external", False, "launch: allow non-loopback --host/--hosts (gRPC is unauthenticated)."
+)
+flags.DEFINE_boolean(
+    "private_network",
+    True,
+    "launch: run a one-machine cluster in a private network namespace "
+    "that has only loopback, so no other host reaches its (unauthenticated) gRPC ports; the tasks "
+    "reach nothing outside it either. --noprivate_network uses the host's network.",
+)
+flags.DEFINE_integer("nnodes", 1, "launch, manifest slurm: the number of nodes (machines).")
+flags.DEFINE_integer("node_rank", 0, "launch: this node's index in --hosts; node 0 runs the chief.")
+flags.DEFINE_list(
+    "hosts",
+    None,
+    "launch: one host:base_port per node; node k runs its workers, then its ps, "
+    "then (node 0) the chief on consecutive ports from its base port (e.g. 2222).",
+)
+# manifest
+flags.DEFINE_string(
+    "kind",
+    "tfjob",
+    "manifest kubernetes: tfjob (Kubeflow) or indexed-job (Job + headless Service).",
+)
+flags.DEFINE_string("image", None, "manifest kubernetes: the container image.")
+flags.DEFINE_string("name", "tfdist", "manifest kubernetes: the resources' name (a DNS label).")
+flags.DEFINE_string("job_name", "tfdist", "manifest slurm: #SBATCH --job-name.")
+flags.DEFINE_integer(
+    "ntasks",
+    None,
+    "manifest slurm: total tasks (chief + ps + workers), a multiple of --nnodes; "
+    "instead of --workers per node.",
+)
+flags.DEFINE_string("partition", None, "manifest slurm: #SBATCH --partition.")
+flags.DEFINE_string("time", None, "manifest slurm: #SBATCH --time, e.g. 01:00:00.")
+flags.DEFINE_float("timeout", None, "launch: kill everything after this many seconds.")
+flags.DEFINE_integer(
+    "max_restarts",
+    0,
+    "launch, train --engine=ray (Ray's max_failures): restarts after failures "
+    "(PS: the failed worker; "
+    "otherwise the whole group); manifest slurm: requeues after a preemption (exit 75).",
+)
+# bench
+flags.DEFINE_string(
+    "output",
+    "bench_results/bench.json",
+    "bench: where to write the JSON results; manifest: the file to write (stdout when not given).",
+)
+flags.DEFINE_list("benchmarks", [], "bench: which to run (default all).")
+flags.DEFINE_integer("repeats", 3, "bench: timed repeats per side (the median is reported).")
+flags.DEFINE_boolean(
+    "quick",
+    False,
+    "bench: tiny sizes and few steps (checks that it runs; the figures mean little).",
+)
+flags.DEFINE_integer(
+    "threads_per_worker",
+    None,
+    "bench scaling, allreduce: intra-op threads of each worker "
+    "process (default: cores / most workers).",
+)
+flags.DEFINE_list(
+    "scaling_workers",
+    None,
+    "bench scaling: worker counts to run, e.g. 1,2 (default 1, 2, 4, ... up to the core count).",
+)
+flags.DEFINE_integer(
+    "per_worker_batch_size", None, "bench scaling: examples per worker per step (default 256)."
+)
+flags.DEFINE_list(
+    "hidden_units", None, "bench scaling: the MLP's hidden widths (default 1024,1024,1024)."
+)
+flags.DEFINE_integer(
+    "scaling_steps", None, "bench scaling: steps per timed measurement (default 50)."
+)
+flags.DEFINE_boolean(
+    "scaling_parameter_server",
+    None,
+    "bench scaling: also the Trainer on parameter_server with 1 ps (default true).",
+)
+flags.DEFINE_list(
+    "gradient_compression",
+    None,
+    "bench scaling: Trainer (and raw loop) variants, of none, bf16, "
+    "fp16 (default none); a variant this Trainer lacks is reported as unavailable.",
+)
+flags.DEFINE_integer("bucket_bytes", None, "bench scaling: passed to the Trainer when it takes it.")
+flags.DEFINE_integer("allreduce_workers", None, "bench allreduce: worker processes (default 2).")
+flags.DEFINE_integer(
+    "allreduce_max_bytes", None, "bench allreduce: largest message (default 64 MiB)."
+)

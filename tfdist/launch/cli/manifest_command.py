@@ -1,0 +1,89 @@
+"""``tfdist manifest slurm|kubernetes [flags] -- COMMAND``: writes a job for a cluster manager."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from tfdist.config import invalid_argument
+from tfdist.launch.cli.flag_definitions import FLAGS
+
+# Flags a manifest kind does not use, refused when given rather than silently ignored.
+UNUSED_FLAGS = {
+    "slurm": ("evaluator", "image", "kind", "name", "hosts", "node_rank"),
+    "kubernetes": (
+        "nnodes",
+        "evaluator",
+        "partition",
+        "time",
+        "job_name",
+        "hosts",
+        "node_rank",
+        "ntasks",
+        "max_restarts",
+    ),
+}
+
+
+def run(args: Sequence[str]) -> int:
+    """Writes the manifest ``args`` asks for (``[KIND, command after -- ...]``).
+
+    Returns:
+        The exit code, 0.
+    """
+    from tfdist.launch import manifests
+
+    kind = args[0] if args else None
+    if kind not in manifests.MANIFEST_KINDS:
+        raise invalid_argument(
+            "manifest",
+            kind,
+            manifests.MANIFEST_KINDS,
+            note="Write it right after `manifest`, e.g. tfdist manifest slurm --nnodes=2 -- CMD.",
+        )
+    command = list(args[1:])
+    if not command:
+        raise invalid_argument(
+            "command",
+            [],
+            "a command after --",
+            note=f"tfdist manifest {kind} needs a command after --, e.g. tfdist manifest {kind} "
+            "--workers=2 -- tfdist train --strategy=multi_worker.",
+        )
+    for name in UNUSED_FLAGS[kind]:
+        if FLAGS[name].present:
+            raise invalid_argument(
+                name, FLAGS[name].value, f"no --{name} for `tfdist manifest {kind}`"
+            )
+    if kind == "slurm":
+        text = manifests.slurm_script(
+            command,
+            nnodes=FLAGS.nnodes,
+            workers=FLAGS.workers if FLAGS["workers"].present else None,
+            ntasks=FLAGS.ntasks,
+            ps=FLAGS.ps,
+            chief=FLAGS.chief,
+            partition=FLAGS.partition,
+            time=FLAGS.time,
+            job_name=FLAGS.job_name,
+            max_restarts=FLAGS.max_restarts,
+        )
+        submit = "sbatch"
+    else:
+        text = manifests.kubernetes_manifest(
+            command,
+            workers=FLAGS.workers,
+            image=FLAGS.image,
+            ps=FLAGS.ps,
+            chief=FLAGS.chief,
+            name=FLAGS.name,
+            kind=FLAGS.kind,
+        )
+        submit = "kubectl apply -f"
+    if not FLAGS["output"].present:
+        sys.stdout.write(text)
+        return 0
+    with open(FLAGS.output, "w") as f:
+        f.write(text)
+    print(f"Wrote {FLAGS.output}; submit it with: {submit} {FLAGS.output}")
+    return 0

@@ -1,0 +1,95 @@
+"""``tfdist train``: this process trains (one task of ``tfdist launch``), or a Ray Train group does.
+
+The job itself is :mod:`tfdist.launch.train`; it imports TensorFlow, so it loads only here,
+when the command runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tfdist.config import TrainConfig, invalid_argument
+from tfdist.launch.cli.flag_definitions import ENGINES, FLAGS
+
+
+def train_config() -> TrainConfig:
+    """The ``TrainConfig`` the parsed flags describe (checked by ``TrainConfig`` itself)."""
+    return TrainConfig(
+        strategy=FLAGS.strategy,
+        num_devices=FLAGS.num_devices,
+        communication=FLAGS.communication,
+        num_workers=FLAGS.num_workers,
+        num_ps=FLAGS.num_ps,
+        min_shard_bytes=FLAGS.min_shard_bytes,
+        model=FLAGS.model,
+        dataset=FLAGS.dataset,
+        data_dir=FLAGS.data_dir,
+        epochs=FLAGS.epochs,
+        global_batch_size=FLAGS.global_batch_size,
+        steps_per_epoch=FLAGS.steps_per_epoch,
+        precision=FLAGS.precision,
+        steps_per_execution=FLAGS.steps_per_execution,
+        accumulation_steps=FLAGS.accumulation_steps,
+        optimizer=FLAGS.optimizer,
+        learning_rate=FLAGS.learning_rate,
+        lr_scaling=FLAGS.lr_scaling,
+        base_global_batch_size=FLAGS.base_global_batch_size,
+        warmup_steps=FLAGS.warmup_steps,
+        warmup_epochs=FLAGS.warmup_epochs,
+        model_dir=FLAGS.model_dir,
+        backup_dir=FLAGS.backup_dir,
+        backup_freq=FLAGS.backup_freq,
+        seed=FLAGS.seed,
+        verbose=FLAGS.verbose,
+    )
+
+
+def run(args: Sequence[str]) -> int:
+    """Runs ``tfdist train``; prints the final figures.
+
+    Returns:
+        The exit code, 0.
+    """
+    if args:
+        raise invalid_argument(
+            "args",
+            list(args),
+            "no positional arguments for `tfdist train`",
+            note="Options are flags, e.g. --epochs=5.",
+        )
+    if FLAGS.engine not in ENGINES:
+        raise invalid_argument("engine", FLAGS.engine, ENGINES)
+    from tfdist.launch import train
+
+    if FLAGS.engine == "ray":
+        if FLAGS.strategy != "multi_worker" and FLAGS["strategy"].present:
+            raise invalid_argument(
+                "strategy",
+                FLAGS.strategy,
+                "multi_worker with --engine=ray",
+                note="Ray Train runs all-worker groups (MultiWorkerMirroredStrategy).",
+            )
+        from tfdist.launch.ray_engine import ray_launcher
+
+        num_workers = FLAGS.num_workers or 2
+        # Each Ray worker is one multi_worker task.
+        FLAGS.strategy, FLAGS.num_workers = "multi_worker", None
+        summary = ray_launcher(
+            train.run,
+            train_config(),
+            num_workers=num_workers,
+            cpus_per_worker=FLAGS.cpus_per_worker,
+            max_failures=FLAGS.max_restarts,
+        )
+    else:
+        summary = train.run(train_config())
+    if summary["is_chief"]:
+        print(
+            f"final val_accuracy={summary['val_accuracy']:.4f} val_loss={summary['val_loss']:.4f} "
+            f"replicas={summary['num_replicas']} train_seconds={summary['seconds']:.1f}"
+        )
+    # Every task reports its update count and weights, so a job's logs show that the workers agree.
+    print(
+        f"final updates={summary['updates']} weights_digest={summary['weights_digest']}", flush=True
+    )
+    return 0

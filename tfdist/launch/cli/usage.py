@@ -1,0 +1,73 @@
+"""What ``tfdist`` accepts, and its one-line refusals: ``tfdist COMMAND: error: ...``.
+
+A bad flag or value exits 2 after one Keras-style line on stderr (``invalid_argument``),
+whether absl refuses it while parsing or a command refuses it later.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from collections.abc import Sequence
+
+from absl import flags
+
+from tfdist.config import invalid_argument
+from tfdist.launch.cli.flag_definitions import FLAGS
+
+COMMANDS = ("train", "launch", "bench", "manifest")
+
+
+def error_line(command: str, message: object) -> str:
+    """The line ``tfdist`` prints on stderr before it exits 2.
+
+    Args:
+        command: The command refused (``""`` when there is none yet).
+        message: What is wrong, usually an ``invalid_argument`` error.
+    """
+    return f"tfdist{' ' + command if command else ''}: error: {message}"
+
+
+def flag_error(error: flags.Error) -> str:
+    """Words an absl parsing error like every other bad argument."""
+    if isinstance(error, flags.UnrecognizedFlagError):
+        close = difflib.get_close_matches(error.flagname, list(FLAGS), n=1)
+        return str(
+            invalid_argument(
+                "flag",
+                error.flagvalue,
+                "a flag tfdist defines (see --helpfull)",
+                note=f"Did you mean --{close[0]}?" if close else "",
+            )
+        )
+    match = re.fullmatch(r"flag --([\w-]+)=(.*?): .*", str(error), flags=re.DOTALL)
+    if isinstance(error, flags.IllegalFlagValueError) and match and match.group(1) in FLAGS:
+        kind = FLAGS[match.group(1)].flag_type()
+        return str(
+            invalid_argument(
+                match.group(1),
+                match.group(2),
+                {"int": "an integer", "float": "a number", "bool": "true or false"}.get(kind, kind),
+            )
+        )
+    return str(error)
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """Parses the flags in ``argv`` (absl's ``flags_parser``); exits 2 with one line on a bad flag.
+
+    Returns:
+        ``argv`` without its flags: ``[program, COMMAND, args after --...]``.
+    """
+    try:
+        return FLAGS(list(argv))
+    except flags.Error as e:
+        command = next((a for a in argv[1:] if not a.startswith("-")), "")
+        print(error_line(command if command in COMMANDS else "", flag_error(e)), file=sys.stderr)
+        sys.exit(2)
+
+
+def is_invalid_argument(error: ValueError) -> bool:
+    """Whether ``error`` is a bad argument (worded by ``invalid_argument``), not a bug."""
+    return str(error).startswith("Invalid value for argument")
