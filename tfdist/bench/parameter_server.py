@@ -16,7 +16,8 @@ compiled metrics and the same number of steps per timed run:
   its step also updates Keras's loss tracker (a ``Mean`` whose two variables
   live on the ps) and its scheduled function returns the tracker's result.
 * **hand_written_bare**: the loop of the TF parameter-server tutorial
-  (``tfdist.bench.ps_hand_written``), with nothing tracked: a ``tf.function`` that runs ``strategy.run`` of a
+  (``tfdist.bench.ps_hand_written``), with nothing tracked: a ``tf.function``
+  that runs ``strategy.run`` of a
   GradientTape step (``compute_average_loss`` over the global batch,
   ``optimizer.apply``) on ``next(iterator)`` and returns the loss;
   ``coordinator.schedule`` it N times, then ``coordinator.join()``; nothing is
