@@ -1,4 +1,4 @@
-"""The compat shims: in force exactly where their probe finds the behaviour, and still needed upstream.
+"""The compat shims: in force exactly where their probe finds the behaviour, still needed upstream.
 
 Three kinds of test, all meaningful on any Keras version:
   * ``test_upstream_still_*`` assert what upstream does today. Each fails when
@@ -221,7 +221,8 @@ def test_importing_tfdist_leaves_tensorflow_uninitialised():
 
     code = (
         "import tfdist, tensorflow as tf; cpu = tf.config.list_physical_devices('CPU')[0]; "
-        "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)"
+        "tf.config.set_logical_device_configuration("
+        "cpu, [tf.config.LogicalDeviceConfiguration()] * 2)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -2,7 +2,9 @@
 
     import tfdist
     strategy = tfdist.make_strategy("mirrored", num_devices=2)
-    trainer = tfdist.Trainer(lambda: tfdist.models.get("cnn"), strategy=strategy, loss=..., metrics=["accuracy"])
+    trainer = tfdist.Trainer(
+        lambda: tfdist.models.get("cnn"), strategy=strategy, loss=..., metrics=["accuracy"]
+    )
     trainer.fit(tfdist.data.load("digits"), epochs=5, global_batch_size=128)
 
 ``import tfdist`` is lazy: it imports no TensorFlow, so that ``tfdist launch``
@@ -88,8 +90,9 @@ class _ShimsFirst(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _ShimsFirst())
-# Keras already loaded (``import tensorflow`` loads it; Ray's TensorFlow quickstart imports it first): plain
-# ``model.fit`` under a tf.distribute strategy needs the shims, and importing them costs nothing more now.
+# Keras already loaded (``import tensorflow`` loads it; Ray's TensorFlow quickstart imports it
+# first): plain ``model.fit`` under a tf.distribute strategy needs the shims, and importing them
+# costs nothing more now.
 if "keras" in sys.modules:
     _apply_shims()
 

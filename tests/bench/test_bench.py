@@ -222,7 +222,7 @@ def test_backup_sides_did_the_same_updates_and_the_cost_follows(quick_run):
         side: examples / result[f"{side}_examples_per_s"] for side in ("with_backup", "no_backup")
     }
     extra = seconds["with_backup"] - seconds["no_backup"]
-    # 3 in-epoch backups (after updates 2, 4, 6; the one at the epoch end is not in the steps' time).
+    # 3 in-epoch backups (after updates 2, 4, 6; the epoch-end one is not in the steps' time).
     assert result["seconds_per_backup"] == pytest.approx(extra / ((steps - 1) // freq))
     whole = {side: examples / (seconds[side] + result["fit_overhead_s"][side]) for side in seconds}
     assert result["ratio_whole_call"] == pytest.approx(whole["with_backup"] / whole["no_backup"])

@@ -51,7 +51,7 @@ def test_every_side_did_the_same_work_on_every_worker(bench_run):
             assert side["steps_per_measurement"] == steps
             assert side["examples_per_measurement"] == steps * config["per_worker_batch_size"] * n
             assert len(side["examples_per_s_samples"]) == config["repeats"]
-            # Counted optimizer updates, not the requested steps: each measurement made `steps` updates...
+            # Counted updates, not requested steps: each measurement made `steps` updates...
             assert side["updates_per_measurement"] == [steps] * config["repeats"], name
             # ...on every worker of the synchronous sides (the PS side counts on the chief).
             expected_tasks = (
@@ -106,8 +106,9 @@ def test_step_parts_are_measured_and_positive(bench_run):
             assert parts["sum_s"] == pytest.approx(
                 parts["compute_s"] + parts["exchange_s"] + parts["input_s"]
             )
-            # The parts, measured apart, add up to the order of a whole raw-loop step (not a timing claim:
-            # only that each part is a per-step figure, not per measurement or per call).
+            # The parts, measured apart, add up to the order of a whole raw-loop step (not a
+            # timing claim: only that each part is a per-step figure, not per measurement or
+            # per call).
             step = entry["sides"]["raw_loop"]["step_s"]
             assert step / 50 < parts["sum_s"] < step * 50
 

@@ -1,4 +1,4 @@
-"""``tfdist.bench.timing``: alternation, extra rounds on a busy machine, clean medians (no TF work)."""
+"""``tfdist.bench.timing``: alternation, extra rounds on a busy machine, clean medians (no TF)."""
 
 import math
 

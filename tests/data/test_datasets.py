@@ -30,7 +30,9 @@ def full_split(name, split):
 
 
 def evaluation_batches(ds, *, per_replica, expected_batches, input_shape):
-    """Checks one evaluation pipeline's batch structure; returns its real (x rows, labels) and batch sizes.
+    """Checks one evaluation pipeline's batch structure.
+
+    Returns its real (x rows, labels) and batch sizes.
 
     Contract: ``(x, y)`` batches of at most ``per_replica`` examples, all full except the last
     non-empty one, then only empty (batch dimension 0) top-up batches; ``expected_batches`` in all.
@@ -69,7 +71,7 @@ def test_digits_metadata_and_splits():
     )
     x, y = full_split("digits", "validation")
     assert x.dtype == np.float32 and x.min() >= 0.0 and x.max() <= 1.0 and y.dtype == np.int32
-    # The fixed stratified split: train and validation are disjoint and make up all 1797 images' rows.
+    # The fixed stratified split: train and validation are disjoint, with all 1797 images' rows.
     xt, _ = full_split("digits", "train")
     assert len(set(rows(xt)) & set(rows(x))) < 20  # digits has a few duplicate images, nothing more
 
@@ -274,7 +276,7 @@ def test_unknown_dataset_split_and_kwargs():
         load("synthetic", colour="red")
 
 
-# --- tfds -------------------------------------------------------------------------------------------
+# --- tfds ------------------------------------------------------------------------------------
 # The installed tensorflow-datasets ships no dataset metadata files, and without them
 # `tfds.testing.mock_data` (MockPolicy.USE_CODE) leaves `info.splits` empty, so split sizes are
 # unknown. The fixture writes real metadata for "mnist" (features from its builder code, split sizes

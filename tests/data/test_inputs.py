@@ -1,4 +1,4 @@
-"""InputSource: inferred global batch sizes, step counts, and repeating and skipping inside tf.data."""
+"""InputSource: inferred global batch sizes, step counts, repeating and skipping inside tf.data."""
 
 import numpy as np
 import pytest

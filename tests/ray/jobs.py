@@ -20,7 +20,7 @@ def _digest(weights):
 
 
 def train_digits(epochs):
-    """tfdist's Trainer on digits: returns validation accuracy, a weight digest and TF's thread counts."""
+    """The Trainer on digits: returns validation accuracy, a weight digest, TF's thread counts."""
     import tfdist
 
     strategy = tfdist.make_strategy("multi_worker")
@@ -52,7 +52,9 @@ def train_digits(epochs):
 
 
 def train_with_backups(out_dir, die_at):
-    """Trainer + RayBackup under op determinism; rank 1's first attempt os._exit's after global batch ``die_at``.
+    """Trainer + RayBackup under op determinism.
+
+    Rank 1's first attempt os._exit's after global batch ``die_at``.
 
     Each attempt uses a fresh backup_dir, so a resume can only come from Ray's checkpoint.
     """
@@ -119,7 +121,10 @@ def train_with_backups(out_dir, die_at):
 
 
 def ray_quickstart(config):
-    """Ray's TensorFlow quickstart flow: MWMS, model.fit in the scope, a Ray Data shard, Ray's Keras callback."""
+    """Ray's TensorFlow quickstart flow.
+
+    MWMS, model.fit in the scope, a Ray Data shard, Ray's Keras callback.
+    """
     import keras
     import ray.train
     import tensorflow as tf
@@ -142,7 +147,7 @@ def ray_quickstart(config):
 
 
 def trainer_on_ray_data(epochs):
-    """tfdist's Trainer fed by this worker's Ray Data shard (a dataset_fn of per-replica batches)."""
+    """The Trainer fed by a worker's Ray Data shard (a dataset_fn of per-replica batches)."""
     import ray.train
 
     import tfdist

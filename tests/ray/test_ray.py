@@ -1,4 +1,4 @@
-"""Ray Train as tfdist's engine, on a local Ray cluster that the tests start in a loopback-only namespace.
+"""Ray Train as tfdist's engine, on a local Ray cluster started in a loopback-only namespace.
 
     .venv/bin/python -m pytest tests/ray -q
 
@@ -128,7 +128,8 @@ def driver(request, tmp_path_factory):
         pytest.skip("Ray is not installed (pip install -e '.[test]' installs it)")
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"]).returncode != 0:
         pytest.skip(
-            "needs `unshare -n` (Linux, root) to keep Ray's traffic inside a loopback-only namespace"
+            "needs `unshare -n` (Linux, root) to keep Ray's traffic inside a "
+            "loopback-only namespace"
         )
     d = Driver()
     selected = {item.name for item in request.session.items if item.module is request.module}
@@ -158,8 +159,8 @@ def test_two_workers_train_digits_with_identical_weights(driver):
 @pytest.mark.multiprocess
 @pytest.mark.fault
 def test_killed_worker_resumes_from_rays_checkpoint_bitwise(driver):
-    # rank 1 os._exit's after global batch 21 (22 updates; 16 per epoch, a backup every 2). Each attempt has
-    # a fresh backup_dir, so the resume can only come from ray.train.get_checkpoint().
+    # rank 1 os._exit's after global batch 21 (22 updates; 16 per epoch, a backup every 2). Each
+    # attempt has a fresh backup_dir, so the resume can only come from ray.train.get_checkpoint().
     out = driver.result("fault")
     print("fault scenario:", json.dumps(out))
     assert out["attempts"] == [2, 2] and out["iterations"] == [32, 32]

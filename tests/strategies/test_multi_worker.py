@@ -52,7 +52,7 @@ def test_two_workers_train_identically(mode, tmp_path, reference_weights):
     assert "[worker:0] done 2" in proc.stdout and "[worker:1] done 2" in proc.stdout
     if mode.startswith("trainer"):
         assert "[worker:0] iterations 12" in proc.stdout  # 6 updates per epoch, 2 epochs
-        # One collective per update; bucketed: one per bucket (CollectiveReduceV2 ops in the traced graph).
+        # One collective per update; bucketed: one per bucket (CollectiveReduceV2 ops in the graph).
         collectives = 2 if mode == "trainer_bucketed" else 1
         assert f"[worker:0] gradient_all_reduces_per_update {collectives}" in proc.stdout
     w0, w1 = _weights(tmp_path / "worker-0.npz"), _weights(tmp_path / "worker-1.npz")

@@ -1,4 +1,4 @@
-"""The in-process parameter-server cluster: reused per shape, exposure warned, late connects refused."""
+"""The in-process PS cluster: reused per shape, exposure warned, late connect refused."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""A real multi-process parameter-server cluster under `tfdist launch`: workers and a ps really killed."""
+"""A real multi-process parameter-server cluster under `tfdist launch`; workers and a ps killed."""
 
 import json
 import os

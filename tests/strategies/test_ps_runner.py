@@ -1,4 +1,7 @@
-"""The PS runner's contract with the loop: failures leave the strategy usable, data inputs, true running logs."""
+"""The PS runner's contract with the loop.
+
+Failures leave the strategy usable, data inputs train, running logs are true.
+"""
 
 import keras
 import numpy as np
@@ -150,11 +153,12 @@ def test_every_logged_value_is_a_true_running_mean(
 
 
 def test_only_a_lost_workers_logs_are_skipped():
-    from tfdist.strategies.ps_runner import lost_worker_output
+    from tfdist.strategies.ps_failures import lost_worker_output
 
     copy = (
-        "{{function_node __wrapped__Identity_device_/job:chief/replica:0/task:0/device:CPU:0}} failed to connect "
-        "to all addresses. Additional GRPC error information from remote target /job:worker/replica:0/task:1"
+        "{{function_node __wrapped__Identity_device_/job:chief/replica:0/task:0/device:CPU:0}} "
+        "failed to connect to all addresses. Additional GRPC error information from remote "
+        "target /job:worker/replica:0/task:1"
         "/device:CPU:0 while calling /tensorflow.eager.EagerService/RunComponentFunction"
     )
     assert lost_worker_output(tf.errors.UnavailableError(None, None, copy)) == "worker:1"

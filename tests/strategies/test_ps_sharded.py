@@ -1,4 +1,4 @@
-"""Variable partitioning (``min_shard_bytes``) with every Keras optimizer, in the Trainer and in user loops."""
+"""Partitioning (``min_shard_bytes``) with every Keras optimizer, in Trainer and user loops."""
 
 import keras
 import numpy as np
@@ -69,7 +69,7 @@ def test_every_optimizer_updates_sharded_variables_exactly(sharded, name):
 
 
 def test_users_own_coordinator_loop_with_a_sharded_embedding(sharded):
-    """The parameter-server tutorial's loop: a sharded embedding, scheduled steps, apply_gradients."""
+    """The parameter-server tutorial's loop: sharded embedding, scheduled steps, apply_gradients."""
     with sharded.scope():
         model = keras.Sequential(
             [

@@ -144,7 +144,7 @@ def _times(series: list[dict[str, Any]], dtype: str) -> dict[int, float]:
 def headlines(
     series: list[dict[str, Any]], loopback: dict[str, list[dict[str, Any]]]
 ) -> dict[str, Any]:
-    """16-bit / 32-bit time at >= 4 MB (ring, one tensor), and the best busbw against the loopback TCP limit."""
+    """16-bit / 32-bit time at >= 4 MB (ring, one tensor); best busbw vs the loopback TCP limit."""
     fp32, bf16 = _times(series, "float32"), _times(series, "bfloat16")
     large = [s for s in fp32 if s >= 4 * MB and s in bf16] or sorted(set(fp32) & set(bf16))[-1:]
     out: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""What each worker of ``tfdist bench --benchmarks=allreduce`` runs (see ``tfdist.bench.allreduce``).
+"""What each worker of ``tfdist bench --benchmarks=allreduce`` runs (``tfdist.bench.allreduce``).
 
 For every message size, communication implementation, packing and dtype, one
 ``tf.function`` runs ``iters`` all-reduces in a loop, each one's input the
@@ -30,7 +30,7 @@ DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 
 
 def iterations(nbytes: int, spec: dict[str, Any]) -> int:
-    """All-reduces per timed call: about ``spec["bytes_per_call"]`` in all, within [min_iters, max_iters]."""
+    """All-reduces per timed call: about ``spec["bytes_per_call"]``, in [min_iters, max_iters]."""
     return int(
         min(spec["max_iters"], max(spec["min_iters"], spec["bytes_per_call"] // max(nbytes, 1)))
     )
@@ -50,7 +50,7 @@ def time_allreduce(
     iters: int,
     repeats: int,
 ) -> list[float]:
-    """Seconds per all-reduce of tensors of ``sizes`` elements (``repeats`` timed calls of ``iters`` each)."""
+    """Seconds per all-reduce of tensors of ``sizes`` elements (``repeats`` calls of ``iters``)."""
 
     def one(*tensors: tf.Tensor) -> list[tf.Tensor]:
         # tf.identity in the replica function puts the inputs on the replica's device: made in
@@ -138,7 +138,10 @@ def _recv_exactly(conn: socket.socket, buf: memoryview) -> None:
 
 
 def loopback(spec: dict[str, Any], task_id: int) -> dict[str, list[dict[str, Any]]]:
-    """Worker 0 receives, worker 1 sends the same sizes over TCP on 127.0.0.1; worker 0 also copies with numpy."""
+    """Worker 0 receives, worker 1 sends the same sizes over TCP on 127.0.0.1.
+
+    Worker 0 also copies them with numpy.
+    """
     port = int(spec["socket_port"])
     sizes = [int(s) for s in spec["sizes"]]
     out: dict[str, list[dict[str, Any]]] = {"numpy_copy": [], "tcp_loopback": []}

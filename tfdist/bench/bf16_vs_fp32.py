@@ -1,4 +1,4 @@
-"""``bf16_vs_fp32``: Trainer step time in ``mixed_bfloat16`` vs ``float32``, read against the matmul peaks.
+"""``bf16_vs_fp32``: Trainer step time in ``mixed_bfloat16`` vs ``float32``, against matmul peaks.
 
 Four sides, measured in turn (A B C D, D C B A, ...) in one process:
 
@@ -47,7 +47,7 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 def cpu_features(path: str = "/proc/cpuinfo") -> dict[str, Any]:
-    """The bf16-related CPU flags ``path`` lists (None where unreadable), the CPU model and oneDNN state."""
+    """The bf16 CPU flags ``path`` lists (None if unreadable), the CPU model, oneDNN state."""
     flags: set[str] | None = None
     model = None
     try:
@@ -72,7 +72,7 @@ def cpu_features(path: str = "/proc/cpuinfo") -> dict[str, Any]:
 
 @common.register("bf16_vs_fp32")
 def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
-    """Trainer step time, mixed_bfloat16 vs float32, one_device, wide MLP; and bf16 vs fp32 matmul peaks.
+    """Trainer step time, mixed_bfloat16 vs float32 (one_device, wide MLP); bf16/fp32 matmul peaks.
 
     Returns:
         ``float32_step_s``, ``bf16_step_s`` (from median examples/s), ``ratio``

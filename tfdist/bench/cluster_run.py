@@ -1,4 +1,4 @@
-"""Runs a benchmark's worker program in real processes through ``tfdist launch``, and collects what they wrote.
+"""Runs a benchmark's worker program in real processes through ``tfdist launch``; collects results.
 
 The parent (the ``tfdist bench`` process) writes a JSON *spec*, starts one
 process per task with :func:`tfdist.launch.local.launch` (loopback ports, a

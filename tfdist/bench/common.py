@@ -86,7 +86,10 @@ def plotter(name: str) -> PlotFn | None:
 
 
 def set_options(options: Mapping[str, Any] | None) -> None:
-    """Sets the options benchmarks read with :func:`options` (``tfdist bench`` flags such as ``threads_per_worker``)."""
+    """Sets the options benchmarks read with :func:`options`.
+
+    These are ``tfdist bench`` flags such as ``threads_per_worker``.
+    """
     _OPTIONS.clear()
     _OPTIONS.update({k: v for k, v in (options or {}).items() if v is not None})
 
@@ -147,8 +150,8 @@ def strategy(kind: str) -> tf.distribute.Strategy:
         raise invalid_argument("strategy", kind, sorted([*LOCAL_KINDS, CLUSTER_KIND]))
     if CLUSTER_KIND in _STRATEGIES:
         raise RuntimeError(
-            f"The bench's {kind!r} strategy no longer works: the parameter_server strategy has connected this "
-            f"process to its in-process cluster, so its local devices are now /job:chief/... . Run benchmarks "
-            f"that use {kind!r} first (runner.run orders them so)."
+            f"The bench's {kind!r} strategy no longer works: the parameter_server strategy has "
+            "connected this process to its in-process cluster, so its local devices are now "
+            f"/job:chief/... . Run benchmarks that use {kind!r} first (runner.run orders them so)."
         )
     return strategies[kind]

@@ -135,7 +135,7 @@ def fit_sides(
     metrics: Sequence[str] = (),
     steps_per_execution: int = 1,
 ) -> dict[str, FitThroughput]:
-    """The two sides, "trainer" and "keras_fit", each warmed up by one untimed call (see :func:`warm_up`).
+    """The two sides, "trainer" and "keras_fit", each warmed up untimed once (:func:`warm_up`).
 
     Args:
         strategy: The strategy both sides train under.
@@ -216,7 +216,7 @@ def trainer_side(trainer: Any, data: Any, *, global_batch_size: int, steps: int)
 
 
 def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[str, Any]:
-    """Median examples/s of "trainer" and "keras_fit", their ratio, and median per-call overheads."""
+    """Median examples/s of "trainer" and "keras_fit", their ratio and median per-call overheads."""
     trainer_rate = samples.median("trainer")
     keras_rate = samples.median("keras_fit")
     return {

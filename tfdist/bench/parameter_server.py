@@ -1,4 +1,4 @@
-"""``parameter_server``: Trainer on ParameterServerStrategy vs hand-written ClusterCoordinator loops.
+"""``parameter_server``: Trainer on ParameterServerStrategy vs hand-written coordinator loops.
 
 All sides run on the same in-process cluster (2 workers, 1 ps; see
 ``common.strategy("parameter_server")``) through the same
@@ -15,8 +15,9 @@ compiled metrics and the same number of steps per timed run:
   ``2 * workers`` behind, so callbacks see real values. Like ``model.fit``,
   its step also updates Keras's loss tracker (a ``Mean`` whose two variables
   live on the ps) and its scheduled function returns the tracker's result.
-* **hand_written_bare**: the loop of the TF parameter-server tutorial, with
-  nothing tracked: a ``tf.function`` that runs ``strategy.run`` of a
+* **hand_written_bare**: the loop of the TF parameter-server tutorial
+  (``tfdist.bench.ps_hand_written``), with nothing tracked: a ``tf.function``
+  that runs ``strategy.run`` of a
   GradientTape step (``compute_average_loss`` over the global batch,
   ``optimizer.apply``) on ``next(iterator)`` and returns the loss;
   ``coordinator.schedule`` it N times, then ``coordinator.join()``; nothing is
@@ -57,131 +58,21 @@ the goal is about ``ratio``.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import keras
-import numpy as np
-import tensorflow as tf
 
 from tfdist.bench import common, fits, timing
+from tfdist.bench.ps_hand_written import HandWrittenLoop, make_dataset_fn
 
 INPUT_SHAPE = (8, 8, 1)
 NUM_CLASSES = 10
 GLOBAL_BATCH_SIZE = 256
 STEPS_PER_RUN = 64
 LEARNING_RATE = 0.01
-NUM_BATCHES = 8  # distinct global batches of in-memory data
 TRAINER_STEPS_PER_EXECUTION = {"trainer": 1, "trainer_spe8": 8}
-# The hand-written loops: name -> whether the step also tracks the mean loss in a keras.metrics.Mean.
+# The hand-written loops: name -> whether the step also tracks the mean loss (keras.metrics.Mean).
 HAND_WRITTEN_LOOPS = {"hand_written_bare": False, "hand_written_with_loss_metric": True}
-
-
-def make_dataset_fn(
-    global_batch_size: int, *, num_batches: int = NUM_BATCHES, seed: int = 0
-) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
-    """A ``dataset_fn(input_context)`` of repeated per-replica batches of in-memory random examples.
-
-    Each input pipeline (worker) takes its shard of the examples; runs on the
-    workers, outside replica context.
-    """
-    rng = np.random.default_rng(seed)
-    n = global_batch_size * num_batches
-    x = rng.normal(size=(n, *INPUT_SHAPE)).astype("float32")
-    y = rng.integers(0, NUM_CLASSES, size=(n,)).astype("int32")
-
-    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        per_replica = input_context.get_per_replica_batch_size(global_batch_size)
-        ds = tf.data.Dataset.from_tensor_slices((x, y))
-        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        return (
-            ds.batch(per_replica, drop_remainder=True).cache().repeat().prefetch(tf.data.AUTOTUNE)
-        )
-
-    return dataset_fn
-
-
-class HandWrittenLoop:
-    """A measurement: N steps scheduled one per closure with ``ClusterCoordinator.schedule``, then join.
-
-    The model and optimizer are built in ``strategy.scope()`` (variables on
-    the ps tasks); the step is the TF tutorial's, in replica context on a worker.
-
-    Args:
-        strategy: A ParameterServerStrategy.
-        builder: Zero-arg model builder (loads the initial weights).
-        dataset_fn: ``dataset_fn(input_context)`` of per-replica batches.
-        global_batch_size: Examples per step over all replicas.
-        steps: Steps per measurement.
-        loss_metric: Also track the mean loss in a ``keras.metrics.Mean``
-            created in the scope (variables on the ps), updated by every step
-            with its batch's loss, as the TF tutorial tracks its metrics. It is
-            not read while timing.
-    """
-
-    def __init__(
-        self,
-        strategy: tf.distribute.Strategy,
-        builder: Callable[[], keras.Model],
-        dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
-        *,
-        global_batch_size: int,
-        steps: int,
-        loss_metric: bool = False,
-    ) -> None:
-        from tfdist.strategies.ps_runner import coordinator_for
-
-        self.strategy = strategy
-        self.coordinator = coordinator_for(strategy)  # the strategy's one coordinator, shared
-        self.dataset_fn = dataset_fn
-        self.global_batch_size = global_batch_size
-        self.steps = steps
-        self.setups: list[float] = []
-        with strategy.scope():
-            self.model = builder()
-            self.optimizer = keras.optimizers.SGD(LEARNING_RATE)
-            self.optimizer.build(self.model.trainable_variables)
-            # The Trainers built first applied tfdist's atomic assign_add shim (tfdist._compat), so
-            # this Mean updates its ps variables with the same ops as the Trainer's loss tracker.
-            self.loss_metric = keras.metrics.Mean(name="loss") if loss_metric else None
-        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-        model, optimizer, mean_loss = self.model, self.optimizer, self.loss_metric
-
-        @tf.function
-        def step(iterator: Any) -> tf.Tensor:
-            def replica(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-                with tf.GradientTape() as tape:
-                    per_example = loss_fn(y, model(x, training=True))
-                    loss = tf.nn.compute_average_loss(
-                        per_example, global_batch_size=global_batch_size
-                    )
-                grads = tape.gradient(loss, model.trainable_variables)
-                optimizer.apply(grads, model.trainable_variables)
-                if mean_loss is not None:
-                    # One replica per step here, so `loss` is the batch's mean loss.
-                    mean_loss.update_state(loss)
-                return loss
-
-            return strategy.run(replica, args=next(iterator))
-
-        self.step = step
-
-    def __call__(self) -> tuple[float, timing.Timing]:
-        start = time.perf_counter()
-        strategy, dataset_fn = self.strategy, self.dataset_fn
-        per_worker = self.coordinator.create_per_worker_dataset(
-            lambda: strategy.distribute_datasets_from_function(dataset_fn)
-        )
-        iterator = iter(per_worker)
-        self.setups.append(time.perf_counter() - start)
-        watch = timing.Stopwatch()
-        watch.start()
-        for _ in range(self.steps):
-            self.coordinator.schedule(self.step, args=(iterator,))
-        self.coordinator.join()
-        took = watch.stop()
-        return self.steps * self.global_batch_size / took.seconds, took
 
 
 def _cpu_ms_per_step(side: timing.Side, steps: int, into: list[float]) -> timing.Side:
@@ -196,14 +87,14 @@ def _cpu_ms_per_step(side: timing.Side, steps: int, into: list[float]) -> timing
 
 
 def _clean_median(samples: timing.Samples, name: str, values: list[float]) -> float:
-    """The median of ``values`` (one per measurement of ``name``) over the measurements the rates use."""
+    """The median of ``values`` (one per measurement of ``name``) over those the rates use."""
     clean = [v for v, busy in zip(values, samples.others_cpu[name]) if not busy > timing.BUSY_CPU]
     return timing.median(clean or values)
 
 
 @common.register("parameter_server", connects_cluster=True)
 def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
-    """Trainer vs hand-written ClusterCoordinator loops on an in-process PS cluster (2 workers, 1 ps), CNN.
+    """Trainer vs hand-written coordinator loops on an in-process PS cluster (2 workers, 1 ps), CNN.
 
     Returns:
         ``trainer_examples_per_s``, ``hand_written_bare_examples_per_s``,
@@ -220,7 +111,7 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
     strategy = common.strategy("parameter_server")
     global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
     steps = 8 if quick else STEPS_PER_RUN
-    dataset_fn = make_dataset_fn(global_batch_size)
+    dataset_fn = make_dataset_fn(global_batch_size, INPUT_SHAPE, NUM_CLASSES)
 
     def build() -> keras.Model:
         return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
@@ -249,6 +140,7 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
             dataset_fn,
             global_batch_size=global_batch_size,
             steps=steps,
+            learning_rate=LEARNING_RATE,
             loss_metric=loss_metric,
         )
         for name, loss_metric in HAND_WRITTEN_LOOPS.items()

@@ -1,4 +1,4 @@
-"""PNG figures of the multi-process benchmarks (matplotlib's object API on the Agg canvas, no pyplot)."""
+"""PNG figures of the multi-process benchmarks (matplotlib's object API, Agg canvas, no pyplot)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def _save(fig: Any, path: str) -> None:
 
 
 def plot_scaling(result: dict[str, Any], path: str) -> None:
-    """Left: efficiency against workers, one line per side. Right: measured step parts, stacked, per worker count.
+    """Left: efficiency against workers, one line per side.
+
+    Right: measured step parts, stacked, per worker count.
 
     Next to each stacked bar (compute + gradient exchange + input, measured
     apart), dots mark the measured step time of every side at that count.
@@ -77,7 +79,10 @@ def plot_scaling(result: dict[str, Any], path: str) -> None:
 
 
 def plot_allreduce(result: dict[str, Any], path: str) -> None:
-    """Bus bandwidth against message size, one line per implementation/packing/dtype, with the loopback limits."""
+    """Bus bandwidth against message size, one line per implementation/packing/dtype.
+
+    With the loopback limits.
+    """
     fig, (ax,) = _figure(9, 5)
     for row in result.get("series", []):
         points = [(p["bytes"], p["busbw_GBps"]) for p in row["points"] if p.get("busbw_GBps")]

@@ -83,7 +83,10 @@ def write_png(results: dict[str, Any], path: str) -> str | None:
 
 
 def write_other_png(plot: Any, result: dict[str, Any], path: str) -> str | None:
-    """Runs a benchmark's own ``plot(result, path)``; returns the path, or None without matplotlib or on error."""
+    """Runs a benchmark's own ``plot(result, path)``.
+
+    Returns the path, or None without matplotlib or on error.
+    """
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         plot(result, path)

@@ -2,7 +2,8 @@
 
     python -m tfdist bench --output=bench_results/bench.json
     python -m tfdist bench --benchmarks=mfu --repeats=5
-    python -m tfdist bench --benchmarks=scaling,allreduce --threads_per_worker=1   # worker processes; minutes
+    # worker processes; minutes:
+    python -m tfdist bench --benchmarks=scaling,allreduce --threads_per_worker=1
 
 This machine is noisy, so every benchmark compares two sides measured in the
 same process, alternating between them, and reports medians and their ratio;

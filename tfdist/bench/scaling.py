@@ -1,4 +1,4 @@
-"""``scaling``: weak scaling over real worker processes, side by side, with each step split into its parts.
+"""``scaling``: weak scaling over real worker processes, side by side, each step split into parts.
 
     tfdist bench --benchmarks=scaling --threads_per_worker=1 --repeats=5
     tfdist bench --benchmarks=scaling --gradient_compression=none,bf16
@@ -148,7 +148,7 @@ def _others_cpu(tasks: dict[str, Any], lead: str) -> dict[str, float | None]:
 
 
 def summarise(launched: dict[str, Any], n: int, task: str = "worker-0") -> dict[str, Any]:
-    """Examples/s (median, spread), updates and step parts of one launch, from task ``task``'s records."""
+    """Examples/s (median, spread), updates and step parts of one launch (``task``'s records)."""
     tasks = launched["tasks"]
     lead = tasks[task]
     examples = lead["steps"] * lead["global_batch_size"]

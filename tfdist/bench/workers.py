@@ -24,7 +24,7 @@ def task() -> tuple[str, int]:
 
 
 def pin_threads(spec: dict[str, Any]) -> dict[str, Any]:
-    """Sets intra/inter-op threads (and the CPU affinity when the cores suffice); before any TF work.
+    """Sets intra/inter-op threads (and CPU affinity when the cores suffice); before any TF work.
 
     Returns:
         What was set: threads and the CPUs this task may run on.

@@ -68,7 +68,7 @@ class InputSource:
         return self
 
     def repeated(self) -> InputSource:
-        """The source repeated without end (``fit`` with ``steps_per_epoch`` reads across passes)."""
+        """Repeated without end (``fit`` with ``steps_per_epoch`` reads across passes)."""
         if self.dataset is not None:
             return dataclasses.replace(self, dataset=self.dataset.repeat())
         return dataclasses.replace(self, dataset_fn=_Repeat(self.dataset_fn))
@@ -102,7 +102,7 @@ class _Repeat:
 
 @dataclasses.dataclass(frozen=True)
 class _Skip:
-    """``dataset_fn`` wrapper: each pipeline skips its batches of the first ``num_steps`` global steps."""
+    """``dataset_fn`` wrapper: each pipeline skips its batches of the first ``num_steps`` steps."""
 
     dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
     num_steps: int
@@ -125,8 +125,8 @@ def _first_batch_size(ds: tf.data.Dataset, argument: str) -> int:
             "global_batch_size",
             None,
             "a positive integer",
-            note=f"`{argument}` yields unbatched elements (shape {first.shape}), so the batch size cannot be "
-            "read off them; batch the dataset or pass global_batch_size.",
+            note=f"`{argument}` yields unbatched elements (shape {first.shape}), so the batch "
+            "size cannot be read off them; batch the dataset or pass global_batch_size.",
         )
     raise invalid_argument(
         "global_batch_size",

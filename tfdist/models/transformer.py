@@ -25,7 +25,7 @@ class PositionEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs):
-        # Keras autocasts the variable to the compute dtype (bfloat16/float16 under mixed precision).
+        # Keras autocasts the variable to the compute dtype (bf16/fp16 under mixed precision).
         return inputs + self.embedding
 
 

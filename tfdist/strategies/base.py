@@ -17,6 +17,8 @@ from tfdist.data.inputs import InputSource
 
 ReplicaFn = Callable[..., Any]
 LogsFn = Callable[[], Mapping[str, tf.Tensor]]
+#: ``drive(run, next_batch)``: one update from cross-replica context (see ``training/step.py``).
+CrossReplicaFn = Callable[[Callable[..., Any], Callable[[], Any]], None]
 
 
 @runtime_checkable
@@ -42,14 +44,14 @@ class Runner(Protocol):
     requires_steps_per_epoch: bool
     """Whether ``fit`` needs an explicit ``steps_per_epoch`` on this strategy."""
 
+    auto_steps_per_execution: int
+    """What ``steps_per_execution="auto"`` runs per call when no callback needs every batch."""
+
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         """Turns an input source into the strategy's distributed dataset."""
 
     def make_iterator(self, distributed: Any) -> Any:
         """Creates an iterator over a distributed dataset (one per epoch or run)."""
-
-    def skip(self, iterator: Any, num_batches: int) -> None:
-        """Advances an iterator past ``num_batches`` batches (resuming mid-epoch)."""
 
     def agree(self, flag: bool) -> bool:
         """True on every process if ``flag`` is true on any (e.g. a SIGTERM on one worker)."""
@@ -70,6 +72,7 @@ class Runner(Protocol):
         name: str,
         training: bool = True,
         model: Any = None,
+        cross_replica: CrossReplicaFn | None = None,
     ) -> Callable[[Any, int], Any]:
         """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.
 
@@ -79,14 +82,19 @@ class Runner(Protocol):
         ``model`` is the Keras model whose metrics ``replica_fn`` updates (a
         runner whose steps overlap may track them per call to log exact means).
 
-        A training ``replica_fn`` may also have ``replica_fn.cross_replica(run,
-        next_batch)`` (see ``training/step.py``): a runner that can fetch
-        batches between replica calls should call it once per update instead,
-        so the micro-batch loop stays symbolic; ``run(fn, args)`` runs ``fn`` on
-        every replica. Optional runner extras, looked up with ``getattr``:
-        ``metrics_result(model)`` (the metrics reduced in one collective) and
-        ``auto_steps_per_execution`` (what ``steps_per_execution="auto"`` runs
-        per call when no callback needs every batch; default 1).
+        ``cross_replica(run, next_batch)``, when given, is the same update as
+        ``replica_fn`` driven from cross-replica context (see
+        ``training/step.py``): a runner that can fetch batches between replica
+        calls calls it once per update instead, so the micro-batch loop stays
+        symbolic; ``run(fn, args)`` runs ``fn`` on every replica. A runner that
+        cannot ignores it.
+        """
+
+    def metrics_result(self, model: Any) -> dict[str, tf.Tensor]:
+        """``model.get_metrics_result()`` in cross-replica context, inside a ``tf.function``.
+
+        A runner may reduce all metric state in fewer collectives, as long as
+        the results are the same sums.
         """
 
     def compile_predict(

@@ -100,7 +100,7 @@ _warned_exposed = False
 
 
 def _warn_exposed() -> None:
-    """Says once per process that the in-process servers listen on every interface, and on which ports."""
+    """Says once per process that the in-process servers listen on every interface (which ports)."""
     global _warned_exposed
     if _warned_exposed:
         return
@@ -111,10 +111,11 @@ def _warn_exposed() -> None:
     )
     listed = ",".join(map(str, ports))
     logger.warning(
-        "The in-process parameter-server cluster listens on every network interface, on ports %s (TF's gRPC "
-        "server binds 0.0.0.0 and has no option to bind loopback only), without authentication: anyone who "
-        "can reach this machine can run TF graphs in this process. On a shared network, drop outside traffic "
-        "to them, e.g. `iptables -I INPUT ! -i lo -p tcp -m multiport --dports %s -j DROP`.",
+        "The in-process parameter-server cluster listens on every network interface, on ports %s "
+        "(TF's gRPC server binds 0.0.0.0 and has no option to bind loopback only), without "
+        "authentication: anyone who can reach this machine can run TF graphs in this process. On a "
+        "shared network, drop outside traffic to them, e.g. "
+        "`iptables -I INPUT ! -i lo -p tcp -m multiport --dports %s -j DROP`.",
         listed,
         listed,
     )
@@ -159,7 +160,7 @@ def in_process_servers(strategy: tf.distribute.Strategy) -> list[tf.distribute.S
 
 
 def _check_not_late(allow_late_connect: bool) -> None:
-    """Refuses to connect this process to a cluster after TensorFlow has started (unless allowed)."""
+    """Refuses to connect to a cluster once TensorFlow has started (unless allowed)."""
     if allow_late_connect or connected_to_cluster() or not tf_runtime_started():
         return
     raise invalid_argument(
@@ -167,9 +168,9 @@ def _check_not_late(allow_late_connect: bool) -> None:
         False,
         "True, or a call of make_strategy('parameter_server') before any other TensorFlow work",
         note="TensorFlow has already started in this process. Connecting to the cluster "
-        "renames the local devices /job:chief/..., so datasets, variables and functions made before fail "
-        "('/job:localhost/... unknown device'). Call tfdist.make_strategy first in the program, or pass "
-        "allow_late_connect=True if nothing made before is used afterwards.",
+        "renames the local devices /job:chief/..., so datasets, variables and functions made "
+        "before fail ('/job:localhost/... unknown device'). Call tfdist.make_strategy first in the "
+        "program, or pass allow_late_connect=True if nothing made before is used afterwards.",
     )
 
 

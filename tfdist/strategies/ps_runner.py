@@ -14,14 +14,14 @@ the logs from the sums, and writes the epoch's totals back into the model's
 metric variables at the epoch end.
 
 Evaluation runs on the coordinator itself, reading the variables from the ps
-tasks: each validation example is counted exactly once.
+tasks: each validation example is counted exactly once. Failures are reported
+as ``ps_failures`` describes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -33,11 +33,11 @@ from tfdist._compat.metric_state import additive, metric_state_as_tensors, metri
 from tfdist._compat.runtime import ps_num_workers
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
-from tfdist.strategies.base import LogsFn, ReplicaFn
+from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn
+from tfdist.strategies.ps_failures import ParameterServerFailure as ParameterServerFailure
+from tfdist.strategies.ps_failures import lost_worker_output, raise_clearly
 
 logger = logging.getLogger(__name__)
-
-_TASK_RE = re.compile(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)")
 
 #: A scheduled training call runs up to this many steps unrolled (a Python loop,
 #: one trace per count), more in a ``tf.range`` loop. A ``tf.while_loop`` around
@@ -56,32 +56,6 @@ def coordinator_for(strategy: tf.distribute.Strategy) -> Any:
     and benchmark on a strategy shares it.
     """
     return tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-
-
-class ParameterServerFailure(RuntimeError):
-    """A parameter server failed; training cannot go on without its variables."""
-
-
-def _raise_clearly(error: Exception) -> None:
-    text = str(error)
-    match = _TASK_RE.search(text)
-    if (match and match.group(1) == "ps") or "ps" in type(error).__name__.lower():
-        task = f"ps:{match.group(2)}" if match else "a ps task"
-        raise ParameterServerFailure(
-            f"Parameter server {task} failed, so training stopped (the variables live there). "
-            f"Restart the job; with backup_dir set it resumes from the last backup. Cause: "
-            f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
-        ) from error
-    raise error
-
-
-def lost_worker_output(error: Exception) -> str | None:
-    """The worker whose finished function's outputs could not be fetched (it stopped since), else None."""
-    if not isinstance(error, (tf.errors.UnavailableError, tf.errors.CancelledError)):
-        return None
-    tasks = _TASK_RE.findall(str(error))
-    workers = sorted({f"worker:{i}" for job, i in tasks if job == "worker"})
-    return workers[0] if workers and not any(job == "ps" for job, _ in tasks) else None
 
 
 class PSRunner:
@@ -104,6 +78,9 @@ class PSRunner:
 
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
+    #: ``steps_per_execution="auto"``: one step per scheduled closure. Calls already overlap
+    #: (up to ``max_in_flight``), so per-call costs are not paid step after step.
+    auto_steps_per_execution = 1
 
     @property
     def is_chief(self) -> bool:
@@ -139,14 +116,6 @@ class PSRunner:
     def make_iterator(self, distributed: Any) -> Any:
         return iter(distributed)
 
-    def skip(self, iterator: Any, num_batches: int) -> None:
-        # Workers draw from their own repeated pipelines in no fixed order, so
-        # there is no position to return to; the update count is what resumes.
-        if num_batches:
-            logger.info(
-                "parameter_server resume: workers start fresh pipelines (no data position to skip to)"
-            )
-
     def agree(self, flag: bool) -> bool:
         return flag  # only the coordinator runs the loop
 
@@ -162,6 +131,7 @@ class PSRunner:
         name: str,
         training: bool = True,
         model: Any = None,
+        cross_replica: CrossReplicaFn | None = None,  # unused: steps are whole scheduled closures
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
         per_execution = training and self._sum_metrics_of(model)
@@ -214,22 +184,28 @@ class PSRunner:
             self._scheduled.add(fn)
         return fn
 
+    def metrics_result(self, model: Any) -> dict[str, tf.Tensor]:
+        # Read where the variables live; scheduled training calls also sum their own (see above).
+        return model.get_metrics_result()
+
     def compile_predict(
         self, replica_fn: ReplicaFn, *, name: str = "predict_function"
     ) -> Callable[[Any], Any]:
-        # Like evaluation, on the coordinator (variables read from the ps tasks): outputs keep the data's order.
+        # Like evaluation, on the coordinator (variables read from the ps tasks): outputs keep
+        # the data's order.
         replica_fn.__name__ = name
         return tf.function(replica_fn, reduce_retracing=True)
 
     def _sum_metrics_of(self, model: Any) -> bool:
-        """Whether train functions sum ``model``'s metrics per execution (see the module docstring)."""
+        """Whether train functions sum ``model``'s metrics per execution (see module docstring)."""
         if model is None:
             return False
         variables = metric_variables(model)
         if not additive(variables):
             logger.warning(
                 "A metric keeps state that is not a sum; its mid-epoch logs under parameter_server "
-                "are read while other steps update it and may be inexact (epoch-end logs are exact)."
+                "are read while other steps update it and may be inexact (epoch-end logs are "
+                "exact)."
             )
             return False
         self._model, self._metric_vars = model, variables
@@ -241,12 +217,12 @@ class PSRunner:
 
     @contextlib.contextmanager
     def _failures(self):
-        """Re-raises a failure with the failed task named, after clearing it from the coordinator."""
+        """Re-raises a failure naming the failed task, after clearing it from the coordinator."""
         try:
             yield
         except Exception as e:  # noqa: BLE001 - re-raised
             self._clear_failure()
-            _raise_clearly(e)
+            raise_clearly(e)
 
     def _clear_failure(self) -> None:
         # The strategy's one coordinator keeps the first error of a failed
@@ -282,13 +258,13 @@ class PSRunner:
             worker = lost_worker_output(e)
             if worker is None:
                 self._clear_failure()
-                _raise_clearly(e)
+                raise_clearly(e)
             # The call ran (its updates are on the ps), but its worker stopped
             # before the coordinator copied its logs: they are gone. The
             # running means then leave out its steps.
             logger.warning(
-                "The logs of one scheduled call were lost: %s stopped after running it. Its updates "
-                "were applied; the logged means leave out its steps.",
+                "The logs of one scheduled call were lost: %s stopped after running it. Its "
+                "updates were applied; the logged means leave out its steps.",
                 worker,
             )
             return dict(self._last_logs)

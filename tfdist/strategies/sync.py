@@ -15,7 +15,7 @@ import tensorflow as tf
 from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
-from tfdist.strategies.base import LogsFn, ReplicaFn
+from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn
 
 
 class SyncRunner:
@@ -60,8 +60,8 @@ class SyncRunner:
         )
 
     max_in_flight = 0  # logs are fetched right after each call
-    #: What ``Trainer(steps_per_execution="auto")`` runs per call when no callback needs every batch:
-    #: enough batches that the per-call logs, metric reductions and preemption vote cost little.
+    #: What ``Trainer(steps_per_execution="auto")`` runs per call when no callback needs every
+    #: batch: enough that the per-call logs, metric reductions and preemption vote cost little.
     auto_steps_per_execution = 32
     requires_steps_per_epoch = False
 
@@ -72,10 +72,6 @@ class SyncRunner:
 
     def make_iterator(self, distributed: Any) -> Any:
         return iter(distributed)
-
-    def skip(self, iterator: Any, num_batches: int) -> None:
-        for _ in range(num_batches):
-            next(iterator)
 
     def agree(self, flag: bool) -> bool:
         if self.input_context().num_input_pipelines == 1:
@@ -122,15 +118,15 @@ class SyncRunner:
         name: str,
         training: bool = True,
         model: Any = None,
+        cross_replica: CrossReplicaFn | None = None,
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
-
-        drive = getattr(replica_fn, "cross_replica", None)
+        drive = cross_replica
 
         def loop(iterator, num_calls):
             for _ in tf.range(num_calls):
                 if drive is not None:
-                    # The step loops over its micro-batches itself (symbolically, see training/step.py).
+                    # The step loops over its micro-batches itself (symbolically, see step.py).
                     drive(lambda fn, args: strategy.run(fn, args=args), lambda: next(iterator))
                 else:
                     batches = [next(iterator) for _ in range(batches_per_call)]

@@ -85,8 +85,7 @@ class StepFunctions:
     def metrics_result(self) -> dict[str, tf.Tensor]:
         """The model's metric results, in cross-replica context."""
         # A runner may reduce all metric state in one collective (SyncRunner.metrics_result).
-        packed = getattr(self.runner, "metrics_result", None)
-        return packed(self.model) if packed is not None else self.model.get_metrics_result()
+        return self.runner.metrics_result(self.model)
 
     def train(self, global_batch_size: int, micro_batches: int) -> Any:
         """The train function for updates of ``micro_batches`` batches of ``global_batch_size``."""
@@ -108,6 +107,7 @@ class StepFunctions:
                 batches_per_call=micro_batches,
                 name="train_function",
                 model=self.model,
+                cross_replica=update.cross_replica,
             )
         return self._train[key]
 

@@ -245,7 +245,7 @@ class Trainer:
 
     # -- helpers ------------------------------------------------------------
     def _auto_steps_per_execution(self) -> int:
-        return int(getattr(self._runner, "auto_steps_per_execution", 1))
+        return int(self._runner.auto_steps_per_execution)
 
     def _evaluate_source(self, source: InputSource, steps: int | None) -> dict[str, float]:
         per_call = (
