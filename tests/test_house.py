@@ -16,7 +16,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfdist"
 MAX_LINES = 300
-INTERNALS = re.compile(r"\bkeras\.src\b|\btensorflow\.python\b|\btf\.__internal__\b")
+INTERNALS = re.compile(
+    r"\bkeras\.src\b|\btensorflow\.python\b|\btf\.__internal__\b"
+    r"|\b(?:get|has|set)attr\([^)]*[\"']_[a-z]"  # a private attribute reached by its name
+)
 
 
 def _modules() -> dict[str, pathlib.Path]:

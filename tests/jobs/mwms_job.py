@@ -1,7 +1,8 @@
 """A worker program for multi-worker tests: trains a tiny model, saves weights.
 
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODE OUT_DIR``
-with MODE in {trainer, trainer_accum, trainer_bucketed, keras_fit}. Each task writes OUT_DIR/<task>.npz.
+with MODE in {trainer, trainer_accum, trainer_bucketed, keras_fit}. Each task writes
+OUT_DIR/<task>.npz.
 """
 
 import json
@@ -23,7 +24,8 @@ task = json.loads(os.environ["TF_CONFIG"])["task"]
 w0 = initial_weights()
 if mode in ("trainer", "trainer_accum", "trainer_bucketed"):
     k = 2 if mode == "trainer_accum" else 1
-    # trainer_bucketed: the 4 gradients (12, 96, 32, 192 bytes in reverse order) make 2 buckets of >= 100 bytes.
+    # trainer_bucketed: the 4 gradients (12, 96, 32, 192 bytes in reverse order) make 2 buckets
+    # of >= 100 bytes.
     trainer = tfdist.Trainer(
         builder(w0),
         strategy=strategy,

@@ -197,7 +197,8 @@ def _graph_size(tf_function):
 
 
 def test_accumulation_graph_does_not_grow_with_k():
-    # The k micro-batches are a tf.while_loop, not k unrolled copies of the forward and backward pass.
+    # The k micro-batches are a tf.while_loop, not k unrolled copies of the forward and backward
+    # pass.
     sizes = {}
     for k in (1, 2, 16):
         trainer, _ = _fit(

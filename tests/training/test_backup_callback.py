@@ -87,7 +87,8 @@ def test_callbacks_see_only_the_trained_batches_after_a_resume(tmp_path):
             verbose=0,
             callbacks=[tfdist.callbacks.BackupAndRestore(backup_dir, save_freq=5), Crash(after=23)],
         )
-    # The backup is at epoch 1 (0-based), batch 4 of 16: 12 batches of it remain, then 16 in epoch 2.
+    # The backup is at epoch 1 (0-based), batch 4 of 16: 12 batches of it remain, then 16 in
+    # epoch 2.
     recorder = Recorder()
     model = _model(strategy)
     model.fit(

@@ -1,4 +1,4 @@
-"""Fault tolerance with real processes and real kills: worker death, a kill inside a save, SIGTERM."""
+"""Fault tolerance with real processes and real kills: worker death, a kill in a save, SIGTERM."""
 
 import json
 import os

@@ -1,5 +1,5 @@
-"""Backups in one process: SIGTERM without a backup, leftovers of killed writes, keep_backups, fsync, gfile
-paths, and the chief's position winning on every worker."""
+"""Backups in one process: SIGTERM without a backup, leftovers of killed writes, keep_backups,
+fsync, gfile paths, and the chief's position winning on every worker."""
 
 import json
 import os
@@ -154,7 +154,8 @@ def test_the_position_is_in_the_checkpoint(tmp_path):
     assert "position/.ATTRIBUTES/py_state" in dict(
         tf.train.list_variables(str(tmp_path / "ckpt-1"))
     )
-    # state.json's copy is for readers that do not open checkpoints; the restore reads the checkpoint's.
+    # state.json's copy is for readers that do not open checkpoints; the restore reads the
+    # checkpoint's.
     state = json.loads((tmp_path / "state.json").read_text())
     (tmp_path / "state.json").write_text(
         json.dumps({**state, "epoch": 9, "step": 9, "updates": 99})

@@ -1,4 +1,5 @@
-"""Two real MultiWorkerMirrored workers: SIGTERM without a backup, chief-only TensorBoard, a non-shared backup_dir."""
+"""Two real MultiWorkerMirrored workers: SIGTERM without a backup, chief-only TensorBoard, and a
+non-shared backup_dir."""
 
 import os
 import sys

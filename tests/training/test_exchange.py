@@ -1,4 +1,4 @@
-"""The gradient exchange (bucketed, 16-bit; tfdist/training/exchange.py) and the per-call costs of fit."""
+"""The gradient exchange (bucketed, 16-bit; tfdist/training/exchange.py), per-call costs of fit."""
 
 import inspect
 
@@ -167,11 +167,13 @@ def test_fp16_is_scaled_so_it_neither_overflows_nor_flushes(magnitude):
     [
         (
             {"gradient_compression": "int8"},
-            "argument `gradient_compression`. Received: gradient_compression='int8'. Expected one of: bf16, fp16, None",
+            "argument `gradient_compression`. Received: gradient_compression='int8'. "
+            "Expected one of: bf16, fp16, None",
         ),
         (
             {"bucket_bytes": 0},
-            "argument `bucket_bytes`. Received: bucket_bytes=0. Expected a positive integer or None",
+            "argument `bucket_bytes`. Received: bucket_bytes=0. "
+            "Expected a positive integer or None",
         ),
     ],
 )
@@ -258,8 +260,9 @@ def test_auto_steps_per_execution_keeps_batch_hooks_exact():
 
 
 def test_fp16_exchange_keeps_loss_scaling_overflow_skips():
-    # An overflowing loss scale gives non-finite gradients: the fp16 exchange passes them on (scale 1),
-    # so the loss-scale optimizer still skips the update and lowers the scale; a sane scale then trains.
+    # An overflowing loss scale gives non-finite gradients: the fp16 exchange passes them on
+    # (scale 1), so the loss-scale optimizer still skips the update and lowers the scale; a sane
+    # scale then trains.
     optimizer = keras.optimizers.LossScaleOptimizer(
         keras.optimizers.SGD(0.1), initial_scale=2.0**60
     )

@@ -1,4 +1,5 @@
-"""Trainer model placement: subclassed instances, built or not, and `precision="auto"` with a made model."""
+"""Trainer model placement: subclassed instances, built or not, and `precision="auto"` with a
+made model."""
 
 import keras
 import numpy as np

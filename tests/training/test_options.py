@@ -57,11 +57,13 @@ def test_option_objects_are_frozen_and_exported():
     [
         (
             {"lr_scaling": tfdist.LRScaling("linear"), "warmup_steps": 3},
-            "argument `warmup_steps`. Received: warmup_steps=3. Expected None when `lr_scaling` is given",
+            "argument `warmup_steps`. Received: warmup_steps=3. "
+            "Expected None when `lr_scaling` is given",
         ),
         (
             {"exchange": tfdist.ExchangeOptions(), "bucket_bytes": 8},
-            "argument `bucket_bytes`. Received: bucket_bytes=8. Expected None when `exchange` is given",
+            "argument `bucket_bytes`. Received: bucket_bytes=8. "
+            "Expected None when `exchange` is given",
         ),
         (
             {"exchange": {"compression": "bf16"}},

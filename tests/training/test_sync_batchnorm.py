@@ -1,4 +1,5 @@
-"""SyncBatchNorm: `BatchNormalization(synchronized=True)` under the Trainer uses global-batch statistics.
+"""SyncBatchNorm: `BatchNormalization(synchronized=True)` under the Trainer uses global-batch
+statistics.
 
 N replicas x b must equal one replica on the N*b global batch: the weights and
 the moving mean/variance. With unsynchronised BatchNorm each replica normalises

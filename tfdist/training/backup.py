@@ -8,12 +8,12 @@ once ``state.json`` is renamed to name it, so a process killed at any moment
 leaves the previous backup loadable; :mod:`tfdist.training.backup_files`
 describes the files and which filesystems make that commit atomic and durable.
 
-Only the chief writes ``backup_dir``; other workers take part in the save (it
-may read variables through collectives) into a private temporary directory
-that is removed straight away. Every worker of a multi-worker run reads the
-backup, so ``backup_dir`` must be storage they all share;
-:meth:`Backup.restore` checks this and makes every worker resume at the
-chief's checkpoint.
+This module is the writer and reader. Only the chief writes ``backup_dir``;
+other workers take part in the save (it may read variables through
+collectives) into a private temporary directory that is removed straight
+away. Every worker of a multi-worker run reads the backup, so ``backup_dir``
+must be storage they all share; :mod:`tfdist.training.backup_sync` checks
+this and makes every worker resume at the chief's checkpoint.
 
 Security: restoring reads the weight files in ``backup_dir``; point it only at
 a directory you trust.
@@ -25,17 +25,16 @@ import dataclasses
 import json
 import logging
 import os
-import secrets
 import signal
 import tempfile
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import keras
 import tensorflow as tf
 
 from tfdist.training import backup_files
 from tfdist.training.backup_files import PROBE_PREFIX, STATE_FILE, TMP_SUFFIX, checkpoint_name
+from tfdist.training.backup_sync import Position, Sync, agree_on_backup_dir, chief_state
 
 __all__ = [
     "Backup",
@@ -86,21 +85,6 @@ def checkpoint_for(model: Any, optimizer: Any, **extra: Any) -> tf.train.Checkpo
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Position:
-    """Where training stood when a backup was taken.
-
-    Attributes:
-        epoch: The epoch in progress (or the next one, with ``step == 0``).
-        step: Micro-batches of ``epoch`` already trained on.
-        updates: Optimizer updates applied in total.
-    """
-
-    epoch: int
-    step: int
-    updates: int
-
-
 class _PositionState(tf.train.experimental.PythonState):
     """The position as a string tensor of the checkpoint, saved and read with the weights.
 
@@ -115,14 +99,6 @@ class _PositionState(tf.train.experimental.PythonState):
 
     def deserialize(self, string_value: bytes) -> None:
         self.position = Position(**json.loads(string_value))
-
-
-class Sync(Protocol):
-    """What :meth:`Backup.restore` needs from a runner to make workers agree."""
-
-    def broadcast(self, values: Sequence[int]) -> list[int]: ...
-
-    def agree(self, flag: bool) -> bool: ...
 
 
 class Backup:
@@ -177,11 +153,8 @@ class Backup:
         """Loads the last committed backup into the tracked objects; every worker calls it.
 
         With ``sync`` (the runner), the chief's backup wins: every worker
-        restores the checkpoint the chief read. The chief leaves a probe file
-        that every other worker must see in its ``backup_dir``; if one does not
-        (``backup_dir`` is not shared storage) or lacks the chief's checkpoint,
-        every worker raises the same error instead of training from different
-        states or hanging.
+        restores the checkpoint the chief read, once they all see it
+        (:func:`tfdist.training.backup_sync.chief_state`).
 
         Returns:
             Where to resume, or None when ``backup_dir`` holds no backup.
@@ -190,66 +163,15 @@ class Backup:
             ValueError: If the workers do not see the same ``backup_dir``.
         """
         state = self.read_state()
-        if sync is None:
-            return self._load(state)
-        probe = ""
-        if self.is_chief:
-            tf.io.gfile.makedirs(self.backup_dir)
-            probe = f"{PROBE_PREFIX}{secrets.randbits(48) | 1}"
-            with tf.io.gfile.GFile(os.path.join(self.backup_dir, probe), "w") as f:
-                f.write(self.task_label)
-        try:
-            # The position travels too: a backup of a tfdist that kept it in
-            # state.json only has none in its checkpoint (see _load).
-            keys = ("number", "epoch", "step", "updates")
-            chief_read = [state[k] for k in keys] if state else [0] * len(keys)
-            fields = [int(probe[len(PROBE_PREFIX) :] or 0)] + chief_read
-            nonce, number, epoch, step, updates = sync.broadcast(fields)
-            problem = None if self.is_chief else self._mismatch(nonce, number)
-            if sync.agree(problem is not None):
-                raise self._not_shared_error(number, problem)
-        finally:
-            if probe:
-                tf.io.gfile.remove(os.path.join(self.backup_dir, probe))
-        if number == 0:
-            if state is not None:
-                logger.warning(
-                    "%s sees a backup in %s but the chief does not: starting afresh as "
-                    "the chief does.",
-                    self.task_label,
-                    self.backup_dir,
-                )
-            return None
-        chief_state = {
-            "checkpoint": checkpoint_name(number),
-            "epoch": epoch,
-            "step": step,
-            "updates": updates,
-        }
-        return self._load(chief_state)
-
-    def _mismatch(self, nonce: int, number: int) -> str | None:
-        """Why this worker cannot use the chief's backup, or None."""
-        if not tf.io.gfile.exists(os.path.join(self.backup_dir, f"{PROBE_PREFIX}{nonce}")):
-            return f"{self.task_label} does not see the file the chief has just written there"
-        name = checkpoint_name(number)
-        if number and not tf.io.gfile.exists(os.path.join(self.backup_dir, f"{name}.index")):
-            return f"{self.task_label} does not see the chief's checkpoint {name} there"
-        return None
-
-    def _not_shared_error(self, number: int, problem: str | None) -> ValueError:
-        from tfdist.config import invalid_argument
-
-        what = f"checkpoint {checkpoint_name(number)}" if number else "no backup (a fresh start)"
-        seen = problem or "another worker does not see the chief's files there (see its error)"
-        return invalid_argument(
-            "backup_dir",
-            self.backup_dir,
-            "a directory on storage that every worker shares",
-            note=f"The chief found {what}, but {seen}. Every worker restores the chief's backup, "
-            "so backup_dir must be the same shared filesystem or bucket (NFS, GCS, HDFS, ...) "
-            "on every worker, not a local disk of each machine.",
-        )
+        if sync is not None:
+            state = chief_state(
+                self.backup_dir,
+                state,
+                sync=sync,
+                is_chief=self.is_chief,
+                task_label=self.task_label,
+            )
+        return self._load(state)
 
     def _load(self, state: dict[str, Any] | None) -> Position | None:
         if state is None:
@@ -331,16 +253,5 @@ def restore_on_every_worker(backup: Backup | None, sync: Sync) -> Position | Non
         ValueError: If some workers have a ``backup_dir`` and others not, or
             they do not share it.
     """
-    from tfdist.config import invalid_argument
-
-    some_without, some_with = sync.agree(backup is None), sync.agree(backup is not None)
-    if some_without and some_with:
-        raise invalid_argument(
-            "backup_dir",
-            backup.backup_dir if backup is not None else None,
-            "the same shared backup_dir on every worker",
-            note="Some workers were given a backup_dir and others none. Every worker restores the "
-            "chief's backup (only the chief writes it), so pass the same backup_dir to every "
-            "worker.",
-        )
+    agree_on_backup_dir(backup.backup_dir if backup is not None else None, sync)
     return backup.restore(sync) if backup is not None else None

@@ -133,7 +133,8 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     Example::
 
-        model.fit(ds, epochs=5, callbacks=[tfdist.callbacks.BackupAndRestore("/tmp/backup", save_freq=50)])
+        backup = tfdist.callbacks.BackupAndRestore("/tmp/backup", save_freq=50)
+        model.fit(ds, epochs=5, callbacks=[backup])
 
     The skipped batches are the same ones only if the dataset yields the same
     order on every run (e.g. shuffled with a fixed seed and

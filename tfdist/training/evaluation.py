@@ -62,7 +62,11 @@ def predict(functions: StepFunctions, source: InputSource, steps: int | None, *,
 
     Returns:
         NumPy outputs (a structure of them for a multi-output model), one row
-        per input example.
+        per input example. Each step's outputs are concatenated in replica
+        order: input order with one input pipeline (one_device, mirrored;
+        parameter_server predicts on the coordinator). With several workers
+        that holds when each global batch is split over the replicas in order;
+        a dataset_fn that shards by worker gives its own order.
 
     Raises:
         ValueError: If ``source`` has no batch.

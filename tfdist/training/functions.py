@@ -20,7 +20,8 @@ from tfdist._compat.keras_training import symbolic_build
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import Runner
 from tfdist.training import schedules
-from tfdist.training.options import ExchangeOptions
+from tfdist.training.loop import StartUpdates
+from tfdist.training.options import ExchangeOptions, LRScaling
 from tfdist.training.step import make_eval_step, make_predict_step, make_train_update
 
 
@@ -110,6 +111,36 @@ class StepFunctions:
                 cross_replica=update.cross_replica,
             )
         return self._train[key]
+
+    def prepare_fit(
+        self, source: InputSource, *, steps: int, lr_scaling: LRScaling | None
+    ) -> StartUpdates:
+        """Readies the train functions for a fit of ``steps`` micro-batches per epoch.
+
+        Resolves the learning-rate schedule for this fit's batch, builds the
+        model from ``source`` and makes the train function of full updates
+        (traced lazily, but listed in :attr:`train_functions` from now on).
+
+        Returns:
+            ``start(micro_batches, iterator, num_updates)`` for the epoch loop.
+        """
+        k = self.accumulation_steps
+        if self.schedule is not None:
+            # Before the first trace: the compiled step reads the schedule's numbers as constants.
+            schedules.resolve(
+                self.schedule,
+                lr_scaling,
+                effective_global_batch_size=source.global_batch_size * k,
+                updates_per_epoch=-(-steps // k),  # a partial last window is one more update
+            )
+        self.build(source)
+        gbs = source.global_batch_size
+
+        def start(micro_batches: int, iterator: Any, num_updates: int) -> Any:
+            return self.start(self.train(gbs, micro_batches), iterator, num_updates)
+
+        self.train(gbs, k)
+        return start
 
     def evaluation(self) -> Any:
         """The evaluation function (one batch per replica call)."""

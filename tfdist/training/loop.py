@@ -21,13 +21,7 @@ from typing import Any
 
 import keras
 
-from tfdist.config import (
-    PREEMPTED_EXIT_CODE,
-    TERMINATED_EXIT_CODE,
-    check_non_negative_int,
-    check_positive_int,
-    invalid_argument,
-)
+from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, Runner
 from tfdist.training.backup import Backup, Position
@@ -36,74 +30,9 @@ from tfdist.training.preemption import PreemptionWatcher
 
 logger = logging.getLogger(__name__)
 
-_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
-
 #: ``start(micro_batches, iterator, num_updates)``: starts ``num_updates`` optimizer updates of
 #: ``micro_batches`` micro-batches each and returns the runner's logs handle.
 StartUpdates = Callable[[int, Any, int], Any]
-
-
-def check_fit_arguments(
-    *,
-    epochs: Any,
-    steps_per_epoch: Any,
-    validation_steps: Any,
-    initial_epoch: Any,
-    verbose: Any,
-    callbacks: Any,
-    requires_steps_per_epoch: bool,
-) -> Sequence[Any]:
-    """Checks ``Trainer.fit``'s loop arguments; returns the callbacks (None becomes none)."""
-    check_positive_int("epochs", epochs)
-    check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
-    check_positive_int("validation_steps", validation_steps, allow_none=True)
-    check_non_negative_int("initial_epoch", initial_epoch)
-    if verbose not in ("auto", 0, 1, 2):
-        raise invalid_argument("verbose", verbose, "'auto', 0, 1 or 2")
-    callbacks = () if callbacks is None else callbacks
-    if isinstance(callbacks, keras.callbacks.Callback) or not all(
-        isinstance(c, keras.callbacks.Callback) for c in callbacks
-    ):
-        raise invalid_argument("callbacks", callbacks, "a list of keras.callbacks.Callback")
-    if steps_per_epoch is None and requires_steps_per_epoch:
-        raise invalid_argument(
-            "steps_per_epoch",
-            None,
-            "a positive integer under strategy 'parameter_server'",
-            note="Its workers read their datasets independently and repeat them, so an epoch has "
-            "no natural end: say how many batches make one.",
-        )
-    return callbacks
-
-
-def steps_per_execution_for(
-    given: int | str, callbacks: Sequence[keras.callbacks.Callback], *, auto: int
-) -> int:
-    """``steps_per_execution`` for one fit: the int given, or what ``"auto"`` picks.
-
-    ``"auto"`` runs one update per call when a callback has batch hooks (so it
-    sees every update), else ``auto`` batches. Only the callbacks and the
-    runner decide (never timing, nor which process is the chief): every worker
-    must split an epoch into the same calls, since each call ends with
-    collectives (logs, preemption vote).
-    """
-    if given != "auto":
-        return given
-    # A hook counts whether the class overrides it or the instance sets it
-    # (keras.callbacks.LambdaCallback assigns its hooks in __init__).
-    base = keras.callbacks.Callback
-    per_batch = [
-        type(c).__name__
-        for c in callbacks
-        if any(h in vars(c) or getattr(type(c), h) is not getattr(base, h) for h in _BATCH_HOOKS)
-    ]
-    if per_batch:
-        logger.info(
-            "steps_per_execution='auto': one update per call, for the batch hooks of %s.",
-            ", ".join(per_batch),
-        )
-        return 1
-    return auto
 
 
 @dataclasses.dataclass(frozen=True)

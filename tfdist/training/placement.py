@@ -28,9 +28,11 @@ def place_model(
 ) -> keras.Model:
     """The Trainer's model, with its variables in ``strategy``'s scope; call inside the scope.
 
-    A model built in the scope is used as is; an unbuilt one is built later
-    (in the scope); one built outside is rebuilt by :func:`rebuild_in_scope`;
-    a zero-arg builder is called here, under the dtype policy already set.
+    A model built in the scope is used as is; an unbuilt one (subclassed ones
+    included) is built later, in the scope; one built outside is rebuilt by
+    :func:`rebuild_in_scope` from its config, weights included (a subclassed
+    model then needs its own ``get_config``); a zero-arg builder is called
+    here, under the dtype policy already set.
     """
     if isinstance(model, keras.Model):
         check_model_policy(model, precision)
@@ -76,8 +78,8 @@ def rebuild_in_scope(model: keras.Model) -> keras.Model:
     """
     name = type(model).__name__
     fix = (
-        f"Pass a zero-arg builder (`model=lambda: {name}(...)`), pass the model before it is built (it is "
-        "then built inside the scope), or build it inside `strategy.scope()`."
+        f"Pass a zero-arg builder (`model=lambda: {name}(...)`), pass the model before it is "
+        "built (it is then built inside the scope), or build it inside `strategy.scope()`."
     )
     expected = "a model built inside `strategy.scope()`, an unbuilt model, or a zero-arg builder"
     if not _from_keras(type(model)) and not _defines_get_config(type(model)):
@@ -86,8 +88,8 @@ def rebuild_in_scope(model: keras.Model) -> keras.Model:
             name,
             expected,
             note=(
-                f"{name} is a subclassed model built outside the strategy scope, so tfdist must rebuild it there, "
-                "and it defines no get_config() to rebuild it from. " + fix
+                f"{name} is a subclassed model built outside the strategy scope, so tfdist must "
+                "rebuild it there, and it defines no get_config() to rebuild it from. " + fix
             ),
         )
     try:

@@ -11,6 +11,12 @@ warns (on the chief) when the asked-for policy has no native support, and
 * GPU with compute capability >= 7.0: ``mixed_float16`` (tensor cores, loss scaling);
 * CPU with ``avx512_bf16`` or ``amx_bf16``: ``mixed_bfloat16``;
 * anything else: ``float32``.
+
+A model already made keeps its own policy under ``auto``. With
+``mixed_float16`` (dynamic loss scaling), losses are scaled before the
+backward pass and the summed gradients unscaled once per update; an update
+whose gradients are not finite is skipped (the loss scale halves) and counted
+in the logs as ``skipped_updates``, next to ``loss_scale``.
 """
 
 from __future__ import annotations
@@ -121,7 +127,7 @@ def device_support(
 
 
 def auto_precision(support: DeviceSupport) -> str:
-    """The fastest exact-enough policy for a device: bfloat16 (no loss scaling) first, then float16."""
+    """The fastest exact-enough policy for a device: bfloat16 (no loss scaling), then float16."""
     for precision in ("mixed_bfloat16", "mixed_float16"):
         if precision in support.native and (
             support.device != "CPU" or precision == "mixed_bfloat16"

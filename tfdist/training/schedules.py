@@ -7,6 +7,7 @@ is ``global_batch_size * accumulation_steps``. Warmup ramps linearly over
 ``warmup_steps`` optimizer updates: from the base (unscaled) learning rate to
 the scaled one when scaling is on, as in the paper, and from 0 otherwise.
 Steps are optimizer updates (``optimizer.iterations``), never micro-batches.
+With scaling or warmup, the Trainer's logs carry ``learning_rate``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.config import invalid_argument
+from tfdist.config import check_positive_int, invalid_argument
 from tfdist.data.inputs import (
     DEFAULT_GLOBAL_BATCH_SIZE,
     InputSource,
@@ -103,6 +103,28 @@ def fit_sources(
         )
         check_evaluation_steps("validation_steps", validation_steps, val_source)
     return source, steps, val_source
+
+
+def evaluate_source(
+    data: Any,
+    *,
+    runner: Runner,
+    steps: int | None,
+    global_batch_size: int | None,
+    fallback_global_batch_size: int | None,
+) -> InputSource:
+    """``evaluate``'s input, ``steps`` checked against it (an unbound batch size: the fallback)."""
+    check_positive_int("steps", steps, allow_none=True)
+    source = as_input(
+        data,
+        input_context=runner.input_context(),
+        global_batch_size=global_batch_size,
+        training=False,
+        argument="data",
+        fallback_global_batch_size=fallback_global_batch_size,
+    )
+    check_evaluation_steps("steps", steps, source)
+    return source
 
 
 def predict_source(

@@ -14,6 +14,17 @@ A training *update* runs in replica context on ``k`` micro-batches:
    for full batches, so partial batches are still a true mean);
 6. one ``optimizer.apply`` (the loss-scale optimizer unscales and skips
    non-finite updates).
+
+With ``Trainer(accumulation_steps=k)`` the effective batch is
+``k * global_batch_size``. ``steps_per_epoch`` still counts micro-batches;
+when it is not a multiple of ``k``, the epoch's last few micro-batches make
+one smaller update, still normalised by its own examples.
+``optimizer.iterations``, learning-rate schedules and the logs' ``updates``
+count updates. An optimizer's Keras ``gradient_accumulation_steps`` (which
+fails under tf.distribute) is taken over as ``accumulation_steps``.
+
+The gradient helpers (``ShardedVariable``-aware gradients, scaling) are in
+:mod:`tfdist.training.gradients`.
 """
 
 from __future__ import annotations
@@ -27,8 +38,8 @@ import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
 from tfdist._compat.keras_training import loss_tracker, unscale_loss
-from tfdist._compat.sharded import is_sharded_variable
 from tfdist.training.exchange import all_reduce_sum
+from tfdist.training.gradients import scale_gradient, sharded_gradients
 
 
 def _batch_size(x: Any) -> tf.Tensor:
@@ -59,8 +70,8 @@ def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
 
 
 def _takes_training(method: Callable[..., Any]) -> bool:
-    # A user's call()/compute_loss() override may lack `training` (compute_loss got it in Keras 3.3);
-    # Keras probes the signature the same way. Read at trace time only.
+    # A user's call()/compute_loss() override may lack `training` (compute_loss got it in
+    # Keras 3.3); Keras probes the signature the same way. Read at trace time only.
     return "training" in inspect.signature(method).parameters
 
 
@@ -73,7 +84,7 @@ def _forward(model: keras.Model, x: Any, training: bool) -> Any:
 def _loss(
     model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool
 ) -> tf.Tensor:
-    """Keras's compiled loss (+ regularisers) of one replica's batch, divided by the replica count."""
+    """Keras's compiled loss (+ regularisers) of one replica's batch, over the replica count."""
     if _takes_training(model.compute_loss):
         return model.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
@@ -84,52 +95,6 @@ def _loss(
 def _track_loss(model: keras.Model, loss: tf.Tensor, size: tf.Tensor) -> None:
     # The `loss` log is a mean over examples: weight each replica's (unscaled) mean by its batch.
     loss_tracker(model).update_state(unscale_loss(loss), sample_weight=size)
-
-
-def _shards(variable: Any) -> list[Any] | None:
-    """The shard variables behind a Keras variable partitioned across ps tasks, else None."""
-    inner = getattr(variable, "_value", variable)
-    if is_sharded_variable(inner):
-        return list(inner.variables)
-    return None
-
-
-def _gradients(tape: tf.GradientTape, target: tf.Tensor, variables: Sequence[Any]) -> list[Any]:
-    """``tape.gradient`` that also handles ``ShardedVariable`` (one gradient per Keras variable).
-
-    Keras variables that wrap a ShardedVariable cannot be gradient sources
-    themselves; take the gradient of each shard and concatenate along axis 0.
-    """
-    spans, sources = [], []
-    for v in variables:
-        shards = _shards(v)
-        spans.append(None if shards is None else len(shards))
-        sources.extend(shards if shards is not None else [v])
-    flat = tape.gradient(target, sources)
-    grads, i = [], 0
-    for span in spans:
-        if span is None:
-            grads.append(flat[i])
-            i += 1
-        else:
-            parts = flat[i : i + span]
-            grads.append(
-                None
-                if any(p is None for p in parts)
-                else tf.concat([tf.convert_to_tensor(p) for p in parts], axis=0)
-            )
-            i += span
-    return grads
-
-
-def _scale(g: Any, factor: tf.Tensor) -> Any:
-    if g is None:
-        return None
-    if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape
-        )
-    return g * tf.cast(factor, g.dtype)
 
 
 def make_train_update(
@@ -185,7 +150,7 @@ def make_train_update(
             # -> (sum of local losses + size * regularisers) / (global batch * k)
             objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
             objective = optimizer.scale_loss(objective)
-        grads = _gradients(tape, objective, model.trainable_variables)
+        grads = sharded_gradients(tape, objective, model.trainable_variables)
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if not present:
             present.extend(i for i, g in enumerate(grads) if g is not None)
@@ -204,7 +169,7 @@ def make_train_update(
         factor = tf.math.divide_no_nan(tf.constant(expected), total)
         grads: list[Any] = [None] * len(variables)
         for i, g in zip(present, reduced):
-            grads[i] = _scale(g, factor)
+            grads[i] = scale_gradient(g, factor)
         if skipped_updates is not None:
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced])
             skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
@@ -223,7 +188,7 @@ def make_train_update(
         apply(summed, count)
 
     def zeros() -> tuple[list[tf.Tensor], tf.Tensor]:
-        # Every trainable variable gets a sum; those without a gradient stay zero and are not applied.
+        # Every trainable variable gets a sum; those without a gradient stay zero, not applied.
         return [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables], tf.constant(0.0)
 
     def accumulate(

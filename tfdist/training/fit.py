@@ -1,0 +1,91 @@
+"""One ``Trainer.fit``, wired in order: data, compiled functions, backups, then the epochs.
+
+The Trainer checks ``fit``'s arguments and picks its ``steps_per_execution``;
+:func:`run_fit` does the rest with the parts it is handed (the compiled
+functions, the backups), never the Trainer itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from tfdist.training import evaluation
+from tfdist.training.fit_arguments import FitArguments
+from tfdist.training.functions import StepFunctions
+from tfdist.training.loop import EpochPlan, fit_epochs
+from tfdist.training.options import LRScaling
+from tfdist.training.resume import FitBackups
+from tfdist.training.sources import fit_sources
+
+
+def run_fit(
+    functions: StepFunctions,
+    backups: FitBackups,
+    data: Any,
+    validation_data: Any,
+    args: FitArguments,
+    *,
+    lr_scaling: LRScaling | None,
+    steps_per_execution: int,
+) -> keras.callbacks.History:
+    """Trains ``functions.model`` as ``Trainer.fit`` says, its arguments already checked.
+
+    Args:
+        functions: The model's compiled functions on its runner.
+        backups: The Trainer's backups (none without ``BackupOptions``).
+        data, validation_data: As for ``Trainer.fit``.
+        args: ``fit``'s other arguments, checked.
+        lr_scaling: The learning-rate scaling to resolve for this fit's batch.
+        steps_per_execution: Micro-batches per call, resolved for this fit.
+
+    Returns:
+        The model's ``History``.
+    """
+    runner, model = functions.runner, functions.model
+    source, steps, val_source = fit_sources(
+        data,
+        validation_data,
+        runner=runner,
+        model=model,
+        global_batch_size=args.global_batch_size,
+        steps_per_epoch=args.steps_per_epoch,
+        validation_steps=args.validation_steps,
+    )
+    start = functions.prepare_fit(source, steps=steps, lr_scaling=lr_scaling)
+    model.stop_training = False
+    backup = backups.open()
+    position = backups.restore(backup)  # every worker: the chief's position
+    freq = backups.options.freq if backups.options else "epoch"
+    plan = EpochPlan(steps, functions.accumulation_steps, steps_per_execution, freq)
+    validate = None
+    if val_source is not None:
+
+        def validate() -> dict[str, float]:
+            return evaluation.evaluate(
+                functions,
+                val_source,
+                args.validation_steps,
+                steps_per_execution=steps_per_execution,
+            )
+
+    # The loop sees only `start` and `functions.logs`, never the Trainer.
+    fit_epochs(
+        plan,
+        runner=runner,
+        model=model,
+        callbacks=args.callbacks,
+        verbose=args.verbose,
+        start=start,
+        logs_fn=functions.logs,
+        backup=backup,
+        position=position,
+        source=source,
+        epochs=args.epochs,
+        initial_epoch=args.initial_epoch,
+        repeat=bool(args.steps_per_epoch),
+        validate=validate,
+    )
+    backups.finish(backup)
+    return model.history
