@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
 from tfdist._compat.runtime import ps_num_workers
+from tfdist.cluster import task_label
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn
@@ -88,7 +89,7 @@ class PSRunner:
 
     @property
     def task_label(self) -> str:
-        return "chief:0"
+        return task_label("chief", 0)  # the coordinator
 
     def input_context(self) -> tf.distribute.InputContext:
         # What ParameterServerStrategy gives every worker's dataset_fn.

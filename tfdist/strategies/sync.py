@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
+from tfdist.cluster import task_label
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn
@@ -41,7 +42,7 @@ class SyncRunner:
 
     @property
     def task_label(self) -> str:
-        return f"{self._task_type}:{self._task_id}"
+        return task_label(self._task_type, self._task_id)
 
     def input_context(self) -> tf.distribute.InputContext:
         spec = getattr(
