@@ -121,6 +121,19 @@ def test_launch_per_node_refuses_external_hosts():
     assert "Traceback" not in proc.stdout
 
 
+def _run_python(code, **env):
+    """Runs ``python -c CODE`` from the repo root (imports from this checkout), output merged."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": REPO, **env},
+    )
+
+
 def _cli_without_tf_log_level(*args, **env):
     """Runs ``python -m tfdist ARGS``; TF_CPP_MIN_LOG_LEVEL unset unless given (no user choice)."""
     full_env = {
@@ -176,15 +189,7 @@ def test_launch_never_imports_tensorflow():
         "            sys.executable, '-c', 'print(\"task ran\")']\n"
         "runpy.run_module('tfdist', run_name='__main__')\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": REPO},
-    )
+    proc = _run_python(code)
     assert proc.returncode == 0, proc.stdout
     assert "[worker:0] task ran" in proc.stdout and "[worker:1] task ran" in proc.stdout
     assert "launcher imported tensorflow: False" in proc.stdout
@@ -207,15 +212,7 @@ def test_manifest_never_imports_tensorflow(args):
         f"sys.argv = ['tfdist', 'manifest', *{args!r}, '--', 'tfdist', 'train']\n"
         "runpy.run_module('tfdist', run_name='__main__')\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": REPO},
-    )
+    proc = _run_python(code)
     assert proc.returncode == 0, proc.stdout
     assert ("srun " if args[0] == "slurm" else "apiVersion: ") in proc.stdout
     assert "manifest imported tensorflow: False" in proc.stdout
@@ -235,14 +232,6 @@ def test_import_tfdist_is_lazy_and_shims_come_first():
         "      callable(tfdist.data.load), callable(tfdist.models.get),\n"
         "      tfdist.launch.notebook_launcher.__name__)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
+    proc = _run_python(code, TF_CPP_MIN_LOG_LEVEL="2")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "Trainer make_strategy BackupAndRestore True True notebook_launcher" in proc.stdout

@@ -51,7 +51,7 @@ def backup(repeats: int, quick: bool) -> dict[str, Any]:
     def build() -> keras.Model:
         return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
 
-    builder = fits.with_weights(build, fits.initial_weights(build))
+    builder = fits.seeded(build)
     workdir = tempfile.mkdtemp(prefix="tfdist-bench-backup-")
     try:
         options = {

@@ -44,6 +44,14 @@ def initial_weights(build: Callable[[], keras.Model], seed: int = 0) -> list[np.
     return build().get_weights()
 
 
+def seeded(build: Callable[[], keras.Model], seed: int = 0) -> Callable[[], keras.Model]:
+    """A zero-arg builder whose every model starts from the same weights (``build`` under ``seed``).
+
+    Each side of a comparison gets its own model from it, all from the same start.
+    """
+    return with_weights(build, initial_weights(build, seed))
+
+
 def with_weights(
     build: Callable[[], keras.Model], weights: list[np.ndarray]
 ) -> Callable[[], keras.Model]:

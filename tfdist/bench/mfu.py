@@ -135,7 +135,7 @@ def wide_mlp_setup(quick: bool) -> tuple:
             "mlp", input_shape=(features,), num_classes=NUM_CLASSES, hidden_units=hidden
         )
 
-    builder = fits.with_weights(build, fits.initial_weights(build))
+    builder = fits.seeded(build)
     return (
         strategy,
         n,

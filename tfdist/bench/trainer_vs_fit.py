@@ -90,7 +90,7 @@ def trainer_vs_fit(repeats: int, quick: bool) -> dict[str, Any]:
     def build() -> keras.Model:
         return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
 
-    builder = fits.with_weights(build, fits.initial_weights(build))
+    builder = fits.seeded(build)
     pairs = {
         spe: compare(
             strategy,
