@@ -10,9 +10,17 @@ import pytest
 from tests.helpers import REPO, run_tfdist
 
 
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """``tfdist train`` as ``make train`` runs it (no flag), with a model_dir, and with
+    TF_CPP_MIN_LOG_LEVEL unset as on a user's first run. Three tests read this one run."""
+    model_dir = tmp_path_factory.mktemp("model")
+    return _cli_without_tf_log_level("train", f"--model_dir={model_dir}"), model_dir
+
+
 @pytest.mark.slow
-def test_default_train_run():
-    proc = run_tfdist("train")
+def test_default_train_run(default_run):
+    proc, _ = default_run
     assert proc.returncode == 0, proc.stdout[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("final val_accuracy=")][0]
     assert float(line.split("=")[1].split()[0]) >= 0.95
@@ -20,17 +28,10 @@ def test_default_train_run():
     assert "Epoch 8/8" in proc.stdout
 
 
-def test_train_saves_the_model(tmp_path):
-    proc = run_tfdist(
-        "train",
-        "--epochs=1",
-        "--model=mlp",
-        "--strategy=one_device",
-        f"--model_dir={tmp_path}",
-        "--verbose=0",
-    )
+def test_train_saves_the_model(default_run):
+    proc, model_dir = default_run
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert (tmp_path / "model.keras").exists()
+    assert (model_dir / "model.keras").exists()
 
 
 @pytest.mark.parametrize(
@@ -67,6 +68,21 @@ def test_cli_errors(args, pattern):
     assert proc.returncode != 0
     assert re.search(pattern, proc.stdout), proc.stdout[-2000:]
     assert "Traceback" not in proc.stdout
+
+
+@pytest.mark.parametrize("flag", ["--model=vgg", "--dataset=imagenet", "--precision=fp8"])
+def test_bad_train_flags_fail_before_tensorflow_loads(flag):
+    # The flags are checked first, so a typo costs no TensorFlow start-up (seconds).
+    code = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('tensorflow loaded:', 'tensorflow' in sys.modules))\n"
+        f"sys.argv = ['tfdist', 'train', {flag!r}]\n"
+        "runpy.run_module('tfdist', run_name='__main__')\n"
+    )
+    proc = _run_python(code)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "Invalid value for argument" in proc.stdout
+    assert "tensorflow loaded: False" in proc.stdout
 
 
 def test_manifest_slurm_writes_the_script(tmp_path):
@@ -159,16 +175,9 @@ def test_cli_quiets_tf_cpp_logs_unless_the_user_set_the_level():
 
 
 @pytest.mark.slow
-def test_first_run_prints_no_tf_cpp_warnings_or_errors():
+def test_first_run_prints_no_tf_cpp_warnings_or_errors(default_run):
     """No "failed call to cuInit", "Local rendezvous is aborting", "... will not be optimized"."""
-    proc = _cli_without_tf_log_level(
-        "train",
-        "--strategy=mirrored",
-        "--num_devices=2",
-        "--model=mlp",
-        "--epochs=1",
-        "--verbose=0",
-    )
+    proc, _ = default_run
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "final val_accuracy=" in proc.stdout
     cpp_lines = [line for line in proc.stdout.splitlines() if re.match(r"[WE]\d{4} ", line)]

@@ -114,6 +114,12 @@ def check_directory(name: str, value: Any, *, allow_none: bool = True) -> Any:
 #: ``tfdist.strategies`` loads TensorFlow (``tfdist/__init__.py`` applies the shims first).
 StrategyName = Literal["auto", "one_device", "mirrored", "multi_worker", "parameter_server"]
 STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
+#: The one list of model names (``tfdist.models.get``'s keys), here for the same reason.
+ModelName = Literal["mlp", "cnn", "resnet", "transformer"]
+MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
+#: The built-in datasets (``tfdist.data.load``); "tfds:NAME" is any prepared TFDS dataset.
+DATASET_NAMES = ("digits", "synthetic", "tfds:NAME")
+TFDS_PREFIX = "tfds:"
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 LR_SCALINGS = ("none", "linear")
@@ -164,6 +170,12 @@ class TrainConfig:
         for name in ("num_workers", "num_ps", "min_shard_bytes"):
             check_positive_int(name, getattr(self, name), allow_none=True)
         check_choice("precision", self.precision, PRECISIONS)
+        check_choice("model", self.model, MODEL_NAMES)
+        if not (
+            self.dataset in DATASET_NAMES[:-1]
+            or (self.dataset.startswith(TFDS_PREFIX) and len(self.dataset) > len(TFDS_PREFIX))
+        ):
+            raise invalid_argument("dataset", self.dataset, DATASET_NAMES)
         check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
         for name in ("epochs", "global_batch_size", "steps_per_execution", "accumulation_steps"):
             check_positive_int(name, getattr(self, name))

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 
+import tfdist.config
 import tfdist.data
 import tfdist.models
 
@@ -18,6 +19,7 @@ def dtype_policy(request):
 
 def test_available():
     assert tfdist.models.available() == ("cnn", "mlp", "resnet", "transformer")
+    assert set(tfdist.models.available()) == set(tfdist.config.MODEL_NAMES)  # the CLI's list
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "resnet", "transformer"])

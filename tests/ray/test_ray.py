@@ -27,9 +27,9 @@ import pytest
 from tests.helpers import REPO, run_tfdist
 
 pytestmark = [pytest.mark.ray]
-# Logical CPUs (Ray's scheduling units, not cores): enough for every scenario's worker groups at
-# once (fault 2 x 2, four others x 2). With fewer, the groups queue, and a queued group can take
-# the CPUs the killed group frees, so the fault scenario's restart would wait for it to end.
+# Logical CPUs (Ray's scheduling units, not cores): more than every scenario's worker groups need
+# at once (four groups of 2), so none queues. A queued group could take the CPUs the killed group
+# frees, and the fault scenario's restart would wait for it to end.
 NUM_CPUS = 12
 
 
@@ -43,11 +43,13 @@ def _have_ray():
 
 
 # Test -> the driver scenario whose result it checks (tests/ray/driver.py), in the order they are
-# handed to the driver: the longest first, so that it starts before the others queue for CPUs.
+# handed to the driver: the longest first. Three tests share "main_group" (the fault scenario and
+# one worker group that runs its reference, the digits job and the Ray Data job): every worker
+# group costs Ray and TensorFlow start-ups, about 35 CPU-seconds.
 SCENARIOS = {
-    "test_killed_worker_resumes_from_rays_checkpoint_bitwise": "fault",
-    "test_two_workers_train_digits_with_identical_weights": "training",
-    "test_ray_data_shards_feed_the_trainer": "ray_data_trainer",
+    "test_killed_worker_resumes_from_rays_checkpoint_bitwise": "main_group",
+    "test_two_workers_train_digits_with_identical_weights": "main_group",
+    "test_ray_data_shards_feed_the_trainer": "main_group",
     "test_rays_tensorflow_quickstart_flow_with_tfdist_imported": "quickstart",
     "test_cli_engine_ray": "cli",
     "test_more_workers_than_cpus_fails_before_waiting": "too_many_workers",
@@ -133,19 +135,17 @@ def driver(request, tmp_path_factory):
         )
     d = Driver()
     selected = {item.name for item in request.session.items if item.module is request.module}
-    for test, scenario in SCENARIOS.items():
-        if test in selected:
-            args = {"fault": [str(tmp_path_factory.mktemp("fault"))], "cli": [CLI_ARGS]}.get(
-                scenario, []
-            )
-            d.submit(scenario, *args)
+    scenarios = dict.fromkeys(s for test, s in SCENARIOS.items() if test in selected)
+    for scenario in scenarios:
+        args = {"main_group": [str(tmp_path_factory.mktemp("ray"))], "cli": [CLI_ARGS]}
+        d.submit(scenario, *args.get(scenario, []))
     yield d
     d.close()
 
 
 @pytest.mark.multiprocess
 def test_two_workers_train_digits_with_identical_weights(driver):
-    outputs = driver.result("training")["outputs"]
+    outputs = driver.result("main_group")["training"]
     print("val_accuracy per worker:", [o["val_accuracy"] for o in outputs])
     assert [o["tf_config"]["task"]["index"] for o in outputs] == [0, 1]
     for o in outputs:
@@ -161,7 +161,7 @@ def test_two_workers_train_digits_with_identical_weights(driver):
 def test_killed_worker_resumes_from_rays_checkpoint_bitwise(driver):
     # rank 1 os._exit's after global batch 21 (22 updates; 16 per epoch, a backup every 2). Each
     # attempt has a fresh backup_dir, so the resume can only come from ray.train.get_checkpoint().
-    out = driver.result("fault")
+    out = driver.result("main_group")["fault"]
     print("fault scenario:", json.dumps(out))
     assert out["attempts"] == [2, 2] and out["iterations"] == [32, 32]
     assert out["restored"] is not None and 16 <= out["restored"]["updates"] <= 22
@@ -184,7 +184,7 @@ def test_rays_tensorflow_quickstart_flow_with_tfdist_imported(driver):
 
 @pytest.mark.multiprocess
 def test_ray_data_shards_feed_the_trainer(driver):
-    outputs = driver.result("ray_data_trainer")["outputs"]
+    outputs = driver.result("main_group")["ray_data"]
     assert outputs[0]["digest"] == outputs[1]["digest"]
     assert outputs[0]["accuracy"] > 0.5
 

@@ -40,26 +40,37 @@ def reference_weights():
     return trainer.model.get_weights()
 
 
-@pytest.mark.parametrize("mode", ["trainer", "trainer_accum", "trainer_bucketed", "keras_fit"])
-def test_two_workers_train_identically(mode, tmp_path, reference_weights):
+MODES = ["trainer", "trainer_accum", "trainer_bucketed", "keras_fit"]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One 2-worker launch runs every mode in turn (one cluster start-up instead of four)."""
+    out_dir = tmp_path_factory.mktemp("mwms")
+    return _launch_job(",".join(MODES), out_dir), out_dir
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_workers_train_identically(mode, launched, reference_weights):
     """Each mode ends where one replica with the whole global batch ends.
 
     trainer_accum makes each update from 2 micro-batches of half the batch;
     trainer_bucketed all-reduces the gradients in 2 buckets.
     """
-    proc = _launch_job(mode, tmp_path)
+    proc, out_dir = launched
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "[worker:0] done 2" in proc.stdout and "[worker:1] done 2" in proc.stdout
+    assert f"[worker:0] {mode} done 2" in proc.stdout and f"[worker:1] {mode} done 2" in proc.stdout
     if mode.startswith("trainer"):
-        assert "[worker:0] iterations 12" in proc.stdout  # 6 updates per epoch, 2 epochs
+        # 6 updates per epoch, 2 epochs.
+        assert f"[worker:0] {mode} iterations 12" in proc.stdout
         # One collective per update; bucketed: one per bucket (CollectiveReduceV2 ops in the graph).
         collectives = 2 if mode == "trainer_bucketed" else 1
-        assert f"[worker:0] gradient_all_reduces_per_update {collectives}" in proc.stdout
-    w0, w1 = _weights(tmp_path / "worker-0.npz"), _weights(tmp_path / "worker-1.npz")
+        assert f"[worker:0] {mode} gradient_all_reduces_per_update {collectives}" in proc.stdout
+    w0, w1 = (_weights(out_dir / f"{mode}-worker-{i}.npz") for i in (0, 1))
     for a, b, ref in zip(w0, w1, reference_weights):
         np.testing.assert_array_equal(a, b)  # both workers hold the same model
         np.testing.assert_allclose(a, ref, atol=1e-5, rtol=0)  # 2 workers x b == 1 replica x 2b
-    history = json.loads((tmp_path / "worker-0.json").read_text())
+    history = json.loads((out_dir / f"{mode}-worker-0.json").read_text())
     expected = {"loss", "accuracy"} | ({"updates"} if mode == "trainer_accum" else set())
     assert set(history) == expected and len(history["loss"]) == 2
 

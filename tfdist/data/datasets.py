@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from tfdist.config import invalid_argument
+from tfdist.config import DATASET_NAMES, invalid_argument
 from tfdist.data import arrays, tfds_source
 from tfdist.data.arrays import DIGITS_SPLITS, SYNTHETIC_SPLITS
 from tfdist.data.dataset_fn import DatasetFn
@@ -31,8 +31,6 @@ from tfdist.data.dataset_fn import DatasetFn
 logger = logging.getLogger(__name__)
 
 __all__ = ["DATASET_NAMES", "DIGITS_SPLITS", "SYNTHETIC_SPLITS", "DatasetFn", "load"]
-
-DATASET_NAMES = ("digits", "synthetic", "tfds:NAME")
 
 
 def load(

@@ -11,12 +11,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist.config import check_positive_int, invalid_argument
+from tfdist.config import TFDS_PREFIX, check_positive_int, invalid_argument
 from tfdist.data.dataset_fn import DEFAULT_SHUFFLE_BUFFER_SIZE, DatasetFn
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "tfds:"
+PREFIX = TFDS_PREFIX
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

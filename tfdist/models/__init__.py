@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import keras
 
-from tfdist.config import check_positive_int, invalid_argument
+from tfdist.config import ModelName, check_positive_int, invalid_argument
 from tfdist.models import cnn, mlp, resnet, transformer
-
-ModelName = Literal["mlp", "cnn", "resnet", "transformer"]
 
 _BUILDERS: dict[str, Callable[..., keras.Model]] = {
     "mlp": mlp.build,

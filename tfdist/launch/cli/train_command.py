@@ -7,6 +7,7 @@ when the command runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from tfdist.config import TrainConfig, invalid_argument
 from tfdist.launch.cli.flag_definitions import ENGINES, FLAGS
@@ -44,6 +45,14 @@ def train_config() -> TrainConfig:
     )
 
 
+def _train_on_this_worker(config: TrainConfig) -> dict[str, Any]:
+    """``train.run`` on a Ray worker. Ray pickles this function by reference, so the CLI process
+    (which only drives the group) never loads TensorFlow."""
+    from tfdist.launch import train
+
+    return train.run(config)
+
+
 def run(args: Sequence[str]) -> int:
     """Runs ``tfdist train``; prints the final figures.
 
@@ -59,8 +68,8 @@ def run(args: Sequence[str]) -> int:
         )
     if FLAGS.engine not in ENGINES:
         raise invalid_argument("engine", FLAGS.engine, ENGINES)
-    from tfdist.launch import train
-
+    # The flags are checked before TensorFlow loads (seconds), so a bad one fails at once.
+    config = train_config()
     if FLAGS.engine == "ray":
         if FLAGS.strategy != "multi_worker" and FLAGS["strategy"].present:
             raise invalid_argument(
@@ -75,14 +84,16 @@ def run(args: Sequence[str]) -> int:
         # Each Ray worker is one multi_worker task.
         FLAGS.strategy, FLAGS.num_workers = "multi_worker", None
         summary = ray_launcher(
-            train.run,
+            _train_on_this_worker,
             train_config(),
             num_workers=num_workers,
             cpus_per_worker=FLAGS.cpus_per_worker,
             max_failures=FLAGS.max_restarts,
         )
     else:
-        summary = train.run(train_config())
+        from tfdist.launch import train
+
+        summary = train.run(config)
     if summary["is_chief"]:
         print(
             f"final val_accuracy={summary['val_accuracy']:.4f} val_loss={summary['val_loss']:.4f} "
