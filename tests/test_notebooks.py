@@ -75,3 +75,12 @@ def test_notebook_runs(path: Path):
         client.execute(env=_kernel_env())
     except CellExecutionError as e:
         pytest.fail(f"{path.name} failed:\n{e}", pytrace=False)
+
+
+def test_the_ray_notebook_is_scheduled_with_the_ray_tests():
+    """tests/conftest.py names it, to keep two Ray clusters from starting at once."""
+    from tests.conftest import RAY_NOTEBOOK
+
+    assert RAY_NOTEBOOK in {
+        f"tests/test_notebooks.py::test_notebook_runs[{p.name}]" for p in NOTEBOOKS
+    }

@@ -157,7 +157,15 @@ def cli(args):
 
 
 def main():
-    ray.init(num_cpus=int(sys.argv[1]), include_dashboard=False, log_to_driver=True)
+    for attempt in (1, 2):
+        try:
+            ray.init(num_cpus=int(sys.argv[1]), include_dashboard=False, log_to_driver=True)
+            break
+        except Exception:  # Ray gives its raylet 30 s to register; a busy machine can miss that
+            if attempt == 2:
+                raise
+            traceback.print_exc()
+            ray.shutdown()
     print("READY", flush=True)
     write = threading.Lock()  # one RESULT line at a time
 
