@@ -17,13 +17,25 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_VIRTUAL_DEVICES
 )
 
-# Tests that start a local Ray cluster run in one pytest-xdist worker, one after another. Ray's
-# start-up gives its raylet 30 s (hard-coded) to register, and two clusters starting at once on
-# 2 busy cores can miss that. Under ``--dist loadscope`` a scope is one module; this puts the Ray
-# notebook into tests/ray's scope, where it runs after that module (whose cluster is shut down
-# by then: module fixtures end before the next module's tests).
+# Scheduling under ``--dist loadscope`` (one scope = one module, run by one xdist worker).
+#
+# * Tests that start a local Ray cluster run in one worker, one after another. Ray gives its
+#   raylet 30 s (hard-coded) to register, and two clusters starting at once on 2 busy cores can
+#   miss that. So the Ray notebook joins tests/ray's scope and runs after that module, whose
+#   cluster is shut down by then (module fixtures end before the next module's tests).
+# * The longest scopes go first (xdist orders by test count), so that the run does not end with
+#   one worker still in a long module while the other idles.
 RAY_SCOPE = "tests/ray/test_ray.py"
 RAY_NOTEBOOK = "tests/test_notebooks.py::test_notebook_runs[06_ray.ipynb]"
+LONGEST_SCOPES = (
+    RAY_SCOPE,
+    "tests/slurm/test_slurm.py",
+    "tests/test_notebooks.py",
+    "tests/bench/test_scaling.py",
+    "tests/training/test_backup_faults.py",
+    "tests/strategies/test_ps_multiprocess.py",
+    "tests/strategies/test_multi_worker.py",
+)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -31,8 +43,16 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class OneRayAtATime(LoadScopeScheduling):
+    class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return RAY_SCOPE if nodeid == RAY_NOTEBOOK else super()._split_scope(nodeid)
 
-    return OneRayAtATime(config, log)
+        def _assign_work_unit(self, node) -> None:
+            queue = getattr(self, "workqueue", None)  # xdist's; if it changes, keep its order
+            if queue is not None and hasattr(queue, "move_to_end"):
+                for scope in reversed(LONGEST_SCOPES):
+                    if scope in queue:
+                        queue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return Scheduling(config, log)

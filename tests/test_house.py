@@ -203,3 +203,11 @@ def test_each_layer_imports_only_those_below_it():
         if part(a) in LAYERS and part(b) != part(a) and part(b) not in LAYERS[part(a)]
     )
     assert wrong == []
+
+
+def test_the_scheduler_names_existing_test_modules():
+    """tests/conftest.py orders xdist's scopes by name: a renamed module would drop out silently."""
+    from tests.conftest import LONGEST_SCOPES
+
+    missing = [scope for scope in LONGEST_SCOPES if not (ROOT / scope).is_file()]
+    assert missing == []
