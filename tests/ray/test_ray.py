@@ -9,10 +9,12 @@ and every packet these tests send stay there. Ray writes the node's address
 into TF_CONFIG; inside the namespace that address is 127.0.0.1, which the
 tests check.
 
-Each test checks the result of one scenario (see :data:`SCENARIOS`). The
-fixture hands the driver the scenarios of every selected test at once, and the
-driver runs them side by side on the one cluster (mostly start-up waits, which
-then overlap); each test waits only for its own result.
+Each test checks the result of one scenario (see :data:`SCENARIOS`; three
+tests read the one "main_group" scenario, whose worker group runs three jobs).
+The fixture hands the driver the scenarios of every selected test at once, and
+the driver runs them side by side on the one cluster; each test waits only for
+its own result. Every worker group costs a Ray actor and a TensorFlow start-up
+per worker, so the module starts four groups (and one restart), not six.
 """
 
 import json
