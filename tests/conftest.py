@@ -23,11 +23,17 @@ tf.config.set_logical_device_configuration(
 #   raylet 30 s (hard-coded) to register, and two clusters starting at once on 2 busy cores can
 #   miss that. So the Ray notebook joins tests/ray's scope and runs after that module, whose
 #   cluster is shut down by then (module fixtures end before the next module's tests).
-# * The longest scopes go first (xdist orders by test count), so that the run does not end with
-#   one worker still in a long module while the other idles.
+# * tests/bench/test_bench.py goes first, into a fresh worker process. Its benchmarks build
+#   local strategies and models in-process, and once an earlier module in the same process
+#   connected to an in-process parameter-server cluster and left TF state behind, they failed
+#   with "/job:localhost/replica:0/task:0/device:CPU:0 unknown device" (seen once, in a
+#   3-worker run). Its own cluster benchmark runs last in it.
+# * Then the longest scopes (xdist orders by test count), so that the run does not end with one
+#   worker still in a long module while the other idles.
 RAY_SCOPE = "tests/ray/test_ray.py"
 RAY_NOTEBOOK = "tests/test_notebooks.py::test_notebook_runs[06_ray.ipynb]"
-LONGEST_SCOPES = (
+FIRST_SCOPES = (
+    "tests/bench/test_bench.py",
     RAY_SCOPE,
     "tests/slurm/test_slurm.py",
     "tests/test_notebooks.py",
@@ -50,7 +56,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _assign_work_unit(self, node) -> None:
             queue = getattr(self, "workqueue", None)  # xdist's; if it changes, keep its order
             if queue is not None and hasattr(queue, "move_to_end"):
-                for scope in reversed(LONGEST_SCOPES):
+                for scope in reversed(FIRST_SCOPES):
                     if scope in queue:
                         queue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
