@@ -171,7 +171,7 @@ class TrainConfig:
             check_positive_int(name, getattr(self, name), allow_none=True)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("model", self.model, MODEL_NAMES)
-        if not (
+        if not isinstance(self.dataset, str) or not (
             self.dataset in DATASET_NAMES[:-1]
             or (self.dataset.startswith(TFDS_PREFIX) and len(self.dataset) > len(TFDS_PREFIX))
         ):

@@ -102,3 +102,14 @@ def test_cnn_learns_digits():
 def _digits_validation():
     ((x, y),) = list(tfdist.data.load("digits", split="validation", global_batch_size=360)())
     return list(zip(x.numpy(), y.numpy()))
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("model", "vgg"), ("dataset", "imagenet"), ("dataset", "tfds:"), ("dataset", None)],
+)
+def test_train_config_checks_model_and_dataset_names(field, value):
+    # TrainConfig (what `tfdist train` builds before TensorFlow loads) checks the same lists.
+    with pytest.raises(ValueError, match=f"argument `{field}`. Received: {field}={value!r}"):
+        tfdist.config.TrainConfig(**{field: value})
+    assert tfdist.config.TrainConfig(dataset="tfds:mnist").dataset == "tfds:mnist"
