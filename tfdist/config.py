@@ -120,6 +120,13 @@ MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
 #: The built-in datasets (``tfdist.data.load``); "tfds:NAME" is any prepared TFDS dataset.
 DATASET_NAMES = ("digits", "synthetic", "tfds:NAME")
 TFDS_PREFIX = "tfds:"
+
+
+def is_tfds_name(name: Any) -> bool:
+    """Whether ``name`` is "tfds:NAME" with a non-empty NAME (a prepared TFDS dataset)."""
+    return isinstance(name, str) and name.startswith(TFDS_PREFIX) and len(name) > len(TFDS_PREFIX)
+
+
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 LR_SCALINGS = ("none", "linear")
@@ -171,10 +178,7 @@ class TrainConfig:
             check_positive_int(name, getattr(self, name), allow_none=True)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("model", self.model, MODEL_NAMES)
-        if not isinstance(self.dataset, str) or not (
-            self.dataset in DATASET_NAMES[:-1]
-            or (self.dataset.startswith(TFDS_PREFIX) and len(self.dataset) > len(TFDS_PREFIX))
-        ):
+        if not (self.dataset in DATASET_NAMES[:-1] or is_tfds_name(self.dataset)):
             raise invalid_argument("dataset", self.dataset, DATASET_NAMES)
         check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
         for name in ("epochs", "global_batch_size", "steps_per_execution", "accumulation_steps"):

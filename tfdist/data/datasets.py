@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from tfdist.config import DATASET_NAMES, invalid_argument
+from tfdist.config import DATASET_NAMES, invalid_argument, is_tfds_name
 from tfdist.data import arrays, tfds_source
 from tfdist.data.arrays import DIGITS_SPLITS, SYNTHETIC_SPLITS
 from tfdist.data.dataset_fn import DatasetFn
@@ -73,7 +73,7 @@ def load(
     elif name == "synthetic":
         _check_kwargs(name, kwargs, ("input_shape", "num_classes", "num_examples"))
         fn = arrays.load_synthetic(split, **kwargs)
-    elif name.startswith(tfds_source.PREFIX) and len(name) > len(tfds_source.PREFIX):
+    elif is_tfds_name(name):
         _check_kwargs(name, kwargs, ("shuffle_buffer_size",))
         fn = tfds_source.load_tfds(name, split, data_dir, **kwargs)
     else:

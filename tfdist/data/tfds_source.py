@@ -16,8 +16,6 @@ from tfdist.data.dataset_fn import DEFAULT_SHUFFLE_BUFFER_SIZE, DatasetFn
 
 logger = logging.getLogger(__name__)
 
-PREFIX = TFDS_PREFIX
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TfdsSource:
@@ -79,7 +77,7 @@ def load_tfds(
     """A prepared TFDS image classification split; ``name`` is "tfds:NAME"."""
     import tensorflow_datasets as tfds
 
-    tfds_name = name[len(PREFIX) :]
+    tfds_name = name[len(TFDS_PREFIX) :]
     check_positive_int("shuffle_buffer_size", shuffle_buffer_size)
     try:
         builder = tfds.builder(tfds_name, data_dir=data_dir)

@@ -6,6 +6,7 @@ when the command runs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,13 +81,11 @@ def run(args: Sequence[str]) -> int:
             )
         from tfdist.launch.ray_engine import ray_launcher
 
-        num_workers = FLAGS.num_workers or 2
-        # Each Ray worker is one multi_worker task.
-        FLAGS.strategy, FLAGS.num_workers = "multi_worker", None
         summary = ray_launcher(
             _train_on_this_worker,
-            train_config(),
-            num_workers=num_workers,
+            # Each Ray worker is one multi_worker task.
+            dataclasses.replace(config, strategy="multi_worker", num_workers=None),
+            num_workers=config.num_workers or 2,
             cpus_per_worker=FLAGS.cpus_per_worker,
             max_failures=FLAGS.max_restarts,
         )
