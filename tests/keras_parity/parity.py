@@ -1,0 +1,102 @@
+"""The Keras parity harness: one row, run through plain Keras ``fit`` and through the Trainer.
+
+A :class:`Row` names a model builder, ``compile`` arguments and ``fit`` arguments in Keras's own
+words. :func:`run_keras` runs them through plain ``model.fit`` on one device (the reference);
+:func:`run_trainer` builds a ``tfdist.Trainer`` from the same compile arguments and calls
+``trainer.fit`` with the same fit arguments, on any strategy. :func:`assert_same` compares the
+final weights and every history value.
+
+Each call of ``row.compile()`` / ``row.fit()`` makes fresh objects (optimizers, metrics,
+callbacks), so the two sides share nothing but numbers. Builders seed their initial weights, so
+both sides start from the same point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+
+import tfdist
+
+ATOL = 1e-5
+SYNC_STRATEGIES = ("mirrored", "multi_worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One parity case.
+
+    Attributes:
+        name: The test id (snake_case); also the key of the README's "Keras parity" table.
+        model: Builds the uncompiled model, the same initial weights on every call.
+        compile: Returns fresh ``model.compile`` keyword arguments.
+        fit: Returns fresh ``fit`` keyword arguments, Keras names (``x``, ``y``, ``batch_size``,
+            ``epochs``, ``callbacks``, ...). ``verbose=0`` is added.
+        trainer: Extra ``tfdist.Trainer`` keyword arguments (tfdist's own options).
+        strategies: The strategies this row runs on besides plain Keras.
+        atol: Tolerance for weights and history values.
+        history_keys: Compare only these history keys (None: all, and the key sets must match).
+    """
+
+    name: str
+    model: Callable[[], keras.Model]
+    compile: Callable[[], dict[str, Any]]
+    fit: Callable[[], dict[str, Any]]
+    trainer: dict[str, Any] = dataclasses.field(default_factory=dict)
+    strategies: tuple[str, ...] = ("mirrored", "multi_worker", "parameter_server")
+    atol: float = ATOL
+    history_keys: tuple[str, ...] | None = None
+
+
+@dataclasses.dataclass
+class Result:
+    """What one side of a row produced."""
+
+    weights: list[np.ndarray]
+    history: dict[str, list[float]]
+    model: Any = None
+
+
+def run_keras(row: Row) -> Result:
+    """Plain Keras ``compile`` + ``fit`` on one device: the reference."""
+    keras.utils.set_random_seed(0)
+    model = row.model()
+    model.compile(**row.compile())
+    history = model.fit(**row.fit(), verbose=0)
+    return Result(model.get_weights(), _floats(history.history), model)
+
+
+def run_trainer(row: Row, strategy: Any) -> Result:
+    """The same row through ``tfdist.Trainer(...).fit`` on ``strategy``."""
+    keras.utils.set_random_seed(0)
+    trainer = tfdist.Trainer(row.model, strategy=strategy, **row.compile(), **row.trainer)
+    fit = dict(row.fit())
+    x = fit.pop("x")
+    history = trainer.fit(x, **fit, verbose=0)
+    return Result(trainer.model.get_weights(), _floats(history.history), trainer)
+
+
+def _floats(history: dict[str, list[Any]]) -> dict[str, list[float]]:
+    return {k: [float(v) for v in vs] for k, vs in history.items()}
+
+
+def assert_same(row: Row, reference: Result, result: Result) -> None:
+    """Final weights and every history value equal to ``row.atol``; the same history keys."""
+    keys = row.history_keys
+    if keys is None:
+        assert sorted(result.history) == sorted(reference.history), (
+            sorted(result.history),
+            sorted(reference.history),
+        )
+        keys = tuple(reference.history)
+    for key in keys:
+        np.testing.assert_allclose(
+            result.history[key], reference.history[key], atol=row.atol, rtol=0, err_msg=key
+        )
+    assert len(result.weights) == len(reference.weights)
+    for got, want in zip(result.weights, reference.weights):
+        np.testing.assert_allclose(got, want, atol=row.atol, rtol=0)
