@@ -1,6 +1,6 @@
 """The house rules of issue 9, checked on the source (ARCHITECTURE.md says why they matter).
 
-No import circles; no module much over 300 lines; no private tfdist name used outside its
+No import circles; no module over 400 lines; no private tfdist name used outside its
 module; Keras and TF internals only under ``tfdist/_compat/``; no tfdist attributes set on
 TF objects. All static (``ast``), so this module runs in well under a second.
 """
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfdist"
-MAX_LINES = 300
+MAX_LINES = 400  # DESIGN.md: ~300 typical, 400 where it keeps one flow in one place
 INTERNALS = re.compile(
     r"\bkeras\.src\b|\btensorflow\.python\b|\btf\.__internal__\b"
     r"|\b(?:get|has|set)attr\([^)]*[\"']_[a-z]"  # a private attribute reached by its name

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -97,6 +96,17 @@ def _rebuild_metric(metric: Any) -> Any:
     return metric
 
 
+def _rebuild_metrics(metrics: Any) -> Any:
+    """``compile``'s metrics (a list, a dict per output, or None), each Metric copied fresh."""
+    if metrics is None:
+        return None
+    if isinstance(metrics, dict):
+        return {name: _rebuild_metrics(m) for name, m in metrics.items()}
+    if isinstance(metrics, (list, tuple)):
+        return [_rebuild_metrics(m) for m in metrics]
+    return _rebuild_metric(metrics)
+
+
 @dataclasses.dataclass(frozen=True)
 class Compiled:
     """What :func:`compile_in_scope` made.
@@ -125,9 +135,11 @@ def compile_in_scope(
     precision: str,
     optimizer: Any,
     loss: Any,
-    metrics: Sequence[Any] | None,
+    metrics: Any,
     accumulation_steps: int,
     lr_scaling: LRScaling | None,
+    loss_weights: Any = None,
+    weighted_metrics: Any = None,
 ) -> Compiled:
     """Places ``model`` in ``strategy``'s scope and compiles it with a fresh optimizer and metrics.
 
@@ -137,9 +149,10 @@ def compile_in_scope(
         precision: A resolved dtype policy name (not ``"auto"``).
         optimizer: A Keras optimizer (made anywhere) or its name.
         loss: As for ``keras.Model.compile``.
-        metrics: As for ``keras.Model.compile``.
+        metrics: As for ``keras.Model.compile`` (a list, or a dict per output).
         accumulation_steps: ``k`` as given to the Trainer.
         lr_scaling: Scaling and warmup of the optimizer's learning rate, or None.
+        loss_weights, weighted_metrics: As for ``keras.Model.compile``.
     """
     opt_cls, opt_config, loss_scale = optimizer_parts(optimizer)
     accumulation_steps = take_keras_accumulation(opt_config, accumulation_steps)
@@ -155,7 +168,11 @@ def compile_in_scope(
             opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
         opt = precision_lib.wrap_optimizer(opt, precision)
         placed.compile(
-            optimizer=opt, loss=loss, metrics=[_rebuild_metric(m) for m in (metrics or [])]
+            optimizer=opt,
+            loss=loss,
+            metrics=_rebuild_metrics(metrics),
+            loss_weights=loss_weights,
+            weighted_metrics=_rebuild_metrics(weighted_metrics),
         )
         skipped_updates = None
         if isinstance(opt, keras.optimizers.LossScaleOptimizer):

@@ -66,7 +66,10 @@ class Trainer:
             default the current strategy.
         optimizer: Name or Keras optimizer, created outside the scope or not.
         loss: As for ``keras.Model.compile``.
-        metrics: As for ``keras.Model.compile``; aggregated over all replicas.
+        metrics: As for ``keras.Model.compile`` (a list, or a dict per output);
+            aggregated over all replicas.
+        loss_weights: As for ``keras.Model.compile``: a weight per output's loss.
+        weighted_metrics: As for ``keras.Model.compile``: metrics that take sample weights.
         precision: ``float32``, ``mixed_float16``, ``mixed_bfloat16`` or
             ``auto`` (see :mod:`tfdist.training.precision`); the policy in use
             is ``trainer.precision``.
@@ -95,7 +98,9 @@ class Trainer:
         strategy: tf.distribute.Strategy | None = None,
         optimizer: Any = "adam",
         loss: Any = None,
-        metrics: Sequence[Any] | None = None,
+        metrics: Any = None,
+        loss_weights: Any = None,
+        weighted_metrics: Any = None,
         precision: precision_lib.Precision = "float32",
         accumulation_steps: int = 1,
         steps_per_execution: int | Literal["auto"] = "auto",
@@ -148,6 +153,8 @@ class Trainer:
             optimizer=optimizer,
             loss=loss,
             metrics=metrics,
+            loss_weights=loss_weights,
+            weighted_metrics=weighted_metrics,
             accumulation_steps=accumulation_steps,
             lr_scaling=self.lr_scaling,
         )
