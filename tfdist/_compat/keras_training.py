@@ -46,3 +46,16 @@ def concrete_functions(function: Any) -> list[Any]:
     """Every concrete function a ``tf.function`` has traced so far (to inspect graphs in tests)."""
     # Private: TF lists a tf.function's traces only here (get_concrete_function needs a signature).
     return list(function._list_all_concrete_functions())
+
+
+def compile_arguments(model: keras.Model) -> dict[str, Any]:
+    """The arguments a model's ``compile(...)`` received, as the objects given (not serialized).
+
+    Keys: ``optimizer``, ``loss``, ``loss_weights``, ``metrics``,
+    ``weighted_metrics``, ``run_eagerly``, ``steps_per_execution``,
+    ``jit_compile``. Empty for a model never compiled.
+    """
+    # Private: Keras keeps compile's own arguments only here; the public get_compile_config()
+    # serializes them, which fails for plain-function losses and copies metric objects anyway.
+    config = getattr(model, "_compile_config", None)
+    return dict(config.config) if config is not None and model.compiled else {}

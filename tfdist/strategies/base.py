@@ -47,6 +47,9 @@ class Runner(Protocol):
     auto_steps_per_execution: int
     """What ``steps_per_execution="auto"`` runs per call when no callback needs every batch."""
 
+    reduces_step_outputs: bool
+    """Whether ``compile_loop(outputs=True)`` passes the last call's outputs to ``logs_fn``."""
+
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         """Turns an input source into the strategy's distributed dataset."""
 
@@ -73,6 +76,7 @@ class Runner(Protocol):
         training: bool = True,
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,
+        outputs: bool = False,
     ) -> Callable[[Any, int], Any]:
         """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.
 
@@ -88,6 +92,11 @@ class Runner(Protocol):
         calls calls it once per update instead, so the micro-batch loop stays
         symbolic; ``run(fn, args)`` runs ``fn`` on every replica. A runner that
         cannot ignores it.
+
+        ``outputs``: when the runner ``reduces_step_outputs``, ``fn`` returns
+        ``logs_fn(reduced)``, where ``reduced`` is the last call's return value
+        averaged over all replicas (a model's own ``train_step`` logs, as
+        Keras's fit reduces them); other runners ignore it.
         """
 
     def metrics_result(self, model: Any) -> dict[str, tf.Tensor]:

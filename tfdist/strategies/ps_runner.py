@@ -82,6 +82,9 @@ class PSRunner:
     #: ``steps_per_execution="auto"``: one step per scheduled closure. Calls already overlap
     #: (up to ``max_in_flight``), so per-call costs are not paid step after step.
     auto_steps_per_execution = 1
+    #: Each step runs on one worker's one replica, so a step's outputs are never averaged: the
+    #: logs are the exact sums of the metric state (see the module docstring).
+    reduces_step_outputs = False
 
     @property
     def is_chief(self) -> bool:
@@ -133,6 +136,7 @@ class PSRunner:
         training: bool = True,
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,  # unused: steps are whole scheduled closures
+        outputs: bool = False,  # unused: logs come from the metric sums (reduces_step_outputs)
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
         per_execution = training and self._sum_metrics_of(model)

@@ -65,6 +65,9 @@ class SyncRunner:
     #: batch: enough that the per-call logs, metric reductions and preemption vote cost little.
     auto_steps_per_execution = 32
     requires_steps_per_epoch = False
+    #: ``compile_loop(outputs=True)`` hands ``logs_fn`` the last call's outputs, averaged over
+    #: the replicas (as Keras's fit reduces a train_step's logs under tf.distribute).
+    reduces_step_outputs = True
 
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if source.dataset_fn is not None:
@@ -120,11 +123,24 @@ class SyncRunner:
         training: bool = True,
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,
+        outputs: bool = False,
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
         drive = cross_replica
 
         def loop(iterator, num_calls):
+            if outputs:
+                # The last call's outputs are the logs: it runs after the loop, unrolled.
+                for _ in tf.range(num_calls - 1):
+                    strategy.run(
+                        replica_fn, args=([next(iterator) for _ in range(batches_per_call)],)
+                    )
+                batches = [next(iterator) for _ in range(batches_per_call)]
+                last = strategy.run(replica_fn, args=(batches,))
+                mean = tf.distribute.ReduceOp.MEAN
+                return logs_fn(
+                    tf.nest.map_structure(lambda v: strategy.reduce(mean, v, None), last)
+                )
             for _ in tf.range(num_calls):
                 if drive is not None:
                     # The step loops over its micro-batches itself (symbolically, see step.py).

@@ -19,6 +19,7 @@ import tensorflow as tf
 from tfdist.config import invalid_argument
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
+from tfdist.training.compiled import check_own_compile, compile_plan
 from tfdist.training.options import LRScaling
 from tfdist.training.placement import ModelOrBuilder, place_model
 
@@ -26,11 +27,9 @@ logger = logging.getLogger(__name__)
 
 
 def check_loss(loss: Any) -> None:
-    """Raises the standard error for a missing loss or an unknown loss name."""
+    """Raises the standard error for an unknown loss name (a missing one: see compiled.py)."""
     # A misspelt name would otherwise fail only at the first step, deep inside compile.
     expected = "a Keras loss, its name, or a callable(y_true, y_pred)"
-    if loss is None:
-        raise invalid_argument("loss", None, expected)
     if isinstance(loss, str):
         try:
             keras.losses.get(loss)
@@ -120,12 +119,15 @@ class Compiled:
             when scaling or warmup is on, else None.
         skipped_updates: With loss scaling, the counter of updates skipped for
             non-finite gradients, else None.
+        steps_per_execution: The ``steps_per_execution`` the user compiled the
+            model with, when not Keras's default 1, else None.
     """
 
     model: keras.Model
     accumulation_steps: int
     schedule: schedules.ScaledWarmup | None
     skipped_updates: tf.Variable | None
+    steps_per_execution: int | None = None
 
 
 def compile_in_scope(
@@ -143,37 +145,53 @@ def compile_in_scope(
 ) -> Compiled:
     """Places ``model`` in ``strategy``'s scope and compiles it with a fresh optimizer and metrics.
 
+    A model the user compiled gives its own compile arguments instead (see
+    :mod:`tfdist.training.compiled`); one whose class overrides ``compile`` is
+    used as compiled.
+
     Args:
         model: A ``keras.Model`` or a zero-arg builder.
         strategy: The strategy whose scope holds every variable.
         precision: A resolved dtype policy name (not ``"auto"``).
-        optimizer: A Keras optimizer (made anywhere) or its name.
+        optimizer: A Keras optimizer (made anywhere) or its name; None: the
+            compiled one, else ``"adam"``.
         loss: As for ``keras.Model.compile``.
         metrics: As for ``keras.Model.compile`` (a list, or a dict per output).
         accumulation_steps: ``k`` as given to the Trainer.
         lr_scaling: Scaling and warmup of the optimizer's learning rate, or None.
         loss_weights, weighted_metrics: As for ``keras.Model.compile``.
     """
-    opt_cls, opt_config, loss_scale = optimizer_parts(optimizer)
-    accumulation_steps = take_keras_accumulation(opt_config, accumulation_steps)
-    schedule = None
-    if lr_scaling is not None and lr_scaling.active:
-        schedule = schedules.schedule_for(opt_config["learning_rate"], lr_scaling)
-        opt_config["learning_rate"] = schedule
+    given = dict(
+        optimizer=optimizer,
+        loss=loss,
+        loss_weights=loss_weights,
+        metrics=metrics,
+        weighted_metrics=weighted_metrics,
+    )
+    lr_active = lr_scaling is not None and lr_scaling.active
+    if isinstance(model, keras.Model):
+        check_own_compile(model, strategy)  # before placing, which would rebuild it
     # Builders run under the policy, so their layers compute in the mixed dtype.
     with precision_lib.dtype_policy(precision), strategy.scope():
         placed = place_model(model, strategy, precision)
+    original = model if isinstance(model, keras.Model) else placed
+    args, compiled_steps = compile_plan(original, placed, strategy, given, lr_active=lr_active)
+    if args is None:  # the model's own compile(), made in the scope: used as is
+        return Compiled(placed, accumulation_steps, None, None)
+    opt_cls, opt_config, loss_scale = optimizer_parts(args.pop("optimizer"))
+    accumulation_steps = take_keras_accumulation(opt_config, accumulation_steps)
+    schedule = None
+    if lr_active:
+        schedule = schedules.schedule_for(opt_config["learning_rate"], lr_scaling)
+        opt_config["learning_rate"] = schedule
+    with precision_lib.dtype_policy(precision), strategy.scope():
         opt = opt_cls.from_config(opt_config)
         if loss_scale is not None:
             opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
         opt = precision_lib.wrap_optimizer(opt, precision)
-        placed.compile(
-            optimizer=opt,
-            loss=loss,
-            metrics=_rebuild_metrics(metrics),
-            loss_weights=loss_weights,
-            weighted_metrics=_rebuild_metrics(weighted_metrics),
-        )
+        args["metrics"] = _rebuild_metrics(args["metrics"])
+        args["weighted_metrics"] = _rebuild_metrics(args["weighted_metrics"])
+        placed.compile(optimizer=opt, **args)
         skipped_updates = None
         if isinstance(opt, keras.optimizers.LossScaleOptimizer):
             # Written after the all-reduce, where every replica takes the same skip decision:
@@ -186,4 +204,4 @@ def compile_in_scope(
                 synchronization=tf.VariableSynchronization.ON_WRITE,
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )
-    return Compiled(placed, accumulation_steps, schedule, skipped_updates)
+    return Compiled(placed, accumulation_steps, schedule, skipped_updates, compiled_steps)

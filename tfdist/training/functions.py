@@ -22,6 +22,14 @@ from tfdist.strategies.base import Runner
 from tfdist.training import schedules
 from tfdist.training.loop import StartUpdates
 from tfdist.training.options import ExchangeOptions, LRScaling
+from tfdist.training.overrides import (
+    Overrides,
+    build_optimizers,
+    callable_model,
+    make_custom_eval_step,
+    make_custom_train_update,
+    select_logs,
+)
 from tfdist.training.step import make_eval_step, make_predict_step, make_train_update
 
 
@@ -35,6 +43,9 @@ class StepFunctions:
         exchange: How gradients are all-reduced, or None for the default.
         schedule: The learning-rate schedule when scaling or warmup is on.
         skipped_updates: The loss-scaling skip counter, when loss scaling.
+
+    A model's own ``train_step``/``test_step``/``predict_step`` replaces
+    tfdist's replica step of that kind (see :mod:`tfdist.training.overrides`).
     """
 
     def __init__(
@@ -54,6 +65,10 @@ class StepFunctions:
         self.schedule = schedule
         self.skipped_updates = skipped_updates
         self.built_for: int | None = None  # the global batch size of the first input built from
+        self.overrides = Overrides.of(model)
+        # The log keys a user's train_step / test_step returns (known once traced).
+        self._train_keys: list[str] = []
+        self._eval_keys: list[str] = []
         self._train: dict[tuple[int, int], Any] = {}
         self._eval = None
         self._predict = None
@@ -67,18 +82,30 @@ class StepFunctions:
         """Builds the model, metrics and optimizer from ``source``'s batch spec, once, in scope."""
         if self.built_for is None:
             with self.runner.strategy.scope():
-                symbolic_build(self.model, source.element_spec)
+                if self.overrides.train_step and not callable_model(self.model):
+                    build_optimizers(self.model)  # e.g. a GAN: no call(), only its parts
+                else:
+                    symbolic_build(self.model, source.element_spec)
             self.built_for = source.global_batch_size
 
-    def logs(self) -> dict[str, tf.Tensor]:
-        """Metric results plus tfdist's own state, in cross-replica context."""
-        logs = dict(self.metrics_result())
+    def logs(self, outputs: Mapping[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
+        """Metric results plus tfdist's own state, in cross-replica context.
+
+        ``outputs``: a model's own ``train_step`` logs, averaged over the replicas
+        (sync runners), which replace the metric results.
+        """
+        if outputs is not None:
+            logs = dict(outputs)
+        elif self.overrides.train_step:
+            logs = select_logs(self.metrics_result(), self._train_keys)
+        else:
+            logs = dict(self.metrics_result())
         optimizer = self.model.optimizer
         if self.accumulation_steps > 1:
             logs["updates"] = optimizer.iterations
         if self.schedule is not None:
             logs["learning_rate"] = self.schedule(optimizer.iterations)
-        if self.skipped_updates is not None:
+        if self.skipped_updates is not None and not self.overrides.train_step:
             logs["loss_scale"] = optimizer.dynamic_scale
             logs["skipped_updates"] = self.skipped_updates
         return logs
@@ -91,6 +118,16 @@ class StepFunctions:
     def train(self, global_batch_size: int, micro_batches: int) -> Any:
         """The train function for updates of ``micro_batches`` batches of ``global_batch_size``."""
         key = (global_batch_size, micro_batches)
+        if key not in self._train and self.overrides.train_step:
+            averaged = self.runner.reduces_step_outputs
+            self._train[key] = self.runner.compile_loop(
+                make_custom_train_update(self.model, self._train_keys, averaged=averaged),
+                self.logs,
+                batches_per_call=micro_batches,
+                name="train_function",
+                model=self.model,
+                outputs=averaged,
+            )
         if key not in self._train:
             update = make_train_update(
                 self.model,
@@ -145,9 +182,13 @@ class StepFunctions:
     def evaluation(self) -> Any:
         """The evaluation function (one batch per replica call)."""
         if self._eval is None:
+            if self.overrides.test_step:
+                step = make_custom_eval_step(self.model, self._eval_keys)
+            else:
+                step = make_eval_step(self.model)
             self._eval = self.runner.compile_loop(
-                make_eval_step(self.model),
-                self.metrics_result,
+                step,
+                lambda: select_logs(self.metrics_result(), self._eval_keys),
                 batches_per_call=1,
                 name="test_function",
                 training=False,
@@ -157,13 +198,18 @@ class StepFunctions:
     def predict(self) -> Any:
         """The predict function: one distributed batch in, all replicas' outputs out."""
         if self._predict is None:
-            self._predict = self.runner.compile_predict(make_predict_step(self.model))
+            self._predict = self.runner.compile_predict(
+                make_predict_step(self.model, custom=self.overrides.predict_step)
+            )
         return self._predict
 
     def start(self, fn: Any, iterator: Any, num_calls: int) -> Any:
         """Starts ``fn`` for ``num_calls`` calls through the runner; returns its logs handle."""
         # The step all-reduces the gradients itself (once per update); the optimizer must not
         # again. Tracing reads the hook, and the runner may trace inside run().
+        # A user's train_step applies through Keras's optimizer, which all-reduces (once per apply).
+        if self.overrides.train_step:
+            return self.runner.run(fn, iterator, num_calls)
         num_replicas = self.runner.strategy.num_replicas_in_sync
         with _compat.gradients_already_summed(self.model.optimizer, num_replicas=num_replicas):
             return self.runner.run(fn, iterator, num_calls)

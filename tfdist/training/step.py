@@ -258,13 +258,19 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
     return step
 
 
-def make_predict_step(model: keras.Model) -> Callable[[Any], Any]:
+def make_predict_step(model: keras.Model, *, custom: bool = False) -> Callable[[Any], Any]:
     """Returns ``step(batch)``: the model's outputs on one batch's inputs, in replica context.
 
     ``y`` and sample weights in the batch are ignored. An empty batch (a
     replica's share of a partial last batch) gives outputs with zero rows,
-    without running the model on it (some kernels reject empty inputs).
+    without running the model on it (some kernels reject empty inputs). With
+    ``custom``, the model's own ``predict_step(data)`` gives the outputs.
     """
+
+    def outputs(data: Any) -> Any:
+        if custom:
+            return model.predict_step(data)
+        return _forward(model, unpack_x_y_sample_weight(data)[0], training=False)
 
     def step(data: Any) -> Any:
         x, _, _ = unpack_x_y_sample_weight(data)
@@ -272,10 +278,10 @@ def make_predict_step(model: keras.Model) -> Callable[[Any], Any]:
         def one_example():
             # Only the output structure, dtypes and trailing shapes are used.
             zeros = tf.nest.map_structure(
-                lambda t: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], axis=0), t.dtype), x
+                lambda t: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], axis=0), t.dtype), data
             )
-            return tf.nest.map_structure(lambda t: t[:0], _forward(model, zeros, training=False))
+            return tf.nest.map_structure(lambda t: t[:0], outputs(zeros))
 
-        return tf.cond(_batch_size(x) > 0, lambda: _forward(model, x, training=False), one_example)
+        return tf.cond(_batch_size(x) > 0, lambda: outputs(data), one_example)
 
     return step

@@ -46,6 +46,7 @@ from tfdist.training.options import (
     ScalingRule,
     trainer_options,
 )
+from tfdist.training.overrides import check_custom_train_step, overridden
 from tfdist.training.placement import ModelOrBuilder
 from tfdist.training.resume import FitBackups
 from tfdist.training.sources import evaluate_source, predict_source
@@ -64,8 +65,11 @@ class Trainer:
             :func:`tfdist.training.placement.place_model` for other models).
         strategy: A ``tf.distribute.Strategy`` (see ``tfdist.make_strategy``);
             default the current strategy.
-        optimizer: Name or Keras optimizer, created outside the scope or not.
-        loss: As for ``keras.Model.compile``.
+        optimizer: Name or Keras optimizer, created outside the scope or not;
+            default ``"adam"``, or the optimizer of a model already compiled.
+        loss: As for ``keras.Model.compile``. A model already compiled brings its
+            own ``optimizer``, ``loss``, ``loss_weights`` and ``metrics`` (see
+            :mod:`tfdist.training.compiled`); giving them here too is an error.
         metrics: As for ``keras.Model.compile`` (a list, or a dict per output);
             aggregated over all replicas.
         loss_weights: As for ``keras.Model.compile``: a weight per output's loss.
@@ -96,7 +100,7 @@ class Trainer:
         model: ModelOrBuilder,
         *,
         strategy: tf.distribute.Strategy | None = None,
-        optimizer: Any = "adam",
+        optimizer: Any = None,
         loss: Any = None,
         metrics: Any = None,
         loss_weights: Any = None,
@@ -160,6 +164,16 @@ class Trainer:
         )
         self.model = compiled.model
         self.accumulation_steps = compiled.accumulation_steps
+        if overridden(self.model, "train_step"):
+            check_custom_train_step(
+                self.model,
+                accumulation_steps=self.accumulation_steps,
+                gradient_compression=self.exchange.compression,
+                bucket_bytes=self.exchange.bucket_bytes,
+            )
+        if steps_per_execution == "auto" and compiled.steps_per_execution:
+            # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.
+            self._steps_per_execution = self.steps_per_execution = compiled.steps_per_execution
         self._functions = StepFunctions(
             self.model,
             self._runner,

@@ -1,0 +1,178 @@
+"""Models that bring their own steps or their own compile, against plain Keras on one device.
+
+A GAN (two optimizers set in its own ``compile``), a custom ``predict_step``, a model the user
+compiled; and the refusals: tfdist features that a custom ``train_step`` would skip, and a
+compiled model given compile arguments again.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.keras_parity.parity import ATOL
+from tests.keras_parity.rows_basic import arrays, mlp, sgd_compile
+from tests.keras_parity.rows_overrides import CustomStep, built
+from tests.keras_parity.test_parity import mirrored
+
+LATENT, FEATURES = 4, 6
+
+
+class GAN(keras.Model):
+    """The Keras guide's GAN, with the latent vectors given in the data (deterministic)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.generator = keras.Sequential([keras.Input((LATENT,)), keras.layers.Dense(FEATURES)])
+        self.discriminator = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+    def compile(self, d_optimizer, g_optimizer):
+        super().compile()
+        self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+        self.loss_fn = keras.losses.BinaryCrossentropy(
+            from_logits=True, reduction="sum_over_batch_size"
+        )
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def _mean_loss(self, labels, logits):
+        # In a replica, a Keras loss divides its mean by the replica count (so the all-reduced
+        # gradients are the global mean's); the count turns it back into the mean, for the logs.
+        return self.loss_fn(
+            labels, logits
+        ), tf.distribute.get_replica_context().num_replicas_in_sync
+
+    def train_step(self, data):
+        real, latent = data
+        n = tf.shape(real)[0]
+        fake = self.generator(latent)
+        images = tf.concat([fake, real], axis=0)
+        labels = tf.concat([tf.ones((n, 1)), tf.zeros((n, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss, replicas = self._mean_loss(labels, self.discriminator(images))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply(grads, self.discriminator.trainable_weights)
+        with tf.GradientTape() as tape:
+            g_loss, _ = self._mean_loss(
+                tf.zeros((n, 1)), self.discriminator(self.generator(latent))
+            )
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply(grads, self.generator.trainable_weights)
+        self.d_loss_tracker.update_state(d_loss * replicas)
+        self.g_loss_tracker.update_state(g_loss * replicas)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+def compiled_gan():
+    keras.utils.set_random_seed(2)
+    gan = GAN()
+    gan.compile(keras.optimizers.SGD(0.05), keras.optimizers.SGD(0.02))
+    return gan
+
+
+def gan_data():
+    rng = np.random.default_rng(3)
+    real = rng.standard_normal((64, FEATURES)).astype("float32")
+    latent = rng.standard_normal((64, LATENT)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((real, latent)).batch(16)
+
+
+def assert_close(got, want):
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=ATOL, rtol=0)
+
+
+def test_gan_with_two_optimizers_compiled_in_the_scope_matches_keras():
+    reference = compiled_gan()
+    expected = reference.fit(gan_data(), epochs=2, verbose=0).history
+    strategy = mirrored()
+    with strategy.scope():
+        gan = compiled_gan()
+    trainer = tfdist.Trainer(gan, strategy=strategy)
+    history = trainer.fit(gan_data(), epochs=2, verbose=0).history
+    assert sorted(history) == ["d_loss", "g_loss"]
+    for key in history:
+        np.testing.assert_allclose(history[key], expected[key], atol=ATOL, rtol=0)
+    assert_close(trainer.model.get_weights(), reference.get_weights())
+    # A builder runs in the scope, so it may compile its model there too.
+    built_there = tfdist.Trainer(compiled_gan, strategy=strategy)
+    assert built_there.fit(gan_data(), epochs=2, verbose=0).history == history
+
+
+def test_gan_compiled_outside_the_scope_is_refused():
+    with pytest.raises(ValueError, match=r"argument `model`.*overrides compile\(\).*scope"):
+        tfdist.Trainer(compiled_gan(), strategy=mirrored())
+
+
+def test_uncompiled_model_with_its_own_compile_is_refused():
+    with pytest.raises(ValueError, match=r"argument `model`.*has its own compile\(\)"):
+        tfdist.Trainer(GAN(), strategy=mirrored(), loss="mse")
+
+
+def test_predict_step_override_gives_keras_outputs():
+    x, y, _ = arrays()
+    keras.utils.set_random_seed(0)
+    reference = built(CustomStep)()
+    reference.compile(**sgd_compile())
+    expected = reference.predict(x, batch_size=16, verbose=0)
+    trainer = tfdist.Trainer(built(CustomStep), strategy=mirrored(), **sgd_compile())
+    got = trainer.predict(x, global_batch_size=16)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-5)  # its softmax, not the logits
+
+
+def test_compiled_model_gives_its_optimizer_loss_and_metrics():
+    x, y, _ = arrays()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    reference = mlp()
+    reference.compile(**sgd_compile())
+    expected = reference.fit(data, epochs=2, verbose=0).history
+    model = mlp()
+    model.compile(**sgd_compile())  # outside the scope: rebuilt in it, compile arguments kept
+    trainer = tfdist.Trainer(model, strategy=mirrored())
+    history = trainer.fit(data, epochs=2, verbose=0).history
+    assert sorted(history) == sorted(expected) == ["accuracy", "loss"]
+    for key in expected:
+        np.testing.assert_allclose(history[key], expected[key], atol=ATOL, rtol=0)
+    assert_close(trainer.model.get_weights(), reference.get_weights())
+    assert isinstance(trainer.model.optimizer, keras.optimizers.SGD)
+
+
+@pytest.mark.parametrize("argument", ["optimizer", "loss", "metrics", "loss_weights"])
+def test_compiled_model_with_compile_arguments_is_refused(argument):
+    model = mlp()
+    model.compile(**sgd_compile())
+    value = {"optimizer": "adam", "loss": "mse", "metrics": ["mae"], "loss_weights": [1.0]}
+    with pytest.raises(ValueError, match=rf"argument `{argument}`.*already compiled.*not both"):
+        tfdist.Trainer(model, strategy=mirrored(), **{argument: value[argument]})
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("accumulation_steps", 2), ("gradient_compression", "bf16"), ("bucket_bytes", 1024)],
+)
+def test_custom_train_step_refuses_what_it_would_skip(option, value):
+    with pytest.raises(ValueError, match=rf"argument `{option}`.*overrides train_step\(\)"):
+        tfdist.Trainer(built(CustomStep), strategy=mirrored(), **sgd_compile(), **{option: value})
+
+
+def test_uncompiled_model_without_loss_is_refused():
+    with pytest.raises(ValueError, match=r"argument `loss`.*Received: loss=None"):
+        tfdist.Trainer(mlp, strategy=mirrored(), optimizer="sgd")
+
+
+def test_train_step_returning_no_dict_is_refused():
+    class NoDict(CustomStep):
+        def train_step(self, data):
+            super().train_step(data)
+            return 1.0
+
+    trainer = tfdist.Trainer(built(NoDict), strategy=mirrored(), **sgd_compile())
+    x, y, _ = arrays()
+    with pytest.raises(ValueError, match=r"train_step\(\) return value"):
+        trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), verbose=0)

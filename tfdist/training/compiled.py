@@ -1,0 +1,172 @@
+"""A model the user compiled: the Trainer takes its ``compile`` arguments, or uses it as is.
+
+``Trainer(model)`` with a model already ``compile()``d takes its optimizer,
+loss, loss weights and metrics from that compile (rebuilt in the strategy
+scope, as when they are given to the Trainer). Giving them to the Trainer as
+well is an error that names the conflict: one place per setting.
+
+A model whose class overrides ``compile`` (a GAN's
+``compile(d_optimizer=..., g_optimizer=...)``) cannot be recompiled by tfdist.
+It is used as compiled, provided its optimizers were made in the strategy's
+scope (``with strategy.scope():`` around the model and its ``compile``, or a
+builder passed as ``Trainer(lambda: ...)``, which runs in the scope).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfdist._compat.keras_training import compile_arguments
+from tfdist.config import invalid_argument
+from tfdist.training.overrides import overridden
+
+logger = logging.getLogger(__name__)
+
+#: The ``compile`` arguments the Trainer also takes, in ``compile``'s order.
+COMPILE_ARGUMENTS = ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")
+DEFAULT_OPTIMIZER = "adam"
+
+
+def _optimizers(model: keras.Model) -> list[keras.optimizers.Optimizer]:
+    found = [getattr(model, "optimizer", None)]
+    found += [v for v in vars(model).values() if isinstance(v, keras.optimizers.Optimizer)]
+    return [o for i, o in enumerate(found) if o is not None and o not in found[:i]]
+
+
+def _in_scope(strategy: tf.distribute.Strategy, optimizer: keras.optimizers.Optimizer) -> bool:
+    counter = optimizer.iterations
+    return strategy.extended.variable_created_in_scope(getattr(counter, "value", counter))
+
+
+def check_own_compile(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Refuses a model whose class overrides ``compile`` unless it was compiled in the scope.
+
+    Checked before the model is placed (placing would rebuild one made outside).
+    """
+    if not overridden(model, "compile"):
+        return
+    name = type(model).__name__
+    if not model.compiled:
+        raise invalid_argument(
+            "model",
+            name,
+            "a compiled model when its class overrides compile()",
+            note=f"{name} has its own compile(), which tfdist cannot call for you. Build and "
+            "compile it inside `with strategy.scope():` (or in a builder: "
+            f"`Trainer(lambda: make_compiled_{name.lower()}(), strategy=...)`) and pass it.",
+        )
+    outside = [o.name for o in _optimizers(model) if not _in_scope(strategy, o)]
+    if outside:
+        raise invalid_argument(
+            "model",
+            name,
+            "a model compiled inside the strategy's scope",
+            note=f"{name} overrides compile() and its optimizers {outside} were made outside the "
+            "scope. Build and compile it inside `with strategy.scope():`, or pass a builder that "
+            f"does (`Trainer(lambda: ..., strategy=...)`): tfdist cannot call {name}'s compile().",
+        )
+
+
+def _uncompiled(model: keras.Model, given: dict[str, Any]) -> dict[str, Any]:
+    if given["loss"] is None and not overridden(model, "train_step"):
+        raise invalid_argument(
+            "loss",
+            None,
+            "a Keras loss, its name, or a callable(y_true, y_pred)",
+            note="Or pass a model you compiled with a loss.",
+        )
+    args = dict(given)
+    args["optimizer"] = DEFAULT_OPTIMIZER if given["optimizer"] is None else given["optimizer"]
+    return args
+
+
+def _check_no_conflict(model: keras.Model, given: dict[str, Any]) -> None:
+    for key in COMPILE_ARGUMENTS:
+        if given[key] is not None:
+            raise invalid_argument(
+                key,
+                given[key],
+                "None for a model that is already compiled",
+                note=f"{type(model).__name__} was compiled already; the Trainer takes its "
+                "optimizer, loss, loss_weights and metrics from that compile. Pass a compiled "
+                f"model or `{key}=`, not both.",
+            )
+
+
+def _as_compiled(
+    model: keras.Model, placed: keras.Model, strategy: tf.distribute.Strategy, lr_active: bool
+) -> None:
+    """Checks that a model with its own ``compile`` can be used as compiled."""
+    name = type(model).__name__
+    check_own_compile(model, strategy)
+    if placed is not model:
+        raise invalid_argument(
+            "model",
+            name,
+            "a model compiled inside the strategy's scope",
+            note=f"{name} overrides compile() and its variables were made outside the scope. "
+            "Build and compile it inside `with strategy.scope():`, or pass a builder that does.",
+        )
+    if lr_active:
+        raise invalid_argument(
+            "lr_scaling",
+            "active",
+            "'none' for a model with its own compile()",
+            note=f"tfdist scales the learning rate by rebuilding the optimizer, which {name}'s "
+            "own compile() made. Scale its learning rates in that compile instead.",
+        )
+
+
+def compile_plan(
+    model: keras.Model,
+    placed: keras.Model,
+    strategy: tf.distribute.Strategy,
+    given: dict[str, Any],
+    *,
+    lr_active: bool,
+) -> tuple[dict[str, Any] | None, int | None]:
+    """The ``compile`` arguments to use for ``placed``, and a compiled ``steps_per_execution``.
+
+    Args:
+        model: The model as the user gave it (or as their builder returned it).
+        placed: The model with its variables in ``strategy``'s scope.
+        strategy: The Trainer's strategy.
+        given: The Trainer's ``optimizer``, ``loss``, ... (None where not given).
+        lr_active: Whether learning-rate scaling or warmup is on.
+
+    Returns:
+        ``(arguments, steps_per_execution)``: arguments None means "use the
+        model as compiled"; ``steps_per_execution`` is the compiled one when
+        it is not Keras's default 1, else None.
+
+    Raises:
+        ValueError: For a conflict between a compile and the Trainer's
+            arguments, or a model that can be neither compiled nor used as is.
+    """
+    if not model.compiled:
+        check_own_compile(model, strategy)
+        return _uncompiled(model, given), None
+    _check_no_conflict(model, given)
+    if overridden(model, "compile"):
+        _as_compiled(model, placed, strategy, lr_active)
+        return None, None
+    raw = compile_arguments(model)
+    if raw.get("run_eagerly"):
+        raise invalid_argument(
+            "model",
+            f"compiled with run_eagerly={raw['run_eagerly']}",
+            "a model compiled with run_eagerly=False",
+            note="Distributed steps run as tf.functions; compile without run_eagerly.",
+        )
+    if raw.get("jit_compile"):
+        logger.warning(
+            "%s was compiled with jit_compile=True: tfdist's distributed step is a tf.function "
+            "without XLA, so the model is not XLA-compiled.",
+            type(model).__name__,
+        )
+    steps = raw.get("steps_per_execution")
+    return {key: raw.get(key) for key in COMPILE_ARGUMENTS}, (steps if steps != 1 else None)
