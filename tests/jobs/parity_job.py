@@ -10,9 +10,10 @@ OUT_DIR/<row>-<task>.error with the traceback, and goes on to the next row: one 
 its own test only. (A row that fails on one worker alone, inside a collective, leaves the other
 waiting: the test's launch timeout then names the row in progress.)
 
-It also writes OUT_DIR/_shards-<task>.json: the example ids each worker's replica gets at each
-step when the Trainer distributes a dataset of global batches (``tf.data`` autosharding), so
-the test can check that the two halves make Keras's global batches.
+It also writes OUT_DIR/_shards-<task>.json and _shards_files-<task>.json: the example ids each
+worker's replica gets at each step when the Trainer distributes a dataset of global batches
+(``tf.data`` autosharding), from memory and from 2 TFRecord files, so the test can check that
+the two halves make Keras's global batches.
 """
 
 import json
@@ -38,20 +39,34 @@ task = json.loads(os.environ["TF_CONFIG"])["task"]
 task_name = f"{task['type']}-{task['index']}"
 
 
-def shards():
+def id_datasets():
+    """Example ids 0..20 as global batches of 4, from memory and from 2 TFRecord files."""
+    files = []
+    for part, ids in enumerate((range(0, 11), range(11, SHARD_EXAMPLES))):
+        files.append(os.path.join(out_dir, f"_ids-{task_name}-{part}.tfrecord"))
+        with tf.io.TFRecordWriter(files[-1]) as w:
+            for i in ids:
+                w.write(str(i).encode())
+    records = tf.data.TFRecordDataset(files).map(lambda r: tf.strings.to_number(r, tf.int64))
+    return {
+        "_shards": tf.data.Dataset.range(SHARD_EXAMPLES).batch(SHARD_BATCH),
+        "_shards_files": records.batch(SHARD_BATCH),
+    }
+
+
+def shards(name, ids):
     """The example ids this worker's replica reads per step, through the Trainer's own path."""
     from tfdist.data.inputs import as_input
     from tfdist.strategies.factory import runner_for
 
     runner = runner_for(strategy)
-    ids = tf.data.Dataset.range(SHARD_EXAMPLES).batch(SHARD_BATCH)
     source = as_input(
         ids, input_context=runner.input_context(), global_batch_size=None, training=True
     )
     steps = []
     for batch in runner.make_iterator(runner.distribute(source)):
         steps.append([int(i) for t in strategy.experimental_local_results(batch) for i in t])
-    with open(os.path.join(out_dir, f"_shards-{task_name}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}-{task_name}.json"), "w") as f:
         json.dump({"examples": SHARD_EXAMPLES, "batch": SHARD_BATCH, "steps": steps}, f)
 
 
@@ -71,7 +86,8 @@ def save_row(row):
     save_result(run_trainer(row, strategy), os.path.join(out_dir, f"{row.name}-{task_name}"))
 
 
-recorded("_shards", shards)
+for name, ids in id_datasets().items():
+    recorded(name, lambda: shards(name, ids))  # noqa: B023 - called at once
 for row in ROWS:
     if "multi_worker" in row.strategies and (only is None or row.name in only):
         recorded(row.name, lambda: save_row(row))  # noqa: B023 - called at once

@@ -117,15 +117,17 @@ def fit_trainer(trainer: tfdist.Trainer, fit: dict[str, Any]) -> keras.callbacks
 def one_pass_steps(fit: dict[str, Any]) -> int:
     """Batches in one pass over ``fit``'s training data, as Keras counts them.
 
-    A dataset: its cardinality. Arrays (``x`` an array, or a dict/list of them):
-    ``ceil(N / batch_size)`` (Keras's default batch 32), after ``validation_split``
-    took its tail (``floor(N * (1 - split))`` training examples, as in Keras).
+    A dataset: its cardinality; a ``keras.utils.PyDataset``: its length. Arrays (``x`` an
+    array, or a dict/list of them): ``ceil(N / batch_size)`` (Keras's default batch 32), after
+    ``validation_split`` took its tail (``floor(N * (1 - split))`` training examples, as in Keras).
 
     Raises:
         ValueError: For a dataset of unknown or infinite length (the row must say
             ``steps_per_epoch`` itself).
     """
     x = fit["x"]
+    if isinstance(x, keras.utils.PyDataset):
+        return len(x)  # batches already
     if isinstance(x, tf.data.Dataset):
         n = int(x.cardinality())
         if n < 0:

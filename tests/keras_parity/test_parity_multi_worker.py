@@ -29,7 +29,10 @@ def launched(tmp_path_factory):
     """One 2-worker launch for every row: (its output, or the timeout's; the output folder)."""
     out_dir = tmp_path_factory.mktemp("parity_mwms")
     try:
-        proc = run_tfdist("launch", "--workers=2", "--", sys.executable, JOB, str(out_dir))
+        # Under pytest's 600 s timeout, so that a stuck row's output still reaches the tests.
+        proc = run_tfdist(
+            "launch", "--workers=2", "--", sys.executable, JOB, str(out_dir), timeout=540
+        )
         return proc.returncode, proc.stdout, out_dir
     except subprocess.TimeoutExpired as e:
         return "timeout", e.output or "", out_dir
@@ -53,9 +56,23 @@ def test_launch_succeeded(launched):
     assert "[worker:0] parity job done 2" in stdout and "[worker:1] parity job done 2" in stdout
 
 
-def test_autosharding_splits_each_global_batch(launched):
+FILE_SHARDING = (
+    "tf.data's AUTO policy shards a file-based dataset by FILE: each worker reads its own files, "
+    "so the steps' batches are not Keras's (SyncRunner.distribute could set the DATA policy)"
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "_shards",
+        pytest.param("_shards_files", marks=pytest.mark.xfail(reason=FILE_SHARDING, strict=True)),
+    ],
+    ids=["from_tensor_slices", "tfrecord_files"],
+)
+def test_autosharding_splits_each_global_batch(launched, name):
     """Worker 0's then worker 1's share of step i is global batch i, as Keras reads it."""
-    w0, w1 = (json.loads(open(p + ".json").read()) for p in _outputs(launched, "_shards"))
+    w0, w1 = (json.loads(open(p + ".json").read()) for p in _outputs(launched, name))
     n, batch = w0["examples"], w0["batch"]
     keras_batches = [list(range(n))[i : i + batch] for i in range(0, n, batch)]
     w0, w1 = w0["steps"], w1["steps"]
