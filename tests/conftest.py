@@ -41,6 +41,7 @@ FIRST_SCOPES = (
     "tests/training/test_backup_faults.py",
     "tests/strategies/test_ps_multiprocess.py",
     "tests/strategies/test_multi_worker.py",
+    "tests/keras_parity/test_parity_multi_worker.py",
 )
 
 

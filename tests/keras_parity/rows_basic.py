@@ -1,4 +1,9 @@
-"""Parity rows for what already worked: a compiled loss and metrics, sample weights in data."""
+"""Parity rows for what already worked: a compiled loss and metrics, sample weights in data.
+
+Also the data shapes every strategy must split the same way: a partial last batch (odd, so the
+2 multi_worker replicas get unequal halves), validation data, and a seeded shuffle (every worker
+draws the same order, and PS's repeated dataset reshuffles per pass as Keras's epochs do).
+"""
 
 import keras
 import numpy as np
@@ -9,11 +14,11 @@ from tests.keras_parity.parity import Row
 N, FEATURES, CLASSES = 96, 6, 3
 
 
-def arrays(seed=0):
+def arrays(seed=0, n=N):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((N, FEATURES)).astype("float32")
+    x = rng.standard_normal((n, FEATURES)).astype("float32")
     y = (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0.5).astype("int32")
-    w = rng.uniform(0.5, 2.0, N).astype("float32")
+    w = rng.uniform(0.5, 2.0, n).astype("float32")
     return x, y, w
 
 
@@ -45,7 +50,49 @@ def dataset_fit(with_weights=False):
     return fit
 
 
+def partial_batch_fit():
+    # 101 = 6 * 16 + 5: the last batch of 5 splits 3 + 2 over two replicas.
+    x, y, _ = arrays(n=101)
+    return dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=2)
+
+
+def validation_fit():
+    x, y, _ = arrays()
+    vx, vy, _ = arrays(seed=1, n=37)
+    return dict(
+        x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16),
+        validation_data=tf.data.Dataset.from_tensor_slices((vx, vy)).batch(16),
+        epochs=2,
+    )
+
+
+def shuffled_fit():
+    x, y, _ = arrays()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+        N, seed=7, reshuffle_each_iteration=True
+    )
+    return dict(x=ds.batch(16), epochs=2)
+
+
+# Each iterator over a reshuffling dataset draws the next order. Keras makes two per epoch (one
+# when an epoch of known length ends, one when the next begins), so its epoch e reads pass 2e-1;
+# the Trainer reads the first batch to learn the batch size (tfdist/data/inputs.py
+# _first_batch_size: one pass used up), then one iterator per epoch: passes 2, 3, ...
+SHUFFLE_GAP = (
+    "a reshuffling dataset: Keras's epoch e reads pass 2e-1, the Trainer's pass e+1 "
+    "(its first-batch peek uses up pass 1)"
+)
+
 ROWS = [
     Row("dataset", mlp, sgd_compile, dataset_fit()),
     Row("dataset_sample_weight", mlp, sgd_compile, dataset_fit(with_weights=True)),
+    Row("dataset_partial_batch", mlp, sgd_compile, partial_batch_fit),
+    Row("dataset_validation_data", mlp, sgd_compile, validation_fit),
+    Row(
+        "dataset_shuffled_seeded",
+        mlp,
+        sgd_compile,
+        shuffled_fit,
+        known_gaps=dict.fromkeys(("mirrored", "multi_worker", "parameter_server"), SHUFFLE_GAP),
+    ),
 ]

@@ -1,26 +1,23 @@
 """Keras parity: each row through plain Keras on one device and the Trainer on mirrored x2.
 
 Rows live in ``rows_*.py`` beside this file (``ROWS`` lists in each), collected by
-:mod:`tests.keras_parity.rows`.
+:mod:`tests.keras_parity.rows`. The multi_worker and parameter_server runs of the same rows are
+in ``test_parity_multi_worker.py`` and ``test_parity_parameter_server.py``.
 """
 
 import pytest
 
 import tfdist
-from tests.keras_parity.parity import assert_same, run_keras, run_trainer
+from tests.keras_parity.parity import assert_same, rows_on, run_keras, run_trainer
 from tests.keras_parity.rows import ROWS
 
-_MIRRORED = []
 
-
+@pytest.fixture(scope="module")
 def mirrored():
-    if not _MIRRORED:
-        _MIRRORED.append(tfdist.make_strategy("mirrored", num_devices=2))
-    return _MIRRORED[0]
+    """One strategy for every row (made once: each new one adds devices' state to the process)."""
+    return tfdist.make_strategy("mirrored", num_devices=2)
 
 
-@pytest.mark.parametrize(
-    "row", [r for r in ROWS if "mirrored" in r.strategies], ids=lambda r: r.name
-)
-def test_trainer_on_mirrored_matches_keras(row):
-    assert_same(row, run_keras(row), run_trainer(row, mirrored()))
+@pytest.mark.parametrize("row", rows_on("mirrored", ROWS))
+def test_trainer_on_mirrored_matches_keras(row, mirrored):
+    assert_same(row, run_keras(row), run_trainer(row, mirrored))
