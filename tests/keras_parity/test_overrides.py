@@ -14,7 +14,6 @@ import tfdist
 from tests.keras_parity.parity import ATOL
 from tests.keras_parity.rows_basic import arrays, mlp, sgd_compile
 from tests.keras_parity.rows_overrides import CustomStep, built
-from tests.keras_parity.test_parity import mirrored
 
 LATENT, FEATURES = 4, 6
 
@@ -87,10 +86,10 @@ def assert_close(got, want):
         np.testing.assert_allclose(g, w, atol=ATOL, rtol=0)
 
 
-def test_gan_with_two_optimizers_compiled_in_the_scope_matches_keras():
+def test_gan_with_two_optimizers_compiled_in_the_scope_matches_keras(mirrored):
     reference = compiled_gan()
     expected = reference.fit(gan_data(), epochs=2, verbose=0).history
-    strategy = mirrored()
+    strategy = mirrored
     with strategy.scope():
         gan = compiled_gan()
     trainer = tfdist.Trainer(gan, strategy=strategy)
@@ -104,29 +103,29 @@ def test_gan_with_two_optimizers_compiled_in_the_scope_matches_keras():
     assert built_there.fit(gan_data(), epochs=2, verbose=0).history == history
 
 
-def test_gan_compiled_outside_the_scope_is_refused():
+def test_gan_compiled_outside_the_scope_is_refused(mirrored):
     with pytest.raises(ValueError, match=r"argument `model`.*overrides compile\(\).*scope"):
-        tfdist.Trainer(compiled_gan(), strategy=mirrored())
+        tfdist.Trainer(compiled_gan(), strategy=mirrored)
 
 
-def test_uncompiled_model_with_its_own_compile_is_refused():
+def test_uncompiled_model_with_its_own_compile_is_refused(mirrored):
     with pytest.raises(ValueError, match=r"argument `model`.*has its own compile\(\)"):
-        tfdist.Trainer(GAN(), strategy=mirrored(), loss="mse")
+        tfdist.Trainer(GAN(), strategy=mirrored, loss="mse")
 
 
-def test_predict_step_override_gives_keras_outputs():
+def test_predict_step_override_gives_keras_outputs(mirrored):
     x, y, _ = arrays()
     keras.utils.set_random_seed(0)
     reference = built(CustomStep)()
     reference.compile(**sgd_compile())
     expected = reference.predict(x, batch_size=16, verbose=0)
-    trainer = tfdist.Trainer(built(CustomStep), strategy=mirrored(), **sgd_compile())
+    trainer = tfdist.Trainer(built(CustomStep), strategy=mirrored, **sgd_compile())
     got = trainer.predict(x, global_batch_size=16)
     np.testing.assert_allclose(got, expected, atol=1e-6)
     np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-5)  # its softmax, not the logits
 
 
-def test_compiled_model_gives_its_optimizer_loss_and_metrics():
+def test_compiled_model_gives_its_optimizer_loss_and_metrics(mirrored):
     x, y, _ = arrays()
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
     reference = mlp()
@@ -134,7 +133,7 @@ def test_compiled_model_gives_its_optimizer_loss_and_metrics():
     expected = reference.fit(data, epochs=2, verbose=0).history
     model = mlp()
     model.compile(**sgd_compile())  # outside the scope: rebuilt in it, compile arguments kept
-    trainer = tfdist.Trainer(model, strategy=mirrored())
+    trainer = tfdist.Trainer(model, strategy=mirrored)
     history = trainer.fit(data, epochs=2, verbose=0).history
     assert sorted(history) == sorted(expected) == ["accuracy", "loss"]
     for key in expected:
@@ -144,35 +143,35 @@ def test_compiled_model_gives_its_optimizer_loss_and_metrics():
 
 
 @pytest.mark.parametrize("argument", ["optimizer", "loss", "metrics", "loss_weights"])
-def test_compiled_model_with_compile_arguments_is_refused(argument):
+def test_compiled_model_with_compile_arguments_is_refused(argument, mirrored):
     model = mlp()
     model.compile(**sgd_compile())
     value = {"optimizer": "adam", "loss": "mse", "metrics": ["mae"], "loss_weights": [1.0]}
     with pytest.raises(ValueError, match=rf"argument `{argument}`.*already compiled.*not both"):
-        tfdist.Trainer(model, strategy=mirrored(), **{argument: value[argument]})
+        tfdist.Trainer(model, strategy=mirrored, **{argument: value[argument]})
 
 
 @pytest.mark.parametrize(
     "option, value",
     [("accumulation_steps", 2), ("gradient_compression", "bf16"), ("bucket_bytes", 1024)],
 )
-def test_custom_train_step_refuses_what_it_would_skip(option, value):
+def test_custom_train_step_refuses_what_it_would_skip(option, value, mirrored):
     with pytest.raises(ValueError, match=rf"argument `{option}`.*overrides train_step\(\)"):
-        tfdist.Trainer(built(CustomStep), strategy=mirrored(), **sgd_compile(), **{option: value})
+        tfdist.Trainer(built(CustomStep), strategy=mirrored, **sgd_compile(), **{option: value})
 
 
-def test_uncompiled_model_without_loss_is_refused():
+def test_uncompiled_model_without_loss_is_refused(mirrored):
     with pytest.raises(ValueError, match=r"argument `loss`.*Received: loss=None"):
-        tfdist.Trainer(mlp, strategy=mirrored(), optimizer="sgd")
+        tfdist.Trainer(mlp, strategy=mirrored, optimizer="sgd")
 
 
-def test_train_step_returning_no_dict_is_refused():
+def test_train_step_returning_no_dict_is_refused(mirrored):
     class NoDict(CustomStep):
         def train_step(self, data):
             super().train_step(data)
             return 1.0
 
-    trainer = tfdist.Trainer(built(NoDict), strategy=mirrored(), **sgd_compile())
+    trainer = tfdist.Trainer(built(NoDict), strategy=mirrored, **sgd_compile())
     x, y, _ = arrays()
     with pytest.raises(ValueError, match=r"train_step\(\) return value"):
         trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), verbose=0)

@@ -7,15 +7,8 @@ in ``test_parity_multi_worker.py`` and ``test_parity_parameter_server.py``.
 
 import pytest
 
-import tfdist
 from tests.keras_parity.parity import assert_same, rows_on, run_keras, run_trainer
 from tests.keras_parity.rows import ROWS
-
-
-@pytest.fixture(scope="module")
-def mirrored():
-    """One strategy for every row (made once: each new one adds devices' state to the process)."""
-    return tfdist.make_strategy("mirrored", num_devices=2)
 
 
 @pytest.mark.parametrize("row", rows_on("mirrored", ROWS))
