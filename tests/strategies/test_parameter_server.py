@@ -102,7 +102,7 @@ def test_validation_counts_each_example_once(ps, digits):
     train, val = digits
     trainer = _trainer(ps)
     trainer.fit(train, epochs=1, steps_per_epoch=10, global_batch_size=G, verbose=0)
-    ours = trainer.evaluate(val, global_batch_size=G)
+    ours = trainer.evaluate(val, global_batch_size=G, return_dict=True)
     x, y = next(iter(val.bind(global_batch_size=val.num_examples)(None)))
     theirs = {
         "loss": float(LOSS(y, trainer.model(x))),

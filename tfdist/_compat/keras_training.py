@@ -46,3 +46,9 @@ def concrete_functions(function: Any) -> list[Any]:
     """Every concrete function a ``tf.function`` has traced so far (to inspect graphs in tests)."""
     # Private: TF lists a tf.function's traces only here (get_concrete_function needs a signature).
     return list(function._list_all_concrete_functions())
+
+
+def metrics_in_order(model: keras.Model, logs: dict[str, Any]) -> Any:
+    """``logs`` as ``model.evaluate`` returns them without ``return_dict``: a list, or one value."""
+    # Private: Keras orders evaluate's list by its compiled metrics here, and has no public twin.
+    return model._flatten_metrics_in_order(logs)
