@@ -40,6 +40,7 @@ class Row:
         strategies: The strategies this row runs on besides plain Keras.
         atol: Tolerance for weights and history values.
         history_keys: Compare only these history keys (None: all, and the key sets must match).
+        slow: Marks the row's tests ``slow`` (more than a few seconds).
     """
 
     name: str
@@ -50,6 +51,7 @@ class Row:
     strategies: tuple[str, ...] = ("mirrored", "multi_worker", "parameter_server")
     atol: float = ATOL
     history_keys: tuple[str, ...] | None = None
+    slow: bool = False
 
 
 @dataclasses.dataclass
@@ -74,9 +76,7 @@ def run_trainer(row: Row, strategy: Any) -> Result:
     """The same row through ``tfdist.Trainer(...).fit`` on ``strategy``."""
     keras.utils.set_random_seed(0)
     trainer = tfdist.Trainer(row.model, strategy=strategy, **row.compile(), **row.trainer)
-    fit = dict(row.fit())
-    x = fit.pop("x")
-    history = trainer.fit(x, **fit, verbose=0)
+    history = trainer.fit(**row.fit(), verbose=0)
     return Result(trainer.model.get_weights(), _floats(history.history), trainer)
 
 

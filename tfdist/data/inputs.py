@@ -189,7 +189,7 @@ def _array_input(
     data: tuple[Any, ...], gbs: int, *, shuffle: bool | str, seed: int, argument: str
 ) -> InputSource:
     """``(x, y[, sample_weight])`` arrays, each nested as the model's inputs/outputs, batched."""
-    arrays = tf.nest.map_structure(np.asarray, data)
+    arrays = tf.nest.map_structure(np.asarray, _lists_as_tuples(data))
     leaves = tf.nest.flatten(arrays)
     if any(a.ndim == 0 for a in leaves) or len({len(a) for a in leaves}) != 1:
         shapes = tf.nest.map_structure(lambda a: a.shape, arrays)
@@ -203,6 +203,15 @@ def _array_input(
         ds = ds.map(functools.partial(_shuffle_batch, seed=seed))
     ds = ds.prefetch(tf.data.AUTOTUNE)
     return InputSource(gbs, ds.element_spec, -(-n // gbs), dataset=ds)
+
+
+def _lists_as_tuples(structure: Any) -> Any:
+    """Lists (one array per input or output) as tuples: tf.data would stack a list into one."""
+    if isinstance(structure, (list, tuple)):
+        return tuple(_lists_as_tuples(s) for s in structure)
+    if isinstance(structure, dict):
+        return {k: _lists_as_tuples(v) for k, v in structure.items()}
+    return structure
 
 
 def _shuffle_batch(*batch: Any, seed: int) -> Any:
