@@ -478,6 +478,13 @@ CASES = [
         ("None or global_batch_size's value (64)", "the same thing"),
     ),
     C(
+        "fit(x, y, steps_per_epoch=5)  # 64 examples, 2 replicas",
+        lambda e: e.trainer.fit(X, Y, steps_per_epoch=5),
+        "batch_size",
+        "None",
+        ("a multiple of the 2 replicas in sync", "ceil(64 / 5) = 13"),
+    ),
+    C(
         "fit(dataset, y)",
         lambda e: e.trainer.fit(DATASET(), Y),
         "y",

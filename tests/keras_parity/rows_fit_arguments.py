@@ -80,6 +80,13 @@ def dict_outputs():
 MIRRORED = ("mirrored",)
 ROWS = [
     Row("arrays_batch_size", mlp, sgd_compile, fit_with(), strategies=MIRRORED),
+    Row(  # no batch_size: Keras's ceil(96 / 4) = 24 per step
+        "arrays_steps_per_epoch",
+        mlp,
+        sgd_compile,
+        fit_with(batch_size=None, steps_per_epoch=4),
+        strategies=MIRRORED,
+    ),
     Row("arrays_sample_weight", mlp, sgd_compile, sample_weighted, strategies=MIRRORED),
     Row(
         "arrays_class_weight",

@@ -110,6 +110,31 @@ def split_for_validation(data: Any, validation_split: float) -> tuple[Any, Any]:
     return train, tf.nest.map_structure(lambda a: a[split_at:], arrays)
 
 
+def keras_batch_size(data: Any, steps_per_epoch: int, replicas: int) -> int:
+    """Keras's batch for arrays given ``steps_per_epoch`` but no ``batch_size``: one pass per epoch.
+
+    Raises:
+        ValueError: Naming ``batch_size`` if that batch does not split across ``replicas``.
+    """
+    n = len(np.asarray(tf.nest.flatten(data)[0]))
+    batch = math.ceil(n / steps_per_epoch)
+    if batch % replicas:
+        raise invalid_argument(
+            "batch_size",
+            None,
+            f"a multiple of the {replicas} replicas in sync when steps_per_epoch is given "
+            "without it",
+            note=f"Keras would use ceil({n} / {steps_per_epoch}) = {batch} examples per step, "
+            "which cannot be split evenly; pass batch_size.",
+        )
+    logger.info(
+        "batch_size=None, steps_per_epoch=%d: %d examples per step, as Keras.",
+        steps_per_epoch,
+        batch,
+    )
+    return batch
+
+
 def warn_unused_shuffle(x: Any, shuffle: bool | str) -> None:
     """``shuffle`` for data tfdist does not batch: ignored, with Keras's warning; refused for a
     ``DatasetFn``, which always shuffles training batches."""

@@ -90,11 +90,15 @@ def fit_sources(
             )
         data, validation_data = fit_data.split_for_validation(data, args.validation_split)
     fit_data.warn_unused_shuffle(data, args.shuffle)
+    gbs = args.global_batch_size
+    if gbs is None and args.steps_per_epoch and not is_dataset_like(data):
+        replicas = runner.input_context().num_replicas_in_sync
+        gbs = fit_data.keras_batch_size(data, args.steps_per_epoch, replicas)
     source = input_source(
         data,
         runner=runner,
         model=model,
-        global_batch_size=args.global_batch_size,
+        global_batch_size=gbs,
         training=True,
         argument="x",
         shuffle=args.shuffle,
