@@ -39,12 +39,25 @@ from tfdist.launch import local
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 X = np.zeros((64, 8, 8, 1), np.float32)
 Y = np.zeros((64,), np.int32)
+W = np.ones((64,), np.float32)
 LOSS = "sparse_categorical_crossentropy"
 EXTERNAL = "192.0.2.1"  # TEST-NET-1 (RFC 5737): parsed and refused, never contacted
 
 
 def tiny_model() -> keras.Model:
     return tfdist.models.get("mlp", hidden_units=(8,))
+
+
+def DATASET() -> tf.data.Dataset:  # noqa: N802 (a constant-like maker, beside X and Y)
+    return tf.data.Dataset.from_tensor_slices((X, Y)).batch(32)
+
+
+def two_outputs() -> keras.Model:
+    inputs = keras.Input((8, 8, 1))
+    hidden = keras.layers.Flatten()(inputs)
+    outputs = {"cls": keras.layers.Dense(10, name="cls")(hidden)}
+    outputs["reg"] = keras.layers.Dense(1, name="reg")(hidden)
+    return keras.Model(inputs, outputs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +95,9 @@ class Env:
         kwargs.setdefault("strategy", self.strategy)
         kwargs.setdefault("loss", LOSS)
         return tfdist.Trainer(kwargs.pop("model", tiny_model), **kwargs)
+
+    def two_output_trainer(self) -> tfdist.Trainer:
+        return self.trainer_with(model=two_outputs, loss={"cls": LOSS, "reg": "mse"})
 
     def broken_backup_fit(self) -> Any:
         (self.tmp_path / "state.json").write_text('{"number": 1')  # cut short
@@ -385,30 +401,30 @@ CASES = [
         ("at most the 1437 examples of 'digits' split 'train'",),
     ),
     C(
-        "fit({'x': x})",
+        "fit({'x': x})  # no y",
         lambda e: e.trainer.fit({"x": X}, global_batch_size=32),
-        "data",
-        "'dict'",
-        ("a tfdist.data.DatasetFn, a dataset_fn(input_context), a tf.data.Dataset",),
+        "y",
+        "None",
+        ("the targets for the arrays x",),
     ),
     C(
         "fit('digits')",
         lambda e: e.trainer.fit("digits", global_batch_size=32),
-        "data",
+        "x",
         "'digits'",
         ("a tfdist.data.DatasetFn", "pass tfdist.data.load('digits')"),
     ),
     C(
         "fit((x[:64], y[:10]))",
         lambda e: e.trainer.fit((X, Y[:10]), global_batch_size=32),
-        "data",
+        "x",
         "((64, 8, 8, 1), (10,))",
         ("arrays with the same first dimension",),
     ),
     C(
         "fit((np.zeros((64, 5)), y))  # model input (8, 8, 1)",
         lambda e: e.trainer.fit((np.zeros((64, 5), np.float32), Y), global_batch_size=32),
-        "data",
+        "x",
         "'batches of x with shape (None, 5)'",
         ("x of shape (None, 8, 8, 1), the input shape of model 'mlp'",),
     ),
@@ -417,7 +433,7 @@ CASES = [
         lambda e: e.trainer.fit(lambda ctx: tf.data.Dataset.range(4)),
         "global_batch_size",
         "None",
-        ("a positive integer", "`data` yields unbatched elements"),
+        ("a positive integer", "`x` yields unbatched elements"),
     ),
     C(
         "fit(..., verbose='loud')",
@@ -448,11 +464,153 @@ CASES = [
         ("a non-negative integer",),
     ),
     C(
+        "fit()  # no x",
+        lambda e: e.trainer.fit(),
+        "x",
+        "None",
+        ("the inputs: arrays, a dataset or a dataset_fn",),
+    ),
+    C(
+        "fit(x, y, batch_size=32, global_batch_size=64)",
+        lambda e: e.trainer.fit(X, Y, batch_size=32, global_batch_size=64),
+        "batch_size",
+        "32",
+        ("None or global_batch_size's value (64)", "the same thing"),
+    ),
+    C(
+        "fit(x, y, steps_per_epoch=5)  # 64 examples, 2 replicas",
+        lambda e: e.trainer.fit(X, Y, steps_per_epoch=5),
+        "batch_size",
+        "None",
+        ("a multiple of the 2 replicas in sync", "ceil(64 / 5) = 13"),
+    ),
+    C(
+        "fit(dataset, y)",
+        lambda e: e.trainer.fit(DATASET(), Y),
+        "y",
+        "'ndarray'",
+        ("None when x is a tf.data.Dataset", "Its elements carry the targets"),
+    ),
+    C(
+        "fit(dataset, sample_weight=w)",
+        lambda e: e.trainer.fit(DATASET(), sample_weight=W),
+        "sample_weight",
+        "'ndarray'",
+        ("None when x is a tf.data.Dataset",),
+    ),
+    C(
+        "fit(dataset, validation_split=0.25)",
+        lambda e: e.trainer.fit(DATASET(), validation_split=0.25),
+        "validation_split",
+        "0.25",
+        ("0.0 when x is a tf.data.Dataset", "pass validation_data instead"),
+    ),
+    C(
+        "fit(x, y, validation_split=0.25, validation_data=(x, y))",
+        lambda e: e.trainer.fit(X, Y, validation_split=0.25, validation_data=(X, Y)),
+        "validation_split",
+        "0.25",
+        ("0.0 when validation_data is given", "Keras would use validation_data"),
+    ),
+    C(
+        "fit(x, y, validation_split=1.5)",
+        lambda e: e.trainer.fit(X, Y, validation_split=1.5),
+        "validation_split",
+        "1.5",
+        ("a number in [0, 1)",),
+    ),
+    C(
+        "fit(x[:2], y[:2], validation_split=0.6)",
+        lambda e: e.trainer.fit(X[:2], Y[:2], validation_split=0.6),
+        "validation_split",
+        "0.6",
+        ("a fraction that leaves both parts of the 2 examples non-empty",),
+    ),
+    C(
+        "fit(..., validation_freq=0)",
+        lambda e: e.trainer.fit(X, Y, validation_data=(X, Y), validation_freq=0),
+        "validation_freq",
+        "0",
+        ("a positive integer, or a list of epochs (1-based)",),
+    ),
+    C(
+        "fit(..., validation_data=dataset, validation_batch_size=16)",
+        lambda e: e.trainer.fit(X, Y, validation_data=DATASET(), validation_batch_size=16),
+        "validation_batch_size",
+        "16",
+        ("None when validation_data is a tf.data.Dataset", "It is batched already"),
+    ),
+    C(
+        "fit(..., shuffle='yes')",
+        lambda e: e.trainer.fit(X, Y, shuffle="yes"),
+        "shuffle",
+        "'yes'",
+        ("True, False or 'batch'",),
+    ),
+    C(
+        "fit(load('digits'), shuffle=False)",
+        lambda e: e.trainer.fit(tfdist.data.load("digits"), shuffle=False, global_batch_size=32),
+        "shuffle",
+        "False",
+        ("True when x is a tfdist.data.DatasetFn", "It shuffles its training batches itself"),
+    ),
+    C(
+        "fit(x, y, class_weight={-1: 2.0})",
+        lambda e: e.trainer.fit(X, Y, class_weight={-1: 2.0}),
+        "class_weight",
+        "{-1: 2.0}",
+        ("class indices (non-negative ints) as keys", "Key -1 is not one"),
+    ),
+    C(
+        "fit(x, y, class_weight={0: 1.0, 10: 2.0})  # 10 classes",
+        lambda e: e.trainer.fit(X, Y, class_weight={0: 1.0, 10: 2.0}),
+        "class_weight",
+        "{0: 1.0, 10: 2.0}",
+        ("keys that are classes of the model's output, 0 to 9", "No class 10"),
+    ),
+    C(
+        "fit(x, y, class_weight={0: 2.0}, sample_weight=w)",
+        lambda e: e.trainer.fit(X, Y, class_weight={0: 2.0}, sample_weight=W),
+        "class_weight",
+        "{0: 2.0}",
+        ("None for data with sample weights", "Keras refuses both"),
+    ),
+    C(
+        "fit(x, {'cls': y, 'reg': y}, class_weight={0: 2.0})  # 2 outputs",
+        lambda e: e.two_output_trainer().fit(
+            X, {"cls": Y, "reg": Y.astype("float32")}, class_weight={0: 2.0}
+        ),
+        "class_weight",
+        "{0: 2.0}",
+        ("None for a model with several outputs", "pass sample_weight per output"),
+    ),
+    C(
         "evaluate(..., steps=0)",
         lambda e: e.trainer.evaluate((X, Y), steps=0),
         "steps",
         "0",
         ("a positive integer or None",),
+    ),
+    C(
+        "evaluate(x, y, callbacks=[...])",
+        lambda e: e.trainer.evaluate(X, Y, callbacks=[keras.callbacks.History()]),
+        "callbacks",
+        "[<keras.src.callbacks.history.History",
+        ("None for Trainer.evaluate", "keras.Model.evaluate on trainer.model"),
+    ),
+    C(
+        "evaluate(x, y, return_dict='yes')",
+        lambda e: e.trainer.evaluate(X, Y, return_dict="yes"),
+        "return_dict",
+        "'yes'",
+        ("True or False",),
+    ),
+    C(
+        "predict(x, batch_size=8, global_batch_size=16)",
+        lambda e: e.trainer.predict(X, batch_size=8, global_batch_size=16),
+        "batch_size",
+        "8",
+        ("None or global_batch_size's value (16)",),
     ),
     # --- data and models --------------------------------------------------------------------------
     C(

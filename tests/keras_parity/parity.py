@@ -46,6 +46,7 @@ class Row:
         history_keys: Compare only these history keys (None: all, and the key sets must match).
         known_gaps: Strategy name -> why the Trainer does not match Keras there yet. Its test is
             a strict xfail: it fails once the gap closes, so the entry gets removed.
+        slow: Marks the row's tests ``slow`` (more than a few seconds).
     """
 
     name: str
@@ -57,6 +58,7 @@ class Row:
     atol: float = ATOL
     history_keys: tuple[str, ...] | None = None
     known_gaps: dict[str, str] = dataclasses.field(default_factory=dict)
+    slow: bool = False
 
 
 def rows_on(strategy: str, rows: list[Row]) -> list[Any]:
@@ -65,9 +67,12 @@ def rows_on(strategy: str, rows: list[Row]) -> list[Any]:
         pytest.param(
             row,
             id=row.name,
-            marks=[pytest.mark.xfail(reason=row.known_gaps[strategy], strict=True)]
-            if strategy in row.known_gaps
-            else [],
+            marks=(
+                [pytest.mark.xfail(reason=row.known_gaps[strategy], strict=True)]
+                if strategy in row.known_gaps
+                else []
+            )
+            + ([pytest.mark.slow] if row.slow else []),
         )
         for row in rows
         if strategy in row.strategies
@@ -108,10 +113,8 @@ def run_trainer(row: Row, strategy: Any) -> Result:
 
 
 def fit_trainer(trainer: tfdist.Trainer, fit: dict[str, Any]) -> keras.callbacks.History:
-    """The one way the harness calls ``trainer.fit``: ``x`` by position, the rest by keyword."""
-    fit = dict(fit)
-    x = fit.pop("x")
-    return trainer.fit(x, **fit, verbose=0)
+    """The one way the harness calls ``trainer.fit``: with the keywords ``model.fit`` gets."""
+    return trainer.fit(**fit, verbose=0)
 
 
 def one_pass_steps(fit: dict[str, Any]) -> int:

@@ -102,7 +102,7 @@ def test_validation_counts_each_example_once(ps, digits):
     train, val = digits
     trainer = _trainer(ps)
     trainer.fit(train, epochs=1, steps_per_epoch=10, global_batch_size=G, verbose=0)
-    ours = trainer.evaluate(val, global_batch_size=G)
+    ours = trainer.evaluate(val, global_batch_size=G, return_dict=True)
     x, y = next(iter(val.bind(global_batch_size=val.num_examples)(None)))
     theirs = {
         "loss": float(LOSS(y, trainer.model(x))),
@@ -206,3 +206,29 @@ def test_predict_on_the_coordinator_in_input_order(ps):
     np.testing.assert_allclose(
         trainer.predict(x, global_batch_size=16), expected, rtol=1e-5, atol=1e-6
     )
+
+
+@pytest.mark.slow
+def test_keras_fit_arguments_on_arrays(ps):
+    # Arrays are read whole by every worker (repeated); the split happens before, on the arrays.
+    weights = initial_weights()
+    trainer = tfdist.Trainer(builder(weights), strategy=ps, optimizer="sgd", loss=LOSS)
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(64, 6)).astype("float32")
+    y = rng.integers(0, 2, size=64).astype("int32")
+    history = trainer.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=2,
+        steps_per_epoch=3,
+        validation_split=0.25,
+        validation_freq=2,
+        class_weight={0: 1.0, 1: 2.0},
+        verbose=0,
+    )
+    assert len(history.history["loss"]) == 2 and len(history.history["val_loss"]) == 1
+    assert int(trainer.model.optimizer.iterations.numpy()) == 6
+    # The held-out last quarter, evaluated after the last epoch.
+    expected = float(LOSS(y[48:], trainer.model(x[48:])))
+    assert history.history["val_loss"][0] == pytest.approx(expected, rel=1e-5)

@@ -68,12 +68,14 @@ def test_evaluation_matches_keras_for_every_input_kind(mirrored, n):
     }
     for kind, inputs in kinds.items():
         keras_logs = _keras_evaluate(mirrored, inputs)
-        ours = trainer.evaluate(inputs, global_batch_size=GLOBAL_BATCH)
+        ours = trainer.evaluate(inputs, global_batch_size=GLOBAL_BATCH, return_dict=True)
         for name in ("loss", "accuracy"):
             assert ours[name] == pytest.approx(exact[name], rel=1e-5), (kind, name)
             assert ours[name] == pytest.approx(keras_logs[name], rel=1e-5), (kind, name)
         # The global batch size is not needed: it is read off the data.
-        assert trainer.evaluate(inputs)["loss"] == pytest.approx(exact["loss"], rel=1e-5), kind
+        assert trainer.evaluate(inputs, return_dict=True)["loss"] == pytest.approx(
+            exact["loss"], rel=1e-5
+        ), kind
 
 
 def test_evaluation_of_a_loaded_dataset_matches_keras(mirrored):
@@ -86,7 +88,7 @@ def test_evaluation_of_a_loaded_dataset_matches_keras(mirrored):
         x.numpy(), y.numpy(), batch_size=101, verbose=0, return_dict=True
     )
     keras_logs = _keras_evaluate(mirrored, val.bind(global_batch_size=GLOBAL_BATCH))
-    ours = trainer.evaluate(val, global_batch_size=GLOBAL_BATCH)
+    ours = trainer.evaluate(val, global_batch_size=GLOBAL_BATCH, return_dict=True)
     for name in ("loss", "accuracy"):
         assert ours[name] == pytest.approx(exact[name], rel=1e-5)
         assert ours[name] == pytest.approx(keras_logs[name], rel=1e-5)
@@ -95,13 +97,13 @@ def test_evaluation_of_a_loaded_dataset_matches_keras(mirrored):
     after = trainer.model.evaluate(
         x.numpy(), y.numpy(), batch_size=101, verbose=0, return_dict=True
     )
-    assert trainer.evaluate(val)["loss"] == pytest.approx(after["loss"], rel=1e-5)
+    assert trainer.evaluate(val, return_dict=True)["loss"] == pytest.approx(after["loss"], rel=1e-5)
 
 
 def test_evaluate_a_dataset_fn_for_some_steps_without_a_global_batch_size(mirrored):
     x, y = data(100)
     trainer = _trainer(mirrored)
-    ours = trainer.evaluate(_tutorial_dataset_fn(x, y), steps=3)
+    ours = trainer.evaluate(_tutorial_dataset_fn(x, y), steps=3, return_dict=True)
     theirs = trainer.model.evaluate(x[:48], y[:48], batch_size=48, verbose=0, return_dict=True)
     assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
 
@@ -112,7 +114,7 @@ def test_evaluation_steps_beyond_one_pass_are_refused(mirrored):
     with pytest.raises(
         ValueError, match=r"argument `steps`. Received: steps=8.*at most 7, the batches in one pass"
     ):
-        trainer.evaluate(_tutorial_dataset_fn(x, y), steps=8)
+        trainer.evaluate(_tutorial_dataset_fn(x, y), steps=8, return_dict=True)
     with pytest.raises(
         ValueError, match=r"argument `validation_steps`. Received: validation_steps=9.*at most 7"
     ):

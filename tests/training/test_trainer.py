@@ -71,7 +71,7 @@ def test_evaluation_counts_each_example_once(digits):
     train, val = digits
     trainer = _digits_trainer(strategy)
     trainer.fit(train, epochs=1, global_batch_size=64, verbose=0)
-    ours = trainer.evaluate(val, global_batch_size=64)
+    ours = trainer.evaluate(val, global_batch_size=64, return_dict=True)
     x, y = next(iter(val.bind(global_batch_size=val.num_examples)(None)))
     theirs = trainer.model.evaluate(
         x.numpy(), y.numpy(), batch_size=360, verbose=0, return_dict=True
@@ -213,9 +213,7 @@ def test_fit_data_errors(mirrored, digits):
         trainer.fit(dataset().repeat(), verbose=0)
     with pytest.raises(ValueError, match="argument `global_batch_size`.*yields no batches"):
         trainer.fit(lambda ctx: dataset().take(0), verbose=0)
-    with pytest.raises(
-        ValueError, match="argument `data`. Received: data='digits'.*tfdist.data.load"
-    ):
+    with pytest.raises(ValueError, match="argument `x`. Received: x='digits'.*tfdist.data.load"):
         trainer.fit("digits", verbose=0)
     with pytest.raises(ValueError, match="argument `epochs`. Received: epochs=0"):
         trainer.fit(dataset(), epochs=0, verbose=0)

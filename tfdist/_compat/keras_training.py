@@ -59,3 +59,9 @@ def compile_arguments(model: keras.Model) -> dict[str, Any]:
     # serializes them, which fails for plain-function losses and copies metric objects anyway.
     config = getattr(model, "_compile_config", None)
     return dict(config.config) if config is not None and model.compiled else {}
+
+
+def metrics_in_order(model: keras.Model, logs: dict[str, Any]) -> Any:
+    """``logs`` as ``model.evaluate`` returns them without ``return_dict``: a list, or one value."""
+    # Private: Keras orders evaluate's list by its compiled metrics here, and has no public twin.
+    return model._flatten_metrics_in_order(logs)

@@ -5,7 +5,9 @@ Accepted forms:
     the global batch size;
   * any ``dataset_fn(input_context)`` callable returning per-replica batches;
   * a ``tf.data.Dataset`` of **global** batches;
-  * a tuple ``(x, y)`` or ``(x, y, sample_weight)`` of arrays.
+  * a tuple ``(x, y)`` or ``(x, y, sample_weight)`` of arrays, each an array
+    or a nested structure of them (a dict or list per input or output), as
+    ``Trainer.fit(x, y, sample_weight=...)`` packs them.
 
 ``global_batch_size`` travels one way: ``Trainer.fit`` → here → the dataset_fn's
 ``input_context.get_per_replica_batch_size``. Nothing else recomputes it. When
@@ -21,6 +23,7 @@ iterator hands the replicas without a batch an empty one).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -59,13 +62,19 @@ class InputSource:
         Each epoch's order then depends on the epoch alone, not on how many
         passes this process made before, so a restarted run sees the same data.
         """
-        if isinstance(self.dataset_fn, DatasetFn):
-            fn = self.dataset_fn
+        if self.dataset_fn is None:
+            return self
+        return dataclasses.replace(self, dataset_fn=_reseeded(self.dataset_fn, epoch))
+
+    def mapped(self, fn: Callable[..., Any], element_spec: Any) -> InputSource:
+        """Every batch through ``fn(*batch)`` (e.g. class weights), before it is distributed."""
+        if self.dataset is not None:
             return dataclasses.replace(
-                self,
-                dataset_fn=fn.bind(global_batch_size=fn.global_batch_size, seed=fn.seed + epoch),
+                self, dataset=self.dataset.map(fn), element_spec=element_spec
             )
-        return self
+        return dataclasses.replace(
+            self, dataset_fn=_Map(self.dataset_fn, fn), element_spec=element_spec
+        )
 
     def repeated(self) -> InputSource:
         """Repeated without end (``fit`` with ``steps_per_epoch`` reads across passes)."""
@@ -85,6 +94,29 @@ class InputSource:
         if self.dataset is not None:
             return dataclasses.replace(self, dataset=self.dataset.skip(num_steps))
         return dataclasses.replace(self, dataset_fn=_Skip(self.dataset_fn, num_steps))
+
+
+def _reseeded(dataset_fn: Any, epoch: int) -> Any:
+    """A DatasetFn reseeded with ``seed + epoch`` (also inside a :class:`_Map`); others as given."""
+    if isinstance(dataset_fn, DatasetFn):
+        return dataset_fn.bind(
+            global_batch_size=dataset_fn.global_batch_size, seed=dataset_fn.seed + epoch
+        )
+    if isinstance(dataset_fn, _Map):
+        return _Map(_reseeded(dataset_fn.dataset_fn, epoch), dataset_fn.fn)
+    return dataset_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class _Map:
+    """``dataset_fn`` wrapper: each pipeline's batches go through ``fn``."""
+
+    dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
+    fn: Callable[..., Any]
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return self.dataset_fn(input_context).map(self.fn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +185,42 @@ def check_evaluation_steps(name: str, steps: int | None, source: InputSource) ->
         )
 
 
+def _array_input(
+    data: tuple[Any, ...], gbs: int, *, shuffle: bool | str, seed: int, argument: str
+) -> InputSource:
+    """``(x, y[, sample_weight])`` arrays, each nested as the model's inputs/outputs, batched."""
+    arrays = tf.nest.map_structure(np.asarray, _lists_as_tuples(data))
+    leaves = tf.nest.flatten(arrays)
+    if any(a.ndim == 0 for a in leaves) or len({len(a) for a in leaves}) != 1:
+        shapes = tf.nest.map_structure(lambda a: a.shape, arrays)
+        raise invalid_argument(argument, shapes, "arrays with the same first dimension")
+    n = len(leaves[0])
+    ds = tf.data.Dataset.from_tensor_slices(arrays)
+    if shuffle is True:
+        ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
+    ds = ds.batch(gbs)
+    if shuffle == "batch":
+        ds = ds.map(functools.partial(_shuffle_batch, seed=seed))
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    return InputSource(gbs, ds.element_spec, -(-n // gbs), dataset=ds)
+
+
+def _lists_as_tuples(structure: Any) -> Any:
+    """Lists (one array per input or output) as tuples: tf.data would stack a list into one."""
+    if isinstance(structure, (list, tuple)):
+        return tuple(_lists_as_tuples(s) for s in structure)
+    if isinstance(structure, dict):
+        return {k: _lists_as_tuples(v) for k, v in structure.items()}
+    return structure
+
+
+def _shuffle_batch(*batch: Any, seed: int) -> Any:
+    """One batch, its examples in a random order (the same order for x, y and weights)."""
+    size = tf.shape(tf.nest.flatten(batch)[0])[0]
+    order = tf.random.shuffle(tf.range(size), seed=seed)
+    return tf.nest.map_structure(lambda t: tf.gather(t, order), batch)
+
+
 def _finite_cardinality(ds: tf.data.Dataset) -> int | None:
     n = int(ds.cardinality())
     return n if n >= 0 else None
@@ -165,8 +233,9 @@ def as_input(
     global_batch_size: int | None,
     training: bool,
     seed: int = 0,
-    argument: str = "data",
+    argument: str = "x",
     fallback_global_batch_size: int | None = None,
+    shuffle: bool | str = True,
 ) -> InputSource:
     """Builds an :class:`InputSource` from any accepted form of ``data``.
 
@@ -177,11 +246,14 @@ def as_input(
             except for an unbound ``DatasetFn``: for a dataset_fn it defaults
             to the first per-replica batch's size times the replicas in sync,
             for a dataset to its first batch's size, for arrays to 32.
-        training: Training data is shuffled; evaluation data is not.
+        training: Training arrays are shuffled as ``shuffle`` says; evaluation data is not.
         seed: Shuffle seed for array inputs.
         argument: The argument's name in error messages.
         fallback_global_batch_size: Used for an unbound ``DatasetFn`` when
             ``global_batch_size`` is not given (e.g. the batch ``fit`` used).
+        shuffle: For training arrays, as Keras's ``fit``: ``True`` reshuffles
+            every epoch (seeded), ``False`` keeps the order, ``"batch"``
+            keeps the batches in order and shuffles inside each.
 
     Raises:
         ValueError: For an unsupported type, a missing or indivisible global
@@ -236,20 +308,12 @@ def as_input(
         steps = None if n is None else math.ceil(n / replicas_per_pipeline(input_context))
         return InputSource(gbs, ds.element_spec, steps, dataset_fn=data)
 
-    if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
-        arrays = tuple(np.asarray(a) for a in data)
-        n = len(arrays[0])
-        if any(len(a) != n for a in arrays):
-            raise invalid_argument(
-                argument, tuple(a.shape for a in arrays), "arrays with the same first dimension"
-            )
+    if isinstance(data, tuple) and 2 <= len(data) <= 3:
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
         per_replica_batch_size(gbs, replicas)
-        ds = tf.data.Dataset.from_tensor_slices(arrays)
-        if training:
-            ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
-        ds = ds.batch(gbs).prefetch(tf.data.AUTOTUNE)
-        return InputSource(gbs, ds.element_spec, -(-n // gbs), dataset=ds)
+        return _array_input(
+            data, gbs, shuffle=shuffle if training else False, seed=seed, argument=argument
+        )
 
     note = (
         f"For a built-in dataset pass tfdist.data.load({data!r})." if isinstance(data, str) else ""
@@ -258,6 +322,6 @@ def as_input(
         argument,
         data if isinstance(data, str) else type(data).__name__,
         "a tfdist.data.DatasetFn, a dataset_fn(input_context), a tf.data.Dataset of "
-        "global batches, or an (x, y[, sample_weight]) tuple of arrays",
+        "global batches, or arrays (x with y)",
         note=note,
     )

@@ -13,8 +13,20 @@ from tfdist.data.inputs import InputSource
 from tfdist.training.functions import StepFunctions
 
 
+def _progress_bar(functions: StepFunctions, steps: int | None, verbose: int) -> Any:
+    """Keras's progress bar for ``verbose`` 1 (a bar) or 2 (one line at the end), chief only."""
+    if not verbose or not functions.runner.is_chief:
+        return None
+    return keras.utils.Progbar(steps, verbose=verbose)
+
+
 def evaluate(
-    functions: StepFunctions, source: InputSource, steps: int | None, *, steps_per_execution: int
+    functions: StepFunctions,
+    source: InputSource,
+    steps: int | None,
+    *,
+    steps_per_execution: int,
+    verbose: int = 0,
 ) -> dict[str, float]:
     """Evaluates on ``steps`` batches of ``source`` (default one pass); returns the metrics.
 
@@ -23,6 +35,7 @@ def evaluate(
         source: The evaluation input, batched globally.
         steps: Batches to evaluate, or None for one pass.
         steps_per_execution: Batches per call.
+        verbose: 0 silent, 1 a progress bar, 2 one line (``model.evaluate``'s).
 
     Raises:
         ValueError: If ``steps`` is None and the input's length is unknown.
@@ -42,16 +55,26 @@ def evaluate(
     functions.model.reset_metrics()
     logs: dict[str, float] = {}
     done = 0
+    bar = _progress_bar(functions, steps, verbose)
     while done < steps:
         n = min(steps_per_execution, steps - done)
         logs = functions.run(fn, iterator, n)
         done += n
+        if bar is not None:
+            bar.update(done, list(logs.items()), finalize=done >= steps)
     # Parameter servers: scheduled calls may still be running; their metric updates count.
     runner.join()
     return logs
 
 
-def predict(functions: StepFunctions, source: InputSource, steps: int | None, *, shown: str) -> Any:
+def predict(
+    functions: StepFunctions,
+    source: InputSource,
+    steps: int | None,
+    *,
+    shown: str,
+    verbose: int = 0,
+) -> Any:
     """The model's outputs on ``steps`` batches of ``source`` (default all), in input order.
 
     Args:
@@ -59,6 +82,7 @@ def predict(functions: StepFunctions, source: InputSource, steps: int | None, *,
         source: The inputs, batched globally; ``y`` and sample weights are ignored.
         steps: Batches to predict, or None for all.
         shown: How the user's data is named in an error (its type name).
+        verbose: 0 silent, 1 a progress bar, 2 one line (``model.predict``'s).
 
     Returns:
         NumPy outputs (a structure of them for a multi-output model), one row
@@ -79,10 +103,15 @@ def predict(functions: StepFunctions, source: InputSource, steps: int | None, *,
             model.build(tf.nest.map_structure(lambda s: s.shape, x_spec))
     fn = functions.predict()
     outputs = []
+    bar = _progress_bar(functions, steps or source.steps_per_epoch, verbose)
     for batch in runner.distribute(source, training=False):
         if steps is not None and len(outputs) >= steps:
             break
         outputs.append(tf.nest.map_structure(np.asarray, fn(batch)))
+        if bar is not None:
+            bar.update(len(outputs))
     if not outputs:
-        raise invalid_argument("data", shown, "at least one batch to predict on")
+        raise invalid_argument("x", shown, "at least one batch to predict on")
+    if bar is not None:
+        bar.update(len(outputs), finalize=True)
     return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)

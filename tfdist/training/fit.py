@@ -35,7 +35,9 @@ def run_fit(
     Args:
         functions: The model's compiled functions on its runner.
         backups: The Trainer's backups (none without ``BackupOptions``).
-        data, validation_data: As for ``Trainer.fit``.
+        data: ``fit``'s ``x``, ``y`` and ``sample_weight``, packed by
+            :func:`tfdist.training.fit_data.keras_data`.
+        validation_data: As for ``Trainer.fit``.
         args: ``fit``'s other arguments, checked.
         lr_scaling: The learning-rate scaling to resolve for this fit's batch.
         steps_per_execution: Micro-batches per call, resolved for this fit.
@@ -45,13 +47,7 @@ def run_fit(
     """
     runner, model = functions.runner, functions.model
     source, steps, val_source = fit_sources(
-        data,
-        validation_data,
-        runner=runner,
-        model=model,
-        global_batch_size=args.global_batch_size,
-        steps_per_epoch=args.steps_per_epoch,
-        validation_steps=args.validation_steps,
+        data, validation_data, args, runner=runner, model=model, build=functions.build
     )
     start = functions.prepare_fit(source, steps=steps, lr_scaling=lr_scaling)
     model.stop_training = False
@@ -62,7 +58,9 @@ def run_fit(
     validate = None
     if val_source is not None:
 
-        def validate() -> dict[str, float]:
+        def validate(epoch: int) -> dict[str, float]:
+            if not args.validates_after(epoch):
+                return {}
             return evaluation.evaluate(
                 functions,
                 val_source,

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 
-from tfdist.config import check_non_negative_int, check_positive_int, invalid_argument
+from tfdist.config import (
+    check_fraction,
+    check_non_negative_int,
+    check_positive_int,
+    invalid_argument,
+)
 from tfdist.strategies.base import Runner
 
 logger = logging.getLogger(__name__)
@@ -29,9 +35,96 @@ def check_steps_per_execution(value: Any) -> Any:
     return value
 
 
+def check_batch_size(batch_size: Any, global_batch_size: Any) -> int | None:
+    """``batch_size`` (Keras's name) or ``global_batch_size`` (tfdist's): one value, both global.
+
+    Raises:
+        ValueError: If either is not a positive int or None, or both differ.
+    """
+    check_positive_int("batch_size", batch_size, allow_none=True)
+    check_positive_int("global_batch_size", global_batch_size, allow_none=True)
+    if batch_size is not None and global_batch_size is not None and batch_size != global_batch_size:
+        raise invalid_argument(
+            "batch_size",
+            batch_size,
+            f"None or global_batch_size's value ({global_batch_size})",
+            note="batch_size and global_batch_size are the same thing, the examples of one step "
+            "across all replicas: pass one of them.",
+        )
+    return global_batch_size if batch_size is None else batch_size
+
+
+def check_verbose(verbose: Any) -> int:
+    """``verbose`` as Keras takes it (``"auto"``, 0, 1, 2), as an int (``"auto"`` is 1)."""
+    if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
+        raise invalid_argument("verbose", verbose, "'auto', 0, 1 or 2")
+    return 1 if verbose == "auto" else int(verbose)
+
+
+def check_callbacks(callbacks: Any) -> Sequence[keras.callbacks.Callback]:
+    """``callbacks`` as a sequence of Keras callbacks (None: none)."""
+    callbacks = () if callbacks is None else callbacks
+    if isinstance(callbacks, (keras.callbacks.Callback, str)) or not all(
+        isinstance(c, keras.callbacks.Callback) for c in callbacks
+    ):
+        raise invalid_argument("callbacks", callbacks, "a list of keras.callbacks.Callback")
+    return callbacks
+
+
+def check_no_callbacks(callbacks: Any, method: str) -> None:
+    """``evaluate``/``predict`` run no callbacks: ``callbacks`` must be None or empty."""
+    if callbacks is not None and not (isinstance(callbacks, (list, tuple)) and not callbacks):
+        raise invalid_argument(
+            "callbacks",
+            callbacks,
+            f"None for Trainer.{method}",
+            note="Its batches run as compiled calls without callback hooks; use Trainer.fit's "
+            f"callbacks, or keras.Model.{method} on trainer.model.",
+        )
+
+
+def _check_validation_freq(value: Any) -> int | tuple[int, ...]:
+    """A positive int (every Nth epoch), or a list of 1-based epochs, as Keras takes it."""
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+    if ok(value):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(ok(v) for v in value):
+        return tuple(value)
+    raise invalid_argument(
+        "validation_freq", value, "a positive integer, or a list of epochs (1-based)"
+    )
+
+
+def _check_class_weight(value: Any) -> dict[int, float] | None:
+    """A dict of class index (a non-negative int) to weight (a number), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        raise invalid_argument("class_weight", value, "a non-empty dict {class index: weight}")
+    for key, weight in value.items():
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or key < 0:
+            raise invalid_argument(
+                "class_weight",
+                value,
+                "class indices (non-negative ints) as keys",
+                note=f"Key {key!r} is not one.",
+            )
+        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)):
+            raise invalid_argument(
+                "class_weight",
+                value,
+                "numbers as weights",
+                note=f"Class {key}'s weight is {weight!r}.",
+            )
+    return {int(k): float(w) for k, w in value.items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class FitArguments:
-    """``Trainer.fit``'s loop arguments, checked (``verbose`` as an int, callbacks a sequence)."""
+    """``Trainer.fit``'s non-data arguments, checked (``verbose`` an int, callbacks a sequence).
+
+    ``global_batch_size`` is ``batch_size`` or ``global_batch_size``, whichever was given.
+    """
 
     epochs: int
     steps_per_epoch: int | None
@@ -40,6 +133,17 @@ class FitArguments:
     initial_epoch: int
     verbose: int
     callbacks: Sequence[keras.callbacks.Callback]
+    validation_split: float = 0.0
+    validation_batch_size: int | None = None
+    validation_freq: int | tuple[int, ...] = 1
+    shuffle: bool | str = True
+    class_weight: dict[int, float] | None = None
+
+    def validates_after(self, epoch: int) -> bool:
+        """Whether validation runs at the end of 0-based ``epoch`` (Keras's rule)."""
+        if isinstance(self.validation_freq, int):
+            return (epoch + 1) % self.validation_freq == 0
+        return epoch + 1 in self.validation_freq
 
 
 def check_fit_arguments(
@@ -52,19 +156,23 @@ def check_fit_arguments(
     verbose: Any,
     callbacks: Any,
     requires_steps_per_epoch: bool,
+    batch_size: Any = None,
+    validation_split: Any = 0.0,
+    validation_batch_size: Any = None,
+    validation_freq: Any = 1,
+    shuffle: Any = True,
+    class_weight: Any = None,
 ) -> FitArguments:
-    """Checks ``Trainer.fit``'s loop arguments (``global_batch_size`` is the data's to check)."""
+    """Checks ``Trainer.fit``'s arguments but its data (``x``, ``y``, ... are checked with it)."""
     check_positive_int("epochs", epochs)
     check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
     check_positive_int("validation_steps", validation_steps, allow_none=True)
+    check_positive_int("validation_batch_size", validation_batch_size, allow_none=True)
     check_non_negative_int("initial_epoch", initial_epoch)
-    if verbose not in ("auto", 0, 1, 2):
-        raise invalid_argument("verbose", verbose, "'auto', 0, 1 or 2")
-    callbacks = () if callbacks is None else callbacks
-    if isinstance(callbacks, keras.callbacks.Callback) or not all(
-        isinstance(c, keras.callbacks.Callback) for c in callbacks
-    ):
-        raise invalid_argument("callbacks", callbacks, "a list of keras.callbacks.Callback")
+    global_batch_size = check_batch_size(batch_size, global_batch_size)
+    check_fraction("validation_split", validation_split)
+    if not isinstance(shuffle, bool) and shuffle != "batch":
+        raise invalid_argument("shuffle", shuffle, "True, False or 'batch'")
     if steps_per_epoch is None and requires_steps_per_epoch:
         raise invalid_argument(
             "steps_per_epoch",
@@ -79,8 +187,13 @@ def check_fit_arguments(
         global_batch_size=global_batch_size,
         validation_steps=validation_steps,
         initial_epoch=initial_epoch,
-        verbose=1 if verbose == "auto" else int(verbose),
-        callbacks=callbacks,
+        verbose=check_verbose(verbose),
+        callbacks=check_callbacks(callbacks),
+        validation_split=float(validation_split),
+        validation_batch_size=validation_batch_size,
+        validation_freq=_check_validation_freq(validation_freq),
+        shuffle=shuffle,
+        class_weight=_check_class_weight(class_weight),
     )
 
 

@@ -183,7 +183,7 @@ def fit_epochs(
     epochs: int,
     initial_epoch: int,
     repeat: bool,
-    validate: Callable[[], dict[str, float]] | None,
+    validate: Callable[[int], dict[str, float]] | None,
 ) -> None:
     """One ``fit``'s training from ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
 
@@ -247,7 +247,7 @@ def train_epochs(
     initial_epoch: int,
     repeat: bool,
     position: Position | None,
-    validate: Callable[[], dict[str, float]] | None = None,
+    validate: Callable[[int], dict[str, float]] | None = None,
 ) -> None:
     """Runs epochs ``initial_epoch..epochs-1`` with ``loop`` and its callbacks (train begin to end).
 
@@ -260,7 +260,8 @@ def train_epochs(
         repeat: One iterator over the repeated data across epochs (``steps_per_epoch``
             given, Keras's rule) instead of one pass per epoch.
         position: Where a restored backup stood, or None.
-        validate: Returns the validation logs (un-prefixed), or None for none.
+        validate: Returns an epoch's validation logs (un-prefixed; empty when
+            that epoch does not validate), or None for none.
     """
     runner, callbacks, steps = loop.runner, loop.callbacks, loop.plan.steps
     if position is not None:
@@ -286,7 +287,7 @@ def train_epochs(
         callbacks.on_epoch_begin(epoch)
         epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
         if validate is not None:
-            epoch_logs.update({f"val_{name}": v for name, v in validate().items()})
+            epoch_logs.update({f"val_{name}": v for name, v in validate(epoch).items()})
         callbacks.on_epoch_end(epoch, epoch_logs)
         if loop.backup is not None:
             loop.backup.save(Position(epoch + 1, 0, loop.updates))

@@ -9,13 +9,14 @@ not inside a traced step.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfdist.config import check_positive_int, invalid_argument
+from tfdist.data.dataset_fn import DatasetFn
 from tfdist.data.inputs import (
     DEFAULT_GLOBAL_BATCH_SIZE,
     InputSource,
@@ -24,6 +25,9 @@ from tfdist.data.inputs import (
 )
 from tfdist.models import check_features
 from tfdist.strategies.base import Runner
+from tfdist.training import fit_data
+from tfdist.training.fit_arguments import FitArguments
+from tfdist.training.fit_data import is_dataset_like
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +41,7 @@ def input_source(
     training: bool,
     argument: str,
     fallback_global_batch_size: int | None = None,
+    shuffle: bool | str = True,
 ) -> InputSource:
     """``data`` as an ``InputSource`` for ``runner``, checked against ``model``'s inputs."""
     source = as_input(
@@ -46,6 +51,7 @@ def input_source(
         training=training,
         argument=argument,
         fallback_global_batch_size=fallback_global_batch_size,
+        shuffle=shuffle,
     )
     check_features(model, source.element_spec, argument=argument)
     return source
@@ -54,27 +60,99 @@ def input_source(
 def fit_sources(
     data: Any,
     validation_data: Any,
+    args: FitArguments,
     *,
     runner: Runner,
     model: keras.Model,
-    global_batch_size: int | None,
-    steps_per_epoch: int | None,
-    validation_steps: int | None,
+    build: Callable[[InputSource], None],
 ) -> tuple[InputSource, int, InputSource | None]:
     """``fit``'s training and validation sources and its micro-batches per epoch.
 
+    Args:
+        data: ``x``, ``y`` and ``sample_weight`` packed by :func:`fit_data.keras_data`.
+        validation_data: As for ``Trainer.fit``.
+        args: ``fit``'s other arguments, checked.
+        runner, model: Where and what is trained.
+        build: Builds the model from a source (``class_weight`` reads its output).
+
     Raises:
         ValueError: If the epoch length is unknown and ``steps_per_epoch`` not
-            given, or ``validation_steps`` does not fit the validation data.
+            given, or ``validation_steps`` does not fit the validation data, or
+            a data argument does not fit the data (see :mod:`fit_data`).
     """
+    if args.validation_split:
+        if validation_data is not None:
+            raise invalid_argument(
+                "validation_split",
+                args.validation_split,
+                "0.0 when validation_data is given",
+                note="Keras would use validation_data and ignore the split; pass one of them.",
+            )
+        data, validation_data = fit_data.split_for_validation(data, args.validation_split)
+    fit_data.warn_unused_shuffle(data, args.shuffle)
+    gbs = args.global_batch_size
+    if gbs is None and args.steps_per_epoch and not is_dataset_like(data):
+        replicas = runner.input_context().num_replicas_in_sync
+        gbs = fit_data.keras_batch_size(data, args.steps_per_epoch, replicas)
     source = input_source(
         data,
         runner=runner,
         model=model,
-        global_batch_size=global_batch_size,
+        global_batch_size=gbs,
         training=True,
-        argument="data",
+        argument="x",
+        shuffle=args.shuffle,
     )
+    if args.class_weight is not None:
+        build(source)
+        source = fit_data.weighted_by_class(source, args.class_weight, model)
+    steps = _steps_per_epoch(args.steps_per_epoch, source)
+    val_source = None
+    if validation_data is not None:
+        val_source = validation_source(validation_data, args, runner=runner, model=model)
+        # Validation batches default to the training ones, as in Keras.
+        val_source = val_source or input_source(
+            validation_data,
+            runner=runner,
+            model=model,
+            global_batch_size=args.global_batch_size or source.global_batch_size,
+            training=False,
+            argument="validation_data",
+        )
+        check_evaluation_steps("validation_steps", args.validation_steps, val_source)
+    return source, steps, val_source
+
+
+def validation_source(
+    validation_data: Any, args: FitArguments, *, runner: Runner, model: keras.Model
+) -> InputSource | None:
+    """The validation source batched by ``validation_batch_size``, or None when it is not given.
+
+    Raises:
+        ValueError: Naming ``validation_batch_size`` for data tfdist does not
+            batch (a ``tf.data.Dataset`` or a dataset_fn), as Keras refuses it.
+    """
+    if args.validation_batch_size is None:
+        return None
+    if is_dataset_like(validation_data) and not isinstance(validation_data, DatasetFn):
+        raise invalid_argument(
+            "validation_batch_size",
+            args.validation_batch_size,
+            f"None when validation_data is {fit_data.kind_of(validation_data)}",
+            note="It is batched already; only arrays and tfdist.data.DatasetFn are batched here.",
+        )
+    return input_source(
+        validation_data,
+        runner=runner,
+        model=model,
+        global_batch_size=args.validation_batch_size,
+        training=False,
+        argument="validation_data",
+    )
+
+
+def _steps_per_epoch(steps_per_epoch: int | None, source: InputSource) -> int:
+    """The micro-batches of one epoch: ``steps_per_epoch``, or one pass over ``source``."""
     steps = steps_per_epoch or source.steps_per_epoch
     if steps_per_epoch and source.steps_per_epoch and steps_per_epoch > source.steps_per_epoch:
         logger.info(
@@ -90,19 +168,7 @@ def fit_sources(
             "a positive integer",
             note="The data's length is unknown (e.g. a repeated dataset).",
         )
-    val_source = None
-    if validation_data is not None:
-        # Validation batches default to the training ones, as in Keras.
-        val_source = input_source(
-            validation_data,
-            runner=runner,
-            model=model,
-            global_batch_size=global_batch_size or source.global_batch_size,
-            training=False,
-            argument="validation_data",
-        )
-        check_evaluation_steps("validation_steps", validation_steps, val_source)
-    return source, steps, val_source
+    return steps
 
 
 def evaluate_source(
@@ -120,7 +186,7 @@ def evaluate_source(
         input_context=runner.input_context(),
         global_batch_size=global_batch_size,
         training=False,
-        argument="data",
+        argument="x",
         fallback_global_batch_size=fallback_global_batch_size,
     )
     check_evaluation_steps("steps", steps, source)
@@ -131,9 +197,15 @@ def predict_source(
     data: Any, *, runner: Runner, model: keras.Model, global_batch_size: int | None
 ) -> tuple[InputSource, str]:
     """``predict``'s inputs (``x`` alone: ``y`` and weights dropped; arrays batched), its type."""
-    if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
-        data = data[0]
-    if isinstance(data, (np.ndarray, dict)) or hasattr(data, "__array__"):
+    try:
+        single_input = len(model.inputs) == 1
+    except (AttributeError, ValueError):  # not built: a subclassed model
+        single_input = True
+    if single_input and isinstance(data, tuple) and 2 <= len(data) <= 3:
+        data = data[0]  # tfdist's older (x, y[, sample_weight]) form
+    if isinstance(data, list):
+        data = tuple(data)  # one array per input, not one stacked array
+    if not is_dataset_like(data):
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
         data = tf.data.Dataset.from_tensor_slices(data).batch(gbs)
     source = input_source(
@@ -142,6 +214,6 @@ def predict_source(
         model=model,
         global_batch_size=global_batch_size,
         training=False,
-        argument="data",
+        argument="x",
     )
     return source, type(data).__name__

@@ -26,7 +26,8 @@ import keras
 import tensorflow as tf
 
 from tfdist import _compat
-from tfdist.config import check_positive_int
+from tfdist._compat.keras_training import metrics_in_order
+from tfdist.config import check_positive_int, invalid_argument
 from tfdist.strategies.base import Runner
 from tfdist.strategies.factory import runner_for
 from tfdist.training import evaluation, schedules
@@ -34,10 +35,14 @@ from tfdist.training import precision as precision_lib
 from tfdist.training.build import check_loss, compile_in_scope
 from tfdist.training.fit import run_fit
 from tfdist.training.fit_arguments import (
+    check_batch_size,
     check_fit_arguments,
+    check_no_callbacks,
     check_steps_per_execution,
+    check_verbose,
     steps_per_execution_for,
 )
+from tfdist.training.fit_data import keras_data
 from tfdist.training.functions import StepFunctions
 from tfdist.training.options import (
     BackupOptions,
@@ -214,35 +219,68 @@ class Trainer:
 
     def fit(
         self,
-        data: Any,
-        *,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
         epochs: int = 1,
-        steps_per_epoch: int | None = None,
-        global_batch_size: int | None = None,
-        validation_data: Any = None,
-        validation_steps: int | None = None,
-        callbacks: Sequence[keras.callbacks.Callback] = (),
         verbose: str | int = "auto",
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool | str = True,
+        class_weight: Mapping[int, float] | None = None,
+        sample_weight: Any = None,
         initial_epoch: int = 0,
+        steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
+        validation_freq: int | Sequence[int] = 1,
+        *,
+        global_batch_size: int | None = None,
     ) -> keras.callbacks.History:
-        """Trains for ``epochs`` epochs and returns the Keras ``History``.
+        """Trains as ``keras.Model.fit`` does, on this Trainer's strategy; returns the ``History``.
+
+        The arguments are Keras's, in Keras's order, with the same meaning; what
+        differs is noted. Anything that cannot apply is one clear error.
 
         Args:
-            data: A ``tfdist.data.DatasetFn``, a ``dataset_fn(input_context)``,
-                a ``tf.data.Dataset`` of global batches, or ``(x, y)`` arrays.
-            epochs: Epochs to train (``initial_epoch`` counts toward them).
-            steps_per_epoch: Batches per epoch; default one pass over ``data``.
-                When given, one iterator runs across epochs over the repeated data.
-            global_batch_size: Examples per batch across all replicas. Default:
-                bound in a ``DatasetFn``, the first batch's size for a dataset
+            x: Arrays (an array, or a dict/list of arrays per input), a
+                ``tfdist.data.DatasetFn``, a ``dataset_fn(input_context)``, or a
+                ``tf.data.Dataset`` of global ``(x, y[, sample_weight])`` batches.
+                ``(x, y[, sample_weight])`` arrays in one tuple are unpacked.
+            y: Targets for arrays ``x`` (an array, or a dict/list per output);
+                None for the other kinds, which carry their own.
+            batch_size: Examples per step across ALL replicas (the global
+                batch); ``global_batch_size`` is the same thing. Default: bound
+                in a ``DatasetFn``, the first batch's size for a dataset
                 (per-replica batch times replicas for a dataset_fn), 32 for arrays.
-            validation_data: Evaluated at each epoch end, logged with a ``val_`` prefix.
-            validation_steps: Batches of ``validation_data`` per evaluation.
+            epochs: Epochs to train (``initial_epoch`` counts toward them).
+            verbose: ``"auto"``/1 progress bar, 2 one line per epoch, 0 silent (chief only).
             callbacks: Keras callbacks (on non-chief workers, their outputs go
                 to a temporary directory).
-            verbose: ``"auto"``/1 progress bar, 2 one line per epoch, 0 silent
-                (only the chief prints).
+            validation_split: Arrays only: the last fraction is held out for
+                validation before shuffling, as in Keras. An error next to
+                ``validation_data`` (Keras would ignore the split).
+            validation_data: ``(x, y[, sample_weight])`` arrays or any ``x``
+                form; evaluated after epochs, logged with a ``val_`` prefix.
+            shuffle: Arrays: ``True`` reshuffles each epoch (seeded),
+                ``False`` keeps their order, ``"batch"`` shuffles inside each
+                batch. Ignored with a warning for a dataset or dataset_fn (as
+                Keras); a ``DatasetFn`` always shuffles (anything else is an error).
+            class_weight: ``{class index: weight}`` turned into sample weights,
+                as Keras does, for arrays and datasets alike; single-output
+                models without ``sample_weight`` only, keys classes of the model.
+            sample_weight: Per-example weights for arrays ``x`` (a dict/list per output).
             initial_epoch: Epoch to start from.
+            steps_per_epoch: Batches per epoch; default one pass over ``x``.
+                When given, one iterator runs across epochs over the repeated data.
+                Required under ``parameter_server``.
+            validation_steps: Batches of ``validation_data`` per evaluation.
+            validation_batch_size: Global batch of array (or ``DatasetFn``)
+                validation data; default the training batch.
+            validation_freq: Validate after every Nth epoch, or after the
+                (1-based) epochs listed.
+            global_batch_size: tfdist's name for ``batch_size`` (both given must agree).
 
         Returns:
             A ``keras.callbacks.History`` with the keys ``model.fit`` gives.
@@ -251,12 +289,19 @@ class Trainer:
             epochs=epochs,
             steps_per_epoch=steps_per_epoch,
             global_batch_size=global_batch_size,
+            batch_size=batch_size,
             validation_steps=validation_steps,
             initial_epoch=initial_epoch,
             verbose=verbose,
             callbacks=callbacks,
+            validation_split=validation_split,
+            validation_batch_size=validation_batch_size,
+            validation_freq=validation_freq,
+            shuffle=shuffle,
+            class_weight=class_weight,
             requires_steps_per_epoch=self._runner.requires_steps_per_epoch,
         )
+        data = keras_data(x, y, sample_weight)
         self.steps_per_execution = steps_per_execution_for(
             self._steps_per_execution, args.callbacks, runner=self._runner
         )
@@ -271,51 +316,87 @@ class Trainer:
         )
 
     def evaluate(
-        self, data: Any, *, steps: int | None = None, global_batch_size: int | None = None
-    ) -> dict[str, float]:
-        """Evaluates the model; each example counts once, on every strategy.
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        verbose: str | int = "auto",
+        sample_weight: Any = None,
+        steps: int | None = None,
+        callbacks: None = None,
+        return_dict: bool = False,
+        *,
+        global_batch_size: int | None = None,
+    ) -> Any:
+        """Evaluates as ``keras.Model.evaluate``; each example counts once, on every strategy.
 
         Args:
-            data: As for :meth:`fit`.
+            x, y, sample_weight: As for :meth:`fit`.
+            batch_size: Examples per step across all replicas (alias
+                ``global_batch_size``). Default as for :meth:`fit`; an unbound
+                ``DatasetFn`` takes the one of this Trainer's first ``fit`` or ``evaluate``.
+            verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
             steps: Batches to evaluate; default one pass.
-            global_batch_size: Examples per batch across all replicas. Default
-                as for :meth:`fit`; an unbound ``DatasetFn`` takes the one of
-                this Trainer's first ``fit`` or ``evaluate``.
+            callbacks: Not supported: None (an error otherwise).
+            return_dict: As Keras: a dict of metric name to value if True, else
+                the loss alone, or a list in ``model.metrics_names`` order.
+            global_batch_size: tfdist's name for ``batch_size``.
 
         Returns:
-            A dict of metric name to value, e.g. ``{"loss": ..., "accuracy": ...}``.
+            The loss and metrics, shaped as ``return_dict`` says.
         """
+        gbs = check_batch_size(batch_size, global_batch_size)
+        verbose = check_verbose(verbose)
+        check_no_callbacks(callbacks, "evaluate")
+        if not isinstance(return_dict, bool):
+            raise invalid_argument("return_dict", return_dict, "True or False")
         source = evaluate_source(
-            data,
+            keras_data(x, y, sample_weight),
             runner=self._runner,
             steps=steps,
-            global_batch_size=global_batch_size,
+            global_batch_size=gbs,
             fallback_global_batch_size=self._functions.built_for,
         )
         # After a fit, the value it used; before any, what "auto" picks without callbacks.
         per_call = steps_per_execution_for(self.steps_per_execution, (), runner=self._runner)
-        return evaluation.evaluate(self._functions, source, steps, steps_per_execution=per_call)
+        logs = evaluation.evaluate(
+            self._functions, source, steps, steps_per_execution=per_call, verbose=verbose
+        )
+        return logs if return_dict else metrics_in_order(self.model, logs)
 
     def predict(
-        self, data: Any, *, steps: int | None = None, global_batch_size: int | None = None
+        self,
+        x: Any,
+        batch_size: int | None = None,
+        verbose: str | int = "auto",
+        steps: int | None = None,
+        callbacks: None = None,
+        *,
+        global_batch_size: int | None = None,
     ) -> Any:
-        """Runs the model on ``data``, distributed like :meth:`evaluate`; outputs in input order.
+        """Runs the model on ``x``, distributed like :meth:`evaluate`; outputs in input order.
 
         Args:
-            data: Inputs ``x`` as an array (or dict of arrays), an
-                ``(x, y[, sample_weight])`` tuple (``y`` is ignored), or any
-                form :meth:`fit` takes.
-            steps: Batches to predict; default all of ``data``.
-            global_batch_size: Examples per batch across all replicas (default
-                32 for arrays).
+            x: Inputs as an array (or dict/list of arrays), an
+                ``(x, y[, sample_weight])`` tuple (``y`` is ignored; single-input
+                models), or any form :meth:`fit` takes.
+            batch_size: Examples per batch across all replicas (default 32
+                for arrays; alias ``global_batch_size``).
+            verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
+            steps: Batches to predict; default all of ``x``.
+            callbacks: Not supported: None (an error otherwise).
+            global_batch_size: tfdist's name for ``batch_size``.
 
         Returns:
             The outputs as NumPy arrays (a structure of them for a
             multi-output model), one row per input example, in the order
             :func:`tfdist.training.evaluation.predict` describes.
         """
+        gbs = check_batch_size(batch_size, global_batch_size)
+        verbose = check_verbose(verbose)
+        check_no_callbacks(callbacks, "predict")
         check_positive_int("steps", steps, allow_none=True)
         source, shown = predict_source(
-            data, runner=self._runner, model=self.model, global_batch_size=global_batch_size
+            x, runner=self._runner, model=self.model, global_batch_size=gbs
         )
-        return evaluation.predict(self._functions, source, steps, shown=shown)
+        return evaluation.predict(self._functions, source, steps, shown=shown, verbose=verbose)
