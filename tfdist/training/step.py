@@ -37,7 +37,12 @@ import keras
 import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.keras_training import loss_tracker, unscale_loss
+from tfdist._compat.keras_training import (
+    loss_tracker,
+    output_loss_trackers,
+    recorded_updates,
+    unscale_loss,
+)
 from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.gradients import scale_gradient, sharded_gradients
 
@@ -92,9 +97,46 @@ def _loss(
     return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
 
 
-def _track_loss(model: keras.Model, loss: tf.Tensor, size: tf.Tensor) -> None:
-    # The `loss` log is a mean over examples: weight each replica's (unscaled) mean by its batch.
+def _global_size(model: keras.Model, size: tf.Tensor) -> tf.Tensor | None:
+    """This batch's examples on all replicas, if the per-output loss logs need it, else None.
+
+    Runs in replica context (None in cross-replica context, where one call sees the whole
+    batch). Only a model with several compiled losses on several replicas needs it: one
+    scalar all-reduce per batch.
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1 or not output_loss_trackers(model):
+        return None
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, size)
+
+
+def _tracked_loss(
+    model: keras.Model,
+    data: tuple[Any, Any, Any, Any],
+    *,
+    size: tf.Tensor,
+    global_size: tf.Tensor | None,
+    training: bool,
+) -> tf.Tensor:
+    """``_loss`` of ``data = (x, y, y_pred, sample_weight)``, its logs updated as Keras's are.
+
+    The ``loss`` log is a mean over examples: each replica's (unscaled) mean weighs its
+    batch. Keras's per-output ``<output>_loss`` logs count each batch once, whatever its
+    size (they weigh it by its static size, unknown for a partial batch): so each replica
+    weighs its mean by its share of the global batch, and the sums over the replicas hold
+    the global batch's mean, counted once. Exact for partial and empty replica batches.
+    """
+    x, y, y_pred, sample_weight = data
+    if global_size is None:
+        loss = _loss(model, x, y, y_pred, sample_weight, training=training)
+    else:
+        with recorded_updates(output_loss_trackers(model)) as recorded:
+            loss = _loss(model, x, y, y_pred, sample_weight, training=training)
+        share = tf.math.divide_no_nan(size, global_size)
+        for tracker, value in recorded:
+            tracker.update_state(value, sample_weight=share)
     loss_tracker(model).update_state(unscale_loss(loss), sample_weight=size)
+    return loss
 
 
 def make_train_update(
@@ -140,13 +182,19 @@ def make_train_update(
         """Forward, loss, metrics and local gradients of one micro-batch (replica context)."""
         x, y, sample_weight = unpack_x_y_sample_weight(data)
         size = _batch_size(x)
+        global_size = _global_size(model, size)
         with tf.GradientTape() as tape:
             y_pred = _forward_never_empty(model, x, size)
             # Keras's loss: local mean (+ regularisers) / num_replicas. Its
             # mean is a divide_no_nan, so an empty replica batch (the tail
             # of a partial global batch) gives zero loss and gradients.
-            loss = _loss(model, x, y, y_pred, sample_weight, training=True)
-            _track_loss(model, loss, size)
+            loss = _tracked_loss(
+                model,
+                (x, y, y_pred, sample_weight),
+                size=size,
+                global_size=global_size,
+                training=True,
+            )
             # -> (sum of local losses + size * regularisers) / (global batch * k)
             objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
             objective = optimizer.scale_loss(objective)
@@ -240,11 +288,18 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
         for data in batches:
             x, y, sample_weight = unpack_x_y_sample_weight(data)
             size = _batch_size(x)
+            # Outside the cond: every replica takes part in the all-reduce, empty or not.
+            global_size = _global_size(model, size)
 
-            def update_metrics(x=x, y=y, sample_weight=sample_weight, size=size):
+            def update_metrics(x=x, y=y, sample_weight=sample_weight, size=size, total=global_size):
                 y_pred = _forward(model, x, training=False)
-                loss = _loss(model, x, y, y_pred, sample_weight, training=False)
-                _track_loss(model, loss, size)
+                _tracked_loss(
+                    model,
+                    (x, y, y_pred, sample_weight),
+                    size=size,
+                    global_size=total,
+                    training=False,
+                )
                 model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
                 return tf.constant(True)
 
