@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.config import invalid_argument
+from tfdist.models import check_output_keys
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
 from tfdist.training.options import LRScaling
@@ -163,6 +164,13 @@ def compile_in_scope(
     # Builders run under the policy, so their layers compute in the mixed dtype.
     with precision_lib.dtype_policy(precision), strategy.scope():
         placed = place_model(model, strategy, precision)
+        check_output_keys(
+            placed,
+            loss=loss,
+            loss_weights=loss_weights,
+            metrics=metrics,
+            weighted_metrics=weighted_metrics,
+        )
         opt = opt_cls.from_config(opt_config)
         if loss_scale is not None:
             opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)

@@ -130,12 +130,19 @@ def evaluate_source(
 def predict_source(
     data: Any, *, runner: Runner, model: keras.Model, global_batch_size: int | None
 ) -> tuple[InputSource, str]:
-    """``predict``'s inputs (``x`` alone: ``y`` and weights dropped; arrays batched), its type."""
-    if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
+    """``predict``'s inputs (``x`` alone: ``y`` and weights dropped; arrays batched), its type.
+
+    A tuple or list of as many arrays as the model has inputs (more than one) is ``x``, as in
+    Keras's ``predict``; another 2- or 3-tuple is ``(x, y[, sample_weight])``.
+    """
+    several = _inputs_list(model, data)
+    if not several and isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
         data = data[0]
-    if isinstance(data, (np.ndarray, dict)) or hasattr(data, "__array__"):
+    if several or isinstance(data, (np.ndarray, dict)) or hasattr(data, "__array__"):
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
-        data = tf.data.Dataset.from_tensor_slices(data).batch(gbs)
+        x = tuple(data) if several else data
+        # Elements (x,): a tuple x stays x, not (x, y).
+        data = tf.data.Dataset.from_tensor_slices((x,)).batch(gbs)
     source = input_source(
         data,
         runner=runner,
@@ -145,3 +152,17 @@ def predict_source(
         argument="data",
     )
     return source, type(data).__name__
+
+
+def _inputs_list(model: keras.Model, data: Any) -> bool:
+    """Whether ``data`` is a tuple or list of arrays, one for each of the model's inputs."""
+    try:
+        num_inputs = len(model.inputs or ())
+    except (AttributeError, ValueError):
+        return False  # not built: a 2- or 3-tuple is (x, y[, sample_weight])
+    return (
+        num_inputs > 1
+        and isinstance(data, (tuple, list))
+        and len(data) == num_inputs
+        and all(isinstance(a, np.ndarray) or hasattr(a, "__array__") for a in data)
+    )
