@@ -40,6 +40,9 @@ class Row:
         strategies: The strategies this row runs on besides plain Keras.
         atol: Tolerance for weights and history values.
         history_keys: Compare only these history keys (None: all, and the key sets must match).
+        keras_fit: Keras's ``fit`` keyword arguments where they differ from ``fit`` (e.g. the
+            dataset of global batches a ``dataset_fn`` row stands for); default ``fit``.
+        slow: Marks the row's tests ``slow`` (more than about 5 s).
     """
 
     name: str
@@ -50,6 +53,8 @@ class Row:
     strategies: tuple[str, ...] = ("mirrored", "multi_worker", "parameter_server")
     atol: float = ATOL
     history_keys: tuple[str, ...] | None = None
+    keras_fit: Callable[[], dict[str, Any]] | None = None
+    slow: bool = False
 
 
 @dataclasses.dataclass
@@ -66,7 +71,7 @@ def run_keras(row: Row) -> Result:
     keras.utils.set_random_seed(0)
     model = row.model()
     model.compile(**row.compile())
-    history = model.fit(**row.fit(), verbose=0)
+    history = model.fit(**(row.keras_fit or row.fit)(), verbose=0)
     return Result(model.get_weights(), _floats(history.history), model)
 
 

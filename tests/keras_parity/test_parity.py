@@ -20,7 +20,12 @@ def mirrored():
 
 
 @pytest.mark.parametrize(
-    "row", [r for r in ROWS if "mirrored" in r.strategies], ids=lambda r: r.name
+    "row",
+    [
+        pytest.param(r, id=r.name, marks=[pytest.mark.slow] if r.slow else [])
+        for r in ROWS
+        if "mirrored" in r.strategies
+    ],
 )
 def test_trainer_on_mirrored_matches_keras(row):
     assert_same(row, run_keras(row), run_trainer(row, mirrored()))
