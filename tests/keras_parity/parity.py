@@ -46,6 +46,8 @@ class Row:
         history_keys: Compare only these history keys (None: all, and the key sets must match).
         known_gaps: Strategy name -> why the Trainer does not match Keras there yet. Its test is
             a strict xfail: it fails once the gap closes, so the entry gets removed.
+        keras_fit: Keras's ``fit`` keyword arguments where they differ from ``fit`` (e.g. the
+            dataset of global batches a ``dataset_fn`` row stands for); default ``fit``.
         slow: Marks the row's tests ``slow`` (more than a few seconds).
     """
 
@@ -58,6 +60,7 @@ class Row:
     atol: float = ATOL
     history_keys: tuple[str, ...] | None = None
     known_gaps: dict[str, str] = dataclasses.field(default_factory=dict)
+    keras_fit: Callable[[], dict[str, Any]] | None = None
     slow: bool = False
 
 
@@ -93,7 +96,7 @@ def run_keras(row: Row) -> Result:
     keras.utils.set_random_seed(0)
     model = row.model()
     model.compile(**row.compile())
-    history = model.fit(**row.fit(), verbose=0)
+    history = model.fit(**(row.keras_fit or row.fit)(), verbose=0)
     return Result(model.get_weights(), _floats(history.history), model)
 
 

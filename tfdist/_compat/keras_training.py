@@ -8,6 +8,8 @@ Where Keras has a public equivalent, tfdist uses that instead (e.g.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -28,6 +30,42 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Metric:
     """The ``Mean`` metric behind a compiled model's ``loss`` log."""
     # Private: Keras keeps its running loss mean only here; train_step updates it by this name.
     return model._loss_tracker
+
+
+def output_loss_trackers(model: keras.Model) -> list[keras.metrics.Metric]:
+    """The ``Mean`` metrics behind a compiled model's per-output ``<output>_loss`` logs.
+
+    Empty for a model with one loss (or no compiled loss).
+    """
+    # Private: Keras's CompileLoss keeps them only here; it makes them when it is first built.
+    compile_loss = getattr(model, "_compile_loss", None)
+    return list(getattr(compile_loss, "metrics", None) or [])
+
+
+@contextlib.contextmanager
+def recorded_updates(
+    metrics: list[keras.metrics.Metric],
+) -> Iterator[list[tuple[keras.metrics.Metric, Any]]]:
+    """Within this block, ``metric.update_state(value, ...)`` records ``(metric, value)`` instead.
+
+    The caller then updates each metric itself, with a weight of its own.
+    """
+    recorded: list[tuple[keras.metrics.Metric, Any]] = []
+
+    def recorder(metric: keras.metrics.Metric) -> Any:
+        def update_state(values: Any, sample_weight: Any = None) -> None:
+            recorded.append((metric, values))
+
+        return update_state
+
+    for metric in metrics:
+        # An instance attribute shadows the method; object.__setattr__ skips Keras's tracking.
+        object.__setattr__(metric, "update_state", recorder(metric))
+    try:
+        yield recorded
+    finally:
+        for metric in metrics:
+            metric.__dict__.pop("update_state", None)
 
 
 def unscale_loss(loss: tf.Tensor) -> tf.Tensor:

@@ -79,11 +79,88 @@ def get(
     return builder(input_shape, num_classes, **kwargs)
 
 
+def _input_structure(model: keras.Model) -> Any:
+    """The model's inputs: a KerasTensor, a list or a dict of them; None if not known yet."""
+    try:
+        return model.input  # a functional model's own structure (dict, list or one tensor)
+    except (AttributeError, ValueError):
+        pass
+    try:
+        inputs = model.inputs  # e.g. a Sequential made with keras.Input
+    except (AttributeError, ValueError):
+        return None
+    if not inputs:
+        return None
+    return inputs[0] if len(inputs) == 1 else list(inputs)
+
+
+def _missing_keys(model: keras.Model, want: list[str], x: dict, argument: str) -> None:
+    missing = sorted(set(want) - set(x))
+    if missing:
+        raise invalid_argument(
+            argument,
+            f"batches whose x has the keys {sorted(x)}",
+            f"x with a key for each input of model {model.name!r}: {sorted(want)}",
+            note=f"Missing: {', '.join(map(repr, missing))}.",
+        )
+
+
+def _paired_inputs(model: keras.Model, want: Any, x: Any, argument: str) -> list[tuple]:
+    """``(label, model input, x's spec)`` for each input, as Keras's functional model pairs them.
+
+    Raises for a missing key or a wrong count; returns [] where Keras reconciles the structures
+    itself in ways not checked here.
+    """
+    if isinstance(want, dict):
+        if not isinstance(x, dict):
+            return []
+        _missing_keys(model, list(want), x, argument)
+        return [(f"x[{k!r}]", want[k], x[k]) for k in want]
+    if isinstance(want, (list, tuple)):
+        names = [t.name for t in want]
+        if isinstance(x, dict):  # Keras takes a dict for a list of named inputs
+            _missing_keys(model, names, x, argument)
+            return [(f"x[{n!r}]", t, x[n]) for n, t in zip(names, want)]
+        if not isinstance(x, (list, tuple)):
+            if len(want) == 1:
+                return [("x", want[0], x)]
+            x = [x]
+        if len(x) != len(want):
+            raise invalid_argument(
+                argument,
+                f"batches whose x holds {len(x)} tensor(s)",
+                f"x with {len(want)} tensors (a list, or a dict keyed {names}), the inputs "
+                f"of model {model.name!r}",
+                note="A dataset element (a, b) reads as (x, y), as in Keras: give x as ((a, b),) "
+                "or ((a, b), y).",
+            )
+        return [(f"x[{i}]", t, spec) for i, (t, spec) in enumerate(zip(want, x))]
+    if isinstance(x, dict):
+        _missing_keys(model, [want.name], x, argument)
+        return [(f"x[{want.name!r}]", want, x[want.name])]
+    if isinstance(x, (list, tuple)):
+        return [("x[0]", want, x[0])] if len(x) == 1 else []
+    return [("x", want, x)]
+
+
+def _shapes_fit(want: tuple, got: tuple) -> bool:
+    if len(got) == len(want) + 1 and got[-1] == 1:  # Keras squeezes a trailing 1 ...
+        got = got[:-1]
+    elif len(got) + 1 == len(want) and want[-1] == 1:  # ... or adds one
+        want = want[:-1]
+    return len(want) == len(got) and all(
+        w is None or g is None or w == g for w, g in zip(want, got)
+    )
+
+
 def check_features(model: keras.Model, element_spec: Any, *, argument: str = "data") -> None:
-    """Raises if the batches' features cannot feed ``model``'s single input.
+    """Raises if the batches' features cannot feed ``model``'s inputs.
 
     A mismatch would otherwise surface as a TensorFlow error from inside the
-    compiled step. Models with several inputs, or not yet built, are not checked.
+    compiled step. Checks a single input, a list and a dict of inputs the way
+    Keras's functional model pairs them with ``x`` (a dict ``x`` may also feed
+    a list of named inputs; extra keys are ignored, as Keras does). Models not
+    yet built are not checked.
 
     Args:
         model: The model to train or evaluate.
@@ -91,24 +168,67 @@ def check_features(model: keras.Model, element_spec: Any, *, argument: str = "da
         argument: The data argument's name, for the message.
 
     Raises:
-        ValueError: If ``x``'s per-example shape differs from the model's input shape.
+        ValueError: If ``x`` lacks an input the model needs (a key, or a tensor
+            of a list), or an input's per-example shape differs from the model's.
     """
+    want = _input_structure(model)
+    if want is None:
+        return
+    x = element_spec[0] if isinstance(element_spec, tuple) else element_spec
+    for label, tensor, spec in _paired_inputs(model, want, x, argument):
+        if not hasattr(spec, "shape") or spec.shape.rank is None:
+            continue
+        want_shape, got = tuple(tensor.shape[1:]), tuple(spec.shape[1:])
+        if not _shapes_fit(want_shape, got):
+            raise invalid_argument(
+                argument,
+                f"batches of {label} with shape {(None, *got)}",
+                f"{label} of shape {(None, *want_shape)}, the input shape of model {model.name!r}",
+            )
+
+
+def _output_keys(model: keras.Model) -> list[str] | None:
+    """The names a ``compile`` dict may key: a dict output's keys, else the output names."""
     try:
-        inputs = model.inputs
+        outputs = model.output
     except (AttributeError, ValueError):
-        return
-    x = element_spec[0] if isinstance(element_spec, (tuple, list)) else element_spec
-    if not inputs or len(inputs) != 1 or not hasattr(x, "shape") or x.shape.rank is None:
-        return
-    want, got = tuple(inputs[0].shape[1:]), tuple(x.shape[1:])
-    if len(want) != len(got) or any(
-        w is not None and g is not None and w != g for w, g in zip(want, got)
-    ):
-        raise invalid_argument(
-            argument,
-            f"batches of x with shape {(None, *got)}",
-            f"x of shape {(None, *want)}, the input shape of model {model.name!r}",
-        )
+        outputs = None
+    if isinstance(outputs, dict):
+        return list(outputs)
+    try:
+        return list(model.output_names or []) or None
+    except (AttributeError, ValueError):
+        return None  # not built yet: Keras checks when it builds the loss
 
 
-__all__ = ["ModelName", "available", "check_features", "get"]
+def check_output_keys(model: keras.Model, **per_output: Any) -> None:
+    """Raises if a ``compile`` argument given as a dict has a key that names no model output.
+
+    Keras finds such a key only at the first step (a bare ``KeyError`` for
+    ``loss``), or not at all: it pairs a ``loss_weights`` dict with the losses
+    by position when its keys differ. Models not yet built are not checked.
+
+    Args:
+        model: The model to compile.
+        **per_output: ``compile`` arguments by name (``loss``, ``loss_weights``,
+            ``metrics``, ``weighted_metrics``); only dicts are checked.
+
+    Raises:
+        ValueError: Naming the argument, its unknown keys and the model's outputs.
+    """
+    keys = None
+    for name, value in per_output.items():
+        if not isinstance(value, dict):
+            continue
+        keys = keys or _output_keys(model)
+        unknown = sorted(set(value) - set(keys or value))
+        if unknown:
+            raise invalid_argument(
+                name,
+                f"a dict with the keys {sorted(value)}",
+                f"a dict keyed by model {model.name!r}'s outputs: {keys}",
+                note=f"No output is named {', '.join(map(repr, unknown))}.",
+            )
+
+
+__all__ = ["ModelName", "available", "check_features", "check_output_keys", "get"]

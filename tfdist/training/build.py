@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.config import invalid_argument
+from tfdist.models import check_output_keys
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
 from tfdist.training.compiled import check_own_compile, compile_plan
@@ -185,6 +186,13 @@ def compile_in_scope(
         schedule = schedules.schedule_for(opt_config["learning_rate"], lr_scaling)
         opt_config["learning_rate"] = schedule
     with precision_lib.dtype_policy(precision), strategy.scope():
+        check_output_keys(
+            placed,
+            loss=args["loss"],
+            loss_weights=args["loss_weights"],
+            metrics=args["metrics"],
+            weighted_metrics=args["weighted_metrics"],
+        )
         opt = opt_cls.from_config(opt_config)
         if loss_scale is not None:
             opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)

@@ -196,18 +196,26 @@ def evaluate_source(
 def predict_source(
     data: Any, *, runner: Runner, model: keras.Model, global_batch_size: int | None
 ) -> tuple[InputSource, str]:
-    """``predict``'s inputs (``x`` alone: ``y`` and weights dropped; arrays batched), its type."""
+    """``predict``'s inputs (``x`` alone: ``y`` and weights dropped; arrays batched), its type.
+
+    A tuple or list of as many arrays as the model has inputs (more than one) is ``x``, as in
+    Keras's ``predict``; for a single-input model a 2- or 3-tuple is tfdist's older
+    ``(x, y[, sample_weight])`` form.
+    """
+    several = _inputs_list(model, data)
     try:
         single_input = len(model.inputs) == 1
     except (AttributeError, ValueError):  # not built: a subclassed model
         single_input = True
-    if single_input and isinstance(data, tuple) and 2 <= len(data) <= 3:
-        data = data[0]  # tfdist's older (x, y[, sample_weight]) form
+    if not several and single_input and isinstance(data, tuple) and 2 <= len(data) <= 3:
+        data = data[0]
     if isinstance(data, list):
         data = tuple(data)  # one array per input, not one stacked array
-    if not is_dataset_like(data):
+    if several or not is_dataset_like(data):
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
-        data = tf.data.Dataset.from_tensor_slices(data).batch(gbs)
+        x = tuple(data) if several else data
+        # Elements (x,): a tuple x stays x, not (x, y).
+        data = tf.data.Dataset.from_tensor_slices((x,)).batch(gbs)
     source = input_source(
         data,
         runner=runner,
@@ -217,3 +225,17 @@ def predict_source(
         argument="x",
     )
     return source, type(data).__name__
+
+
+def _inputs_list(model: keras.Model, data: Any) -> bool:
+    """Whether ``data`` is a tuple or list of arrays, one for each of the model's inputs."""
+    try:
+        num_inputs = len(model.inputs or ())
+    except (AttributeError, ValueError):
+        return False  # not built: a 2- or 3-tuple is (x, y[, sample_weight])
+    return (
+        num_inputs > 1
+        and isinstance(data, (tuple, list))
+        and len(data) == num_inputs
+        and all(hasattr(a, "__array__") for a in data)
+    )

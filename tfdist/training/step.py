@@ -37,7 +37,12 @@ import keras
 import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.keras_training import loss_tracker, unscale_loss
+from tfdist._compat.keras_training import (
+    loss_tracker,
+    output_loss_trackers,
+    recorded_updates,
+    unscale_loss,
+)
 from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.gradients import scale_gradient, sharded_gradients
 
@@ -92,9 +97,53 @@ def _loss(
     return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
 
 
-def _track_loss(model: keras.Model, loss: tf.Tensor, size: tf.Tensor) -> None:
-    # The `loss` log is a mean over examples: weight each replica's (unscaled) mean by its batch.
+def _global_size(model: keras.Model, size: tf.Tensor) -> tf.Tensor:
+    """This batch's examples on all replicas when the per-output loss logs need it, else ``size``.
+
+    Runs in replica context (in cross-replica context one call sees the whole batch). Only
+    evaluation of a model with several compiled losses on several replicas needs it: one
+    scalar all-reduce per batch (training reads the count its gradient exchange carries).
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1 or not output_loss_trackers(model):
+        return size
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, size)
+
+
+def _tracked_loss(
+    model: keras.Model, data: tuple[Any, Any, Any, Any], *, size: tf.Tensor, training: bool
+) -> tuple[tf.Tensor, list[tuple[keras.metrics.Metric, tf.Tensor]]]:
+    """``_loss`` of ``data = (x, y, y_pred, sample_weight)``; updates the ``loss`` log.
+
+    The ``loss`` log is a mean over examples: each replica's (unscaled) mean weighs its
+    batch. The per-output losses Keras would log are returned instead, each with its
+    tracker, for :func:`_track_output_losses`.
+    """
+    x, y, y_pred, sample_weight = data
+    with recorded_updates(output_loss_trackers(model)) as recorded:
+        loss = _loss(model, x, y, y_pred, sample_weight, training=training)
     loss_tracker(model).update_state(unscale_loss(loss), sample_weight=size)
+    return loss, recorded
+
+
+def _track_output_losses(
+    recorded: list[tuple[keras.metrics.Metric, tf.Tensor]], examples: tf.Tensor, total: tf.Tensor
+) -> None:
+    """Counts each ``<output>_loss`` mean once per global batch (or update), as Keras does.
+
+    Keras weighs a batch's per-output loss by the batch's static size, unknown for a
+    partial batch, so each batch counts once whatever its size. Each replica weighs its
+    mean over its ``examples`` by its share of the ``total`` examples on all replicas:
+    the sums over the replicas hold the global mean, counted once. Exact for partial
+    and empty replica batches.
+    """
+    share = tf.math.divide_no_nan(examples, total)
+    for tracker, mean in recorded:
+        tracker.update_state(mean, sample_weight=share)
+
+
+#: The accumulation loop's state: gradient sums, examples, per-output loss sums.
+State = tuple[list[tf.Tensor], tf.Tensor, list[tf.Tensor]]
 
 
 def make_train_update(
@@ -135,6 +184,7 @@ def make_train_update(
     """
     expected = float(global_batch_size * accumulation_steps)
     present: list[int] = []  # indices of variables that get a gradient (known once traced)
+    tracked: list[int] = []  # ids of the per-output loss trackers Keras updates (once traced)
 
     def micro_step(data: Any) -> tuple[list[Any], tf.Tensor]:
         """Forward, loss, metrics and local gradients of one micro-batch (replica context)."""
@@ -145,8 +195,9 @@ def make_train_update(
             # Keras's loss: local mean (+ regularisers) / num_replicas. Its
             # mean is a divide_no_nan, so an empty replica batch (the tail
             # of a partial global batch) gives zero loss and gradients.
-            loss = _loss(model, x, y, y_pred, sample_weight, training=True)
-            _track_loss(model, loss, size)
+            loss, recorded = _tracked_loss(
+                model, (x, y, y_pred, sample_weight), size=size, training=True
+            )
             # -> (sum of local losses + size * regularisers) / (global batch * k)
             objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
             objective = optimizer.scale_loss(objective)
@@ -154,10 +205,24 @@ def make_train_update(
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if not present:
             present.extend(i for i, g in enumerate(grads) if g is not None)
-        return grads, size
+            tracked.extend(id(tracker) for tracker, _ in recorded)
+        # Per-output loss sums over this replica's examples, logged once per update (apply);
+        # one per tracker (zero for one Keras did not update: a compute_loss override).
+        means = {id(tracker): mean for tracker, mean in recorded}
+        return (
+            grads,
+            size,
+            [
+                tf.cast(means.get(id(t), 0.0), tf.float32) * size
+                for t in output_loss_trackers(model)
+            ],
+        )
 
-    def apply(summed: Sequence[Any], count: tf.Tensor) -> None:
-        """One exchange and one optimizer update; ``summed`` holds the present variables' sums."""
+    def apply(summed: Sequence[Any], count: tf.Tensor, output_sums: Sequence[Any]) -> None:
+        """One exchange and one optimizer update; ``summed`` holds the present variables' sums.
+
+        ``output_sums``: this replica's per-output loss sums over its ``count`` examples.
+        """
         variables = model.trainable_variables
         reduced, total = all_reduce_sum(
             summed,
@@ -166,6 +231,13 @@ def make_train_update(
             bucket_bytes=bucket_bytes,
             compression=gradient_compression,
         )
+        # An update is one batch of Keras's with a k-times batch: its per-output means count once.
+        means = [
+            (tracker, tf.math.divide_no_nan(s, count))
+            for tracker, s in zip(output_loss_trackers(model), output_sums)
+            if id(tracker) in tracked
+        ]
+        _track_output_losses(means, count, total)
         factor = tf.math.divide_no_nan(tf.constant(expected), total)
         grads: list[Any] = [None] * len(variables)
         for i, g in zip(present, reduced):
@@ -178,33 +250,41 @@ def make_train_update(
     def update(micro_batches: Sequence[Any]) -> None:
         summed: list[Any] | None = None
         count = tf.constant(0.0)
+        output_sums: list[Any] = []
         for data in micro_batches:
-            grads, size = micro_step(data)
+            grads, size, losses = micro_step(data)
             if summed is None:
                 summed = [tf.convert_to_tensor(grads[i]) for i in present]
+                output_sums = losses
             else:
                 summed = [a + tf.convert_to_tensor(grads[i]) for a, i in zip(summed, present)]
+                output_sums = [a + b for a, b in zip(output_sums, losses)]
             count += size
-        apply(summed, count)
+        apply(summed, count, output_sums)
 
-    def zeros() -> tuple[list[tf.Tensor], tf.Tensor]:
+    def zeros() -> State:
         # Every trainable variable gets a sum; those without a gradient stay zero, not applied.
-        return [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables], tf.constant(0.0)
+        # The model is built before the step is traced, so its per-output trackers exist.
+        return (
+            [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables],
+            tf.constant(0.0),
+            [tf.constant(0.0) for _ in output_loss_trackers(model)],
+        )
 
-    def accumulate(
-        data: Any, state: tuple[list[tf.Tensor], tf.Tensor]
-    ) -> tuple[list[tf.Tensor], tf.Tensor]:
-        sums, count = state
-        grads, size = micro_step(data)
-        return [
-            s if g is None else s + tf.convert_to_tensor(g) for s, g in zip(sums, grads)
-        ], count + size
+    def accumulate(data: Any, state: State) -> State:
+        sums, count, output_sums = state
+        grads, size, losses = micro_step(data)
+        return (
+            [s if g is None else s + tf.convert_to_tensor(g) for s, g in zip(sums, grads)],
+            count + size,
+            [a + b for a, b in zip(output_sums, losses)],
+        )
 
-    def finish(state: tuple[list[tf.Tensor], tf.Tensor]) -> None:
+    def finish(state: State) -> None:
         # Loop outputs carry no device; MWMS places an all-reduce by its inputs' devices, so
         # re-create them here, under the replica's device scope.
-        sums, count = tf.nest.map_structure(tf.identity, state)
-        apply([sums[i] for i in present], count)
+        sums, count, output_sums = tf.nest.map_structure(tf.identity, state)
+        apply([sums[i] for i in present], count, output_sums)
 
     def cross_replica(run: Callable[..., Any], next_batch: Callable[[], Any]) -> None:
         """One update from cross-replica context; the micro-batch loop stays symbolic."""
@@ -240,11 +320,15 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
         for data in batches:
             x, y, sample_weight = unpack_x_y_sample_weight(data)
             size = _batch_size(x)
+            # Outside the cond: every replica takes part in the all-reduce, empty or not.
+            total = _global_size(model, size)
 
-            def update_metrics(x=x, y=y, sample_weight=sample_weight, size=size):
+            def update_metrics(x=x, y=y, sample_weight=sample_weight, size=size, total=total):
                 y_pred = _forward(model, x, training=False)
-                loss = _loss(model, x, y, y_pred, sample_weight, training=False)
-                _track_loss(model, loss, size)
+                _, recorded = _tracked_loss(
+                    model, (x, y, y_pred, sample_weight), size=size, training=False
+                )
+                _track_output_losses(recorded, size, total)
                 model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
                 return tf.constant(True)
 
