@@ -14,7 +14,12 @@ from tfdist.training.functions import StepFunctions
 
 
 def evaluate(
-    functions: StepFunctions, source: InputSource, steps: int | None, *, steps_per_execution: int
+    functions: StepFunctions,
+    source: InputSource,
+    steps: int | None,
+    *,
+    steps_per_execution: int,
+    callbacks: keras.callbacks.CallbackList | None = None,
 ) -> dict[str, float]:
     """Evaluates on ``steps`` batches of ``source`` (default one pass); returns the metrics.
 
@@ -23,6 +28,9 @@ def evaluate(
         source: The evaluation input, batched globally.
         steps: Batches to evaluate, or None for one pass.
         steps_per_execution: Batches per call.
+        callbacks: Their test hooks are called as Keras's ``evaluate`` does
+            (``on_test_batch_begin``/``end`` once per call, with its first
+            and last batch index), e.g. by ``fit``'s validation.
 
     Raises:
         ValueError: If ``steps`` is None and the input's length is unknown.
@@ -39,15 +47,20 @@ def evaluate(
     functions.build(source)
     fn = functions.evaluation()
     iterator = runner.make_iterator(runner.distribute(source, training=False))
+    hooks = callbacks if callbacks is not None else keras.callbacks.CallbackList()
+    hooks.on_test_begin()
     functions.model.reset_metrics()
     logs: dict[str, float] = {}
     done = 0
     while done < steps:
         n = min(steps_per_execution, steps - done)
+        hooks.on_test_batch_begin(done)
         logs = functions.run(fn, iterator, n)
         done += n
+        hooks.on_test_batch_end(done - 1, logs)
     # Parameter servers: scheduled calls may still be running; their metric updates count.
     runner.join()
+    hooks.on_test_end(logs)
     return logs
 
 

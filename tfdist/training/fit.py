@@ -62,12 +62,13 @@ def run_fit(
     validate = None
     if val_source is not None:
 
-        def validate() -> dict[str, float]:
+        def validate(callbacks: keras.callbacks.CallbackList) -> dict[str, float]:
             return evaluation.evaluate(
                 functions,
                 val_source,
                 args.validation_steps,
                 steps_per_execution=steps_per_execution,
+                callbacks=callbacks,
             )
 
     # The loop sees only `start` and `functions.logs`, never the Trainer.

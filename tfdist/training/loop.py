@@ -25,7 +25,7 @@ from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, Runner
 from tfdist.training.backup import Backup, Position
-from tfdist.training.callbacks import chief_writes_only
+from tfdist.training.callbacks import chief_writes_only, for_this_worker
 from tfdist.training.preemption import PreemptionWatcher
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 #: ``start(micro_batches, iterator, num_updates)``: starts ``num_updates`` optimizer updates of
 #: ``micro_batches`` micro-batches each and returns the runner's logs handle.
 StartUpdates = Callable[[int, Any, int], Any]
+#: ``validate(callbacks)``: evaluates, calling ``callbacks``' test hooks, and returns the logs.
+Validate = Callable[[keras.callbacks.CallbackList], dict[str, float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,7 @@ class EpochLoop:
         start: Starts updates (see :data:`StartUpdates`).
         logs_fn: The logs in cross-replica context, for ``runner.final_logs``.
         should_stop: True once a callback asked to stop (``model.stop_training``).
+        stop: Makes ``should_stop`` true (another worker's callback asked to stop).
         backup: Where step-level backups go, or None.
         watcher: The SIGTERM watcher, or None.
         updates: Optimizer updates already attempted (over all runs, when resuming).
@@ -77,6 +80,7 @@ class EpochLoop:
         start: StartUpdates,
         logs_fn: LogsFn,
         should_stop: Callable[[], bool],
+        stop: Callable[[], None] = lambda: None,
         backup: Backup | None = None,
         watcher: PreemptionWatcher | None = None,
         updates: int = 0,
@@ -87,6 +91,7 @@ class EpochLoop:
         self.start = start
         self.logs_fn = logs_fn
         self.should_stop = should_stop
+        self.stop = stop
         self.backup = backup
         self.watcher = watcher
         self.updates = updates  # optimizer updates attempted, over all runs
@@ -138,6 +143,21 @@ class EpochLoop:
         )
         raise SystemExit(TERMINATED_EXIT_CODE)
 
+    def _vote(self, epoch: int, step: int) -> None:
+        """After each call, one collective on every worker: all stop at the same update.
+
+        One vote covers a SIGTERM and ``model.stop_training``, so that a
+        callback that stops training on one worker only (its own clock, say)
+        stops every worker; a second vote, taken only once the first said
+        stop, tells a SIGTERM from a callback's stop.
+        """
+        requested = self.watcher is not None and self.watcher.requested
+        if not self.runner.agree(requested or self.should_stop()):
+            return
+        if self.runner.agree(requested):
+            self._stop_for_sigterm(epoch, step)
+        self.stop()
+
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
         """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
         k, steps, freq = self.plan.accumulation_steps, self.plan.steps, self.plan.backup_freq
@@ -145,6 +165,7 @@ class EpochLoop:
         per_call = max(self.plan.steps_per_execution // k, 1)
         backing_up = isinstance(freq, int) and self.backup is not None
         done = first_step // k
+        self._vote(epoch, first_step)  # on_epoch_begin may have stopped one worker only
         while done < full_updates and not self.should_stop():
             n = min(per_call, full_updates - done)
             if backing_up:
@@ -155,9 +176,7 @@ class EpochLoop:
             crossed = isinstance(freq, int) and before // freq != self.updates // freq
             if backing_up and crossed and done * k < steps:  # the epoch end saves anyway
                 self._save(epoch, done * k)
-            # A collective on every worker at every call: all must stop at the same update.
-            if self.watcher is not None and self.runner.agree(self.watcher.requested):
-                self._stop_for_sigterm(epoch, done * k)
+            self._vote(epoch, done * k)
         if last_window and not self.should_stop():
             # The epoch's last `last_window` micro-batches make one smaller
             # update, still a true mean over its examples.
@@ -183,7 +202,7 @@ def fit_epochs(
     epochs: int,
     initial_epoch: int,
     repeat: bool,
-    validate: Callable[[], dict[str, float]] | None,
+    validate: Validate | None,
 ) -> None:
     """One ``fit``'s training from ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
 
@@ -206,7 +225,7 @@ def fit_epochs(
         # Made inside chief_writes_only: set_model makes TensorBoard cache its
         # log paths, which must already be the redirected ones on non-chiefs.
         callback_list = keras.callbacks.CallbackList(
-            list(callbacks),
+            for_this_worker(callbacks, is_chief=runner.is_chief),
             add_history=True,
             add_progbar=bool(verbose) and runner.is_chief,
             verbose=verbose,
@@ -222,6 +241,7 @@ def fit_epochs(
             start=start,
             logs_fn=logs_fn,
             should_stop=lambda: model.stop_training,
+            stop=lambda: setattr(model, "stop_training", True),
             backup=backup,
             watcher=watcher,
             updates=position.updates if position else 0,
@@ -247,7 +267,7 @@ def train_epochs(
     initial_epoch: int,
     repeat: bool,
     position: Position | None,
-    validate: Callable[[], dict[str, float]] | None = None,
+    validate: Validate | None = None,
 ) -> None:
     """Runs epochs ``initial_epoch..epochs-1`` with ``loop`` and its callbacks (train begin to end).
 
@@ -260,7 +280,8 @@ def train_epochs(
         repeat: One iterator over the repeated data across epochs (``steps_per_epoch``
             given, Keras's rule) instead of one pass per epoch.
         position: Where a restored backup stood, or None.
-        validate: Returns the validation logs (un-prefixed), or None for none.
+        validate: Returns the validation logs (un-prefixed), calling the callbacks'
+            test hooks; None for no validation.
     """
     runner, callbacks, steps = loop.runner, loop.callbacks, loop.plan.steps
     if position is not None:
@@ -285,11 +306,13 @@ def train_epochs(
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
         epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
-        if validate is not None:
-            epoch_logs.update({f"val_{name}": v for name, v in validate().items()})
+        if validate is not None:  # with the test hooks, as Keras's fit calls evaluate
+            epoch_logs.update({f"val_{name}": v for name, v in validate(callbacks).items()})
         callbacks.on_epoch_end(epoch, epoch_logs)
         if loop.backup is not None:
             loop.backup.save(Position(epoch + 1, 0, loop.updates))
-        if model.stop_training:
+        # Every worker ends here: any worker's stop_training (set in on_epoch_end, say) stops all.
+        if runner.agree(bool(model.stop_training)):
+            model.stop_training = True
             break
     callbacks.on_train_end(loop.logs)

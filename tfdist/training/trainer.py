@@ -19,6 +19,7 @@ Example (``python -c`` or a script)::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ from tfdist.training.fit_arguments import (
     check_steps_per_execution,
     steps_per_execution_for,
 )
+from tfdist.training.fit_callbacks import resolve_callbacks
 from tfdist.training.functions import StepFunctions
 from tfdist.training.options import (
     BackupOptions,
@@ -243,12 +245,20 @@ class Trainer:
             callbacks=callbacks,
             requires_steps_per_epoch=self._runner.requires_steps_per_epoch,
         )
+        # Backup callbacks become this fit's BackupOptions; callbacks the Trainer refuses fail here.
+        resolved = resolve_callbacks(
+            args.callbacks,
+            backup=self.backup,
+            lr_scaling=self.lr_scaling,
+            accumulation_steps=self.accumulation_steps,
+        )
+        args = dataclasses.replace(args, callbacks=resolved.callbacks)
         self.steps_per_execution = steps_per_execution_for(
             self._steps_per_execution, args.callbacks, runner=self._runner
         )
         return run_fit(
             self._functions,
-            self._backups,
+            self._backups.for_fit(resolved.backup),
             data,
             validation_data,
             args,
