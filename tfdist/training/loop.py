@@ -315,4 +315,7 @@ def train_epochs(
         if runner.agree(bool(model.stop_training)):
             model.stop_training = True
             break
+    # As Keras's fit: with use_ema=True the model ends with the moving averages of its weights.
+    if isinstance(model.optimizer, keras.optimizers.Optimizer):
+        model.optimizer.finalize_variable_values(model.trainable_weights)
     callbacks.on_train_end(loop.logs)
