@@ -60,6 +60,18 @@ def _early_stopping():
     ]
 
 
+class StopAtEpochBegin(keras.callbacks.Callback):
+    """Sets ``stop_training`` in ``on_epoch_begin``: Keras still trains one batch of that epoch."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            self.model.stop_training = True
+
+
 def writers():
     """Callbacks that write files or only watch: the numbers must not move."""
     return [
@@ -115,6 +127,7 @@ ROWS = [
         ema_compile,
         fitting(lambda: [keras.callbacks.SwapEMAWeights()]),
     ),
+    Row("stop_in_on_epoch_begin", mlp, sgd_compile, fitting(lambda: [StopAtEpochBegin(1)])),
     # ModelCheckpoint, CSVLogger, TensorBoard, BackupAndRestore, LambdaCallback; their files are
     # compared with Keras's in tests/training/test_callbacks.py.
     Row("writers", mlp, sgd_compile, fitting(writers)),

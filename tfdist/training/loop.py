@@ -143,8 +143,8 @@ class EpochLoop:
         )
         raise SystemExit(TERMINATED_EXIT_CODE)
 
-    def _vote(self, epoch: int, step: int) -> None:
-        """After each call, one collective on every worker: all stop at the same update.
+    def _vote(self, epoch: int, step: int) -> bool:
+        """One collective on every worker: True if any asked to stop; then all stop here.
 
         One vote covers a SIGTERM and ``model.stop_training``, so that a
         callback that stops training on one worker only (its own clock, say)
@@ -153,10 +153,11 @@ class EpochLoop:
         """
         requested = self.watcher is not None and self.watcher.requested
         if not self.runner.agree(requested or self.should_stop()):
-            return
+            return False
         if self.runner.agree(requested):
             self._stop_for_sigterm(epoch, step)
         self.stop()
+        return True
 
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
         """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
@@ -165,9 +166,11 @@ class EpochLoop:
         per_call = max(self.plan.steps_per_execution // k, 1)
         backing_up = isinstance(freq, int) and self.backup is not None
         done = first_step // k
-        self._vote(epoch, first_step)  # on_epoch_begin may have stopped one worker only
-        while done < full_updates and not self.should_stop():
-            n = min(per_call, full_updates - done)
+        # Keras's fit looks at stop_training after each call, so a stop asked for in
+        # on_epoch_begin still trains one batch (steps_per_execution=1, Keras's default).
+        stopping, calls = self._vote(epoch, first_step), 0
+        while done < full_updates and not (stopping and calls):
+            n = 1 if stopping else min(per_call, full_updates - done)
             if backing_up:
                 n = min(n, freq - self.updates % freq)  # a call ends where a backup is due
             self._call(k, iterator, n, done * k, (done + n) * k - 1)
@@ -176,8 +179,9 @@ class EpochLoop:
             crossed = isinstance(freq, int) and before // freq != self.updates // freq
             if backing_up and crossed and done * k < steps:  # the epoch end saves anyway
                 self._save(epoch, done * k)
-            self._vote(epoch, done * k)
-        if last_window and not self.should_stop():
+            calls += 1
+            stopping = self._vote(epoch, done * k)
+        if last_window and not (stopping and calls):
             # The epoch's last `last_window` micro-batches make one smaller
             # update, still a true mean over its examples.
             self._call(last_window, iterator, 1, done * k, steps - 1)
