@@ -64,7 +64,12 @@ def check_fit_arguments(
     if isinstance(callbacks, keras.callbacks.Callback) or not all(
         isinstance(c, keras.callbacks.Callback) for c in callbacks
     ):
-        raise invalid_argument("callbacks", callbacks, "a list of keras.callbacks.Callback")
+        note = ""
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            note = "Pass its callbacks as a list (callback_list.callbacks); the Trainer makes one."
+        raise invalid_argument(
+            "callbacks", callbacks, "a list of keras.callbacks.Callback", note=note
+        )
     if steps_per_epoch is None and requires_steps_per_epoch:
         raise invalid_argument(
             "steps_per_epoch",

@@ -226,8 +226,11 @@ class Trainer:
                 (per-replica batch times replicas for a dataset_fn), 32 for arrays.
             validation_data: Evaluated at each epoch end, logged with a ``val_`` prefix.
             validation_steps: Batches of ``validation_data`` per evaluation.
-            callbacks: Keras callbacks (on non-chief workers, their outputs go
-                to a temporary directory).
+            callbacks: Keras callbacks, run as by ``model.fit`` (on non-chief
+                workers, their files go to a temporary directory and the
+                progress bar and ``RemoteMonitor`` do not run). A Keras or
+                tfdist ``BackupAndRestore`` becomes this fit's ``BackupOptions``;
+                see :mod:`tfdist.training.fit_callbacks` for the few refused.
             verbose: ``"auto"``/1 progress bar, 2 one line per epoch, 0 silent
                 (only the chief prints).
             initial_epoch: Epoch to start from.
