@@ -244,7 +244,8 @@ def test_keras_callbacks_on_the_coordinator(ps, tmp_path):
         callbacks=callbacks,
         verbose=0,
     )
-    assert history.history["learning_rate"] == pytest.approx([0.1, 0.05])
+    # Keras logs the rate each epoch trained with, then lowers it for the next.
+    assert history.history["learning_rate"] == pytest.approx([0.1, 0.1])
     assert float(trainer.model.optimizer.learning_rate.numpy()) == pytest.approx(0.05)
     for got, want in zip(trainer.model.get_weights(), snapshots[0]):
         np.testing.assert_array_equal(got, want)  # EarlyStopping restored epoch 0's weights
