@@ -152,6 +152,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         backup = tfdist.callbacks.BackupAndRestore("/tmp/backup", save_freq=50)
         model.fit(ds, epochs=5, callbacks=[backup])
 
+    Given to ``tfdist.Trainer.fit`` instead, it becomes that fit's
+    ``tfdist.BackupOptions`` (``save_freq`` then counts optimizer updates),
+    as does Keras's own ``BackupAndRestore``.
+
     The skipped batches are the same ones only if the dataset yields the same
     order on every run (e.g. shuffled with a fixed seed and
     ``reshuffle_each_iteration=False``, or a tfdist ``DatasetFn``).

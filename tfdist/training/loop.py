@@ -8,7 +8,8 @@ nothing of the Trainer. It hands each execution's logs to the callbacks in
 order (up to ``runner.max_in_flight`` executions may run ahead, for parameter
 servers), takes step-level backups, and acts on SIGTERM at update boundaries:
 with a backup it saves and exits 75 for a restart; without one every worker
-stops at the same update and exits 143 (128 + SIGTERM).
+stops at the same update and exits 143 (128 + SIGTERM). ``model.stop_training``
+is voted on the same way, so that one worker's stop stops all at the same update.
 """
 
 from __future__ import annotations
