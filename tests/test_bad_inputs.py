@@ -450,6 +450,33 @@ CASES = [
         ("a list of keras.callbacks.Callback",),
     ),
     C(
+        "fit(..., callbacks=[ReduceLROnPlateau()])  # Trainer(lr_scaling='linear')",
+        lambda e: e.trainer_with(lr_scaling="linear").fit(
+            (X, Y), callbacks=[keras.callbacks.ReduceLROnPlateau()]
+        ),
+        "callbacks",
+        "['ReduceLROnPlateau']",
+        ("no callback that sets the learning rate", "lr_scaling='linear'"),
+    ),
+    C(
+        "fit(..., callbacks=[keras.callbacks.BackupAndRestore(d)])  # Trainer(backup=...)",
+        lambda e: e.trainer_with(backup_dir=str(e.tmp_path)).fit(
+            (X, Y), callbacks=[keras.callbacks.BackupAndRestore(str(e.tmp_path))]
+        ),
+        "callbacks",
+        "['BackupAndRestore']",
+        ("no BackupAndRestore when the Trainer has `backup`",),
+    ),
+    C(
+        "fit(..., callbacks=[OrbaxCheckpoint(d)])",
+        lambda e: e.trainer.fit(
+            (X, Y), callbacks=[object.__new__(keras.callbacks.OrbaxCheckpoint)]
+        ),
+        "callbacks",
+        "'OrbaxCheckpoint'",
+        ("callbacks that tfdist.Trainer supports",),
+    ),
+    C(
         "fit(..., validation_steps=0)",
         lambda e: e.trainer.fit((X, Y), validation_data=(X, Y), validation_steps=0),
         "validation_steps",

@@ -232,3 +232,52 @@ def test_keras_fit_arguments_on_arrays(ps):
     # The held-out last quarter, evaluated after the last epoch.
     expected = float(LOSS(y[48:], trainer.model(x[48:])))
     assert history.history["val_loss"][0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_keras_callbacks_on_the_coordinator(ps, tmp_path):
+    """EarlyStopping, ReduceLROnPlateau, SwapEMAWeights, ModelCheckpoint and CSVLogger on PS.
+
+    Asynchronous updates make the numbers differ from one-device Keras; the behaviour is checked:
+    the stop, the restored weights, the new learning rate on the PS variables, the files.
+    """
+    snapshots = []
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=ps,
+        optimizer=keras.optimizers.SGD(0.1, use_ema=True),
+        loss=LOSS,
+        metrics=["accuracy"],
+    )
+    # min_delta=1: only epoch 0 improves, so both act at the end of epoch 1.
+    callbacks = [
+        keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: snapshots.append(trainer.model.get_weights())
+        ),
+        keras.callbacks.EarlyStopping(patience=1, min_delta=1.0, restore_best_weights=True),
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=1.0),
+        keras.callbacks.SwapEMAWeights(),
+        keras.callbacks.ModelCheckpoint(
+            str(tmp_path / "w-{epoch}.weights.h5"), save_weights_only=True
+        ),
+        keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+    ]
+    history = trainer.fit(
+        lambda ctx: dataset(96, 16),
+        epochs=4,
+        steps_per_epoch=6,
+        global_batch_size=16,
+        validation_data=dataset(32, 16),
+        callbacks=callbacks,
+        verbose=0,
+    )
+    # Keras logs the rate each epoch trained with, then lowers it for the next.
+    assert history.history["learning_rate"] == pytest.approx([0.1, 0.1])
+    assert float(trainer.model.optimizer.learning_rate.numpy()) == pytest.approx(0.05)
+    for got, want in zip(trainer.model.get_weights(), snapshots[0]):
+        np.testing.assert_array_equal(got, want)  # EarlyStopping restored epoch 0's weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "log.csv",
+        "w-1.weights.h5",
+        "w-2.weights.h5",
+    ]
+    assert len((tmp_path / "log.csv").read_text().splitlines()) == 3

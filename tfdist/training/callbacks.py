@@ -2,8 +2,10 @@
 
 Every worker runs the same callbacks (saving may read variables through
 collectives, so all workers must take part), but on a non-chief worker each
-known file-writing callback is pointed at a private temporary directory that
-is removed at the end of training.
+known file-writing callback (``ModelCheckpoint``, ``TensorBoard``,
+``CSVLogger``) is pointed at a private temporary directory that is removed at
+the end of training, and the callbacks that only show or send the logs
+(``ProgbarLogger``, ``RemoteMonitor``) do not run at all.
 """
 
 from __future__ import annotations
@@ -27,6 +29,20 @@ _PATH_ATTRIBUTES = (
     (keras.callbacks.TensorBoard, "log_dir"),
     (keras.callbacks.CSVLogger, "filename"),
 )
+
+# Callbacks whose only effect is to show or send the logs, which are the same on every worker.
+_CHIEF_ONLY = (keras.callbacks.ProgbarLogger, keras.callbacks.RemoteMonitor)
+
+
+def for_this_worker(
+    callbacks: Sequence[keras.callbacks.Callback], *, is_chief: bool
+) -> list[keras.callbacks.Callback]:
+    """The callbacks this process runs: all on the chief; elsewhere, not those that only show logs.
+
+    A ``ProgbarLogger`` or ``RemoteMonitor`` shows (or POSTs) each epoch's
+    logs; those are global, so the chief's copy says it all, once.
+    """
+    return [c for c in callbacks if is_chief or not isinstance(c, _CHIEF_ONLY)]
 
 
 @contextlib.contextmanager
@@ -135,6 +151,10 @@ class BackupAndRestore(keras.callbacks.Callback):
 
         backup = tfdist.callbacks.BackupAndRestore("/tmp/backup", save_freq=50)
         model.fit(ds, epochs=5, callbacks=[backup])
+
+    Given to ``tfdist.Trainer.fit`` instead, it becomes that fit's
+    ``tfdist.BackupOptions`` (``save_freq`` then counts optimizer updates),
+    as does Keras's own ``BackupAndRestore``.
 
     The skipped batches are the same ones only if the dataset yields the same
     order on every run (e.g. shuffled with a fixed seed and

@@ -27,6 +27,7 @@ def evaluate(
     *,
     steps_per_execution: int,
     verbose: int = 0,
+    callbacks: keras.callbacks.CallbackList | None = None,
 ) -> dict[str, float]:
     """Evaluates on ``steps`` batches of ``source`` (default one pass); returns the metrics.
 
@@ -36,6 +37,9 @@ def evaluate(
         steps: Batches to evaluate, or None for one pass.
         steps_per_execution: Batches per call.
         verbose: 0 silent, 1 a progress bar, 2 one line (``model.evaluate``'s).
+        callbacks: Their test hooks are called as Keras's ``evaluate`` does
+            (``on_test_batch_begin``/``end`` once per call, with its first
+            and last batch index), e.g. by ``fit``'s validation.
 
     Raises:
         ValueError: If ``steps`` is None and the input's length is unknown.
@@ -52,18 +56,23 @@ def evaluate(
     functions.build(source)
     fn = functions.evaluation()
     iterator = runner.make_iterator(runner.distribute(source, training=False))
+    hooks = callbacks if callbacks is not None else keras.callbacks.CallbackList()
+    hooks.on_test_begin()
     functions.model.reset_metrics()
     logs: dict[str, float] = {}
     done = 0
     bar = _progress_bar(functions, steps, verbose)
     while done < steps:
         n = min(steps_per_execution, steps - done)
+        hooks.on_test_batch_begin(done)
         logs = functions.run(fn, iterator, n)
         done += n
         if bar is not None:
             bar.update(done, list(logs.items()), finalize=done >= steps)
+        hooks.on_test_batch_end(done - 1, logs)
     # Parameter servers: scheduled calls may still be running; their metric updates count.
     runner.join()
+    hooks.on_test_end(logs)
     return logs
 
 

@@ -58,7 +58,7 @@ def run_fit(
     validate = None
     if val_source is not None:
 
-        def validate(epoch: int) -> dict[str, float]:
+        def validate(epoch: int, callbacks: keras.callbacks.CallbackList) -> dict[str, float]:
             if not args.validates_after(epoch):
                 return {}
             return evaluation.evaluate(
@@ -66,6 +66,7 @@ def run_fit(
                 val_source,
                 args.validation_steps,
                 steps_per_execution=steps_per_execution,
+                callbacks=callbacks,
             )
 
     # The loop sees only `start` and `functions.logs`, never the Trainer.

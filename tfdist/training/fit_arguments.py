@@ -67,7 +67,12 @@ def check_callbacks(callbacks: Any) -> Sequence[keras.callbacks.Callback]:
     if isinstance(callbacks, (keras.callbacks.Callback, str)) or not all(
         isinstance(c, keras.callbacks.Callback) for c in callbacks
     ):
-        raise invalid_argument("callbacks", callbacks, "a list of keras.callbacks.Callback")
+        note = ""
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            note = "Pass its callbacks as a list (callback_list.callbacks); the Trainer makes one."
+        raise invalid_argument(
+            "callbacks", callbacks, "a list of keras.callbacks.Callback", note=note
+        )
     return callbacks
 
 

@@ -8,7 +8,8 @@ nothing of the Trainer. It hands each execution's logs to the callbacks in
 order (up to ``runner.max_in_flight`` executions may run ahead, for parameter
 servers), takes step-level backups, and acts on SIGTERM at update boundaries:
 with a backup it saves and exits 75 for a restart; without one every worker
-stops at the same update and exits 143 (128 + SIGTERM).
+stops at the same update and exits 143 (128 + SIGTERM). ``model.stop_training``
+is voted on the same way, so that one worker's stop stops all at the same update.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, Runner
 from tfdist.training.backup import Backup, Position
-from tfdist.training.callbacks import chief_writes_only
+from tfdist.training.callbacks import chief_writes_only, for_this_worker
 from tfdist.training.preemption import PreemptionWatcher
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ logger = logging.getLogger(__name__)
 #: ``start(micro_batches, iterator, num_updates)``: starts ``num_updates`` optimizer updates of
 #: ``micro_batches`` micro-batches each and returns the runner's logs handle.
 StartUpdates = Callable[[int, Any, int], Any]
+#: ``validate(epoch, callbacks)``: evaluates after ``epoch`` (or returns {} when that epoch does
+#: not validate), calling ``callbacks``' test hooks, and returns the logs.
+Validate = Callable[[int, keras.callbacks.CallbackList], dict[str, float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +67,7 @@ class EpochLoop:
         start: Starts updates (see :data:`StartUpdates`).
         logs_fn: The logs in cross-replica context, for ``runner.final_logs``.
         should_stop: True once a callback asked to stop (``model.stop_training``).
+        stop: Makes ``should_stop`` true (another worker's callback asked to stop).
         backup: Where step-level backups go, or None.
         watcher: The SIGTERM watcher, or None.
         updates: Optimizer updates already attempted (over all runs, when resuming).
@@ -77,6 +82,7 @@ class EpochLoop:
         start: StartUpdates,
         logs_fn: LogsFn,
         should_stop: Callable[[], bool],
+        stop: Callable[[], None] = lambda: None,
         backup: Backup | None = None,
         watcher: PreemptionWatcher | None = None,
         updates: int = 0,
@@ -87,6 +93,7 @@ class EpochLoop:
         self.start = start
         self.logs_fn = logs_fn
         self.should_stop = should_stop
+        self.stop = stop
         self.backup = backup
         self.watcher = watcher
         self.updates = updates  # optimizer updates attempted, over all runs
@@ -138,6 +145,22 @@ class EpochLoop:
         )
         raise SystemExit(TERMINATED_EXIT_CODE)
 
+    def _vote(self, epoch: int, step: int) -> bool:
+        """One collective on every worker: True if any asked to stop; then all stop here.
+
+        One vote covers a SIGTERM and ``model.stop_training``, so that a
+        callback that stops training on one worker only (its own clock, say)
+        stops every worker; a second vote, taken only once the first said
+        stop, tells a SIGTERM from a callback's stop.
+        """
+        requested = self.watcher is not None and self.watcher.requested
+        if not self.runner.agree(requested or self.should_stop()):
+            return False
+        if self.runner.agree(requested):
+            self._stop_for_sigterm(epoch, step)
+        self.stop()
+        return True
+
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
         """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
         k, steps, freq = self.plan.accumulation_steps, self.plan.steps, self.plan.backup_freq
@@ -145,8 +168,11 @@ class EpochLoop:
         per_call = max(self.plan.steps_per_execution // k, 1)
         backing_up = isinstance(freq, int) and self.backup is not None
         done = first_step // k
-        while done < full_updates and not self.should_stop():
-            n = min(per_call, full_updates - done)
+        # Keras's fit looks at stop_training after each call, so a stop asked for in
+        # on_epoch_begin still trains one batch (steps_per_execution=1, Keras's default).
+        stopping, calls = self._vote(epoch, first_step), 0
+        while done < full_updates and not (stopping and calls):
+            n = 1 if stopping else min(per_call, full_updates - done)
             if backing_up:
                 n = min(n, freq - self.updates % freq)  # a call ends where a backup is due
             self._call(k, iterator, n, done * k, (done + n) * k - 1)
@@ -155,10 +181,9 @@ class EpochLoop:
             crossed = isinstance(freq, int) and before // freq != self.updates // freq
             if backing_up and crossed and done * k < steps:  # the epoch end saves anyway
                 self._save(epoch, done * k)
-            # A collective on every worker at every call: all must stop at the same update.
-            if self.watcher is not None and self.runner.agree(self.watcher.requested):
-                self._stop_for_sigterm(epoch, done * k)
-        if last_window and not self.should_stop():
+            calls += 1
+            stopping = self._vote(epoch, done * k)
+        if last_window and not (stopping and calls):
             # The epoch's last `last_window` micro-batches make one smaller
             # update, still a true mean over its examples.
             self._call(last_window, iterator, 1, done * k, steps - 1)
@@ -183,7 +208,7 @@ def fit_epochs(
     epochs: int,
     initial_epoch: int,
     repeat: bool,
-    validate: Callable[[int], dict[str, float]] | None,
+    validate: Validate | None,
 ) -> None:
     """One ``fit``'s training from ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
 
@@ -206,7 +231,7 @@ def fit_epochs(
         # Made inside chief_writes_only: set_model makes TensorBoard cache its
         # log paths, which must already be the redirected ones on non-chiefs.
         callback_list = keras.callbacks.CallbackList(
-            list(callbacks),
+            for_this_worker(callbacks, is_chief=runner.is_chief),
             add_history=True,
             add_progbar=bool(verbose) and runner.is_chief,
             verbose=verbose,
@@ -222,6 +247,7 @@ def fit_epochs(
             start=start,
             logs_fn=logs_fn,
             should_stop=lambda: model.stop_training,
+            stop=lambda: setattr(model, "stop_training", True),
             backup=backup,
             watcher=watcher,
             updates=position.updates if position else 0,
@@ -247,7 +273,7 @@ def train_epochs(
     initial_epoch: int,
     repeat: bool,
     position: Position | None,
-    validate: Callable[[int], dict[str, float]] | None = None,
+    validate: Validate | None = None,
 ) -> None:
     """Runs epochs ``initial_epoch..epochs-1`` with ``loop`` and its callbacks (train begin to end).
 
@@ -261,7 +287,8 @@ def train_epochs(
             given, Keras's rule) instead of one pass per epoch.
         position: Where a restored backup stood, or None.
         validate: Returns an epoch's validation logs (un-prefixed; empty when
-            that epoch does not validate), or None for none.
+            that epoch does not validate), calling the callbacks' test hooks;
+            None for no validation.
     """
     runner, callbacks, steps = loop.runner, loop.callbacks, loop.plan.steps
     if position is not None:
@@ -286,11 +313,17 @@ def train_epochs(
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
         epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
-        if validate is not None:
-            epoch_logs.update({f"val_{name}": v for name, v in validate(epoch).items()})
+        if validate is not None:  # with the test hooks, as Keras's fit calls evaluate
+            logs = validate(epoch, callbacks)
+            epoch_logs.update({f"val_{name}": v for name, v in logs.items()})
         callbacks.on_epoch_end(epoch, epoch_logs)
         if loop.backup is not None:
             loop.backup.save(Position(epoch + 1, 0, loop.updates))
-        if model.stop_training:
+        # Every worker ends here: any worker's stop_training (set in on_epoch_end, say) stops all.
+        if runner.agree(bool(model.stop_training)):
+            model.stop_training = True
             break
+    # As Keras's fit: with use_ema=True the model ends with the moving averages of its weights.
+    if isinstance(model.optimizer, keras.optimizers.Optimizer):
+        model.optimizer.finalize_variable_values(model.trainable_weights)
     callbacks.on_train_end(loop.logs)

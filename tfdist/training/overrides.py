@@ -90,9 +90,13 @@ def check_custom_train_step(
 ) -> None:
     """Refuses tfdist features that live in tfdist's own step when the model has its own.
 
+    A no-op for a model without its own ``train_step``.
+
     Raises:
         ValueError: Naming the feature and the model's ``train_step``.
     """
+    if not overridden(model, "train_step"):
+        return
     name = type(model).__name__
     note = (
         f"{name} overrides train_step(), which the Trainer runs as the replica step, as Keras's "

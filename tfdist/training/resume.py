@@ -8,6 +8,7 @@ worker, and removes it after a successful run unless asked to keep it.
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import keras
@@ -43,6 +44,14 @@ class FitBackups:
         self._runner = runner
         self._extra = {} if skipped_updates is None else {"skipped_updates": skipped_updates}
         self._checkpoint: tf.train.Checkpoint | None = None
+
+    def for_fit(self, options: BackupOptions | None) -> FitBackups:
+        """These backups, or the same model's under ``options`` (a backup callback's) if given."""
+        if options is None:
+            return self
+        other = copy.copy(self)  # shares the model, runner and checkpoint, not the options
+        other.options = options
+        return other
 
     def open(self) -> Backup | None:
         """This fit's ``Backup``, or None without ``BackupOptions``; every worker calls it."""

@@ -19,6 +19,7 @@ Example (``python -c`` or a script)::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -26,24 +27,22 @@ import keras
 import tensorflow as tf
 
 from tfdist import _compat
-from tfdist._compat.keras_training import metrics_in_order
-from tfdist.config import check_positive_int, invalid_argument
+from tfdist.config import check_positive_int
 from tfdist.strategies.base import Runner
 from tfdist.strategies.factory import runner_for
-from tfdist.training import evaluation, schedules
 from tfdist.training import precision as precision_lib
+from tfdist.training import schedules
 from tfdist.training.build import check_loss, compile_in_scope
 from tfdist.training.fit import run_fit
 from tfdist.training.fit_arguments import (
-    check_batch_size,
     check_fit_arguments,
-    check_no_callbacks,
     check_steps_per_execution,
-    check_verbose,
     steps_per_execution_for,
 )
+from tfdist.training.fit_callbacks import resolve_callbacks
 from tfdist.training.fit_data import keras_data
 from tfdist.training.functions import StepFunctions
+from tfdist.training.inference import EvaluateAndPredict
 from tfdist.training.options import (
     BackupOptions,
     ExchangeOptions,
@@ -51,13 +50,12 @@ from tfdist.training.options import (
     ScalingRule,
     trainer_options,
 )
-from tfdist.training.overrides import check_custom_train_step, overridden
+from tfdist.training.overrides import check_custom_train_step
 from tfdist.training.placement import ModelOrBuilder
 from tfdist.training.resume import FitBackups
-from tfdist.training.sources import evaluate_source, predict_source
 
 
-class Trainer:
+class Trainer(EvaluateAndPredict):
     """Trains a Keras model on any tfdist strategy with one loop.
 
     The three option groups are small checked objects documented in
@@ -169,13 +167,12 @@ class Trainer:
         )
         self.model = compiled.model
         self.accumulation_steps = compiled.accumulation_steps
-        if overridden(self.model, "train_step"):
-            check_custom_train_step(
-                self.model,
-                accumulation_steps=self.accumulation_steps,
-                gradient_compression=self.exchange.compression,
-                bucket_bytes=self.exchange.bucket_bytes,
-            )
+        check_custom_train_step(
+            self.model,
+            accumulation_steps=self.accumulation_steps,
+            gradient_compression=self.exchange.compression,
+            bucket_bytes=self.exchange.bucket_bytes,
+        )
         if steps_per_execution == "auto" and compiled.steps_per_execution:
             # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.
             self._steps_per_execution = self.steps_per_execution = compiled.steps_per_execution
@@ -256,8 +253,11 @@ class Trainer:
                 (per-replica batch times replicas for a dataset_fn), 32 for arrays.
             epochs: Epochs to train (``initial_epoch`` counts toward them).
             verbose: ``"auto"``/1 progress bar, 2 one line per epoch, 0 silent (chief only).
-            callbacks: Keras callbacks (on non-chief workers, their outputs go
-                to a temporary directory).
+            callbacks: Keras callbacks, run as by ``model.fit`` (on non-chief
+                workers, their files go to a temporary directory and the
+                progress bar and ``RemoteMonitor`` do not run). A Keras or
+                tfdist ``BackupAndRestore`` becomes this fit's ``BackupOptions``;
+                see :mod:`tfdist.training.fit_callbacks` for the few refused.
             validation_split: Arrays only: the last fraction is held out for
                 validation before shuffling, as in Keras. An error next to
                 ``validation_data`` (Keras would ignore the split).
@@ -302,101 +302,21 @@ class Trainer:
             requires_steps_per_epoch=self._runner.requires_steps_per_epoch,
         )
         data = keras_data(x, y, sample_weight)
+        # Backup callbacks become this fit's BackupOptions; callbacks the Trainer refuses fail here.
+        k = self.accumulation_steps
+        resolved = resolve_callbacks(
+            args.callbacks, backup=self.backup, lr_scaling=self.lr_scaling, accumulation_steps=k
+        )
+        args = dataclasses.replace(args, callbacks=resolved.callbacks)
         self.steps_per_execution = steps_per_execution_for(
             self._steps_per_execution, args.callbacks, runner=self._runner
         )
         return run_fit(
             self._functions,
-            self._backups,
+            self._backups.for_fit(resolved.backup),
             data,
             validation_data,
             args,
             lr_scaling=self.lr_scaling,
             steps_per_execution=self.steps_per_execution,
         )
-
-    def evaluate(
-        self,
-        x: Any = None,
-        y: Any = None,
-        batch_size: int | None = None,
-        verbose: str | int = "auto",
-        sample_weight: Any = None,
-        steps: int | None = None,
-        callbacks: None = None,
-        return_dict: bool = False,
-        *,
-        global_batch_size: int | None = None,
-    ) -> Any:
-        """Evaluates as ``keras.Model.evaluate``; each example counts once, on every strategy.
-
-        Args:
-            x, y, sample_weight: As for :meth:`fit`.
-            batch_size: Examples per step across all replicas (alias
-                ``global_batch_size``). Default as for :meth:`fit`; an unbound
-                ``DatasetFn`` takes the one of this Trainer's first ``fit`` or ``evaluate``.
-            verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
-            steps: Batches to evaluate; default one pass.
-            callbacks: Not supported: None (an error otherwise).
-            return_dict: As Keras: a dict of metric name to value if True, else
-                the loss alone, or a list in ``model.metrics_names`` order.
-            global_batch_size: tfdist's name for ``batch_size``.
-
-        Returns:
-            The loss and metrics, shaped as ``return_dict`` says.
-        """
-        gbs = check_batch_size(batch_size, global_batch_size)
-        verbose = check_verbose(verbose)
-        check_no_callbacks(callbacks, "evaluate")
-        if not isinstance(return_dict, bool):
-            raise invalid_argument("return_dict", return_dict, "True or False")
-        source = evaluate_source(
-            keras_data(x, y, sample_weight),
-            runner=self._runner,
-            steps=steps,
-            global_batch_size=gbs,
-            fallback_global_batch_size=self._functions.built_for,
-        )
-        # After a fit, the value it used; before any, what "auto" picks without callbacks.
-        per_call = steps_per_execution_for(self.steps_per_execution, (), runner=self._runner)
-        logs = evaluation.evaluate(
-            self._functions, source, steps, steps_per_execution=per_call, verbose=verbose
-        )
-        return logs if return_dict else metrics_in_order(self.model, logs)
-
-    def predict(
-        self,
-        x: Any,
-        batch_size: int | None = None,
-        verbose: str | int = "auto",
-        steps: int | None = None,
-        callbacks: None = None,
-        *,
-        global_batch_size: int | None = None,
-    ) -> Any:
-        """Runs the model on ``x``, distributed like :meth:`evaluate`; outputs in input order.
-
-        Args:
-            x: Inputs as an array (or dict/list of arrays), an
-                ``(x, y[, sample_weight])`` tuple (``y`` is ignored; single-input
-                models), or any form :meth:`fit` takes.
-            batch_size: Examples per batch across all replicas (default 32
-                for arrays; alias ``global_batch_size``).
-            verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
-            steps: Batches to predict; default all of ``x``.
-            callbacks: Not supported: None (an error otherwise).
-            global_batch_size: tfdist's name for ``batch_size``.
-
-        Returns:
-            The outputs as NumPy arrays (a structure of them for a
-            multi-output model), one row per input example, in the order
-            :func:`tfdist.training.evaluation.predict` describes.
-        """
-        gbs = check_batch_size(batch_size, global_batch_size)
-        verbose = check_verbose(verbose)
-        check_no_callbacks(callbacks, "predict")
-        check_positive_int("steps", steps, allow_none=True)
-        source, shown = predict_source(
-            x, runner=self._runner, model=self.model, global_batch_size=gbs
-        )
-        return evaluation.predict(self._functions, source, steps, shown=shown, verbose=verbose)

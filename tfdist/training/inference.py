@@ -1,0 +1,111 @@
+"""``Trainer.evaluate`` and ``Trainer.predict``, with Keras's arguments, on every strategy.
+
+A mixin of :class:`tfdist.training.trainer.Trainer`: it reads the Trainer's
+runner, compiled functions, model and ``steps_per_execution``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdist._compat.keras_training import metrics_in_order
+from tfdist.config import check_positive_int, invalid_argument
+from tfdist.training import evaluation
+from tfdist.training.fit_arguments import (
+    check_batch_size,
+    check_no_callbacks,
+    check_verbose,
+    steps_per_execution_for,
+)
+from tfdist.training.fit_data import keras_data
+from tfdist.training.sources import evaluate_source, predict_source
+
+
+class EvaluateAndPredict:
+    """Keras's ``evaluate`` and ``predict`` for the Trainer (see the Trainer's attributes)."""
+
+    def evaluate(
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        verbose: str | int = "auto",
+        sample_weight: Any = None,
+        steps: int | None = None,
+        callbacks: None = None,
+        return_dict: bool = False,
+        *,
+        global_batch_size: int | None = None,
+    ) -> Any:
+        """Evaluates as ``keras.Model.evaluate``; each example counts once, on every strategy.
+
+        Args:
+            x, y, sample_weight: As for :meth:`fit`.
+            batch_size: Examples per step across all replicas (alias
+                ``global_batch_size``). Default as for :meth:`fit`; an unbound
+                ``DatasetFn`` takes the one of this Trainer's first ``fit`` or ``evaluate``.
+            verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
+            steps: Batches to evaluate; default one pass.
+            callbacks: Not supported: None (an error otherwise).
+            return_dict: As Keras: a dict of metric name to value if True, else
+                the loss alone, or a list in ``model.metrics_names`` order.
+            global_batch_size: tfdist's name for ``batch_size``.
+
+        Returns:
+            The loss and metrics, shaped as ``return_dict`` says.
+        """
+        gbs = check_batch_size(batch_size, global_batch_size)
+        verbose = check_verbose(verbose)
+        check_no_callbacks(callbacks, "evaluate")
+        if not isinstance(return_dict, bool):
+            raise invalid_argument("return_dict", return_dict, "True or False")
+        source = evaluate_source(
+            keras_data(x, y, sample_weight),
+            runner=self._runner,
+            steps=steps,
+            global_batch_size=gbs,
+            fallback_global_batch_size=self._functions.built_for,
+        )
+        # After a fit, the value it used; before any, what "auto" picks without callbacks.
+        per_call = steps_per_execution_for(self.steps_per_execution, (), runner=self._runner)
+        logs = evaluation.evaluate(
+            self._functions, source, steps, steps_per_execution=per_call, verbose=verbose
+        )
+        return logs if return_dict else metrics_in_order(self.model, logs)
+
+    def predict(
+        self,
+        x: Any,
+        batch_size: int | None = None,
+        verbose: str | int = "auto",
+        steps: int | None = None,
+        callbacks: None = None,
+        *,
+        global_batch_size: int | None = None,
+    ) -> Any:
+        """Runs the model on ``x``, distributed like :meth:`evaluate`; outputs in input order.
+
+        Args:
+            x: Inputs as an array (or dict/list of arrays), an
+                ``(x, y[, sample_weight])`` tuple (``y`` is ignored; single-input
+                models), or any form :meth:`fit` takes.
+            batch_size: Examples per batch across all replicas (default 32
+                for arrays; alias ``global_batch_size``).
+            verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
+            steps: Batches to predict; default all of ``x``.
+            callbacks: Not supported: None (an error otherwise).
+            global_batch_size: tfdist's name for ``batch_size``.
+
+        Returns:
+            The outputs as NumPy arrays (a structure of them for a
+            multi-output model), one row per input example, in the order
+            :func:`tfdist.training.evaluation.predict` describes.
+        """
+        gbs = check_batch_size(batch_size, global_batch_size)
+        verbose = check_verbose(verbose)
+        check_no_callbacks(callbacks, "predict")
+        check_positive_int("steps", steps, allow_none=True)
+        source, shown = predict_source(
+            x, runner=self._runner, model=self.model, global_batch_size=gbs
+        )
+        return evaluation.predict(self._functions, source, steps, shown=shown, verbose=verbose)
