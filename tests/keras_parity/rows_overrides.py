@@ -91,3 +91,24 @@ ROWS = [
     Row("train_step_super", built(SuperStep), sgd_compile, dataset_fit()),
     Row("train_step_custom", built(CustomStep), sgd_compile, with_validation),
 ]
+
+
+class OwnLoss(keras.Model):
+    """A ``compute_loss`` override (tfdist's own step calls it): half the compiled loss plus an
+    output penalty made with a Keras loss (which divides by the replica count, as compile's)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(8, activation="relu")
+        self.out = keras.layers.Dense(CLASSES)
+        self.penalty = keras.losses.MeanSquaredError()
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        return 0.5 * loss + 0.1 * self.penalty(tf.zeros_like(y_pred), y_pred)
+
+
+ROWS.append(Row("compute_loss_override", built(OwnLoss), sgd_compile, dataset_fit()))
