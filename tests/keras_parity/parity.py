@@ -91,6 +91,17 @@ class Result:
     model: Any = None
 
 
+def fixed_weights(model: keras.Model, seed: int = 1) -> keras.Model:
+    """Sets ``model``'s weights from a NumPy generator: the same start in every process and state.
+
+    Keras's own initializers draw from TF's random state, which other tests in the same
+    process (and where a strategy puts the variables) can move.
+    """
+    rng = np.random.default_rng(seed)
+    model.set_weights([0.3 * rng.standard_normal(w.shape).astype(w.dtype) for w in model.weights])
+    return model
+
+
 def run_keras(row: Row) -> Result:
     """Plain Keras ``compile`` + ``fit`` on one device: the reference."""
     keras.utils.set_random_seed(0)
@@ -110,7 +121,9 @@ def run_trainer(row: Row, strategy: Any) -> Result:
     trainer = tfdist.Trainer(row.model, strategy=strategy, **row.compile(), **row.trainer)
     fit = dict(row.fit())
     if trainer.runner.requires_steps_per_epoch and fit.get("steps_per_epoch") is None:
-        fit["steps_per_epoch"] = one_pass_steps(fit)
+        # A dataset_fn row counts its pass on the dataset Keras gets (row.keras_fit).
+        countable = not callable(fit["x"]) or isinstance(fit["x"], tf.data.Dataset)
+        fit["steps_per_epoch"] = one_pass_steps(fit if countable else row.keras_fit())
     history = fit_trainer(trainer, fit)
     return Result(trainer.model.get_weights(), _floats(history.history), trainer)
 

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tests.keras_parity.parity import Row
+from tests.keras_parity.parity import Row, fixed_weights
 
 N, FEATURES, CLASSES = 96, 6, 3
 
@@ -23,14 +23,14 @@ def arrays(seed=0, n=N):
 
 
 def mlp():
-    keras.utils.set_random_seed(1)
-    return keras.Sequential(
+    model = keras.Sequential(
         [
             keras.Input((FEATURES,)),
             keras.layers.Dense(8, activation="relu"),
             keras.layers.Dense(CLASSES),
         ]
     )
+    return fixed_weights(model)
 
 
 def sgd_compile():

@@ -51,7 +51,7 @@ def test_evaluate_and_predict_match_keras(mirrored, kind):
     )
     data = dataset(n=N_EVAL, seed=1, lists=lists, weights=True)
     want = model.evaluate(data, return_dict=True, verbose=0)
-    got = trainer.evaluate(data)
+    got = trainer.evaluate(data, return_dict=True)
     assert sorted(got) == sorted(want)  # loss, cls_loss, reg_loss, cls_accuracy, reg_mae
     for key in want:
         assert got[key] == pytest.approx(want[key], abs=1e-5), key
@@ -83,9 +83,9 @@ def _fit_dict(trainer, x):
 def test_a_missing_input_key_names_the_argument(mirrored):
     trainer = tfdist.Trainer(dict_model, strategy=mirrored, **dict_compile())
     x, _, _ = arrays()
-    with pytest.raises(ValueError, match=r"argument `data`.*keys \['a'\].*Missing: 'b'"):
+    with pytest.raises(ValueError, match=r"argument `x`.*keys \['a'\].*Missing: 'b'"):
         _fit_dict(trainer, {"a": x["a"]})
-    with pytest.raises(ValueError, match=r"`data`.*x\['b'\] with shape \(None, 4\)"):
+    with pytest.raises(ValueError, match=r"`x`.*x\['b'\] with shape \(None, 4\)"):
         _fit_dict(trainer, {"a": x["a"], "b": x["a"]})
     with pytest.raises(ValueError, match=r"`validation_data`.*Missing: 'b'"):
         trainer.fit(
@@ -99,7 +99,7 @@ def test_a_list_model_fed_one_tensor_is_refused(mirrored):
     trainer = tfdist.Trainer(list_model, strategy=mirrored, **list_compile())
     x, _, _ = arrays()
     # Read as (x, y), as Keras reads it: x is one tensor for two inputs.
-    with pytest.raises(ValueError, match=r"`data`.*1 tensor\(s\).*2 tensors.*\(\(a, b\),\)"):
+    with pytest.raises(ValueError, match=r"`x`.*1 tensor\(s\).*2 tensors.*\(\(a, b\),\)"):
         trainer.predict(tf.data.Dataset.from_tensor_slices((x["a"], x["b"])).batch(16))
 
 

@@ -56,7 +56,7 @@ def test_ps_matches_keras(ps, data):
     for g, w in zip(trainer.model.get_weights(), model.get_weights()):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
 
-    evaluated = trainer.evaluate(val)
+    evaluated = trainer.evaluate(val, return_dict=True)
     assert sorted(evaluated) == sorted(k for k in want if not k.startswith("val_"))
     for key, value in evaluated.items():
         assert value == pytest.approx(want[f"val_{key}"][-1], abs=1e-5), key
