@@ -83,6 +83,7 @@ def recorded(name, fn):
 
 
 def save_row(row):
+    os.environ["TFDIST_PARITY_SHARED_DIR"] = os.path.join(out_dir, "shared", row.name)
     save_result(run_trainer(row, strategy), os.path.join(out_dir, f"{row.name}-{task_name}"))
 
 

@@ -5,6 +5,7 @@ plain Keras and the Trainer share none. Files written by the callbacks are compa
 ``tests/training/test_callbacks.py``.
 """
 
+import itertools
 import os
 import tempfile
 
@@ -35,7 +36,17 @@ def fitting(make_callbacks, epochs=EPOCHS):
     return fit
 
 
+_CALLS = itertools.count()
+
+
 def _in_temp(name):
+    # Workers of one launch must share the paths (the chief writes, all read a backup): the
+    # job names a shared directory; the calls come in the same order on every worker.
+    shared = os.environ.get("TFDIST_PARITY_SHARED_DIR")
+    if shared:
+        directory = os.path.join(shared, str(next(_CALLS)))
+        os.makedirs(directory, exist_ok=True)
+        return os.path.join(directory, name)
     return os.path.join(tempfile.mkdtemp(prefix="tfdist-parity-"), name)
 
 
