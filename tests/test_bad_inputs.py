@@ -619,11 +619,11 @@ CASES = [
         ("a positive integer or None",),
     ),
     C(
-        "evaluate(x, y, callbacks=[...])",
-        lambda e: e.trainer.evaluate(X, Y, callbacks=[keras.callbacks.History()]),
+        "evaluate(x, y, callbacks=History())",
+        lambda e: e.trainer.evaluate(X, Y, callbacks=keras.callbacks.History()),
         "callbacks",
-        "[<keras.src.callbacks.history.History",
-        ("None for Trainer.evaluate", "keras.Model.evaluate on trainer.model"),
+        "<keras.src.callbacks.history.History",
+        ("a list of keras.callbacks.Callback",),
     ),
     C(
         "evaluate(x, y, return_dict='yes')",

@@ -175,3 +175,39 @@ def test_train_step_returning_no_dict_is_refused(mirrored):
     x, y, _ = arrays()
     with pytest.raises(ValueError, match=r"train_step\(\) return value"):
         trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), verbose=0)
+
+
+class Hooks(keras.callbacks.Callback):
+    """Records the test and predict hooks it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_test_begin(self, logs=None):
+        self.seen.append("test_begin")
+
+    def on_test_end(self, logs=None):
+        self.seen.append(("test_end", round(float(logs["loss"]), 5)))
+
+    def on_predict_begin(self, logs=None):
+        self.seen.append("predict_begin")
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self.seen.append(("predict_batch", batch, len(logs["outputs"])))
+
+    def on_predict_end(self, logs=None):
+        self.seen.append("predict_end")
+
+
+def test_evaluate_and_predict_run_callbacks_as_keras(mirrored):
+    x, y, _ = arrays()
+    reference = mlp()
+    reference.compile(**sgd_compile())
+    trainer = tfdist.Trainer(mlp, strategy=mirrored, **sgd_compile())
+    want, got = Hooks(), Hooks()
+    reference.evaluate(x, y, batch_size=40, callbacks=[want], verbose=0)
+    trainer.evaluate(x, y, batch_size=40, callbacks=[got])
+    reference.predict(x, batch_size=40, callbacks=[want], verbose=0)
+    trainer.predict(x, batch_size=40, callbacks=[got])
+    assert got.seen == want.seen  # batches of 40, 40 and 16

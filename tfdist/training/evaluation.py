@@ -83,6 +83,7 @@ def predict(
     *,
     shown: str,
     verbose: int = 0,
+    callbacks: keras.callbacks.CallbackList | None = None,
 ) -> Any:
     """The model's outputs on ``steps`` batches of ``source`` (default all), in input order.
 
@@ -92,6 +93,8 @@ def predict(
         steps: Batches to predict, or None for all.
         shown: How the user's data is named in an error (its type name).
         verbose: 0 silent, 1 a progress bar, 2 one line (``model.predict``'s).
+        callbacks: Their predict hooks are called as Keras's ``predict`` calls
+            them, once per batch (``on_predict_batch_end`` gets ``{"outputs": ...}``).
 
     Returns:
         NumPy outputs (a structure of them for a multi-output model), one row
@@ -113,12 +116,17 @@ def predict(
     fn = functions.predict()
     outputs = []
     bar = _progress_bar(functions, steps or source.steps_per_epoch, verbose)
+    hooks = callbacks if callbacks is not None else keras.callbacks.CallbackList()
+    hooks.on_predict_begin()
     for batch in runner.distribute(source, training=False):
         if steps is not None and len(outputs) >= steps:
             break
+        hooks.on_predict_batch_begin(len(outputs))
         outputs.append(tf.nest.map_structure(np.asarray, fn(batch)))
+        hooks.on_predict_batch_end(len(outputs) - 1, {"outputs": outputs[-1]})
         if bar is not None:
             bar.update(len(outputs))
+    hooks.on_predict_end()
     if not outputs:
         raise invalid_argument("x", shown, "at least one batch to predict on")
     if bar is not None:

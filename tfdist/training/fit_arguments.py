@@ -76,18 +76,6 @@ def check_callbacks(callbacks: Any) -> Sequence[keras.callbacks.Callback]:
     return callbacks
 
 
-def check_no_callbacks(callbacks: Any, method: str) -> None:
-    """``evaluate``/``predict`` run no callbacks: ``callbacks`` must be None or empty."""
-    if callbacks is not None and not (isinstance(callbacks, (list, tuple)) and not callbacks):
-        raise invalid_argument(
-            "callbacks",
-            callbacks,
-            f"None for Trainer.{method}",
-            note="Its batches run as compiled calls without callback hooks; use Trainer.fit's "
-            f"callbacks, or keras.Model.{method} on trainer.model.",
-        )
-
-
 def _check_validation_freq(value: Any) -> int | tuple[int, ...]:
     """A positive int (every Nth epoch), or a list of 1-based epochs, as Keras takes it."""
     ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731

@@ -6,14 +6,17 @@ runner, compiled functions, model and ``steps_per_execution``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import keras
 
 from tfdist._compat.keras_training import metrics_in_order
 from tfdist.config import check_positive_int, invalid_argument
 from tfdist.training import evaluation
 from tfdist.training.fit_arguments import (
     check_batch_size,
-    check_no_callbacks,
+    check_callbacks,
     check_verbose,
     steps_per_execution_for,
 )
@@ -32,7 +35,7 @@ class EvaluateAndPredict:
         verbose: str | int = "auto",
         sample_weight: Any = None,
         steps: int | None = None,
-        callbacks: None = None,
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
         return_dict: bool = False,
         *,
         global_batch_size: int | None = None,
@@ -46,7 +49,9 @@ class EvaluateAndPredict:
                 ``DatasetFn`` takes the one of this Trainer's first ``fit`` or ``evaluate``.
             verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
             steps: Batches to evaluate; default one pass.
-            callbacks: Not supported: None (an error otherwise).
+            callbacks: Keras callbacks; their test hooks run as under
+                ``model.evaluate`` (batch hooks once per call of
+                ``steps_per_execution`` batches, as Keras).
             return_dict: As Keras: a dict of metric name to value if True, else
                 the loss alone, or a list in ``model.metrics_names`` order.
             global_batch_size: tfdist's name for ``batch_size``.
@@ -56,7 +61,7 @@ class EvaluateAndPredict:
         """
         gbs = check_batch_size(batch_size, global_batch_size)
         verbose = check_verbose(verbose)
-        check_no_callbacks(callbacks, "evaluate")
+        hooks = self._callback_list(callbacks)
         if not isinstance(return_dict, bool):
             raise invalid_argument("return_dict", return_dict, "True or False")
         source = evaluate_source(
@@ -69,7 +74,12 @@ class EvaluateAndPredict:
         # After a fit, the value it used; before any, what "auto" picks without callbacks.
         per_call = steps_per_execution_for(self.steps_per_execution, (), runner=self._runner)
         logs = evaluation.evaluate(
-            self._functions, source, steps, steps_per_execution=per_call, verbose=verbose
+            self._functions,
+            source,
+            steps,
+            steps_per_execution=per_call,
+            verbose=verbose,
+            callbacks=hooks,
         )
         return logs if return_dict else metrics_in_order(self.model, logs)
 
@@ -79,7 +89,7 @@ class EvaluateAndPredict:
         batch_size: int | None = None,
         verbose: str | int = "auto",
         steps: int | None = None,
-        callbacks: None = None,
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
         *,
         global_batch_size: int | None = None,
     ) -> Any:
@@ -93,7 +103,7 @@ class EvaluateAndPredict:
                 for arrays; alias ``global_batch_size``).
             verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
             steps: Batches to predict; default all of ``x``.
-            callbacks: Not supported: None (an error otherwise).
+            callbacks: Keras callbacks; their predict hooks run once per batch.
             global_batch_size: tfdist's name for ``batch_size``.
 
         Returns:
@@ -103,9 +113,17 @@ class EvaluateAndPredict:
         """
         gbs = check_batch_size(batch_size, global_batch_size)
         verbose = check_verbose(verbose)
-        check_no_callbacks(callbacks, "predict")
+        hooks = self._callback_list(callbacks)
         check_positive_int("steps", steps, allow_none=True)
         source, shown = predict_source(
             x, runner=self._runner, model=self.model, global_batch_size=gbs
         )
-        return evaluation.predict(self._functions, source, steps, shown=shown, verbose=verbose)
+        return evaluation.predict(
+            self._functions, source, steps, shown=shown, verbose=verbose, callbacks=hooks
+        )
+
+    def _callback_list(self, callbacks: Any) -> keras.callbacks.CallbackList:
+        """The user's callbacks for one ``evaluate``/``predict`` (no history, no progress bar)."""
+        return keras.callbacks.CallbackList(
+            list(check_callbacks(callbacks)), add_history=False, add_progbar=False, model=self.model
+        )
