@@ -162,13 +162,8 @@ def compile_in_scope(
         lr_scaling: Scaling and warmup of the optimizer's learning rate, or None.
         loss_weights, weighted_metrics: As for ``keras.Model.compile``.
     """
-    given = dict(
-        optimizer=optimizer,
-        loss=loss,
-        loss_weights=loss_weights,
-        metrics=metrics,
-        weighted_metrics=weighted_metrics,
-    )
+    given = dict(optimizer=optimizer, loss=loss, loss_weights=loss_weights, metrics=metrics)
+    given["weighted_metrics"] = weighted_metrics
     lr_active = lr_scaling is not None and lr_scaling.active
     if isinstance(model, keras.Model):
         check_own_compile(model, strategy)  # before placing, which would rebuild it
@@ -186,13 +181,7 @@ def compile_in_scope(
         schedule = schedules.schedule_for(opt_config["learning_rate"], lr_scaling)
         opt_config["learning_rate"] = schedule
     with precision_lib.dtype_policy(precision), strategy.scope():
-        check_output_keys(
-            placed,
-            loss=args["loss"],
-            loss_weights=args["loss_weights"],
-            metrics=args["metrics"],
-            weighted_metrics=args["weighted_metrics"],
-        )
+        check_output_keys(placed, **args)  # the optimizer was taken out above
         opt = opt_cls.from_config(opt_config)
         if loss_scale is not None:
             opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
@@ -200,16 +189,21 @@ def compile_in_scope(
         args["metrics"] = _rebuild_metrics(args["metrics"])
         args["weighted_metrics"] = _rebuild_metrics(args["weighted_metrics"])
         placed.compile(optimizer=opt, **args)
-        skipped_updates = None
-        if isinstance(opt, keras.optimizers.LossScaleOptimizer):
-            # Written after the all-reduce, where every replica takes the same skip decision:
-            # one copy per replica that only the first replica's write sets.
-            skipped_updates = tf.Variable(
-                0,
-                dtype=tf.int64,
-                trainable=False,
-                name="skipped_updates",
-                synchronization=tf.VariableSynchronization.ON_WRITE,
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            )
+        skipped_updates = _skip_counter(opt)
     return Compiled(placed, accumulation_steps, schedule, skipped_updates, compiled_steps)
+
+
+def _skip_counter(optimizer: keras.optimizers.Optimizer) -> tf.Variable | None:
+    """With loss scaling, the counter of skipped (non-finite) updates; call in the scope."""
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return None
+    # Written after the all-reduce, where every replica takes the same skip decision:
+    # one copy per replica that only the first replica's write sets.
+    return tf.Variable(
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name="skipped_updates",
+        synchronization=tf.VariableSynchronization.ON_WRITE,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
