@@ -57,18 +57,25 @@ def test_mwms_over_two_slurm_tasks_trains_digits(slurm, tmp_path):
     script = manifest(
         tmp_path / "job.sbatch", [*TRAIN, "--strategy=multi_worker", f"--epochs={EPOCHS}"], ntasks=2
     )
-    start = time.monotonic()
-    result = slurm.run(
-        "sbatch",
-        "--wait",
-        f"--output={tmp_path / 'out.txt'}",
-        script,
-        timeout=400,
-        check=False,
-        cwd=str(tmp_path),
-    )
-    seconds = time.monotonic() - start
-    out = (tmp_path / "out.txt").read_text()
+    # One retry when TF's coordination service declared a task dead (heartbeat timeout): under
+    # the whole suite on 2 cores the two tasks can be starved of CPU for longer than TF allows
+    # (seen in 2 of 3 suite runs on 2026-12-01, the previous landing's code included).
+    for attempt in range(2):
+        start = time.monotonic()
+        result = slurm.run(
+            "sbatch",
+            "--wait",
+            f"--output={tmp_path / 'out.txt'}",
+            script,
+            timeout=400,
+            check=False,
+            cwd=str(tmp_path),
+        )
+        seconds = time.monotonic() - start
+        out = (tmp_path / "out.txt").read_text()
+        if result.returncode == 0 or "heartbeat timeout" not in out or attempt:
+            break
+        print("slurm mwms job: a task missed TF's heartbeat under load; running it once more")
     assert result.returncode == 0, result.stdout + out
     accuracy = re.search(r"final val_accuracy=([0-9.]+) .*replicas=2 ", out)
     assert accuracy, out
