@@ -103,27 +103,19 @@ def check_custom_train_step(
         "fit does; {what} happens inside tfdist's own step, which a custom train_step replaces. "
         "Remove the option, or remove the train_step override."
     )
-    if accumulation_steps != 1:
-        raise invalid_argument(
-            "accumulation_steps",
-            accumulation_steps,
-            "1 for a model with its own train_step",
-            note=note.format(what="gradient accumulation"),
-        )
-    if gradient_compression is not None:
-        raise invalid_argument(
-            "gradient_compression",
-            gradient_compression,
-            "None for a model with its own train_step",
-            note=note.format(what="the 16-bit gradient exchange"),
-        )
-    if bucket_bytes is not None:
-        raise invalid_argument(
-            "bucket_bytes",
-            bucket_bytes,
-            "None for a model with its own train_step",
-            note=note.format(what="the bucketed gradient exchange"),
-        )
+    # (option, value given, the value a custom train_step needs, what tfdist's step does with it)
+    for option, value, needed, what in (
+        ("accumulation_steps", accumulation_steps, 1, "gradient accumulation"),
+        ("gradient_compression", gradient_compression, None, "the 16-bit gradient exchange"),
+        ("bucket_bytes", bucket_bytes, None, "the bucketed gradient exchange"),
+    ):
+        if value != needed:
+            raise invalid_argument(
+                option,
+                value,
+                f"{needed} for a model with its own train_step",
+                note=note.format(what=what),
+            )
 
 
 def _metric_results(model: keras.Model) -> dict[str, Any]:
