@@ -16,6 +16,9 @@ PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 PREEMPTED_EXIT_CODE = 75
 #: Exit code of a process stopped by SIGTERM without a backup to resume from (128 + SIGTERM).
 TERMINATED_EXIT_CODE = 143
+#: Exit code of a task whose progress watchdog found a hang (its own, or another task's): every
+#: task dumps its stacks and exits with it, and the launchers restart the group from its backup.
+STUCK_EXIT_CODE = 76
 
 
 def invalid_argument(
@@ -74,6 +77,17 @@ def check_non_negative_int(
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise invalid_argument(name, value, expected + (" or None" if allow_none else ""))
     return value
+
+
+def check_positive_number(name: str, value: Any) -> float:
+    """Returns ``value`` if it is a finite number > 0 (seconds, a factor), else raises."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value < float("inf")
+    ):
+        raise invalid_argument(name, value, "a finite number > 0")
+    return float(value)
 
 
 def check_fraction(name: str, value: Any) -> float:

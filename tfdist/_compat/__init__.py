@@ -38,7 +38,15 @@ from tfdist._compat.multi_worker_fit import (
     maybe_symbolic_build,
 )
 from tfdist._compat.optimizer import gradients_already_summed
-from tfdist._compat.runtime import connected_cluster, connected_to_cluster, tf_runtime_started
+from tfdist._compat.runtime import (
+    connected_cluster,
+    connected_to_cluster,
+    coordination_service_enabled,
+    key_value_get,
+    key_value_set,
+    op_determinism_enabled,
+    tf_runtime_started,
+)
 from tfdist._compat.sharded import (
     KERAS_VARIABLE,
     TF_OPTIMIZER,
@@ -170,6 +178,10 @@ __all__ = [
     "apply_sharded_variable_shims",
     "connected_cluster",
     "connected_to_cluster",
+    "coordination_service_enabled",
+    "key_value_get",
+    "key_value_set",
+    "op_determinism_enabled",
     "disabled",
     "gradients_already_summed",
     "in_force",

@@ -35,6 +35,10 @@ class Runner(Protocol):
     def task_label(self) -> str:
         """``task_type:task_id`` of this process, for logs and temporary paths."""
 
+    @property
+    def loop_tasks(self) -> list[str]:
+        """The labels of every process that runs the training loop in lockstep with this one."""
+
     def input_context(self) -> tf.distribute.InputContext:
         """This process's input pipelines and replicas, as a dataset_fn would see them."""
 

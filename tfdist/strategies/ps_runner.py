@@ -94,6 +94,10 @@ class PSRunner:
     def task_label(self) -> str:
         return task_label("chief", 0)  # the coordinator
 
+    @property
+    def loop_tasks(self) -> list[str]:
+        return [self.task_label]  # the workers only serve the coordinator's closures
+
     def input_context(self) -> tf.distribute.InputContext:
         # What ParameterServerStrategy gives every worker's dataset_fn.
         return tf.distribute.InputContext(1, 0, self.strategy.num_replicas_in_sync)

@@ -6,6 +6,7 @@ the Python loop above it sees one call per execution.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +17,31 @@ from tfdist._compat.metric_state import additive, metric_state_as_tensors, metri
 from tfdist.cluster import task_label
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
+from tfdist.strategies import step_clock
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn
+
+#: The key under which a timed train loop returns its clock vector beside the logs.
+CLOCK_KEY = "_tfdist_step_clock"
+
+
+def _timed_call(
+    strategy: tf.distribute.Strategy, replica_fn: ReplicaFn, iterator: Any, batches_per_call: int
+) -> tuple[Any, tf.Tensor]:
+    """One replica call with its input, compute and exchange times (see ``step_clock``)."""
+    started = tf.timestamp()
+    with tf.control_dependencies([started]):
+        batches = [next(iterator) for _ in range(batches_per_call)]
+    ready = step_clock.timestamp_after(batches)
+
+    def replica(batches):
+        with step_clock.recording() as marks:
+            out = replica_fn(batches)
+        return out, step_clock.replica_marks(marks)
+
+    out, marks = strategy.run(replica, args=(batches,))
+    local = strategy.experimental_local_results(marks)
+    compute_and_exchange = step_clock.call_clock(started, ready, local)
+    return out, compute_and_exchange
 
 
 class SyncRunner:
@@ -35,6 +60,9 @@ class SyncRunner:
         self._is_chief = bool(getattr(extended, "should_checkpoint", True))
         self._vote = None
         self._broadcast = None
+        #: Per-update sections on this worker (enabled by the straggler report).
+        self.step_clock = step_clock.StepClock()
+        self._started = 0.0
 
     @property
     def is_chief(self) -> bool:
@@ -43,6 +71,15 @@ class SyncRunner:
     @property
     def task_label(self) -> str:
         return task_label(self._task_type, self._task_id)
+
+    @property
+    def loop_tasks(self) -> list[str]:
+        spec = getattr(self.strategy, "cluster_resolver", None)
+        jobs = spec.cluster_spec().as_dict() if spec is not None else {}
+        labels = [
+            task_label(job, i) for job in ("chief", "worker") for i in range(len(jobs.get(job, [])))
+        ]
+        return labels or [self.task_label]
 
     def input_context(self) -> tf.distribute.InputContext:
         spec = getattr(
@@ -127,28 +164,39 @@ class SyncRunner:
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
         drive = cross_replica
+        # Micro-batches accumulated in the step's own symbolic loop are not timed.
+        timed = training and self.step_clock.enabled and (drive is None or batches_per_call == 1)
+
+        def call(iterator):
+            """One replica call: (its outputs, its clock vector or None)."""
+            if not timed:
+                batches = [next(iterator) for _ in range(batches_per_call)]
+                return strategy.run(replica_fn, args=(batches,)), None
+            return _timed_call(strategy, replica_fn, iterator, batches_per_call)
 
         def loop(iterator, num_calls):
+            clock = tf.zeros([len(step_clock.FIELDS) - 1], tf.float64)
             if outputs:
                 # The last call's outputs are the logs: it runs after the loop, unrolled.
                 for _ in tf.range(num_calls - 1):
-                    strategy.run(
-                        replica_fn, args=([next(iterator) for _ in range(batches_per_call)],)
-                    )
-                batches = [next(iterator) for _ in range(batches_per_call)]
-                last = strategy.run(replica_fn, args=(batches,))
+                    _, vector = call(iterator)
+                    clock += vector if timed else 0.0
+                last, vector = call(iterator)
+                clock += vector if timed else 0.0
                 mean = tf.distribute.ReduceOp.MEAN
-                return logs_fn(
+                logs = logs_fn(
                     tf.nest.map_structure(lambda v: strategy.reduce(mean, v, None), last)
                 )
+                return {**logs, CLOCK_KEY: clock} if timed else logs
             for _ in tf.range(num_calls):
-                if drive is not None:
+                if drive is not None and not timed:
                     # The step loops over its micro-batches itself (symbolically, see step.py).
                     drive(lambda fn, args: strategy.run(fn, args=args), lambda: next(iterator))
                 else:
-                    batches = [next(iterator) for _ in range(batches_per_call)]
-                    strategy.run(replica_fn, args=(batches,))
-            return logs_fn()
+                    _, vector = call(iterator)
+                    clock += vector if timed else 0.0
+            logs = logs_fn()
+            return {**logs, CLOCK_KEY: clock} if timed else logs
 
         loop.__name__ = name
         return tf.function(loop, reduce_retracing=True)
@@ -202,9 +250,15 @@ class SyncRunner:
         return tf.function(predict, reduce_retracing=True)
 
     def run(self, fn: Callable[[Any, Any], Any], iterator: Any, num_calls: int) -> Any:
+        self._started = time.perf_counter()
         return fn(iterator, tf.constant(num_calls, tf.int32))
 
     def fetch(self, logs: Any) -> dict[str, float]:
+        if CLOCK_KEY in logs:
+            logs = dict(logs)
+            sections = logs.pop(CLOCK_KEY).numpy()
+            # Calls run one at a time (max_in_flight=0): start to fetch is the call's wall time.
+            self.step_clock.add([*sections, time.perf_counter() - self._started])
         return as_floats(logs)
 
     def join(self) -> None:

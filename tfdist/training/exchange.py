@@ -36,6 +36,8 @@ from typing import Any, Literal
 
 import tensorflow as tf
 
+from tfdist.strategies import step_clock
+
 Compression = Literal["bf16", "fp16"]
 COMPRESSIONS = ("bf16", "fp16")
 _WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
@@ -91,11 +93,13 @@ def all_reduce_sum(
         The summed gradients (in their own dtypes) and the summed count.
     """
     ctx = tf.distribute.get_replica_context()
+    step_clock.mark("compute", [grads, count])  # the straggler report's sections
     if num_replicas == 1:
         compression = None
     if bucket_bytes is None and compression is None:
         # The original exchange, bit for bit: the strategy packs the list itself.
         reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(grads) + [count])
+        step_clock.mark("exchange", reduced)
         return list(reduced[:-1]), reduced[-1]
     out: list[Any] = [None] * len(grads)
     total = None
@@ -129,4 +133,5 @@ def all_reduce_sum(
             out[i] = tf.cast(tf.reshape(piece, tf.shape(g)), g.dtype)
     if total is None:  # no gradients at all
         total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, count)
+    step_clock.mark("exchange", [out, total])
     return out, total

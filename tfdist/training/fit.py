@@ -14,10 +14,13 @@ import keras
 from tfdist.training import evaluation
 from tfdist.training.fit_arguments import FitArguments
 from tfdist.training.functions import StepFunctions
+from tfdist.training.health import fit_health
 from tfdist.training.loop import EpochPlan, fit_epochs
 from tfdist.training.options import LRScaling
 from tfdist.training.resume import FitBackups
 from tfdist.training.sources import fit_sources
+from tfdist.training.stragglers import StragglerOptions
+from tfdist.training.watchdog import WatchdogOptions
 
 
 def run_fit(
@@ -29,6 +32,8 @@ def run_fit(
     *,
     lr_scaling: LRScaling | None,
     steps_per_execution: int,
+    watchdog: WatchdogOptions | None = None,
+    stragglers: StragglerOptions | None = None,
 ) -> keras.callbacks.History:
     """Trains ``functions.model`` as ``Trainer.fit`` says, its arguments already checked.
 
@@ -41,50 +46,69 @@ def run_fit(
         args: ``fit``'s other arguments, checked.
         lr_scaling: The learning-rate scaling to resolve for this fit's batch.
         steps_per_execution: Micro-batches per call, resolved for this fit.
+        watchdog: The progress watchdog's options, or None for none.
+        stragglers: The straggler report's options, or None for none.
 
     Returns:
         The model's ``History``.
     """
     runner, model = functions.runner, functions.model
-    source, steps, val_source = fit_sources(
-        data, validation_data, args, runner=runner, model=model, build=functions.build
-    )
-    start = functions.prepare_fit(source, steps=steps, lr_scaling=lr_scaling)
-    model.stop_training = False
-    backup = backups.open()
-    position = backups.restore(backup)  # every worker: the chief's position
-    freq = backups.options.freq if backups.options else "epoch"
-    plan = EpochPlan(steps, functions.accumulation_steps, steps_per_execution, freq)
-    validate = None
-    if val_source is not None:
-
-        def validate(epoch: int, callbacks: keras.callbacks.CallbackList) -> dict[str, float]:
-            if not args.validates_after(epoch):
-                return {}
-            return evaluation.evaluate(
-                functions,
-                val_source,
-                args.validation_steps,
-                steps_per_execution=steps_per_execution,
-                callbacks=callbacks,
-            )
-
-    # The loop sees only `start` and `functions.logs`, never the Trainer.
-    fit_epochs(
-        plan,
-        runner=runner,
-        model=model,
+    health = fit_health(
+        runner,
+        watchdog=watchdog,
+        stragglers=stragglers,
         callbacks=args.callbacks,
-        verbose=args.verbose,
-        start=start,
-        logs_fn=functions.logs,
-        backup=backup,
-        position=position,
-        source=source,
-        epochs=args.epochs,
-        initial_epoch=args.initial_epoch,
-        repeat=bool(args.steps_per_epoch),
-        validate=validate,
+        has_backup=backups.options is not None,
     )
-    backups.finish(backup)
+    with health:
+        with health.section("startup", 0):
+            source, steps, val_source = fit_sources(
+                data, validation_data, args, runner=runner, model=model, build=functions.build
+            )
+            start = functions.prepare_fit(source, steps=steps, lr_scaling=lr_scaling)
+            model.stop_training = False
+            backup = backups.open()
+            position = backups.restore(backup)  # every worker: the chief's position
+        freq = backups.options.freq if backups.options else "epoch"
+        plan = EpochPlan(steps, functions.accumulation_steps, steps_per_execution, freq)
+        # The loop sees only `start` and `functions.logs`, never the Trainer.
+        fit_epochs(
+            plan,
+            runner=runner,
+            model=model,
+            callbacks=args.callbacks,
+            verbose=args.verbose,
+            start=start,
+            logs_fn=functions.logs,
+            backup=backup,
+            position=position,
+            source=source,
+            epochs=args.epochs,
+            initial_epoch=args.initial_epoch,
+            repeat=bool(args.steps_per_epoch),
+            validate=_validation(functions, val_source, args, steps_per_execution),
+            health=health,
+        )
+        backups.finish(backup)
     return model.history
+
+
+def _validation(
+    functions: StepFunctions, val_source: Any, args: FitArguments, steps_per_execution: int
+) -> Any:
+    """The epoch loop's ``validate``, or None without validation data."""
+    if val_source is None:
+        return None
+
+    def validate(epoch: int, callbacks: keras.callbacks.CallbackList) -> dict[str, float]:
+        if not args.validates_after(epoch):
+            return {}
+        return evaluation.evaluate(
+            functions,
+            val_source,
+            args.validation_steps,
+            steps_per_execution=steps_per_execution,
+            callbacks=callbacks,
+        )
+
+    return validate

@@ -15,6 +15,7 @@ is voted on the same way, so that one worker's stop stops all at the same update
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, Runner
 from tfdist.training.backup import Backup, Position
 from tfdist.training.callbacks import chief_writes_only, for_this_worker
+from tfdist.training.health import Health
 from tfdist.training.preemption import PreemptionWatcher
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class EpochLoop:
         backup: Where step-level backups go, or None.
         watcher: The SIGTERM watcher, or None.
         updates: Optimizer updates already attempted (over all runs, when resuming).
+        health: The fit's watchdog and straggler report (sections are marked), or None.
     """
 
     def __init__(
@@ -86,7 +89,9 @@ class EpochLoop:
         backup: Backup | None = None,
         watcher: PreemptionWatcher | None = None,
         updates: int = 0,
+        health: Health | None = None,
     ) -> None:
+        self.health = health
         self.plan = plan
         self.runner = runner
         self.callbacks = callbacks
@@ -101,35 +106,49 @@ class EpochLoop:
         # (batch, logs handle) of executions started but not fetched yet
         self._pending: collections.deque = collections.deque()
 
+    def section(self, name: str) -> contextlib.AbstractContextManager:
+        """Marks a section of the fit for the watchdog (see :mod:`tfdist.training.health`)."""
+        if self.health is None:
+            return contextlib.nullcontext()
+        return self.health.section(name, self.updates)
+
     def _deliver(self, limit: int) -> None:
         while len(self._pending) > limit:
             batch, handle = self._pending.popleft()
-            self.logs = self.runner.fetch(handle)
-            self.callbacks.on_train_batch_end(batch, self.logs)
+            with self.section("update"):
+                self.logs = self.runner.fetch(handle)
+            with self.section("callbacks"):
+                self.callbacks.on_train_batch_end(batch, self.logs)
 
     def _call(
         self, micro_batches: int, iterator: Any, num_updates: int, first_batch: int, last_batch: int
     ) -> None:
-        self.callbacks.on_train_batch_begin(first_batch)
-        self._pending.append((last_batch, self.start(micro_batches, iterator, num_updates)))
+        with self.section("callbacks"):
+            self.callbacks.on_train_batch_begin(first_batch)
+        with self.section("update"):
+            handle = self.start(micro_batches, iterator, num_updates)
+        self._pending.append((last_batch, handle))
         self._deliver(self.runner.max_in_flight)
 
     def _save(self, epoch: int, step: int) -> None:
         # Every scheduled update must have run (and its logs reached the callbacks) before the
         # variables are saved with a position that says they did.
         self._deliver(0)
-        self.runner.join()
-        self.backup.save(Position(epoch, step, self.updates))
+        with self.section("update"):
+            self.runner.join()
+        with self.section("backup"):
+            self.backup.save(Position(epoch, step, self.updates))
 
     def _stop_for_sigterm(self, epoch: int, step: int) -> None:
         """Every worker gets here at the same update: ``agree`` voted on the SIGTERM."""
         if self.backup is not None:
             self._save(epoch, step)
             logger.warning(
-                "Saved a backup at epoch %d, micro-batch %d after SIGTERM; exiting with "
+                "Saved a backup at epoch %d, micro-batch %d after %s; exiting with "
                 "code %d so the launcher restarts this run.",
                 epoch + 1,
                 step,
+                "SIGTERM" if self.watcher is not None and self.watcher.requested else "a stop",
                 PREEMPTED_EXIT_CODE,
             )
             raise SystemExit(PREEMPTED_EXIT_CODE)
@@ -154,9 +173,12 @@ class EpochLoop:
         stop, tells a SIGTERM from a callback's stop.
         """
         requested = self.watcher is not None and self.watcher.requested
-        if not self.runner.agree(requested or self.should_stop()):
-            return False
-        if self.runner.agree(requested):
+        requested = requested or (self.health is not None and self.health.stop_requested)
+        with self.section("vote"):
+            if not self.runner.agree(requested or self.should_stop()):
+                return False
+            restart = self.runner.agree(requested)
+        if restart:
             self._stop_for_sigterm(epoch, step)
         self.stop()
         return True
@@ -189,7 +211,8 @@ class EpochLoop:
             self._call(last_window, iterator, 1, done * k, steps - 1)
             self.updates += 1
         self._deliver(0)
-        self.logs = self.runner.final_logs(self.logs_fn, self.logs)
+        with self.section("update"):
+            self.logs = self.runner.final_logs(self.logs_fn, self.logs)
         return dict(self.logs)
 
 
@@ -209,6 +232,7 @@ def fit_epochs(
     initial_epoch: int,
     repeat: bool,
     validate: Validate | None,
+    health: Health | None = None,
 ) -> None:
     """One ``fit``'s training from ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
 
@@ -223,6 +247,7 @@ def fit_epochs(
         backup: Where backups go, or None.
         position: Where a restored backup stood, or None.
         source, epochs, initial_epoch, repeat, validate: As for :func:`train_epochs`.
+        health: The fit's watchdog and straggler report, or None.
     """
     with (
         chief_writes_only(callbacks, is_chief=runner.is_chief, task_label=runner.task_label),
@@ -251,6 +276,7 @@ def fit_epochs(
             backup=backup,
             watcher=watcher,
             updates=position.updates if position else 0,
+            health=health,
         )
         train_epochs(
             loop,
@@ -294,36 +320,61 @@ def train_epochs(
     if position is not None:
         initial_epoch = position.epoch
     persistent = None
-    callbacks.on_train_begin()
+    with loop.section("callbacks"):
+        callbacks.on_train_begin()
     for epoch in range(initial_epoch, epochs):
         first_step = position.step if position is not None and epoch == position.epoch else 0
         # Resuming skips the batches already trained on inside tf.data, not by next() calls.
-        if repeat:
-            if persistent is None:
-                # One repeated stream from epoch 0: skip every step trained on since.
-                done = epoch * steps + first_step if position is not None else 0
-                persistent = runner.make_iterator(
-                    runner.distribute(source.repeated().skipping(done))
-                )
-            iterator = persistent
-        else:
-            iterator = runner.make_iterator(
-                runner.distribute(source.for_epoch(epoch).skipping(first_step))
+        with loop.section("input"):
+            iterator, persistent = _epoch_iterator(
+                runner, source, epoch, first_step, position, repeat, persistent, steps
             )
-        model.reset_metrics()
-        callbacks.on_epoch_begin(epoch)
+        with loop.section("metrics"):  # a collective on MultiWorkerMirrored
+            model.reset_metrics()
+        with loop.section("callbacks"):
+            callbacks.on_epoch_begin(epoch)
         epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
         if validate is not None:  # with the test hooks, as Keras's fit calls evaluate
-            logs = validate(epoch, callbacks)
+            with loop.section("evaluate"):
+                logs = validate(epoch, callbacks)
             epoch_logs.update({f"val_{name}": v for name, v in logs.items()})
-        callbacks.on_epoch_end(epoch, epoch_logs)
+        with loop.section("callbacks"):
+            callbacks.on_epoch_end(epoch, epoch_logs)
         if loop.backup is not None:
-            loop.backup.save(Position(epoch + 1, 0, loop.updates))
+            with loop.section("backup"):
+                loop.backup.save(Position(epoch + 1, 0, loop.updates))
         # Every worker ends here: any worker's stop_training (set in on_epoch_end, say) stops all.
-        if runner.agree(bool(model.stop_training)):
+        with loop.section("vote"):
+            stop = runner.agree(bool(model.stop_training))
+        if stop:
             model.stop_training = True
             break
     # As Keras's fit: with use_ema=True the model ends with the moving averages of its weights.
     if isinstance(model.optimizer, keras.optimizers.Optimizer):
         model.optimizer.finalize_variable_values(model.trainable_weights)
-    callbacks.on_train_end(loop.logs)
+    with loop.section("callbacks"):
+        callbacks.on_train_end(loop.logs)
+
+
+def _epoch_iterator(
+    runner: Runner,
+    source: InputSource,
+    epoch: int,
+    first_step: int,
+    position: Position | None,
+    repeat: bool,
+    persistent: Any,
+    steps: int,
+) -> tuple[Any, Any]:
+    """The epoch's iterator and the persistent one (``repeat``), past the batches trained on."""
+    if repeat:
+        if persistent is None:
+            # One repeated stream from epoch 0: skip every step trained on since.
+            done = epoch * steps + first_step if position is not None else 0
+            persistent = runner.make_iterator(runner.distribute(source.repeated().skipping(done)))
+        iterator = persistent
+    else:
+        iterator = runner.make_iterator(
+            runner.distribute(source.for_epoch(epoch).skipping(first_step))
+        )
+    return iterator, persistent

@@ -42,6 +42,7 @@ from tfdist.training.fit_arguments import (
 from tfdist.training.fit_callbacks import resolve_callbacks
 from tfdist.training.fit_data import keras_data
 from tfdist.training.functions import StepFunctions
+from tfdist.training.health import check_health_options
 from tfdist.training.inference import EvaluateAndPredict
 from tfdist.training.options import (
     BackupOptions,
@@ -53,6 +54,8 @@ from tfdist.training.options import (
 from tfdist.training.overrides import check_custom_train_step
 from tfdist.training.placement import ModelOrBuilder
 from tfdist.training.resume import FitBackups
+from tfdist.training.stragglers import DEFAULT_STRAGGLERS, StragglerOptions
+from tfdist.training.watchdog import DEFAULT_WATCHDOG, WatchdogOptions
 
 
 class Trainer(EvaluateAndPredict):
@@ -89,6 +92,10 @@ class Trainer(EvaluateAndPredict):
         lr_scaling: Learning-rate scaling and warmup, an ``LRScaling`` or its
             rule alone (``"linear"``, or ``"none"``: the default).
         exchange: How gradients are all-reduced, an ``ExchangeOptions``.
+        watchdog: The progress watchdog of every task, a ``WatchdogOptions``
+            (see :mod:`tfdist.training.watchdog`); None turns it off.
+        stragglers: The straggler report of multi-worker runs, a
+            ``StragglerOptions`` (see :mod:`tfdist.training.stragglers`); None turns it off.
         backup_dir, backup_freq, keep_backups, keep_backup, base_global_batch_size,
             warmup_steps, warmup_epochs, gradient_compression, bucket_bytes:
             The shortcuts, one field of an option group each.
@@ -123,6 +130,8 @@ class Trainer(EvaluateAndPredict):
         warmup_epochs: float | None = None,
         gradient_compression: str | None = None,
         bucket_bytes: int | None = None,
+        watchdog: WatchdogOptions | None = DEFAULT_WATCHDOG,
+        stragglers: StragglerOptions | None = DEFAULT_STRAGGLERS,
     ) -> None:
         # Every argument is checked here, once, before anything is built.
         precision_lib.check_precision(precision)
@@ -144,6 +153,7 @@ class Trainer(EvaluateAndPredict):
             gradient_compression=gradient_compression,
             bucket_bytes=bucket_bytes,
         )
+        self.watchdog, self.stragglers = check_health_options(watchdog, stragglers, self.backup)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
         if precision == "auto" and isinstance(model, keras.Model):
@@ -319,4 +329,6 @@ class Trainer(EvaluateAndPredict):
             args,
             lr_scaling=self.lr_scaling,
             steps_per_execution=self.steps_per_execution,
+            watchdog=self.watchdog,
+            stragglers=self.stragglers,
         )

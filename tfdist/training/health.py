@@ -1,0 +1,309 @@
+"""A fit's health thread: the progress watchdog and the straggler report, beside the loop.
+
+:class:`Health` runs one daemon thread per task for the length of a fit.
+The loop marks its sections (:meth:`Health.section`); every ``interval`` the
+thread
+
+* publishes this task's state (section, update, how long, this worker's
+  step sections since last time) to a :class:`Board`: TF's coordination
+  service when the cluster has one (MultiWorkerMirrored), so that it works
+  while the training thread waits in a collective, else this process alone;
+* checks the current section against its learned timeout, and whether
+  another task found a hang; on a hang it blames the stuck task, dumps the
+  Python stacks of all threads and exits with ``STUCK_EXIT_CODE``
+  (see :mod:`tfdist.training.watchdog`);
+* on the chief, gathers the workers' step sections into the straggler
+  report (see :mod:`tfdist.training.stragglers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from tfdist import _compat
+from tfdist.config import STUCK_EXIT_CODE
+from tfdist.training.stragglers import StragglerOptions, StragglerReport
+from tfdist.training.watchdog import (
+    LearnedTimeouts,
+    WatchdogOptions,
+    blame,
+    describe_here,
+    running_py_function,
+)
+
+logger = logging.getLogger(__name__)
+_PREFIX = "tfdist/health/"
+
+
+class Board:
+    """The tasks' states, by label: in TF's coordination service, or in this process.
+
+    Args:
+        labels: Every task that publishes (``"worker:0"``, ...).
+        shared: Whether to use the coordination service's key-value store.
+    """
+
+    def __init__(self, labels: Sequence[str], *, shared: bool) -> None:
+        self.labels = list(labels)
+        self.shared = shared
+        self._local: dict[str, str] = {}
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        text = json.dumps(value)
+        if self.shared:
+            _compat.key_value_set(_PREFIX + key, text)
+        else:
+            self._local[key] = text
+
+    def get(self, key: str, timeout_ms: int = 1) -> dict[str, Any] | None:
+        text = (
+            _compat.key_value_get(_PREFIX + key, timeout_ms)
+            if self.shared
+            else self._local.get(key)
+        )
+        return None if text is None else json.loads(text)
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        """Every task's last state (tasks that never published are left out)."""
+        found = {label: self.get(f"task/{label}", 200) for label in self.labels}
+        return {label: s for label, s in found.items() if s is not None}
+
+
+def _interactive() -> bool:
+    return "ipykernel" in sys.modules or hasattr(sys, "ps1")
+
+
+class Health:
+    """The watchdog and straggler report of one fit on this task (a context manager).
+
+    Args:
+        runner: The strategy's runner (its task label, chief flag, step clock).
+        labels: Every task of the cluster that runs the loop.
+        watchdog: The watchdog's options, or None for no watchdog.
+        stragglers: The straggler report's options, or None for none.
+        summary_dir: Where the chief writes the straggler scalars, or None.
+        has_backup: Whether a restart resumes from a backup (words the exit message).
+    """
+
+    def __init__(
+        self,
+        runner: Any,
+        labels: Sequence[str],
+        *,
+        watchdog: WatchdogOptions | None,
+        stragglers: StragglerOptions | None,
+        summary_dir: str | None = None,
+        has_backup: bool = False,
+    ) -> None:
+        self.has_backup = has_backup
+        self.label = runner.task_label
+        self.host = socket.gethostname()
+        shared = len(labels) > 1 and _compat.coordination_service_enabled()
+        self.board = Board(labels, shared=shared)
+        self.watchdog = watchdog
+        self.timeouts = LearnedTimeouts(watchdog) if watchdog else None
+        clock = getattr(runner, "step_clock", None)
+        timed = stragglers is not None and len(labels) > 1 and shared and clock is not None
+        if timed and _compat.op_determinism_enabled():
+            # Op determinism refuses tf.timestamp, which the step sections are measured with.
+            logger.info("No straggler report: op determinism is on, and it forbids timestamps.")
+            timed = False
+        self.clock = clock if timed else None
+        if self.clock is not None:
+            self.clock.enabled = True
+        self.report = (
+            StragglerReport(stragglers, summary_dir=summary_dir)
+            if timed and runner.is_chief
+            else None
+        )
+        self.straggler_options = stragglers if timed else None
+        self.interval = min(
+            watchdog.interval if watchdog else 1e9, stragglers.interval if timed else 1e9
+        )
+        self._current: tuple[str, int, int, float] | None = None
+        self._seq = 0
+        self._window = 0
+        self._last_clock = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._main = threading.get_ident()
+        self._fired = False
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once the straggler report asks the run to stop for a restart."""
+        return self.report is not None and self.report.stop_requested
+
+    def __enter__(self) -> Health:
+        if self.interval < 1e9:
+            self._thread = threading.Thread(target=self._run, name="tfdist-health", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.clock is not None:
+            self.clock.enabled = False
+
+    @contextlib.contextmanager
+    def section(self, name: str, update: int) -> Iterator[None]:
+        """Marks the loop as being in ``name`` at ``update`` (timed against its timeout)."""
+        self._seq += 1
+        began = time.monotonic()
+        self._current = (name, update, self._seq, began)
+        try:
+            yield
+        finally:
+            if self.timeouts is not None:
+                self.timeouts.observe(name, time.monotonic() - began)
+            self._current = None
+
+    def _state(self, now: float, *, final: bool = False) -> dict[str, Any]:
+        section, update, seq, began = self._current or ("between sections", -1, self._seq, now)
+        state = {
+            "seq": seq,
+            "section": section,
+            "update": update,
+            "for": now - began,
+            "host": self.host,
+            "pid": os.getpid(),
+            "published": time.time(),
+        }
+        if final:
+            state["py_function"] = running_py_function()
+        return state
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            state = self._state(now)
+            if self.clock is not None and now - self._last_clock >= self.straggler_options.interval:
+                self._window += 1
+                self._last_clock = now
+                state["clock"] = {"window": self._window, **self.clock.take()}
+            self.board.put(f"task/{self.label}", state)
+            if self.report is not None:
+                self.report.tick(self.board.states())
+            if self.watchdog is not None and not self._fired:
+                self._check(now)
+
+    def _check(self, now: float) -> None:
+        fired = self.board.get("fired") if self.board.shared else None
+        if fired is not None:
+            self._hang(f"{fired['by']} found a hang ({fired['why']})", found_here=False)
+            return
+        if self._current is None:
+            return
+        section, update, _, began = self._current
+        limit = self.timeouts.timeout(section)
+        if now - began > limit:
+            why = f"no progress in {section} at update {update} for {now - began:.0f} s"
+            self.board.put("fired", {"by": self.label, "why": f"{why}, timeout {limit:.0f} s"})
+            self._hang(f"{why}; its timeout is {limit:.0f} s ({self._learned(section)})")
+
+    def _learned(self, section: str) -> str:
+        o = self.watchdog
+        return (
+            f"learned: {o.factor:g} x the longest {section} so far, within "
+            f"[{o.floor:g}, {o.ceiling:g}] s; {o.first:g} s before the first"
+        )
+
+    def _hang(self, why: str, *, found_here: bool = True) -> None:
+        """Publishes where this task is, names the stuck task, dumps the stacks, exits.
+
+        The task that found the hang waits for the others' last states (each
+        publishes one as soon as it sees the alarm) before it names the stuck one.
+        """
+        self._fired = True
+        self.board.put(f"task/{self.label}", self._state(time.monotonic(), final=True))
+        if found_here and self.board.shared:
+            time.sleep(min(2 * self.interval + 0.5, 5.0))
+        culprit = blame(
+            self.board.states(), stale_after=max(10.0, 5 * self.interval), now=time.time()
+        )
+        logger.error(
+            "tfdist watchdog on %s (%s): %s. Stuck: %s. This task is at %s. Python stacks of "
+            "all threads follow.",
+            self.label,
+            self.host,
+            why,
+            culprit,
+            describe_here(self._main),
+        )
+        _flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        exiting = self.watchdog.exit if self.watchdog.exit is not None else not _interactive()
+        if exiting:
+            logger.error(
+                "tfdist watchdog: exiting with code %d; a launcher with restarts left restarts "
+                "the group, %s.",
+                STUCK_EXIT_CODE,
+                "which resumes from the last backup"
+                if self.has_backup
+                else "which starts over: this fit has no backup_dir",
+            )
+            _flush()
+            os._exit(STUCK_EXIT_CODE)
+
+
+def _flush() -> None:
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def fit_health(
+    runner: Any,
+    *,
+    watchdog: WatchdogOptions | None,
+    stragglers: StragglerOptions | None,
+    callbacks: Sequence[Any],
+    has_backup: bool,
+) -> Health:
+    """The :class:`Health` of one fit; the straggler scalars go beside a TensorBoard's logs."""
+    summary_dir = None
+    for callback in callbacks:
+        log_dir = getattr(callback, "log_dir", None)
+        if type(callback).__name__ == "TensorBoard" and log_dir:
+            summary_dir = os.path.join(str(log_dir), "stragglers")
+    return Health(
+        runner,
+        runner.loop_tasks,
+        watchdog=watchdog,
+        stragglers=stragglers,
+        summary_dir=summary_dir,
+        has_backup=has_backup,
+    )
+
+
+def check_health_options(
+    watchdog: Any, stragglers: Any, backup: Any
+) -> tuple[WatchdogOptions | None, StragglerOptions | None]:
+    """Checks the Trainer's ``watchdog`` and ``stragglers`` arguments; returns them."""
+    from tfdist.config import invalid_argument
+
+    if watchdog is not None and not isinstance(watchdog, WatchdogOptions):
+        raise invalid_argument("watchdog", watchdog, "a tfdist.WatchdogOptions or None")
+    if stragglers is not None and not isinstance(stragglers, StragglerOptions):
+        raise invalid_argument("stragglers", stragglers, "a tfdist.StragglerOptions or None")
+    if stragglers is not None and stragglers.restart_after is not None and backup is None:
+        raise invalid_argument(
+            "stragglers",
+            stragglers,
+            "restart_after=None without a backup",
+            note="Stopping for a straggler saves a backup to resume from: give backup_dir= too.",
+        )
+    return watchdog, stragglers

@@ -1,0 +1,213 @@
+"""The straggler report: which worker makes the others wait, in which section, at what cost.
+
+Every worker times each update in its train loop (input wait, compute up to
+the exchange, wait for the exchange; see :mod:`tfdist.strategies.step_clock`)
+and publishes the sums every ``interval`` seconds. The chief's
+:class:`StragglerReport` turns each round into scores, as NVIDIA's
+nvidia-resiliency-ext does for PyTorch:
+
+* **relative**: the worker's own work per update (input + compute) over the
+  fastest worker's;
+* **individual**: the same over the worker's own best round so far.
+
+A worker whose relative score reaches ``threshold`` while the others wait at
+least ``min_wait`` of each step for it is a straggler. The report warns once
+per episode, naming the worker, its host, the slow section and what it costs
+everyone, and says when it catches up. The scores go to TensorBoard scalars
+(under ``summary_dir``) and, with ``log_scores``, to the log every round.
+With ``restart_after``, an episode that lasts that many rounds stops the run
+as a SIGTERM would: every worker saves a backup and exits with code 75, so
+that the scheduler restarts the job, without that node where it can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from tfdist.config import (
+    PREEMPTED_EXIT_CODE,
+    check_positive_int,
+    check_positive_number,
+    invalid_argument,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class StragglerOptions:
+    """How the chief finds and reports a slow worker (synchronous multi-worker runs).
+
+    Attributes:
+        interval: Seconds between rounds (each worker's sums since the last one).
+        threshold: Relative score (work per update over the fastest worker's)
+            from which a worker counts as slow.
+        min_wait: Fraction of each step the other workers must wait for it,
+            for it to count (a slow worker that costs nothing is not reported).
+        log_scores: Also log every worker's scores each round (INFO).
+        restart_after: Stop the run for a restart once an episode lasts this
+            many rounds (needs a backup); None never stops.
+    """
+
+    interval: float = 5.0
+    threshold: float = 1.5
+    min_wait: float = 0.1
+    log_scores: bool = False
+    restart_after: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_number("StragglerOptions.interval", self.interval)
+        check_positive_number("StragglerOptions.threshold", self.threshold)
+        if self.threshold <= 1:
+            raise invalid_argument("StragglerOptions.threshold", self.threshold, "a number > 1")
+        if isinstance(self.min_wait, bool) or not 0 <= self.min_wait < 1:
+            raise invalid_argument("StragglerOptions.min_wait", self.min_wait, "a number in [0, 1)")
+        check_positive_int("StragglerOptions.restart_after", self.restart_after, allow_none=True)
+
+
+#: The Trainer's default straggler report.
+DEFAULT_STRAGGLERS = StragglerOptions()
+
+
+def per_update(clock: Mapping[str, float]) -> dict[str, float] | None:
+    """A round's sums as seconds per update (None for a round without updates)."""
+    updates = clock.get("updates", 0.0)
+    if not updates or updates <= 0:
+        return None
+    sections = {k: clock[k] / updates for k in ("input", "compute", "exchange", "total")}
+    compute = sections["compute"] if math.isfinite(sections["compute"]) else 0.0
+    sections["work"] = sections["input"] + compute
+    exchange = sections["exchange"]
+    waited = exchange if math.isfinite(exchange) else sections["total"] - sections["work"]
+    sections["wait_fraction"] = max(waited, 0.0) / sections["total"] if sections["total"] else 0.0
+    return sections
+
+
+def _slow_section(label: str, rounds: Mapping[str, dict[str, float]]) -> tuple[str, float, float]:
+    """(verb, this worker's seconds, the others' median) for the section it is slowest in."""
+    others = [r for other, r in rounds.items() if other != label]
+    best = None
+    for section, verb in (("input", "reads its input"), ("compute", "computes")):
+        mine = rounds[label][section]
+        if not math.isfinite(mine):
+            continue
+        theirs = statistics.median(r[section] for r in others)
+        if best is None or mine - theirs > best[1] - best[2]:
+            best = (verb, mine, theirs)
+    return best
+
+
+class StragglerReport:
+    """The chief's scores over the workers' rounds; warns once per episode.
+
+    Args:
+        options: The report's options.
+        summary_dir: Where to write TensorBoard scalars, or None.
+
+    Attributes:
+        scores: Worker label -> its last ``{"relative", "individual", "wait_fraction"}``.
+        stop_requested: Set once an episode lasted ``options.restart_after`` rounds.
+    """
+
+    def __init__(self, options: StragglerOptions, *, summary_dir: str | None = None) -> None:
+        self.options = options
+        self.summary_dir = summary_dir
+        self.scores: dict[str, dict[str, float]] = {}
+        self.stop_requested = False
+        self.warnings: list[str] = []
+        self._seen: dict[str, int] = {}
+        self._best: dict[str, float] = {}
+        self._episodes: dict[str, int] = {}
+        self._rounds = 0
+        self._writer: Any = None
+
+    def tick(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Scores a round once every worker has published new sums since the last one."""
+        fresh = {
+            label: s
+            for label, s in states.items()
+            if "clock" in s and s["clock"]["window"] > self._seen.get(label, 0)
+        }
+        if len(fresh) < 2 or len(fresh) < len(states):
+            return
+        for label, s in fresh.items():
+            self._seen[label] = s["clock"]["window"]
+        rounds = {label: per_update(s["clock"]) for label, s in fresh.items()}
+        rounds = {label: r for label, r in rounds.items() if r is not None}
+        if len(rounds) >= 2:
+            self.score({label: {**r, "host": fresh[label]["host"]} for label, r in rounds.items()})
+
+    def score(self, rounds: Mapping[str, dict[str, Any]]) -> None:
+        """Scores one round: worker label -> its seconds per update and ``host``."""
+        self._rounds += 1
+        fastest = min(r["work"] for r in rounds.values())
+        for label, r in rounds.items():
+            self._best[label] = min(self._best.get(label, math.inf), r["work"])
+            others = [o["wait_fraction"] for other, o in rounds.items() if other != label]
+            self.scores[label] = {
+                "relative": r["work"] / fastest if fastest > 0 else 1.0,
+                "individual": r["work"] / self._best[label] if self._best[label] > 0 else 1.0,
+                "wait_fraction": r["wait_fraction"],
+                "others_wait": sum(others) / len(others),
+            }
+        for label in sorted(rounds):
+            self._episode(label, rounds)
+        self._publish()
+
+    def _episode(self, label: str, rounds: Mapping[str, dict[str, Any]]) -> None:
+        s, o = self.scores[label], self.options
+        slow = s["relative"] >= o.threshold and s["others_wait"] >= o.min_wait
+        if not slow:
+            if self._episodes.pop(label, 0):
+                logger.warning("Straggler: %s caught up (score %.2f).", label, s["relative"])
+            return
+        self._episodes[label] = self._episodes.get(label, 0) + 1
+        if self._episodes[label] == 1:
+            verb, mine, theirs = _slow_section(label, rounds)
+            message = (
+                f"Straggler: {label} on {rounds[label]['host']} {verb} in {mine * 1e3:.0f} ms "
+                f"against {theirs * 1e3:.0f} ms per update; the others wait "
+                f"{s['others_wait']:.0%} of each step for it (score {s['relative']:.2f} against "
+                f"the fastest worker, {s['individual']:.2f} against its own best)."
+            )
+            self.warnings.append(message)
+            logger.warning(message)
+        if o.restart_after is not None and self._episodes[label] >= o.restart_after:
+            if not self.stop_requested:
+                logger.warning(
+                    "Straggler: %s has been slow for %d rounds; stopping every worker at the next "
+                    "update to save a backup and exit with code %d, so that the scheduler restarts "
+                    "the job (exclude host %s there if it can).",
+                    label,
+                    self._episodes[label],
+                    PREEMPTED_EXIT_CODE,
+                    rounds[label]["host"],
+                )
+            self.stop_requested = True
+
+    def _publish(self) -> None:
+        if self.options.log_scores:
+            logger.info(
+                "Straggler scores: %s",
+                "; ".join(
+                    f"{label} relative {s['relative']:.2f}, individual {s['individual']:.2f}, "
+                    f"waits {s['wait_fraction']:.0%}"
+                    for label, s in sorted(self.scores.items())
+                ),
+            )
+        if self.summary_dir is None:
+            return
+        import tensorflow as tf
+
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.summary_dir)
+        with self._writer.as_default(step=self._rounds):
+            for label, s in self.scores.items():
+                for name in ("relative", "individual", "wait_fraction"):
+                    tf.summary.scalar(f"stragglers/{name}/{label.replace(':', '_')}", s[name])
+        self._writer.flush()
