@@ -2,18 +2,20 @@
 
     [tfdist launch --workers=2 [--max_restarts=1] --] python tests/jobs/backup_job.py \\
         STRATEGY OUT_DIR BACKUP_DIR [--die_at=BATCH | --sigterm_at=BATCH] [--die_task=worker-1]
-        [--stick_at=UPDATE --stick_in=callback|input|save|frozen] [--watchdog=FLOOR,FACTOR]
-        [--slow_input=SECONDS]
+        [--faults=KIND:TASK:UPDATE,...] [--watchdog=FLOOR,FACTOR] [--no_backup]
+        [--slow_input=SECONDS --slow_from=UPDATE --straggler_interval=SECONDS]
 
 Trains a small MLP (with a counter of replica steps) on synthetic data with
 Trainer(backup_dir=..., backup_freq=2) under op determinism. With --die_at,
 DIE_TASK's first attempt calls os._exit(3) after global batch BATCH; with
 --sigterm_at it sends itself SIGTERM there (a preemption notice). With
---stick_at, DIE_TASK's first attempt hangs at that update, alive: blocked in a
-callback, in a tf.py_function of its input pipeline, inside a backup save, or
-frozen by SIGSTOP. --slow_input sleeps that long per example batch in DIE_TASK's
-input pipeline (a straggler). Each task writes OUT_DIR/<task>.npz (weights) and
-OUT_DIR/<task>.json.
+--faults, attempt i of TASK hangs after optimizer update UPDATE of the i-th
+fault, alive: KIND ``callback`` blocks in a callback, ``input`` in a
+tf.py_function of its input pipeline, ``save`` inside a backup save, and
+``frozen`` stops itself with SIGSTOP. --slow_input sleeps that long per example
+in every task's input pipeline, and from update --slow_from on, twice that in
+DIE_TASK's (a straggler, for the straggler report). Each task writes
+OUT_DIR/<task>.npz (weights) and OUT_DIR/<task>.json.
 """
 
 import argparse
@@ -38,13 +40,14 @@ parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument(
     "--sigterm_at", type=int, default=-1, help="DIE_TASK's first attempt SIGTERMs itself"
 )
-parser.add_argument("--stick_at", type=int, default=-1)
-parser.add_argument(
-    "--stick_in", default="callback", choices=("callback", "input", "save", "frozen")
-)
+parser.add_argument("--faults", default="", help="KIND:TASK:UPDATE per attempt, comma separated")
 parser.add_argument("--watchdog", default="", help="FLOOR,FACTOR: the watchdog's options")
+parser.add_argument("--no_backup", action="store_true")
 parser.add_argument("--slow_input", type=float, default=0.0)
+parser.add_argument("--slow_from", type=int, default=0)
 parser.add_argument("--straggler_interval", type=float, default=0.0)
+parser.add_argument("--slow_trace", type=float, default=0.0, help="seconds per trace of the model")
+parser.add_argument("--slow_saves", default="", help="SECONDS,N: the first N saves take that long")
 args = parser.parse_args()
 
 out = pathlib.Path(args.out_dir)
@@ -62,6 +65,18 @@ import tfdist  # noqa: E402
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 logging.getLogger("tfdist.training.backup").setLevel(logging.INFO)
 logging.getLogger("tfdist.training.stragglers").setLevel(logging.INFO)
+
+
+class FirstStragglerWarning(logging.Handler):
+    """Writes when the straggler report first warned to OUT_DIR/<task>.straggler."""
+
+    def emit(self, record):
+        path = out / f"{task}.straggler"
+        if record.levelno >= logging.WARNING and not path.exists():
+            path.write_text(json.dumps({"time": time.time(), "message": record.getMessage()}))
+
+
+logging.getLogger("tfdist.training.stragglers").addHandler(FirstStragglerWarning())
 
 strategy = tfdist.make_strategy(
     args.strategy, **({"num_devices": 2} if args.strategy == "mirrored" else {})
@@ -84,6 +99,7 @@ class StepCounter(keras.layers.Layer):
         )
 
     def call(self, x, training=False):
+        time.sleep(args.slow_trace)  # Python in call runs when the step is traced, not per step
         if training:
             self.count.assign_add(1.0)
         return x
@@ -102,16 +118,21 @@ def build():
     )
 
 
-STALL = threading.Event()  # set when DIE_TASK's input pipeline is to hang
-stuck_here = task == args.die_task and attempt == 1 and args.stick_at >= 0
+STALL = threading.Event()  # set when this task's input pipeline is to hang
+SLOW = threading.Event()  # set when DIE_TASK's input pipeline is to slow down
+faults = [f.split(":") for f in args.faults.split(",") if f]
+fault = faults[attempt - 1] if attempt <= len(faults) else None
+if fault is not None and fault[1] != task:
+    fault = None
+fault_kind, fault_at = (fault[0], int(fault[2])) if fault else (None, -1)
 
 
 def stall_or_pass(x):
     if STALL.is_set():
         print(f"{task} input pipeline stuck", flush=True)
         threading.Event().wait()
-    if args.slow_input and task == args.die_task:
-        time.sleep(args.slow_input)
+    if args.slow_input:
+        time.sleep(args.slow_input * (2 if SLOW.is_set() and task == args.die_task else 1))
     return x
 
 
@@ -129,18 +150,50 @@ class StallingSource:
         return self.inner.examples(input_context, training=training, seed=seed).map(through)
 
 
-if stuck_here and args.stick_in == "save":
+if args.slow_saves:
+    from tfdist.training import backup as backup_lib
+
+    slow_seconds, slow_count = args.slow_saves.split(",")
+    slow_left = [int(slow_count)]
+    plain_save = backup_lib.Backup.save
+
+    def slow_save(self, position):
+        if slow_left[0] > 0:
+            slow_left[0] -= 1
+            time.sleep(float(slow_seconds))
+        return plain_save(self, position)
+
+    backup_lib.Backup.save = slow_save
+
+if fault_kind == "save":
     from tfdist.training import backup as backup_lib
 
     original_save = backup_lib.Backup.save
 
     def hanging_save(self, position):
-        if position.updates >= args.stick_at:
+        if position.updates >= fault_at:
             print(f"{task} stuck in the backup save at update {position.updates}", flush=True)
             threading.Event().wait()
         return original_save(self, position)
 
     backup_lib.Backup.save = hanging_save
+
+
+def inject(updates):
+    """Starts this attempt's fault after optimizer update ``updates``, or slows the input."""
+    if args.slow_from and updates == args.slow_from:
+        print(f"{task}: {args.die_task} slows down at update {updates}", flush=True)
+        (out / f"{task}.slowed").write_text(str(time.time()))
+        SLOW.set()
+    if updates != fault_at:
+        return
+    print(f"{task} {fault_kind} fault after update {updates} at {time.time()}", flush=True)
+    if fault_kind == "callback":
+        threading.Event().wait()
+    elif fault_kind == "input":
+        STALL.set()
+    elif fault_kind == "frozen":
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class Die(keras.callbacks.Callback):
@@ -156,15 +209,7 @@ class Die(keras.callbacks.Callback):
         if task == args.die_task and attempt == 1 and Die.seen - 1 == args.sigterm_at:
             print(f"{task} receives SIGTERM after batch {Die.seen - 1}", flush=True)
             os.kill(os.getpid(), signal.SIGTERM)
-        if stuck_here and Die.seen - 1 == args.stick_at:
-            if args.stick_in == "callback":
-                print(f"{task} stuck in a callback after batch {Die.seen - 1}", flush=True)
-                threading.Event().wait()
-            elif args.stick_in == "input":
-                STALL.set()
-            elif args.stick_in == "frozen":
-                print(f"{task} freezes (SIGSTOP) after batch {Die.seen - 1}", flush=True)
-                os.kill(os.getpid(), signal.SIGSTOP)
+        inject(int(self.model.optimizer.iterations.numpy()))
 
 
 watchdog_options = {}
@@ -180,13 +225,15 @@ trainer = tfdist.Trainer(
     strategy=strategy,
     optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    backup_dir=args.backup_dir,
-    backup_freq=2,
+    backup_dir=None if args.no_backup else args.backup_dir,
+    backup_freq=None if args.no_backup else 2,
     **watchdog_options,
 )
 train = tfdist.data.load("synthetic", num_examples=512)
-if args.stick_in == "input" or args.slow_input:
+if any(f[0] == "input" for f in faults) or args.slow_input:
     train = dataclasses.replace(train, source=StallingSource(train.source))
+if args.slow_input:  # a small shuffle buffer, so that the slow-down is not all read ahead
+    train = dataclasses.replace(train, shuffle_buffer_size=32)
 trainer.fit(train, epochs=args.epochs, global_batch_size=32, callbacks=[Die()], verbose=0)
 counter = next(v for v in trainer.model.non_trainable_variables if "count" in v.path)
 np.savez(out / f"{task}.npz", *trainer.model.get_weights())

@@ -231,7 +231,7 @@ class Health:
         if found_here and self.board.shared:
             time.sleep(min(2 * self.interval + 0.5, 5.0))
         culprit = blame(
-            self.board.states(), stale_after=max(10.0, 5 * self.interval), now=time.time()
+            self.board.states(), stale_after=max(5.0, 5 * self.interval), now=time.time()
         )
         logger.error(
             "tfdist watchdog on %s (%s): %s. Stuck: %s. This task is at %s. Python stacks of "

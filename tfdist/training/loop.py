@@ -320,7 +320,7 @@ def train_epochs(
     if position is not None:
         initial_epoch = position.epoch
     persistent = None
-    with loop.section("callbacks"):
+    with loop.section("epoch callbacks"):
         callbacks.on_train_begin()
     for epoch in range(initial_epoch, epochs):
         first_step = position.step if position is not None and epoch == position.epoch else 0
@@ -331,14 +331,14 @@ def train_epochs(
             )
         with loop.section("metrics"):  # a collective on MultiWorkerMirrored
             model.reset_metrics()
-        with loop.section("callbacks"):
+        with loop.section("epoch callbacks"):
             callbacks.on_epoch_begin(epoch)
         epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
         if validate is not None:  # with the test hooks, as Keras's fit calls evaluate
             with loop.section("evaluate"):
                 logs = validate(epoch, callbacks)
             epoch_logs.update({f"val_{name}": v for name, v in logs.items()})
-        with loop.section("callbacks"):
+        with loop.section("epoch callbacks"):
             callbacks.on_epoch_end(epoch, epoch_logs)
         if loop.backup is not None:
             with loop.section("backup"):
@@ -352,7 +352,7 @@ def train_epochs(
     # As Keras's fit: with use_ema=True the model ends with the moving averages of its weights.
     if isinstance(model.optimizer, keras.optimizers.Optimizer):
         model.optimizer.finalize_variable_values(model.trainable_weights)
-    with loop.section("callbacks"):
+    with loop.section("epoch callbacks"):
         callbacks.on_train_end(loop.logs)
 
 

@@ -29,7 +29,17 @@ from typing import Any
 from tfdist.config import check_positive_number, invalid_argument
 
 #: The sections of a fit, in the order a call goes through them.
-SECTIONS = ("startup", "input", "metrics", "update", "callbacks", "vote", "evaluate", "backup")
+SECTIONS = (
+    "startup",
+    "input",
+    "metrics",
+    "update",
+    "callbacks",
+    "vote",
+    "evaluate",
+    "backup",
+    "epoch callbacks",
+)
 
 
 @dataclasses.dataclass(frozen=True)
