@@ -1,5 +1,4 @@
-"""Fault tolerance with real processes and real kills: worker death, a kill in a save, SIGTERM,
-and a 2-worker backup resumed on 1 worker."""
+"""Fault tolerance with real kills: worker death, a kill in a save, SIGTERM, fewer workers."""
 
 import json
 import os
