@@ -189,6 +189,31 @@ def test_training_shards_disjoint_with_equal_counts(pipelines, replicas):
             assert len(set(shards[a]) & set(shards[b])) < 20
 
 
+def _global_batches(fn, pipelines, replicas):
+    """Each global step's examples (as a set of rows), gathered from every pipeline's batches."""
+    r = replicas // pipelines
+    per_pipeline = [list(fn(ctx(pipelines, i, replicas))) for i in range(pipelines)]
+    return [
+        {
+            row
+            for batches in per_pipeline
+            for x, _ in batches[j * r : (j + 1) * r]
+            for row in rows(x)
+        }
+        for j in range(len(per_pipeline[0]) // r)
+    ]
+
+
+def test_training_global_batches_do_not_depend_on_the_world_size():
+    # A backup resumes on another number of workers or replicas at the same data: global batch j
+    # is the same examples on 1 replica, 2 or 4 replicas of one worker, or 2 and 4 workers.
+    fn = load("synthetic", num_examples=200, global_batch_size=24, seed=3)
+    one = _global_batches(fn, 1, 1)
+    assert len(one) == 8 and all(len(b) == 24 for b in one)
+    for pipelines, replicas in [(1, 2), (1, 4), (2, 2), (2, 4), (4, 4)]:
+        assert _global_batches(fn, pipelines, replicas) == one, (pipelines, replicas)
+
+
 def test_training_reshuffles_each_iteration_and_is_seeded():
     fn = load("digits", global_batch_size=64, seed=7)
     ds = fn()

@@ -26,12 +26,16 @@ def test_indivisible_names_replicas_and_nearest_values():
     )
     assert "a positive multiple of the number of replicas in sync (3)" in msg
     assert "126 or 129" in msg
+    # Or keep the global batch (a resumed backup needs it) on a replica count that divides it.
+    assert "To keep global_batch_size=128 (as a resumed backup needs" in msg
+    assert "run on 2 or 4 replicas, which divide it." in msg
 
 
 def test_indivisible_below_replicas_suggests_only_positive_value():
     with pytest.raises(ValueError, match=r"nearest valid values are 4\.") as e:
         per_replica_batch_size(2, 4)
-    assert " or " not in str(e.value).split("nearest")[1]
+    assert " or " not in str(e.value).split("nearest")[1].split(".")[0]
+    assert "run on 2 replicas, which divide it." in str(e.value)
 
 
 @pytest.mark.parametrize("bad", [0, -8, 8.0, "8", None, True])

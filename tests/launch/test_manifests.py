@@ -229,6 +229,10 @@ def test_make_strategy_multi_worker_reads_slurm(monkeypatch):
         ({"job_name": "a\nb"}, "job_name", r"'a\\nb'"),
         ({"time": "1 hour"}, "time", "'1 hour'"),
         ({"command": "python train.py"}, "command", "'python train.py'"),
+        ({"min_nodes": 0}, "min_nodes", "0"),
+        ({"min_nodes": 3}, "min_nodes", "3"),  # More than nnodes=2.
+        ({"min_nodes": 1, "chief": True}, "min_nodes", "1"),  # Roles need a fixed task count.
+        ({"min_nodes": 1, "workers": None, "ntasks": 4}, "min_nodes", "1"),
     ],
 )
 def test_slurm_errors(kwargs, name, received):
@@ -465,3 +469,36 @@ def test_cli_refuses_ntasks_that_do_not_divide_into_the_roles(tmp_path):
         "The roles need 1 chief, 1 ps and at least one worker."
     ) in proc.stdout
     assert "Traceback" not in proc.stdout and not (tmp_path / "job.sbatch").exists()
+
+
+def test_slurm_node_range():
+    # --nodes=MIN-MAX: Slurm starts the job on 1 to 4 nodes (a requeued run may get another
+    # count); srun then runs 2 tasks on every node granted, and a backup resumes there.
+    text = manifests.slurm_script(COMMAND, nnodes=4, min_nodes=1, workers=2, max_restarts=2)
+    lines = text.splitlines()
+    directives = [line.split(" ", 1)[1] for line in lines if line.startswith("#SBATCH ")]
+    assert directives[1:3] == ["--nodes=1-4", "--ntasks-per-node=2"]
+    assert "# Slurm grants 1-4 nodes: each run trains on those" in text
+    (srun,) = [line for line in lines if line.startswith("srun ")]
+    assert shlex.split(srun) == ["srun", "--ntasks-per-node=2", "--wait=60", *COMMAND]
+    if shutil.which("bash"):
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    # A range of one is the fixed count.
+    fixed = manifests.slurm_script(COMMAND, nnodes=2, min_nodes=2, workers=2)
+    assert fixed == manifests.slurm_script(COMMAND, nnodes=2, workers=2)
+
+
+def test_cli_slurm_node_range_and_kubernetes_refuses_it():
+    from tests.helpers import run_tfdist
+
+    command = ["--", "tfdist", "train", "--strategy=multi_worker", "--backup_dir=/shared/b"]
+    proc = run_tfdist(
+        "manifest", "slurm", "--nnodes=4", "--min_nodes=2", "--workers=1", *command, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "#SBATCH --nodes=2-4\n#SBATCH --ntasks-per-node=1\n" in proc.stdout
+    proc = run_tfdist("manifest", "kubernetes", "--image=i", "--min_nodes=2", *command, timeout=120)
+    assert proc.returncode == 2
+    assert "Received: min_nodes=2. Expected no --min_nodes for `tfdist manifest kubernetes`" in (
+        proc.stdout
+    )

@@ -249,3 +249,23 @@ def test_importing_tfdist_launch_imports_no_ray():
         timeout=60,
     )
     assert proc.stdout.strip() == "False"
+
+
+def test_a_worker_range_makes_rays_scaling_config_elastic():
+    # Ray Train V2's elastic training: ScalingConfig(num_workers=(min, max)). No cluster needed.
+    pytest.importorskip("ray.train")
+    from tfdist.launch.ray_engine import scaling_config
+
+    elastic = scaling_config((1, 4), use_gpu=False, cpus_per_worker=1)
+    assert elastic.elasticity_enabled and (elastic.min_workers, elastic.max_workers) == (1, 4)
+    fixed = scaling_config(2, use_gpu=False, cpus_per_worker=0.5)
+    assert not fixed.elasticity_enabled and fixed.num_workers == 2
+    assert fixed.resources_per_worker == {"CPU": 0.5}
+
+
+@pytest.mark.parametrize("bad", [(0, 2), (3, 2), (1, 2, 3), [1, 2], (1, "2"), 0, True])
+def test_bad_worker_ranges_are_refused(bad):
+    from tfdist.launch.ray_engine import worker_range
+
+    with pytest.raises(ValueError, match=r"Invalid value for argument `num_workers`"):
+        worker_range(bad)

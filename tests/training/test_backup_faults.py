@@ -1,4 +1,4 @@
-"""Fault tolerance with real processes and real kills: worker death, a kill in a save, SIGTERM."""
+"""Fault tolerance with real kills: worker death, a kill in a save, SIGTERM, fewer workers."""
 
 import json
 import os
@@ -79,6 +79,34 @@ def test_worker_death_resumes_at_the_backed_up_update_bitwise(tmp_path, uninterr
         for a, b in zip(_weights(tmp_path / f"{task}.npz"), uninterrupted_mwms):
             np.testing.assert_array_equal(a, b)  # bitwise equal to the uninterrupted run
     assert not (tmp_path / "backup").exists()  # removed after success
+
+
+def test_a_two_worker_backup_resumes_on_one_worker(tmp_path, uninterrupted_mwms):
+    # A lost machine: worker-1 dies after global batch 21 and nothing restarts the group. The
+    # job comes back on one worker (1 replica instead of 2), same global batch of 32.
+    backup = tmp_path / "backup"
+    (tmp_path / "two").mkdir()
+    (tmp_path / "one").mkdir()
+    died = _launch(tmp_path / "two", backup, "--die_at=21", restarts=0)
+    assert died.returncode != 0 and "worker-1 dying after batch 21" in died.stdout
+    assert json.loads((backup / "state.json").read_text())["replicas"] == 2
+    proc = run_tfdist(
+        "launch", "--workers=1", "--", sys.executable, JOB, "multi_worker", str(tmp_path / "one"),
+        str(backup), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "written on 2 replicas and resumes on 1, at the same global step" in proc.stdout
+    assert json.loads((tmp_path / "one" / "worker-0.json").read_text())["iterations"] == 48
+    updates = int(re.search(r"\((\d+) updates done\)", proc.stdout).group(1))
+    assert updates in (20, 22)
+    counter, *weights = _weights(tmp_path / "one" / "worker-0.npz")
+    # The model's replica-step counter counts 2 per update on 2 replicas, then 1.
+    assert float(counter) == 2 * updates + (48 - updates)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(weights, uninterrupted_mwms[1:]))
+    print(f"2 -> 1 workers: max abs weight difference {diff:.3g}")
+    # The same global batches from the backed-up update on (tfdist.data splits each global batch
+    # across the workers); only the all-reduce's float32 summation order differs.
+    assert diff <= 1e-5
 
 
 def test_sigterm_preemption_loses_and_repeats_nothing(tmp_path):

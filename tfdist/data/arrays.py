@@ -26,15 +26,16 @@ _SYNTHETIC_WEIGHT_SEED = 0  # one labelling function for every split, so validat
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ArraySource:
-    """In-memory examples, sharded by example index (DATA policy)."""
+    """In-memory examples: the whole split for training (``whole_split``), else by example index."""
 
     x: np.ndarray
     y: np.ndarray
+    whole_split = True  # every pipeline holds the arrays anyway: shuffling all of them is cheap
 
     def examples(
         self, input_context: tf.distribute.InputContext, *, training: bool, seed: int
     ) -> tf.data.Dataset:
-        del training, seed  # Shuffling happens after sharding, in DatasetFn.
+        del training, seed  # Shuffling happens in DatasetFn.
         p, i = input_context.num_input_pipelines, input_context.input_pipeline_id
         return tf.data.Dataset.from_tensor_slices((self.x[i::p], self.y[i::p]))
 

@@ -5,7 +5,13 @@ Each call with an ``input_context`` builds that pipeline's shard from its
 
 * training: shuffled per-replica batches, ``drop_remainder=True``, exactly
   ``steps_per_epoch() * replicas_per_pipeline`` of them on every pipeline, so
-  multi-worker collectives never wait for a pipeline that ran dry;
+  multi-worker collectives never wait for a pipeline that ran dry. A source
+  that holds the whole split in memory (``Source.whole_split``) is shuffled
+  whole on every pipeline with the same seed, and each pipeline takes its part
+  of every global batch: the global batches are then the same on any number of
+  workers and replicas, so a backup resumes on another world size at the same
+  data (see README, "Resuming on another world size"). Other sources (TFDS
+  files) are shuffled per pipeline shard, as large data must be;
 * evaluation: unshuffled ``(x, y)`` batches; the last may be partial, and a
   pipeline with a smaller shard is topped up with *empty* batches, so every
   pipeline yields the same number of batches while each real example is
@@ -34,7 +40,12 @@ DEFAULT_SHUFFLE_BUFFER_SIZE = 10_000
 
 
 class Source(Protocol):
-    """Where a :class:`DatasetFn`'s examples come from."""
+    """Where a :class:`DatasetFn`'s examples come from.
+
+    A source may set ``whole_split = True`` when ``examples`` can cheaply give
+    every pipeline the whole split (in-memory arrays): training then shuffles
+    the whole split and splits each global batch (see the module docstring).
+    """
 
     def examples(
         self, input_context: tf.distribute.InputContext, *, training: bool, seed: int
@@ -146,6 +157,8 @@ class DatasetFn:
             if self.num_examples is None
             else (self.steps_per_epoch() * sharding.replicas_per_pipeline(ctx))
         )
+        if self.training and self.num_examples and getattr(self.source, "whole_split", False):
+            return self._global_batches(ctx, per_replica).prefetch(tf.data.AUTOTUNE)
         ds = self.source.examples(ctx, training=self.training, seed=self.seed)
         if self.training:
             ds = self._training_batches(ds, per_replica, batches_per_pipeline)
@@ -166,6 +179,23 @@ class DatasetFn:
             return ds.batch(per_replica, drop_remainder=True)
         # repeat() first: uneven (file) shards still fill the same number of batches.
         return ds.repeat().batch(per_replica, drop_remainder=True).take(batches_per_pipeline)
+
+    def _global_batches(self, ctx, per_replica):
+        """This pipeline's part of each global batch of the whole split, shuffled with the seed.
+
+        Every pipeline shuffles the same split with the same seed, so global batch
+        ``j`` is the same examples whatever the number of pipelines and replicas;
+        pipeline ``i`` takes its ``global_batch_size / num_input_pipelines`` of them.
+        """
+        whole = sharding.default_input_context()
+        ds = self.source.examples(whole, training=True, seed=self.seed)
+        buffer_size = min(self.shuffle_buffer_size or math.inf, self.num_examples)
+        ds = ds.shuffle(buffer_size, seed=self.seed, reshuffle_each_iteration=True)
+        part = per_replica * sharding.replicas_per_pipeline(ctx)
+        ds = ds.take(self.steps_per_epoch() * self.global_batch_size).batch(part)
+        if ctx.num_input_pipelines > 1:
+            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        return ds.rebatch(per_replica) if part != per_replica else ds
 
     def _evaluation_batches(self, ds, per_replica, batches_per_pipeline):
         batches = ds.batch(per_replica)

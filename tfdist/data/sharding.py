@@ -51,10 +51,27 @@ def per_replica_batch_size(global_batch_size: int, num_replicas_in_sync: int) ->
         nearest = f"{lower} or {upper}" if lower > 0 else f"{upper}"
         note = (
             f"It cannot be split evenly across {replicas} replicas; "
-            f"the nearest valid values are {nearest}."
+            f"the nearest valid values are {nearest}. "
+            + _replica_counts(global_batch_size, replicas)
         )
         raise invalid_argument("global_batch_size", global_batch_size, expected, note=note)
     return global_batch_size // replicas
+
+
+def _replica_counts(global_batch_size: int, replicas: int) -> str:
+    """Which replica counts nearest ``replicas`` divide ``global_batch_size``, as a sentence.
+
+    Keeping the global batch matters when resuming a backup: its position counts global batches.
+    """
+    below = max(d for d in range(1, replicas) if global_batch_size % d == 0)
+    above = next(
+        (d for d in range(replicas + 1, global_batch_size + 1) if global_batch_size % d == 0), None
+    )
+    counts = f"{below} or {above}" if above else f"{below}"
+    return (
+        f"To keep global_batch_size={global_batch_size} (as a resumed backup needs, to continue "
+        f"at the same data), run on {counts} replicas, which divide it."
+    )
 
 
 def replicas_per_pipeline(input_context: tf.distribute.InputContext) -> int:

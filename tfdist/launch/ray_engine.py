@@ -7,6 +7,9 @@
         return history.history
 
     history = tfdist.launch.ray_launcher(train, num_workers=2, max_failures=1)
+    # Elastic (Ray Train V2): 1 to 4 workers, as many as the cluster fits; Ray resizes the
+    # group (a restart) as nodes come and go, and a RayBackup resumes on the new world size.
+    history = tfdist.launch.ray_launcher(train, num_workers=(1, 4), max_failures=1)
 
 Ray's ``ray.train.tensorflow.TensorflowTrainer`` starts one actor per worker,
 sets ``TF_CONFIG`` and restarts the whole group after a failure
@@ -69,6 +72,50 @@ def init_local(num_cpus: int | None = None) -> None:
     # Ray's (underscored) keyword for the address its processes announce: without it a
     # one-machine cluster would announce, and be reached at, the host's network address.
     ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
+
+
+def worker_range(num_workers: int | tuple[int, int]) -> tuple[int, int]:
+    """``num_workers`` as ``(fewest, most)``: an int is both ends.
+
+    Raises:
+        ValueError: Unless an int >= 1 or a pair ``(min, max)`` of them with ``min <= max``.
+    """
+    if isinstance(num_workers, tuple) and len(num_workers) == 2:
+        fewest, most = (check_positive_int("num_workers", n) for n in num_workers)
+        if fewest <= most:
+            return fewest, most
+    elif not isinstance(num_workers, (tuple, list)):
+        return check_positive_int("num_workers", num_workers), num_workers
+    raise invalid_argument(
+        "num_workers", num_workers, "a positive int, or a pair (min_workers, max_workers)"
+    )
+
+
+def scaling_config(
+    num_workers: int | tuple[int, int], *, use_gpu: bool, cpus_per_worker: float
+) -> Any:
+    """Ray Train's ``ScalingConfig``; a ``(min, max)`` pair makes the group elastic.
+
+    Raises:
+        ValueError: For a pair, when this Ray's ``ScalingConfig`` has no elastic range.
+    """
+    from ray.train import ScalingConfig
+
+    fewest, most = worker_range(num_workers)
+    elastic = isinstance(num_workers, tuple)
+    if elastic and not hasattr(ScalingConfig, "elasticity_enabled"):
+        raise invalid_argument(
+            "num_workers",
+            num_workers,
+            "an int with this Ray",
+            note="A (min, max) range is Ray Train V2's elastic training (ray 2.60 has it); "
+            "upgrade Ray, or give a number of workers.",
+        )
+    return ScalingConfig(
+        num_workers=(fewest, most) if elastic else most,
+        use_gpu=use_gpu,
+        resources_per_worker={"CPU": cpus_per_worker},
+    )
 
 
 def _check_fits(ray: Any, num_workers: int, cpus_per_worker: float, use_gpu: bool) -> None:
@@ -153,7 +200,7 @@ class RayRun:
 def ray_fit(
     fn: Callable[..., Any],
     *args: Any,
-    num_workers: int = 2,
+    num_workers: int | tuple[int, int] = 2,
     cpus_per_worker: float = 1,
     use_gpu: bool = False,
     max_failures: int = 0,
@@ -168,7 +215,11 @@ def ray_fit(
         fn: The training function; it should create its strategy first
             (``tfdist.make_strategy("multi_worker")``). Ray pickles it with cloudpickle.
         *args: Arguments for ``fn``.
-        num_workers: Ray Train workers (TF ``worker`` tasks; rank 0 is the chief).
+        num_workers: Ray Train workers (TF ``worker`` tasks; rank 0 is the chief), or a
+            pair ``(min, max)`` for Ray Train's elastic training: Ray starts as many as the
+            cluster fits, at least ``min``, and resizes the group (a restart) as resources
+            come and go. A :class:`~tfdist.launch.ray_backup.RayBackup` resumes each new group
+            at the same update on its world size; keep a global batch that every count divides.
         cpus_per_worker: CPUs Ray reserves per worker; TF's thread pools follow it.
         use_gpu: One GPU per worker.
         max_failures: Whole-group restarts after a worker fails
@@ -190,16 +241,17 @@ def ray_fit(
         RuntimeError: If training failed after ``max_failures`` restarts.
     """
     ray = require_ray()
-    check_positive_int("num_workers", num_workers)
+    fewest, most = worker_range(num_workers)
     check_non_negative_int("max_failures", max_failures)
     if not cpus_per_worker > 0:
         raise invalid_argument("cpus_per_worker", cpus_per_worker, "a positive number")
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig
     from ray.train.tensorflow import TensorflowTrainer
 
+    scaling = scaling_config(num_workers, use_gpu=use_gpu, cpus_per_worker=cpus_per_worker)
     init_local()
-    if check_resources:
-        _check_fits(ray, num_workers, cpus_per_worker, use_gpu)
+    if check_resources:  # the fewest must fit: Ray starts an elastic group with what fits
+        _check_fits(ray, fewest, cpus_per_worker, use_gpu)
     box = _make_results_box(ray)
 
     def train_loop_per_worker() -> None:
@@ -213,9 +265,7 @@ def ray_fit(
 
     trainer = TensorflowTrainer(
         train_loop_per_worker,
-        scaling_config=ScalingConfig(
-            num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}
-        ),
+        scaling_config=scaling,
         run_config=RunConfig(
             name=name,
             storage_path=storage_path,
@@ -229,13 +279,15 @@ def ray_fit(
         raise RuntimeError(f"The Ray Train job failed after {max_failures} restart(s): {e}") from e
     results = ray.get(box.get.remote())
     ray.kill(box)
-    return RayRun(result=result, outputs=[results.get(rank) for rank in range(num_workers)])
+    # An elastic group's last attempt had any size in the range: as many outputs as it had ranks.
+    ranks = range(most) if fewest == most else sorted(results)
+    return RayRun(result=result, outputs=[results.get(rank) for rank in ranks])
 
 
 def ray_launcher(
     fn: Callable[..., Any],
     *args: Any,
-    num_workers: int = 2,
+    num_workers: int | tuple[int, int] = 2,
     cpus_per_worker: float = 1,
     use_gpu: bool = False,
     max_failures: int = 0,

@@ -112,6 +112,8 @@ class Backup:
         task_label: ``task_type:task_id`` for temporary names and logs.
         keep_backups: How many of the newest backups ``backup_dir`` holds; the
             older ones are deleted once a newer one is committed.
+        replicas: ``num_replicas_in_sync`` of this run, recorded in each backup so that a
+            resume on another number of replicas says so (None: not recorded).
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class Backup:
         is_chief: bool,
         task_label: str | None = None,
         keep_backups: int = 1,
+        replicas: int | None = None,
     ) -> None:
         from tfdist.cluster import task_label as label
         from tfdist.config import check_positive_int
@@ -131,6 +134,7 @@ class Backup:
         self.is_chief = is_chief
         self.task_label = task_label or label("chief", 0)
         self.keep_backups = check_positive_int("keep_backups", keep_backups)
+        self.replicas = replicas
         self._position = _PositionState()
         # What is written: the caller's checkpoint and the position, one set of files
         # (None: a Backup made only to read state.json).
@@ -171,7 +175,19 @@ class Backup:
                 is_chief=self.is_chief,
                 task_label=self.task_label,
             )
-        return self._load(state)
+        position = self._load(state)
+        written_on = position.replicas if position else 0
+        if self.is_chief and written_on and self.replicas and written_on != self.replicas:
+            # The position counts global batches and updates: it needs no translation, only the
+            # same global batch size (which the new replicas must divide; fit checked that).
+            logger.warning(
+                "Resuming on another world size: the backup was written on %d replicas and "
+                "resumes on %d, at the same global step (%d updates done).",
+                written_on,
+                self.replicas,
+                position.updates,
+            )
+        return position
 
     def _load(self, state: dict[str, Any] | None) -> Position | None:
         if state is None:
@@ -208,6 +224,8 @@ class Backup:
         )
         if self.is_chief:
             tf.io.gfile.makedirs(self.backup_dir)
+        if self.replicas:
+            position = dataclasses.replace(position, replicas=self.replicas)
         self._position.position = position
         try:
             self._root.write(os.path.join(target, name))

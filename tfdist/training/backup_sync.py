@@ -34,11 +34,16 @@ class Position:
         epoch: The epoch in progress (or the next one, with ``step == 0``).
         step: Micro-batches of ``epoch`` already trained on.
         updates: Optimizer updates applied in total.
+        replicas: ``num_replicas_in_sync`` of the run that wrote the backup (0: not
+            recorded, a backup of an older tfdist). Only for the log of a resume on
+            another world size: ``step`` and ``updates`` count global batches and
+            updates, which do not depend on it.
     """
 
     epoch: int
     step: int
     updates: int
+    replicas: int = 0
 
 
 class Sync(Protocol):

@@ -218,6 +218,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             is_chief=runner.is_chief,
             task_label=runner.task_label,
             keep_backups=self.keep_backups,
+            replicas=strategy.num_replicas_in_sync,
         )
         position = self._backup.restore(runner)  # every worker resumes at the chief's position
         self._resume, self._skip = None, None

@@ -67,6 +67,7 @@ class FitBackups:
             is_chief=self._runner.is_chief,
             task_label=self._runner.task_label,
             keep_backups=self.options.keep_last,
+            replicas=self._runner.strategy.num_replicas_in_sync,
         )
 
     def restore(self, backup: Backup | None) -> Position | None:

@@ -143,6 +143,12 @@ flags.DEFINE_string("image", None, "manifest kubernetes: the container image.")
 flags.DEFINE_string("name", "tfdist", "manifest kubernetes: the resources' name (a DNS label).")
 flags.DEFINE_string("job_name", "tfdist", "manifest slurm: #SBATCH --job-name.")
 flags.DEFINE_integer(
+    "min_nodes",
+    None,
+    "manifest slurm: start on at least this many nodes, at most --nnodes "
+    "(#SBATCH --nodes=MIN-MAX); a backup resumes on whatever count each run gets.",
+)
+flags.DEFINE_integer(
     "ntasks",
     None,
     "manifest slurm: total tasks (chief + ps + workers), a multiple of --nnodes; "

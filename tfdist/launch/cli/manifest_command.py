@@ -13,6 +13,7 @@ UNUSED_FLAGS = {
     "slurm": ("evaluator", "image", "kind", "name", "hosts", "node_rank"),
     "kubernetes": (
         "nnodes",
+        "min_nodes",
         "evaluator",
         "partition",
         "time",
@@ -67,6 +68,7 @@ def run(args: Sequence[str]) -> int:
             time=FLAGS.time,
             job_name=FLAGS.job_name,
             max_restarts=FLAGS.max_restarts,
+            min_nodes=FLAGS.min_nodes,
         )
         submit = "sbatch"
     else:

@@ -3,6 +3,12 @@
     tfdist manifest slurm --nnodes=2 --workers=4 --output=job.sbatch -- \\
         tfdist train --strategy=multi_worker
 
+With ``--min_nodes=1 --nnodes=4`` the job asks for ``--nodes=1-4``: Slurm starts
+it on as many of up to 4 nodes as it can grant (at least 1), and a requeued job
+may get another count. Tasks build the cluster from what they got, and a
+backup resumes on it with the same global batch (README, "Resuming on another
+world size").
+
 Nothing here talks to Slurm or imports TensorFlow; :func:`slurm_script` returns
 the script's text. ``srun`` sets SLURM_* variables in each task and
 :func:`tfdist.cluster.from_slurm` turns them into a cluster (what
@@ -44,6 +50,7 @@ def slurm_script(
     time: str | None = None,
     job_name: str = "tfdist",
     max_restarts: int = 0,
+    min_nodes: int | None = None,
 ) -> str:
     """Returns an sbatch script that runs ``command`` once per Slurm task.
 
@@ -72,6 +79,9 @@ def slurm_script(
             ``"30"``, ``"01:00:00"`` or ``"1-12:00:00"``; None for the default.
         job_name: The job's name (``#SBATCH --job-name``).
         max_restarts: Requeues after a preemption (exit code 75); 0 for none.
+        min_nodes: The fewest nodes to start on (``#SBATCH --nodes=min_nodes-nnodes``),
+            or None for exactly ``nnodes``. Each run trains on the nodes Slurm granted,
+            ``workers`` tasks on each; MultiWorkerMirrored only (no ``chief``/``ps``).
 
     Returns:
         The script's text; submit it with ``sbatch FILE``.
@@ -90,6 +100,7 @@ def slurm_script(
             note="Parameter-server training needs a chief to coordinate it; add --chief.",
         )
     check_non_negative_int("max_restarts", max_restarts)
+    nodes = _node_range(min_nodes, nnodes, chief=chief, ntasks=ntasks)
     others = ps + int(bool(chief))
     if ntasks is None:
         check_positive_int("workers", 2 if workers is None else workers)
@@ -125,7 +136,7 @@ def slurm_script(
             note="tfdist gives each job a block of that many ports per node.",
         )
     _check_word("job_name", job_name)
-    directives = [f"--job-name={job_name}", f"--nodes={nnodes}", f"--ntasks-per-node={per_node}"]
+    directives = [f"--job-name={job_name}", f"--nodes={nodes}", f"--ntasks-per-node={per_node}"]
     if partition is not None:
         directives.append(f"--partition={_check_word('partition', partition)}")
     if time is not None:
@@ -150,19 +161,26 @@ def slurm_script(
         if max_restarts
         else ["--kill-on-bad-exit=1"]
     )
-    srun = ["srun", f"--nodes={nnodes}", f"--ntasks-per-node={per_node}", *bad_exit]
+    # With a node range, srun runs on every node of the allocation, however many were granted.
+    on_nodes = [] if "-" in nodes else [f"--nodes={nnodes}"]
+    srun = ["srun", *on_nodes, f"--ntasks-per-node={per_node}", *bad_exit]
     lines = [
         "#!/bin/bash",
         *(f"#SBATCH {d}" for d in directives),
         "#",
         "# Written by `tfdist manifest slurm`; submit with `sbatch FILE`.",
-        f"# {nnodes} node(s) x {per_node} task(s). Each task builds the cluster from the "
+        f"# {nodes} node(s) x {per_node} task(s). Each task builds the cluster from the "
         "SLURM_* variables",
         "# (tfdist.cluster.from_slurm, read by tfdist.make_strategy): "
         "one node talks over 127.0.0.1;",
         f"# the k-th task on a node listens on port {SLURM_PORT_BASE} + {SLURM_PORTS_PER_JOB} "
         f"* (job id % {SLURM_PORT_BLOCKS}) + k.",
         f"# Roles by rank: {roles}." if roles else "# Every task is a worker; rank 0 is the chief.",
+        *(
+            [f"# Slurm grants {nodes} nodes: each run trains on those, and a backup resumes there."]
+            if "-" in nodes
+            else []
+        ),
         "set -uo pipefail",
         "unset TF_CONFIG  # One exported by the submitting shell would override the Slurm cluster.",
     ]
@@ -208,6 +226,24 @@ _CHIEF_RC_WRAPPER = (
     '"$@"; rc=$?; if [ "$SLURM_PROCID" = 0 ]; then echo "$rc" > "$TFDIST_CHIEF_RC.tmp" '
     '&& mv "$TFDIST_CHIEF_RC.tmp" "$TFDIST_CHIEF_RC"; fi; exit "$rc"'
 )
+
+
+def _node_range(min_nodes: int | None, nnodes: int, *, chief: bool, ntasks: int | None) -> str:
+    """``#SBATCH --nodes``'s value: ``nnodes``, or ``min_nodes-nnodes`` for a range."""
+    if min_nodes is None:
+        return str(nnodes)
+    check_positive_int("min_nodes", min_nodes)
+    if min_nodes > nnodes:
+        raise invalid_argument("min_nodes", min_nodes, f"at most nnodes={nnodes}")
+    if chief or ntasks is not None:
+        raise invalid_argument(
+            "min_nodes",
+            min_nodes,
+            "None with --chief, --ps or --ntasks",
+            note="A node range is for MultiWorkerMirrored jobs with --workers per node: the "
+            "roles of a chief and ps are laid out for a fixed number of tasks.",
+        )
+    return f"{min_nodes}-{nnodes}" if min_nodes < nnodes else str(nnodes)
 
 
 def _check_word(name: str, value: Any) -> str:
