@@ -4,13 +4,17 @@ Every side trains the same ``tfdist.Trainer`` (the CNN on scikit-learn's 8x8
 digits, SGD) through the same ``dataset_fn``: the digits pipeline followed by a
 per-batch sleep on one worker. The *balanced* side sleeps 0 s everywhere; the
 *straggler* side sleeps ``delay_s`` per batch on worker ``straggler`` only.
-The sleep is TF's ``SleepDataset`` kernel placed after the pipeline's prefetch,
-so it sits on the path of every ``next()`` that worker makes: it runs on the
-worker itself, uses no CPU and calls no Python.
+The sleep is TF's ``SleepDataset`` kernel placed after the pipeline's own
+prefetch: it runs on the worker itself, uses no CPU and calls no Python.
+The distributed iterator still fetches one batch ahead, so the sleep overlaps
+the step: a worker that sleeps ``d`` per batch takes a batch every
+``max(T, d)`` seconds, ``T`` its unslowed step period (measured: with
+``d = T`` the synchronous step did not slow at all; with ``d = 3T`` it took
+``d``, not ``T + d``).
 
 ``delay_s`` is sized from this run: after a warm-up, balanced measurements (the
-faster of two) give a worker's unslowed step period ``T``, and
-``delay_s = (factor - 1) * T``, so that worker's step takes about ``factor * T``.
+faster of two) give ``T``, and ``delay_s = factor * T``, so that worker takes
+a batch every ``factor * T``.
 Under MultiWorkerMirroredStrategy ``T`` is the step time (every worker takes
 every step). Under ParameterServerStrategy the coordinator hands each step to
 whichever worker is free, so a worker's period is ``workers`` times the
@@ -159,7 +163,7 @@ def measure(
         for _ in range(CALIBRATION_RUNS)
     ]
     unslowed_step_s = min(calibration) / steps * period_per_step
-    delay_s = (factor - 1.0) * unslowed_step_s
+    delay_s = factor * unslowed_step_s  # overlaps the step: the worker's period is max(T, d)
     sides["straggler"] = side(delay_s)
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     updates: dict[str, list[int]] = {name: [] for name in sides}

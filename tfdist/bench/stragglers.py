@@ -14,8 +14,10 @@ strategies.
 
 In each launch two sides alternate (A B, B A, ...), the same steps each:
 *balanced* and *straggler*, where worker 1 sleeps before each of its batches
-(TF's ``SleepDataset`` after its input pipeline) for ``(factor - 1)`` times a
-worker's unslowed step period, measured in the same launch just before. The
+(TF's ``SleepDataset`` after its input pipeline) for ``factor`` times a
+worker's unslowed step period, measured in the same launch just before (the
+sleep overlaps the step, one batch ahead, so that worker takes a batch every
+``factor`` periods; see ``tfdist.bench.straggler_worker``). The
 result holds, per strategy, examples/s of both sides and
 ``straggler / balanced``; what was injected (seconds per batch, on which
 worker); and for reference the ratio of a fully synchronous step (``1 /
