@@ -139,6 +139,14 @@ def _result(
         out[f"{name}_ratio"] = timing.ratio(rates["straggler"], rates["balanced"])
         # Seconds a step gained: compare with the injected seconds per batch.
         out[f"{name}_added_step_s"] = sides["straggler"]["step_s"] - sides["balanced"]["step_s"]
+        # The injected sleep over the balanced period measured in the alternation (the
+        # calibration before it may have been disturbed), and what it predicts for this strategy.
+        period = injected[name]["worker_step_in_cluster_steps"] * sides["balanced"]["step_s"]
+        effective = max(1.0, injected[name]["seconds_per_batch"] / period)
+        out[f"{name}_effective_factor"] = effective
+        out[f"{name}_expected_ratio"] = (
+            1.0 / effective if name == "multi_worker" else (WORKERS - 1 + 1.0 / effective) / WORKERS
+        )
     out["expected_sync_ratio"] = 1.0 / factor
     out["expected_independent_ratio"] = (WORKERS - 1 + 1.0 / factor) / WORKERS
     out["others_cpu_max"] = timing.nanmax(
