@@ -135,6 +135,16 @@ def plot_stragglers(result: dict[str, Any], path: str) -> None:
     ratio_ax.bar(range(len(names)), ratios, width=0.5, color="tab:purple")
     for x, value in enumerate(ratios):
         ratio_ax.text(x, value, f"{value:.2f}", ha="center", va="bottom")
+    for x, name in enumerate(names):  # what the sleep actually injected predicts
+        expected = result.get(f"{name}_expected_ratio")
+        if expected is not None:
+            ratio_ax.plot(
+                [x - 0.3, x + 0.3],
+                [expected] * 2,
+                color="black",
+                linewidth=2,
+                label="expected from the effective factor" if x == 0 else None,
+            )
     for key, style, label in (
         ("expected_sync_ratio", "--", "1 / factor (waits for the slowest)"),
         ("expected_independent_ratio", ":", "independent workers"),
