@@ -81,7 +81,7 @@ def test_writes_the_returned_results_as_json(quick_run):
         assert meta[key] not in (None, "")
     assert meta["repeats"] == 2 and meta["quick"] is True
     assert meta["cpu_count"] == os.cpu_count()
-    # The multi-process ones (scaling, allreduce) run only when named; see test_scaling.py.
+    # The multi-process ones (scaling, allreduce, stragglers) run only when named.
     assert set(written["results"]) == set(runner.available()) - set(runner.ON_REQUEST) == ALL
     assert (
         list(written["results"])[-1] == "parameter_server"
@@ -310,7 +310,7 @@ def test_unknown_benchmark_lists_the_valid_names(tmp_path):
         ValueError,
         match=r"Invalid value for argument `benchmarks`.*'nope'.*"
         r"accumulation, allreduce, backup, bf16_vs_fp32, mfu, parameter_server, scaling, "
-        r"trainer_vs_fit",
+        r"stragglers, trainer_vs_fit",
     ):
         runner.run(["nope"], output=str(output))
     assert not output.exists()

@@ -147,8 +147,8 @@ def test_bad_scaling_options_get_one_clear_error():
 
 
 def test_multi_process_benchmarks_run_only_when_named():
-    assert {"scaling", "allreduce"} <= set(runner.available())
-    assert set(runner.ON_REQUEST) == {"scaling", "allreduce"}
+    assert {"scaling", "allreduce", "stragglers"} <= set(runner.available())
+    assert set(runner.ON_REQUEST) == {"scaling", "allreduce", "stragglers"}
 
 
 def test_cli_refuses_a_bad_bench_flag_in_one_line():

@@ -105,3 +105,54 @@ def plot_allreduce(result: dict[str, Any], path: str) -> None:
     )
     ax.legend(fontsize=7)
     _save(fig, path)
+
+
+def plot_stragglers(result: dict[str, Any], path: str) -> None:
+    """Left: examples/s, balanced and with a straggler, per strategy.
+
+    Right: straggler / balanced per strategy, with the fully synchronous (1 / factor) and the
+    independent-workers references as lines.
+    """
+    fig, (rate_ax, ratio_ax) = _figure(11, 4.2, columns=2)
+    names = [n for n in ("multi_worker", "parameter_server") if f"{n}_examples_per_s" in result]
+    for offset, (side, color) in enumerate((("balanced", "tab:blue"), ("straggler", "tab:red"))):
+        values = [result[f"{n}_examples_per_s"][side] or 0.0 for n in names]
+        xs = [i + (offset - 0.5) * 0.38 for i in range(len(names))]
+        rate_ax.bar(xs, values, width=0.36, color=color, label=side)
+    rate_ax.set_xticks(range(len(names)), names)
+    rate_ax.set_ylabel("examples/s (median)")
+    rate_ax.legend(fontsize=8)
+    config = result.get("config", {})
+    injected = result.get("injected", {})
+    delays = ", ".join(
+        f"{n}: {1e3 * (injected.get(n, {}).get('seconds_per_batch') or 0.0):.1f} ms" for n in names
+    )
+    rate_ax.set_title(
+        f"worker {config.get('straggler')} slowed x{config.get('factor')} ({delays} per batch)",
+        fontsize=9,
+    )
+    ratios = [result.get(f"{n}_ratio") or 0.0 for n in names]
+    ratio_ax.bar(range(len(names)), ratios, width=0.5, color="tab:purple")
+    for x, value in enumerate(ratios):
+        ratio_ax.text(x, value, f"{value:.2f}", ha="center", va="bottom")
+    for x, name in enumerate(names):  # what the sleep actually injected predicts
+        expected = result.get(f"{name}_expected_ratio")
+        if expected is not None:
+            ratio_ax.plot(
+                [x - 0.3, x + 0.3],
+                [expected] * 2,
+                color="black",
+                linewidth=2,
+                label="expected from the effective factor" if x == 0 else None,
+            )
+    for key, style, label in (
+        ("expected_sync_ratio", "--", "1 / factor (waits for the slowest)"),
+        ("expected_independent_ratio", ":", "independent workers"),
+    ):
+        if result.get(key) is not None:
+            ratio_ax.axhline(result[key], color="grey", linestyle=style, label=label)
+    ratio_ax.set_xticks(range(len(names)), names)
+    ratio_ax.set_ylim(0, 1.2)
+    ratio_ax.set_ylabel("examples/s with straggler / balanced")
+    ratio_ax.legend(fontsize=8, loc="lower right")
+    _save(fig, path)

@@ -3,18 +3,28 @@
     tfdist launch --workers=2 -- python -m tfdist.bench.workers SPEC.json
 
 It pins this process's threads (and, where the cores allow, its CPUs) before
-TensorFlow starts, runs ``spec["kind"]`` ("scaling", "scaling_ps" or
-"allreduce") and writes its results to ``<out_dir>/<task_type>-<task_id>.json``.
+TensorFlow starts, runs ``spec["kind"]`` (a key of :data:`KINDS`) and writes
+its results to ``<out_dir>/<task_type>-<task_id>.json``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 from typing import Any
 
 from tfdist.bench import timing
+
+# spec["kind"] -> the (module, function) that a task runs; imported only in the task that runs it.
+KINDS = {
+    "scaling": ("tfdist.bench.scaling_worker", "run_mwms"),
+    "scaling_ps": ("tfdist.bench.scaling_worker", "run_ps"),
+    "allreduce": ("tfdist.bench.allreduce_worker", "run"),
+    "stragglers": ("tfdist.bench.straggler_worker", "run_mwms"),
+    "stragglers_ps": ("tfdist.bench.straggler_worker", "run_ps"),
+}
 
 
 def task() -> tuple[str, int]:
@@ -98,21 +108,10 @@ def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         spec = json.load(f)
     pinned = pin_threads(spec)
-    kind = spec["kind"]
-    if kind == "scaling":
-        from tfdist.bench import scaling_worker
-
-        result = scaling_worker.run_mwms(spec)
-    elif kind == "scaling_ps":
-        from tfdist.bench import scaling_worker
-
-        result = scaling_worker.run_ps(spec)
-    elif kind == "allreduce":
-        from tfdist.bench import allreduce_worker
-
-        result = allreduce_worker.run(spec)
-    else:
-        raise ValueError(f"Unknown bench worker kind {kind!r}")
+    if spec["kind"] not in KINDS:
+        raise ValueError(f"Unknown bench worker kind {spec['kind']!r}")
+    module, function = KINDS[spec["kind"]]
+    result = getattr(importlib.import_module(module), function)(spec)
     if result is not None:  # ps tasks and PS workers serve and write nothing
         write_result(spec, {**result, "threads": pinned})
     return 0

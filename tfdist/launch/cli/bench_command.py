@@ -41,6 +41,7 @@ def run(args: Sequence[str]) -> int:
         "bucket_bytes": FLAGS.bucket_bytes,
         "allreduce_workers": FLAGS.allreduce_workers,
         "allreduce_max_bytes": FLAGS.allreduce_max_bytes,
+        "straggler_factor": FLAGS.straggler_factor,
     }
     results = runner.run(
         FLAGS.benchmarks or None,

@@ -180,7 +180,7 @@ flags.DEFINE_boolean(
 flags.DEFINE_integer(
     "threads_per_worker",
     None,
-    "bench scaling, allreduce: intra-op threads of each worker "
+    "bench scaling, allreduce, stragglers: intra-op threads of each worker "
     "process (default: cores / most workers).",
 )
 flags.DEFINE_list(
@@ -212,4 +212,10 @@ flags.DEFINE_integer("bucket_bytes", None, "bench scaling: passed to the Trainer
 flags.DEFINE_integer("allreduce_workers", None, "bench allreduce: worker processes (default 2).")
 flags.DEFINE_integer(
     "allreduce_max_bytes", None, "bench allreduce: largest message (default 64 MiB)."
+)
+flags.DEFINE_float(
+    "straggler_factor",
+    None,
+    "bench stragglers: worker 1 sleeps before each batch so that its step takes about this many "
+    "times as long (default 2).",
 )
