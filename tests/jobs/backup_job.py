@@ -3,7 +3,7 @@
     [tfdist launch --workers=2 [--max_restarts=1] --] python tests/jobs/backup_job.py \\
         STRATEGY OUT_DIR BACKUP_DIR [--die_at=BATCH | --sigterm_at=BATCH] [--die_task=worker-1]
         [--faults=KIND:TASK:UPDATE,...] [--watchdog=FLOOR,FACTOR] [--no_backup]
-        [--slow_input=SECONDS --slow_from=UPDATE --straggler_interval=SECONDS]
+        [--slow_input=BASE,SLOW --slow_from=UPDATE --straggler_interval=SECONDS]
 
 Trains a small MLP (with a counter of replica steps) on synthetic data with
 Trainer(backup_dir=..., backup_freq=2) under op determinism. With --die_at,
@@ -12,8 +12,8 @@ DIE_TASK's first attempt calls os._exit(3) after global batch BATCH; with
 --faults, attempt i of TASK hangs after optimizer update UPDATE of the i-th
 fault, alive: KIND ``callback`` blocks in a callback, ``input`` in a
 tf.py_function of its input pipeline, ``save`` inside a backup save, and
-``frozen`` stops itself with SIGSTOP. --slow_input sleeps that long per example
-in every task's input pipeline, and from update --slow_from on, twice that in
+``frozen`` stops itself with SIGSTOP. --slow_input=BASE,SLOW sleeps BASE seconds per
+example in every task's input pipeline, and from update --slow_from on, SLOW in
 DIE_TASK's (a straggler, for the straggler report). Each task writes
 OUT_DIR/<task>.npz (weights) and OUT_DIR/<task>.json.
 """
@@ -43,7 +43,7 @@ parser.add_argument(
 parser.add_argument("--faults", default="", help="KIND:TASK:UPDATE per attempt, comma separated")
 parser.add_argument("--watchdog", default="", help="FLOOR,FACTOR: the watchdog's options")
 parser.add_argument("--no_backup", action="store_true")
-parser.add_argument("--slow_input", type=float, default=0.0)
+parser.add_argument("--slow_input", default="", help="BASE,SLOW: seconds per example")
 parser.add_argument("--slow_from", type=int, default=0)
 parser.add_argument("--straggler_interval", type=float, default=0.0)
 parser.add_argument("--slow_trace", type=float, default=0.0, help="seconds per trace of the model")
@@ -132,7 +132,8 @@ def stall_or_pass(x):
         print(f"{task} input pipeline stuck", flush=True)
         threading.Event().wait()
     if args.slow_input:
-        time.sleep(args.slow_input * (2 if SLOW.is_set() and task == args.die_task else 1))
+        base, slow = (float(v) for v in args.slow_input.split(","))
+        time.sleep(slow if SLOW.is_set() and task == args.die_task else base)
     return x
 
 

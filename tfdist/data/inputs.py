@@ -47,7 +47,9 @@ class InputSource:
     Exactly one of ``dataset_fn`` (per-replica batches) or ``dataset`` (global
     batches) is set. ``element_spec`` describes one batch (its batch dimension
     may be ``None``); ``steps_per_epoch`` is the number of global batches in
-    one pass, or ``None`` when unknown.
+    one pass, or ``None`` when unknown. ``exact``: every input pipeline yields
+    exactly ``steps_per_epoch`` batches per replica in one pass (tfdist's own
+    training ``DatasetFn``), so no pipeline can run dry before the others.
     """
 
     global_batch_size: int
@@ -55,6 +57,7 @@ class InputSource:
     steps_per_epoch: int | None
     dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset] | None = None
     dataset: tf.data.Dataset | None = None
+    exact: bool = False
 
     def for_epoch(self, epoch: int) -> InputSource:
         """The source for one epoch: a DatasetFn is reseeded with ``seed + epoch``.
@@ -275,7 +278,9 @@ def as_input(
             )
         bound = data.bind(global_batch_size=gbs, training=training)
         spec = bound(input_context).element_spec
-        return InputSource(gbs, spec, bound.steps_per_epoch(), dataset_fn=bound)
+        return InputSource(
+            gbs, spec, bound.steps_per_epoch(), dataset_fn=bound, exact=bool(training)
+        )
 
     if isinstance(data, tf.data.Dataset):
         spec = data.element_spec

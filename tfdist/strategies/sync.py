@@ -107,6 +107,12 @@ class SyncRunner:
     reduces_step_outputs = True
 
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
+        if training and source.exact and source.dataset_fn is not None:
+            # TF syncs every multi-worker get_next of a finite input with an all-reduce of
+            # "has data" (in case one pipeline ran dry), so a worker's input wait would hold
+            # the others'. An exact source cannot run dry, and the loop takes exactly an epoch's
+            # steps: an endless stream drops that all-reduce, and each worker's wait is its own.
+            source = source.repeated()
         if source.dataset_fn is not None:
             return self.strategy.distribute_datasets_from_function(source.dataset_fn)
         return self.strategy.experimental_distribute_dataset(source.dataset)

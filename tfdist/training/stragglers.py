@@ -10,10 +10,12 @@ nvidia-resiliency-ext does for PyTorch:
   fastest worker's;
 * **individual**: the same over the worker's own best round so far.
 
-A worker whose relative score reaches ``threshold`` while the others wait at
-least ``min_wait`` of each step for it is a straggler. The report warns once
-per episode, naming the worker, its host, the slow section and what it costs
-everyone, and says when it catches up. The scores go to TensorBoard scalars
+A worker whose relative score reaches ``threshold`` while its extra work costs
+the others at least ``min_wait`` of each step, two rounds in a row, is a straggler
+(each round scores the last three windows; each worker's first, which holds
+its warm-up, is left out). The report warns once per episode, naming the
+worker, its host, the slow section and what it costs everyone, and says when
+it catches up. The scores go to TensorBoard scalars
 (under ``summary_dir``) and, with ``log_scores``, to the log every round.
 With ``restart_after``, an episode that lasts that many rounds stops the run
 as a SIGTERM would: every worker saves a backup and exits with code 75, so
@@ -22,11 +24,12 @@ that the scheduler restarts the job, without that node where it can.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdist.config import (
@@ -47,8 +50,9 @@ class StragglerOptions:
         interval: Seconds between rounds (each worker's sums since the last one).
         threshold: Relative score (work per update over the fastest worker's)
             from which a worker counts as slow.
-        min_wait: Fraction of each step the other workers must wait for it,
-            for it to count (a slow worker that costs nothing is not reported).
+        min_wait: Fraction of each step the others must lose to it, for it to
+            count: its work per update beyond the fastest worker's, over the
+            step time (a ratio of tiny times costs nothing and is not reported).
         log_scores: Also log every worker's scores each round (INFO).
         restart_after: Stop the run for a restart once an episode lasts this
             many rounds (needs a backup); None never stops.
@@ -70,6 +74,11 @@ class StragglerOptions:
         check_positive_int("StragglerOptions.restart_after", self.restart_after, allow_none=True)
 
 
+#: Rounds a worker must be slow (or fast again) in a row before an episode starts (or ends).
+CONFIRM = 2
+#: Windows per worker summed into each round's scores.
+SMOOTHING = 3
+
 #: The Trainer's default straggler report.
 DEFAULT_STRAGGLERS = StragglerOptions()
 
@@ -86,6 +95,12 @@ def per_update(clock: Mapping[str, float]) -> dict[str, float] | None:
     waited = exchange if math.isfinite(exchange) else sections["total"] - sections["work"]
     sections["wait_fraction"] = max(waited, 0.0) / sections["total"] if sections["total"] else 0.0
     return sections
+
+
+def _summed(windows: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    return {
+        k: sum(w[k] for w in windows) for k in ("updates", "input", "compute", "exchange", "total")
+    }
 
 
 def _slow_section(label: str, rounds: Mapping[str, dict[str, float]]) -> tuple[str, float, float]:
@@ -123,11 +138,19 @@ class StragglerReport:
         self._seen: dict[str, int] = {}
         self._best: dict[str, float] = {}
         self._episodes: dict[str, int] = {}
+        self._slow_rounds: dict[str, int] = {}
+        self._fast_rounds: dict[str, int] = {}
+        self._recent: dict[str, collections.deque] = {}
         self._rounds = 0
         self._writer: Any = None
 
     def tick(self, states: Mapping[str, Mapping[str, Any]]) -> None:
-        """Scores a round once every worker has published new sums since the last one."""
+        """Scores a round once every worker has published new sums since the last one.
+
+        Each worker's first sums (tracing, warm-up) are left out, and a round
+        scores the sums of each worker's last :data:`SMOOTHING` windows, so
+        that windows the workers cut at slightly different moments compare fairly.
+        """
         fresh = {
             label: s
             for label, s in states.items()
@@ -136,8 +159,13 @@ class StragglerReport:
         if len(fresh) < 2 or len(fresh) < len(states):
             return
         for label, s in fresh.items():
+            first = label not in self._seen
             self._seen[label] = s["clock"]["window"]
-        rounds = {label: per_update(s["clock"]) for label, s in fresh.items()}
+            if not first:
+                self._recent.setdefault(label, collections.deque(maxlen=SMOOTHING))
+                self._recent[label].append(s["clock"])
+        sums = {label: _summed(windows) for label, windows in self._recent.items()}
+        rounds = {label: per_update(c) for label, c in sums.items() if label in fresh}
         rounds = {label: r for label, r in rounds.items() if r is not None}
         if len(rounds) >= 2:
             self.score({label: {**r, "host": fresh[label]["host"]} for label, r in rounds.items()})
@@ -154,17 +182,27 @@ class StragglerReport:
                 "individual": r["work"] / self._best[label] if self._best[label] > 0 else 1.0,
                 "wait_fraction": r["wait_fraction"],
                 "others_wait": sum(others) / len(others),
+                # What the others lose to it: its work beyond the fastest worker's, per step.
+                "cost": (r["work"] - fastest) / r["total"] if r["total"] > 0 else 0.0,
+                **{f"{k}_ms": r[k] * 1e3 for k in ("input", "compute", "exchange", "total")},
             }
         for label in sorted(rounds):
             self._episode(label, rounds)
         self._publish()
 
     def _episode(self, label: str, rounds: Mapping[str, dict[str, Any]]) -> None:
+        """Counts ``label``'s slow rounds; an episode starts and ends after CONFIRM rounds."""
         s, o = self.scores[label], self.options
-        slow = s["relative"] >= o.threshold and s["others_wait"] >= o.min_wait
+        slow = s["relative"] >= o.threshold and s["cost"] >= o.min_wait
         if not slow:
-            if self._episodes.pop(label, 0):
+            self._slow_rounds[label] = 0
+            self._fast_rounds[label] = self._fast_rounds.get(label, 0) + 1
+            if self._fast_rounds[label] >= CONFIRM and self._episodes.pop(label, 0):
                 logger.warning("Straggler: %s caught up (score %.2f).", label, s["relative"])
+            return
+        self._fast_rounds[label] = 0
+        self._slow_rounds[label] = self._slow_rounds.get(label, 0) + 1
+        if self._slow_rounds[label] < CONFIRM and not self._episodes.get(label):
             return
         self._episodes[label] = self._episodes.get(label, 0) + 1
         if self._episodes[label] == 1:
@@ -196,7 +234,9 @@ class StragglerReport:
                 "Straggler scores: %s",
                 "; ".join(
                     f"{label} relative {s['relative']:.2f}, individual {s['individual']:.2f}, "
-                    f"waits {s['wait_fraction']:.0%}"
+                    f"waits {s['wait_fraction']:.0%} (ms per update: input {s['input_ms']:.1f}, "
+                    f"compute {s['compute_ms']:.1f}, exchange {s['exchange_ms']:.1f}, "
+                    f"step {s['total_ms']:.1f})"
                     for label, s in sorted(self.scores.items())
                 ),
             )
