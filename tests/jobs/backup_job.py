@@ -231,7 +231,9 @@ trainer = tfdist.Trainer(
     **watchdog_options,
 )
 train = tfdist.data.load("synthetic", num_examples=512)
-if any(f[0] == "input" for f in faults) or args.slow_input:
+if args.watchdog or args.slow_input:
+    # Examples pass through a tf.py_function that a fault can hang (every run with --watchdog,
+    # so that a reference run reads the same batches as a faulty one).
     train = dataclasses.replace(train, source=StallingSource(train.source))
 if args.slow_input:  # a small shuffle buffer, so that the slow-down is not all read ahead
     train = dataclasses.replace(train, shuffle_buffer_size=32)

@@ -1,0 +1,188 @@
+"""The progress watchdog and the straggler report: their rules, and single-process runs for real."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import tfdist
+from tests.helpers import REPO
+from tfdist.config import STUCK_EXIT_CODE
+from tfdist.training.health import check_health_options
+from tfdist.training.stragglers import StragglerOptions, StragglerReport
+from tfdist.training.watchdog import LearnedTimeouts, WatchdogOptions, blame
+
+JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")
+
+
+def test_a_section_gets_the_first_allowance_until_seen_then_a_learned_timeout():
+    timeouts = LearnedTimeouts(WatchdogOptions(factor=5, floor=2, ceiling=100, first=60))
+    assert timeouts.timeout("update") == 60  # the first call traces
+    timeouts.observe("update", 30.0)  # a slow first trace
+    assert timeouts.timeout("update") == 100  # 5 x 30 = 150, capped by the ceiling
+    timeouts.observe("update", 0.01)
+    # Once a second call was seen, the first (the trace) no longer counts: 5 x 0.01 -> floor.
+    assert timeouts.timeout("update") == 2
+    timeouts.observe("update", 1.0)
+    assert timeouts.timeout("update") == 5
+    assert timeouts.timeout("backup") == 60  # each section learns on its own
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"floor": 0}, "WatchdogOptions.floor"),
+        ({"factor": 0.5}, "WatchdogOptions.factor"),
+        ({"floor": 10, "ceiling": 5}, "WatchdogOptions.ceiling"),
+        ({"first": float("inf")}, "WatchdogOptions.first"),
+        ({"exit": "yes"}, "WatchdogOptions.exit"),
+    ],
+)
+def test_bad_watchdog_options_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"argument `{field}`"):
+        WatchdogOptions(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"threshold": 1.0}, "StragglerOptions.threshold"),
+        ({"min_wait": 1.5}, "StragglerOptions.min_wait"),
+        ({"interval": -1}, "StragglerOptions.interval"),
+        ({"restart_after": 0}, "StragglerOptions.restart_after"),
+    ],
+)
+def test_bad_straggler_options_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"argument `{field}`"):
+        StragglerOptions(**kwargs)
+
+
+def test_the_trainer_refuses_what_is_not_an_option_object_and_a_restart_without_a_backup():
+    with pytest.raises(ValueError, match="argument `watchdog`"):
+        check_health_options(30, None, None)
+    with pytest.raises(ValueError, match="argument `stragglers`"):
+        check_health_options(None, {"threshold": 2}, None)
+    with pytest.raises(ValueError, match="give backup_dir= too"):
+        check_health_options(None, StragglerOptions(restart_after=3), None)
+    assert tfdist.WatchdogOptions is WatchdogOptions and tfdist.StragglerOptions is StragglerOptions
+
+
+def _state(seq, section, update, *, published=100.0, py_function=False):
+    return {
+        "seq": seq,
+        "section": section,
+        "update": update,
+        "for": 12.0,
+        "host": "node-a",
+        "published": published,
+        "py_function": py_function,
+    }
+
+
+def test_blame_names_the_task_behind_then_a_python_stall_then_a_silent_one():
+    behind = {"worker:0": _state(90, "vote", 22), "worker:1": _state(89, "callbacks", 21)}
+    assert blame(behind, stale_after=5, now=101).startswith(
+        "worker:1 on node-a is stuck in callbacks at update 21 for 12 s, while the others "
+        "wait in vote"
+    )
+    python = {"worker:0": _state(50, "update", 9), "worker:1": _state(50, "update", 9)}
+    python["worker:1"]["py_function"] = True
+    assert blame(python, stale_after=5, now=101).startswith(
+        "worker:1 on node-a is stuck in a tf.py_function"
+    )
+    frozen = {"worker:0": _state(50, "update", 9), "worker:1": _state(50, "update", 9, published=80)}
+    assert "worker:1 on node-a stopped reporting 21 s ago" in blame(frozen, stale_after=5, now=101)
+    even = {"worker:0": _state(50, "update", 9), "worker:1": _state(50, "update", 9)}
+    assert blame(even, stale_after=5, now=101).startswith("every task waits in update at update 9")
+
+
+def _round(report, works, *, step=0.05, exchange=None):
+    """Feeds ``report`` one window per worker: seconds of input per update, 100 updates."""
+    states = {}
+    for i, work in enumerate(works):
+        label = f"worker:{i}"
+        window = report._seen.get(label, 0) + 1
+        waited = step - work if exchange is None else exchange
+        clock = {"window": window, "updates": 100.0, "input": 100 * work, "compute": 0.0}
+        clock.update(exchange=100 * waited, total=100 * step)
+        states[label] = {"host": f"host-{i}", "clock": clock}
+    report.tick(states)
+
+
+def test_a_slow_worker_is_named_once_per_episode_with_its_section_and_cost(tmp_path):
+    report = StragglerReport(StragglerOptions(), summary_dir=str(tmp_path / "tb"))
+    _round(report, [0.01, 0.011])  # warm-up: left out
+    for _ in range(3):
+        _round(report, [0.01, 0.011])  # balanced
+    assert report.warnings == []
+    for _ in range(4):
+        _round(report, [0.01, 0.025], step=0.03)  # worker:1 reads its input 2.5x slower
+    assert len(report.warnings) == 1  # once per episode
+    # Named at the second slow round, over the last three windows (one balanced, two slow).
+    assert re.match(
+        r"Straggler: worker:1 on host-1 reads its input in 20 ms against 10 ms per update; the "
+        r"others wait 7\d% of each step for it \(score 2\.\d+ against the fastest worker",
+        report.warnings[0],
+    ), report.warnings
+    assert report.scores["worker:1"]["relative"] == pytest.approx(2.5, rel=0.2)
+    for _ in range(5):  # the slow windows leave the last three, then two fast rounds confirm
+        _round(report, [0.01, 0.01])
+    assert not report._episodes  # caught up
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tb"))
+
+
+def test_a_slow_worker_that_costs_the_others_little_is_not_reported():
+    report = StragglerReport(StragglerOptions())
+    for _ in range(6):  # 3x the fastest worker's input, but 0.2 ms of a 50 ms step
+        _round(report, [0.0001, 0.0003])
+    assert report.warnings == [] and not report.stop_requested
+
+
+def test_restart_after_asks_to_stop_once_an_episode_lasts_that_many_rounds():
+    report = StragglerReport(StragglerOptions(restart_after=3))
+    _round(report, [0.01, 0.01])
+    for rounds in range(1, 6):
+        _round(report, [0.01, 0.04])
+        if rounds < 4:  # the episode starts at the 2nd slow round, stops at its 3rd
+            assert not report.stop_requested
+    assert report.stop_requested
+
+
+def _job(out, *extra):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    env.pop("TF_CONFIG", None)
+    return subprocess.run(
+        [sys.executable, JOB, "one_device", str(out), str(out / "backup"), *extra],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.multiprocess
+def test_no_false_alarm_on_a_slow_first_trace_or_slow_saves(tmp_path):
+    # Timeouts of 2 s (floor), 5 x the longest seen: each trace takes 2.5 s (over the floor, under
+    # the first allowance) and the first two saves 2.5 s each (the first under the allowance, the
+    # second under 5 x the first). 48 updates, a backup every 2.
+    proc = _job(tmp_path, "--watchdog=2,5", "--slow_trace=2.5", "--slow_saves=2.5,2")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "watchdog" not in proc.stdout
+    assert json.loads((tmp_path / "worker-0.json").read_text())["iterations"] == 48
+
+
+@pytest.mark.multiprocess
+def test_a_hang_without_a_backup_ends_with_the_stuck_code_a_clear_error_and_the_stacks(tmp_path):
+    # Bound: the callback section's timeout is the 2 s floor; the check runs every 0.5 s.
+    proc = _job(tmp_path, "--watchdog=2,5", "--no_backup", "--faults=callback:worker-0:5")
+    assert proc.returncode == STUCK_EXIT_CODE, proc.stdout[-3000:]
+    assert "tfdist watchdog on worker:0" in proc.stdout
+    assert "no progress in callbacks at update 4 for 2 s; its timeout is 2 s" in proc.stdout
+    assert "which starts over: this fit has no backup_dir" in proc.stdout
+    # The stacks of all threads: the main thread is where the callback blocks.
+    assert "in inject" in proc.stdout and "in on_train_batch_end" in proc.stdout

@@ -1,0 +1,166 @@
+"""Stuck and slow workers, for real: two MultiWorkerMirrored workers under ``tfdist launch``.
+
+One launch lives through four hangs in a row, each in a fresh attempt that
+resumed from the last backup: a worker blocked in a callback, a worker whose
+input pipeline's ``tf.py_function`` never returns, the chief blocked inside a
+backup save, and a worker frozen with SIGSTOP. Each must be found (by the
+watchdog, or by TF's heartbeats for the frozen one), the group restarted, and
+the run must end bitwise equal to one that never hung. Another launch slows
+one worker's input pipeline halfway through and checks that the straggler
+report names it, and only then.
+"""
+
+import datetime
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from tests.helpers import REPO, run_tfdist
+
+JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")
+pytestmark = [pytest.mark.multiprocess, pytest.mark.fault, pytest.mark.slow]
+
+FLOOR = 8  # the watchdog's floor in these runs, in seconds (factor 5: steps take milliseconds)
+#: The longest a hang may go unnoticed here: the floor, a check every second, the 2.5 s the
+#: finder waits for the others' last states, and the exits.
+RESTART_BOUND = FLOOR + 20
+FAULTS = (
+    ("callback", "worker-1", 10),
+    ("input", "worker-1", 18),
+    ("save", "worker-0", 28),
+    ("frozen", "worker-1", 38),
+)
+
+
+def _launch(out, *extra, restarts=0):
+    return run_tfdist(
+        "launch",
+        "--workers=2",
+        f"--max_restarts={restarts}",
+        "--",
+        sys.executable,
+        JOB,
+        "multi_worker",
+        str(out),
+        str(out / "backup"),
+        *extra,
+        timeout=600,
+    )
+
+
+def _weights(path):
+    with np.load(path) as f:
+        return [f[f"arr_{i}"] for i in range(len(f.files))]
+
+
+@pytest.fixture(scope="module")
+def four_hangs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hangs")
+    faults = ",".join(f"{kind}:{task}:{update}" for kind, task, update in FAULTS)
+    proc = _launch(out, f"--faults={faults}", f"--watchdog={FLOOR},5", restarts=len(FAULTS))
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    return out, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def never_hung(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    proc = _launch(out, f"--watchdog={FLOOR},5")  # also: no false alarm over a whole run
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "watchdog" not in proc.stdout
+    return [_weights(out / f"worker-{i}.npz") for i in range(2)]
+
+
+def _restart_delay(log, kind):
+    """Seconds from ``kind``'s fault to the launcher's next group restart."""
+    fault = re.search(rf"{kind} fault after update \d+ at ([\d.]+)", log)
+    assert fault, log[-3000:]
+    started = float(fault.group(1))
+    after = log[fault.end() :]
+    restart = re.search(r"^W\d{4} (\d\d:\d\d:\d\d\.\d+) .*restarting the whole group", after, re.M)
+    assert restart, after[-3000:]
+    day = datetime.datetime.fromtimestamp(started).date()
+    at = datetime.datetime.combine(day, datetime.time.fromisoformat(restart.group(1)))
+    return (at.timestamp() - started) % 86400
+
+
+def _found(log, text):
+    assert text in log, log[-5000:]
+
+
+def test_a_worker_blocked_in_a_callback_is_named_and_the_group_restarts(four_hangs):
+    _, log = four_hangs
+    _found(log, "Stuck: worker:1 on ")
+    _found(log, " is stuck in callbacks at update 9 for ")
+    assert re.search(rf"no progress in (vote|callbacks) at update \d+ for \d+ s", log)
+    _found(log, "exited with code 76; restarting the whole group (restart 1 of 4)")
+    assert _restart_delay(log, "callback") < RESTART_BOUND
+
+
+def test_a_worker_stuck_in_its_input_pipeline_is_named(four_hangs):
+    _, log = four_hangs
+    _found(log, "worker-1 input pipeline stuck")
+    _found(log, "is stuck in a tf.py_function (its input pipeline's Python, say) in update")
+    _found(log, "(restart 2 of 4)")
+    assert _restart_delay(log, "input") < RESTART_BOUND
+
+
+def test_the_chief_stuck_in_a_backup_save_is_named(four_hangs):
+    _, log = four_hangs
+    _found(log, "worker-0 stuck in the backup save at update 28")
+    _found(log, "Stuck: worker:0 on ")
+    _found(log, " is stuck in backup at update 28 for ")
+    _found(log, "(restart 3 of 4)")
+    assert _restart_delay(log, "save") < RESTART_BOUND
+
+
+def test_a_frozen_worker_stops_the_group_and_it_restarts(four_hangs):
+    _, log = four_hangs
+    _found(log, "worker-1 frozen fault after update 38")
+    # TF's heartbeats or the watchdog (a task that stopped reporting), whichever comes first.
+    assert "stopped sending heartbeats" in log or "stopped reporting" in log, log[-4000:]
+    _found(log, "(restart 4 of 4)")
+    assert _restart_delay(log, "frozen") < RESTART_BOUND + 30  # TF's heartbeat timeout
+
+
+def test_every_stack_is_dumped_and_each_attempt_resumes_where_the_backup_stood(four_hangs):
+    out, log = four_hangs
+    assert log.count("Python stacks of all threads follow") >= 6  # both tasks, three hangs
+    for update in (10, 20, 26, 38):  # the backups (every 2 updates) before each fault
+        assert re.search(rf"resuming at epoch \d, micro-batch \d+ \({update} updates done\)", log)
+    assert json.loads((out / "worker-0.json").read_text())["attempt"] == 5
+
+
+def test_after_four_hangs_the_weights_equal_a_run_that_never_hung_bitwise(four_hangs, never_hung):
+    out, _ = four_hangs
+    for i in range(2):
+        for a, b in zip(_weights(out / f"worker-{i}.npz"), never_hung[i]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_worker_slowed_in_its_input_pipeline_is_named_and_only_then(tmp_path):
+    # Every worker reads an example in 0.2 ms (hidden by prefetching); from update 96 of 160,
+    # worker-1 takes 1.8 ms, about twice its step. Rounds every 0.5 s; the report scores the
+    # last three windows and needs two slow rounds: bound 5 s.
+    proc = _launch(
+        tmp_path,
+        "--slow_input=0.0002,0.0018",
+        "--slow_from=96",
+        "--straggler_interval=0.5",
+        "--epochs=10",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    slowed = float((tmp_path / "worker-0.slowed").read_text())
+    warning = json.loads((tmp_path / "worker-0.straggler").read_text())
+    assert warning["time"] > slowed, warning  # nothing before: the balanced part is quiet
+    assert warning["time"] - slowed < 5.0, proc.stdout[-3000:]
+    assert re.match(
+        r"Straggler: worker:1 on \S+ reads its input in \d+ ms against \d+ ms per update; the "
+        r"others wait \d+% of each step for it",
+        warning["message"],
+    ), warning
+    assert "Straggler scores: worker:0 relative" in proc.stdout  # log_scores: every round
