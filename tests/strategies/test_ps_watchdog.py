@@ -43,12 +43,12 @@ class _Hang:
     reads that element (``InputContext.input_pipeline_id`` is 0 on every PS worker).
     """
 
-    def __init__(self, at):
+    def __init__(self, *at):
         self.at, self._reads = at, itertools.count(1)  # next() is atomic: pipelines run at once
         self.release, self.started = threading.Event(), None
 
     def __call__(self, x):
-        if next(self._reads) == self.at:
+        if next(self._reads) in self.at:
             self.started = time.monotonic()
             self.release.wait(300)
         return x
@@ -87,7 +87,7 @@ class _Warnings(logging.Handler):
 
 
 def test_a_worker_stuck_in_its_input_pipeline_is_treated_as_lost(short_timeouts):
-    hang = _Hang(at=40)  # past both workers' first calls, mid first epoch
+    hang = _Hang(40)  # past both workers' first calls, mid first epoch
     trainer = _trainer(ps_strategy(num_workers=2, num_ps=1))
     warnings = _Warnings(trainer.runner)
     logging.getLogger("tfdist.strategies.ps_watchdog").addHandler(warnings)
