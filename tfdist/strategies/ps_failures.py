@@ -2,7 +2,9 @@
 
 A failed ps task stops training (the variables live there) with a
 ``ParameterServerFailure`` naming it; a worker that stopped after running a
-function only loses that function's logs (``lost_worker_output``).
+function only loses that function's logs (``lost_worker_output``). A stuck
+worker is treated as lost (``ps_watchdog``), unless it was the last one left:
+then the fit fails with ``WorkerStuckError``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ _TASK_RE = re.compile(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)")
 
 class ParameterServerFailure(RuntimeError):
     """A parameter server failed; training cannot go on without its variables."""
+
+
+class WorkerStuckError(RuntimeError):
+    """A worker's training call never finished and no other worker was left to run it."""
 
 
 def raise_clearly(error: Exception) -> None:

@@ -15,7 +15,8 @@ metric variables at the epoch end.
 
 Evaluation runs on the coordinator itself, reading the variables from the ps
 tasks: each validation example is counted exactly once. Failures are reported
-as ``ps_failures`` describes.
+as ``ps_failures`` describes. Each worker's finished calls are counted, and a
+worker whose call never finishes is treated as lost (``ps_watchdog``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import tensorflow as tf
@@ -34,9 +35,11 @@ from tfdist._compat.runtime import ps_num_workers
 from tfdist.cluster import task_label
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
+from tfdist.strategies import ps_watchdog
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn
 from tfdist.strategies.ps_failures import ParameterServerFailure as ParameterServerFailure
 from tfdist.strategies.ps_failures import lost_worker_output, raise_clearly
+from tfdist.strategies.ps_watchdog import StuckWorkerTimeouts, WorkerWatch
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +63,32 @@ def coordinator_for(strategy: tf.distribute.Strategy) -> Any:
 
 
 class PSRunner:
-    """Runs replica steps on a ParameterServerStrategy through a ClusterCoordinator."""
+    """Runs replica steps on a ParameterServerStrategy through a ClusterCoordinator.
 
-    def __init__(self, strategy: tf.distribute.Strategy) -> None:
+    Args:
+        strategy: A ``ParameterServerStrategy``.
+        stuck_timeouts: When a worker's running call counts as stuck (see
+            ``StuckWorkerTimeouts``). By default ``ps_watchdog.DEFAULT_TIMEOUTS``:
+            10 x the longest call, within 120 s to 30 min. None watches no
+            calls: no stuck workers found, no update counts.
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        *,
+        stuck_timeouts: StuckWorkerTimeouts | None | Literal["default"] = "default",
+    ) -> None:
+        if stuck_timeouts == "default":
+            stuck_timeouts = ps_watchdog.DEFAULT_TIMEOUTS
         self.strategy = strategy
         self.coordinator = coordinator_for(strategy)
         self.num_workers = ps_num_workers(strategy)
+        self.watch = (
+            None
+            if stuck_timeouts is None
+            else WorkerWatch(self.coordinator, self.num_workers, stuck_timeouts)
+        )
         self.max_in_flight = 2 * self.num_workers
         self._model: Any = None  # whose metrics the train functions sum per execution
         self._metric_vars: list[Any] = []
@@ -257,6 +280,8 @@ class PSRunner:
         count = (
             int(num_calls) if num_calls <= MAX_UNROLLED_STEPS else tf.constant(num_calls, tf.int32)
         )
+        if self.watch is not None:
+            self.watch.attach()
         with self._failures():
             return self.coordinator.schedule(fn, args=(iterator, count))
 
@@ -285,6 +310,23 @@ class PSRunner:
             values = {**values, **self._metric_logs(self._sums)}
         self._last_logs = as_floats(values)
         return dict(self._last_logs)
+
+    def worker_update_counts(self) -> dict[str, int]:
+        """Training calls each worker finished, e.g. ``{"worker:0": 61, "worker:1": 59}``.
+
+        Each call runs ``steps_per_execution`` updates. Empty when calls are not watched.
+        """
+        return self.watch.update_counts() if self.watch else {}
+
+    def worker_update_rates(self, *, log: bool = False) -> dict[str, float]:
+        """Each worker's finished calls per second over the last 30 s, e.g. ``{"worker:0": 9.5}``.
+
+        Args:
+            log: Also log them, with the counts (INFO, ``tfdist.strategies.ps_watchdog``).
+        """
+        if self.watch is None:
+            return {}
+        return self.watch.log_update_rates() if log else self.watch.update_rates()
 
     def join(self) -> None:
         with self._failures():
