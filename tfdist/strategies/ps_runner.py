@@ -100,6 +100,9 @@ class PSRunner:
         # coordinator. Weak: the Trainer owns the functions, the runner only recognises them.
         self._scheduled: weakref.WeakSet[Any] = weakref.WeakSet()
 
+    #: Sections of the loop the fit's watchdog leaves to the runner: the coordinator waits there
+    #: for workers' calls, which the runner times itself (a stuck worker is lost, not a hang).
+    watched_sections = ("update", "evaluate")
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
     #: ``steps_per_execution="auto"``: one step per scheduled closure. Calls already overlap

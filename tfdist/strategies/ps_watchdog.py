@@ -19,8 +19,8 @@ From that come
 A stuck worker is logged (a WARNING naming it, e.g. ``worker:1``, and for how
 long) and treated as lost: its call is cancelled on the coordinator and runs
 again on another worker, and it gets no more calls from this coordinator (a
-new ``make_strategy`` starts with every worker). If it was the last worker
-left, the fit fails with ``WorkerStuckError`` instead, for a restart.
+new ``make_strategy`` starts with every worker). When every worker is stuck,
+nothing is left to re-run the call on: that case is not handled yet.
 Detection takes the timeout plus at most one polling interval
 (``floor / 10``, between 0.05 s and 1 s).
 """

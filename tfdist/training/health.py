@@ -127,8 +127,18 @@ class Health:
             else None
         )
         self.straggler_options = stragglers if timed else None
+        # Parameter servers: the runner times each worker's calls itself (stuck workers are
+        # lost, not hangs of the loop), and its update rates are the straggler report.
+        self.unwatched = set(getattr(runner, "watched_sections", ()))
+        rates = getattr(runner, "worker_update_rates", None)
+        self.rates = rates if stragglers is not None and rates is not None else None
+        self.rate_options = stragglers if self.rates is not None else None
+        self.summary_dir = summary_dir
+        self._rate_writer: Any = None
+        self._last_rates = time.monotonic()
         self.interval = min(
-            watchdog.interval if watchdog else 1e9, stragglers.interval if timed else 1e9
+            watchdog.interval if watchdog else 1e9,
+            stragglers.interval if timed or self.rates is not None else 1e9,
         )
         self._current: tuple[str, int, int, float] | None = None
         self._seq = 0
@@ -137,6 +147,7 @@ class Health:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._main = threading.get_ident()
+        self._started = time.monotonic()
         self._fired = False
 
     @property
@@ -196,6 +207,9 @@ class Health:
             self.board.put(f"task/{self.label}", state)
             if self.report is not None:
                 self.report.tick(self.board.states())
+            if self.rates is not None and now - self._last_rates >= self.rate_options.interval:
+                self._last_rates = now
+                self._report_rates()
             if self.watchdog is not None and not self._fired:
                 self._check(now)
 
@@ -207,11 +221,27 @@ class Health:
         if self._current is None:
             return
         section, update, _, began = self._current
+        if section in self.unwatched:
+            return
         limit = self.timeouts.timeout(section)
         if now - began > limit:
             why = f"no progress in {section} at update {update} for {now - began:.0f} s"
             self.board.put("fired", {"by": self.label, "why": f"{why}, timeout {limit:.0f} s"})
             self._hang(f"{why}; its timeout is {limit:.0f} s ({self._learned(section)})")
+
+    def _report_rates(self) -> None:
+        """Parameter servers: each worker's updates per second, logged on request and as scalars."""
+        rates = self.rates(log=self.rate_options.log_scores)
+        if self.summary_dir is None or not rates:
+            return
+        import tensorflow as tf
+
+        if self._rate_writer is None:
+            self._rate_writer = tf.summary.create_file_writer(self.summary_dir)
+        with self._rate_writer.as_default(step=int(time.monotonic() - self._started)):
+            for label, rate in rates.items():
+                tf.summary.scalar(f"stragglers/update_rate/{label.replace(':', '_')}", rate)
+        self._rate_writer.flush()
 
     def _learned(self, section: str) -> str:
         o = self.watchdog
@@ -274,6 +304,17 @@ def fit_health(
     has_backup: bool,
 ) -> Health:
     """The :class:`Health` of one fit; the straggler scalars go beside a TensorBoard's logs."""
+    watch = getattr(runner, "watch", None)
+    if watch is not None and watchdog is not None:
+        # Parameter servers: the same numbers time each worker's calls (a stuck one is lost).
+        from tfdist.strategies.ps_watchdog import StuckWorkerTimeouts
+
+        watch.timeouts = StuckWorkerTimeouts(
+            factor=watchdog.factor,
+            floor=watchdog.floor,
+            ceiling=watchdog.ceiling,
+            first=watchdog.first,
+        )
     summary_dir = None
     for callback in callbacks:
         log_dir = getattr(callback, "log_dir", None)
