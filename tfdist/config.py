@@ -146,6 +146,56 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 LR_SCALINGS = ("none", "linear")
 
 
+#: ``tfdist train --watchdog=...``: the ``WatchdogOptions`` fields a flag may set, and their types.
+WATCHDOG_FIELDS = {
+    "factor": float,
+    "floor": float,
+    "ceiling": float,
+    "first": float,
+    "exit": bool,
+    "poll": float,
+}
+#: ``tfdist train --stragglers=...``: the ``StragglerOptions`` fields a flag may set.
+STRAGGLER_FIELDS = {
+    "interval": float,
+    "threshold": float,
+    "min_wait": float,
+    "log_scores": bool,
+    "restart_after": int,
+}
+
+
+def parse_options(name: str, text: str, fields: dict[str, type]) -> dict[str, Any] | None:
+    """An option flag's text as keyword arguments: ``"off"`` is None, ``""`` the defaults.
+
+    Args:
+        name: The flag, for errors (``watchdog``).
+        text: ``"off"``, ``""``, or ``key=value`` pairs separated by commas
+            (``"floor=60,factor=5"``; booleans are ``true``/``false``).
+        fields: The keys allowed, with their types.
+    """
+    if text == "off":
+        return None
+    kwargs: dict[str, Any] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = pair.partition("=")
+        expected = f"'off', or key=value pairs of: {', '.join(fields)}"
+        if key not in fields or not value:
+            raise invalid_argument(name, text, expected)
+        kind = fields[key]
+        try:
+            if kind is bool:
+                if value.lower() not in ("true", "false"):
+                    raise ValueError(value)
+                kwargs[key] = value.lower() == "true"
+            else:
+                kwargs[key] = kind(value)
+        except ValueError:
+            words = {bool: "true or false", int: "an integer", float: "a number"}[kind]
+            raise invalid_argument(name, text, f"{key}= to be {words}") from None
+    return kwargs
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Options of one ``tfdist train`` job, validated once on construction.
@@ -183,6 +233,8 @@ class TrainConfig:
     backup_freq: int | None = None
     seed: int = 0
     verbose: int = 2
+    watchdog: str = ""
+    stragglers: str = ""
 
     def __post_init__(self) -> None:
         check_choice("strategy", self.strategy, STRATEGY_NAMES)
@@ -211,6 +263,15 @@ class TrainConfig:
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             raise invalid_argument("learning_rate", self.learning_rate, "a positive number")
         check_directory("model_dir", self.model_dir)
+        parse_options("watchdog", self.watchdog, WATCHDOG_FIELDS)
+        stragglers = parse_options("stragglers", self.stragglers, STRAGGLER_FIELDS)
+        if stragglers and stragglers.get("restart_after") and not self.backup_dir:
+            raise invalid_argument(
+                "stragglers",
+                self.stragglers,
+                "no restart_after without backup_dir",
+                note="Stopping for a straggler saves a backup to resume from: set backup_dir.",
+            )
         if isinstance(self.verbose, bool) or self.verbose not in (0, 1, 2):
             raise invalid_argument(
                 "verbose", self.verbose, "0 (silent), 1 (progress bar) or 2 (one line per epoch)"

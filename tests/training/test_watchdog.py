@@ -186,3 +186,28 @@ def test_a_hang_without_a_backup_ends_with_the_stuck_code_a_clear_error_and_the_
     assert "which starts over: this fit has no backup_dir" in proc.stdout
     # The stacks of all threads: the main thread is where the callback blocks.
     assert "in inject" in proc.stdout and "in on_train_batch_end" in proc.stdout
+
+
+def test_the_cli_flags_become_the_option_objects_and_bad_ones_name_the_flag():
+    from tfdist.config import TrainConfig
+    from tfdist.launch.train import health_options
+
+    assert health_options(TrainConfig()) == {}  # the Trainer's defaults
+    options = health_options(
+        TrainConfig(watchdog="floor=60,factor=5,exit=false", stragglers="off")
+    )
+    assert options == {
+        "watchdog": WatchdogOptions(floor=60.0, factor=5.0, exit=False),
+        "stragglers": None,
+    }
+    assert health_options(TrainConfig(stragglers="interval=2,log_scores=true"))["stragglers"] == (
+        StragglerOptions(interval=2.0, log_scores=True)
+    )
+    with pytest.raises(ValueError, match=r"argument `watchdog`.*key=value pairs of: factor, floor"):
+        TrainConfig(watchdog="timeout=60")
+    with pytest.raises(ValueError, match=r"argument `stragglers`.*restart_after= to be an integer"):
+        TrainConfig(stragglers="restart_after=soon")
+    with pytest.raises(ValueError, match="set backup_dir"):
+        TrainConfig(stragglers="restart_after=3")
+    with pytest.raises(ValueError, match=r"argument `WatchdogOptions.floor`"):
+        health_options(TrainConfig(watchdog="floor=-1"))

@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-from tfdist.config import TrainConfig
+from tfdist.config import STRAGGLER_FIELDS, WATCHDOG_FIELDS, TrainConfig, parse_options
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,23 @@ def _strategy_options(config: TrainConfig) -> dict[str, Any]:
         }
         return {k: v for k, v in options.items() if v is not None}
     return {}
+
+
+def health_options(config: TrainConfig) -> dict[str, Any]:
+    """The Trainer's ``watchdog`` and ``stragglers`` from the config's flags (absent: defaults)."""
+    from tfdist.training.stragglers import StragglerOptions
+    from tfdist.training.watchdog import WatchdogOptions
+
+    options: dict[str, Any] = {}
+    for name, kind, fields in (
+        ("watchdog", WatchdogOptions, WATCHDOG_FIELDS),
+        ("stragglers", StragglerOptions, STRAGGLER_FIELDS),
+    ):
+        text = getattr(config, name)
+        if text:
+            kwargs = parse_options(name, text, fields)
+            options[name] = None if kwargs is None else kind(**kwargs)
+    return options
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
@@ -87,6 +104,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         warmup_epochs=config.warmup_epochs,
         backup_dir=config.backup_dir,
         backup_freq=config.backup_freq if config.backup_freq is not None else "epoch",
+        **health_options(config),
     )
     start = time.perf_counter()
     history = trainer.fit(

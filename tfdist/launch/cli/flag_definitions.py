@@ -91,6 +91,18 @@ flags.DEFINE_integer(
     None,
     "With --backup_dir: optimizer updates between backups (default: each epoch).",
 )
+flags.DEFINE_string(
+    "watchdog",
+    "",
+    "train: the progress watchdog, 'off' or WatchdogOptions fields as key=value pairs, e.g. "
+    "floor=60,factor=5 (a hang: stacks dumped, exit 76, the launcher restarts from the backup).",
+)
+flags.DEFINE_string(
+    "stragglers",
+    "",
+    "train: the straggler report, 'off' or StragglerOptions fields as key=value pairs, e.g. "
+    "interval=5,log_scores=true,restart_after=3.",
+)
 flags.DEFINE_integer("seed", _DEFAULT.seed, "Random seed.")
 flags.DEFINE_integer("verbose", _DEFAULT.verbose, "0 silent, 1 progress bar, 2 one line per epoch.")
 # launch (and manifest)

@@ -43,6 +43,8 @@ def train_config() -> TrainConfig:
         backup_freq=FLAGS.backup_freq,
         seed=FLAGS.seed,
         verbose=FLAGS.verbose,
+        watchdog=FLAGS.watchdog,
+        stragglers=FLAGS.stragglers,
     )
 
 
