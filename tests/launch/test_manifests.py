@@ -273,6 +273,8 @@ def test_slurm_script_with_parameter_servers_and_requeue():
     assert (
         'scontrol requeue "$SLURM_JOB_ID"' in text and '"${SLURM_RESTART_COUNT:-0}" -lt 2' in text
     )
+    # A preemption (75) and a hang the watchdog found (76) requeue; other failures do not.
+    assert '{ [ "$rc" -eq 75 ] || [ "$rc" -eq 76 ]; }' in text
     # The roles the script exports give a valid cluster to each rank.
     env = {
         "SLURM_JOB_ID": "3",

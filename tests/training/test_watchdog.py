@@ -93,7 +93,10 @@ def test_blame_names_the_task_behind_then_a_python_stall_then_a_silent_one():
     assert blame(python, stale_after=5, now=101).startswith(
         "worker:1 on node-a is stuck in a tf.py_function"
     )
-    frozen = {"worker:0": _state(50, "update", 9), "worker:1": _state(50, "update", 9, published=80)}
+    frozen = {
+        "worker:0": _state(50, "update", 9),
+        "worker:1": _state(50, "update", 9, published=80),
+    }
     assert "worker:1 on node-a stopped reporting 21 s ago" in blame(frozen, stale_after=5, now=101)
     even = {"worker:0": _state(50, "update", 9), "worker:1": _state(50, "update", 9)}
     assert blame(even, stale_after=5, now=101).startswith("every task waits in update at update 9")
@@ -193,9 +196,7 @@ def test_the_cli_flags_become_the_option_objects_and_bad_ones_name_the_flag():
     from tfdist.launch.train import health_options
 
     assert health_options(TrainConfig()) == {}  # the Trainer's defaults
-    options = health_options(
-        TrainConfig(watchdog="floor=60,factor=5,exit=false", stragglers="off")
-    )
+    options = health_options(TrainConfig(watchdog="floor=60,factor=5,exit=false", stragglers="off"))
     assert options == {
         "watchdog": WatchdogOptions(floor=60.0, factor=5.0, exit=False),
         "stragglers": None,

@@ -96,7 +96,7 @@ def test_a_worker_blocked_in_a_callback_is_named_and_the_group_restarts(four_han
     _, log = four_hangs
     _found(log, "Stuck: worker:1 on ")
     _found(log, " is stuck in callbacks at update 9 for ")
-    assert re.search(rf"no progress in (vote|callbacks) at update \d+ for \d+ s", log)
+    assert re.search(r"no progress in (vote|callbacks) at update \d+ for \d+ s", log)
     _found(log, "exited with code 76; restarting the whole group (restart 1 of 4)")
     assert _restart_delay(log, "callback") < RESTART_BOUND
 

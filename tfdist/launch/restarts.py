@@ -7,6 +7,8 @@ task that fails:
 * exit code 75 (:data:`~tfdist.config.PREEMPTED_EXIT_CODE`): it saved a backup
   on SIGTERM and asks for a restart, which does not count against
   ``max_restarts``;
+* exit code 76 (:data:`~tfdist.config.STUCK_EXIT_CODE`): the watchdog found a
+  hang; a failure like any other (below), logged as such;
 * otherwise, while restarts are left: under parameter servers the failed
   worker alone, else the whole group;
 * no restarts left: a parameter-server worker is given up while other workers

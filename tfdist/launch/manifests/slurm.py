@@ -27,6 +27,7 @@ from typing import Any
 from tfdist.cluster import SLURM_PORT_BASE, SLURM_PORT_BLOCKS, SLURM_PORTS_PER_JOB
 from tfdist.config import (
     PREEMPTED_EXIT_CODE,
+    STUCK_EXIT_CODE,
     check_non_negative_int,
     check_positive_int,
     invalid_argument,
@@ -207,11 +208,11 @@ def slurm_script(
         lines += [shlex.join([*srun, *command]), "rc=$?"]
     if max_restarts:
         lines += [
-            f'if [ "$rc" -eq {PREEMPTED_EXIT_CODE} ] && '
+            f'if {{ [ "$rc" -eq {PREEMPTED_EXIT_CODE} ] || [ "$rc" -eq {STUCK_EXIT_CODE} ]; }} && '
             f'[ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ]; then',
-            f'  echo "tfdist: tasks saved a backup after SIGTERM (exit {PREEMPTED_EXIT_CODE}); '
-            f"requeueing job $SLURM_JOB_ID (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of "
-            f'{max_restarts})" >&2',
+            f'  echo "tfdist: tasks saved a backup after SIGTERM (exit {PREEMPTED_EXIT_CODE}) or '
+            f"their watchdog found a hang (exit {STUCK_EXIT_CODE}); requeueing job $SLURM_JOB_ID "
+            f'(restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max_restarts})" >&2',
             '  scontrol requeue "$SLURM_JOB_ID"  '
             "# Ends this run; the job waits in the queue for its next one.",
             "fi",
