@@ -46,6 +46,7 @@ parser.add_argument("--no_backup", action="store_true")
 parser.add_argument("--slow_input", default="", help="BASE,SLOW: seconds per example")
 parser.add_argument("--slow_from", type=int, default=0)
 parser.add_argument("--straggler_interval", type=float, default=0.0)
+parser.add_argument("--straggler_restart_after", type=int, default=None)
 parser.add_argument("--slow_trace", type=float, default=0.0, help="seconds per trace of the model")
 parser.add_argument("--slow_saves", default="", help="SECONDS,N: the first N saves take that long")
 args = parser.parse_args()
@@ -219,7 +220,9 @@ if args.watchdog:
     watchdog_options["watchdog"] = tfdist.WatchdogOptions(floor=floor, factor=factor, first=60)
 if args.straggler_interval:
     watchdog_options["stragglers"] = tfdist.StragglerOptions(
-        interval=args.straggler_interval, log_scores=True
+        interval=args.straggler_interval,
+        log_scores=True,
+        restart_after=args.straggler_restart_after,
     )
 trainer = tfdist.Trainer(
     build,

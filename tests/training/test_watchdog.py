@@ -212,3 +212,30 @@ def test_the_cli_flags_become_the_option_objects_and_bad_ones_name_the_flag():
         TrainConfig(stragglers="restart_after=3")
     with pytest.raises(ValueError, match=r"argument `WatchdogOptions.floor`"):
         health_options(TrainConfig(watchdog="floor=-1"))
+
+
+def test_on_parameter_servers_the_watchdog_numbers_time_each_workers_calls():
+    from tfdist.strategies.ps_runner import PSRunner
+    from tfdist.strategies.ps_watchdog import StuckWorkerTimeouts
+    from tfdist.training.health import fit_health
+
+    class Watch:
+        timeouts = None
+
+    class Runner:  # what fit_health reads of a PSRunner
+        task_label, is_chief, loop_tasks = "chief:0", True, ["chief:0"]
+        watched_sections = PSRunner.watched_sections
+        watch = Watch()
+
+        def worker_update_rates(self, *, log=False):
+            return {"worker:0": 2.0}
+
+    runner = Runner()
+    options = WatchdogOptions(factor=4, floor=30, ceiling=600, first=900)
+    health = fit_health(
+        runner, watchdog=options, stragglers=StragglerOptions(), callbacks=[], has_backup=False
+    )
+    assert runner.watch.timeouts == StuckWorkerTimeouts(factor=4, floor=30, ceiling=600, first=900)
+    # The coordinator waits for workers in these; the runner finds a stuck worker there.
+    assert health.unwatched == {"update", "evaluate"}
+    assert health.rates is not None and health.report is None  # rates, not the MWMS scores

@@ -145,15 +145,21 @@ def test_after_four_hangs_the_weights_equal_a_run_that_never_hung_bitwise(four_h
 def test_a_worker_slowed_in_its_input_pipeline_is_named_and_only_then(tmp_path):
     # Every worker reads an example in 0.2 ms (hidden by prefetching); from update 96 of 160,
     # worker-1 takes 1.8 ms, about twice its step. Rounds every 0.5 s; the report scores the
-    # last three windows and needs two slow rounds: bound 5 s.
+    # last three windows and needs two slow rounds: bound 5 s. With restart_after=4 the run
+    # then saves a backup and exits 75; the restarted attempt (no longer slowed) finishes.
     proc = _launch(
         tmp_path,
         "--slow_input=0.0002,0.0018",
         "--slow_from=96",
         "--straggler_interval=0.5",
+        "--straggler_restart_after=4",
         "--epochs=10",
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "has been slow for 4 rounds; stopping every worker" in proc.stdout
+    assert "preempted after saving a backup; restarting the whole group" in proc.stdout
+    info = json.loads((tmp_path / "worker-0.json").read_text())
+    assert (info["attempt"], info["iterations"]) == (2, 160)
     slowed = float((tmp_path / "worker-0.slowed").read_text())
     warning = json.loads((tmp_path / "worker-0.straggler").read_text())
     assert warning["time"] > slowed, warning  # nothing before: the balanced part is quiet

@@ -37,6 +37,7 @@ from tfdist.training.watchdog import (
     LearnedTimeouts,
     WatchdogOptions,
     blame,
+    conclusive,
     describe_here,
     running_py_function,
 )
@@ -251,29 +252,35 @@ class Health:
         )
 
     def _hang(self, why: str, *, found_here: bool = True) -> None:
-        """Publishes where this task is, names the stuck task, dumps the stacks, exits.
+        """Publishes where this task is, dumps its stacks, names the stuck task, exits.
 
-        The task that found the hang waits for the others' last states (each
-        publishes one as soon as it sees the alarm) before it names the stuck one.
+        The stacks come first: once one task exits, the launcher stops the
+        others. The task that found the hang names the stuck one at once when
+        the states say (a task behind, or silent); else it waits for the
+        others' last states (each publishes one as soon as it sees the alarm).
         """
         self._fired = True
         self.board.put(f"task/{self.label}", self._state(time.monotonic(), final=True))
-        if found_here and self.board.shared:
-            time.sleep(min(2 * self.interval + 0.5, 5.0))
-        culprit = blame(
-            self.board.states(), stale_after=max(5.0, 5 * self.interval), now=time.time()
-        )
         logger.error(
-            "tfdist watchdog on %s (%s): %s. Stuck: %s. This task is at %s. Python stacks of "
-            "all threads follow.",
+            "tfdist watchdog on %s (%s): %s. This task is at %s. Python stacks of all threads "
+            "follow.",
             self.label,
             self.host,
             why,
-            culprit,
             describe_here(self._main),
         )
         _flush()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        stale_after = max(5.0, 5 * self.interval)
+        states = self.board.states()
+        if found_here and self.board.shared and not conclusive(states, stale_after, time.time()):
+            time.sleep(min(2 * self.interval + 0.5, 5.0))
+            states = self.board.states()
+        logger.error(
+            "tfdist watchdog on %s: Stuck: %s.",
+            self.label,
+            blame(states, stale_after=stale_after, now=time.time()),
+        )
         exiting = self.watchdog.exit if self.watchdog.exit is not None else not _interactive()
         if exiting:
             logger.error(

@@ -139,6 +139,17 @@ def describe_here(main_thread_id: int) -> str:
     return "inside TensorFlow"
 
 
+def conclusive(states: Mapping[str, Mapping[str, Any]], stale_after: float, now: float) -> bool:
+    """Whether the states already name a stuck task: one is behind, silent or in Python."""
+    if len(states) < 2:
+        return True
+    ahead = max(s["seq"] for s in states.values())
+    return any(
+        s["seq"] < ahead or now - s["published"] > stale_after or s.get("py_function")
+        for s in states.values()
+    )
+
+
 def blame(states: Mapping[str, Mapping[str, Any]], *, stale_after: float, now: float) -> str:
     """Names the stuck task(s) from every task's published state (see :mod:`health`).
 
