@@ -156,3 +156,40 @@ def plot_stragglers(result: dict[str, Any], path: str) -> None:
     ratio_ax.set_ylabel("examples/s with straggler / balanced")
     ratio_ax.legend(fontsize=8, loc="lower right")
     _save(fig, path)
+
+
+def plot_health(result: dict[str, Any], path: str) -> None:
+    """Left: examples/s per side (median, with every sample as a dot).
+
+    Right: the per-round ratios on / off and on_fast / off, their medians, and the 1% goal.
+    """
+    fig, (rate_ax, ratio_ax) = _figure(10, 4, columns=2)
+    names = [n for n in ("off", "on", "on_fast") if n in result.get("sides", {})]
+    colors = {"off": "tab:grey", "on": "tab:blue", "on_fast": "tab:orange"}
+    for x, name in enumerate(names):
+        side = result["sides"][name]
+        rate_ax.bar(x, side.get("examples_per_s") or 0.0, width=0.6, color=colors[name])
+        samples = side.get("examples_per_s_samples", [])
+        rate_ax.plot([x] * len(samples), samples, "k.", markersize=4)
+    rate_ax.set_xticks(range(len(names)), names)
+    rate_ax.set_ylabel("examples/s (median; dots: each measurement)")
+    config = result.get("config", {})
+    rate_ax.set_title(
+        f"{config.get('workers')} MWMS workers, {config.get('steps')} steps per measurement, "
+        f"{config.get('threads_per_worker')} thread(s)/worker",
+        fontsize=9,
+    )
+    for x, key in enumerate(("paired_samples", "on_fast_paired_samples")):
+        samples = result.get(key) or []
+        ratio_ax.plot([x] * len(samples), samples, "k.", markersize=5)
+        median = result.get(key.replace("_samples", "_ratio"))
+        if median is not None:
+            ratio_ax.plot([x - 0.25, x + 0.25], [median] * 2, color="tab:purple", linewidth=2)
+            ratio_ax.text(x + 0.28, median, f"{median:.3f}", va="center", fontsize=8)
+    ratio_ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ratio_ax.axhline(0.99, color="tab:red", linewidth=1, label="goal: >= 0.99")
+    ratio_ax.set_xticks([0, 1], ["on / off", "on_fast / off"])
+    ratio_ax.set_xlim(-0.6, 1.8)
+    ratio_ax.set_ylabel("examples/s ratio within each round")
+    ratio_ax.legend(fontsize=8)
+    _save(fig, path)

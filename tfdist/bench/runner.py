@@ -10,8 +10,8 @@ same process, alternating between them, and reports medians and their ratio;
 absolute numbers are secondary. Results go to a JSON file and, when matplotlib
 is installed, a PNG bar chart of the ratios next to it (and a benchmark's own
 figure, registered with ``plot=``, as ``<output>.<name>.png``). The
-multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``) start their own worker
-processes with ``tfdist launch`` and run only when named.
+multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``health``) start
+their own worker processes with ``tfdist launch`` and run only when named.
 
 To add a benchmark, write a module under ``tfdist/bench/`` with a function
 ``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add
@@ -48,9 +48,10 @@ BUILTIN_MODULES = (
     "tfdist.bench.scaling",
     "tfdist.bench.allreduce",
     "tfdist.bench.stragglers",
+    "tfdist.bench.health",
 )
 # Benchmarks that start their own worker processes and take minutes: run only when named.
-ON_REQUEST = ("scaling", "allreduce", "stragglers")
+ON_REQUEST = ("scaling", "allreduce", "stragglers", "health")
 
 
 def _load_builtins() -> None:
@@ -109,8 +110,8 @@ def run(
     Args:
         names: Benchmarks to run, in this order (cluster ones last); default
             all of :func:`available` but the multi-process ones
-            (:data:`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``), which run only
-            when named.
+            (:data:`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``, ``health``),
+            which run only when named.
         output: Path of the JSON file (directories are created); a PNG chart of
             the ratios goes next to it. ``None`` writes nothing.
         repeats: Timed measurements per side (a few more when other processes

@@ -24,6 +24,7 @@ KINDS = {
     "allreduce": ("tfdist.bench.allreduce_worker", "run"),
     "stragglers": ("tfdist.bench.straggler_worker", "run_mwms"),
     "stragglers_ps": ("tfdist.bench.straggler_worker", "run_ps"),
+    "health": ("tfdist.bench.health_worker", "run_mwms"),
 }
 
 

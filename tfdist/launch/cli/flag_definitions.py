@@ -192,7 +192,7 @@ flags.DEFINE_boolean(
 flags.DEFINE_integer(
     "threads_per_worker",
     None,
-    "bench scaling, allreduce, stragglers: intra-op threads of each worker "
+    "bench scaling, allreduce, stragglers, health: intra-op threads of each worker "
     "process (default: cores / most workers).",
 )
 flags.DEFINE_list(
