@@ -102,12 +102,12 @@ def test_blame_names_the_task_behind_then_a_python_stall_then_a_silent_one():
     assert blame(even, stale_after=5, now=101).startswith("every task waits in update at update 9")
 
 
-def _round(report, works, *, step=0.05, exchange=None):
+def _round(report, works, *, step=0.05, exchange=None, window=None):
     """Feeds ``report`` one window per worker: seconds of input per update, 100 updates."""
     states = {}
     for i, work in enumerate(works):
         label = f"worker:{i}"
-        window = report._seen.get(label, 0) + 1
+        window = window or report._seen.get(label, 0) + 1
         waited = step - work if exchange is None else exchange
         clock = {"window": window, "updates": 100.0, "input": 100 * work, "compute": 0.0}
         clock.update(exchange=100 * waited, total=100 * step)
@@ -239,3 +239,13 @@ def test_on_parameter_servers_the_watchdog_numbers_time_each_workers_calls():
     # The coordinator waits for workers in these; the runner finds a stuck worker there.
     assert health.unwatched == {"update", "evaluate"}
     assert health.rates is not None and health.report is None  # rates, not the MWMS scores
+
+
+def test_a_window_left_by_an_earlier_fit_does_not_hide_this_fits_windows():
+    report = StragglerReport(StragglerOptions())
+    stale = {"window": 40, "updates": 10.0, "input": 0.1, "compute": 0.0, "exchange": 0.1}
+    stale["total"] = 0.5
+    report.tick({f"worker:{i}": {"host": "h", "clock": dict(stale)} for i in range(2)})
+    for window in range(1, 5):  # this fit's windows count from 1 again
+        _round(report, [0.01, 0.01], window=window)
+    assert report._rounds == 4

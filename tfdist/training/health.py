@@ -149,6 +149,7 @@ class Health:
         self._thread: threading.Thread | None = None
         self._main = threading.get_ident()
         self._started = time.monotonic()
+        self._wall_started = time.time() - 1.0  # hosts' clocks may differ a little
         self._fired = False
 
     @property
@@ -216,7 +217,7 @@ class Health:
 
     def _check(self, now: float) -> None:
         fired = self.board.get("fired") if self.board.shared else None
-        if fired is not None:
+        if fired is not None and fired["at"] >= self._wall_started:  # not an earlier fit's
             self._hang(f"{fired['by']} found a hang ({fired['why']})", found_here=False)
             return
         if self._current is None:
@@ -227,7 +228,10 @@ class Health:
         limit = self.timeouts.timeout(section)
         if now - began > limit:
             why = f"no progress in {section} at update {update} for {now - began:.0f} s"
-            self.board.put("fired", {"by": self.label, "why": f"{why}, timeout {limit:.0f} s"})
+            self.board.put(
+                "fired",
+                {"by": self.label, "why": f"{why}, timeout {limit:.0f} s", "at": time.time()},
+            )
             self._hang(f"{why}; its timeout is {limit:.0f} s ({self._learned(section)})")
 
     def _report_rates(self) -> None:

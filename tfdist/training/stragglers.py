@@ -154,7 +154,9 @@ class StragglerReport:
         fresh = {
             label: s
             for label, s in states.items()
-            if "clock" in s and s["clock"]["window"] > self._seen.get(label, 0)
+            # "Differs", not "is larger": a fit before this one (same store) may have left a
+            # window with a larger number than this fit's first ones.
+            if "clock" in s and s["clock"]["window"] != self._seen.get(label)
         }
         if len(fresh) < 2 or len(fresh) < len(states):
             return
