@@ -15,7 +15,6 @@ import tensorflow as tf
 
 import tfdist
 from tests.strategies.ps_common import ps_strategy
-from tfdist.strategies import ps_watchdog
 from tfdist.strategies.ps_watchdog import StuckWorkerTimeouts
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -62,15 +61,8 @@ class _Hang:
         return tf.ensure_shape(tf.py_function(self, [x], tf.float32), x.shape), y
 
 
-def _trainer(strategy):
-    return tfdist.Trainer(_model, strategy=strategy, optimizer="sgd", loss=LOSS)
-
-
-@pytest.fixture
-def short_timeouts(monkeypatch):
-    monkeypatch.setattr(
-        ps_watchdog, "DEFAULT_TIMEOUTS", StuckWorkerTimeouts(floor=FLOOR, first=120.0)
-    )
+def _trainer(strategy, **kwargs):
+    return tfdist.Trainer(_model, strategy=strategy, optimizer="sgd", loss=LOSS, **kwargs)
 
 
 class _Warnings(logging.Handler):
@@ -86,9 +78,11 @@ class _Warnings(logging.Handler):
         )
 
 
-def test_a_worker_stuck_in_its_input_pipeline_is_treated_as_lost(short_timeouts):
+def test_a_worker_stuck_in_its_input_pipeline_is_treated_as_lost():
     hang = _Hang(40)  # past both workers' first calls, mid first epoch
-    trainer = _trainer(ps_strategy(num_workers=2, num_ps=1))
+    # The Trainer's watchdog numbers time each worker's calls.
+    watchdog = tfdist.WatchdogOptions(floor=FLOOR, first=120.0)
+    trainer = _trainer(ps_strategy(num_workers=2, num_ps=1), watchdog=watchdog)
     warnings = _Warnings(trainer.runner)
     logging.getLogger("tfdist.strategies.ps_watchdog").addHandler(warnings)
     try:
