@@ -264,7 +264,7 @@ class Health:
         others' last states (each publishes one as soon as it sees the alarm).
         """
         self._fired = True
-        self.board.put(f"task/{self.label}", self._state(time.monotonic(), final=True))
+        final = self._state(time.monotonic(), final=True)
         logger.error(
             "tfdist watchdog on %s (%s): %s. This task is at %s. Python stacks of all threads "
             "follow.",
@@ -275,6 +275,7 @@ class Health:
         )
         _flush()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        self.board.put(f"task/{self.label}", final)
         stale_after = max(5.0, 5 * self.interval)
         states = self.board.states()
         if found_here and self.board.shared and not conclusive(states, stale_after, time.time()):
@@ -286,6 +287,10 @@ class Health:
             blame(states, stale_after=stale_after, now=time.time()),
         )
         exiting = self.watchdog.exit if self.watchdog.exit is not None else not _interactive()
+        if exiting and found_here and self.board.shared:
+            # The others see the alarm at their next check, while the store still answers (its
+            # host may be this task); once a task exits, the launcher stops the rest.
+            time.sleep(min(1.5 * self.interval + 0.5, 3.0))
         if exiting:
             logger.error(
                 "tfdist watchdog: exiting with code %d; a launcher with restarts left restarts "
