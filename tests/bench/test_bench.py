@@ -309,7 +309,7 @@ def test_unknown_benchmark_lists_the_valid_names(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"Invalid value for argument `benchmarks`.*'nope'.*"
-        r"accumulation, allreduce, backup, bf16_vs_fp32, mfu, parameter_server, scaling, "
+        r"accumulation, allreduce, backup, bf16_vs_fp32, health, mfu, parameter_server, scaling, "
         r"stragglers, trainer_vs_fit",
     ):
         runner.run(["nope"], output=str(output))
