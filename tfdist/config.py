@@ -166,7 +166,7 @@ STRAGGLER_FIELDS = {
 
 
 def parse_options(name: str, text: str, fields: dict[str, type]) -> dict[str, Any] | None:
-    """An option flag's text as keyword arguments: ``"off"`` is None, ``""`` the defaults.
+    """An option flag's text as keyword arguments: ``"off"`` is None, ``"on"`` or ``""`` ``{}``.
 
     Args:
         name: The flag, for errors (``watchdog``).
@@ -177,9 +177,11 @@ def parse_options(name: str, text: str, fields: dict[str, type]) -> dict[str, An
     if text == "off":
         return None
     kwargs: dict[str, Any] = {}
+    if text == "on":
+        return kwargs
     for pair in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = pair.partition("=")
-        expected = f"'off', or key=value pairs of: {', '.join(fields)}"
+        expected = f"'off', 'on', or key=value pairs of: {', '.join(fields)}"
         if key not in fields or not value:
             raise invalid_argument(name, text, expected)
         kind = fields[key]

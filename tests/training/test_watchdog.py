@@ -196,6 +196,7 @@ def test_the_cli_flags_become_the_option_objects_and_bad_ones_name_the_flag():
     from tfdist.launch.train import health_options
 
     assert health_options(TrainConfig()) == {}  # the Trainer's defaults
+    assert health_options(TrainConfig(stragglers="on")) == {"stragglers": StragglerOptions()}
     options = health_options(TrainConfig(watchdog="floor=60,factor=5,exit=false", stragglers="off"))
     assert options == {
         "watchdog": WatchdogOptions(floor=60.0, factor=5.0, exit=False),
@@ -204,7 +205,9 @@ def test_the_cli_flags_become_the_option_objects_and_bad_ones_name_the_flag():
     assert health_options(TrainConfig(stragglers="interval=2,log_scores=true"))["stragglers"] == (
         StragglerOptions(interval=2.0, log_scores=True)
     )
-    with pytest.raises(ValueError, match=r"argument `watchdog`.*key=value pairs of: factor, floor"):
+    with pytest.raises(
+        ValueError, match=r"argument `watchdog`.*'on', or key=value pairs of: factor, floor"
+    ):
         TrainConfig(watchdog="timeout=60")
     with pytest.raises(ValueError, match=r"argument `stragglers`.*restart_after= to be an integer"):
         TrainConfig(stragglers="restart_after=soon")

@@ -100,8 +100,8 @@ flags.DEFINE_string(
 flags.DEFINE_string(
     "stragglers",
     "",
-    "train: the straggler report, 'off' or StragglerOptions fields as key=value pairs, e.g. "
-    "interval=5,log_scores=true,restart_after=3.",
+    "train: the straggler report (off by default), 'on' or StragglerOptions fields as "
+    "key=value pairs, e.g. interval=5,log_scores=true,restart_after=3.",
 )
 flags.DEFINE_integer("seed", _DEFAULT.seed, "Random seed.")
 flags.DEFINE_integer("verbose", _DEFAULT.verbose, "0 silent, 1 progress bar, 2 one line per epoch.")
