@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import keras
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,3 +50,30 @@ class Crash(keras.callbacks.Callback):
         self.seen += 1
         if self.seen - 1 == self.after:
             raise RuntimeError("simulated crash")
+
+
+#: The multi-worker backup job of the fault tests (``tests/jobs/backup_job.py``).
+BACKUP_JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")
+
+
+def launch_backup_job(out, backup, *extra, restarts, timeout):
+    """``tfdist launch --workers=2`` of the backup job on MWMS; each worker's weights in ``out``."""
+    return run_tfdist(
+        "launch",
+        "--workers=2",
+        f"--max_restarts={restarts}",
+        "--",
+        sys.executable,
+        BACKUP_JOB,
+        "multi_worker",
+        str(out),
+        str(backup),
+        *extra,
+        timeout=timeout,
+    )
+
+
+def npz_weights(path):
+    """The arrays a job saved with ``np.savez(path, *weights)``, in order."""
+    with np.load(path) as f:
+        return [f[f"arr_{i}"] for i in range(len(f.files))]

@@ -131,7 +131,64 @@ STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 #: The one list of model names (``tfdist.models.get``'s keys), here for the same reason.
 ModelName = Literal["mlp", "cnn", "resnet", "transformer"]
 MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
+
+
 #: The built-in datasets (``tfdist.data.load``); "tfds:NAME" is any prepared TFDS dataset.
+@dataclasses.dataclass(frozen=True)
+class WatchdogOptions:
+    """How long a section of ``fit`` may last before the task counts as stuck.
+
+    A section's timeout is ``factor`` times the longest it took so far in this
+    fit, kept between ``floor`` and ``ceiling`` seconds; until it has been seen
+    once (the first call traces, the first save writes everything) it is
+    ``first`` seconds. The defaults never fire on a slow first trace or a large
+    save, and find a hang within ``floor`` seconds of an ordinary step
+    (PyTorch's collective watchdog waits 10 minutes, Horovod's stall check 60 s).
+
+    Attributes:
+        factor: Safety factor over the longest observed duration.
+        floor: Shortest timeout, in seconds.
+        ceiling: Longest timeout once a section was seen, in seconds.
+        first: Timeout of a section not seen yet in this fit (startup, first trace).
+        exit: Exit with ``STUCK_EXIT_CODE`` on a hang (the default) or only log
+            and dump stacks (in an interactive session, where exiting would
+            end the kernel, that is the default).
+        poll: Seconds between checks (at most ``floor / 4``).
+    """
+
+    factor: float = 10.0
+    floor: float = 180.0
+    ceiling: float = 1800.0
+    first: float = 1800.0
+    exit: bool | None = None
+    poll: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("factor", "floor", "ceiling", "first", "poll"):
+            check_positive_number(f"WatchdogOptions.{name}", getattr(self, name))
+        if self.factor < 1:
+            raise invalid_argument("WatchdogOptions.factor", self.factor, "a number >= 1")
+        if self.ceiling < self.floor:
+            raise invalid_argument(
+                "WatchdogOptions.ceiling",
+                self.ceiling,
+                f"a number >= WatchdogOptions.floor ({self.floor})",
+            )
+        if self.exit is not None and not isinstance(self.exit, bool):
+            raise invalid_argument("WatchdogOptions.exit", self.exit, "True, False or None")
+
+    def timeout(self, longest: float | None) -> float:
+        """The timeout after ``longest`` seconds at most so far (None: not seen yet: ``first``)."""
+        if longest is None:
+            return self.first
+        return min(max(self.factor * longest, self.floor), self.ceiling)
+
+    @property
+    def interval(self) -> float:
+        """Seconds between the watchdog's checks."""
+        return min(self.poll, self.floor / 4)
+
+
 DATASET_NAMES = ("digits", "synthetic", "tfds:NAME")
 TFDS_PREFIX = "tfds:"
 

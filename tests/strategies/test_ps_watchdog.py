@@ -15,7 +15,8 @@ import tensorflow as tf
 
 import tfdist
 from tests.strategies.ps_common import ps_strategy
-from tfdist.strategies.ps_watchdog import StuckWorkerTimeouts
+from tfdist.strategies.ps_failures import WorkerStuckError
+from tfdist.strategies.ps_watchdog import DEFAULT_TIMEOUTS
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 FLOOR = 5.0  # seconds; healthy calls here take ~50 ms, so only a hang lasts this long
@@ -126,12 +127,31 @@ def test_update_counts_and_rates_of_a_balanced_run(caplog):
 
 
 def test_timeouts_are_learned_and_clamped():
-    timeouts = StuckWorkerTimeouts()
+    timeouts = DEFAULT_TIMEOUTS  # a WatchdogOptions: the loop's rule, a 120 s floor
     assert timeouts.timeout(None) == 1800.0  # nothing finished yet
     assert timeouts.timeout(0.05) == 120.0  # 10 x 0.05 s, raised to the floor
     assert timeouts.timeout(30.0) == 300.0
     assert timeouts.timeout(600.0) == 1800.0  # lowered to the ceiling
-    with pytest.raises(ValueError, match="Invalid value for argument `floor`"):
-        StuckWorkerTimeouts(floor=10.0, ceiling=5.0)
-    with pytest.raises(ValueError, match="Invalid value for argument `factor`"):
-        StuckWorkerTimeouts(factor=0)
+
+
+def test_every_worker_stuck_at_once_ends_the_fit_with_a_clear_error():
+    # Both workers' pipelines hang (their calls return, their outputs never come): nothing is
+    # left to run the calls, so the fit fails; a launched job would exit with STUCK_EXIT_CODE.
+    hang = _Hang(40, 41)
+    watchdog = tfdist.WatchdogOptions(floor=FLOOR, first=120.0, exit=False)
+    trainer = _trainer(ps_strategy(num_workers=2, num_ps=1), watchdog=watchdog)
+    warnings = _Warnings(trainer.runner)
+    logging.getLogger("tfdist.strategies.ps_watchdog").addHandler(warnings)
+    try:
+        with pytest.raises(WorkerStuckError, match=r"worker:\d is stuck: its training call") as err:
+            trainer.fit(
+                hang.dataset_fn, epochs=2, steps_per_epoch=STEPS, global_batch_size=16, verbose=0
+            )
+        ended = time.monotonic()
+    finally:
+        hang.release.set()
+        logging.getLogger("tfdist.strategies.ps_watchdog").removeHandler(warnings)
+    assert "Restart the job" in str(err.value)
+    assert any("stopping the fit" in message for message, _, _ in warnings.seen), warnings.seen
+    # Bound: the floor after the first hang, plus polling (1 s) and scheduling slack.
+    assert FLOOR <= ended - hang.started <= FLOOR + 5.0, ended - hang.started

@@ -10,15 +10,13 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, run_tfdist
+from tests.helpers import REPO, launch_backup_job, npz_weights, run_tfdist
 
 JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
 
 
-def _weights(path):
-    with np.load(path) as f:
-        return [f[f"arr_{i}"] for i in range(len(f.files))]
+_weights = npz_weights
 
 
 def _job(strategy, out, backup, *extra, env=None):
@@ -36,19 +34,7 @@ def _job(strategy, out, backup, *extra, env=None):
 
 
 def _launch(out, backup, *extra, restarts=1):
-    return run_tfdist(
-        "launch",
-        "--workers=2",
-        f"--max_restarts={restarts}",
-        "--",
-        sys.executable,
-        JOB,
-        "multi_worker",
-        str(out),
-        str(backup),
-        *extra,
-        timeout=400,
-    )
+    return launch_backup_job(out, backup, *extra, restarts=restarts, timeout=400)
 
 
 @pytest.fixture(scope="module")

@@ -220,11 +220,10 @@ def test_the_cli_flags_become_the_option_objects_and_bad_ones_name_the_flag():
 
 def test_on_parameter_servers_the_watchdog_numbers_time_each_workers_calls():
     from tfdist.strategies.ps_runner import PSRunner
-    from tfdist.strategies.ps_watchdog import StuckWorkerTimeouts
     from tfdist.training.health import fit_health
 
     class Watch:
-        timeouts = None
+        timeouts, checking = None, True
 
     class Runner:  # what fit_health reads of a PSRunner
         task_label, is_chief, loop_tasks = "chief:0", True, ["chief:0"]
@@ -239,10 +238,13 @@ def test_on_parameter_servers_the_watchdog_numbers_time_each_workers_calls():
     health = fit_health(
         runner, watchdog=options, stragglers=StragglerOptions(), callbacks=[], has_backup=False
     )
-    assert runner.watch.timeouts == StuckWorkerTimeouts(factor=4, floor=30, ceiling=600, first=900)
+    assert runner.watch.timeouts is options and runner.watch.checking
     # The coordinator waits for workers in these; the runner finds a stuck worker there.
     assert health.unwatched == {"update", "evaluate"}
     assert health.rates is not None and health.report is None  # rates, not the MWMS scores
+    # watchdog=None turns the stuck-worker check off too.
+    fit_health(runner, watchdog=None, stragglers=None, callbacks=[], has_backup=False)
+    assert not runner.watch.checking
 
 
 def test_a_window_left_by_an_earlier_fit_does_not_hide_this_fits_windows():
@@ -253,3 +255,34 @@ def test_a_window_left_by_an_earlier_fit_does_not_hide_this_fits_windows():
     for window in range(1, 5):  # this fit's windows count from 1 again
         _round(report, [0.01, 0.01], window=window)
     assert report._rounds == 4
+
+
+def test_a_parameter_server_fit_ended_by_a_stuck_worker_exits_with_the_stuck_code(tmp_path):
+    # What a launched coordinator does with WorkerStuckError (no worker left to run a call):
+    # stacks, the reason, exit 76 for the launcher's restart. The fit itself is
+    # tests/strategies/test_ps_watchdog.py's; here the exit, in a real process.
+    script = tmp_path / "coordinator.py"
+    script.write_text(
+        "from tfdist.training.health import fit_health\n"
+        "from tfdist.training.watchdog import WatchdogOptions\n"
+        "from tfdist.strategies.ps_failures import WorkerStuckError\n"
+        "class Watch:\n"
+        "    timeouts, checking = None, True\n"
+        "class Runner:\n"
+        "    task_label, is_chief, loop_tasks = 'chief:0', True, ['chief:0']\n"
+        "    watched_sections = ('update', 'evaluate')\n"
+        "    watch = Watch()\n"
+        "    def worker_update_rates(self, *, log=False):\n"
+        "        return {}\n"
+        "health = fit_health(Runner(), watchdog=WatchdogOptions(), stragglers=None, callbacks=[],"
+        " has_backup=True)\n"
+        "with health:\n"
+        "    raise WorkerStuckError('worker:1 is stuck: its training call has run for 9 s')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == STUCK_EXIT_CODE, done.stderr[-2000:]
+    assert "worker:1 is stuck: its training call has run for 9 s" in done.stderr
+    assert "resumes from the last backup" in done.stderr
+    assert "most recent call first" in done.stderr  # the stacks

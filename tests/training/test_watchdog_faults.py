@@ -14,12 +14,11 @@ import datetime
 import json
 import os
 import re
-import sys
 
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, run_tfdist
+from tests.helpers import REPO, launch_backup_job, npz_weights
 
 JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.fault, pytest.mark.slow]
@@ -37,24 +36,10 @@ FAULTS = (
 
 
 def _launch(out, *extra, restarts=0):
-    return run_tfdist(
-        "launch",
-        "--workers=2",
-        f"--max_restarts={restarts}",
-        "--",
-        sys.executable,
-        JOB,
-        "multi_worker",
-        str(out),
-        str(out / "backup"),
-        *extra,
-        timeout=600,
-    )
+    return launch_backup_job(out, out / "backup", *extra, restarts=restarts, timeout=600)
 
 
-def _weights(path):
-    with np.load(path) as f:
-        return [f[f"arr_{i}"] for i in range(len(f.files))]
+_weights = npz_weights
 
 
 @pytest.fixture(scope="module")

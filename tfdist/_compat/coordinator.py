@@ -16,6 +16,12 @@ no public API offers, each behind a named function here:
   the worker failed;
 * :func:`park_worker`: that worker's thread takes no more closures.
 
+A call is watched until its outputs reached the coordinator: TF's remote
+function call may return before the worker computed them, and the wait then
+happens in the fetch of its outputs, which no cancellation manager reaches.
+A call stuck there cannot move to another worker; ``cancel`` fails it instead
+(its outputs and the coordinator's ``join`` raise the given error).
+
 A remote call's cancellation stops waiting on the coordinator (the gRPC call
 is cancelled) but not the remote work: a stuck worker stays stuck, and a call
 that resumes later may still apply its updates (as when TF re-runs the
@@ -35,14 +41,24 @@ from typing import Any, Protocol
 class CallObserver(Protocol):
     """What :func:`watch_calls` reports each scheduled call to (called in the worker's thread)."""
 
-    def call_started(self, worker: int, function: str, cancel: Callable[[], None]) -> Any:
-        """A call of ``function`` started on worker ``worker``; ``cancel()`` cancels it. A token."""
+    def call_started(
+        self, worker: int, function: str, cancel: Callable[[BaseException], bool]
+    ) -> Any:
+        """A call of ``function`` started on worker ``worker``. Returns a token.
+
+        ``cancel(error)`` cancels the call and returns True; once the function
+        returned and the call waits for its outputs, it fails the call with
+        ``error`` instead and returns False.
+        """
 
     def call_ended(self, token: Any, error: BaseException | None) -> BaseException | None:
         """The call ended (``error`` None: it finished). An error to raise instead, or None."""
 
 
-_local = threading.local()  # .manager: the CancellationManager of this thread's running call
+# Per coordinator worker thread: .manager, the CancellationManager of its running call;
+# .closure, the closure it processes; .pending, (observer, token) of a call whose outputs are
+# being fetched.
+_local = threading.local()
 _thread_cancellation_installed = False
 
 
@@ -85,6 +101,7 @@ class _Hooks:
 
     observer: Any = None  # weakref.ref to a CallObserver
     parked: set[int] = dataclasses.field(default_factory=set)
+    queue: Any = None  # the coordinator's closure queue
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -133,8 +150,12 @@ class _PerCallCancellation:
         observer = self._hooks.observer() if self._hooks.observer else None
         worker = _current_worker()
         token = None
+        returned = threading.Event()
+        closure = getattr(_local, "closure", None)
         if observer is not None and worker is not None:
-            token = observer.call_started(worker, name, manager.start_cancel)
+            token = observer.call_started(
+                worker, name, _canceller(manager, returned, closure, self._hooks.queue)
+            )
         _local.manager = manager
         try:
             result = function(*args, **kwargs)
@@ -147,9 +168,72 @@ class _PerCallCancellation:
             _local.manager = None
             with self._hooks.lock:
                 self._running.discard(manager)
+        returned.set()
         if token is not None:
-            observer.call_ended(token, None)
+            if closure is not None:
+                _local.pending = (observer, token)  # ended once its outputs are fetched
+            else:
+                observer.call_ended(token, None)
         return result
+
+
+def _canceller(
+    manager: Any, returned: threading.Event, closure: Any, queue: Any
+) -> Callable[[BaseException], bool]:
+    """The ``cancel(error)`` of one call (see :meth:`CallObserver.call_started`)."""
+
+    def cancel(error: BaseException) -> bool:
+        if not returned.is_set() or closure is None:
+            manager.start_cancel()
+            return True
+        # Waiting for its outputs: fail the call and the queued ones; whoever waits for their
+        # outputs, schedules or joins raises ``error``.
+        _FAILED.add(closure)
+        closure.maybe_call_with_output_remote_value(lambda r: r._set_error(error))
+        if queue is not None:
+            queue.mark_failed(error)
+            _fail_queued(queue, error)
+        return False
+
+    return cancel
+
+
+# Closures a watchdog failed while they waited for their outputs (see ``_canceller``).
+_FAILED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _fail_queued(queue: Any, error: BaseException) -> None:
+    """Takes every queued closure off ``queue``, its outputs failed with ``error``."""
+    import queue as queues
+
+    with queue._queue_lock:
+        while True:
+            try:
+                closure = queue._queue.get(block=False)
+            except queues.Empty:
+                return
+            queue._queue_free_slot_condition.notify()
+            closure.maybe_call_with_output_remote_value(lambda r: r._set_error(error))
+
+
+def _fetch_watched(process: Callable[[Any], None]) -> Callable[[Any], None]:
+    """A worker's ``_process_closure`` that ends the watched call once its outputs arrived."""
+
+    def run(closure: Any) -> None:
+        _local.closure, _local.pending = closure, None
+        try:
+            process(closure)
+        except AssertionError:
+            # A call failed while stuck came back: TF's queue no longer counts it in flight.
+            if closure not in _FAILED:
+                raise
+        finally:
+            pending, _local.closure, _local.pending = _local.pending, None, None
+            if pending is not None:
+                observer, token = pending
+                observer.call_ended(token, None)
+
+    return run
 
 
 # coordinator -> its hooks. Weak keys: nothing set on TF's object, forgotten with it.
@@ -194,8 +278,11 @@ def watch_calls(coordinator: Any, observer: CallObserver) -> None:
     hooks = _HOOKS.get(coordinator)
     queue = _closure_queue(coordinator)
     if hooks is None:
-        hooks = _HOOKS[coordinator] = _Hooks()
+        hooks = _HOOKS[coordinator] = _Hooks(queue=queue)
         queue.get = _parking_get(queue, hooks)  # an instance attribute: only this coordinator's
+        for worker in coordinator._cluster.workers:
+            # Instance attributes too; each worker's thread calls self._process_closure(closure).
+            worker._process_closure = _fetch_watched(worker._process_closure)
     if hooks.observer is None or hooks.observer() is not observer:
         hooks.observer = weakref.ref(observer)
     if not isinstance(queue._cancellation_mgr, _PerCallCancellation):
@@ -215,6 +302,26 @@ def rerun_elsewhere_error(worker: int, reason: str) -> Exception:
     return tf.errors.CancelledError(
         None, None, f"{reason} (/job:worker/replica:0/task:{worker}); running the call elsewhere"
     )
+
+
+def wait_fetchable(
+    remote_value: Any, failure: Callable[[], BaseException | None], poll: float = 0.5
+) -> None:
+    """Waits until ``remote_value.fetch()`` will not wait on a worker; raises ``failure()`` if set.
+
+    A worker thread copying the value's outputs holds the value's fetch lock
+    while it waits for them, and ``fetch`` waits on that lock: if the worker is
+    stuck, no cancellation reaches either. This waits on the lock in slices
+    and gives up with the watchdog's verdict.
+    """
+    lock = getattr(remote_value, "_has_fetched_to_local_lock", None)
+    if lock is None:
+        return
+    while not lock.acquire(timeout=poll):
+        error = failure()
+        if error is not None:
+            raise error
+    lock.release()
 
 
 def park_worker(coordinator: Any, worker: int) -> None:

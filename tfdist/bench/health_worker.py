@@ -5,8 +5,7 @@ strategy, model (the CNN on scikit-learn's 8x8 digits, from the same initial
 weights), optimizer (SGD) and data; only the health options differ:
 
 * ``off``: ``watchdog=None, stragglers=None``: no health thread, no timestamps;
-* ``on``: the Trainer's defaults (``WatchdogOptions()``; the straggler report is
-  opt-in, so no timestamps);
+* ``on``: the Trainer's defaults (``WatchdogOptions()``, ``StragglerOptions()``);
 * ``on_fast``: the default watchdog and ``StragglerOptions(interval=fast_interval,
   log_scores=True)``, so that the workers publish their step sections and the
   chief scores a round every ``fast_interval`` seconds during each measurement.
@@ -49,7 +48,7 @@ STRAGGLER_LOGGER = "tfdist.training.stragglers"
 
 
 def health_options(side: str, fast_interval: float) -> dict[str, Any]:
-    """The Trainer keywords of ``side``: none for the defaults (the watchdog alone)."""
+    """The Trainer keywords of ``side``: none for the defaults (watchdog and straggler report)."""
     if side == "off":
         return {"watchdog": None, "stragglers": None}
     if side == "on_fast":

@@ -30,16 +30,18 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
+from tfdist._compat.coordinator import wait_fetchable
 from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
 from tfdist._compat.runtime import ps_num_workers
 from tfdist.cluster import task_label
+from tfdist.config import WatchdogOptions
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies import ps_watchdog
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn
 from tfdist.strategies.ps_failures import ParameterServerFailure as ParameterServerFailure
 from tfdist.strategies.ps_failures import lost_worker_output, raise_clearly
-from tfdist.strategies.ps_watchdog import StuckWorkerTimeouts, WorkerWatch
+from tfdist.strategies.ps_watchdog import WorkerWatch
 
 logger = logging.getLogger(__name__)
 
@@ -67,17 +69,18 @@ class PSRunner:
 
     Args:
         strategy: A ``ParameterServerStrategy``.
-        stuck_timeouts: When a worker's running call counts as stuck (see
-            ``StuckWorkerTimeouts``). By default ``ps_watchdog.DEFAULT_TIMEOUTS``:
-            10 x the longest call, within 120 s to 30 min. None watches no
-            calls: no stuck workers found, no update counts.
+        stuck_timeouts: When a worker's running call counts as stuck: a
+            ``WatchdogOptions``'s ``timeout`` rule (the Trainer passes its own
+            ``watchdog``). By default ``ps_watchdog.DEFAULT_TIMEOUTS``: 10 x the
+            longest call, within 120 s to 30 min. None watches no calls: no
+            stuck workers found, no update counts.
     """
 
     def __init__(
         self,
         strategy: tf.distribute.Strategy,
         *,
-        stuck_timeouts: StuckWorkerTimeouts | None | Literal["default"] = "default",
+        stuck_timeouts: WatchdogOptions | None | Literal["default"] = "default",
     ) -> None:
         if stuck_timeouts == "default":
             stuck_timeouts = ps_watchdog.DEFAULT_TIMEOUTS
@@ -290,6 +293,8 @@ class PSRunner:
 
     def fetch(self, logs: Any) -> dict[str, float]:
         try:
+            if hasattr(logs, "fetch") and self.watch is not None:
+                wait_fetchable(logs, lambda: self.watch.failure)
             values = logs.fetch() if hasattr(logs, "fetch") else logs
         except Exception as e:  # noqa: BLE001 - re-raised unless only the logs were lost
             worker = lost_worker_output(e)

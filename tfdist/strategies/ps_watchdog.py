@@ -19,8 +19,11 @@ From that come
 A stuck worker is logged (a WARNING naming it, e.g. ``worker:1``, and for how
 long) and treated as lost: its call is cancelled on the coordinator and runs
 again on another worker, and it gets no more calls from this coordinator (a
-new ``make_strategy`` starts with every worker). When every worker is stuck,
-nothing is left to re-run the call on: that case is not handled yet.
+new ``make_strategy`` starts with every worker). The fit fails with
+``WorkerStuckError`` instead when no other worker is left, or when the call's
+function returned and its outputs never reached the coordinator (a call that
+far along cannot move). A launched job then exits with
+``tfdist.config.STUCK_EXIT_CODE`` for a restart (``training/health.py``).
 Detection takes the timeout plus at most one polling interval
 (``floor / 10``, between 0.05 s and 1 s).
 """
@@ -43,7 +46,7 @@ from tfdist._compat.coordinator import (
     watch_calls,
 )
 from tfdist.cluster import task_label
-from tfdist.config import invalid_argument
+from tfdist.config import WatchdogOptions
 from tfdist.strategies.ps_failures import WorkerStuckError
 
 logger = logging.getLogger(__name__)
@@ -52,51 +55,8 @@ logger = logging.getLogger(__name__)
 RATE_WINDOW_SECONDS = 30.0
 
 
-@dataclasses.dataclass(frozen=True)
-class StuckWorkerTimeouts:
-    """When a parameter-server worker's running call counts as stuck (seconds).
-
-    Attributes:
-        factor: The timeout is ``factor`` times the longest finished call...
-        floor: ...but at least ``floor``...
-        ceiling: ...and at most ``ceiling``.
-        first: The allowance for a worker's first call of each traced function
-            (it builds the function on the worker), and for any call before a
-            first one finished.
-    """
-
-    factor: float = 10.0
-    floor: float = 120.0
-    ceiling: float = 1800.0
-    first: float = 1800.0
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise invalid_argument(field.name, value, "a positive number of seconds")
-        if self.floor > self.ceiling:
-            raise invalid_argument(
-                "floor",
-                self.floor,
-                f"at most ceiling={self.ceiling}",
-                note="The floor bounds the timeout from below, the ceiling from above.",
-            )
-
-    def timeout(self, longest: float | None) -> float:
-        """The timeout of a call, given the longest finished one (None: no call finished yet)."""
-        if longest is None:
-            return self.first
-        return min(max(self.factor * longest, self.floor), self.ceiling)
-
-    @property
-    def poll_seconds(self) -> float:
-        """How often the watchdog looks (the detection delay past the timeout)."""
-        return min(1.0, max(0.05, self.floor / 10))
-
-
-#: What a ``PSRunner`` uses unless given its own (the Trainer's ``WatchdogOptions`` will set them).
-DEFAULT_TIMEOUTS = StuckWorkerTimeouts()
+#: What a ``PSRunner`` uses unless given its own (a Trainer sets its ``watchdog``'s).
+DEFAULT_TIMEOUTS = WatchdogOptions(floor=120.0)
 
 
 @dataclasses.dataclass(eq=False)
@@ -105,7 +65,7 @@ class _Call:
     function: str
     start: float
     first: bool  # the worker's first call of this function
-    cancel: Callable[[], None]
+    cancel: Callable[[BaseException], bool]
     verdict: BaseException | None = None  # raised in place of the cancelled call's error
 
 
@@ -120,7 +80,7 @@ class WorkerWatch:
         self,
         coordinator: Any,
         num_workers: int,
-        timeouts: StuckWorkerTimeouts,
+        timeouts: WatchdogOptions,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -136,6 +96,10 @@ class WorkerWatch:
         self._finished = [collections.deque() for _ in range(num_workers)]  # recent end times
         self._since: float | None = None  # the first call's start
         self._thread: threading.Thread | None = None
+        #: Whether stuck calls are looked for (a Trainer with ``watchdog=None`` sets False).
+        self.checking = True
+        #: The error that ended the fit, once a stuck call could not move (or None).
+        self.failure: BaseException | None = None
 
     def attach(self) -> None:
         """Watches the calls scheduled from now on, and starts the watchdog thread once."""
@@ -143,7 +107,7 @@ class WorkerWatch:
         if self._thread is None:
             self._thread = threading.Thread(
                 target=_watchdog_loop,
-                args=(weakref.ref(self), self.timeouts.poll_seconds),
+                args=(weakref.ref(self), self.timeouts.interval),
                 name="tfdist-ps-watchdog",
                 daemon=True,
             )
@@ -151,7 +115,9 @@ class WorkerWatch:
 
     # -- CallObserver: called in the coordinator's worker threads -----------------------------
 
-    def call_started(self, worker: int, function: str, cancel: Callable[[], None]) -> _Call:
+    def call_started(
+        self, worker: int, function: str, cancel: Callable[[BaseException], bool]
+    ) -> _Call:
         now = self._clock()
         with self._lock:
             call = _Call(worker, function, now, (worker, function) not in self._built, cancel)
@@ -221,6 +187,8 @@ class WorkerWatch:
 
     def check(self) -> list[str]:
         """Treats each worker whose running call is past its timeout as lost. Returns them."""
+        if not self.checking:
+            return []
         now = self._clock()
         with self._lock:
             overdue = [
@@ -228,11 +196,26 @@ class WorkerWatch:
                 for call in self._running.values()
                 if call.verdict is None and now - call.start > self.timeout_of(call)
             ]
-            for call, _, _ in overdue:
-                call.verdict = self._give_up(call, now - call.start)
+            for call, elapsed, _ in overdue:
+                call.verdict = self._give_up(call, elapsed)
         for call, elapsed, timeout in overdue:
-            self._warn(call, elapsed, timeout)
-            call.cancel()
+            label = task_label("worker", call.worker)
+            last = isinstance(call.verdict, WorkerStuckError)
+            error = call.verdict if last else _unmovable(label, elapsed)
+            if not call.cancel(error):
+                last = True  # its outputs never came: the call cannot move
+            if last:
+                self.failure = self.failure or error
+            logger.warning(
+                "%s is stuck: its training call has run for %.1f s, past its timeout (%s). %s",
+                label,
+                elapsed,
+                self._why(call, timeout),
+                "It cannot run elsewhere: stopping the fit."
+                if last
+                else f"Treating it as lost: the call runs again on another worker, and {label} "
+                "gets no more calls.",
+            )
         return [task_label("worker", call.worker) for call, _, _ in overdue]
 
     def _give_up(self, call: _Call, elapsed: float) -> BaseException:
@@ -249,31 +232,22 @@ class WorkerWatch:
         park_worker(self._coordinator, call.worker)
         return rerun_elsewhere_error(call.worker, f"{label} stuck for {elapsed:.0f} s")
 
-    def _warn(self, call: _Call, elapsed: float, timeout: float) -> None:
-        label = task_label("worker", call.worker)
-        why = (
-            f"the allowance for a first call, {timeout:.3g} s"
-            if call.first or self._longest is None
-            else f"{self.timeouts.factor:g} x the longest call so far ({self._longest:.3g} s), "
+    def _why(self, call: _Call, timeout: float) -> str:
+        if call.first or self._longest is None:
+            return f"the allowance for a first call, {timeout:.3g} s"
+        return (
+            f"{self.timeouts.factor:g} x the longest call so far ({self._longest:.3g} s), "
             f"within [{self.timeouts.floor:g}, {self.timeouts.ceiling:g}] s: {timeout:.3g} s"
         )
-        if isinstance(call.verdict, WorkerStuckError):
-            logger.warning(
-                "%s is stuck: its training call has run for %.1f s, past its timeout (%s). No "
-                "other worker is left: stopping the fit.",
-                label,
-                elapsed,
-                why,
-            )
-            return
-        logger.warning(
-            "%s is stuck: its training call has run for %.1f s, past its timeout (%s). Treating "
-            "it as lost: the call runs again on another worker, and %s gets no more calls.",
-            label,
-            elapsed,
-            why,
-            label,
-        )
+
+
+def _unmovable(label: str, elapsed: float) -> WorkerStuckError:
+    """The error of a stuck call whose function returned and whose outputs never came."""
+    return WorkerStuckError(
+        f"{label} is stuck: its training call has waited {elapsed:.0f} s for its outputs, and a "
+        "call that far along cannot move to another worker. Restart the job; with backup_dir set "
+        "it resumes from the last backup."
+    )
 
 
 def _watchdog_loop(watch_ref: Callable[[], WorkerWatch | None], poll_seconds: float) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from tfdist import _compat
 from tfdist.config import STUCK_EXIT_CODE
+from tfdist.strategies.ps_failures import WorkerStuckError
 from tfdist.training.stragglers import StragglerOptions, StragglerReport
 from tfdist.training.watchdog import (
     LearnedTimeouts,
@@ -163,12 +164,33 @@ class Health:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.clock is not None:
             self.clock.enabled = False
+        if isinstance(error, WorkerStuckError) and self.watchdog is not None and self._exiting():
+            # Parameter servers: a stuck worker no other could stand in for ends the fit.
+            logger.error("tfdist watchdog on %s: %s Python stacks follow.", self.label, error)
+            _flush()
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            self._exit_stuck()
+
+    def _exiting(self) -> bool:
+        return self.watchdog.exit if self.watchdog.exit is not None else not _interactive()
+
+    def _exit_stuck(self) -> None:
+        logger.error(
+            "tfdist watchdog: exiting with code %d; a launcher with restarts left restarts "
+            "the group, %s.",
+            STUCK_EXIT_CODE,
+            "which resumes from the last backup"
+            if self.has_backup
+            else "which starts over: this fit has no backup_dir",
+        )
+        _flush()
+        os._exit(STUCK_EXIT_CODE)
 
     @contextlib.contextmanager
     def section(self, name: str, update: int) -> Iterator[None]:
@@ -286,22 +308,13 @@ class Health:
             self.label,
             blame(states, stale_after=stale_after, now=time.time()),
         )
-        exiting = self.watchdog.exit if self.watchdog.exit is not None else not _interactive()
+        exiting = self._exiting()
         if exiting and found_here and self.board.shared:
             # The others see the alarm at their next check, while the store still answers (its
             # host may be this task); once a task exits, the launcher stops the rest.
             time.sleep(min(1.5 * self.interval + 0.5, 3.0))
         if exiting:
-            logger.error(
-                "tfdist watchdog: exiting with code %d; a launcher with restarts left restarts "
-                "the group, %s.",
-                STUCK_EXIT_CODE,
-                "which resumes from the last backup"
-                if self.has_backup
-                else "which starts over: this fit has no backup_dir",
-            )
-            _flush()
-            os._exit(STUCK_EXIT_CODE)
+            self._exit_stuck()
 
 
 def _flush() -> None:
@@ -321,16 +334,10 @@ def fit_health(
 ) -> Health:
     """The :class:`Health` of one fit; the straggler scalars go beside a TensorBoard's logs."""
     watch = getattr(runner, "watch", None)
-    if watch is not None and watchdog is not None:
-        # Parameter servers: the same numbers time each worker's calls (a stuck one is lost).
-        from tfdist.strategies.ps_watchdog import StuckWorkerTimeouts
-
-        watch.timeouts = StuckWorkerTimeouts(
-            factor=watchdog.factor,
-            floor=watchdog.floor,
-            ceiling=watchdog.ceiling,
-            first=watchdog.first,
-        )
+    if watch is not None:
+        # Parameter servers: the same rule times each worker's calls (none: no stuck workers).
+        watch.checking = watchdog is not None
+        watch.timeouts = watchdog or watch.timeouts
     summary_dir = None
     for callback in callbacks:
         log_dir = getattr(callback, "log_dir", None)

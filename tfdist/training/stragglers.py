@@ -79,6 +79,9 @@ CONFIRM = 2
 #: Windows per worker summed into each round's scores.
 SMOOTHING = 3
 
+#: The Trainer's default straggler report.
+DEFAULT_STRAGGLERS = StragglerOptions()
+
 
 def per_update(clock: Mapping[str, float]) -> dict[str, float] | None:
     """A round's sums as seconds per update (None for a round without updates)."""

@@ -20,13 +20,12 @@ resumes from its last backup.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from tfdist.config import check_positive_number, invalid_argument
+from tfdist.config import WatchdogOptions
 
 #: The sections of a fit, in the order a call goes through them.
 SECTIONS = (
@@ -40,55 +39,6 @@ SECTIONS = (
     "backup",
     "epoch callbacks",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class WatchdogOptions:
-    """How long a section of ``fit`` may last before the task counts as stuck.
-
-    A section's timeout is ``factor`` times the longest it took so far in this
-    fit, kept between ``floor`` and ``ceiling`` seconds; until it has been seen
-    once (the first call traces, the first save writes everything) it is
-    ``first`` seconds. The defaults never fire on a slow first trace or a large
-    save, and find a hang within ``floor`` seconds of an ordinary step
-    (PyTorch's collective watchdog waits 10 minutes, Horovod's stall check 60 s).
-
-    Attributes:
-        factor: Safety factor over the longest observed duration.
-        floor: Shortest timeout, in seconds.
-        ceiling: Longest timeout once a section was seen, in seconds.
-        first: Timeout of a section not seen yet in this fit (startup, first trace).
-        exit: Exit with ``STUCK_EXIT_CODE`` on a hang (the default) or only log
-            and dump stacks (in an interactive session, where exiting would
-            end the kernel, that is the default).
-        poll: Seconds between checks (at most ``floor / 4``).
-    """
-
-    factor: float = 10.0
-    floor: float = 180.0
-    ceiling: float = 1800.0
-    first: float = 1800.0
-    exit: bool | None = None
-    poll: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("factor", "floor", "ceiling", "first", "poll"):
-            check_positive_number(f"WatchdogOptions.{name}", getattr(self, name))
-        if self.factor < 1:
-            raise invalid_argument("WatchdogOptions.factor", self.factor, "a number >= 1")
-        if self.ceiling < self.floor:
-            raise invalid_argument(
-                "WatchdogOptions.ceiling",
-                self.ceiling,
-                f"a number >= WatchdogOptions.floor ({self.floor})",
-            )
-        if self.exit is not None and not isinstance(self.exit, bool):
-            raise invalid_argument("WatchdogOptions.exit", self.exit, "True, False or None")
-
-    @property
-    def interval(self) -> float:
-        """Seconds between the watchdog's checks."""
-        return min(self.poll, self.floor / 4)
 
 
 class LearnedTimeouts:
@@ -113,11 +63,9 @@ class LearnedTimeouts:
 
     def timeout(self, section: str) -> float:
         """Seconds ``section`` may last now."""
-        o = self.options
         if section not in self._first:
-            return o.first
-        longest = self._longest.get(section, self._first[section])
-        return min(max(o.factor * longest, o.floor), o.ceiling)
+            return self.options.first
+        return self.options.timeout(self._longest.get(section, self._first[section]))
 
 
 def running_py_function() -> bool:

@@ -100,7 +100,7 @@ flags.DEFINE_string(
 flags.DEFINE_string(
     "stragglers",
     "",
-    "train: the straggler report (off by default), 'on' or StragglerOptions fields as "
+    "train: the straggler report (on by default), 'off', 'on' or StragglerOptions fields as "
     "key=value pairs, e.g. interval=5,log_scores=true,restart_after=3.",
 )
 flags.DEFINE_integer("seed", _DEFAULT.seed, "Random seed.")
