@@ -53,6 +53,11 @@ def test_train_saves_the_model(default_run):
         (["train", "--dataset=imagenet"], "argument `dataset`. Received: dataset='imagenet'"),
         (["train", "--epochs=0"], "argument `epochs`. Received: epochs=0"),
         (
+            ["train", "--gradient_compression=bf16,fp16"],
+            "argument `gradient_compression`. Received: gradient_compression='bf16,fp16'. "
+            "Expected one value for `tfdist train`: none, bf16, fp16.",
+        ),
+        (
             ["fly"],
             "argument `command`. Received: command='fly'. Expected one of: train, launch, bench",
         ),
@@ -83,6 +88,78 @@ def test_bad_train_flags_fail_before_tensorflow_loads(flag):
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "Invalid value for argument" in proc.stdout
     assert "tensorflow loaded: False" in proc.stdout
+
+
+def _train_config(*flags):
+    """The ``TrainConfig`` of ``tfdist train FLAGS``, parsed in-process as the CLI parses it."""
+    from tfdist.launch import cli
+    from tfdist.launch.cli import train_command
+
+    cli.FLAGS.unparse_flags()
+    try:
+        cli.parse_flags(["tfdist", "train", *flags])
+        return train_command.train_config()
+    finally:
+        cli.FLAGS.unparse_flags()
+
+
+def test_train_gives_gradient_compression_and_bucket_bytes_to_the_trainer(monkeypatch):
+    import tfdist
+    from tfdist.launch import train
+
+    config = _train_config(
+        "--strategy=one_device",
+        "--model=mlp",
+        "--epochs=1",
+        "--steps_per_epoch=2",
+        "--global_batch_size=16",
+        "--verbose=0",
+        "--gradient_compression=bf16",
+        "--bucket_bytes=4096",
+    )
+    assert (config.gradient_compression, config.bucket_bytes) == ("bf16", 4096)
+    made = []
+
+    class Recorded(tfdist.Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(tfdist, "Trainer", Recorded)
+    # One replica: the exchange leaves compression out (nothing to send), and the run trains.
+    summary = train.run(config)
+    assert [t.exchange for t in made] == [
+        tfdist.ExchangeOptions(compression="bf16", bucket_bytes=4096)
+    ]
+    assert summary["num_replicas"] == 1 and summary["updates"] == 2
+
+
+def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argument():
+    from tfdist.config import TrainConfig
+    from tfdist.launch.train import exchange_options
+
+    none = {"gradient_compression": None, "bucket_bytes": None}  # the Trainer's defaults
+    assert exchange_options(_train_config()) == none
+    assert exchange_options(_train_config("--gradient_compression=none")) == none
+    assert TrainConfig(gradient_compression="fp16").gradient_compression == "fp16"
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "argument `gradient_compression`. Received: gradient_compression='int8'. "
+            "Expected one of: bf16, fp16, none."
+        ),
+    ):
+        TrainConfig(gradient_compression="int8")
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "argument `bucket_bytes`. Received: bucket_bytes=0. "
+            "Expected a positive integer or None."
+        ),
+    ):
+        _train_config("--bucket_bytes=0")
+    with pytest.raises(ValueError, match=r"argument `gradient_compression`.*Expected one value"):
+        _train_config("--gradient_compression=")  # an empty list: not one value either
 
 
 def test_manifest_slurm_writes_the_script(tmp_path):

@@ -201,6 +201,9 @@ def is_tfds_name(name: Any) -> bool:
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 LR_SCALINGS = ("none", "linear")
+#: ``tfdist train --gradient_compression``: the gradients' all-reduce dtype ("none": float32). The
+#: Trainer takes ``"bf16"``, ``"fp16"`` or None (``tfdist.training.exchange.COMPRESSIONS``).
+GRADIENT_COMPRESSIONS = ("none", "bf16", "fp16")
 
 
 #: ``tfdist train --watchdog=...``: the ``WatchdogOptions`` fields a flag may set, and their types.
@@ -263,7 +266,9 @@ class TrainConfig:
     step-exact backups (``Trainer(backup_dir=...)``), so that a run restarted
     by ``tfdist launch --max_restarts`` or a Slurm requeue resumes at the last
     backed-up optimizer update; ``backup_freq`` is a number of updates between
-    backups, or None for one per epoch.
+    backups, or None for one per epoch. ``gradient_compression`` (``"bf16"``,
+    ``"fp16"``, or ``"none"``/None: float32) and ``bucket_bytes`` are the
+    Trainer's gradient exchange (``ExchangeOptions``); ``"none"`` is stored as None.
     """
 
     strategy: str = "mirrored"
@@ -294,6 +299,8 @@ class TrainConfig:
     verbose: int = 2
     watchdog: str = ""
     stragglers: str = ""
+    gradient_compression: str | None = None
+    bucket_bytes: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("strategy", self.strategy, STRATEGY_NAMES)
@@ -322,6 +329,11 @@ class TrainConfig:
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             raise invalid_argument("learning_rate", self.learning_rate, "a positive number")
         check_directory("model_dir", self.model_dir)
+        if self.gradient_compression is not None:
+            check_choice("gradient_compression", self.gradient_compression, GRADIENT_COMPRESSIONS)
+            if self.gradient_compression == "none":
+                object.__setattr__(self, "gradient_compression", None)  # the Trainer's float32
+        check_positive_int("bucket_bytes", self.bucket_bytes, allow_none=True)
         parse_options("watchdog", self.watchdog, WATCHDOG_FIELDS)
         stragglers = parse_options("stragglers", self.stragglers, STRAGGLER_FIELDS)
         if stragglers and stragglers.get("restart_after") and not self.backup_dir:

@@ -57,6 +57,14 @@ def health_options(config: TrainConfig) -> dict[str, Any]:
     return options
 
 
+def exchange_options(config: TrainConfig) -> dict[str, Any]:
+    """The Trainer's ``gradient_compression`` and ``bucket_bytes`` (None: its defaults)."""
+    return {
+        "gradient_compression": config.gradient_compression,
+        "bucket_bytes": config.bucket_bytes,
+    }
+
+
 def run(config: TrainConfig) -> dict[str, Any]:
     """Trains ``config.model`` on ``config.dataset`` and returns a summary.
 
@@ -104,6 +112,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         warmup_epochs=config.warmup_epochs,
         backup_dir=config.backup_dir,
         backup_freq=config.backup_freq if config.backup_freq is not None else "epoch",
+        **exchange_options(config),
         **health_options(config),
     )
     start = time.perf_counter()

@@ -217,10 +217,17 @@ flags.DEFINE_boolean(
 flags.DEFINE_list(
     "gradient_compression",
     None,
-    "bench scaling: Trainer (and raw loop) variants, of none, bf16, "
-    "fp16 (default none); a variant this Trainer lacks is reported as unavailable.",
+    "train: one of none, bf16, fp16: the Trainer all-reduces the gradients in 16 bits "
+    "(default none: float32). bench scaling: Trainer (and raw loop) variants, a list of those "
+    "(default none); a variant this Trainer lacks is reported as unavailable.",
 )
-flags.DEFINE_integer("bucket_bytes", None, "bench scaling: passed to the Trainer when it takes it.")
+flags.DEFINE_integer(
+    "bucket_bytes",
+    None,
+    "train: the Trainer all-reduces the gradients in buckets of about this many bytes, "
+    "overlapping the backward pass (default: one all-reduce). "
+    "bench scaling: passed to the Trainer when it takes it.",
+)
 flags.DEFINE_integer("allreduce_workers", None, "bench allreduce: worker processes (default 2).")
 flags.DEFINE_integer(
     "allreduce_max_bytes", None, "bench allreduce: largest message (default 64 MiB)."

@@ -10,8 +10,23 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.config import TrainConfig, invalid_argument
+from tfdist.config import GRADIENT_COMPRESSIONS, TrainConfig, invalid_argument
 from tfdist.launch.cli.flag_definitions import ENGINES, FLAGS
+
+
+def _gradient_compression() -> str | None:
+    """``--gradient_compression``'s one value for ``train`` (a list flag: bench takes several)."""
+    values = FLAGS.gradient_compression
+    if values is None:
+        return None
+    if len(values) != 1:
+        raise invalid_argument(
+            "gradient_compression",
+            ",".join(values),
+            "one value for `tfdist train`: " + ", ".join(GRADIENT_COMPRESSIONS),
+            note="Several values (variants to compare) are for `tfdist bench`.",
+        )
+    return values[0]
 
 
 def train_config() -> TrainConfig:
@@ -45,6 +60,8 @@ def train_config() -> TrainConfig:
         verbose=FLAGS.verbose,
         watchdog=FLAGS.watchdog,
         stragglers=FLAGS.stragglers,
+        gradient_compression=_gradient_compression(),
+        bucket_bytes=FLAGS.bucket_bytes,
     )
 
 
