@@ -186,13 +186,12 @@ def _canceller(
         if not returned.is_set() or closure is None:
             manager.start_cancel()
             return True
-        # Waiting for its outputs: fail the call and the queued ones; whoever waits for their
-        # outputs, schedules or joins raises ``error``.
+        # Waiting for its outputs: fail the call; whoever waits for its outputs or joins
+        # raises ``error``.
         _FAILED.add(closure)
         closure.maybe_call_with_output_remote_value(lambda r: r._set_error(error))
         if queue is not None:
             queue.mark_failed(error)
-            _fail_queued(queue, error)
         return False
 
     return cancel
@@ -202,10 +201,16 @@ def _canceller(
 _FAILED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _fail_queued(queue: Any, error: BaseException) -> None:
-    """Takes every queued closure off ``queue``, its outputs failed with ``error``."""
+def fail_queued(coordinator: Any, error: BaseException) -> None:
+    """Takes every closure queued on ``coordinator`` off, its outputs failed with ``error``.
+
+    For a fit that cannot go on: frees the queue's slots (a ``schedule`` waiting
+    for one goes on, and raises the queue's error) and ends every wait on a
+    queued call's outputs. A closure put back for another worker is queued too.
+    """
     import queue as queues
 
+    queue = _closure_queue(coordinator)
     with queue._queue_lock:
         while True:
             try:
@@ -309,19 +314,27 @@ def wait_fetchable(
 ) -> None:
     """Waits until ``remote_value.fetch()`` will not wait on a worker; raises ``failure()`` if set.
 
-    A worker thread copying the value's outputs holds the value's fetch lock
-    while it waits for them, and ``fetch`` waits on that lock: if the worker is
-    stuck, no cancellation reaches either. This waits on the lock in slices
-    and gives up with the watchdog's verdict.
+    ``fetch`` waits for the call to end (its closure may wait in the queue for
+    a worker), then on the value's fetch lock, which a worker thread copying
+    the outputs holds while it waits for them: if the workers are stuck, no
+    cancellation reaches either wait. This waits on both in slices and gives
+    up with the watchdog's verdict.
     """
-    lock = getattr(remote_value, "_has_fetched_to_local_lock", None)
-    if lock is None:
-        return
-    while not lock.acquire(timeout=poll):
+
+    def check() -> None:
         error = failure()
         if error is not None:
             raise error
-    lock.release()
+
+    # First the call's end (a queued or running closure), then a worker thread's copy of it.
+    ended = getattr(remote_value, "_status_available_event", None)
+    while ended is not None and not ended.wait(timeout=poll):
+        check()
+    lock = getattr(remote_value, "_has_fetched_to_local_lock", None)
+    while lock is not None and not lock.acquire(timeout=poll):
+        check()
+    if lock is not None:
+        lock.release()
 
 
 def park_worker(coordinator: Any, worker: int) -> None:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist._compat.coordinator import (
+    fail_queued,
     park_worker,
     parked_workers,
     rerun_elsewhere_error,
@@ -206,6 +207,7 @@ class WorkerWatch:
                 last = True  # its outputs never came: the call cannot move
             if last:
                 self.failure = self.failure or error
+                fail_queued(self._coordinator, error)  # nothing would run them
             logger.warning(
                 "%s is stuck: its training call has run for %.1f s, past its timeout (%s). %s",
                 label,
