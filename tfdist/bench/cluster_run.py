@@ -109,6 +109,7 @@ def run_tasks(
                 env=env,
                 output=log,
                 timeout=timeout,
+                pin=False,  # Each task pins itself as its spec says (workers.pin_threads).
             )
         took = watch.stop()
         children = _children_cpu_seconds() - children

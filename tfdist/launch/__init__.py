@@ -4,8 +4,9 @@ Engines start processes that call tfdist's public API; none reaches into trainin
 
 * ``local.py``: ``launch()``, what ``tfdist launch`` runs; it ties together
   ``tasks.py`` (a task's name, TF_CONFIG, result), ``layout.py`` (the cluster
-  on one machine or over ``--hosts``), ``isolation.py`` (+ ``_sandbox.py``: the
-  namespaces the tasks run in) and ``supervisor.py`` (spawn, watch, restart, stop);
+  on one machine or over ``--hosts``), ``pinning.py`` (each task's CPUs and TF
+  thread pools), ``isolation.py`` (+ ``_sandbox.py``: the namespaces the tasks run
+  in, and their CPUs) and ``supervisor.py`` (spawn, watch, restart, stop);
 * ``notebook.py``: ``notebook_launcher``, ``launch()`` around a pickled function;
 * ``manifests/``: ``tfdist manifest``: ``slurm.py`` (sbatch) and ``kubernetes.py`` (YAML);
 * ``ray_engine.py``, ``ray_backup.py``: Ray Train as the engine;

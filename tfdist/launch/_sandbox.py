@@ -11,8 +11,9 @@ holds them until its stdin closes (the launcher closes it, or dies):
 
 It prints one JSON line, ``{"net": ERROR_OR_NULL, "pid": ERROR_OR_NULL}``, once ready.
 
-``run --ppid=P [--netns=PATH] [--pidns=PATH] -- COMMAND...``: one task. Joins the
-namespaces, forks ``COMMAND`` and relays its exit status (or the signal that killed
+``run --ppid=P [--netns=PATH] [--pidns=PATH] [--cpus=0,1] -- COMMAND...``: one task. Joins the
+namespaces, sets its CPU affinity to ``--cpus`` (which the task, and everything it starts,
+inherits), forks ``COMMAND`` and relays its exit status (or the signal that killed
 it) as its own. The launcher signals the task's whole process group (this helper
 and the task); this helper ignores SIGTERM/SIGINT/SIGHUP itself, so the task alone
 decides how to react (e.g. save a backup and exit 75).
@@ -126,7 +127,9 @@ def _kill_group(signum, frame) -> None:
     os.killpg(0, signal.SIGKILL)  # The launcher died: the task and everything in its group go too.
 
 
-def run(ppid: int, netns: str | None, pidns: str | None, command: list[str]) -> None:
+def run(
+    ppid: int, netns: str | None, pidns: str | None, cpus: list[int] | None, command: list[str]
+) -> None:
     signal.signal(signal.SIGUSR2, _kill_group)
     _die_with_parent(signal.SIGUSR2, ppid)
     for signum in _QUIET:
@@ -135,6 +138,8 @@ def run(ppid: int, netns: str | None, pidns: str | None, command: list[str]) -> 
         _enter(netns, CLONE_NEWNET)
     if pidns:
         _enter(pidns, CLONE_NEWPID)  # Only our children enter it.
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # Before the fork: the task starts on them, never elsewhere.
     me = os.getpid()
     pid = os.fork()
     if pid == 0:
@@ -172,7 +177,14 @@ def main(argv: list[str]) -> None:
     if mode == "hold":
         hold(int(options["ppid"]), "net" in options)
     elif mode == "run":
-        run(int(options["ppid"]), options.get("netns") or None, options.get("pidns") or None, rest)
+        cpus = [int(c) for c in options["cpus"].split(",")] if options.get("cpus") else None
+        run(
+            int(options["ppid"]),
+            options.get("netns") or None,
+            options.get("pidns") or None,
+            cpus,
+            rest,
+        )
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -26,6 +26,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from tfdist.config import invalid_argument
+
 logger = logging.getLogger(__name__)
 
 # Run by path with ``python -I -S``: the helper imports only the standard library, so that it
@@ -89,11 +91,21 @@ class Sandbox:
         if not self.private_network and not self.pid_namespace:
             self.close()
 
-    def wrap(self, command: Sequence[str]) -> list[str]:
-        """Returns the command that runs ``command`` as a task of this sandbox."""
+    def wrap(self, command: Sequence[str], *, cpus: Sequence[int] | None = None) -> list[str]:
+        """Returns the command that runs ``command`` as a task of this sandbox.
+
+        Args:
+            command: The task's program and arguments.
+            cpus: The CPUs the task (and all it starts) may run on; all by default.
+                The helper sets them before it starts the task (Linux).
+        """
         if not self._supported:
+            if cpus is not None:
+                raise invalid_argument("cpus", list(cpus), "None: CPU affinity needs Linux")
             return list(command)
         wrapped = [sys.executable, "-I", "-S", _HELPER, "run", f"--ppid={os.getpid()}"]
+        if cpus is not None:
+            wrapped.append("--cpus=" + ",".join(map(str, cpus)))
         if self._holder is not None and self.private_network:
             wrapped.append(f"--netns=/proc/{self._holder.pid}/ns/net")
         if self._holder is not None and self.pid_namespace:

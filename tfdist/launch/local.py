@@ -23,6 +23,8 @@ This module only ties the parts together; each lives in its own module:
 
 * :mod:`tfdist.launch.tasks`: a task's name, environment (TF_CONFIG) and result;
 * :mod:`tfdist.launch.layout`: the cluster on one machine, or over ``--hosts`` nodes;
+* :mod:`tfdist.launch.pinning`: each chief and worker task's own CPUs and TF
+  thread pools, where they fit (``--pin=false``: none);
 * :mod:`tfdist.launch.isolation`: the namespaces the tasks run in, and warnings
   where none can be made;
 * :mod:`tfdist.launch.supervisor`: spawning, watching, restarting and stopping them.
@@ -47,6 +49,7 @@ from tfdist.cluster import is_loopback, split_address
 from tfdist.config import check_non_negative_int, invalid_argument
 from tfdist.launch.isolation import Sandbox, report_exposure
 from tfdist.launch.layout import multi_node_cluster, node_cluster, parse_hosts, single_node_cluster
+from tfdist.launch.pinning import plan_pinning
 from tfdist.launch.supervisor import TIMEOUT_RETURNCODE, Supervisor
 from tfdist.launch.tasks import Task, TaskResult, all_tasks, check_command, task_env
 
@@ -80,6 +83,7 @@ def launch(
     node_rank: int = 0,
     hosts: Sequence[str] | str | None = None,
     private_network: bool = True,
+    pin: bool = True,
 ) -> int:
     """Runs ``command`` once per task of this node and supervises the processes.
 
@@ -117,6 +121,11 @@ def launch(
             its unauthenticated gRPC ports. The tasks then reach nothing
             outside it either (no internet); pass False if they must, and
             firewall the ports. Not used with ``hosts`` or a non-loopback ``host``.
+        pin: Give each chief and worker task of this node its own share of the
+            CPUs this launcher may use, and TF thread pools to match (intra-op:
+            its CPUs; inter-op: as many, at least 2), whenever they fit (see
+            :mod:`tfdist.launch.pinning`); logged one line per task. Parameter
+            servers and evaluators see every CPU. Restarts keep the same CPUs.
 
     Returns:
         0 when every chief, worker and evaluator (of this node) exited 0;
@@ -170,6 +179,7 @@ def launch(
             "a program that exists",
             note=f"Starting it failed: no executable {command[0]!r} (PATH={path}).",
         )
+    pinning = plan_pinning([(t.task_type, t.task_id) for t in local_tasks], pin=pin, env=env)
     # A private network only for a one-machine loopback cluster: tasks of a multi-node (or
     # non-loopback) cluster must reach other hosts.
     with Sandbox(private_network=single_node and loopback and bool(private_network)) as sandbox:
@@ -189,5 +199,6 @@ def launch(
             max_restarts=max_restarts,
             tasks=local_tasks,
             sandbox=sandbox,
+            pinning=pinning,
         )
         return supervisor.run(timeout)

@@ -41,6 +41,7 @@ def notebook_launcher(
     timeout: float | None = None,
     env: dict[str, str] | None = None,
     private_network: bool = True,
+    pin: bool = True,
 ) -> Any:
     """Runs ``fn(*args)`` in every task of a local cluster; returns the chief's result.
 
@@ -58,6 +59,8 @@ def notebook_launcher(
             only loopback (Linux, root; see ``tfdist.launch.local.launch``), so
             no other host can reach their gRPC ports. They reach nothing
             outside it either: pass False if ``fn`` needs the network.
+        pin: Give each task its own CPUs and TF thread pools to match, when
+            they fit, as ``tfdist launch`` does (``tfdist.launch.local.launch``).
 
     Returns:
         What ``fn`` returned on the chief (worker 0 without a chief).
@@ -84,6 +87,7 @@ def notebook_launcher(
             env=task_env,
             output=sys.stdout,
             private_network=private_network,
+            pin=pin,
         )
         if code != 0:
             raise RuntimeError(

@@ -28,7 +28,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
+from tfdist.config import invalid_argument
 from tfdist.launch.isolation import Sandbox
+from tfdist.launch.pinning import Pinning
 from tfdist.launch.restarts import RestartPolicy
 from tfdist.launch.tasks import Task, TaskResult, all_tasks, task_env
 
@@ -63,6 +65,9 @@ class Supervisor:
             (see :func:`tfdist.launch.layout.node_cluster`).
         sandbox: Runs each task inside its namespaces (see
             :class:`tfdist.launch.isolation.Sandbox`), or None.
+        pinning: Task label (``worker:0``) -> the CPUs and TF thread pools that
+            task gets, at every start (see :mod:`tfdist.launch.pinning`); the
+            sandbox's helper sets the CPUs, so it needs a sandbox.
     """
 
     def __init__(
@@ -76,9 +81,15 @@ class Supervisor:
         max_restarts: int = 0,
         tasks: Sequence[Task] | None = None,
         sandbox: Sandbox | None = None,
+        pinning: Mapping[str, Pinning] | None = None,
     ):
+        if pinning and sandbox is None:
+            raise invalid_argument(
+                "pinning", dict(pinning), "none without a sandbox, whose helper sets the CPUs"
+            )
         self.command = list(command)
         self.sandbox = sandbox
+        self.pinning = dict(pinning or {})
         self.cluster = cluster
         self.env = env
         self.output = output
@@ -96,15 +107,23 @@ class Supervisor:
         )
 
     def start_task(self, task: Task) -> None:
-        """Starts ``task``'s process in its own process group, with a reader thread."""
+        """Starts ``task``'s process (on its CPUs) in its own process group, with a reader."""
         # The sandbox helper gets PR_SET_PDEATHSIG, which fires when the *thread* that forked it
         # exits, not the process: so tasks are only ever started from this one, which runs the job.
-        command = self.sandbox.wrap(self.command) if self.sandbox is not None else self.command
+        pinning = self.pinning.get(str(task))
+        env = task_env(self.cluster, task.task_type, task.task_id, self.env)
+        if pinning is not None:
+            env.update(pinning.env())
+        command = (
+            self.sandbox.wrap(self.command, cpus=pinning.cpus if pinning else None)
+            if self.sandbox is not None
+            else self.command
+        )
         # start_new_session: the task and its children form one process group that _stop signals
         # as a whole, and a terminal's Ctrl-C goes to the launcher alone (it forwards it).
         proc = subprocess.Popen(
             command,
-            env=task_env(self.cluster, task.task_type, task.task_id, self.env),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -137,6 +137,13 @@ flags.DEFINE_boolean(
     "that has only loopback, so no other host reaches its (unauthenticated) gRPC ports; the tasks "
     "reach nothing outside it either. --noprivate_network uses the host's network.",
 )
+flags.DEFINE_boolean(
+    "pin",
+    True,
+    "launch: give each chief and worker process of this node its own CPUs and TF thread pools "
+    "to match, when they fit on the CPUs the launcher may use (ps and evaluator: every CPU); "
+    "--pin=false: every process sees every CPU, with TF's default pools.",
+)
 flags.DEFINE_integer("nnodes", 1, "launch, manifest slurm: the number of nodes (machines).")
 flags.DEFINE_integer("node_rank", 0, "launch: this node's index in --hosts; node 0 runs the chief.")
 flags.DEFINE_list(

@@ -38,4 +38,5 @@ def run(args: Sequence[str]) -> int:
         node_rank=FLAGS.node_rank,
         hosts=FLAGS.hosts,
         private_network=FLAGS.private_network,
+        pin=FLAGS.pin,
     )

@@ -10,7 +10,7 @@ from tfdist.launch.cli.flag_definitions import FLAGS
 
 # Flags a manifest kind does not use, refused when given rather than silently ignored.
 UNUSED_FLAGS = {
-    "slurm": ("evaluator", "image", "kind", "name", "hosts", "node_rank"),
+    "slurm": ("evaluator", "image", "kind", "name", "hosts", "node_rank", "pin"),
     "kubernetes": (
         "nnodes",
         "min_nodes",
@@ -22,6 +22,7 @@ UNUSED_FLAGS = {
         "node_rank",
         "ntasks",
         "max_restarts",
+        "pin",
     ),
 }
 
