@@ -310,7 +310,7 @@ def test_unknown_benchmark_lists_the_valid_names(tmp_path):
         ValueError,
         match=r"Invalid value for argument `benchmarks`.*'nope'.*"
         r"accumulation, allreduce, backup, bf16_vs_fp32, health, mfu, parameter_server, scaling, "
-        r"stragglers, trainer_vs_fit",
+        r"stragglers, time_to_accuracy, trainer_vs_fit",
     ):
         runner.run(["nope"], output=str(output))
     assert not output.exists()

@@ -148,7 +148,13 @@ def test_bad_scaling_options_get_one_clear_error():
 
 def test_multi_process_benchmarks_run_only_when_named():
     assert {"scaling", "allreduce", "stragglers"} <= set(runner.available())
-    assert set(runner.ON_REQUEST) == {"scaling", "allreduce", "stragglers", "health"}
+    assert set(runner.ON_REQUEST) == {
+        "scaling",
+        "allreduce",
+        "stragglers",
+        "health",
+        "time_to_accuracy",
+    }
 
 
 def test_cli_refuses_a_bad_bench_flag_in_one_line():

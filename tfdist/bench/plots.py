@@ -193,3 +193,76 @@ def plot_health(result: dict[str, Any], path: str) -> None:
     ratio_ax.set_ylabel("examples/s ratio within each round")
     ratio_ax.legend(fontsize=8)
     _save(fig, path)
+
+
+# time_to_accuracy: colour per worker count, line style and marker per LR rule.
+TTA_COLORS = {"1": "tab:blue", "2": "tab:orange"}
+TTA_STYLES = {"none": ("-", "."), "linear": ("--", "^")}
+TTA_NAMES = {"none": "no scaling", "linear": "linear scaling + warmup"}
+
+
+def _tta_runs(result: dict[str, Any]) -> Any:
+    """Yields ``(workers, rule, repeat index, run)`` for every fit of a time_to_accuracy result."""
+    for n, entry in sorted(result.get("per_workers", {}).items()):
+        for rule, side in entry.get("sides", {}).items():
+            for i, run in enumerate(side.get("runs", [])):
+                yield n, rule, i, run
+
+
+def _draw_tta_curve(time_ax: Any, epoch_ax: Any, n: str, rule: str, i: int, run: Any) -> None:
+    """One fit's accuracy per epoch against seconds and epochs; a circle where it hit the target."""
+    curve = run.get("curve", [])
+    linestyle, marker = TTA_STYLES.get(rule, (":", "."))
+    style = {
+        "linestyle": linestyle,
+        "marker": marker,
+        "color": TTA_COLORS.get(n, "tab:grey"),
+        "alpha": 1.0 if i == 0 else 0.35,
+        "label": f"{n} worker{'s' if n != '1' else ''}, {TTA_NAMES.get(rule, rule)}"
+        if i == 0
+        else None,
+    }
+    accuracy = [p["val_accuracy"] for p in curve]
+    time_ax.plot([p["seconds"] for p in curve], accuracy, **style)
+    epoch_ax.plot([p["epoch"] for p in curve], accuracy, **style)
+    if run.get("reached"):
+        time_ax.plot(
+            run["seconds_to_target"],
+            accuracy[run["epochs_to_target"] - 1],
+            "o",
+            markerfacecolor="none",
+            color=style["color"],
+            markersize=9,
+        )
+
+
+def plot_time_to_accuracy(result: dict[str, Any], path: str) -> None:
+    """Validation accuracy against training seconds (left) and epochs (right), one line per side.
+
+    Colour: the worker count; line style: the LR rule; every repeat drawn (the first one solid).
+    The target is the red line; a circle marks where each fit first reached it.
+    """
+    fig, (time_ax, epoch_ax) = _figure(12, 4.5, columns=2)
+    config = result.get("config", {})
+    target = config.get("target_accuracy")
+    lowest = 1.0
+    for n, rule, i, run in _tta_runs(result):
+        _draw_tta_curve(time_ax, epoch_ax, n, rule, i, run)
+        lowest = min([lowest, *(p["val_accuracy"] for p in run.get("curve", []))])
+    for ax in (time_ax, epoch_ax):
+        if target is not None:
+            ax.axhline(target, color="tab:red", linewidth=1, label=f"target {target}")
+        ax.set_ylabel("validation accuracy")
+        ax.set_ylim(max(0.0, lowest - 0.05), 1.01)
+    time_ax.set_xlabel("seconds since fit was called (validation excluded)")
+    epoch_ax.set_xlabel("epochs (the same examples on every side)")
+    epoch_ax.xaxis.get_major_locator().set_params(integer=True)
+    time_ax.set_title(
+        f"digits CNN, {config.get('per_worker_batch_size')} examples/worker/step, "
+        f"{config.get('optimizer')} lr={config.get('learning_rate')}, "
+        f"{config.get('threads_per_worker')} thread(s)/worker",
+        fontsize=9,
+    )
+    epoch_ax.set_title("1 worker: one_device; 2 workers: multi_worker (loopback)", fontsize=9)
+    time_ax.legend(fontsize=7, loc="lower right")
+    _save(fig, path)

@@ -10,7 +10,8 @@ same process, alternating between them, and reports medians and their ratio;
 absolute numbers are secondary. Results go to a JSON file and, when matplotlib
 is installed, a PNG bar chart of the ratios next to it (and a benchmark's own
 figure, registered with ``plot=``, as ``<output>.<name>.png``). The
-multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``health``) start
+multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``health``,
+``time_to_accuracy``) start
 their own worker processes with ``tfdist launch`` and run only when named.
 
 To add a benchmark, write a module under ``tfdist/bench/`` with a function
@@ -49,9 +50,10 @@ BUILTIN_MODULES = (
     "tfdist.bench.allreduce",
     "tfdist.bench.stragglers",
     "tfdist.bench.health",
+    "tfdist.bench.time_to_accuracy",
 )
 # Benchmarks that start their own worker processes and take minutes: run only when named.
-ON_REQUEST = ("scaling", "allreduce", "stragglers", "health")
+ON_REQUEST = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy")
 
 
 def _load_builtins() -> None:
@@ -110,7 +112,8 @@ def run(
     Args:
         names: Benchmarks to run, in this order (cluster ones last); default
             all of :func:`available` but the multi-process ones
-            (:data:`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``, ``health``),
+            (:data:`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``, ``health``,
+            ``time_to_accuracy``),
             which run only when named.
         output: Path of the JSON file (directories are created); a PNG chart of
             the ratios goes next to it. ``None`` writes nothing.

@@ -25,6 +25,7 @@ KINDS = {
     "stragglers": ("tfdist.bench.straggler_worker", "run_mwms"),
     "stragglers_ps": ("tfdist.bench.straggler_worker", "run_ps"),
     "health": ("tfdist.bench.health_worker", "run_mwms"),
+    "time_to_accuracy": ("tfdist.bench.time_to_accuracy_worker", "run"),
 }
 
 

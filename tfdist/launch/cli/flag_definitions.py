@@ -199,8 +199,8 @@ flags.DEFINE_boolean(
 flags.DEFINE_integer(
     "threads_per_worker",
     None,
-    "bench scaling, allreduce, stragglers, health: intra-op threads of each worker "
-    "process (default: cores / most workers).",
+    "bench scaling, allreduce, stragglers, health, time_to_accuracy: intra-op threads of each "
+    "worker process (default: cores / most workers).",
 )
 flags.DEFINE_list(
     "scaling_workers",
@@ -208,7 +208,10 @@ flags.DEFINE_list(
     "bench scaling: worker counts to run, e.g. 1,2 (default 1, 2, 4, ... up to the core count).",
 )
 flags.DEFINE_integer(
-    "per_worker_batch_size", None, "bench scaling: examples per worker per step (default 256)."
+    "per_worker_batch_size",
+    None,
+    "bench scaling: examples per worker per step (default 256); "
+    "bench time_to_accuracy: the same (default 64).",
 )
 flags.DEFINE_list(
     "hidden_units", None, "bench scaling: the MLP's hidden widths (default 1024,1024,1024)."
@@ -234,6 +237,11 @@ flags.DEFINE_integer(
     "train: the Trainer all-reduces the gradients in buckets of about this many bytes, "
     "overlapping the backward pass (default: one all-reduce). "
     "bench scaling: passed to the Trainer when it takes it.",
+)
+flags.DEFINE_float(
+    "target_accuracy",
+    None,
+    "bench time_to_accuracy: the validation accuracy each side trains to (default 0.97).",
 )
 flags.DEFINE_integer("allreduce_workers", None, "bench allreduce: worker processes (default 2).")
 flags.DEFINE_integer(

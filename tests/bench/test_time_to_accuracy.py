@@ -1,0 +1,174 @@
+"""``tfdist bench --benchmarks=time_to_accuracy`` at a tiny size, real processes: correctness only.
+
+One process on one_device and 2 MWMS workers, each LR rule once: every side saw the
+same examples per epoch from the same per-worker batch; the two workers saw the same
+accuracies; each fit stopped at the first epoch that reached the target (or ran every
+epoch); the times, rates, medians and ratios follow from the recorded points; the
+*linear* side really trained at the scaled, warmed-up rate and *none* at the base rate.
+Nothing here asserts how fast anything is.
+"""
+
+import json
+import statistics
+
+import pytest
+
+from tests.bench.checks import assert_machine_is_this_one, assert_png_written
+from tfdist.bench import common, runner, time_to_accuracy
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+RULES = ("none", "linear")
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    output = str(tmp_path_factory.mktemp("bench") / "bench.json")
+    options = {"threads_per_worker": 1}
+    results = runner.run(
+        ["time_to_accuracy"], quick=True, output=output, repeats=1, options=options
+    )
+    return results, output
+
+
+def _runs(result):
+    for n, entry in result["per_workers"].items():
+        for rule in RULES:
+            for run in entry["sides"][rule]["runs"]:
+                yield n, entry, rule, run
+
+
+def test_every_side_saw_the_same_examples_per_epoch(bench_run):
+    result = bench_run[0]["results"]["time_to_accuracy"]
+    config = result["config"]
+    b = config["per_worker_batch_size"]
+    assert config["threads_per_worker"] == 1 and config["repeats"] == 1
+    one, two = result["per_workers"]["1"], result["per_workers"]["2"]
+    assert (one["strategy"], one["num_workers"], one["global_batch_size"]) == ("one_device", 1, b)
+    assert (two["strategy"], two["num_workers"], two["global_batch_size"]) == (
+        "multi_worker",
+        2,
+        2 * b,
+    )
+    for entry in (one, two):
+        gbs = entry["global_batch_size"]
+        assert entry["updates_per_epoch"] == entry["train_examples"] // gbs
+        assert entry["examples_per_epoch"] == entry["updates_per_epoch"] * gbs
+        assert all(t["intra_op_threads"] == 1 for t in entry["threads"].values())
+    # The digits' train split divides into whole batches of 32 and 64 alike.
+    assert one["examples_per_epoch"] == two["examples_per_epoch"]
+    assert two["chief"] == ["worker-0"] and set(two["threads"]) == {"worker-0", "worker-1"}
+    for n, entry, rule, run in _runs(result):
+        curve = run["curve"]
+        assert [p["epoch"] for p in curve] == list(range(1, len(curve) + 1))
+        # Optimizer updates counted after each epoch: whole epochs of the global batch.
+        assert [p["updates"] for p in curve] == [
+            p["epoch"] * entry["updates_per_epoch"] for p in curve
+        ], (n, rule)
+        assert 1 <= run["epochs_run"] == len(curve) <= config["max_epochs"]
+    for rule in RULES:
+        per_worker = two["sides"][rule]["val_accuracy_per_worker"]
+        assert per_worker["worker-0"] == per_worker["worker-1"], rule
+
+
+def test_each_fit_stopped_at_the_target_and_the_figures_follow(bench_run):
+    result = bench_run[0]["results"]["time_to_accuracy"]
+    target, max_epochs = result["config"]["target_accuracy"], result["config"]["max_epochs"]
+    for _n, entry, _rule, run in _runs(result):
+        curve = run["curve"]
+        hits = [p for p in curve if p["val_accuracy"] >= target]
+        assert run["reached"] is bool(hits)
+        if hits:
+            # It stopped at the first epoch at the target.
+            assert hits[0] == curve[-1]
+            assert run["epochs_to_target"] == run["epochs_run"] == curve[-1]["epoch"]
+            assert run["seconds_to_target"] == curve[-1]["seconds"]
+            assert run["wall_seconds_to_target"] == curve[-1]["wall_seconds"]
+            assert run["updates_to_target"] == curve[-1]["updates"]
+            assert run["examples_to_target"] == curve[-1]["epoch"] * entry["examples_per_epoch"]
+        else:
+            assert run["epochs_run"] == max_epochs
+            assert run["seconds_to_target"] is None and run["epochs_to_target"] is None
+        seconds = [p["seconds"] for p in curve]
+        assert seconds == sorted(seconds) and seconds[0] > 0
+        # The clock leaves validation out: wall minus training seconds is the validation time.
+        assert curve[-1]["wall_seconds"] - curve[-1]["seconds"] == pytest.approx(
+            run["eval_seconds"]
+        )
+        assert run["eval_seconds"] > 0 and run["fit_seconds"] >= curve[-1]["wall_seconds"]
+        assert run["examples_per_s"] == pytest.approx(
+            run["epochs_run"] * entry["examples_per_epoch"] / curve[-1]["seconds"]
+        )
+        if len(curve) > 1:  # after the first epoch (which traces the functions)
+            assert run["steady_examples_per_s"] == pytest.approx(
+                (len(curve) - 1)
+                * entry["examples_per_epoch"]
+                / (curve[-1]["seconds"] - curve[0]["seconds"])
+            )
+        else:
+            assert run["steady_examples_per_s"] is None
+        assert run["final_val_accuracy"] == curve[-1]["val_accuracy"]
+        assert run["best_val_accuracy"] == max(p["val_accuracy"] for p in curve)
+    for n, entry in result["per_workers"].items():
+        for rule in RULES:
+            side = entry["sides"][rule]
+            runs = side["runs"]
+            assert side["reached"] is all(r["reached"] for r in runs)
+            assert len(side["others_cpu"]) == len(runs)
+            # Medians over the runs other processes left alone (<= 0.25 cores), else over all.
+            clean = [r for r, o in zip(runs, side["others_cpu"]) if o is None or o <= 0.25]
+            assert side["clean_runs"] == len(clean)
+            used = clean or runs
+            expected = (
+                statistics.median(r["seconds_to_target"] for r in used) if side["reached"] else None
+            )
+            assert side["seconds_to_target"] == expected
+            assert result["seconds_to_target"][n][rule] == expected
+    for rule, label in (("none", "no_scaling"), ("linear", "linear_scaling")):
+        one, two = (result["seconds_to_target"][n][rule] for n in ("1", "2"))
+        ratio = result[f"{label}_time_ratio"]
+        assert ratio == (None if one is None or two is None else pytest.approx(two / one))
+
+
+def test_the_linear_side_trained_at_the_scaled_warmed_up_rate(bench_run):
+    result = bench_run[0]["results"]["time_to_accuracy"]
+    config = result["config"]
+    base = config["learning_rate"]
+    for n, entry, rule, run in _runs(result):
+        workers = entry["num_workers"]
+        # LRScaling("linear", base_global_batch_size=<per-worker batch>): x workers after warmup,
+        # ramped linearly from the base rate over warmup_epochs epochs of updates.
+        warmup = round(config["warmup_epochs"] * entry["updates_per_epoch"])
+        for p in run["curve"]:
+            if rule == "none":
+                expected = base
+            else:
+                done = min(p["updates"] / warmup, 1.0) if warmup else 1.0
+                expected = base * (1 + (workers - 1) * done)
+            assert p["learning_rate"] == pytest.approx(expected, rel=1e-5), (n, rule, p)
+
+
+def test_results_and_png_are_written(bench_run):
+    results, output = bench_run
+    with open(output) as f:
+        assert json.load(f) == json.loads(json.dumps(results))
+    assert_png_written(results, output, "time_to_accuracy")
+    assert_machine_is_this_one(results["results"]["time_to_accuracy"]["machine"])
+
+
+def test_bad_time_to_accuracy_options_get_one_clear_error():
+    with pytest.raises(ValueError, match=r"Invalid value for argument `target_accuracy`"):
+        time_to_accuracy.run(target_accuracy=1.5)
+    with pytest.raises(ValueError, match=r"Invalid value for argument `max_epochs`"):
+        time_to_accuracy.run(max_epochs=0)
+    with pytest.raises(ValueError, match=r"Invalid value for argument `optimizer`"):
+        time_to_accuracy.run(optimizer="adamm")
+    with pytest.raises(ValueError, match=r"Invalid value for argument `option`"):
+        time_to_accuracy.run(target=0.9)
+    # The flag reaches the benchmark under its flag name.
+    common.set_options({"target_accuracy": 0.0})
+    try:
+        with pytest.raises(ValueError, match="`target_accuracy`"):
+            common.registry()["time_to_accuracy"](1, True)
+    finally:
+        common.set_options(None)
+    assert "time_to_accuracy" in runner.ON_REQUEST and "time_to_accuracy" in runner.available()

@@ -1,0 +1,292 @@
+"""``time_to_accuracy``: wall seconds to a validation accuracy, 1 and 2 workers, two LR rules.
+
+    tfdist bench --benchmarks=time_to_accuracy --threads_per_worker=1 --repeats=3
+
+The digits CNN (``tfdist train``'s default model and data: ``tfdist.models.get("cnn")``
+on scikit-learn's 8x8 digits, Adam at 2e-3 as ``tfdist train`` uses) is trained until
+its validation accuracy reaches ``target_accuracy`` (0.97), or ``max_epochs`` have run
+("not reached"), evaluating on the validation split after every epoch. Two launches of
+real processes through ``tfdist launch`` (as ``scaling`` starts them), each task with
+``threads_per_worker`` threads on its own core (weak scaling: 2 workers have 2 cores):
+
+* 1 worker: one process on ``one_device`` (what one would run on one machine without a
+  cluster; no collectives);
+* 2 workers: two processes on ``multi_worker`` (MultiWorkerMirrored over loopback).
+
+Each with two LR rules (``tfdist.bench.time_to_accuracy_worker``), the same per-worker
+batch, seed and initial weights: *none* (the same rate; the 2-worker global batch is
+twice as large) and *linear* (``LRScaling("linear", base_global_batch_size=<per-worker
+batch>, warmup_epochs=1)``: the rate times the number of workers, ramped from the base
+rate over the first epoch; on 1 worker the same schedule as *none*).
+
+The clock runs from the ``fit`` call (the Trainer's set-up and tracing included, the
+process start and the strategy's creation not; each process first runs one untimed
+one-epoch fit, so that its one-time costs land on no side) and leaves out the time spent
+in validation; ``wall_seconds_to_target`` includes it. Each side runs ``repeats`` times
+(``--repeats``; the rules alternate in each launch), and its medians are over the runs
+during which other processes took at most ``timing.BUSY_CPU`` cores, or over all of them
+when none was that quiet. Reported per side: seconds, epochs, updates and examples to the
+target, examples/s, the final and best validation accuracy and every epoch's point; per
+LR rule the ratio of 2-worker to 1-worker seconds to the target (below 1: two workers got
+there sooner).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tfdist.bench import cluster_run, common, health, plots, timing
+from tfdist.bench.time_to_accuracy_worker import RULES
+from tfdist.config import OPTIMIZER_NAMES, check_choice, invalid_argument
+
+logger = logging.getLogger(__name__)
+
+#: Worker count -> the strategy its launch trains on.
+STRATEGIES = {1: "one_device", 2: "multi_worker"}
+#: How the JSON and the README name each rule's side; a key ``<label>_time_ratio`` per rule.
+RULE_LABELS = {"none": "no_scaling", "linear": "linear_scaling"}
+DEFAULTS: dict[str, Any] = {
+    "threads_per_worker": None,
+    # tfdist train's default global batch, on one worker.
+    "per_worker_batch_size": 64,
+    "target_accuracy": 0.97,
+    "max_epochs": 40,
+    "repeats": 3,
+    "optimizer": "adam",
+    "learning_rate": 2e-3,
+    "warmup_epochs": 1.0,
+    "steps_per_execution": 1,
+    "seed": 0,
+}
+# --quick and tests: every process real, a low target and few epochs (the figures mean little).
+QUICK: dict[str, Any] = {
+    "per_worker_batch_size": 32,
+    "target_accuracy": 0.6,
+    "max_epochs": 2,
+    "repeats": 1,
+}
+
+
+def _check(options: dict[str, Any]) -> None:
+    threads = options["threads_per_worker"]
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise invalid_argument(
+            "threads_per_worker", threads, "a positive integer or None (cores / workers)"
+        )
+    for key in ("per_worker_batch_size", "max_epochs", "repeats", "steps_per_execution"):
+        if isinstance(options[key], bool) or not isinstance(options[key], int) or options[key] < 1:
+            raise invalid_argument(key, options[key], "a positive integer")
+    target = options["target_accuracy"]
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
+        raise invalid_argument("target_accuracy", target, "a number in (0, 1]")
+    for key in ("learning_rate", "warmup_epochs"):
+        value = options[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise invalid_argument(key, value, "a non-negative number")
+    if not options["learning_rate"] > 0:
+        raise invalid_argument("learning_rate", options["learning_rate"], "a positive number")
+    check_choice("optimizer", options["optimizer"], OPTIMIZER_NAMES)
+    if isinstance(options["seed"], bool) or not isinstance(options["seed"], int):
+        raise invalid_argument("seed", options["seed"], "an integer")
+
+
+def run(**overrides: Any) -> dict[str, Any]:
+    """Runs the benchmark and returns its results (no file written; see ``tfdist bench``).
+
+    Args:
+        **overrides: Any key of :data:`DEFAULTS`, e.g. ``target_accuracy=0.95``,
+            ``max_epochs=20``, ``threads_per_worker=1``; ``quick=True`` applies
+            :data:`QUICK` first.
+
+    Returns:
+        ``{"config", "machine", "per_workers": {"1": {...}, "2": {...}},
+        "seconds_to_target", "no_scaling_time_ratio", "linear_scaling_time_ratio", ...}``:
+        see the README's "Time to accuracy" section.
+
+    Raises:
+        ValueError: For a bad option (Keras-style message naming it).
+        RuntimeError: If a worker process failed.
+    """
+    options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
+    _check(options)
+    threads = options["threads_per_worker"] or cluster_run.default_threads(max(STRATEGIES))
+    spec = {
+        **options,
+        "target_accuracy": float(options["target_accuracy"]),
+        "learning_rate": float(options["learning_rate"]),
+        "warmup_epochs": float(options["warmup_epochs"]),
+        "threads_per_worker": threads,
+        "kind": "time_to_accuracy",
+        "pin_cores": True,
+    }
+    per_workers: dict[str, Any] = {}
+    for n, strategy in STRATEGIES.items():
+        logger.info(
+            "bench time_to_accuracy: %d worker(s) on %s, %d thread(s) each", n, strategy, threads
+        )
+        launched = cluster_run.run_tasks(
+            {**spec, "strategy": strategy, "num_pinned_tasks": n}, workers=n
+        )
+        per_workers[str(n)] = summarise_launch(launched, spec["target_accuracy"])
+    return summarise(spec, per_workers)
+
+
+def run_summary(run: dict[str, Any], target: float, examples_per_epoch: int) -> dict[str, Any]:
+    """One fit's figures from its per-epoch points: to the target (None if not reached), overall."""
+    points = run["points"]
+    hit = next((p for p in points if p["val_accuracy"] >= target), None)
+    last = points[-1]
+    later = last["seconds"] - points[0]["seconds"]
+    return {
+        "reached": hit is not None,
+        "seconds_to_target": hit["seconds"] if hit else None,
+        "wall_seconds_to_target": hit["wall_seconds"] if hit else None,
+        "epochs_to_target": hit["epoch"] if hit else None,
+        "updates_to_target": hit["updates"] if hit else None,
+        "examples_to_target": hit["epoch"] * examples_per_epoch if hit else None,
+        "epochs_run": last["epoch"],
+        "final_val_accuracy": last["val_accuracy"],
+        "best_val_accuracy": max(p["val_accuracy"] for p in points),
+        "final_learning_rate": last["learning_rate"],
+        # Training examples per training second, the first epoch (tracing) included ...
+        "examples_per_s": last["epoch"] * examples_per_epoch / last["seconds"],
+        # ... and after it (None for a one-epoch fit).
+        "steady_examples_per_s": (
+            (last["epoch"] - 1) * examples_per_epoch / later if len(points) > 1 else None
+        ),
+        "first_epoch_seconds": points[0]["seconds"],
+        "eval_seconds": run["eval_seconds"],
+        "fit_seconds": run["fit_seconds"],
+        "curve": points,
+    }
+
+
+def _median_or_none(values: list[Any]) -> float | None:
+    return None if any(v is None for v in values) else timing.median(values)
+
+
+def side_summary(
+    runs: list[dict[str, Any]], target: float, examples: int, others: list[float | None]
+) -> dict[str, Any]:
+    """A side over its repeats: medians over the clean runs, or over all when none is clean.
+
+    A run is clean when other processes took at most ``timing.BUSY_CPU`` cores during it (or
+    that is unknown), as ``timing.Samples`` counts it. The figures to the target are None
+    unless every run reached it.
+
+    Args:
+        runs: The fits of this side, in the order run.
+        target: The target validation accuracy.
+        examples: Training examples per epoch.
+        others: Other processes' CPU (cores) during each run, None where unknown.
+    """
+    summaries = [run_summary(r, target, examples) for r in runs]
+    clean = [s for s, o in zip(summaries, others) if o is None or o <= timing.BUSY_CPU]
+    used = clean or summaries
+    out: dict[str, Any] = {
+        "reached": all(s["reached"] for s in summaries),
+        "clean_runs": len(clean),
+        "others_cpu": others,
+    }
+    for key in (
+        "seconds_to_target",
+        "wall_seconds_to_target",
+        "epochs_to_target",
+        "updates_to_target",
+        "examples_to_target",
+        "steady_examples_per_s",
+    ):
+        value = _median_or_none([s[key] for s in used])
+        out[key] = value if out["reached"] or not key.endswith("_target") else None
+    for key in ("examples_per_s", "final_val_accuracy", "best_val_accuracy", "epochs_run"):
+        out[key] = timing.median([s[key] for s in used])
+    out["runs"] = summaries
+    return out
+
+
+def summarise_launch(launched: dict[str, Any], target: float) -> dict[str, Any]:
+    """Both rules' sides of one launch (worker-0's clock), and every task's accuracies."""
+    tasks = launched["tasks"]
+    lead = tasks["worker-0"]
+    examples = lead["examples_per_epoch"]
+    others = health.others_per_sample(tasks, "worker-0")
+    sides = {}
+    for rule in RULES:
+        runs = lead["runs"][rule]
+        sides[rule] = side_summary(runs, target, examples, others.get(rule, [None] * len(runs)))
+        # Every task's accuracy after each epoch of each fit: the same on every worker.
+        sides[rule]["val_accuracy_per_worker"] = {
+            t: [[p["val_accuracy"] for p in r["points"]] for r in task["runs"][rule]]
+            for t, task in tasks.items()
+        }
+    return {
+        "strategy": lead["strategy"],
+        "num_workers": lead["num_workers"],
+        "global_batch_size": lead["global_batch_size"],
+        "updates_per_epoch": lead["updates_per_epoch"],
+        "examples_per_epoch": examples,
+        "train_examples": lead["train_examples"],
+        "validation_examples": lead["validation_examples"],
+        "untimed_first_fit_seconds": lead["untimed_first_fit_seconds"],
+        "sides": sides,
+        "chief": [t for t, task in tasks.items() if task.get("is_chief")],
+        "threads": {t: task["threads"] for t, task in tasks.items()},
+        "others_cpu_whole_launch": launched["others_cpu"],
+        "launch_seconds": launched["launch_seconds"],
+    }
+
+
+def summarise(spec: dict[str, Any], per_workers: dict[str, Any]) -> dict[str, Any]:
+    """The config, the machine, the sides and the 2-worker / 1-worker ratio of each rule."""
+    base = spec["per_worker_batch_size"]
+    out: dict[str, Any] = {
+        "config": {
+            **{k: v for k, v in spec.items() if k not in ("kind", "pin_cores")},
+            "model": "cnn",
+            "dataset": "digits",
+            "strategies": {str(n): s for n, s in STRATEGIES.items()},
+            "clock": "seconds from the fit call, validation time excluded",
+            "rules": {
+                "none": "the base learning rate, no warmup",
+                "linear": f"LRScaling('linear', base_global_batch_size={base}, "
+                f"warmup_epochs={spec['warmup_epochs']})",
+            },
+        },
+        "machine": cluster_run.machine(),
+        "per_workers": per_workers,
+        "seconds_to_target": {
+            n: {rule: entry["sides"][rule]["seconds_to_target"] for rule in RULES}
+            for n, entry in per_workers.items()
+        },
+    }
+    one, two = per_workers["1"]["sides"], per_workers["2"]["sides"]
+    for rule in RULES:
+        a, b = two[rule]["seconds_to_target"], one[rule]["seconds_to_target"]
+        out[f"{RULE_LABELS[rule]}_time_ratio"] = None if a is None or b is None else a / b
+    out["others_cpu_max"] = timing.nanmax(
+        v
+        for entry in per_workers.values()
+        for side in entry["sides"].values()
+        for v in side["others_cpu"]
+        if v is not None
+    )
+    return out
+
+
+# ``tfdist bench`` flag -> option of :func:`run`.
+FLAG_OPTIONS = {
+    "threads_per_worker": "threads_per_worker",
+    "per_worker_batch_size": "per_worker_batch_size",
+    "target_accuracy": "target_accuracy",
+}
+
+
+@common.register("time_to_accuracy", plot=plots.plot_time_to_accuracy)
+def time_to_accuracy(repeats: int, quick: bool) -> dict[str, Any]:
+    """The registered benchmark: :func:`run` with the bench's options (``tfdist bench`` flags)."""
+    options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
+    options.setdefault("repeats", repeats)
+    return run(quick=quick, **options)

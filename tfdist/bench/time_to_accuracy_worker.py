@@ -1,0 +1,187 @@
+"""What each task of ``tfdist bench --benchmarks=time_to_accuracy`` runs.
+
+See ``tfdist.bench.time_to_accuracy``. One launch per worker count: 1 task on
+``one_device``, or 2 tasks on ``multi_worker`` (MultiWorkerMirroredStrategy
+over loopback). Every task builds, for each LR rule, a fresh ``tfdist.Trainer``
+on the digits CNN (``tfdist.models.get("cnn")`` and ``tfdist.data.load("digits")``,
+as ``tfdist train`` builds them), from the same initial weights under the same
+seed, and fits it with validation on the "validation" split after every epoch
+until the validation accuracy reaches the target or ``max_epochs`` have run:
+
+* ``none``: the base learning rate, no warmup (the per-worker batch is fixed, so
+  2 workers train on a global batch twice as large at the same rate);
+* ``linear``: ``LRScaling("linear", base_global_batch_size=per_worker_batch_size,
+  warmup_epochs=...)``: the rate times global batch / per-worker batch (1 on one
+  worker, 2 on two), ramped linearly from the base rate over the warmup.
+
+One untimed fit of one epoch (a throwaway Trainer) runs first, so that what a
+process pays once (the collectives' group set-up, kernel caches) does not land
+on whichever rule runs first; each timed fit still traces its own functions.
+With ``repeats`` > 1 the rules alternate (``none linear``, ``linear none``, ...).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import keras
+
+import tfdist
+from tfdist.bench import fits
+from tfdist.bench.workers import Recorder
+
+RULES = ("none", "linear")
+#: The order of even and odd repeats.
+ORDERS = (RULES, RULES[::-1])
+
+
+class AccuracyClock(keras.callbacks.Callback):
+    """After every epoch's validation: seconds since ``fit`` was called, and ``val_accuracy``.
+
+    ``seconds`` leaves out the time spent in validation (measured between the
+    test hooks ``Trainer.fit`` calls around it), since how often one evaluates is
+    the benchmark's choice, not training; ``wall_seconds`` includes it. Asks the
+    fit to stop (``model.stop_training``) once ``val_accuracy >= target``; every
+    worker sees the same, all-reduced, accuracy.
+    """
+
+    def __init__(self, target: float) -> None:
+        super().__init__()
+        self.target = target
+        self.start = time.perf_counter()
+        self.eval_seconds = 0.0
+        self.points: list[dict[str, Any]] = []
+        self._eval_start = self.start
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        self._eval_start = time.perf_counter()
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        self.eval_seconds += time.perf_counter() - self._eval_start
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        now = time.perf_counter()
+        accuracy = float((logs or {})["val_accuracy"])
+        optimizer = self.model.optimizer
+        self.points.append(
+            {
+                "epoch": epoch + 1,
+                "seconds": now - self.start - self.eval_seconds,
+                "wall_seconds": now - self.start,
+                "val_accuracy": accuracy,
+                "updates": int(optimizer.iterations.numpy()),
+                # The rate the next update would use (the schedule at the current update).
+                "learning_rate": float(keras.ops.convert_to_numpy(optimizer.learning_rate)),
+            }
+        )
+        if accuracy >= self.target:
+            self.model.stop_training = True
+
+
+def scaling_options(rule: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer keywords of LR rule ``rule`` (``"none"``: the Trainer's default)."""
+    if rule == "none":
+        return {}
+    return {
+        "lr_scaling": tfdist.LRScaling(
+            "linear",
+            base_global_batch_size=int(spec["per_worker_batch_size"]),
+            warmup_epochs=float(spec["warmup_epochs"]),
+        )
+    }
+
+
+def _trainer(strategy: Any, builder: Any, spec: dict[str, Any], rule: str) -> Any:
+    keras.utils.set_random_seed(int(spec["seed"]))  # the dropout layer's seed, as on every side
+    optimizer = keras.optimizers.get(
+        {"class_name": spec["optimizer"], "config": {"learning_rate": spec["learning_rate"]}}
+    )
+    return tfdist.Trainer(
+        builder,
+        strategy=strategy,
+        optimizer=optimizer,
+        loss=fits.logits_loss(),
+        metrics=["accuracy"],
+        steps_per_execution=int(spec["steps_per_execution"]),
+        **scaling_options(rule, spec),
+    )
+
+
+def fit_to_target(
+    strategy: Any,
+    builder: Any,
+    data: tuple[Any, Any, int],
+    spec: dict[str, Any],
+    rule: str,
+    recorder: Recorder,
+) -> dict[str, Any]:
+    """One timed fit of rule ``rule`` from the initial weights; its per-epoch points.
+
+    Args:
+        data: The train and validation ``DatasetFn``\\ s and the global batch size.
+    """
+    train, val, global_batch_size = data
+    trainer = _trainer(strategy, builder, spec, rule)
+    clock = AccuracyClock(float(spec["target_accuracy"]))
+
+    def fit() -> None:
+        clock.start = time.perf_counter()
+        trainer.fit(
+            train,
+            epochs=int(spec["max_epochs"]),
+            global_batch_size=global_batch_size,
+            validation_data=val,
+            callbacks=[clock],
+            verbose=0,
+        )
+
+    _, took = recorder.measure(rule, fit)
+    return {
+        "points": clock.points,
+        "eval_seconds": clock.eval_seconds,
+        "fit_seconds": took.seconds,
+        "is_chief": trainer.is_chief,
+    }
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Fits every rule ``repeats`` times on this task; returns the per-epoch points of each fit."""
+    strategy = tfdist.make_strategy(spec["strategy"])
+    workers = strategy.num_replicas_in_sync
+    gbs = int(spec["per_worker_batch_size"]) * workers
+    seed = int(spec["seed"])
+    # Unbound, with fit's global_batch_size, as ``tfdist train`` passes them.
+    train = tfdist.data.load("digits", split="train", seed=seed)
+    val = tfdist.data.load("digits", split="validation", seed=seed)
+    updates_per_epoch = train.bind(global_batch_size=gbs).steps_per_epoch()
+    builder = fits.seeded(
+        lambda: tfdist.models.get(
+            "cnn", input_shape=train.input_shape, num_classes=train.num_classes
+        ),
+        seed,
+    )
+    warm = _trainer(strategy, builder, spec, "none")
+    start = time.perf_counter()
+    warm.fit(train, epochs=1, global_batch_size=gbs, validation_data=val, verbose=0)
+    warmup_seconds = time.perf_counter() - start
+    recorder = Recorder()
+    runs: dict[str, list[dict[str, Any]]] = {rule: [] for rule in RULES}
+    for r in range(int(spec["repeats"])):
+        for rule in ORDERS[r % 2]:
+            runs[rule].append(
+                fit_to_target(strategy, builder, (train, val, gbs), spec, rule, recorder)
+            )
+    return {
+        "strategy": spec["strategy"],
+        "num_workers": workers,
+        "global_batch_size": gbs,
+        "updates_per_epoch": updates_per_epoch,
+        "examples_per_epoch": updates_per_epoch * gbs,
+        "train_examples": train.num_examples,
+        "validation_examples": val.num_examples,
+        "untimed_first_fit_seconds": warmup_seconds,
+        "runs": runs,
+        "records": recorder.records,
+        "is_chief": warm.is_chief,
+    }
