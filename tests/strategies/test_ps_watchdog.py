@@ -3,6 +3,7 @@
 A real in-process cluster (2 workers, 1 ps, the shape the other PS tests share).
 """
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -79,21 +80,34 @@ class _Warnings(logging.Handler):
         )
 
 
-def test_a_worker_stuck_in_its_input_pipeline_is_treated_as_lost():
-    hang = _Hang(40)  # past both workers' first calls, mid first epoch
+@contextlib.contextmanager
+def _watched(hang, **watchdog):
+    """A Trainer on 2 workers (floor ``FLOOR``), its PS watchdog's warnings recorded.
+
+    ``hang`` is released on the way out, so a failed check never leaves a pipeline blocked.
+    """
     # The Trainer's watchdog numbers time each worker's calls.
-    watchdog = tfdist.WatchdogOptions(floor=FLOOR, first=120.0)
-    trainer = _trainer(ps_strategy(num_workers=2, num_ps=1), watchdog=watchdog)
+    options = tfdist.WatchdogOptions(floor=FLOOR, first=120.0, **watchdog)
+    trainer = _trainer(ps_strategy(num_workers=2, num_ps=1), watchdog=options)
     warnings = _Warnings(trainer.runner)
-    logging.getLogger("tfdist.strategies.ps_watchdog").addHandler(warnings)
+    logger = logging.getLogger("tfdist.strategies.ps_watchdog")
+    logger.addHandler(warnings)
     try:
-        trainer.fit(
-            hang.dataset_fn, epochs=2, steps_per_epoch=STEPS, global_batch_size=16, verbose=0
-        )
-        ended = time.monotonic()
+        yield trainer, warnings
     finally:
         hang.release.set()
-        logging.getLogger("tfdist.strategies.ps_watchdog").removeHandler(warnings)
+        logger.removeHandler(warnings)
+
+
+def _fit(trainer, hang):
+    trainer.fit(hang.dataset_fn, epochs=2, steps_per_epoch=STEPS, global_batch_size=16, verbose=0)
+
+
+def test_a_worker_stuck_in_its_input_pipeline_is_treated_as_lost():
+    hang = _Hang(40)  # past both workers' first calls, mid first epoch
+    with _watched(hang) as (trainer, warnings):
+        _fit(trainer, hang)
+        ended = time.monotonic()
     assert hang.started is not None
     [(message, warned, counts_then)] = warnings.seen
     stuck = message.split()[0]
@@ -138,19 +152,10 @@ def test_every_worker_stuck_at_once_ends_the_fit_with_a_clear_error():
     # Both workers' pipelines hang (their calls return, their outputs never come): nothing is
     # left to run the calls, so the fit fails; a launched job would exit with STUCK_EXIT_CODE.
     hang = _Hang(40, 41)
-    watchdog = tfdist.WatchdogOptions(floor=FLOOR, first=120.0, exit=False)
-    trainer = _trainer(ps_strategy(num_workers=2, num_ps=1), watchdog=watchdog)
-    warnings = _Warnings(trainer.runner)
-    logging.getLogger("tfdist.strategies.ps_watchdog").addHandler(warnings)
-    try:
+    with _watched(hang, exit=False) as (trainer, warnings):
         with pytest.raises(WorkerStuckError, match=r"worker:\d is stuck: its training call") as err:
-            trainer.fit(
-                hang.dataset_fn, epochs=2, steps_per_epoch=STEPS, global_batch_size=16, verbose=0
-            )
+            _fit(trainer, hang)
         ended = time.monotonic()
-    finally:
-        hang.release.set()
-        logging.getLogger("tfdist.strategies.ps_watchdog").removeHandler(warnings)
     assert "Restart the job" in str(err.value)
     assert any("stopping the fit" in message for message, _, _ in warnings.seen), warnings.seen
     # Bound: the floor after the first hang, plus polling (1 s) and scheduling slack.

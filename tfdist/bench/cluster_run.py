@@ -20,11 +20,11 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tfdist.bench import timing
-from tfdist.config import invalid_argument
+from tfdist.config import check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,19 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def check_task_options(options: Mapping[str, Any], counts: Iterable[str]) -> None:
+    """Checks a launched benchmark's ``threads_per_worker`` and its positive-integer ``counts``."""
+    threads = options["threads_per_worker"]
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise invalid_argument(
+            "threads_per_worker", threads, "a positive integer or None (cores / workers)"
+        )
+    for key in counts:
+        check_positive_int(key, options[key])
 
 
 def default_threads(workers: int) -> int:

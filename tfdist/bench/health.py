@@ -64,16 +64,9 @@ GOAL = 0.99
 
 
 def _check(options: dict[str, Any]) -> None:
-    threads = options["threads_per_worker"]
-    if threads is not None and (
-        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    ):
-        raise invalid_argument(
-            "threads_per_worker", threads, "a positive integer or None (cores / workers)"
-        )
-    for key in ("per_worker_batch_size", "steps", "repeats", "steps_per_execution"):
-        if isinstance(options[key], bool) or not isinstance(options[key], int) or options[key] < 1:
-            raise invalid_argument(key, options[key], "a positive integer")
+    cluster_run.check_task_options(
+        options, ("per_worker_batch_size", "steps", "repeats", "steps_per_execution")
+    )
     interval = options["fast_interval"]
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
         raise invalid_argument("fast_interval", interval, "a positive number of seconds")

@@ -59,19 +59,10 @@ def _check(options: dict[str, Any]) -> None:
     workers = options["workers"]
     if not workers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in workers):
         raise invalid_argument("scaling_workers", list(workers), "worker counts >= 1, e.g. 1,2")
-    threads = options["threads_per_worker"]
-    if threads is not None and (
-        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    ):
-        raise invalid_argument(
-            "threads_per_worker", threads, "a positive integer or None (cores / workers)"
-        )
+    cluster_run.check_task_options(options, ("per_worker_batch_size", "steps", "repeats"))
     for variant in options["gradient_compression"]:
         if variant not in COMPRESSIONS:
             raise invalid_argument("gradient_compression", variant, COMPRESSIONS)
-    for key in ("per_worker_batch_size", "steps", "repeats"):
-        if isinstance(options[key], bool) or not isinstance(options[key], int) or options[key] < 1:
-            raise invalid_argument(key, options[key], "a positive integer")
 
 
 def run(**overrides: Any) -> dict[str, Any]:

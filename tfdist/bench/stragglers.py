@@ -57,16 +57,7 @@ def _check(options: dict[str, Any]) -> None:
         raise invalid_argument(
             "straggler_factor", factor, "a number >= 1 (how many times slower worker 1 steps)"
         )
-    threads = options["threads_per_worker"]
-    if threads is not None and (
-        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    ):
-        raise invalid_argument(
-            "threads_per_worker", threads, "a positive integer or None (cores / workers)"
-        )
-    for key in ("per_worker_batch_size", "steps", "repeats"):
-        if isinstance(options[key], bool) or not isinstance(options[key], int) or options[key] < 1:
-            raise invalid_argument(key, options[key], "a positive integer")
+    cluster_run.check_task_options(options, ("per_worker_batch_size", "steps", "repeats"))
 
 
 def run(**overrides: Any) -> dict[str, Any]:

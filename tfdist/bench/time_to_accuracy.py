@@ -69,16 +69,9 @@ QUICK: dict[str, Any] = {
 
 
 def _check(options: dict[str, Any]) -> None:
-    threads = options["threads_per_worker"]
-    if threads is not None and (
-        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    ):
-        raise invalid_argument(
-            "threads_per_worker", threads, "a positive integer or None (cores / workers)"
-        )
-    for key in ("per_worker_batch_size", "max_epochs", "repeats", "steps_per_execution"):
-        if isinstance(options[key], bool) or not isinstance(options[key], int) or options[key] < 1:
-            raise invalid_argument(key, options[key], "a positive integer")
+    cluster_run.check_task_options(
+        options, ("per_worker_batch_size", "max_epochs", "repeats", "steps_per_execution")
+    )
     target = options["target_accuracy"]
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
         raise invalid_argument("target_accuracy", target, "a number in (0, 1]")
