@@ -142,8 +142,10 @@ def test_only_the_straggler_pipeline_sleeps_before_each_batch():
     )
     slow = _seconds_to_read(fn(tf.distribute.InputContext(2, 1, 2)), 3)
     fast = _seconds_to_read(fn(tf.distribute.InputContext(2, 0, 2)), 3)
-    assert slow >= 3 * delay
-    assert fast < 3 * delay
+    # The pipeline may start the next sleep before the first read returns, so a
+    # margin under 3 sleeps; the fast pipeline does not sleep at all.
+    assert slow >= 2.5 * delay
+    assert fast < delay
     # Same batches as the pipeline without the sleep.
     plain = next(iter(base(tf.distribute.InputContext(2, 1, 2))))
     slept = next(iter(fn(tf.distribute.InputContext(2, 1, 2))))
