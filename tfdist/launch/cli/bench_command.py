@@ -42,6 +42,7 @@ def run(args: Sequence[str]) -> int:
         "allreduce_workers": FLAGS.allreduce_workers,
         "allreduce_max_bytes": FLAGS.allreduce_max_bytes,
         "straggler_factor": FLAGS.straggler_factor,
+        "slow_fsync_ms": FLAGS.slow_fsync_ms,
     }
     results = runner.run(
         FLAGS.benchmarks or None,
