@@ -211,22 +211,41 @@ def test_backup_sides_did_the_same_updates_and_the_cost_follows(quick_run):
     config = result["config"]
     steps, batch = config["updates_per_fit"], config["global_batch_size"]
     freq = config["backup_freq"]
-    assert (steps, freq) == (8, 2)
+    assert (steps, freq, config["slow_fsync_ms"]) == (8, 2, 0)
     samples = result["samples"]
-    for side in ("with_backup", "no_backup"):
+    sides = ("asynchronous", "synchronous", "no_backup")
+    assert set(samples["values"]) == set(sides)
+    for side in sides:
         _check_samples(samples, side, work=steps * batch)
         assert result["updates_per_call"][side] == [steps] * len(samples["values"][side])
         assert result[f"{side}_examples_per_s"] == pytest.approx(_clean_median(samples, side))
     examples = steps * batch
-    seconds = {
-        side: examples / result[f"{side}_examples_per_s"] for side in ("with_backup", "no_backup")
-    }
-    extra = seconds["with_backup"] - seconds["no_backup"]
-    # 3 in-epoch backups (after updates 2, 4, 6; the epoch-end one is not in the steps' time).
-    assert result["seconds_per_backup"] == pytest.approx(extra / ((steps - 1) // freq))
-    whole = {side: examples / (seconds[side] + result["fit_overhead_s"][side]) for side in seconds}
-    assert result["ratio_whole_call"] == pytest.approx(whole["with_backup"] / whole["no_backup"])
-    assert result["max_updates_lost_per_kill"] == freq
+    seconds = {side: examples / result[f"{side}_examples_per_s"] for side in sides}
+    whole = {side: examples / (seconds[side] + result["fit_overhead_s"][side]) for side in sides}
+    for side, prefix in (("asynchronous", ""), ("synchronous", "synchronous_")):
+        assert result[f"{prefix}ratio"] == pytest.approx(seconds["no_backup"] / seconds[side])
+        paired = [a / b for a, b in zip(samples["values"][side], samples["values"]["no_backup"])]
+        assert result[f"{prefix}paired_ratio"] == pytest.approx(statistics.median(paired))
+        extra = seconds[side] - seconds["no_backup"]
+        # 3 in-epoch backups (after updates 2, 4, 6; the epoch-end one is not in the steps' time).
+        assert result["seconds_per_backup"][side] == pytest.approx(extra / ((steps - 1) // freq))
+        assert result[f"{prefix}ratio_whole_call"] == pytest.approx(
+            whole[side] / whole["no_backup"]
+        )
+    assert result["max_updates_lost_per_kill"] == {"asynchronous": 2 * freq, "synchronous": freq}
+
+
+def test_the_backup_bench_checks_its_slow_disk():
+    from tfdist.bench import backup
+
+    common.set_options({"slow_fsync_ms": -1})
+    try:
+        with pytest.raises(
+            ValueError, match=r"argument `slow_fsync_ms`. Received: slow_fsync_ms=-1"
+        ):
+            backup.backup(repeats=1, quick=True)
+    finally:
+        common.set_options(None)
 
 
 def test_parameter_server_compares_trainer_with_hand_written_loops(quick_run):

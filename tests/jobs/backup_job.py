@@ -2,11 +2,12 @@
 
     [tfdist launch --workers=2 [--max_restarts=1] --] python tests/jobs/backup_job.py \\
         STRATEGY OUT_DIR BACKUP_DIR [--die_at=BATCH | --sigterm_at=BATCH] [--die_task=worker-1]
-        [--faults=KIND:TASK:UPDATE,...] [--watchdog=FLOOR,FACTOR] [--no_backup]
+        [--faults=KIND:TASK:UPDATE,...] [--watchdog=FLOOR,FACTOR] [--no_backup | --sync_backup]
         [--slow_input=BASE,SLOW --slow_from=UPDATE --straggler_interval=SECONDS]
 
 Trains a small MLP (with a counter of replica steps) on synthetic data with
-Trainer(backup_dir=..., backup_freq=2) under op determinism. With --die_at,
+Trainer(backup=BackupOptions(BACKUP_DIR, freq=2)) under op determinism
+(asynchronous backups; --sync_backup: asynchronous=False). With --die_at,
 DIE_TASK's first attempt calls os._exit(3) after global batch BATCH; with
 --sigterm_at it sends itself SIGTERM there (a preemption notice). With
 --faults, attempt i of TASK hangs after optimizer update UPDATE of the i-th
@@ -43,6 +44,7 @@ parser.add_argument(
 parser.add_argument("--faults", default="", help="KIND:TASK:UPDATE per attempt, comma separated")
 parser.add_argument("--watchdog", default="", help="FLOOR,FACTOR: the watchdog's options")
 parser.add_argument("--no_backup", action="store_true")
+parser.add_argument("--sync_backup", action="store_true", help="BackupOptions(asynchronous=False)")
 parser.add_argument("--slow_input", default="", help="BASE,SLOW: seconds per example")
 parser.add_argument("--slow_from", type=int, default=0)
 parser.add_argument("--straggler_interval", type=float, default=0.0)
@@ -229,8 +231,9 @@ trainer = tfdist.Trainer(
     strategy=strategy,
     optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    backup_dir=None if args.no_backup else args.backup_dir,
-    backup_freq=None if args.no_backup else 2,
+    backup=None
+    if args.no_backup
+    else tfdist.BackupOptions(args.backup_dir, freq=2, asynchronous=not args.sync_backup),
     **watchdog_options,
 )
 train = tfdist.data.load("synthetic", num_examples=512)

@@ -5,9 +5,11 @@ import os
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfdist
 from tests.helpers import Crash
+from tfdist.training import backup_files
 from tfdist.training.backup import Backup
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -78,7 +80,9 @@ def test_keep_backup(tmp_path):
     assert history.history == {} and int(again.model.optimizer.iterations.numpy()) == 8
 
 
-def test_parameter_server_resumes_after_a_coordinator_crash(tmp_path):
+def test_parameter_server_resumes_after_a_coordinator_crash(tmp_path, monkeypatch):
+    # A slow disk: updates 11 and 12 run while the backup at update 10 is committed.
+    monkeypatch.setenv(backup_files.SLOW_FSYNC_ENV, "100")
     strategy = tfdist.make_strategy(
         "parameter_server", num_workers=2, num_ps=2, min_shard_bytes=1024, allow_late_connect=True
     )  # earlier tests ran TF in this process
@@ -98,6 +102,12 @@ def test_parameter_server_resumes_after_a_coordinator_crash(tmp_path):
     saved = [np.asarray(w) for w in first.model.get_weights()]
     state = Backup(backup_dir, None, is_chief=True).read_state()
     assert (state["epoch"], state["step"], state["updates"]) == (1, 0, 10)
+    # The optimizer's iterations as written: those of the save call, not of the updates after.
+    iterations = tf.train.load_variable(
+        os.path.join(backup_dir, state["checkpoint"]),
+        "objects/optimizer/0/.ATTRIBUTES/VARIABLE_VALUE",
+    )
+    assert int(iterations) == 10
 
     resumed = _trainer(strategy, backup_dir, backup_freq=5)
     fresh = [np.asarray(w) for w in resumed.model.get_weights()]

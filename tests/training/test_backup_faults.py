@@ -107,25 +107,31 @@ def test_sigterm_preemption_loses_and_repeats_nothing(tmp_path):
         assert info["counter"] == info["replicas"] * 48
 
 
-def test_kill_inside_a_save_leaves_the_previous_backup(tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted_one_device(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one-device-reference")
+    reference = _job("one_device", out, out / "backup")
+    assert reference.returncode == 0, reference.stdout[-3000:]
+    return _weights(out / "worker-0.npz")
+
+
+@pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
+def test_kill_inside_a_save_leaves_the_previous_backup(tmp_path, mode, uninterrupted_one_device):
+    # Save 3 (after update 6) is SIGKILLed once its checkpoint files are written, before its
+    # commit: asynchronously in TF's writer thread while training goes on, synchronously in
+    # the training thread.
     backup = tmp_path / "backup"
-    killed = _job(
-        "one_device", tmp_path, backup, env={"TFDIST_BACKUP_TEST_HOOK": "kill_before_commit:3"}
-    )
+    flags = ["--sync_backup"] if mode == "synchronous" else []
+    hook = {"TFDIST_BACKUP_TEST_HOOK": "kill_before_commit:3"}
+    killed = _job("one_device", tmp_path, backup, *flags, env=hook)
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:]
     state = json.loads((backup / "state.json").read_text())
-    assert (state["checkpoint"], state["updates"]) == (
-        "ckpt-2",
-        4,
-    )  # the interrupted save 3 never committed
+    # The interrupted save 3 never committed: state.json still names save 2.
+    assert (state["checkpoint"], state["updates"]) == ("ckpt-2", 4)
     assert (backup / "ckpt-3.index").exists()  # its files were written, but nothing points at them
 
-    resumed = _job("one_device", tmp_path, backup)
+    resumed = _job("one_device", tmp_path, backup, *flags)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "(4 updates done)" in resumed.stdout
-    reference_dir = tmp_path / "ref"
-    reference_dir.mkdir()
-    reference = _job("one_device", reference_dir, reference_dir / "backup")
-    assert reference.returncode == 0
-    for a, b in zip(_weights(tmp_path / "worker-0.npz"), _weights(reference_dir / "worker-0.npz")):
-        np.testing.assert_array_equal(a, b)
+    for a, b in zip(_weights(tmp_path / "worker-0.npz"), uninterrupted_one_device):
+        np.testing.assert_array_equal(a, b)  # bitwise equal to the uninterrupted run

@@ -19,6 +19,8 @@ Modules, by job:
   * ``optimizer``: :func:`gradients_already_summed` (tfdist all-reduces gradients itself).
   * ``metric_state``: metric variables as local tensors (exact PS logs).
   * ``runtime``: the TF runtime's state (started? connected to a cluster?).
+  * ``checkpoint``: TF's asynchronous checkpoint writer (its error, its end; a Python
+    state it writes from the object itself), for asynchronous backups.
   * ``probing``: the recording stand-ins the probes use.
 
 Set ``TFDIST_DISABLE_COMPAT=symbolic_build`` (comma separated) to skip a shim,

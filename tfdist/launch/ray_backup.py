@@ -23,6 +23,9 @@ so every worker reports at the same points, computed from the batch indices
 all of them see: at the first batch after ``backup_freq`` more updates, at
 each epoch start and at the end of training. Only the chief attaches a
 checkpoint, and only when ``state.json`` names a backup it has not reported.
+The Trainer commits backups in the background (``BackupOptions(asynchronous=True)``,
+the default), so a report may carry the backup before the newest; the
+last one is committed before ``on_train_end``, which reports it.
 """
 
 from __future__ import annotations
@@ -143,19 +146,21 @@ class RayBackup(keras.callbacks.Callback):
             return
         metrics["updates"] = state["updates"]
         with tempfile.TemporaryDirectory(prefix="tfdist-ray-ckpt-") as tmp:
-            for name in os.listdir(self.backup_dir):
-                if name == STATE_FILE or name.startswith(state["checkpoint"] + "."):
-                    shutil.copy2(os.path.join(self.backup_dir, name), os.path.join(tmp, name))
-            if (
-                _read_state(tmp)["number"] != state["number"]
-            ):  # a save committed while copying: next time
+            try:
+                for name in os.listdir(self.backup_dir):
+                    if name == STATE_FILE or name.startswith(state["checkpoint"] + "."):
+                        shutil.copy2(os.path.join(self.backup_dir, name), os.path.join(tmp, name))
+                copied = _read_state(tmp)["number"] == state["number"]
+            except FileNotFoundError:  # its files deleted by a newer commit (in the background)
+                copied = False
+            if not copied:  # a save committed while copying: next time
                 ray.train.report(metrics)
                 return
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
         self._reported = state["number"]
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        if epoch > self._epoch:  # the previous epoch's end backup is committed by now
+        if epoch > self._epoch:  # the previous epoch's end backup, once committed
             self._epoch = epoch
             self._mark = (
                 self._updates_before(epoch, 0) // self.backup_freq

@@ -10,9 +10,19 @@ describes the files and which filesystems make that commit atomic and durable.
 
 This module is the writer and reader. Only the chief writes ``backup_dir``;
 other workers take part in the save (it may read variables through
-collectives) into a private temporary directory that is removed straight
-away. Every worker of a multi-worker run reads the backup, so ``backup_dir``
-must be storage they all share; :mod:`tfdist.training.backup_sync` checks
+collectives) into a private temporary directory that is removed once their
+write is complete.
+
+Asynchronous saves (the Trainer's default): ``save`` copies the values to host
+memory (TF's asynchronous checkpointing) and returns; TF's writer thread
+writes the files and then, as the write's callback, runs the commit (fsyncs,
+``state.json``, cleanup), while training goes on. One backup is in flight at
+a time: the next ``save``, ``restore``, ``remove`` and :meth:`Backup.wait`
+first wait for its commit and raise its failure. A kill at any moment still
+leaves the previous committed backup.
+
+Every worker of a multi-worker run reads the backup, so ``backup_dir`` must be
+storage they all share; :mod:`tfdist.training.backup_sync` checks
 this and makes every worker resume at the chief's checkpoint.
 
 Security: restoring reads the weight files in ``backup_dir``; point it only at
@@ -25,13 +35,18 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import tempfile
+import weakref
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from tfdist._compat.checkpoint import (
+    WrittenFromItself,
+    release_async_writer,
+    take_async_write_error,
+)
 from tfdist.training import backup_files
 from tfdist.training.backup_files import PROBE_PREFIX, STATE_FILE, TMP_SUFFIX, checkpoint_name
 from tfdist.training.backup_sync import Position, Sync, agree_on_backup_dir, chief_state
@@ -50,7 +65,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# "kill_before_commit:N" SIGKILLs the N-th save between its write and its commit.
+# "kill_before_commit:N" SIGKILLs the N-th save between its write and its commit (in TF's
+# writer thread when asynchronous, while training goes on).
 _TEST_HOOK = "TFDIST_BACKUP_TEST_HOOK"
 
 
@@ -85,10 +101,12 @@ def checkpoint_for(model: Any, optimizer: Any, **extra: Any) -> tf.train.Checkpo
     )
 
 
-class _PositionState(tf.train.experimental.PythonState):
+class _PositionState(WrittenFromItself):
     """The position as a string tensor of the checkpoint, saved and read with the weights.
 
     Not a ``tf.Variable``: one made in a strategy's scope would be mirrored or put on a ps.
+    An asynchronous write serializes it in TF's writer thread, so it is set only once the
+    previous save is committed.
     """
 
     def __init__(self) -> None:
@@ -114,6 +132,9 @@ class Backup:
             older ones are deleted once a newer one is committed.
         replicas: ``num_replicas_in_sync`` of this run, recorded in each backup so that a
             resume on another number of replicas says so (None: not recorded).
+        asynchronous: :meth:`save` returns once the values are copied to host
+            memory; the files are written and committed in the background, one
+            backup at a time (see :meth:`save`, :meth:`wait`).
     """
 
     def __init__(
@@ -125,6 +146,7 @@ class Backup:
         task_label: str | None = None,
         keep_backups: int = 1,
         replicas: int | None = None,
+        asynchronous: bool = False,
     ) -> None:
         from tfdist.cluster import task_label as label
         from tfdist.config import check_positive_int
@@ -143,7 +165,21 @@ class Backup:
             if checkpoint is None
             else tf.train.Checkpoint(objects=checkpoint, position=self._position)
         )
+        # What save() writes through: TF's asynchronous writer lives on it, so reads go through
+        # self._root alone (a Checkpoint that wrote asynchronously also reads through its writer).
+        self._writer = (
+            None
+            if checkpoint is None
+            else tf.train.Checkpoint(objects=checkpoint, position=self._position)
+        )
+        self.asynchronous = asynchronous
+        # The commit of the asynchronous save not waited for yet.
+        self._in_flight: backup_files.Commit | None = None
         self._saves = 0
+        if asynchronous and self._writer is not None:
+            # Not at exit: TF's own atexit hook ends the writer then (after which a sync() of
+            # ours would wait forever: the thread's stop marker is never marked done).
+            weakref.finalize(self, _release_writer, self._writer, self.task_label).atexit = False
 
     def read_state(self) -> dict[str, Any] | None:
         """The committed ``state.json``, or None when there is no backup yet.
@@ -166,6 +202,7 @@ class Backup:
         Raises:
             ValueError: If the workers do not see the same ``backup_dir``.
         """
+        self.wait()
         state = self.read_state()
         if sync is not None:
             state = chief_state(
@@ -212,7 +249,18 @@ class Backup:
         return position
 
     def save(self, position: Position) -> None:
-        """Writes a backup of the current state at ``position``; every worker calls it."""
+        """Writes a backup of the current state at ``position``; every worker calls it.
+
+        First waits for the previous backup's commit (raising its failure, if
+        any). Asynchronous: returns once the values are copied to host memory;
+        the files are written and committed in TF's writer thread while
+        training goes on (:meth:`wait` waits for that). Synchronous: returns
+        once the backup is committed.
+
+        Raises:
+            RuntimeError: If the previous asynchronous backup failed (naming ``backup_dir``).
+        """
+        self.wait()
         self._saves += 1
         state = self.read_state() if self.is_chief else None
         number = (state["number"] + 1) if state else 1
@@ -226,38 +274,83 @@ class Backup:
             tf.io.gfile.makedirs(self.backup_dir)
         if self.replicas:
             position = dataclasses.replace(position, replicas=self.replicas)
+        # Serialized with the weights, in the writer thread when asynchronous: it stays
+        # unchanged until this save is committed (the next save waits first).
         self._position.position = position
+        commit = backup_files.Commit(
+            self.backup_dir,
+            name,
+            state=self._next_state(state, number, name, position) if self.is_chief else None,
+            keep=range(number - self.keep_backups + 1, number + 1),
+            temp_dir=None if self.is_chief else target,
+            kill=self._kill_hook_due(),
+            label=self.task_label,
+            position=position,
+        )
+        options = tf.train.CheckpointOptions(
+            enable_async=self.asynchronous, experimental_write_callbacks=[commit]
+        )
         try:
-            self._root.write(os.path.join(target, name))
-            self._test_hook()
-            if self.is_chief:
-                entry = {"checkpoint": name, **dataclasses.asdict(position)}
-                kept = ((state or {}).get("kept", []) + [entry])[-self.keep_backups :]
-                backup_files.commit_state(
-                    self.backup_dir, {"number": number, **entry, "kept": kept}
-                )
-                backup_files.delete_other_checkpoints(
-                    self.backup_dir, keep=range(number - self.keep_backups + 1, number + 1)
-                )
-        finally:
-            if not self.is_chief:
-                tf.io.gfile.rmtree(target)
-        logger.debug("%s saved backup %s at %s", self.task_label, name, position)
+            # The commit runs as the write's callback: only once the files are complete.
+            self._writer.write(os.path.join(target, name), options=options)
+        except BaseException:
+            commit.remove_temp_dir()
+            raise
+        if self.asynchronous:
+            self._in_flight = commit
+
+    def _next_state(
+        self, state: dict[str, Any] | None, number: int, name: str, position: Position
+    ) -> dict[str, Any]:
+        entry = {"checkpoint": name, **dataclasses.asdict(position)}
+        kept = ((state or {}).get("kept", []) + [entry])[-self.keep_backups :]
+        return {"number": number, **entry, "kept": kept}
+
+    def wait(self) -> None:
+        """Waits until the asynchronous backup in flight, if any, is committed.
+
+        Raises:
+            RuntimeError: If it failed (disk full, permissions, ...): the
+                message names ``backup_dir`` and the checkpoint; the previous
+                committed backup is still the one ``state.json`` names.
+        """
+        commit, self._in_flight = self._in_flight, None
+        if commit is None:
+            return
+        self._writer.sync()
+        error = take_async_write_error(self._writer)
+        commit.remove_temp_dir()  # a failed write never reached its callback
+        if error is not None:
+            raise RuntimeError(
+                f"{self.task_label}: the backup {commit.name} (at {commit.position}) "
+                f"failed while it was written and committed in the background, in "
+                f"backup_dir={self.backup_dir!r}: {type(error).__name__}: {error}. The last "
+                "committed backup is still the one its state.json names. Check the space "
+                "and permissions of backup_dir."
+            ) from error
 
     def remove(self) -> None:
-        """Deletes the backup after a successful run (chief only).
+        """Deletes the backup after a successful run (chief only), once the last save committed.
 
         Removes every file tfdist put in ``backup_dir`` (leftovers of killed
         writes included), then the directory itself if nothing else is in it.
         """
+        self.wait()
         if self.is_chief:
             backup_files.remove_backup_files(self.backup_dir)
 
-    def _test_hook(self) -> None:
+    def _kill_hook_due(self) -> bool:
         spec = os.environ.get(_TEST_HOOK, "")
-        if spec.startswith("kill_before_commit:") and self._saves == int(spec.split(":")[1]):
-            logger.warning("Test hook: SIGKILL between the checkpoint write and its commit")
-            os.kill(os.getpid(), signal.SIGKILL)
+        return spec.startswith("kill_before_commit:") and self._saves == int(spec.split(":")[1])
+
+
+def _release_writer(writer: tf.train.Checkpoint, label: str) -> None:
+    """Ends an asynchronous writer's thread and frees its host copies (a Backup is collected)."""
+    writer.sync()
+    error = take_async_write_error(writer)
+    if error is not None:
+        logger.error("%s: the last backup failed in the background: %s", label, error)
+    release_async_writer(writer)
 
 
 def restore_on_every_worker(backup: Backup | None, sync: Sync) -> Position | None:

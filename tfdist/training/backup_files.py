@@ -45,12 +45,18 @@ The numbering and the keep-N sweep it would give are the few lines below.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import re
+import signal
+import time
 from typing import Any
 
 import tensorflow as tf
+
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 TMP_SUFFIX = ".tmp-"  # state.json.tmp-PID: a commit in progress (or killed)
@@ -58,6 +64,9 @@ PROBE_PREFIX = ".tfdist-probe-"  # the chief writes one at restore: is backup_di
 STATE_KEYS = ("number", "checkpoint", "epoch", "step", "updates")
 # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp (the shards of a killed write)
 _CKPT_RE = re.compile(r"^ckpt-(\d+)(?:[._]|$)")
+#: Bench and test hook, not a setting: each :func:`fsync` first sleeps this many milliseconds,
+#: a slow disk (``tfdist bench --benchmarks=backup --slow_fsync_ms=30`` sets it).
+SLOW_FSYNC_ENV = "TFDIST_BACKUP_SLOW_FSYNC_MS"
 
 
 def checkpoint_name(number: int) -> str:
@@ -72,11 +81,19 @@ def is_local(path: str) -> bool:
 
 def fsync(path: str) -> None:
     """Flushes a local file or directory to disk (a directory: its entries, e.g. a rename)."""
+    _slow_disk()
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _slow_disk() -> None:
+    """Sleeps ``$TFDIST_BACKUP_SLOW_FSYNC_MS`` milliseconds, if set: a bench and test hook."""
+    slow_ms = float(os.environ.get(SLOW_FSYNC_ENV) or 0)
+    if slow_ms > 0:
+        time.sleep(slow_ms / 1000)
 
 
 def read_state(backup_dir: str) -> dict[str, Any] | None:
@@ -124,10 +141,46 @@ def commit_state(backup_dir: str, state: dict[str, Any]) -> None:
     with open(tmp, "w") as f:
         json.dump(state, f)
         f.flush()
+        _slow_disk()
         os.fsync(f.fileno())
     fsync(local_dir)
     os.replace(tmp, path)
     fsync(local_dir)  # makes the rename itself durable
+
+
+@dataclasses.dataclass(frozen=True)
+class Commit:
+    """The commit of one written checkpoint: the write's callback (TF's writer thread if async).
+
+    The chief's points ``state.json`` at the checkpoint (:func:`commit_state`)
+    and deletes the checkpoints not in ``keep``; another worker's (``state``
+    None) removes its temporary directory ``temp_dir``. ``kill`` is the
+    ``kill_before_commit`` test hook: SIGKILL before committing.
+    """
+
+    backup_dir: str
+    name: str
+    state: dict[str, Any] | None
+    keep: range
+    temp_dir: str | None
+    kill: bool
+    label: str
+    position: Any  # the backup_sync.Position, for messages
+
+    def __call__(self) -> None:  # no argument: TF passes the save path to one-argument callbacks
+        if self.kill:
+            logger.warning("Test hook: SIGKILL between the checkpoint write and its commit")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.state is not None:
+            commit_state(self.backup_dir, self.state)
+            delete_other_checkpoints(self.backup_dir, keep=self.keep)
+        self.remove_temp_dir()
+        logger.debug("%s saved backup %s at %s", self.label, self.name, self.position)
+
+    def remove_temp_dir(self) -> None:
+        """Removes a non-chief's temporary directory, if it is still there."""
+        if self.temp_dir is not None and tf.io.gfile.exists(self.temp_dir):
+            tf.io.gfile.rmtree(self.temp_dir)
 
 
 def delete_other_checkpoints(backup_dir: str, keep: range) -> None:

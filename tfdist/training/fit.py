@@ -72,24 +72,24 @@ def run_fit(
         freq = backups.options.freq if backups.options else "epoch"
         plan = EpochPlan(steps, functions.accumulation_steps, steps_per_execution, freq)
         # The loop sees only `start` and `functions.logs`, never the Trainer.
-        fit_epochs(
-            plan,
-            runner=runner,
-            model=model,
-            callbacks=args.callbacks,
-            verbose=args.verbose,
-            start=start,
-            logs_fn=functions.logs,
-            backup=backup,
-            position=position,
-            source=source,
-            epochs=args.epochs,
-            initial_epoch=args.initial_epoch,
-            repeat=bool(args.steps_per_epoch),
-            validate=_validation(functions, val_source, args, steps_per_execution),
-            health=health,
-        )
-        backups.finish(backup)
+        with backups.during(backup):  # then waits for the last commit; removes after success
+            fit_epochs(
+                plan,
+                runner=runner,
+                model=model,
+                callbacks=args.callbacks,
+                verbose=args.verbose,
+                start=start,
+                logs_fn=functions.logs,
+                backup=backup,
+                position=position,
+                source=source,
+                epochs=args.epochs,
+                initial_epoch=args.initial_epoch,
+                repeat=bool(args.steps_per_epoch),
+                validate=_validation(functions, val_source, args, steps_per_execution),
+                health=health,
+            )
     return model.history
 
 

@@ -139,10 +139,17 @@ class EpochLoop:
         with self.section("backup"):
             self.backup.save(Position(epoch, step, self.updates))
 
+    def wait_for_backup(self) -> None:
+        """Waits for the commit of the backup in flight, if any (raising its failure)."""
+        if self.backup is not None:
+            with self.section("backup"):
+                self.backup.wait()
+
     def _stop_for_sigterm(self, epoch: int, step: int) -> None:
         """Every worker gets here at the same update: ``agree`` voted on the SIGTERM."""
         if self.backup is not None:
             self._save(epoch, step)
+            self.wait_for_backup()  # committed before the exit: the restart resumes from it
             logger.warning(
                 "Saved a backup at epoch %d, micro-batch %d after %s; exiting with "
                 "code %d so the launcher restarts this run.",
@@ -352,6 +359,7 @@ def train_epochs(
     # As Keras's fit: with use_ema=True the model ends with the moving averages of its weights.
     if isinstance(model.optimizer, keras.optimizers.Optimizer):
         model.optimizer.finalize_variable_values(model.trainable_weights)
+    loop.wait_for_backup()  # on_train_end sees the last backup committed (RayBackup reports it)
     with loop.section("epoch callbacks"):
         callbacks.on_train_end(loop.logs)
 

@@ -73,17 +73,25 @@ class BackupOptions:
             resumed from; ``state.json`` lists the kept ones.
         keep_after_success: Keep the backups after a successful run (default:
             remove them).
+        asynchronous: Write and commit each backup in the background while
+            training goes on (default): a save stalls training only to copy
+            the values to host memory (which holds a second copy of the
+            variables). One backup is in flight at a time; the next save, the
+            end of ``fit`` and a SIGTERM save wait for its commit and raise its
+            failure. A crash at any moment leaves the last committed backup.
+            ``False``: each save returns once committed.
 
     Raises:
         ValueError: For a ``dir`` that is a file or not a path, a ``freq``
             that is neither ``"epoch"`` nor a positive int, a non-positive
-            ``keep_last``, or a non-bool ``keep_after_success``.
+            ``keep_last``, or a non-bool ``keep_after_success`` or ``asynchronous``.
     """
 
     dir: str | os.PathLike
     freq: int | Literal["epoch"] = "epoch"
     keep_last: int = 1
     keep_after_success: bool = False
+    asynchronous: bool = True
 
     def __post_init__(self) -> None:
         self.check(vars(self))
@@ -101,6 +109,8 @@ class BackupOptions:
             check_positive_int(_named(names, "keep_last"), values["keep_last"])
         if "keep_after_success" in values:
             _check_bool(_named(names, "keep_after_success"), values["keep_after_success"])
+        if "asynchronous" in values:
+            _check_bool(_named(names, "asynchronous"), values["asynchronous"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,7 @@ def run(args: Sequence[str]) -> int:
         "allreduce_max_bytes": FLAGS.allreduce_max_bytes,
         "straggler_factor": FLAGS.straggler_factor,
         "target_accuracy": FLAGS.target_accuracy,
+        "slow_fsync_ms": FLAGS.slow_fsync_ms,
     }
     results = runner.run(
         FLAGS.benchmarks or None,

@@ -248,6 +248,12 @@ flags.DEFINE_integer(
     "allreduce_max_bytes", None, "bench allreduce: largest message (default 64 MiB)."
 )
 flags.DEFINE_float(
+    "slow_fsync_ms",
+    None,
+    "bench backup: a simulated slow disk: each fsync of a backup's commit first sleeps this many "
+    "milliseconds (default 0).",
+)
+flags.DEFINE_float(
     "straggler_factor",
     None,
     "bench stragglers: worker 1 sleeps before each batch so that its step takes about this many "
