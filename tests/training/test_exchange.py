@@ -285,3 +285,43 @@ def test_fp16_exchange_keeps_loss_scaling_overflow_skips():
     trainer.model.optimizer.dynamic_scale.assign(2.0**10)
     history = trainer.fit(ds, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"]).all() and history.history["skipped_updates"] == [1]
+
+
+@pytest.mark.parametrize("num_replicas", [2, 3, 8, 100, 256])
+def test_bf16_count_digits_sum_exactly_over_any_replica_count(num_replicas):
+    # Each replica's count as bf16 digits, summed in bf16 one replica at a time (every
+    # partial sum of a ring rounded to bf16), decodes to the exact total.
+    from tfdist.training.exchange import _count_digits, _decode_count, _encode_count
+
+    base, digits = _count_digits(num_replicas)
+    rng = np.random.default_rng(num_replicas)
+    counts = [2**24 - 1, 0, 1, base - 1, base, base**2 + 7]
+    counts += rng.integers(0, 2**24, size=num_replicas).tolist()
+    counts = counts[:num_replicas]
+    summed = tf.zeros([digits], tf.bfloat16)
+    for c in counts:
+        summed = tf.add(summed, _encode_count(tf.constant(float(c)), base, digits))
+    assert float(_decode_count(summed, base)) == float(np.float32(sum(counts)))
+    assert _count_digits(257) is None  # beyond 256 replicas: the float32 side all-reduce
+
+
+def test_bf16_exchange_carries_an_odd_count_exactly_in_one_collective(all_reduce_calls):
+    strategy = tfdist.make_strategy("mirrored", num_devices=2)
+    values = np.arange(2 * 301, dtype="float32").reshape(2, 301) / 7
+
+    @tf.function
+    def exchange():
+        def replica():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            count = tf.cast(1_000_003 + 6 * r, tf.float32)  # 1,000,003 and 1,000,009
+            return all_reduce_sum(
+                [tf.gather(tf.constant(values), r)], count, num_replicas=2, compression="bf16"
+            )
+
+        return strategy.run(replica)
+
+    grads, count = exchange()
+    assert float(strategy.experimental_local_results(count)[0]) == 2_000_012.0
+    assert len(all_reduce_calls) == 2  # one all-reduce per replica, no side all-reduce
+    got = strategy.experimental_local_results(grads[0])[0].numpy()
+    np.testing.assert_allclose(got, values.sum(0), rtol=1e-2)

@@ -13,9 +13,13 @@ gradients (dense float tensors) and the local example count:
   count rides in the first bucket.
 * **Compressed** (``gradient_compression``): each bucket travels as bf16 or
   fp16 and is cast back to float32 at once, so everything else (accumulation
-  over micro-batches, the optimizer) stays float32. 16-bit floats cannot hold
-  an example count exactly (bf16: integers up to 256), so with compression the
-  count goes in a small float32 all-reduce of its own in the first bucket.
+  over micro-batches, the optimizer) stays float32. Each gradient is cast
+  before the bucket is packed, so the packing copies 16-bit values.
+  bf16 holds every integer up to 256 exactly, so under bf16 the example count
+  rides in the first bucket as base-``b`` digits, with ``b`` chosen so that the
+  digits summed over all replicas stay within 256 (``_count_digits``): exact,
+  and no second collective. Beyond 256 replicas, and under fp16, the count goes
+  in a small float32 all-reduce of its own in the first bucket.
   fp16 (max 65504) is scaled so that the sum cannot overflow: each replica
   contributes its bucket's max-abs ``m_i`` to that float32 side all-reduce;
   ``S = sum_i m_i`` bounds the largest summed element, so scaling by the power
@@ -31,6 +35,7 @@ With one replica there is nothing to exchange: compression is not applied.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -42,6 +47,8 @@ Compression = Literal["bf16", "fp16"]
 COMPRESSIONS = ("bf16", "fp16")
 _WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
 _FP16_TARGET = 2.0**14  # the scaled sum stays below 2**15 < 65504
+_BF16_EXACT = 256  # bf16 (8 significant bits) holds every integer up to 2**8 exactly
+_COUNT_BITS = 24  # float32 holds every integer up to 2**24 exactly: the count's range
 
 
 def buckets(grads: Sequence[tf.Tensor], bucket_bytes: int | None) -> list[list[int]]:
@@ -69,6 +76,34 @@ def _fp16_scale(bound: tf.Tensor) -> tf.Tensor:
     exponent = tf.clip_by_value(exponent, -100.0, 100.0)  # float32 holds 2**±100
     usable = tf.logical_and(tf.math.is_finite(bound), bound > 0)
     return tf.where(usable, tf.pow(2.0, exponent), 1.0)
+
+
+def _count_digits(num_replicas: int) -> tuple[int, int] | None:
+    """``(base, digits)`` that carry an example count exactly in bf16 over ``num_replicas``.
+
+    Each digit is below ``base``, so a digit summed over every replica (and every
+    partial sum on the way) is at most ``num_replicas * (base - 1) <= 256``: exact
+    in bf16. ``digits`` cover counts below ``2**24``; the top digit takes the rest.
+    ``None`` beyond 256 replicas (no base of at least 2 fits).
+    """
+    base = _BF16_EXACT // num_replicas + 1
+    if base < 2:
+        return None
+    return base, math.ceil(_COUNT_BITS / math.log2(base))
+
+
+def _encode_count(count: tf.Tensor, base: int, digits: int) -> tf.Tensor:
+    """An integer-valued float32 count as ``digits`` bf16 base-``base`` digits, lowest first."""
+    whole = tf.cast(tf.round(count), tf.int64)
+    parts = [tf.math.floormod(tf.math.floordiv(whole, base**j), base) for j in range(digits - 1)]
+    parts.append(tf.math.floordiv(whole, base ** (digits - 1)))
+    return tf.cast(tf.stack(parts), tf.bfloat16)
+
+
+def _decode_count(summed: tf.Tensor, base: int) -> tf.Tensor:
+    """The summed count from its summed digits (each an exact integer)."""
+    powers = tf.constant([float(base**j) for j in range(summed.shape[0])], tf.float64)
+    return tf.cast(tf.reduce_sum(tf.cast(summed, tf.float64) * powers), tf.float32)
 
 
 def all_reduce_sum(
@@ -105,33 +140,76 @@ def all_reduce_sum(
     total = None
     for b, indices in enumerate(buckets(grads, bucket_bytes)):
         parts = [grads[i] for i in indices]
-        flat = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in parts], axis=0)
-        side = [count] if b == 0 else []  # the count rides in the first bucket (ready first)
+        first = count if b == 0 else None  # the count rides in the first bucket (ready first)
         if compression is None:
-            packed = tf.concat([flat] + [tf.reshape(c, [1]) for c in side], axis=0)
-            reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, packed)
-            if side:
-                total, reduced = reduced[-1], reduced[:-1]
+            pieces, summed = _reduce_float32(ctx, parts, first)
         else:
-            if compression == "fp16":
-                side.append(
-                    tf.reduce_max(tf.abs(flat)) if flat.shape.num_elements() else tf.constant(0.0)
-                )
-            scale = None
-            if side:
-                summed_side = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack(side))
-                if b == 0:
-                    total = summed_side[0]
-                if compression == "fp16":
-                    scale = _fp16_scale(summed_side[-1])
-            wire = tf.cast(flat if scale is None else flat * scale, _WIRE_DTYPES[compression])
-            reduced = tf.cast(ctx.all_reduce(tf.distribute.ReduceOp.SUM, wire), tf.float32)
-            if scale is not None:
-                reduced = reduced / scale
-        sizes = [g.shape.num_elements() for g in parts]
-        for i, g, piece in zip(indices, parts, tf.split(reduced, sizes)):
-            out[i] = tf.cast(tf.reshape(piece, tf.shape(g)), g.dtype)
+            pieces, summed = _reduce_16bit(ctx, parts, first, compression, num_replicas)
+        total = summed if b == 0 else total
+        for i, piece in zip(indices, pieces):
+            out[i] = piece
     if total is None:  # no gradients at all
         total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, count)
     step_clock.mark("exchange", [out, total])
     return out, total
+
+
+def _reduce_float32(
+    ctx: tf.distribute.ReplicaContext, parts: list[tf.Tensor], count: tf.Tensor | None
+) -> tuple[list[tf.Tensor], tf.Tensor | None]:
+    """One float32 bucket (plus ``count`` as its last element): one collective."""
+    flat = [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in parts]
+    side = [] if count is None else [tf.reshape(count, [1])]
+    reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.concat(flat + side, axis=0))
+    total = None
+    if count is not None:
+        total, reduced = reduced[-1], reduced[:-1]
+    return _unpack(reduced, parts), total
+
+
+def _reduce_16bit(
+    ctx: tf.distribute.ReplicaContext,
+    parts: list[tf.Tensor],
+    count: tf.Tensor | None,
+    compression: str,
+    num_replicas: int,
+) -> tuple[list[tf.Tensor], tf.Tensor | None]:
+    """One bucket on a 16-bit wire; the count as bf16 digits or in a float32 side all-reduce."""
+    digits = _count_digits(num_replicas) if compression == "bf16" and count is not None else None
+    side = [count] if count is not None and digits is None else []
+    as_float = [tf.cast(g, tf.float32) for g in parts]
+    if compression == "fp16":
+        maxima = [tf.reduce_max(tf.abs(g)) for g in as_float if g.shape.num_elements()]
+        side.append(tf.reduce_max(tf.stack(maxima)) if maxima else tf.constant(0.0))
+    scale = total = None
+    if side:
+        summed_side = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack(side))
+        total = summed_side[0] if count is not None and digits is None else None
+        scale = _fp16_scale(summed_side[-1]) if compression == "fp16" else None
+    wire_dtype = _WIRE_DTYPES[compression]
+    wire = [
+        tf.reshape(tf.cast(g if scale is None else g * scale, wire_dtype), [-1]) for g in as_float
+    ]
+    if digits is not None:
+        wire.append(_encode_count(count, *digits))
+    reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.concat(wire, axis=0))
+    if digits is not None:
+        total = _decode_count(reduced[-digits[1] :], digits[0])
+        reduced = reduced[: -digits[1]]
+
+    def widen(piece: tf.Tensor) -> tf.Tensor:
+        piece = tf.cast(piece, tf.float32)
+        return piece if scale is None else piece / scale
+
+    return _unpack(reduced, parts, widen), total
+
+
+def _unpack(
+    reduced: tf.Tensor, parts: list[tf.Tensor], widen: Any = lambda piece: piece
+) -> list[tf.Tensor]:
+    """``reduced`` split back into ``parts``' shapes and dtypes (``widen`` each piece first)."""
+    sizes = [g.shape.num_elements() for g in parts]
+    return [
+        tf.cast(tf.reshape(widen(piece), tf.shape(g)), g.dtype)
+        for g, piece in zip(parts, tf.split(reduced, sizes))
+    ]
