@@ -365,6 +365,13 @@ CASES = [
         ("None when `backup` is given",),
     ),
     C(
+        "Trainer(backup_freq=50)  # no backup_dir",
+        lambda e: e.trainer_with(backup_freq=50),
+        "backup_freq",
+        "50",
+        ("None unless `backup_dir` is given", "Without `backup_dir` it would do nothing"),
+    ),
+    C(
         "Trainer(backup='dir')",
         lambda e: e.trainer_with(backup="dir"),
         "backup",

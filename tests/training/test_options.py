@@ -41,7 +41,18 @@ def test_shortcuts_build_the_option_objects(tmp_path):
     assert plain.backup is None and plain.exchange == tfdist.ExchangeOptions()
     assert plain.lr_scaling == tfdist.LRScaling("none") and not plain.lr_scaling.active
     assert plain.learning_rate_schedule is None
-    assert _trainer(backup_freq=5).backup is None  # checked, but no backups without a directory
+
+
+
+@pytest.mark.parametrize("shortcut,value", [("backup_freq", 5), ("keep_backups", 2)])
+def test_a_backup_shortcut_without_a_directory_is_refused(shortcut, value):
+    # It would make no backups: refused, not ignored.
+    with pytest.raises(
+        ValueError,
+        match=rf"argument `{shortcut}`. Received: {shortcut}={value}. "
+        r"Expected None unless `backup_dir` is given",
+    ):
+        _trainer(**{shortcut: value})
 
 
 def test_option_objects_are_frozen_and_exported():

@@ -57,6 +57,14 @@ def health_options(config: TrainConfig) -> dict[str, Any]:
     return options
 
 
+def _backup_options(config: TrainConfig) -> dict[str, Any]:
+    """The Trainer's ``backup_dir`` and ``backup_freq`` (every epoch unless given), if backing up."""
+    if not config.backup_dir:
+        return {}
+    freq = config.backup_freq if config.backup_freq is not None else "epoch"
+    return {"backup_dir": config.backup_dir, "backup_freq": freq}
+
+
 def exchange_options(config: TrainConfig) -> dict[str, Any]:
     """The Trainer's ``gradient_compression`` and ``bucket_bytes`` (None: its defaults)."""
     return {
@@ -110,8 +118,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         base_global_batch_size=config.base_global_batch_size,
         warmup_steps=config.warmup_steps,
         warmup_epochs=config.warmup_epochs,
-        backup_dir=config.backup_dir,
-        backup_freq=config.backup_freq if config.backup_freq is not None else "epoch",
+        **_backup_options(config),
         **exchange_options(config),
         **health_options(config),
     )

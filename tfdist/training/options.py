@@ -252,13 +252,14 @@ def from_shortcuts(cls: type, options: Any, shortcuts: Mapping[str, Any]) -> Any
 
     Returns:
         ``options``, else an object built from the shortcuts given (the
-        defaults for the others), or None when a required field (a
-        :class:`BackupOptions`'s ``dir``) is missing: the other backup
-        shortcuts are then checked but change nothing.
+        defaults for the others), or None when none is given and a field is
+        required (a :class:`BackupOptions`'s ``dir``).
 
     Raises:
-        ValueError: For a bad shortcut value (named as the shortcut), or for a
-            shortcut given next to an option object (one place per setting).
+        ValueError: For a bad shortcut value (named as the shortcut), for a
+            shortcut given next to an option object (one place per setting), or
+            for shortcuts given without the required one (``backup_freq``
+            without ``backup_dir`` would make no backups).
     """
     keyword, names = SHORTCUTS[cls]
     given = {
@@ -279,7 +280,17 @@ def from_shortcuts(cls: type, options: Any, shortcuts: Mapping[str, Any]) -> Any
         return options
     cls.check(given, names)  # the user wrote the shortcuts: name them in any error
     required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
-    if any(field not in given for field in required):
+    missing = [field for field in required if field not in given]
+    if missing and given:
+        field = next(iter(given))
+        raise invalid_argument(
+            names[field],
+            given[field],
+            f"None unless `{names[missing[0]]}` is given",
+            note=f"Without `{names[missing[0]]}` it would do nothing. Pass "
+            f"`{names[missing[0]]}` too, or drop `{names[field]}`.",
+        )
+    if missing:
         return None
     return cls(**given)
 
