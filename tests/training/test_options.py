@@ -43,7 +43,6 @@ def test_shortcuts_build_the_option_objects(tmp_path):
     assert plain.learning_rate_schedule is None
 
 
-
 @pytest.mark.parametrize("shortcut,value", [("backup_freq", 5), ("keep_backups", 2)])
 def test_a_backup_shortcut_without_a_directory_is_refused(shortcut, value):
     # It would make no backups: refused, not ignored.

@@ -58,7 +58,7 @@ def health_options(config: TrainConfig) -> dict[str, Any]:
 
 
 def _backup_options(config: TrainConfig) -> dict[str, Any]:
-    """The Trainer's ``backup_dir`` and ``backup_freq`` (every epoch unless given), if backing up."""
+    """The Trainer's ``backup_dir`` and ``backup_freq`` (default: every epoch), if any."""
     if not config.backup_dir:
         return {}
     freq = config.backup_freq if config.backup_freq is not None else "epoch"
