@@ -291,18 +291,18 @@ def test_fp16_exchange_keeps_loss_scaling_overflow_skips():
 def test_bf16_count_digits_sum_exactly_over_any_replica_count(num_replicas):
     # Each replica's count as bf16 digits, summed in bf16 one replica at a time (every
     # partial sum of a ring rounded to bf16), decodes to the exact total.
-    from tfdist.training.exchange import _count_digits, _decode_count, _encode_count
+    from tfdist.training.exchange import count_digits, decode_count, encode_count
 
-    base, digits = _count_digits(num_replicas)
+    base, digits = count_digits(num_replicas)
     rng = np.random.default_rng(num_replicas)
     counts = [2**24 - 1, 0, 1, base - 1, base, base**2 + 7]
     counts += rng.integers(0, 2**24, size=num_replicas).tolist()
     counts = counts[:num_replicas]
     summed = tf.zeros([digits], tf.bfloat16)
     for c in counts:
-        summed = tf.add(summed, _encode_count(tf.constant(float(c)), base, digits))
-    assert float(_decode_count(summed, base)) == float(np.float32(sum(counts)))
-    assert _count_digits(257) is None  # beyond 256 replicas: the float32 side all-reduce
+        summed = tf.add(summed, encode_count(tf.constant(float(c)), base, digits))
+    assert float(decode_count(summed, base)) == float(np.float32(sum(counts)))
+    assert count_digits(257) is None  # beyond 256 replicas: the float32 side all-reduce
 
 
 def test_bf16_exchange_carries_an_odd_count_exactly_in_one_collective(all_reduce_calls):

@@ -17,7 +17,7 @@ gradients (dense float tensors) and the local example count:
   before the bucket is packed, so the packing copies 16-bit values.
   bf16 holds every integer up to 256 exactly, so under bf16 the example count
   rides in the first bucket as base-``b`` digits, with ``b`` chosen so that the
-  digits summed over all replicas stay within 256 (``_count_digits``): exact,
+  digits summed over all replicas stay within 256 (``count_digits``): exact,
   and no second collective. Beyond 256 replicas, and under fp16, the count goes
   in a small float32 all-reduce of its own in the first bucket.
   fp16 (max 65504) is scaled so that the sum cannot overflow: each replica
@@ -78,7 +78,7 @@ def _fp16_scale(bound: tf.Tensor) -> tf.Tensor:
     return tf.where(usable, tf.pow(2.0, exponent), 1.0)
 
 
-def _count_digits(num_replicas: int) -> tuple[int, int] | None:
+def count_digits(num_replicas: int) -> tuple[int, int] | None:
     """``(base, digits)`` that carry an example count exactly in bf16 over ``num_replicas``.
 
     Each digit is below ``base``, so a digit summed over every replica (and every
@@ -92,7 +92,7 @@ def _count_digits(num_replicas: int) -> tuple[int, int] | None:
     return base, math.ceil(_COUNT_BITS / math.log2(base))
 
 
-def _encode_count(count: tf.Tensor, base: int, digits: int) -> tf.Tensor:
+def encode_count(count: tf.Tensor, base: int, digits: int) -> tf.Tensor:
     """An integer-valued float32 count as ``digits`` bf16 base-``base`` digits, lowest first."""
     whole = tf.cast(tf.round(count), tf.int64)
     parts = [tf.math.floormod(tf.math.floordiv(whole, base**j), base) for j in range(digits - 1)]
@@ -100,7 +100,7 @@ def _encode_count(count: tf.Tensor, base: int, digits: int) -> tf.Tensor:
     return tf.cast(tf.stack(parts), tf.bfloat16)
 
 
-def _decode_count(summed: tf.Tensor, base: int) -> tf.Tensor:
+def decode_count(summed: tf.Tensor, base: int) -> tf.Tensor:
     """The summed count from its summed digits (each an exact integer)."""
     powers = tf.constant([float(base**j) for j in range(summed.shape[0])], tf.float64)
     return tf.cast(tf.reduce_sum(tf.cast(summed, tf.float64) * powers), tf.float32)
@@ -175,7 +175,7 @@ def _reduce_16bit(
     num_replicas: int,
 ) -> tuple[list[tf.Tensor], tf.Tensor | None]:
     """One bucket on a 16-bit wire; the count as bf16 digits or in a float32 side all-reduce."""
-    digits = _count_digits(num_replicas) if compression == "bf16" and count is not None else None
+    digits = count_digits(num_replicas) if compression == "bf16" and count is not None else None
     side = [count] if count is not None and digits is None else []
     as_float = [tf.cast(g, tf.float32) for g in parts]
     if compression == "fp16":
@@ -191,10 +191,10 @@ def _reduce_16bit(
         tf.reshape(tf.cast(g if scale is None else g * scale, wire_dtype), [-1]) for g in as_float
     ]
     if digits is not None:
-        wire.append(_encode_count(count, *digits))
+        wire.append(encode_count(count, *digits))
     reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.concat(wire, axis=0))
     if digits is not None:
-        total = _decode_count(reduced[-digits[1] :], digits[0])
+        total = decode_count(reduced[-digits[1] :], digits[0])
         reduced = reduced[: -digits[1]]
 
     def widen(piece: tf.Tensor) -> tf.Tensor:
