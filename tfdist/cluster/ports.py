@@ -131,6 +131,12 @@ def make_cluster(
         "ps": ps,
         "evaluator": int(bool(evaluator)),
     }
+    it = iter(_task_ports(ports, counts))
+    return {t: [join_address(host, next(it)) for _ in range(n)] for t, n in counts.items() if n}
+
+
+def _task_ports(ports: Sequence[int] | None, counts: Mapping[str, int]) -> list[int]:
+    """One port per task: free ones picked, or ``ports`` checked (count, range, distinct)."""
     num_tasks = sum(counts.values())
     if ports is None:
         # portpicker may hand out the same free port twice (nothing holds it between calls).
@@ -139,21 +145,19 @@ def make_cluster(
             port = portpicker.pick_unused_port()
             if port not in picked:
                 picked.append(port)
-        ports = picked
-    else:
-        ports = list(ports)
-        if len(ports) != num_tasks:
-            plural = "s" if num_tasks > 1 else ""
-            raise invalid_argument(
-                "ports", ports, f"{num_tasks} port{plural} (one per task: {_describe(counts)})"
-            )
-        for i, port in enumerate(ports):
-            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-                raise invalid_argument(f"ports[{i}]", port, "an integer port in 1..65535")
-        if len(set(ports)) != len(ports):
-            raise invalid_argument("ports", ports, "distinct ports")
-    it = iter(ports)
-    return {t: [join_address(host, next(it)) for _ in range(n)] for t, n in counts.items() if n}
+        return picked
+    ports = list(ports)
+    if len(ports) != num_tasks:
+        plural = "s" if num_tasks > 1 else ""
+        raise invalid_argument(
+            "ports", ports, f"{num_tasks} port{plural} (one per task: {_describe(counts)})"
+        )
+    for i, port in enumerate(ports):
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise invalid_argument(f"ports[{i}]", port, "an integer port in 1..65535")
+    if len(set(ports)) != len(ports):
+        raise invalid_argument("ports", ports, "distinct ports")
+    return ports
 
 
 def _describe(counts: Mapping[str, int]) -> str:

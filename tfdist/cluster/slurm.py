@@ -182,6 +182,26 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
     Raises:
         ValueError: If a Slurm variable is missing or malformed, or they disagree.
     """
+    nodelist_var, hosts, task_id = _hosts_and_rank(environ)
+    per_node, tpn_var = _tasks_per_node(environ, hosts, nodelist_var)
+    total = sum(per_node)
+    if task_id >= total:
+        raise invalid_argument(
+            "SLURM_PROCID", environ["SLURM_PROCID"], f"an integer in the range [0, {total - 1}]"
+        )
+    port_base = _checked_port_base(environ, port_base, per_node, tpn_var)
+    if len(hosts) == 1:
+        # Every task is on this machine: loopback keeps the unauthenticated gRPC traffic off the
+        # network, whatever the node's name resolves to (often a public address).
+        hosts = ["127.0.0.1"]
+    addresses = [
+        join_address(host, port_base + k) for host, n in zip(hosts, per_node) for k in range(n)
+    ]
+    return _assign_roles(_step_roles(environ, total), addresses, task_id)
+
+
+def _hosts_and_rank(environ: Mapping[str, str]) -> tuple[str, list[str], int]:
+    """The host-list variable, the step's hosts in Slurm's order, and this task's rank."""
     nodelist_var = next((v for v in _SLURM_NODELISTS if environ.get(v)), None)
     if nodelist_var is None:
         raise invalid_argument(
@@ -192,7 +212,13 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
             "SLURM_PROCID", MISSING, "this task's rank, an integer >= 0", note=_SLURM_NEEDS
         )
     hosts = expand_nodelist(environ[nodelist_var], name=nodelist_var)
-    task_id = _slurm_int(environ, "SLURM_PROCID", minimum=0)
+    return nodelist_var, hosts, _slurm_int(environ, "SLURM_PROCID", minimum=0)
+
+
+def _tasks_per_node(
+    environ: Mapping[str, str], hosts: list[str], nodelist_var: str
+) -> tuple[list[int], str | None]:
+    """The task count on each host, checked against the total, and the variable it came from."""
     tpn_var = next((v for v in _SLURM_TASKS_PER_NODE if environ.get(v)), None)
     ntasks_var = next((v for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") if environ.get(v)), None)
     ntasks = _slurm_int(environ, ntasks_var, minimum=1) if ntasks_var else None
@@ -219,10 +245,13 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
         raise invalid_argument(
             ntasks_var, environ[ntasks_var], f"{total}", note=f"{tpn_var} adds up to {total} tasks."
         )
-    if task_id >= total:
-        raise invalid_argument(
-            "SLURM_PROCID", environ["SLURM_PROCID"], f"an integer in the range [0, {total - 1}]"
-        )
+    return per_node, tpn_var
+
+
+def _checked_port_base(
+    environ: Mapping[str, str], port_base: int | None, per_node: list[int], tpn_var: str | None
+) -> int:
+    """``port_base``, or the job's block of ports by default, checked to fit every node's tasks."""
     if port_base is None:
         if not environ.get("SLURM_JOB_ID"):
             raise invalid_argument(
@@ -247,13 +276,11 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
             port_base,
             f"an integer in 1..{65536 - max(per_node)} ({max(per_node)} tasks per node)",
         )
-    if len(hosts) == 1:
-        # Every task is on this machine: loopback keeps the unauthenticated gRPC traffic off the
-        # network, whatever the node's name resolves to (often a public address).
-        hosts = ["127.0.0.1"]
-    addresses = [
-        join_address(host, port_base + k) for host, n in zip(hosts, per_node) for k in range(n)
-    ]
+    return port_base
+
+
+def _step_roles(environ: Mapping[str, str], total: int) -> list[tuple[str, int]]:
+    """The roles by rank from TFDIST_SLURM_ROLES (default: all workers), one per task."""
     roles = (
         slurm_roles(environ[SLURM_ROLES_VAR])
         if environ.get(SLURM_ROLES_VAR)
@@ -266,6 +293,11 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
             f"roles for the step's {total} tasks",
             note="Ask Slurm for as many tasks as the roles add up to.",
         )
+    return roles
+
+
+def _assign_roles(roles: list[tuple[str, int]], addresses: list[str], task_id: int) -> ClusterInfo:
+    """The cluster with consecutive ranks per role, seen from task ``task_id``."""
     cluster: dict[str, list[str]] = {}
     rank = 0
     for role, n in roles:

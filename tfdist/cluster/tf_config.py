@@ -58,6 +58,19 @@ def parse_tf_config(raw: str | dict | None) -> ClusterInfo | None:
     """
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return None
+    config = _decode(raw)
+    cluster = _validate_cluster(config.get("cluster", MISSING))
+    task_type, task_id = _validate_task(config.get("task", MISSING), cluster)
+    rpc_layer = config.get("rpc_layer", "grpc")
+    if not isinstance(rpc_layer, str) or not rpc_layer:
+        raise invalid_argument(
+            "TF_CONFIG.rpc_layer", rpc_layer, "a non-empty string such as 'grpc'"
+        )
+    return ClusterInfo(cluster=cluster, task_type=task_type, task_id=task_id, rpc_layer=rpc_layer)
+
+
+def _decode(raw: str | dict) -> dict:
+    """TF_CONFIG as a dict: ``raw`` decoded from JSON, or as given; checked to be an object."""
     if isinstance(raw, str):
         try:
             config = json.loads(raw)
@@ -74,37 +87,7 @@ def parse_tf_config(raw: str | dict | None) -> ClusterInfo | None:
         raise invalid_argument("TF_CONFIG", raw, "a JSON string, a dict or None")
     if not isinstance(config, dict):
         raise invalid_argument("TF_CONFIG", config, "a JSON object with keys 'cluster' and 'task'")
-
-    cluster = _validate_cluster(config.get("cluster", MISSING))
-    task = config.get("task", MISSING)
-    if not isinstance(task, dict):
-        raise invalid_argument("TF_CONFIG.task", task, _TASK_EXAMPLE)
-    task_type = task.get("type", MISSING)
-    # An evaluator may sit outside TF_CONFIG.cluster (TF's multi_worker_util allows it too).
-    if not isinstance(task_type, str) or (task_type not in cluster and task_type != "evaluator"):
-        raise invalid_argument(
-            "TF_CONFIG.task.type",
-            task_type,
-            sorted(cluster),
-            note="The task type must be one of the task types in TF_CONFIG.cluster.",
-        )
-    task_id = task.get("index", MISSING)
-    if isinstance(task_id, bool) or not isinstance(task_id, int):
-        raise invalid_argument("TF_CONFIG.task.index", task_id, "an integer")
-    size = len(cluster.get(task_type, [])) or 1  # An evaluator outside the cluster is one task.
-    if not 0 <= task_id < size:
-        raise invalid_argument(
-            "TF_CONFIG.task.index",
-            task_id,
-            f"an integer in the range [0, {size - 1}]",
-            note=f"TF_CONFIG.cluster.{task_type} has {size} task(s).",
-        )
-    rpc_layer = config.get("rpc_layer", "grpc")
-    if not isinstance(rpc_layer, str) or not rpc_layer:
-        raise invalid_argument(
-            "TF_CONFIG.rpc_layer", rpc_layer, "a non-empty string such as 'grpc'"
-        )
-    return ClusterInfo(cluster=cluster, task_type=task_type, task_id=task_id, rpc_layer=rpc_layer)
+    return config
 
 
 def _validate_cluster(cluster: Any) -> dict[str, list[str]]:
@@ -150,6 +133,33 @@ def _validate_cluster(cluster: Any) -> dict[str, list[str]]:
             seen[address] = task_name
         result[task_type] = list(addresses)
     return result
+
+
+def _validate_task(task: Any, cluster: dict[str, list[str]]) -> tuple[str, int]:
+    """Checks TF_CONFIG.task against the cluster and returns its type and index."""
+    if not isinstance(task, dict):
+        raise invalid_argument("TF_CONFIG.task", task, _TASK_EXAMPLE)
+    task_type = task.get("type", MISSING)
+    # An evaluator may sit outside TF_CONFIG.cluster (TF's multi_worker_util allows it too).
+    if not isinstance(task_type, str) or (task_type not in cluster and task_type != "evaluator"):
+        raise invalid_argument(
+            "TF_CONFIG.task.type",
+            task_type,
+            sorted(cluster),
+            note="The task type must be one of the task types in TF_CONFIG.cluster.",
+        )
+    task_id = task.get("index", MISSING)
+    if isinstance(task_id, bool) or not isinstance(task_id, int):
+        raise invalid_argument("TF_CONFIG.task.index", task_id, "an integer")
+    size = len(cluster.get(task_type, [])) or 1  # An evaluator outside the cluster is one task.
+    if not 0 <= task_id < size:
+        raise invalid_argument(
+            "TF_CONFIG.task.index",
+            task_id,
+            f"an integer in the range [0, {size - 1}]",
+            note=f"TF_CONFIG.cluster.{task_type} has {size} task(s).",
+        )
+    return task_type, task_id
 
 
 def _check_address(name: str, address: Any) -> None:

@@ -268,50 +268,13 @@ def as_input(
 
     if isinstance(data, DatasetFn):
         gbs = global_batch_size or data.global_batch_size or fallback_global_batch_size
-        if gbs is None:
-            raise invalid_argument(
-                "global_batch_size",
-                None,
-                "a positive integer",
-                note=f"`{argument}` is the unbound dataset {data.name!r}; "
-                "pass global_batch_size to fit/evaluate.",
-            )
-        bound = data.bind(global_batch_size=gbs, training=training)
-        spec = bound(input_context).element_spec
-        return InputSource(
-            gbs, spec, bound.steps_per_epoch(), dataset_fn=bound, exact=bool(training)
-        )
+        return _dataset_fn_input(data, gbs, input_context, training=training, argument=argument)
 
     if isinstance(data, tf.data.Dataset):
-        spec = data.element_spec
-        first = tf.nest.flatten(spec)[0]
-        static = first.shape[0] if first.shape.rank else None
-        gbs = global_batch_size or static or _first_batch_size(data, argument)
-        return InputSource(int(gbs), spec, _finite_cardinality(data), dataset=data)
+        return _dataset_input(data, global_batch_size, argument=argument)
 
     if callable(data):
-        ds = data(input_context)
-        if not isinstance(ds, tf.data.Dataset):
-            raise invalid_argument(
-                argument,
-                data,
-                "a dataset_fn(input_context) that returns a tf.data.Dataset",
-                note=f"It returned {type(ds).__name__}.",
-            )
-        gbs = global_batch_size
-        if gbs is None:
-            gbs = _first_batch_size(ds, argument) * replicas
-            logger.info(
-                "`%s` is a dataset_fn and global_batch_size was not given: using %d (its first "
-                "per-replica batch times %d replicas).",
-                argument,
-                gbs,
-                replicas,
-            )
-        n = _finite_cardinality(ds)
-        # The last step may be partial: ceil, so that no per-replica batch is left out.
-        steps = None if n is None else math.ceil(n / replicas_per_pipeline(input_context))
-        return InputSource(gbs, ds.element_spec, steps, dataset_fn=data)
+        return _callable_input(data, global_batch_size, input_context, argument=argument)
 
     if isinstance(data, tuple) and 2 <= len(data) <= 3:
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
@@ -330,3 +293,69 @@ def as_input(
         "global batches, or arrays (x with y)",
         note=note,
     )
+
+
+def _dataset_fn_input(
+    data: DatasetFn,
+    gbs: int | None,
+    input_context: tf.distribute.InputContext,
+    *,
+    training: bool,
+    argument: str,
+) -> InputSource:
+    """A :class:`DatasetFn`, bound to the global batch ``gbs`` (required)."""
+    if gbs is None:
+        raise invalid_argument(
+            "global_batch_size",
+            None,
+            "a positive integer",
+            note=f"`{argument}` is the unbound dataset {data.name!r}; "
+            "pass global_batch_size to fit/evaluate.",
+        )
+    bound = data.bind(global_batch_size=gbs, training=training)
+    spec = bound(input_context).element_spec
+    return InputSource(gbs, spec, bound.steps_per_epoch(), dataset_fn=bound, exact=bool(training))
+
+
+def _dataset_input(
+    data: tf.data.Dataset, global_batch_size: int | None, *, argument: str
+) -> InputSource:
+    """A dataset of global batches; its batch size by default from its spec or first batch."""
+    spec = data.element_spec
+    first = tf.nest.flatten(spec)[0]
+    static = first.shape[0] if first.shape.rank else None
+    gbs = global_batch_size or static or _first_batch_size(data, argument)
+    return InputSource(int(gbs), spec, _finite_cardinality(data), dataset=data)
+
+
+def _callable_input(
+    data: Any,
+    global_batch_size: int | None,
+    input_context: tf.distribute.InputContext,
+    *,
+    argument: str,
+) -> InputSource:
+    """A ``dataset_fn(input_context)``; its global batch by default from its first batch."""
+    ds = data(input_context)
+    if not isinstance(ds, tf.data.Dataset):
+        raise invalid_argument(
+            argument,
+            data,
+            "a dataset_fn(input_context) that returns a tf.data.Dataset",
+            note=f"It returned {type(ds).__name__}.",
+        )
+    gbs = global_batch_size
+    if gbs is None:
+        replicas = input_context.num_replicas_in_sync
+        gbs = _first_batch_size(ds, argument) * replicas
+        logger.info(
+            "`%s` is a dataset_fn and global_batch_size was not given: using %d (its first "
+            "per-replica batch times %d replicas).",
+            argument,
+            gbs,
+            replicas,
+        )
+    n = _finite_cardinality(ds)
+    # The last step may be partial: ceil, so that no per-replica batch is left out.
+    steps = None if n is None else math.ceil(n / replicas_per_pipeline(input_context))
+    return InputSource(gbs, ds.element_spec, steps, dataset_fn=data)

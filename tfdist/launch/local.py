@@ -49,7 +49,7 @@ from tfdist.cluster import is_loopback, split_address
 from tfdist.config import check_non_negative_int, invalid_argument
 from tfdist.launch.isolation import Sandbox, report_exposure
 from tfdist.launch.layout import multi_node_cluster, node_cluster, parse_hosts, single_node_cluster
-from tfdist.launch.pinning import plan_pinning
+from tfdist.launch.pinning import Pinning, plan_pinning
 from tfdist.launch.supervisor import TIMEOUT_RETURNCODE, Supervisor
 from tfdist.launch.tasks import Task, TaskResult, all_tasks, check_command, task_env
 
@@ -138,11 +138,61 @@ def launch(
     """
     command = check_command(command)
     check_non_negative_int("max_restarts", max_restarts)
+    _check_timeout(timeout)
+    single_node = hosts is None and nnodes == 1 and node_rank == 0
+    cluster, local_tasks, loopback = _cluster_here(
+        nnodes,
+        node_rank,
+        hosts,
+        single_node=single_node,
+        host=host,
+        allow_external=allow_external,
+        workers=workers,
+        ps=ps,
+        chief=chief,
+        evaluator=evaluator,
+        ports=ports,
+    )
+    _check_program(command, env)
+    pinning = plan_pinning([(t.task_type, t.task_id) for t in local_tasks], pin=pin, env=env)
+    return _supervise(
+        command,
+        cluster,
+        local_tasks,
+        env=env,
+        output=sys.stdout if output is None else output,
+        max_restarts=max_restarts,
+        pinning=pinning,
+        private_network=private_network,
+        single_node=single_node,
+        loopback=loopback,
+        timeout=timeout,
+    )
+
+
+def _check_timeout(timeout: float | None) -> None:
+    """Checks that ``timeout`` is a positive number of seconds or None."""
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
     ):
         raise invalid_argument("timeout", timeout, "a positive number of seconds or None")
-    single_node = hosts is None and nnodes == 1 and node_rank == 0
+
+
+def _cluster_here(
+    nnodes: int,
+    node_rank: int,
+    hosts: Sequence[str] | str | None,
+    *,
+    single_node: bool,
+    host: str,
+    allow_external: bool,
+    workers: int,
+    ps: int,
+    chief: bool,
+    evaluator: bool,
+    ports: Sequence[int] | None,
+) -> tuple[dict[str, list[str]], list[Task], bool]:
+    """The whole cluster, this node's tasks, and whether every address is loopback."""
     if single_node:
         cluster = single_node_cluster(
             host,
@@ -153,22 +203,24 @@ def launch(
             evaluator=evaluator,
             ports=ports,
         )
-        local_tasks = all_tasks(cluster)
-        loopback = is_loopback(host)
-    else:
-        cluster, local_tasks = multi_node_cluster(
-            nnodes,
-            node_rank,
-            hosts,
-            host=host,
-            allow_external=allow_external,
-            workers=workers,
-            ps=ps,
-            chief=chief,
-            evaluator=evaluator,
-            ports=ports,
-        )
-        loopback = all(is_loopback(h) for h, _ in parse_hosts(hosts, nnodes)[1])
+        return cluster, all_tasks(cluster), is_loopback(host)
+    cluster, local_tasks = multi_node_cluster(
+        nnodes,
+        node_rank,
+        hosts,
+        host=host,
+        allow_external=allow_external,
+        workers=workers,
+        ps=ps,
+        chief=chief,
+        evaluator=evaluator,
+        ports=ports,
+    )
+    return cluster, local_tasks, all(is_loopback(h) for h, _ in parse_hosts(hosts, nnodes)[1])
+
+
+def _check_program(command: list[str], env: Mapping[str, str] | None) -> None:
+    """Checks that ``command``'s program exists on the tasks' PATH."""
     path = (os.environ if env is None else env).get("PATH", os.defpath)
     # Checked here, once: inside the sandbox helper a missing program would only fail later,
     # in every task, as exit code 127.
@@ -179,7 +231,23 @@ def launch(
             "a program that exists",
             note=f"Starting it failed: no executable {command[0]!r} (PATH={path}).",
         )
-    pinning = plan_pinning([(t.task_type, t.task_id) for t in local_tasks], pin=pin, env=env)
+
+
+def _supervise(
+    command: list[str],
+    cluster: dict[str, list[str]],
+    local_tasks: list[Task],
+    *,
+    env: Mapping[str, str] | None,
+    output: TextIO,
+    max_restarts: int,
+    pinning: dict[str, Pinning],
+    private_network: bool,
+    single_node: bool,
+    loopback: bool,
+    timeout: float | None,
+) -> int:
+    """Runs this node's tasks in their sandbox under a :class:`Supervisor`; their exit code."""
     # A private network only for a one-machine loopback cluster: tasks of a multi-node (or
     # non-loopback) cluster must reach other hosts.
     with Sandbox(private_network=single_node and loopback and bool(private_network)) as sandbox:
@@ -195,7 +263,7 @@ def launch(
             command,
             cluster,
             env=env,
-            output=sys.stdout if output is None else output,
+            output=output,
             max_restarts=max_restarts,
             tasks=local_tasks,
             sandbox=sandbox,

@@ -253,18 +253,8 @@ def ray_fit(
     if check_resources:  # the fewest must fit: Ray starts an elastic group with what fits
         _check_fits(ray, fewest, cpus_per_worker, use_gpu)
     box = _make_results_box(ray)
-
-    def train_loop_per_worker() -> None:
-        import ray.train
-
-        _local_tf_config()
-        threads = set_threads_from_ray()
-        logger.info("TF threads: %d intra-op, %d inter-op", threads, max(threads, 2))
-        value = fn(*args)
-        ray.get(box.put.remote(ray.train.get_context().get_world_rank(), value))
-
     trainer = TensorflowTrainer(
-        train_loop_per_worker,
+        _per_worker_loop(fn, args, box),
         scaling_config=scaling,
         run_config=RunConfig(
             name=name,
@@ -277,11 +267,31 @@ def ray_fit(
         result = trainer.fit()
     except Exception as e:  # Ray's TrainingFailedError names the worker and carries its traceback.
         raise RuntimeError(f"The Ray Train job failed after {max_failures} restart(s): {e}") from e
+    return RayRun(result=result, outputs=_collect_outputs(ray, box, fewest, most))
+
+
+def _per_worker_loop(fn: Callable[..., Any], args: tuple[Any, ...], box: Any) -> Callable[[], None]:
+    """Ray Train's ``train_loop_per_worker``: ``fn(*args)`` with TF set up, its value in ``box``."""
+
+    def train_loop_per_worker() -> None:
+        import ray.train
+
+        _local_tf_config()
+        threads = set_threads_from_ray()
+        logger.info("TF threads: %d intra-op, %d inter-op", threads, max(threads, 2))
+        value = fn(*args)
+        ray.get(box.put.remote(ray.train.get_context().get_world_rank(), value))
+
+    return train_loop_per_worker
+
+
+def _collect_outputs(ray: Any, box: Any, fewest: int, most: int) -> list[Any]:
+    """Every rank's return value from ``box``, rank 0 first; then ``box`` is freed."""
     results = ray.get(box.get.remote())
     ray.kill(box)
     # An elastic group's last attempt had any size in the range: as many outputs as it had ranks.
     ranks = range(most) if fewest == most else sorted(results)
-    return RayRun(result=result, outputs=[results.get(rank) for rank in ranks])
+    return [results.get(rank) for rank in ranks]
 
 
 def ray_launcher(

@@ -95,15 +95,38 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
     import keras
 
-    from tfdist import data, models
+    from tfdist import data
 
     keras.utils.set_random_seed(config.seed)
     train = data.load(config.dataset, split="train", data_dir=config.data_dir, seed=config.seed)
     val = data.load(config.dataset, split="validation", data_dir=config.data_dir, seed=config.seed)
+    trainer = _make_trainer(config, strategy, train)
+    start = time.perf_counter()
+    history = trainer.fit(
+        train,
+        epochs=config.epochs,
+        steps_per_epoch=config.steps_per_epoch,
+        global_batch_size=config.global_batch_size,
+        validation_data=val,
+        verbose=config.verbose if trainer.is_chief else 0,
+    )
+    seconds = time.perf_counter() - start
+    if config.model_dir:
+        _save(trainer, config.model_dir)
+    return _summary(trainer, strategy, history, seconds)
+
+
+def _make_trainer(config: TrainConfig, strategy: Any, train: Any) -> Any:
+    """The Trainer of ``config.model`` for the ``train`` dataset, under ``strategy``."""
+    import keras
+
+    import tfdist
+    from tfdist import models
+
     optimizer = keras.optimizers.get(
         {"class_name": config.optimizer, "config": {"learning_rate": config.learning_rate}}
     )
-    trainer = tfdist.Trainer(
+    return tfdist.Trainer(
         lambda: models.get(
             config.model, input_shape=train.input_shape, num_classes=train.num_classes
         ),
@@ -122,18 +145,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
         **exchange_options(config),
         **health_options(config),
     )
-    start = time.perf_counter()
-    history = trainer.fit(
-        train,
-        epochs=config.epochs,
-        steps_per_epoch=config.steps_per_epoch,
-        global_batch_size=config.global_batch_size,
-        validation_data=val,
-        verbose=config.verbose if trainer.is_chief else 0,
-    )
-    seconds = time.perf_counter() - start
-    if config.model_dir:
-        _save(trainer, config.model_dir)
+
+
+def _summary(trainer: Any, strategy: Any, history: Any, seconds: float) -> dict[str, Any]:
+    """The run's summary (see :func:`run`) from the fit's history and the trained model."""
     return {
         "val_accuracy": float(history.history["val_accuracy"][-1]),
         "val_loss": float(history.history["val_loss"][-1]),

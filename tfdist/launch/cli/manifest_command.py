@@ -52,11 +52,30 @@ def run(args: Sequence[str]) -> int:
             note=f"tfdist manifest {kind} needs a command after --, e.g. tfdist manifest {kind} "
             "--workers=2 -- tfdist train --strategy=multi_worker.",
         )
+    _refuse_unused_flags(kind)
+    text, submit = _manifest_text(kind, command)
+    if not FLAGS["output"].present:
+        sys.stdout.write(text)
+        return 0
+    with open(FLAGS.output, "w") as f:
+        f.write(text)
+    print(f"Wrote {FLAGS.output}; submit it with: {submit} {FLAGS.output}")
+    return 0
+
+
+def _refuse_unused_flags(kind: str) -> None:
+    """Raises on the first flag given that manifests of ``kind`` do not read."""
     for name in UNUSED_FLAGS[kind]:
         if FLAGS[name].present:
             raise invalid_argument(
                 name, FLAGS[name].value, f"no --{name} for `tfdist manifest {kind}`"
             )
+
+
+def _manifest_text(kind: str, command: list[str]) -> tuple[str, str]:
+    """The manifest of ``kind`` from the flags, and the command that submits it."""
+    from tfdist.launch import manifests
+
     if kind == "slurm":
         text = manifests.slurm_script(
             command,
@@ -71,22 +90,14 @@ def run(args: Sequence[str]) -> int:
             max_restarts=FLAGS.max_restarts,
             min_nodes=FLAGS.min_nodes,
         )
-        submit = "sbatch"
-    else:
-        text = manifests.kubernetes_manifest(
-            command,
-            workers=FLAGS.workers,
-            image=FLAGS.image,
-            ps=FLAGS.ps,
-            chief=FLAGS.chief,
-            name=FLAGS.name,
-            kind=FLAGS.kind,
-        )
-        submit = "kubectl apply -f"
-    if not FLAGS["output"].present:
-        sys.stdout.write(text)
-        return 0
-    with open(FLAGS.output, "w") as f:
-        f.write(text)
-    print(f"Wrote {FLAGS.output}; submit it with: {submit} {FLAGS.output}")
-    return 0
+        return text, "sbatch"
+    text = manifests.kubernetes_manifest(
+        command,
+        workers=FLAGS.workers,
+        image=FLAGS.image,
+        ps=FLAGS.ps,
+        chief=FLAGS.chief,
+        name=FLAGS.name,
+        kind=FLAGS.kind,
+    )
+    return text, "kubectl apply -f"

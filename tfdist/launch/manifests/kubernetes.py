@@ -112,12 +112,22 @@ def indexed_job(
     command = check_command(command)
     check_positive_int("workers", workers)
     _check_name(name, f"-{workers - 1}")
+    script = _tf_config_prefix(name, workers)
+    service = _headless_service(name)
+    return [service, _indexed_job(name, workers, image, script, command)]
+
+
+def _tf_config_prefix(name: str, workers: int) -> str:
+    """The shell prefix that exports pod JOB_COMPLETION_INDEX's TF_CONFIG, then runs the command."""
     cluster = {"worker": [f"{name}-{i}.{name}:{TF_PORT}" for i in range(workers)]}
-    prefix = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})[
-        :-3
-    ]  # Drop '0}}'.
-    script = f"export TF_CONFIG='{prefix}'\"$JOB_COMPLETION_INDEX\"'}}}}' && exec \"$@\""
-    service = {
+    # TF_CONFIG of worker 0 without its '0}}': the shell appends the pod's index and the '}}'.
+    prefix = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})[:-3]
+    return f"export TF_CONFIG='{prefix}'\"$JOB_COMPLETION_INDEX\"'}}}}' && exec \"$@\""
+
+
+def _headless_service(name: str) -> dict[str, Any]:
+    """The headless Service that gives each pod of Job ``name`` its DNS name, ready or not."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name},
@@ -128,7 +138,13 @@ def indexed_job(
             "ports": [{"name": "tfjob-port", "port": TF_PORT, "targetPort": TF_PORT}],
         },
     }
-    job = {
+
+
+def _indexed_job(
+    name: str, workers: int, image: str, script: str, command: list[str]
+) -> dict[str, Any]:
+    """The Indexed Job of ``workers`` pods, each running ``command`` after ``script``."""
+    return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name},
@@ -149,7 +165,6 @@ def indexed_job(
             },
         },
     }
-    return [service, job]
 
 
 def kubernetes_manifest(
