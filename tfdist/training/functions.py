@@ -30,7 +30,7 @@ from tfdist.training.overrides import (
     make_custom_train_update,
     select_logs,
 )
-from tfdist.training.step import make_eval_step, make_predict_step, make_train_update
+from tfdist.training.step import TrainUpdate, make_eval_step, make_predict_step
 
 
 class StepFunctions:
@@ -129,7 +129,7 @@ class StepFunctions:
                 outputs=averaged,
             )
         if key not in self._train:
-            update = make_train_update(
+            update = TrainUpdate(
                 self.model,
                 self.model.optimizer,
                 global_batch_size=global_batch_size,
@@ -140,7 +140,7 @@ class StepFunctions:
                 gradient_compression=self.exchange.compression,
             )
             self._train[key] = self.runner.compile_loop(
-                update,
+                update.__call__,
                 self.logs,
                 batches_per_call=micro_batches,
                 name="train_function",

@@ -6,7 +6,7 @@ A training *update* runs in replica context on ``k`` micro-batches:
 2. the loss is normalised by the **global** batch (``global_batch_size * k``)
    and multiplied by the loss scale (fp16);
 3. gradients are summed locally over the ``k`` micro-batches (in a
-   ``tf.while_loop`` when the runner drives ``update.cross_replica``, so the
+   ``tf.while_loop`` when the runner drives ``TrainUpdate.cross_replica``, so the
    graph does not grow with ``k``);
 4. **one** exchange of the gradients, packed with the example count
    (optionally bucketed and 16-bit, see :mod:`tfdist.training.exchange`);
@@ -146,27 +146,15 @@ def _track_output_losses(
 State = tuple[list[tf.Tensor], tf.Tensor, list[tf.Tensor]]
 
 
-def make_train_update(
-    model: keras.Model,
-    optimizer: keras.optimizers.Optimizer,
-    *,
-    global_batch_size: int,
-    accumulation_steps: int,
-    num_replicas: int,
-    skipped_updates: tf.Variable | None = None,
-    bucket_bytes: int | None = None,
-    gradient_compression: str | None = None,
-) -> Callable[[Sequence[Any]], None]:
-    """Returns ``update(micro_batches)``: one optimizer update in replica context.
+class TrainUpdate:
+    """One optimizer update on ``k`` micro-batches, in replica context (see the module docstring).
 
-    The returned function also has ``update.cross_replica(run, next_batch)``,
-    the same update driven from cross-replica context with the ``k``
-    micro-batches in a ``tf.while_loop`` (gradient sums as loop variables), so
-    the graph holds one forward and backward pass whatever ``k``. ``run(fn,
-    args)`` runs ``fn`` on every replica (``strategy.run``) and
-    ``next_batch()`` gets the next distributed batch. Runners that can call
-    ``next`` between replica calls use it; others call ``update`` with the
-    list of ``k`` batches, which unrolls the micro-batches.
+    Call it as ``update(micro_batches)`` in replica context (the micro-batches
+    unrolled), or drive it from cross-replica context with
+    :meth:`cross_replica`, which keeps the ``k`` micro-batches in a
+    ``tf.while_loop`` (gradient sums as loop variables), so the graph holds one
+    forward and backward pass whatever ``k``. Runners that can call ``next``
+    between replica calls use :meth:`cross_replica`.
 
     Args:
         model: A compiled Keras model (its loss, metrics and loss tracker are used).
@@ -182,12 +170,36 @@ def make_train_update(
         bucket_bytes: Bucketed all-reduce (see :mod:`tfdist.training.exchange`).
         gradient_compression: ``"bf16"``, ``"fp16"`` or ``None``.
     """
-    expected = float(global_batch_size * accumulation_steps)
-    present: list[int] = []  # indices of variables that get a gradient (known once traced)
-    tracked: list[int] = []  # ids of the per-output loss trackers Keras updates (once traced)
 
-    def micro_step(data: Any) -> tuple[list[Any], tf.Tensor]:
-        """Forward, loss, metrics and local gradients of one micro-batch (replica context)."""
+    def __init__(
+        self,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        *,
+        global_batch_size: int,
+        accumulation_steps: int,
+        num_replicas: int,
+        skipped_updates: tf.Variable | None = None,
+        bucket_bytes: int | None = None,
+        gradient_compression: str | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.accumulation_steps = accumulation_steps
+        self.num_replicas = num_replicas
+        self.skipped_updates = skipped_updates
+        self.bucket_bytes = bucket_bytes
+        self.gradient_compression = gradient_compression
+        self.expected = float(global_batch_size * accumulation_steps)
+        self.present: list[int] = []  # indices of variables with a gradient (known once traced)
+        self.tracked: list[int] = []  # ids of the per-output loss trackers Keras updates
+
+    def micro_step(self, data: Any) -> tuple[list[Any], tf.Tensor, list[tf.Tensor]]:
+        """Forward, loss, metrics and local gradients of one micro-batch (replica context).
+
+        Returns the gradients, the batch's example count and its per-output loss sums.
+        """
+        model = self.model
         x, y, sample_weight = unpack_x_y_sample_weight(data)
         size = _batch_size(x)
         with tf.GradientTape() as tape:
@@ -199,114 +211,115 @@ def make_train_update(
                 model, (x, y, y_pred, sample_weight), size=size, training=True
             )
             # -> (sum of local losses + size * regularisers) / (global batch * k)
-            objective = loss * tf.cast(size * num_replicas / expected, loss.dtype)
-            objective = optimizer.scale_loss(objective)
+            objective = loss * tf.cast(size * self.num_replicas / self.expected, loss.dtype)
+            objective = self.optimizer.scale_loss(objective)
         grads = sharded_gradients(tape, objective, model.trainable_variables)
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        if not present:
-            present.extend(i for i, g in enumerate(grads) if g is not None)
-            tracked.extend(id(tracker) for tracker, _ in recorded)
+        if not self.present:
+            self.present.extend(i for i, g in enumerate(grads) if g is not None)
+            self.tracked.extend(id(tracker) for tracker, _ in recorded)
         # Per-output loss sums over this replica's examples, logged once per update (apply);
         # one per tracker (zero for one Keras did not update: a compute_loss override).
         means = {id(tracker): mean for tracker, mean in recorded}
-        return (
-            grads,
-            size,
-            [
-                tf.cast(means.get(id(t), 0.0), tf.float32) * size
-                for t in output_loss_trackers(model)
-            ],
-        )
+        sums = [
+            tf.cast(means.get(id(t), 0.0), tf.float32) * size for t in output_loss_trackers(model)
+        ]
+        return grads, size, sums
 
-    def apply(summed: Sequence[Any], count: tf.Tensor, output_sums: Sequence[Any]) -> None:
+    def apply(self, summed: Sequence[Any], count: tf.Tensor, output_sums: Sequence[Any]) -> None:
         """One exchange and one optimizer update; ``summed`` holds the present variables' sums.
 
         ``output_sums``: this replica's per-output loss sums over its ``count`` examples.
         """
-        variables = model.trainable_variables
+        variables = self.model.trainable_variables
         reduced, total = all_reduce_sum(
             summed,
             count,
-            num_replicas=num_replicas,
-            bucket_bytes=bucket_bytes,
-            compression=gradient_compression,
+            num_replicas=self.num_replicas,
+            bucket_bytes=self.bucket_bytes,
+            compression=self.gradient_compression,
         )
         # An update is one batch of Keras's with a k-times batch: its per-output means count once.
         means = [
             (tracker, tf.math.divide_no_nan(s, count))
-            for tracker, s in zip(output_loss_trackers(model), output_sums)
-            if id(tracker) in tracked
+            for tracker, s in zip(output_loss_trackers(self.model), output_sums)
+            if id(tracker) in self.tracked
         ]
         _track_output_losses(means, count, total)
-        factor = tf.math.divide_no_nan(tf.constant(expected), total)
+        factor = tf.math.divide_no_nan(tf.constant(self.expected), total)
         grads: list[Any] = [None] * len(variables)
-        for i, g in zip(present, reduced):
+        for i, g in zip(self.present, reduced):
             grads[i] = scale_gradient(g, factor)
-        if skipped_updates is not None:
+        if self.skipped_updates is not None:
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced])
-            skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
-        optimizer.apply(grads, variables)
+            self.skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        self.optimizer.apply(grads, variables)
 
-    def update(micro_batches: Sequence[Any]) -> None:
+    def __call__(self, micro_batches: Sequence[Any]) -> None:
+        """One update on ``micro_batches`` (the loop unrolled), in replica context."""
         summed: list[Any] | None = None
         count = tf.constant(0.0)
         output_sums: list[Any] = []
         for data in micro_batches:
-            grads, size, losses = micro_step(data)
+            grads, size, losses = self.micro_step(data)
             if summed is None:
-                summed = [tf.convert_to_tensor(grads[i]) for i in present]
+                summed = [tf.convert_to_tensor(grads[i]) for i in self.present]
                 output_sums = losses
             else:
-                summed = [a + tf.convert_to_tensor(grads[i]) for a, i in zip(summed, present)]
+                summed = [a + tf.convert_to_tensor(grads[i]) for a, i in zip(summed, self.present)]
                 output_sums = [a + b for a, b in zip(output_sums, losses)]
             count += size
-        apply(summed, count, output_sums)
+        self.apply(summed, count, output_sums)
 
-    def zeros() -> State:
+    def zeros(self) -> State:
+        """The accumulation loop's starting state (replica context)."""
         # Every trainable variable gets a sum; those without a gradient stay zero, not applied.
         # The model is built before the step is traced, so its per-output trackers exist.
         return (
-            [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables],
+            [tf.zeros(v.shape, v.dtype) for v in self.model.trainable_variables],
             tf.constant(0.0),
-            [tf.constant(0.0) for _ in output_loss_trackers(model)],
+            [tf.constant(0.0) for _ in output_loss_trackers(self.model)],
         )
 
-    def accumulate(data: Any, state: State) -> State:
+    def accumulate(self, data: Any, state: State) -> State:
+        """``state`` plus one micro-batch's gradients, examples and loss sums."""
         sums, count, output_sums = state
-        grads, size, losses = micro_step(data)
+        grads, size, losses = self.micro_step(data)
         return (
             [s if g is None else s + tf.convert_to_tensor(g) for s, g in zip(sums, grads)],
             count + size,
             [a + b for a, b in zip(output_sums, losses)],
         )
 
-    def finish(state: State) -> None:
+    def finish(self, state: State) -> None:
+        """The update from the accumulated ``state``."""
         # Loop outputs carry no device; MWMS places an all-reduce by its inputs' devices, so
         # re-create them here, under the replica's device scope.
         sums, count, output_sums = tf.nest.map_structure(tf.identity, state)
-        apply([sums[i] for i in present], count, output_sums)
+        self.apply([sums[i] for i in self.present], count, output_sums)
 
-    def cross_replica(run: Callable[..., Any], next_batch: Callable[[], Any]) -> None:
-        """One update from cross-replica context; the micro-batch loop stays symbolic."""
-        if accumulation_steps == 1:
+    def cross_replica(self, run: Callable[..., Any], next_batch: Callable[[], Any]) -> None:
+        """One update from cross-replica context; the micro-batch loop stays symbolic.
+
+        ``run(fn, args)`` runs ``fn`` on every replica (``strategy.run``) and
+        ``next_batch()`` gets the next distributed batch.
+        """
+        if self.accumulation_steps == 1:
             # No loop: the gradients flow straight into the (bucketed) exchange.
-            run(update, ([next_batch()],))
+            run(self.__call__, ([next_batch()],))
             return
 
         def body(i, state):
-            return i + 1, run(accumulate, (next_batch(), state))
+            return i + 1, run(self.accumulate, (next_batch(), state))
 
         # Starting from zeros, the sums are bit for bit those of the unrolled loop (0 + g == g).
         _, state = tf.while_loop(
-            lambda i, _: i < accumulation_steps,
+            lambda i, _: i < self.accumulation_steps,
             body,
-            (tf.constant(0), run(zeros, ())),
+            (tf.constant(0), run(self.zeros, ())),
             parallel_iterations=1,
         )
-        run(finish, (state,))
-
-    update.cross_replica = cross_replica
-    return update
+        run(self.finish, (state,))
 
 
 def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
