@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.bench.timing import median
-from tfdist.bench.workers import task
+from tfdist.bench.worker_common import task
 
 _IMPLEMENTATIONS = {
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,

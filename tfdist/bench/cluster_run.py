@@ -8,7 +8,7 @@ private network namespace where the kernel allows it), and every task runs
 
 Threads are pinned before TensorFlow starts in each task: the spec's
 ``threads_per_worker`` goes into ``OMP_NUM_THREADS``/``TF_NUM_INTRAOP_THREADS``
-here and into ``tf.config.threading`` in the task (see ``workers.pin_threads``).
+here and into ``tf.config.threading`` in the task (see ``worker_common.pin_threads``).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def run_tasks(
                 env=env,
                 output=log,
                 timeout=timeout,
-                pin=False,  # Each task pins itself as its spec says (workers.pin_threads).
+                pin=False,  # Each task pins itself as its spec says (worker_common.pin_threads).
             )
         took = watch.stop()
         children = _children_cpu_seconds() - children
