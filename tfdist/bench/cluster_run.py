@@ -62,6 +62,33 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def task_env(threads: int) -> dict[str, str]:
+    """The tasks' environment: this one without TF_CONFIG, threads set, tfdist importable."""
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    # Read by TF and OpenMP when they start, before the task's own tf.config.threading call.
+    env.update(
+        {
+            "OMP_NUM_THREADS": str(threads),
+            "TF_NUM_INTRAOP_THREADS": str(threads),
+            "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+        }
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def read_results(out_dir: str) -> dict[str, Any]:
+    """Each task's result file in ``out_dir``, by its name without ``.json`` (``worker-0``)."""
+    tasks = {}
+    for name in sorted(os.listdir(out_dir)):
+        if name.endswith(".json") and name != "spec.json":
+            with open(os.path.join(out_dir, name)) as f:
+                tasks[name[:-5]] = json.load(f)
+    return tasks
+
+
 def run_tasks(
     spec: Mapping[str, Any],
     *,
@@ -91,24 +118,11 @@ def run_tasks(
     """
     from tfdist.launch.local import launch
 
-    threads = int(spec["threads_per_worker"])
     with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as out_dir:
         spec = {**spec, "out_dir": out_dir}
         spec_path = os.path.join(out_dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
-        env = dict(os.environ)
-        env.pop("TF_CONFIG", None)
-        # Read by TF and OpenMP when they start, before the task's own tf.config.threading call.
-        env.update(
-            {
-                "OMP_NUM_THREADS": str(threads),
-                "TF_NUM_INTRAOP_THREADS": str(threads),
-                "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-            }
-        )
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         log_path = os.path.join(out_dir, "tasks.log")
         watch = timing.Stopwatch()
         children = _children_cpu_seconds()
@@ -119,7 +133,7 @@ def run_tasks(
                 workers=workers,
                 ps=ps,
                 chief=chief,
-                env=env,
+                env=task_env(int(spec["threads_per_worker"])),
                 output=log,
                 timeout=timeout,
                 pin=False,  # Each task pins itself as its spec says (worker_common.pin_threads).
@@ -132,11 +146,7 @@ def run_tasks(
             raise RuntimeError(
                 f"bench tasks ({spec['kind']}, {workers} workers, {ps} ps) exited {code}:\n{tail}"
             )
-        tasks = {}
-        for name in sorted(os.listdir(out_dir)):
-            if name.endswith(".json") and name != "spec.json":
-                with open(os.path.join(out_dir, name)) as f:
-                    tasks[name[:-5]] = json.load(f)
+        tasks = read_results(out_dir)
     others = (
         (took.others_cpu_seconds - children) / took.seconds
         if took.others_cpu_seconds is not None
