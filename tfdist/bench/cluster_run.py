@@ -4,7 +4,9 @@ The parent (the ``tfdist bench`` process) writes a JSON *spec*, starts one
 process per task with :func:`tfdist.launch.local.launch` (loopback ports, a
 private network namespace where the kernel allows it), and every task runs
 ``python -m tfdist.bench.workers SPEC``. Each task writes
-``<out_dir>/<task_type>-<task_id>.json``; the parent reads them back.
+``<out_dir>/<task_type>-<task_id>.json``; the parent reads them back. The
+tasks' output goes to a log file, but for their progress lines (one per
+measurement, see ``worker_common.report_progress``), which the parent logs.
 
 Threads are pinned before TensorFlow starts in each task: the spec's
 ``threads_per_worker`` goes into ``OMP_NUM_THREADS``/``TF_NUM_INTRAOP_THREADS``
@@ -21,9 +23,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 from tfdist.bench import timing
+from tfdist.bench.worker_common import PROGRESS_MARK
 from tfdist.config import check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
@@ -89,6 +92,23 @@ def read_results(out_dir: str) -> dict[str, Any]:
     return tasks
 
 
+class TaskOutput:
+    """The tasks' merged output lines: all into ``log``, the progress lines also to the logger."""
+
+    def __init__(self, log: TextIO, label: str) -> None:
+        self.log, self.label = log, label
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        _, mark, message = text.partition(PROGRESS_MARK)
+        if mark:
+            logger.info("bench %s: %s", self.label, message.strip())
+        return len(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+
 def run_tasks(
     spec: Mapping[str, Any],
     *,
@@ -134,7 +154,7 @@ def run_tasks(
                 ps=ps,
                 chief=chief,
                 env=task_env(int(spec["threads_per_worker"])),
-                output=log,
+                output=TaskOutput(log, f"{spec['kind']} ({workers} worker(s), {ps} ps)"),
                 timeout=timeout,
                 pin=False,  # Each task pins itself as its spec says (worker_common.pin_threads).
             )

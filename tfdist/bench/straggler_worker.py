@@ -155,7 +155,7 @@ def measure(
         made.run(steps)  # untimed: traces, starts the pipelines
         return made
 
-    recorder = Recorder()
+    recorder = Recorder(planned={"calibration": CALIBRATION_RUNS})
     sides = {"balanced": side(0.0)}
     # The faster of two balanced measurements: the one other processes disturbed least.
     calibration = [

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tfdist.bench.worker_common import pin_threads, write_result
+from tfdist.bench.worker_common import pin_threads, plan_progress, write_result
 from tfdist.config import invalid_argument
 
 #: spec["kind"] -> ``"module:function"``, the function ``(spec) -> result | None`` a task runs.
@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         spec = json.load(f)
     pinned = pin_threads(spec)
+    plan_progress(spec)
     result = resolve(spec["kind"])(spec)
     if result is not None:  # ps tasks and PS workers serve and write nothing
         write_result(spec, {**result, "threads": pinned})
