@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from tfdist.bench import common, fits, timing
 
@@ -40,30 +41,15 @@ LEARNING_RATE = 0.01
 SIDES = {"accumulating": ACCUMULATION_STEPS, "plain": 1}  # side -> accumulation_steps
 
 
-@common.register("accumulation")
-def accumulation(repeats: int, quick: bool) -> dict[str, Any]:
-    """Trainer(accumulation_steps=4) vs accumulation_steps=1, mirrored over 2 CPU devices, CNN.
-
-    Returns:
-        ``accumulating_examples_per_s``, ``plain_examples_per_s`` (medians),
-        ``ratio`` (accumulating / plain), ``goal``, per-call overheads,
-        ``updates_per_fit`` (optimizer updates per timed call, measured), the
-        raw samples and the config.
-    """
+def side_trainers(strategy: tf.distribute.Strategy) -> dict[str, Any]:
+    """One Trainer per side of :data:`SIDES`, on the same CNN with the same initial weights."""
     import tfdist
-
-    strategy = common.strategy("mirrored")
-    global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
-    micro_batches = 8 if quick else MICRO_BATCHES_PER_FIT
-    dataset = fits.make_dataset(
-        INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8
-    )
 
     def build() -> keras.Model:
         return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
 
     builder = fits.seeded(build)
-    trainers = {
+    return {
         name: tfdist.Trainer(
             builder,
             strategy=strategy,
@@ -74,6 +60,25 @@ def accumulation(repeats: int, quick: bool) -> dict[str, Any]:
         )
         for name, k in SIDES.items()
     }
+
+
+@common.register("accumulation")
+def accumulation(repeats: int, quick: bool) -> dict[str, Any]:
+    """Trainer(accumulation_steps=4) vs accumulation_steps=1, mirrored over 2 CPU devices, CNN.
+
+    Returns:
+        ``accumulating_examples_per_s``, ``plain_examples_per_s`` (medians),
+        ``ratio`` (accumulating / plain), ``goal``, per-call overheads,
+        ``updates_per_fit`` (optimizer updates per timed call, measured), the
+        raw samples and the config.
+    """
+    strategy = common.strategy("mirrored")
+    global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
+    micro_batches = 8 if quick else MICRO_BATCHES_PER_FIT
+    dataset = fits.make_dataset(
+        INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8
+    )
+    trainers = side_trainers(strategy)
     sides = {
         name: fits.trainer_side(
             trainer, dataset, global_batch_size=global_batch_size, steps=micro_batches

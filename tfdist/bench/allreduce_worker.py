@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.bench.timing import median
-from tfdist.bench.workers import task
+from tfdist.bench.worker_common import report_progress, task
 
 _IMPLEMENTATIONS = {
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
@@ -83,6 +83,7 @@ def sweep(strategy: tf.distribute.Strategy, spec: dict[str, Any]) -> list[dict[s
         i for i in spec["implementations"] if i != "nccl" or tf.config.list_physical_devices("GPU")
     ]
     rows = []
+    total = len(implementations) * len(spec["packings"]) * len(spec["dtypes"])
     for impl in implementations:
         for packing, (count, per_pack) in spec["packings"].items():
             for dtype_name in spec["dtypes"]:
@@ -125,6 +126,7 @@ def sweep(strategy: tf.distribute.Strategy, spec: dict[str, Any]) -> list[dict[s
                         "points": points,
                     }
                 )
+                report_progress(f"{impl}, {packing}, {dtype_name}: series {len(rows)}/{total}")
     return rows
 
 

@@ -26,6 +26,7 @@ bfloat16 is only emulated. ``cpu`` records which of these flags
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -70,6 +71,74 @@ def cpu_features(path: str = "/proc/cpuinfo") -> dict[str, Any]:
     return features
 
 
+def precision_sides(
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    dataset: Any,
+    *,
+    global_batch_size: int,
+    steps: int,
+) -> tuple[dict[str, fits.FitThroughput], dict[str, list[str]]]:
+    """One Trainer side per precision of :data:`PRECISIONS`, and its Dense layers' compute dtypes.
+
+    Returns:
+        ``(sides, compute_dtypes)``: precision -> its Trainer side, and precision
+        -> the sorted compute dtypes of the model's Dense layers.
+    """
+    import tfdist
+
+    sides, compute_dtypes = {}, {}
+    for precision in PRECISIONS:
+        trainer = tfdist.Trainer(
+            builder,
+            strategy=strategy,
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss=fits.logits_loss(),
+            precision=precision,
+        )
+        sides[precision] = fits.trainer_side(
+            trainer, dataset, global_batch_size=global_batch_size, steps=steps
+        )
+        # What the Dense layers really computed in (the logits stay float32 on both sides).
+        compute_dtypes[precision] = sorted(
+            {
+                layer.compute_dtype
+                for layer in trainer.model.layers
+                if isinstance(layer, keras.layers.Dense)
+            }
+        )
+    return sides, compute_dtypes
+
+
+def workload_config(
+    features: int,
+    hidden: Sequence[int],
+    global_batch_size: int,
+    steps: int,
+    n: int,
+    iterations: int,
+) -> dict[str, Any]:
+    """The ``config`` entry of the result: the workload both precisions ran."""
+    return {
+        "strategy": "one_device",
+        "precisions": list(PRECISIONS),
+        "model": "mlp",
+        "input_shape": [features],
+        "hidden_units": list(hidden),
+        "num_classes": NUM_CLASSES,
+        "global_batch_size": global_batch_size,
+        "steps_per_fit": steps,
+        "optimizer": f"SGD({LEARNING_RATE})",
+        "step_s_formula": "global_batch_size / median examples/s",
+        "matmul": {
+            "n": n,
+            "iterations": iterations,
+            "dtypes": ["float32", "bfloat16"],
+            "gflops_formula": "2 * n**3 * iterations / seconds / 1e9",
+        },
+    }
+
+
 @common.register("bf16_vs_fp32")
 def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
     """Trainer step time, mixed_bfloat16 vs float32 (one_device, wide MLP); bf16/fp32 matmul peaks.
@@ -81,8 +150,6 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
         the examples/s of both sides, ``cpu`` (see :func:`cpu_features`), the
         raw samples and the config.
     """
-    import tfdist
-
     strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder = (
         mfu.wide_mlp_setup(quick)
     )
@@ -90,27 +157,9 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
         "float32_matmul": mfu.matmul_peak(n, iterations, dtype=tf.float32),
         "bfloat16_matmul": mfu.matmul_peak(n, iterations, dtype=tf.bfloat16),
     }
-    fit_sides = {}
-    compute_dtypes = {}
-    for precision in PRECISIONS:
-        trainer = tfdist.Trainer(
-            builder,
-            strategy=strategy,
-            optimizer=keras.optimizers.SGD(LEARNING_RATE),
-            loss=fits.logits_loss(),
-            precision=precision,
-        )
-        fit_sides[precision] = fits.trainer_side(
-            trainer, dataset, global_batch_size=global_batch_size, steps=steps
-        )
-        # What the Dense layers really computed in (the logits stay float32 on both sides).
-        compute_dtypes[precision] = sorted(
-            {
-                layer.compute_dtype
-                for layer in trainer.model.layers
-                if isinstance(layer, keras.layers.Dense)
-            }
-        )
+    fit_sides, compute_dtypes = precision_sides(
+        strategy, builder, dataset, global_batch_size=global_batch_size, steps=steps
+    )
     sides.update(fit_sides)
     samples = timing.alternate(sides, repeats)
     rates = {precision: samples.median(precision) for precision in PRECISIONS}
@@ -137,22 +186,5 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
         "cpu": cpu_features(),
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
-        "config": {
-            "strategy": "one_device",
-            "precisions": list(PRECISIONS),
-            "model": "mlp",
-            "input_shape": [features],
-            "hidden_units": list(hidden),
-            "num_classes": NUM_CLASSES,
-            "global_batch_size": global_batch_size,
-            "steps_per_fit": steps,
-            "optimizer": f"SGD({LEARNING_RATE})",
-            "step_s_formula": "global_batch_size / median examples/s",
-            "matmul": {
-                "n": n,
-                "iterations": iterations,
-                "dtypes": ["float32", "bfloat16"],
-                "gflops_formula": "2 * n**3 * iterations / seconds / 1e9",
-            },
-        },
+        "config": workload_config(features, hidden, global_batch_size, steps, n, iterations),
     }

@@ -4,11 +4,13 @@ The parent (the ``tfdist bench`` process) writes a JSON *spec*, starts one
 process per task with :func:`tfdist.launch.local.launch` (loopback ports, a
 private network namespace where the kernel allows it), and every task runs
 ``python -m tfdist.bench.workers SPEC``. Each task writes
-``<out_dir>/<task_type>-<task_id>.json``; the parent reads them back.
+``<out_dir>/<task_type>-<task_id>.json``; the parent reads them back. The
+tasks' output goes to a log file, but for their progress lines (one per
+measurement, see ``worker_common.report_progress``), which the parent logs.
 
 Threads are pinned before TensorFlow starts in each task: the spec's
 ``threads_per_worker`` goes into ``OMP_NUM_THREADS``/``TF_NUM_INTRAOP_THREADS``
-here and into ``tf.config.threading`` in the task (see ``workers.pin_threads``).
+here and into ``tf.config.threading`` in the task (see ``worker_common.pin_threads``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 from tfdist.bench import timing
+from tfdist.bench.worker_common import PROGRESS_MARK
 from tfdist.config import check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
@@ -62,6 +65,50 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def task_env(threads: int) -> dict[str, str]:
+    """The tasks' environment: this one without TF_CONFIG, threads set, tfdist importable."""
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    # Read by TF and OpenMP when they start, before the task's own tf.config.threading call.
+    env.update(
+        {
+            "OMP_NUM_THREADS": str(threads),
+            "TF_NUM_INTRAOP_THREADS": str(threads),
+            "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+        }
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def read_results(out_dir: str) -> dict[str, Any]:
+    """Each task's result file in ``out_dir``, by its name without ``.json`` (``worker-0``)."""
+    tasks = {}
+    for name in sorted(os.listdir(out_dir)):
+        if name.endswith(".json") and name != "spec.json":
+            with open(os.path.join(out_dir, name)) as f:
+                tasks[name[:-5]] = json.load(f)
+    return tasks
+
+
+class TaskOutput:
+    """The tasks' merged output lines: all into ``log``, the progress lines also to the logger."""
+
+    def __init__(self, log: TextIO, label: str) -> None:
+        self.log, self.label = log, label
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        _, mark, message = text.partition(PROGRESS_MARK)
+        if mark:
+            logger.info("bench %s: %s", self.label, message.strip())
+        return len(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+
 def run_tasks(
     spec: Mapping[str, Any],
     *,
@@ -91,24 +138,11 @@ def run_tasks(
     """
     from tfdist.launch.local import launch
 
-    threads = int(spec["threads_per_worker"])
     with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as out_dir:
         spec = {**spec, "out_dir": out_dir}
         spec_path = os.path.join(out_dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
-        env = dict(os.environ)
-        env.pop("TF_CONFIG", None)
-        # Read by TF and OpenMP when they start, before the task's own tf.config.threading call.
-        env.update(
-            {
-                "OMP_NUM_THREADS": str(threads),
-                "TF_NUM_INTRAOP_THREADS": str(threads),
-                "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-            }
-        )
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         log_path = os.path.join(out_dir, "tasks.log")
         watch = timing.Stopwatch()
         children = _children_cpu_seconds()
@@ -119,10 +153,10 @@ def run_tasks(
                 workers=workers,
                 ps=ps,
                 chief=chief,
-                env=env,
-                output=log,
+                env=task_env(int(spec["threads_per_worker"])),
+                output=TaskOutput(log, f"{spec['kind']} ({workers} worker(s), {ps} ps)"),
                 timeout=timeout,
-                pin=False,  # Each task pins itself as its spec says (workers.pin_threads).
+                pin=False,  # Each task pins itself as its spec says (worker_common.pin_threads).
             )
         took = watch.stop()
         children = _children_cpu_seconds() - children
@@ -132,11 +166,7 @@ def run_tasks(
             raise RuntimeError(
                 f"bench tasks ({spec['kind']}, {workers} workers, {ps} ps) exited {code}:\n{tail}"
             )
-        tasks = {}
-        for name in sorted(os.listdir(out_dir)):
-            if name.endswith(".json") and name != "spec.json":
-                with open(os.path.join(out_dir, name)) as f:
-                    tasks[name[:-5]] = json.load(f)
+        tasks = read_results(out_dir)
     others = (
         (took.others_cpu_seconds - children) / took.seconds
         if took.others_cpu_seconds is not None

@@ -103,53 +103,70 @@ def run(**overrides: Any) -> dict[str, Any]:
     return summarise(spec, launched)
 
 
+def summary_config(spec: dict[str, Any], tasks: dict[str, Any]) -> dict[str, Any]:
+    """The ``config`` entry of the result: the spec and what each side switched on."""
+    return {
+        **{k: v for k, v in spec.items() if k not in ("kind", "num_pinned_tasks")},
+        "workers": WORKERS,
+        "model": "cnn",
+        "dataset": "digits",
+        "global_batch_size": tasks["worker-0"]["global_batch_size"],
+        "sides": {
+            "off": "watchdog=None, stragglers=None",
+            "on": "the defaults: WatchdogOptions(), StragglerOptions()",
+            "on_fast": f"WatchdogOptions(), StragglerOptions(interval={spec['fast_interval']}, "
+            "log_scores=True)",
+        },
+    }
+
+
+def ratios_to_off(
+    name: str, sides: dict[str, Any], others: dict[str, list[float | None]]
+) -> dict[str, Any]:
+    """Side ``name`` against ``off``: median and paired ratios, clean rounds, cost per step.
+
+    The keys carry the side's prefix: none for ``on``, ``on_fast_`` for ``on_fast``.
+    """
+    prefix = "" if name == "on" else f"{name}_"
+    off = sides["off"]
+    # Within each round the sides ran back to back: their ratio cancels slow drifts.
+    paired = [
+        a / b for a, b in zip(sides[name]["examples_per_s_samples"], off["examples_per_s_samples"])
+    ]
+    # Rounds in which other processes took at most BUSY_CPU cores during both measurements.
+    clean = [
+        p
+        for p, a, b in zip(paired, others[name], others["off"])
+        if a is not None and b is not None and max(a, b) <= timing.BUSY_CPU
+    ]
+    return {
+        f"{prefix}ratio": timing.ratio(
+            sides[name]["examples_per_s"], sides["off"]["examples_per_s"]
+        ),
+        f"{prefix}paired_ratio": timing.median(paired),
+        f"{prefix}paired_samples": paired,
+        f"{prefix}clean_paired_ratio": timing.median(clean) if clean else None,
+        f"{prefix}clean_rounds": len(clean),
+        f"{prefix}step_cost_ms": 1e3 * (sides[name]["step_s"] - off["step_s"]),
+        f"{prefix}step_cost_fraction": sides[name]["step_s"] / off["step_s"] - 1.0,
+    }
+
+
 def summarise(spec: dict[str, Any], launched: dict[str, Any]) -> dict[str, Any]:
     """The sides' rates, the ratios to ``off``, the per-step cost and what each fit observed."""
     entry = scaling.summarise(launched, WORKERS, task="worker-0")
     sides = entry["sides"]
     tasks = launched["tasks"]
-    rates = {name: sides[name]["examples_per_s"] for name in SIDES}
     out: dict[str, Any] = {
-        "config": {
-            **{k: v for k, v in spec.items() if k not in ("kind", "num_pinned_tasks")},
-            "workers": WORKERS,
-            "model": "cnn",
-            "dataset": "digits",
-            "global_batch_size": tasks["worker-0"]["global_batch_size"],
-            "sides": {
-                "off": "watchdog=None, stragglers=None",
-                "on": "the defaults: WatchdogOptions(), StragglerOptions()",
-                "on_fast": f"WatchdogOptions(), StragglerOptions(interval={spec['fast_interval']}, "
-                "log_scores=True)",
-            },
-        },
+        "config": summary_config(spec, tasks),
         "machine": cluster_run.machine(),
         "sides": sides,
-        "examples_per_s": rates,
+        "examples_per_s": {name: sides[name]["examples_per_s"] for name in SIDES},
         "goal": f">= {GOAL}",
     }
-    off = sides["off"]
     others = others_per_sample(tasks, "worker-0")
     for name in ("on", "on_fast"):
-        prefix = "" if name == "on" else "on_fast_"
-        # Within each round the sides ran back to back: their ratio cancels slow drifts.
-        paired = [
-            a / b
-            for a, b in zip(sides[name]["examples_per_s_samples"], off["examples_per_s_samples"])
-        ]
-        out[f"{prefix}ratio"] = timing.ratio(rates[name], rates["off"])
-        out[f"{prefix}paired_ratio"] = timing.median(paired)
-        out[f"{prefix}paired_samples"] = paired
-        # Rounds in which other processes took at most BUSY_CPU cores during both measurements.
-        clean = [
-            p
-            for p, a, b in zip(paired, others[name], others["off"])
-            if a is not None and b is not None and max(a, b) <= timing.BUSY_CPU
-        ]
-        out[f"{prefix}clean_paired_ratio"] = timing.median(clean) if clean else None
-        out[f"{prefix}clean_rounds"] = len(clean)
-        out[f"{prefix}step_cost_ms"] = 1e3 * (sides[name]["step_s"] - off["step_s"])
-        out[f"{prefix}step_cost_fraction"] = sides[name]["step_s"] / off["step_s"] - 1.0
+        out.update(ratios_to_off(name, sides, others))
     out["step_ms"] = {name: 1e3 * sides[name]["step_s"] for name in SIDES}
     out["observed"] = {t: r["observed"] for t, r in tasks.items()}
     out["chief"] = [t for t, r in tasks.items() if r.get("is_chief")]

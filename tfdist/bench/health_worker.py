@@ -37,7 +37,7 @@ import keras
 import tfdist
 from tfdist.bench import fits
 from tfdist.bench.scaling_sides import Side, fit_side
-from tfdist.bench.workers import Recorder
+from tfdist.bench.worker_common import Recorder
 
 SIDES = ("off", "on", "on_fast")
 #: The order of even and odd rounds (see the module docstring).

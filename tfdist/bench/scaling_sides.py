@@ -21,7 +21,7 @@ import tensorflow as tf
 import tfdist
 from tfdist.bench import fits
 from tfdist.bench.timing import Stopwatch
-from tfdist.bench.workers import Recorder
+from tfdist.bench.worker_common import Recorder
 
 NUM_BATCHES = 4  # distinct global batches, cached and repeated
 

@@ -27,7 +27,7 @@ from tfdist.bench.scaling_sides import (
     raw_loop_side,
     split_parts,
 )
-from tfdist.bench.workers import Recorder
+from tfdist.bench.worker_common import Recorder
 
 
 def trainer_kwargs(variant: str | None, bucket_bytes: int | None) -> dict[str, Any] | None:

@@ -34,7 +34,7 @@ import tensorflow as tf
 import tfdist
 from tfdist.bench import fits
 from tfdist.bench.scaling_sides import Side, fit_side
-from tfdist.bench.workers import Recorder
+from tfdist.bench.worker_common import Recorder
 
 CALIBRATION_RUNS = 2
 WorkerIndex = Callable[[tf.distribute.InputContext], Any]
@@ -155,7 +155,7 @@ def measure(
         made.run(steps)  # untimed: traces, starts the pipelines
         return made
 
-    recorder = Recorder()
+    recorder = Recorder(planned={"calibration": CALIBRATION_RUNS})
     sides = {"balanced": side(0.0)}
     # The faster of two balanced measurements: the one other processes disturbed least.
     calibration = [

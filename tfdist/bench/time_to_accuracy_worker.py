@@ -29,7 +29,7 @@ import keras
 
 import tfdist
 from tfdist.bench import fits
-from tfdist.bench.workers import Recorder
+from tfdist.bench.worker_common import Recorder
 
 RULES = ("none", "linear")
 #: The order of even and odd repeats.

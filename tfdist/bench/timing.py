@@ -11,12 +11,15 @@ another process took a core. Medians are taken over the clean measurements, and
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
+
+logger = logging.getLogger(__name__)
 
 # /proc/stat "cpu" fields counted as busy: user nice system (idle iowait) irq softirq steal.
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
@@ -130,7 +133,8 @@ def alternate(
     Interleaving (and reversing the order every round) spreads the machine's
     slow drifts and bursts evenly over the sides. While other processes make
     measurements unclean, up to ``extra_rounds`` more rounds run until every
-    side has a majority of clean ones (``repeats // 2 + 1``).
+    side has a majority of clean ones (``repeats // 2 + 1``). Logs one line per
+    measurement (side, round of ``repeats``, seconds).
 
     Args:
         sides: Name -> a zero-arg callable that runs one measurement and
@@ -149,12 +153,18 @@ def alternate(
     ):
         for name in names if r % 2 == 0 else names[::-1]:
             value, timing = sides[name]()
+            logger.info("bench: %s %s (%.1f s)", name, _round_label(r, repeats), timing.seconds)
             samples.values[name].append(float(value))
             samples.seconds[name].append(timing.seconds)
             samples.cpu_share[name].append(round(timing.cpu_share, 2))
             samples.others_cpu[name].append(round(timing.others_cpu, 2))
         r += 1
     return samples
+
+
+def _round_label(r: int, repeats: int) -> str:
+    """``2/5`` for round index 1 of 5; rounds past ``repeats`` are extra (for unclean ones)."""
+    return f"{r + 1}/{repeats}" if r < repeats else f"{r + 1}, extra: too few clean"
 
 
 def nanmax(values: Iterable[float]) -> float:
