@@ -70,16 +70,17 @@ logging.getLogger("tfdist.training.backup").setLevel(logging.INFO)
 logging.getLogger("tfdist.training.stragglers").setLevel(logging.INFO)
 
 
-class FirstStragglerWarning(logging.Handler):
-    """Writes when the straggler report first warned to OUT_DIR/<task>.straggler."""
+class StragglerWarnings(logging.Handler):
+    """Appends each straggler warning, with its time, to OUT_DIR/<task>.stragglers (JSON lines)."""
 
     def emit(self, record):
-        path = out / f"{task}.straggler"
-        if record.levelno >= logging.WARNING and not path.exists():
-            path.write_text(json.dumps({"time": time.time(), "message": record.getMessage()}))
+        if record.levelno >= logging.WARNING:
+            line = json.dumps({"time": time.time(), "message": record.getMessage()})
+            with open(out / f"{task}.stragglers", "a") as f:
+                f.write(line + "\n")
 
 
-logging.getLogger("tfdist.training.stragglers").addHandler(FirstStragglerWarning())
+logging.getLogger("tfdist.training.stragglers").addHandler(StragglerWarnings())
 
 strategy = tfdist.make_strategy(
     args.strategy, **({"num_devices": 2} if args.strategy == "mirrored" else {})

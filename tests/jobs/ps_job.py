@@ -47,6 +47,19 @@ def _starts(name):
     return (out / f"{name}.starts").read_text().split()
 
 
+def _serving(name):
+    """Whether task ``name`` (e.g. worker-1) accepts connections on its TF_CONFIG address."""
+    import socket
+
+    kind, index = name.rsplit("-", 1)
+    host, port = json.loads(os.environ["TF_CONFIG"])["cluster"][kind][int(index)].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 class Killer(keras.callbacks.Callback):
     killed: list = []
     batches = 0  # across epochs
@@ -69,7 +82,12 @@ class Killer(keras.callbacks.Callback):
                 deadline = time.time() + 60
                 while len(_starts(victim)) < 2 and time.time() < deadline:
                     time.sleep(0.2)
-                time.sleep(8)  # the coordinator polls for recovered workers every 5 s
+                # Its server is up once its port takes connections (TF's import and start-up
+                # can take many seconds on a loaded machine); the coordinator polls for
+                # recovered workers every 5 s.
+                while not _serving(victim) and time.time() < deadline:
+                    time.sleep(0.2)
+                time.sleep(8)
 
 
 keras.utils.set_random_seed(0)

@@ -32,7 +32,10 @@ def _build():
 def _trainer(backup, strategy="one_device"):
     return tfdist.Trainer(
         _build,
-        strategy=tfdist.make_strategy(strategy),
+        # Two replicas, whatever virtual devices an earlier test in this process made.
+        strategy=tfdist.make_strategy(
+            strategy, **({"num_devices": 2} if strategy == "mirrored" else {})
+        ),
         optimizer=keras.optimizers.SGD(0.05),
         loss=LOSS,
         backup=backup,

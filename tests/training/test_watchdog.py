@@ -170,11 +170,11 @@ def _job(out, *extra):
 
 @pytest.mark.multiprocess
 def test_no_false_alarm_on_a_slow_first_trace_or_slow_saves(tmp_path):
-    # Timeouts of 4 s (floor), 5 x the longest seen: each trace takes 4.5 s (over the floor, under
-    # the first allowance) and the first two saves 4.5 s each (the first under the allowance, the
-    # second under 5 x the first). 48 updates, a backup every 2. (A 2 s floor fired once under
-    # a doubly loaded suite: an epoch's iterator took over 2 s to make.)
-    proc = _job(tmp_path, "--watchdog=4,5", "--slow_trace=4.5", "--slow_saves=4.5,2")
+    # Timeouts of 7 s (floor), 5 x the longest seen: each trace takes 7.5 s (over the floor, under
+    # the first allowance) and the first two saves 7.5 s each (the first under the allowance, the
+    # second under 5 x the first). 48 updates, a backup every 2. (Floors of 2 s and 4 s each
+    # fired once under a doubly loaded suite: an epoch's iterator took over 4 s to make.)
+    proc = _job(tmp_path, "--watchdog=7,5", "--slow_trace=7.5", "--slow_saves=7.5,2")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "watchdog" not in proc.stdout
     assert json.loads((tmp_path / "worker-0.json").read_text())["iterations"] == 48

@@ -115,8 +115,12 @@ def test_a_frozen_worker_stops_the_group_and_it_restarts(four_hangs):
 def test_every_stack_is_dumped_and_each_attempt_resumes_where_the_backup_stood(four_hangs):
     out, log = four_hangs
     assert log.count("Python stacks of all threads follow") >= 6  # both tasks, three hangs
-    for update in (10, 20, 26, 38):  # the backups (every 2 updates) before each fault
-        assert re.search(rf"resuming at epoch \d, micro-batch \d+ \({update} updates done\)", log)
+    # The backups (every 2 updates) before each fault. Backups are committed in the background:
+    # one still being written when the group stops is lost, and the attempt resumes at the one
+    # before (which the bitwise test below checks is exact too).
+    for update in (10, 20, 26, 38):
+        resumed = rf"resuming at epoch \d, micro-batch \d+ \(({update}|{update - 2}) updates done\)"
+        assert re.search(resumed, log), log[-3000:]
     assert json.loads((out / "worker-0.json").read_text())["attempt"] == 5
 
 
@@ -146,8 +150,13 @@ def test_a_worker_slowed_in_its_input_pipeline_is_named_and_only_then(tmp_path):
     info = json.loads((tmp_path / "worker-0.json").read_text())
     assert (info["attempt"], info["iterations"]) == (2, 160)
     slowed = float((tmp_path / "worker-0.slowed").read_text())
-    warning = json.loads((tmp_path / "worker-0.straggler").read_text())
-    assert warning["time"] > slowed, warning  # nothing before: the balanced part is quiet
+    lines = (tmp_path / "worker-0.stragglers").read_text().splitlines()
+    warnings = [json.loads(line) for line in lines]
+    named = [w for w in warnings if w["message"].startswith("Straggler: worker:1 ")]
+    # Nothing blames worker:1 before it is slowed. (On a loaded machine the others' load can
+    # really slow worker:0 for a while, and the report rightly says so.)
+    warning = named[0]
+    assert warning["time"] > slowed, warnings
     assert warning["time"] - slowed < 5.0, proc.stdout[-3000:]
     assert re.match(
         r"Straggler: worker:1 on \S+ reads its input in \d+ ms against \d+ ms per update; the "
