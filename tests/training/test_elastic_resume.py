@@ -40,7 +40,7 @@ def _fit(replicas, backup_dir=None, callbacks=()):
         optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         backup_dir=backup_dir,
-        backup_freq=FREQ,
+        backup_freq=FREQ if backup_dir else None,
     )
     data = tfdist.data.load("synthetic", num_examples=512)
     trainer.fit(

@@ -38,7 +38,7 @@ from tfdist.config import WatchdogOptions
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies import ps_watchdog
-from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn
+from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
 from tfdist.strategies.ps_failures import ParameterServerFailure as ParameterServerFailure
 from tfdist.strategies.ps_failures import lost_worker_output, raise_clearly
 from tfdist.strategies.ps_watchdog import WorkerWatch
@@ -183,41 +183,36 @@ class PSRunner:
             def loop(iterator, num_calls):
                 # A Python int (see run) unrolls the steps; a tensor loops in the graph.
                 if not per_execution:
-                    for _ in (
-                        range(num_calls) if isinstance(num_calls, int) else tf.range(num_calls)
-                    ):
-                        one_step(iterator)
+                    _steps(num_calls, lambda: one_step(iterator))
                     return logs_fn()
                 with metric_state_as_tensors(variables) as boxes:
-                    if isinstance(num_calls, int):
-                        for _ in range(num_calls):
-                            one_step(iterator)
-                    else:
 
-                        def body(i, *state):
-                            for box, value in zip(boxes, state):
-                                box.current = value
-                            one_step(iterator)
-                            return (i + 1, *[box.current for box in boxes])
-
-                        _, *state = tf.while_loop(
-                            lambda i, *_: i < num_calls,
-                            body,
-                            (tf.constant(0), *[box.current for box in boxes]),
-                        )
+                    def body(state):
                         for box, value in zip(boxes, state):
                             box.current = value
+                        one_step(iterator)
+                        return tuple(box.current for box in boxes)
+
+                    state = tuple(box.current for box in boxes)
+                    if isinstance(num_calls, int):
+                        for _ in range(num_calls):
+                            state = body(state)
+                    else:
+                        state = repeat(num_calls, body, state)
+                    for box, value in zip(boxes, state):
+                        box.current = value
                     return logs_fn(), [box.current for box in boxes]
         else:
 
             def loop(iterator, num_calls):
                 # On the coordinator, in cross-replica context: no strategy.run.
-                for _ in tf.range(num_calls):
-                    replica_fn([next(iterator) for _ in range(batches_per_call)])
+                _steps(
+                    num_calls, lambda: replica_fn([next(iterator) for _ in range(batches_per_call)])
+                )
                 return logs_fn()
 
         loop.__name__ = name
-        fn = tf.function(loop, reduce_retracing=True)
+        fn = graph_function(loop)
         if training:
             self._scheduled.add(fn)
         return fn
@@ -232,7 +227,7 @@ class PSRunner:
         # Like evaluation, on the coordinator (variables read from the ps tasks): outputs keep
         # the data's order.
         replica_fn.__name__ = name
-        return tf.function(replica_fn, reduce_retracing=True)
+        return graph_function(replica_fn)
 
     def _sum_metrics_of(self, model: Any) -> bool:
         """Whether train functions sum ``model``'s metrics per execution (see module docstring)."""
@@ -349,3 +344,17 @@ class PSRunner:
                 variable.assign(total)
             self._sums = None
         return as_floats(logs_fn())
+
+
+def _steps(num_calls: Any, step: Callable[[], Any]) -> None:
+    """``step()`` ``num_calls`` times: unrolled for a Python int, else in a symbolic loop."""
+    if isinstance(num_calls, int):
+        for _ in range(num_calls):
+            step()
+        return
+
+    def body(state: tuple) -> tuple:
+        step()
+        return state
+
+    repeat(num_calls, body)

@@ -18,7 +18,7 @@ from tfdist.cluster import task_label
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies import step_clock
-from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn
+from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
 
 #: The key under which a timed train loop returns its clock vector beside the logs.
 CLOCK_KEY = "_tfdist_step_clock"
@@ -127,7 +127,7 @@ class SyncRunner:
         if self._vote is None:
             strategy = self.strategy
 
-            @tf.function
+            @graph_function
             def vote(value):
                 votes = strategy.run(lambda: tf.identity(value))
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)
@@ -144,7 +144,7 @@ class SyncRunner:
         if self._broadcast is None:
             strategy = self.strategy
 
-            @tf.function(reduce_retracing=True)
+            @graph_function
             def send(value):
                 sent = strategy.run(lambda: tf.identity(value))
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, sent, axis=None)
@@ -181,31 +181,29 @@ class SyncRunner:
             return _timed_call(strategy, replica_fn, iterator, batches_per_call)
 
         def loop(iterator, num_calls):
-            clock = tf.zeros([len(step_clock.FIELDS) - 1], tf.float64)
-            if outputs:
-                # The last call's outputs are the logs: it runs after the loop, unrolled.
-                for _ in tf.range(num_calls - 1):
-                    _, vector = call(iterator)
-                    clock += vector if timed else 0.0
-                last, vector = call(iterator)
-                clock += vector if timed else 0.0
-                mean = tf.distribute.ReduceOp.MEAN
-                logs = logs_fn(
-                    tf.nest.map_structure(lambda v: strategy.reduce(mean, v, None), last)
-                )
-                return {**logs, CLOCK_KEY: clock} if timed else logs
-            for _ in tf.range(num_calls):
-                if drive is not None and not timed:
+            def one_call(clock):
+                if drive is not None and not timed and not outputs:
                     # The step loops over its micro-batches itself (symbolically, see step.py).
                     drive(lambda fn, args: strategy.run(fn, args=args), lambda: next(iterator))
-                else:
-                    _, vector = call(iterator)
-                    clock += vector if timed else 0.0
-            logs = logs_fn()
+                    return clock
+                _, vector = call(iterator)
+                return clock + vector if timed else clock
+
+            clock = tf.zeros([len(step_clock.FIELDS) - 1], tf.float64)
+            if not outputs:
+                clock = repeat(num_calls, one_call, clock)
+                logs = logs_fn()
+                return {**logs, CLOCK_KEY: clock} if timed else logs
+            # The last call's outputs are the logs: it runs after the loop, unrolled.
+            clock = repeat(num_calls - 1, one_call, clock)
+            last, vector = call(iterator)
+            clock = clock + vector if timed else clock
+            mean = tf.distribute.ReduceOp.MEAN
+            logs = logs_fn(tf.nest.map_structure(lambda v: strategy.reduce(mean, v, None), last))
             return {**logs, CLOCK_KEY: clock} if timed else logs
 
         loop.__name__ = name
-        return tf.function(loop, reduce_retracing=True)
+        return graph_function(loop)
 
     def metrics_result(self, model: Any) -> dict[str, tf.Tensor]:
         """``model.get_metrics_result()`` with all metric state reduced in ONE all-reduce.
@@ -253,7 +251,7 @@ class SyncRunner:
             return tf.nest.map_structure(lambda v: strategy.gather(v, axis=0), outputs)
 
         predict.__name__ = name
-        return tf.function(predict, reduce_retracing=True)
+        return graph_function(predict)
 
     def run(self, fn: Callable[[Any, Any], Any], iterator: Any, num_calls: int) -> Any:
         self._started = time.perf_counter()
