@@ -58,6 +58,14 @@ from tfdist.training.stragglers import DEFAULT_STRAGGLERS, StragglerOptions
 from tfdist.training.watchdog import DEFAULT_WATCHDOG, WatchdogOptions
 
 
+def _precision(precision: Any, model: Any, *, is_chief: bool) -> str:
+    """The concrete policy for ``precision``; "auto" keeps a made model's own policy."""
+    if precision == "auto" and isinstance(model, keras.Model):
+        precision = model.dtype_policy.name  # a model already made keeps its policy
+    # "auto" becomes a concrete policy; a policy the device runs slowly warns once (chief).
+    return precision_lib.resolve_precision(precision, is_chief=is_chief)
+
+
 class Trainer(EvaluateAndPredict):
     """Trains a Keras model on any tfdist strategy with one loop.
 
@@ -158,10 +166,19 @@ class Trainer(EvaluateAndPredict):
         self.watchdog, self.stragglers = check_health_options(watchdog, stragglers, self.backup)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
-        if precision == "auto" and isinstance(model, keras.Model):
-            precision = model.dtype_policy.name  # a model already made keeps its policy
-        # "auto" becomes a concrete policy; a policy the device runs slowly warns once (chief).
-        self.precision = precision_lib.resolve_precision(precision, is_chief=self._runner.is_chief)
+        self.precision = _precision(precision, model, is_chief=self._runner.is_chief)
+        compile_arguments = dict(optimizer=optimizer, loss=loss, metrics=metrics)
+        compile_arguments.update(loss_weights=loss_weights, weighted_metrics=weighted_metrics)
+        self._compile(model, compile_arguments, accumulation_steps, steps_per_execution)
+
+    def _compile(
+        self,
+        model: ModelOrBuilder,
+        compile_arguments: dict[str, Any],
+        accumulation_steps: int,
+        steps_per_execution: int | Literal["auto"],
+    ) -> None:
+        """The model compiled in the strategy's scope, its step functions and its backups."""
         self._steps_per_execution = steps_per_execution  # as given: "auto" is resolved by each fit
         self.steps_per_execution = steps_per_execution
         _compat.apply()
@@ -169,13 +186,9 @@ class Trainer(EvaluateAndPredict):
             model,
             strategy=self.strategy,
             precision=self.precision,
-            optimizer=optimizer,
-            loss=loss,
-            metrics=metrics,
-            loss_weights=loss_weights,
-            weighted_metrics=weighted_metrics,
             accumulation_steps=accumulation_steps,
             lr_scaling=self.lr_scaling,
+            **compile_arguments,
         )
         self.model = compiled.model
         self.accumulation_steps = compiled.accumulation_steps
@@ -185,7 +198,7 @@ class Trainer(EvaluateAndPredict):
             gradient_compression=self.exchange.compression,
             bucket_bytes=self.exchange.bucket_bytes,
         )
-        if steps_per_execution == "auto" and compiled.steps_per_execution:
+        if self._steps_per_execution == "auto" and compiled.steps_per_execution:
             # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.
             self._steps_per_execution = self.steps_per_execution = compiled.steps_per_execution
         self._functions = StepFunctions(
