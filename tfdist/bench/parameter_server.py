@@ -58,6 +58,7 @@ the goal is about ``ratio``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -92,32 +93,18 @@ def _clean_median(samples: timing.Samples, name: str, values: list[float]) -> fl
     return timing.median(clean or values)
 
 
-@common.register("parameter_server", connects_cluster=True)
-def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
-    """Trainer vs hand-written coordinator loops on an in-process PS cluster (2 workers, 1 ps), CNN.
-
-    Returns:
-        ``trainer_examples_per_s``, ``hand_written_bare_examples_per_s``,
-        ``hand_written_with_loss_metric_examples_per_s`` (medians), ``ratio``
-        (trainer / hand_written_bare), ``ratio_vs_loop_with_loss_metric``
-        (trainer / hand_written_with_loss_metric), ``goal``,
-        ``steps_per_execution_8`` (the Trainer with 8 steps per closure, and its
-        ratios), ``cpu_ms_per_step`` and ``cpu_ratio`` (diagnostics), per-run
-        overheads, ``optimizer_steps`` and ``loss_metric_updates`` (checks),
-        the raw samples and the config.
-    """
+def _build_cnn() -> keras.Model:
+    """The benchmark's model: tfdist's CNN on ``INPUT_SHAPE`` inputs, ``NUM_CLASSES`` classes."""
     import tfdist
 
-    strategy = common.strategy("parameter_server")
-    global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
-    steps = 8 if quick else STEPS_PER_RUN
-    dataset_fn = make_dataset_fn(global_batch_size, INPUT_SHAPE, NUM_CLASSES)
+    return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
 
-    def build() -> keras.Model:
-        return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
 
-    builder = fits.seeded(build)
-    trainers = {
+def _trainers(strategy: Any, builder: Callable[[], keras.Model]) -> dict[str, Any]:
+    """A ``tfdist.Trainer`` per entry of ``TRAINER_STEPS_PER_EXECUTION``."""
+    import tfdist
+
+    return {
         name: tfdist.Trainer(
             builder,
             strategy=strategy,
@@ -127,12 +114,16 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
         )
         for name, spe in TRAINER_STEPS_PER_EXECUTION.items()
     }
-    trainer_sides = {
-        name: fits.trainer_side(
-            trainer, dataset_fn, global_batch_size=global_batch_size, steps=steps
-        )
-        for name, trainer in trainers.items()
-    }
+
+
+def _warm_loops(
+    strategy: Any,
+    builder: Callable[[], keras.Model],
+    dataset_fn: Callable[..., Any],
+    global_batch_size: int,
+    steps: int,
+) -> dict[str, HandWrittenLoop]:
+    """The hand-written loops of ``HAND_WRITTEN_LOOPS``, each run once (untimed) to warm up."""
     loops = {
         name: HandWrittenLoop(
             strategy,
@@ -148,24 +139,21 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
     for loop in loops.values():
         loop()  # warm-up: traces, starts the workers' pipelines
         loop.setups.clear()
-    measured: dict[str, timing.Side] = {
-        "trainer": trainer_sides["trainer"],
-        **loops,
-        "trainer_spe8": trainer_sides["trainer_spe8"],
-    }
+    return loops
+
+
+def _measure(
+    measured: dict[str, timing.Side], steps: int, repeats: int
+) -> tuple[timing.Samples, dict[str, float]]:
+    """Times the sides alternately: the samples and each side's median CPU ms per step."""
     cpu_ms: dict[str, list[float]] = {name: [] for name in measured}
     sides = {name: _cpu_ms_per_step(side, steps, cpu_ms[name]) for name, side in measured.items()}
     samples = timing.alternate(sides, repeats)
-    rates = {name: samples.median(name) for name in sides}
-    cpu_per_step = {name: _clean_median(samples, name, cpu_ms[name]) for name in sides}
-    calls = {name: 1 + len(samples.values[name]) for name in sides}  # + the warm-up
-    optimizer_steps = {
-        name: int(trainer.model.optimizer.iterations.numpy()) for name, trainer in trainers.items()
-    }
-    optimizer_steps.update(
-        {name: int(loop.optimizer.iterations.numpy()) for name, loop in loops.items()}
-    )
-    metric_loop = loops["hand_written_with_loss_metric"]
+    return samples, {name: _clean_median(samples, name, cpu_ms[name]) for name in sides}
+
+
+def _rate_summary(rates: dict[str, float]) -> dict[str, Any]:
+    """Examples/s per side and the Trainer's ratios to the hand-written loops."""
     bare, with_loss = rates["hand_written_bare"], rates["hand_written_with_loss_metric"]
     return {
         "trainer_examples_per_s": rates["trainer"],
@@ -179,39 +167,99 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
             "ratio": timing.ratio(rates["trainer_spe8"], bare),
             "ratio_vs_loop_with_loss_metric": timing.ratio(rates["trainer_spe8"], with_loss),
         },
+    }
+
+
+def _checks(
+    samples: timing.Samples, trainers: dict[str, Any], loops: dict[str, HandWrittenLoop], steps: int
+) -> dict[str, Any]:
+    """The optimizer steps and loss-metric updates each side made, against those expected."""
+    calls = {name: 1 + len(values) for name, values in samples.values.items()}  # + the warm-up
+    optimizer_steps = {
+        name: int(trainer.model.optimizer.iterations.numpy()) for name, trainer in trainers.items()
+    }
+    optimizer_steps.update(
+        {name: int(loop.optimizer.iterations.numpy()) for name, loop in loops.items()}
+    )
+    metric_loop = loops["hand_written_with_loss_metric"]
+    return {
+        "optimizer_steps": {
+            name: {"expected": calls[name] * steps, "counted": optimizer_steps[name]}
+            for name in calls
+        },
+        "loss_metric_updates": {
+            "expected": calls["hand_written_with_loss_metric"] * steps,
+            "counted": int(metric_loop.loss_metric.count.numpy()),
+        },
+    }
+
+
+def _config(num_replicas_in_sync: int, global_batch_size: int, steps: int) -> dict[str, Any]:
+    """The benchmark's configuration, as reported."""
+    return {
+        "strategy": "parameter_server",
+        "num_workers": common.PS_WORKERS,
+        "num_ps": common.PS_TASKS,
+        "num_replicas_in_sync": num_replicas_in_sync,
+        "model": "cnn",
+        "input_shape": list(INPUT_SHAPE),
+        "num_classes": NUM_CLASSES,
+        "global_batch_size": global_batch_size,
+        "steps_per_run": steps,
+        "optimizer": f"SGD({LEARNING_RATE})",
+        "metrics": [],
+        "trainer_steps_per_execution": dict(TRAINER_STEPS_PER_EXECUTION),
+        "hand_written_steps_per_closure": 1,
+        "hand_written_loops": {
+            name: {"loss_metric": "keras.metrics.Mean" if flag else None}
+            for name, flag in HAND_WRITTEN_LOOPS.items()
+        },
+    }
+
+
+@common.register("parameter_server", connects_cluster=True)
+def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
+    """Trainer vs hand-written coordinator loops on an in-process PS cluster (2 workers, 1 ps), CNN.
+
+    Returns:
+        ``trainer_examples_per_s``, ``hand_written_bare_examples_per_s``,
+        ``hand_written_with_loss_metric_examples_per_s`` (medians), ``ratio``
+        (trainer / hand_written_bare), ``ratio_vs_loop_with_loss_metric``
+        (trainer / hand_written_with_loss_metric), ``goal``,
+        ``steps_per_execution_8`` (the Trainer with 8 steps per closure, and its
+        ratios), ``cpu_ms_per_step`` and ``cpu_ratio`` (diagnostics), per-run
+        overheads, ``optimizer_steps`` and ``loss_metric_updates`` (checks),
+        the raw samples and the config.
+    """
+    strategy = common.strategy("parameter_server")
+    global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
+    steps = 8 if quick else STEPS_PER_RUN
+    dataset_fn = make_dataset_fn(global_batch_size, INPUT_SHAPE, NUM_CLASSES)
+    builder = fits.seeded(_build_cnn)
+    trainers = _trainers(strategy, builder)
+    trainer_sides = {
+        name: fits.trainer_side(
+            trainer, dataset_fn, global_batch_size=global_batch_size, steps=steps
+        )
+        for name, trainer in trainers.items()
+    }
+    loops = _warm_loops(strategy, builder, dataset_fn, global_batch_size, steps)
+    measured: dict[str, timing.Side] = {
+        "trainer": trainer_sides["trainer"],
+        **loops,
+        "trainer_spe8": trainer_sides["trainer_spe8"],
+    }
+    samples, cpu_per_step = _measure(measured, steps, repeats)
+    return {
+        **_rate_summary({name: samples.median(name) for name in measured}),
         "cpu_ms_per_step": cpu_per_step,
         "cpu_ratio": timing.ratio(cpu_per_step["hand_written_bare"], cpu_per_step["trainer"]),
         "fit_overhead_s": {
             name: timing.median(side.overheads) for name, side in trainer_sides.items()
         },
         "setup_s": {name: timing.median(loop.setups) for name, loop in loops.items()},
-        "optimizer_steps": {
-            name: {"expected": calls[name] * steps, "counted": optimizer_steps[name]}
-            for name in sides
-        },
-        "loss_metric_updates": {
-            "expected": calls["hand_written_with_loss_metric"] * steps,
-            "counted": int(metric_loop.loss_metric.count.numpy()),
-        },
+        **_checks(samples, trainers, loops, steps),
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
-        "config": {
-            "strategy": "parameter_server",
-            "num_workers": common.PS_WORKERS,
-            "num_ps": common.PS_TASKS,
-            "num_replicas_in_sync": strategy.num_replicas_in_sync,
-            "model": "cnn",
-            "input_shape": list(INPUT_SHAPE),
-            "num_classes": NUM_CLASSES,
-            "global_batch_size": global_batch_size,
-            "steps_per_run": steps,
-            "optimizer": f"SGD({LEARNING_RATE})",
-            "metrics": [],
-            "trainer_steps_per_execution": dict(TRAINER_STEPS_PER_EXECUTION),
-            "hand_written_steps_per_closure": 1,
-            "hand_written_loops": {
-                name: {"loss_metric": "keras.metrics.Mean" if flag else None}
-                for name, flag in HAND_WRITTEN_LOOPS.items()
-            },
-        },
+        "config": _config(strategy.num_replicas_in_sync, global_batch_size, steps),
     }

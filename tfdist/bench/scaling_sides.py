@@ -116,6 +116,84 @@ def raw_loop_side(
     return Side(run, lambda: int(updates.numpy()))
 
 
+def _compute_part(
+    local: keras.Model, x: tf.Tensor, y: tf.Tensor, lr: float
+) -> Callable[[tf.Tensor], tf.Tensor]:
+    """A tf.function of ``steps`` forward, backward and SGD steps on ``local``: no all-reduce."""
+    local_vars = local.trainable_variables
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def compute(steps: tf.Tensor) -> tf.Tensor:
+        loss = tf.constant(0.0)
+        for _ in tf.range(steps):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, local(x, training=True))
+            for v, g in zip(local_vars, tape.gradient(loss, local_vars)):
+                v.assign_sub(lr * g)
+        return loss
+
+    return compute
+
+
+def _exchange_part(
+    strategy: tf.distribute.Strategy, shapes: list[tuple[int, ...]], wire: tf.DType
+) -> Callable[[tf.Tensor], tf.Tensor]:
+    """A tf.function of ``steps`` chained all-reduces of tensors of ``shapes`` in ``wire``."""
+
+    def one(*tensors: tf.Tensor) -> list[tf.Tensor]:
+        # tf.identity in the replica function puts the inputs on the replica's device: made in
+        # cross-replica context they have none, and the all-reduce would have no destination.
+        placed = [tf.identity(t) for t in tensors]
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, placed)
+
+    @tf.function
+    def exchange(steps: tf.Tensor) -> tf.Tensor:
+        # Zeros summed stay zeros; each step's input is the previous step's output, so no two
+        # all-reduces are the same op on the same input (TF would merge them).
+        tensors = [tf.zeros(s, wire) for s in shapes]
+        for _ in tf.range(steps):
+            tensors = [
+                strategy.experimental_local_results(t)[0] for t in strategy.run(one, args=tensors)
+            ]
+        return tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in tensors])
+
+    return exchange
+
+
+def _input_part(
+    strategy: tf.distribute.Strategy, dataset: tf.data.Dataset
+) -> Callable[[tf.Tensor], tf.Tensor]:
+    """A tf.function that reads ``steps`` batches of the distributed dataset, nothing else."""
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+    @tf.function
+    def read_input(steps: tf.Tensor) -> tf.Tensor:
+        total = tf.constant(0.0)
+        for _ in tf.range(steps):
+            xb, _ = next(iterator)
+            total += strategy.experimental_local_results(xb)[0][0, 0]
+        return total
+
+    return read_input
+
+
+def _time_parts(
+    parts: dict[str, Callable[[tf.Tensor], tf.Tensor]], recorder: Recorder, steps: int, repeats: int
+) -> dict[str, list[float]]:
+    """Warms each part up, then times them alternately: seconds per step, ``repeats`` each."""
+    for fn in parts.values():
+        fn(tf.constant(2)).numpy()  # trace and warm up
+    out: dict[str, list[float]] = {name: [] for name in parts}
+    for r in range(repeats):
+        for name in list(parts) if r % 2 == 0 else list(parts)[::-1]:
+            _, took = recorder.measure(
+                f"part:{name}", lambda fn=parts[name]: fn(tf.constant(steps)).numpy()
+            )
+            out[name].append(took.seconds / steps)
+    return out
+
+
 def split_parts(
     strategy: tf.distribute.Strategy,
     spec: dict[str, Any],
@@ -130,65 +208,18 @@ def split_parts(
     """Seconds per step of compute, gradient exchange and input, each alone (``repeats`` each)."""
     local = build_model(spec)  # outside the scope: a plain local model, no collectives
     local.set_weights(weights)
-    local_vars = local.trainable_variables
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     lr = float(spec["learning_rate"])
     rng = np.random.default_rng(1)
     x = tf.constant(rng.normal(size=(per_worker_batch_size, spec["input_dim"])).astype("float32"))
     y = tf.constant(
         rng.integers(0, spec["num_classes"], size=(per_worker_batch_size,)).astype("int32")
     )
-
-    @tf.function
-    def compute(steps: tf.Tensor) -> tf.Tensor:
-        loss = tf.constant(0.0)
-        for _ in tf.range(steps):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, local(x, training=True))
-            for v, g in zip(local_vars, tape.gradient(loss, local_vars)):
-                v.assign_sub(lr * g)
-        return loss
-
     wire = {"bf16": tf.bfloat16, "fp16": tf.float16}.get(compression or "", tf.float32)
-    shapes = [tuple(v.shape) for v in local_vars]
-
-    @tf.function
-    def exchange(steps: tf.Tensor) -> tf.Tensor:
-        def one(*tensors: tf.Tensor) -> list[tf.Tensor]:
-            # tf.identity in the replica function puts the inputs on the replica's device: made in
-            # cross-replica context they have none, and the all-reduce would have no destination.
-            placed = [tf.identity(t) for t in tensors]
-            return tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, placed
-            )
-
-        # Zeros summed stay zeros; each step's input is the previous step's output, so no two
-        # all-reduces are the same op on the same input (TF would merge them).
-        tensors = [tf.zeros(s, wire) for s in shapes]
-        for _ in tf.range(steps):
-            tensors = [
-                strategy.experimental_local_results(t)[0] for t in strategy.run(one, args=tensors)
-            ]
-        return tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in tensors])
-
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
-
-    @tf.function
-    def read_input(steps: tf.Tensor) -> tf.Tensor:
-        total = tf.constant(0.0)
-        for _ in tf.range(steps):
-            xb, _ = next(iterator)
-            total += strategy.experimental_local_results(xb)[0][0, 0]
-        return total
-
-    parts = {"compute": compute, "exchange": exchange, "input": read_input}
-    for fn in parts.values():
-        fn(tf.constant(2)).numpy()  # trace and warm up
-    out: dict[str, list[float]] = {name: [] for name in parts}
-    for r in range(repeats):
-        for name in list(parts) if r % 2 == 0 else list(parts)[::-1]:
-            _, took = recorder.measure(
-                f"part:{name}", lambda fn=parts[name]: fn(tf.constant(steps)).numpy()
-            )
-            out[name].append(took.seconds / steps)
-    return out
+    parts = {
+        "compute": _compute_part(local, x, y, lr),
+        "exchange": _exchange_part(
+            strategy, [tuple(v.shape) for v in local.trainable_variables], wire
+        ),
+        "input": _input_part(strategy, dataset),
+    }
+    return _time_parts(parts, recorder, steps, repeats)

@@ -13,9 +13,11 @@ parts are built in ``tfdist.bench.scaling_sides``.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 import tfdist
 from tfdist.bench import fits
@@ -45,22 +47,15 @@ def trainer_kwargs(variant: str | None, bucket_bytes: int | None) -> dict[str, A
     return kwargs
 
 
-def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
-    """Times every side and the step parts on this worker.
-
-    Returns seconds, steps and updates per measurement.
-    """
-    strategy = tfdist.make_strategy("multi_worker")
-    workers = strategy.num_replicas_in_sync
-    b = int(spec["per_worker_batch_size"])
-    global_batch_size = b * workers
-    steps, repeats = int(spec["steps"]), int(spec["repeats"])
-    dataset = make_dataset(spec, global_batch_size)
-    keras.utils.set_random_seed(0)
-    weights = build_model(spec).get_weights()
-    builder = fits.with_weights(lambda: build_model(spec), weights)
-    sgd = lambda: keras.optimizers.SGD(spec["learning_rate"])  # noqa: E731
-    metrics = list(spec["metrics"])
+def _trainer_sides(
+    spec: dict[str, Any],
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    dataset: tf.data.Dataset,
+    global_batch_size: int,
+) -> tuple[dict[str, Side], dict[str, str]]:
+    """A Trainer side per gradient-compression variant, and why any variant is unavailable."""
+    steps = int(spec["steps"])
     sides: dict[str, Side] = {}
     unavailable: dict[str, str] = {}
     for variant in spec["gradient_compression"]:
@@ -75,9 +70,9 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
             trainer = tfdist.Trainer(
                 builder,
                 strategy=strategy,
-                optimizer=sgd(),
+                optimizer=keras.optimizers.SGD(spec["learning_rate"]),
                 loss=fits.logits_loss(),
-                metrics=metrics,
+                metrics=list(spec["metrics"]),
                 **kwargs,
             )
         except (TypeError, ValueError) as e:  # e.g. a variant this Trainer refuses on this machine
@@ -89,26 +84,36 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
         sides[name] = fit_side(
             fit, (lambda t: lambda: t.model.optimizer)(trainer), steps, global_batch_size
         )
+    return sides, unavailable
+
+
+def _keras_fit_side(
+    spec: dict[str, Any],
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    dataset: tf.data.Dataset,
+    global_batch_size: int,
+) -> Side:
+    """Plain Keras ``model.fit`` on a model compiled in the strategy's scope."""
     with strategy.scope():
         model = builder()
-        model.compile(optimizer=sgd(), loss=fits.logits_loss(), metrics=metrics)
-    sides["keras_fit"] = fit_side(
+        model.compile(
+            optimizer=keras.optimizers.SGD(spec["learning_rate"]),
+            loss=fits.logits_loss(),
+            metrics=list(spec["metrics"]),
+        )
+    return fit_side(
         lambda **kw: model.fit(dataset, shuffle=False, **kw),
         lambda: model.optimizer,
-        steps,
+        int(spec["steps"]),
         global_batch_size,
     )
-    for variant in spec["gradient_compression"]:
-        name = "raw_loop" if variant in (None, "none") else f"raw_loop_{variant}"
-        sides[name] = raw_loop_side(
-            strategy,
-            spec,
-            weights,
-            dataset,
-            global_batch_size,
-            None if variant == "none" else variant,
-        )
-    recorder = Recorder()
+
+
+def _time_sides(
+    sides: dict[str, Side], recorder: Recorder, steps: int, repeats: int
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Warms every side up, then times them alternately: seconds and updates per measurement."""
     for side in sides.values():
         side.run(steps)  # untimed: traces, fills the dataset cache
     seconds: dict[str, list[float]] = {name: [] for name in sides}
@@ -119,19 +124,39 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
             took, _ = recorder.measure(name, lambda s=sides[name]: s.run(steps))
             seconds[name].append(took)
             updates[name].append(sides[name].updates() - before)
+    return seconds, updates
+
+
+def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
+    """Times every side and the step parts on this worker.
+
+    Returns seconds, steps and updates per measurement.
+    """
+    strategy = tfdist.make_strategy("multi_worker")
+    workers = strategy.num_replicas_in_sync
+    b = int(spec["per_worker_batch_size"])
+    global_batch_size = b * workers
+    steps, repeats = int(spec["steps"]), int(spec["repeats"])
+    dataset = make_dataset(spec, global_batch_size)
+    keras.utils.set_random_seed(0)
+    weights = build_model(spec).get_weights()
+    builder = fits.with_weights(lambda: build_model(spec), weights)
+    sides, unavailable = _trainer_sides(spec, strategy, builder, dataset, global_batch_size)
+    sides["keras_fit"] = _keras_fit_side(spec, strategy, builder, dataset, global_batch_size)
+    for variant in spec["gradient_compression"]:
+        name = "raw_loop" if variant in (None, "none") else f"raw_loop_{variant}"
+        compression = None if variant == "none" else variant
+        sides[name] = raw_loop_side(
+            strategy, spec, weights, dataset, global_batch_size, compression
+        )
+    recorder = Recorder()
+    seconds, updates = _time_sides(sides, recorder, steps, repeats)
     parts = {}
     for variant in spec["gradient_compression"]:
         key = "none" if variant in (None, "none") else variant
+        compression = None if key == "none" else key
         parts[key] = split_parts(
-            strategy,
-            spec,
-            weights,
-            dataset,
-            b,
-            None if key == "none" else key,
-            recorder,
-            steps,
-            repeats,
+            strategy, spec, weights, dataset, b, compression, recorder, steps, repeats
         )
     return {
         "num_workers": workers,
