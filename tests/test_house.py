@@ -1,8 +1,8 @@
 """The house rules of issue 9, checked on the source (ARCHITECTURE.md says why they matter).
 
-No import circles; no module over 400 lines; no private tfdist name used outside its
-module; Keras and TF internals only under ``tfdist/_compat/``; no tfdist attributes set on
-TF objects. All static (``ast``), so this module runs in well under a second.
+No import circles; no module over 400 lines, no function over 60; no private tfdist name used
+outside its module; Keras and TF internals only under ``tfdist/_compat/``; no tfdist attributes
+set on TF objects. All static (``ast``), so this module runs in well under a second.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfdist"
 MAX_LINES = 400  # DESIGN.md: ~300 typical, 400 where it keeps one flow in one place
+MAX_FUNCTION_LINES = 60  # signature and body, without the docstring
 INTERNALS = re.compile(
     r"\bkeras\.src\b|\btensorflow\.python\b|\btf\.__internal__\b"
     r"|\b(?:get|has|set)attr\([^)]*[\"']_[a-z]"  # a private attribute reached by its name
@@ -153,6 +154,28 @@ def test_the_circle_check_sees_a_circle():
 def test_modules_stay_short(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines <= MAX_LINES, f"{module} has {lines} lines: split it by job"
+
+
+def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of the signature and body, the docstring left out (nested functions included)."""
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        if isinstance(first.value.value, str):
+            lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_functions_stay_short(module):
+    # DESIGN.md: a function does one job, readable on one screen (issue 19: at most ~60 lines).
+    long = [
+        f"{node.name} (line {node.lineno}): {_function_lines(node)} lines"
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and _function_lines(node) > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"{module}: split by job: {long}"
 
 
 def _private_imports(path: pathlib.Path, module: str):
