@@ -20,8 +20,7 @@ RUNNERS = sorted({entry.runner for entry in registry.entries()}, key=lambda c: c
 
 
 def test_the_protocol_is_what_the_loop_uses():
-    # Resuming skips inside tf.data; metrics and "auto" are members, not getattr lookups.
-    assert "skip" not in _members()
+    # Metrics and "auto" are members, not getattr lookups.
     assert {"metrics_result", "auto_steps_per_execution"} <= _members()
     assert "cross_replica" in inspect.signature(Runner.compile_loop).parameters
 
@@ -32,7 +31,6 @@ def test_each_runner_has_every_member_with_the_protocols_signature(runner):
         name for name in sorted(_members() - INSTANCE_ATTRIBUTES) if not hasattr(runner, name)
     ]
     assert missing == []
-    assert not hasattr(runner, "skip")
     assert isinstance(runner.auto_steps_per_execution, int) and runner.auto_steps_per_execution >= 1
     for name, member in vars(Runner).items():
         if callable(member) and not name.startswith("_"):
