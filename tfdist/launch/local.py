@@ -43,7 +43,7 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from tfdist.cluster import is_loopback, split_address
 from tfdist.config import check_non_negative_int, invalid_argument
@@ -140,18 +140,16 @@ def launch(
     check_non_negative_int("max_restarts", max_restarts)
     _check_timeout(timeout)
     single_node = hosts is None and nnodes == 1 and node_rank == 0
-    cluster, local_tasks, loopback = _cluster_here(
-        nnodes,
-        node_rank,
-        hosts,
-        single_node=single_node,
-        host=host,
+    shape = dict(
         allow_external=allow_external,
         workers=workers,
         ps=ps,
         chief=chief,
         evaluator=evaluator,
         ports=ports,
+    )
+    cluster, local_tasks, loopback = _cluster_here(
+        nnodes, node_rank, hosts, single_node=single_node, host=host, shape=shape
     )
     _check_program(command, env)
     pinning = plan_pinning([(t.task_type, t.task_id) for t in local_tasks], pin=pin, env=env)
@@ -185,37 +183,17 @@ def _cluster_here(
     *,
     single_node: bool,
     host: str,
-    allow_external: bool,
-    workers: int,
-    ps: int,
-    chief: bool,
-    evaluator: bool,
-    ports: Sequence[int] | None,
+    shape: dict[str, Any],
 ) -> tuple[dict[str, list[str]], list[Task], bool]:
-    """The whole cluster, this node's tasks, and whether every address is loopback."""
+    """The whole cluster, this node's tasks, and whether every address is loopback.
+
+    ``shape``: the tasks and ports (``workers``, ``ps``, ``chief``, ``evaluator``,
+    ``ports``, ``allow_external``), as :func:`launch` got them.
+    """
     if single_node:
-        cluster = single_node_cluster(
-            host,
-            allow_external=allow_external,
-            workers=workers,
-            ps=ps,
-            chief=chief,
-            evaluator=evaluator,
-            ports=ports,
-        )
+        cluster = single_node_cluster(host, **shape)
         return cluster, all_tasks(cluster), is_loopback(host)
-    cluster, local_tasks = multi_node_cluster(
-        nnodes,
-        node_rank,
-        hosts,
-        host=host,
-        allow_external=allow_external,
-        workers=workers,
-        ps=ps,
-        chief=chief,
-        evaluator=evaluator,
-        ports=ports,
-    )
+    cluster, local_tasks = multi_node_cluster(nnodes, node_rank, hosts, host=host, **shape)
     return cluster, local_tasks, all(is_loopback(h) for h, _ in parse_hosts(hosts, nnodes)[1])
 
 
