@@ -1,7 +1,5 @@
 """The gradient exchange (bucketed, 16-bit; tfdist/training/exchange.py), per-call costs of fit."""
 
-import inspect
-
 import keras
 import numpy as np
 import pytest
@@ -28,31 +26,53 @@ def _fit(k=1, n=96, global_batch=16, num_devices=2, epochs=2, **options):
     return trainer, history
 
 
+class _Call:
+    """One ``ReplicaContext.all_reduce`` traced: which replica, and the tensors it reduces."""
+
+    def __init__(self, replica, value):
+        self.replica = replica
+        self.shapes = [tuple(t.shape) for t in tf.nest.flatten(value)]
+        self.dtypes = {t.dtype for t in tf.nest.flatten(value)}
+        self.size = sum(int(np.prod(shape)) for shape in self.shapes)
+
+
 class _Calls(list):
-    def __init__(self):
-        super().__init__()
-        self.metrics = []
+    """The all-reduces traced through TF's public ``ReplicaContext.all_reduce``."""
+
+    def of_replica(self, replica=0):
+        return [call for call in self if call.replica == replica]
+
+    def split(self, model):
+        """Replica 0's calls: (the gradient exchange's, the logs' metric reductions).
+
+        Told apart by what they carry, not by who calls them: the logs reduce
+        the model's metric state (one float32 vector of its elements), and the
+        exchange carries every gradient element and the example count.
+        """
+        metric_size = sum(int(np.prod(v.shape)) for v in model.metrics_variables)
+        calls = self.of_replica(0)
+        metrics = [c for c in calls if len(c.shapes) == 1 and c.size == metric_size]
+        exchange = [c for c in calls if c not in metrics]
+        return exchange, metrics
 
 
 @pytest.fixture
 def all_reduce_calls(monkeypatch):
-    """Records, for each gradient all_reduce traced, the shapes of the tensors it reduces.
-
-    The logs' metric reductions are recorded apart, in ``calls.metrics``.
-    """
+    """Records every all-reduce traced in replica context (replica id, shapes, dtypes)."""
     calls = _Calls()
     original = tf.distribute.ReplicaContext.all_reduce
 
-    def counting(self, reduce_op, value, options=None):
-        shapes = [tuple(t.shape) for t in tf.nest.flatten(value)]
-        from_logs = any(
-            frame.function == "local_sums" for frame in inspect.stack(0)
-        )  # replica thread
-        (calls.metrics if from_logs else calls).append(shapes)
+    def recording(self, reduce_op, value, options=None):
+        replica = tf.get_static_value(self.replica_id_in_sync_group)
+        calls.append(_Call(int(replica), value))
         return original(self, reduce_op, value, options)
 
-    monkeypatch.setattr(tf.distribute.ReplicaContext, "all_reduce", counting)
+    monkeypatch.setattr(tf.distribute.ReplicaContext, "all_reduce", recording)
     return calls
+
+
+def _parameter_count(model):
+    return sum(int(np.prod(v.shape)) for v in model.trainable_variables)
 
 
 def test_bucket_grouping_is_reverse_order_and_about_bucket_bytes():
@@ -76,15 +96,17 @@ def test_one_collective_per_bucket_and_same_result(all_reduce_calls, bucket_byte
     trainer, history = _fit(k=k, n=128, bucket_bytes=bucket_bytes)
     # Traced once per replica (2): one all-reduce of ONE packed tensor per bucket, once per update
     # (accumulation included); the example count rides in the first bucket (+1 element).
-    assert len(all_reduce_calls) == 2 * num_buckets
-    assert all(len(shapes) == 1 for shapes in all_reduce_calls)
+    exchange, metrics = all_reduce_calls.split(trainer.model)
+    assert len(all_reduce_calls.of_replica(1)) == len(exchange) + len(metrics)
+    assert len(exchange) == num_buckets and len(metrics) == 1
+    assert all(len(call.shapes) == 1 for call in exchange)
+    assert sum(call.size for call in exchange) == _parameter_count(trainer.model) + 1
     groups = buckets([tf.zeros(v.shape) for v in trainer.model.trainable_variables], bucket_bytes)
     sizes = [
         sum(int(np.prod(trainer.model.trainable_variables[i].shape)) for i in g) for g in groups
     ]
-    sizes[0] += 1
-    # The replicas' merge_calls alternate: replica 0's calls are every other one.
-    assert [shapes[0][0] for shapes in all_reduce_calls[::2]] == sizes
+    sizes[0] += 1  # the first bucket, which carries the count
+    assert sorted(call.size for call in exchange) == sorted(sizes)
     for a, b in zip(reference.model.get_weights(), trainer.model.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     assert history.history["loss"] == pytest.approx(ref_history.history["loss"], abs=1e-6)
@@ -92,12 +114,11 @@ def test_one_collective_per_bucket_and_same_result(all_reduce_calls, bucket_byte
 
 def test_no_options_is_the_original_packed_exchange(all_reduce_calls):
     default, _ = _fit()
-    calls = list(all_reduce_calls)
+    exchange, _ = all_reduce_calls.split(default.model)
     explicit, _ = _fit(gradient_compression=None, bucket_bytes=None)
-    n_vars = len(default.model.trainable_variables)
-    assert (
-        calls == [[(6, 8), (8,), (8, 3), (3,), ()]] * 2 and n_vars == 4
-    )  # one list, packed by the strategy
+    # One call of every gradient, as the variables are, and the example count: the strategy packs.
+    expected = [tuple(v.shape) for v in default.model.trainable_variables] + [()]
+    assert [call.shapes for call in exchange] == [expected]
     for a, b in zip(default.model.get_weights(), explicit.model.get_weights()):
         np.testing.assert_array_equal(a, b)  # bitwise
 
@@ -112,9 +133,9 @@ def test_compressed_training_stays_close_to_float32(
     reference, ref_history = _fit()
     all_reduce_calls.clear()
     trainer, history = _fit(gradient_compression=compression, bucket_bytes=bucket_bytes)
-    per_replica = all_reduce_calls[::2]
-    wire = [shapes for shapes in per_replica if shapes[0] not in ((1,), (2,))]
+    wire = [c for c in all_reduce_calls.of_replica(0) if c.dtypes & {tf.bfloat16, tf.float16}]
     assert len(wire) == (2 if bucket_bytes else 1)  # one 16-bit collective per bucket
+    assert all(len(call.shapes) == 1 for call in wire)
     moved = max(
         np.abs(a - b).max() for a, b in zip(initial_weights(), reference.model.get_weights())
     )
@@ -194,7 +215,9 @@ def test_logs_are_one_packed_reduction_and_exact(all_reduce_calls):
     )
     history = trainer.fit(ds, epochs=2, verbose=0)
     # loss tracker (total, count) + accuracy (total, count): one all-reduce of 4 values per replica.
-    assert all_reduce_calls.metrics == [[(4,)]] * 2
+    exchange, metrics = all_reduce_calls.split(trainer.model)
+    assert [call.shapes for call in metrics] == [[(4,)]]
+    assert sum(call.size for call in exchange) == _parameter_count(trainer.model) + 1  # no other
     model = builder(initial_weights())()
     model.compile(keras.optimizers.SGD(0.1), LOSS, metrics=["accuracy"])
     keras_history = model.fit(ds, epochs=2, verbose=0)
@@ -322,6 +345,6 @@ def test_bf16_exchange_carries_an_odd_count_exactly_in_one_collective(all_reduce
 
     grads, count = exchange()
     assert float(strategy.experimental_local_results(count)[0]) == 2_000_012.0
-    assert len(all_reduce_calls) == 2  # one all-reduce per replica, no side all-reduce
+    assert [len(all_reduce_calls.of_replica(r)) for r in (0, 1)] == [1, 1]  # no side all-reduce
     got = strategy.experimental_local_results(grads[0])[0].numpy()
     np.testing.assert_allclose(got, values.sum(0), rtol=1e-2)
