@@ -143,8 +143,9 @@ def _input_gap(message):
 def test_a_worker_slowed_in_its_input_pipeline_is_named_and_only_then(tmp_path):
     # Every worker reads an example in 0.2 ms (hidden by prefetching); from update 96 of 160,
     # worker-1 takes 4 ms: 16 examples, 61 ms more per update, several times its step. Rounds
-    # every 0.5 s; the report scores the last three windows and needs two slow rounds: bound 5 s. With restart_after=4 the run
-    # then saves a backup and exits 75; the restarted attempt (no longer slowed) finishes.
+    # every 0.5 s; the report scores the last three windows and needs two slow rounds: bound 5 s.
+    # With restart_after=4 the run then saves a backup and exits 75; the restarted attempt (no
+    # longer slowed) finishes.
     proc = _launch(
         tmp_path,
         "--slow_input=0.0002,0.004",
