@@ -27,5 +27,5 @@ setup(
         "notebooks": ["jupyter", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]==2.21.*"],
     },
-    entry_points={"console_scripts": ["tfdist=tfdist.launch.cli:run"]},
+    entry_points={"console_scripts": ["tfdist=tfdist.cli:run"]},
 )

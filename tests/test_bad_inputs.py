@@ -4,7 +4,7 @@ Each row says how to trigger the bad input and what the message must carry:
 the argument's name, the value received (as written in the message) and
 fragments of what was expected. Python rows must raise exactly ``ValueError``
 (not a TensorFlow error from deep inside, nor a subclass) with a one-line
-message; CLI rows (``tfdist.launch.cli`` in-process, as ``app.run`` would call
+message; CLI rows (``tfdist.cli`` in-process, as ``app.run`` would call
 it) must exit 2 with one ``tfdist CMD: error: Invalid value for argument ...``
 line on stderr. ``test_readme_lists_every_row`` keeps README.md's "Bad input"
 table and this one the same.
@@ -1052,7 +1052,7 @@ def ps_strategy():
 
 def _run_cli(args: list[str], capsys) -> tuple[int, str]:
     """Runs ``tfdist ARGS`` in-process as ``app.run`` would; returns (exit code, stderr)."""
-    from tfdist.launch import cli
+    from tfdist import cli
 
     cli.FLAGS.unparse_flags()
     capsys.readouterr()

@@ -92,8 +92,8 @@ def test_bad_train_flags_fail_before_tensorflow_loads(flag):
 
 def _train_config(*flags):
     """The ``TrainConfig`` of ``tfdist train FLAGS``, parsed in-process as the CLI parses it."""
-    from tfdist.launch import cli
-    from tfdist.launch.cli import train_command
+    from tfdist import cli
+    from tfdist.cli import train_command
 
     cli.FLAGS.unparse_flags()
     try:
@@ -307,7 +307,8 @@ def test_manifest_never_imports_tensorflow(args):
 def test_import_tfdist_is_lazy_and_shims_come_first():
     code = (
         "import sys, tfdist\n"
-        "from tfdist.launch import notebook_launcher, local, cli\n"
+        "from tfdist.launch import notebook_launcher, local\n"
+        "from tfdist import cli\n"
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, \\\n"
         "    'imported too early'\n"
         "# A direct import of a TF-using module...\n"

@@ -248,7 +248,25 @@ LAYERS = {
     "callbacks": {"training"},
     "launch": {"config", "logs", "cluster"},
     "bench": {"config", "logs", "_compat", "cluster", "data", "models", "strategies", "training"},
+    "cli": {"config"},
 }
+
+#: The parts from the bottom up. No import, lazy ones included, reaches a part above its own:
+#: ``cli`` starts ``launch`` and ``bench``, and ``bench`` starts its workers through ``launch``.
+ORDER = [
+    "config",
+    "logs",
+    "_compat",
+    "cluster",
+    "data",
+    "models",
+    "strategies",
+    "training",
+    "callbacks",
+    "launch",
+    "bench",
+    "cli",
+]
 
 
 def test_each_layer_imports_only_those_below_it():
@@ -262,6 +280,20 @@ def test_each_layer_imports_only_those_below_it():
         if part(a) in LAYERS and part(b) != part(a) and part(b) not in LAYERS[part(a)]
     )
     assert wrong == []
+
+
+def test_no_import_reaches_a_part_above_its_own():
+    def rank(module: str) -> int:
+        part = module.split(".")[1] if "." in module else ""
+        return ORDER.index(part) if part in ORDER else len(ORDER)  # tfdist/__init__, __main__
+
+    upward = sorted(
+        f"{a} -> {b}"
+        for a, targets in _graph(lazy=True).items()
+        for b in targets
+        if rank(b) > rank(a)
+    )
+    assert upward == []
 
 
 def test_the_scheduler_names_existing_test_modules():

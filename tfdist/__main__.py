@@ -1,6 +1,6 @@
 """``python -m tfdist`` is the ``tfdist`` command."""
 
-from tfdist.launch.cli import run
+from tfdist.cli import run
 
 if __name__ == "__main__":
     run()

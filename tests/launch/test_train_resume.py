@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.helpers import REPO
-from tfdist.launch import cli
+from tfdist import cli
 
 EPOCHS = 6
 STEPS = 1437 // 64  # digits' training split in full batches of 64: updates per epoch.

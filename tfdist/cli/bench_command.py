@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 
 from tfdist.config import invalid_argument
-from tfdist.launch.cli.flag_definitions import FLAGS
+from tfdist.cli.flag_definitions import FLAGS
 
 
 def run(args: Sequence[str]) -> int:

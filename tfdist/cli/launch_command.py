@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tfdist.config import invalid_argument
-from tfdist.launch.cli.flag_definitions import FLAGS
+from tfdist.cli.flag_definitions import FLAGS
 
 
 def run(args: Sequence[str]) -> int:

@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from absl import app
 
 from tfdist.config import invalid_argument
-from tfdist.launch.cli import bench_command, launch_command, manifest_command, train_command
-from tfdist.launch.cli.flag_definitions import FLAGS
-from tfdist.launch.cli.usage import COMMANDS, error_line, is_invalid_argument, parse_flags
+from tfdist.cli import bench_command, launch_command, manifest_command, train_command
+from tfdist.cli.flag_definitions import FLAGS
+from tfdist.cli.usage import COMMANDS, error_line, is_invalid_argument, parse_flags
 
 __all__ = ["FLAGS", "COMMANDS", "main", "parse_flags", "run"]
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from tfdist.config import invalid_argument
-from tfdist.launch.cli.flag_definitions import FLAGS
+from tfdist.cli.flag_definitions import FLAGS
 
 COMMANDS = ("train", "launch", "bench", "manifest")
 

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from tfdist.config import invalid_argument
-from tfdist.launch.cli.flag_definitions import FLAGS
+from tfdist.cli.flag_definitions import FLAGS
 
 # Flags a manifest kind does not use, refused when given rather than silently ignored.
 UNUSED_FLAGS = {

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdist.config import GRADIENT_COMPRESSIONS, TrainConfig, invalid_argument
-from tfdist.launch.cli.flag_definitions import ENGINES, FLAGS
+from tfdist.cli.flag_definitions import ENGINES, FLAGS
 
 
 def _gradient_compression() -> str | None:
