@@ -30,10 +30,10 @@ from collections.abc import Sequence
 
 from absl import app
 
-from tfdist.config import invalid_argument
 from tfdist.cli import bench_command, launch_command, manifest_command, train_command
 from tfdist.cli.flag_definitions import FLAGS
 from tfdist.cli.usage import COMMANDS, error_line, is_invalid_argument, parse_flags
+from tfdist.config import invalid_argument
 
 __all__ = ["FLAGS", "COMMANDS", "main", "parse_flags", "run"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from tfdist.config import invalid_argument
 from tfdist.cli.flag_definitions import FLAGS
+from tfdist.config import invalid_argument
 
 
 def run(args: Sequence[str]) -> int:

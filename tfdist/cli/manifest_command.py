@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from tfdist.config import invalid_argument
 from tfdist.cli.flag_definitions import FLAGS
+from tfdist.config import invalid_argument
 
 # Flags a manifest kind does not use, refused when given rather than silently ignored.
 UNUSED_FLAGS = {

@@ -10,8 +10,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.config import GRADIENT_COMPRESSIONS, TrainConfig, invalid_argument
 from tfdist.cli.flag_definitions import ENGINES, FLAGS
+from tfdist.config import GRADIENT_COMPRESSIONS, TrainConfig, invalid_argument
 
 
 def _gradient_compression() -> str | None:

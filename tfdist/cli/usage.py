@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from tfdist.config import invalid_argument
 from tfdist.cli.flag_definitions import FLAGS
+from tfdist.config import invalid_argument
 
 COMMANDS = ("train", "launch", "bench", "manifest")
 
