@@ -270,3 +270,14 @@ def test_bad_worker_ranges_are_refused(bad):
 
     with pytest.raises(ValueError, match=r"Invalid value for argument `num_workers`"):
         worker_range(bad)
+
+
+def test_ray_launcher_takes_ray_fits_keyword_arguments_and_no_others():
+    import inspect
+
+    from tfdist.launch.ray_engine import ray_fit, ray_launcher
+
+    launcher, fit = inspect.signature(ray_launcher), inspect.signature(ray_fit)
+    assert list(launcher.parameters.values()) == list(fit.parameters.values())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_worker'"):
+        ray_launcher(print, num_worker=2)  # refused before anything starts

@@ -32,6 +32,7 @@ Importing this module imports neither Ray nor TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -294,33 +295,18 @@ def _collect_outputs(ray: Any, box: Any, fewest: int, most: int) -> list[Any]:
     return [results.get(rank) for rank in ranks]
 
 
-def ray_launcher(
-    fn: Callable[..., Any],
-    *args: Any,
-    num_workers: int | tuple[int, int] = 2,
-    cpus_per_worker: float = 1,
-    use_gpu: bool = False,
-    max_failures: int = 0,
-    storage_path: str | None = None,
-    name: str | None = None,
-    datasets: dict[str, Any] | None = None,
-    check_resources: bool = True,
-) -> Any:
+def ray_launcher(fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
     """``notebook_launcher`` on Ray Train: runs ``fn(*args)``, returns the chief's result.
 
     Starts a local loopback Ray cluster (no dashboard) unless Ray is already
-    initialised or ``RAY_ADDRESS`` names a cluster. Arguments are those of
-    :func:`ray_fit`, which also returns Ray's ``Result``.
+    initialised or ``RAY_ADDRESS`` names a cluster. The keyword arguments are
+    :func:`ray_fit`'s, with the same defaults (``num_workers=2``, ...);
+    ``ray_fit`` also returns Ray's ``Result``.
     """
-    return ray_fit(
-        fn,
-        *args,
-        num_workers=num_workers,
-        cpus_per_worker=cpus_per_worker,
-        use_gpu=use_gpu,
-        max_failures=max_failures,
-        storage_path=storage_path,
-        name=name,
-        datasets=datasets,
-        check_resources=check_resources,
-    ).outputs[0]
+    return ray_fit(fn, *args, **options).outputs[0]
+
+
+# help() and editors show ray_fit's keyword arguments, which ray_launcher takes.
+ray_launcher.__signature__ = inspect.signature(ray_fit).replace(  # type: ignore[attr-defined]
+    return_annotation=Any
+)
