@@ -237,6 +237,7 @@ def test_no_tfdist_attributes_on_tf_objects():
 #: What each part of tfdist may import when it loads (ARCHITECTURE.md, "Layers"). Lazy imports
 #: inside functions are not counted: the CLI reaches the Trainer that way without loading TF.
 LAYERS = {
+    "_lazy": set(),
     "config": set(),
     "logs": set(),
     "_compat": {"config"},
@@ -244,9 +245,9 @@ LAYERS = {
     "data": {"config", "_compat"},
     "models": {"config", "_compat"},
     "strategies": {"config", "logs", "_compat", "cluster", "data"},
-    "training": {"config", "logs", "_compat", "cluster", "data", "models", "strategies"},
+    "training": {"_lazy", "config", "logs", "_compat", "cluster", "data", "models", "strategies"},
     "callbacks": {"training"},
-    "launch": {"config", "logs", "cluster"},
+    "launch": {"_lazy", "config", "logs", "cluster"},
     "bench": {"config", "logs", "_compat", "cluster", "data", "models", "strategies", "training"},
     "cli": {"config"},
 }
@@ -254,6 +255,7 @@ LAYERS = {
 #: The parts from the bottom up. No import, lazy ones included, reaches a part above its own:
 #: ``cli`` starts ``launch`` and ``bench``, and ``bench`` starts its workers through ``launch``.
 ORDER = [
+    "_lazy",
     "config",
     "logs",
     "_compat",

@@ -24,6 +24,8 @@ import importlib.abc
 import sys
 from typing import Any
 
+from tfdist._lazy import lazy_attributes
+
 __version__ = "0.1.0"
 __all__ = [
     "Trainer",
@@ -51,17 +53,17 @@ _TF_MODULES = (
     "tfdist.launch.train",
 )
 _ATTRIBUTES = {
-    "Trainer": ("tfdist.training.trainer", "Trainer"),
-    "BackupOptions": ("tfdist.training.options", "BackupOptions"),
-    "ExchangeOptions": ("tfdist.training.options", "ExchangeOptions"),
-    "StragglerOptions": ("tfdist.training.stragglers", "StragglerOptions"),
-    "WatchdogOptions": ("tfdist.training.watchdog", "WatchdogOptions"),
-    "LRScaling": ("tfdist.training.options", "LRScaling"),
-    "make_strategy": ("tfdist.strategies.factory", "make_strategy"),
-    "callbacks": ("tfdist.callbacks", None),
-    "data": ("tfdist.data", None),
-    "models": ("tfdist.models", None),
-    "launch": ("tfdist.launch", None),
+    "Trainer": "tfdist.training.trainer:Trainer",
+    "BackupOptions": "tfdist.training.options:BackupOptions",
+    "ExchangeOptions": "tfdist.training.options:ExchangeOptions",
+    "StragglerOptions": "tfdist.training.stragglers:StragglerOptions",
+    "WatchdogOptions": "tfdist.training.watchdog:WatchdogOptions",
+    "LRScaling": "tfdist.training.options:LRScaling",
+    "make_strategy": "tfdist.strategies.factory:make_strategy",
+    "callbacks": "tfdist.callbacks",
+    "data": "tfdist.data",
+    "models": "tfdist.models",
+    "launch": "tfdist.launch",
 }
 _shims_applied = False
 
@@ -101,15 +103,4 @@ if "keras" in sys.modules:
     _apply_shims()
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _ATTRIBUTES:
-        raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
-    module_name, attribute = _ATTRIBUTES[name]
-    module = importlib.import_module(module_name)
-    value = module if attribute is None else getattr(module, attribute)
-    globals()[name] = value  # Later lookups skip __getattr__.
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(globals(), _ATTRIBUTES)

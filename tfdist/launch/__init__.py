@@ -20,20 +20,14 @@ processes) and no Ray: ``ray_launcher``, ``ray_fit`` and ``RayBackup`` load
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from tfdist._lazy import lazy_attributes
 from tfdist.launch.notebook import notebook_launcher
 
 __all__ = ["notebook_launcher", "ray_launcher", "ray_fit", "RayBackup"]
 _LAZY = {
-    "ray_launcher": "tfdist.launch.ray_engine",
-    "ray_fit": "tfdist.launch.ray_engine",
-    "RayBackup": "tfdist.launch.ray_backup",
+    "ray_launcher": "tfdist.launch.ray_engine:ray_launcher",
+    "ray_fit": "tfdist.launch.ray_engine:ray_fit",
+    "RayBackup": "tfdist.launch.ray_backup:RayBackup",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'tfdist.launch' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__, __dir__ = lazy_attributes(globals(), _LAZY)

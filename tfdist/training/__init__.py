@@ -18,23 +18,14 @@ Names load on first use, so that importing one module of this package (e.g.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tfdist._lazy import lazy_attributes
 
 __all__ = ["Trainer", "BackupOptions", "ExchangeOptions", "LRScaling"]
 _MODULES = {
-    "Trainer": "tfdist.training.trainer",
-    "BackupOptions": "tfdist.training.options",
-    "ExchangeOptions": "tfdist.training.options",
-    "LRScaling": "tfdist.training.options",
+    "Trainer": "tfdist.training.trainer:Trainer",
+    "BackupOptions": "tfdist.training.options:BackupOptions",
+    "ExchangeOptions": "tfdist.training.options:ExchangeOptions",
+    "LRScaling": "tfdist.training.options:LRScaling",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULES:
-        raise AttributeError(f"module 'tfdist.training' has no attribute {name!r}")
-    return getattr(importlib.import_module(_MODULES[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(globals(), _MODULES)
