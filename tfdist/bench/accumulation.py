@@ -24,6 +24,7 @@ updates each side actually made per call are recorded as a check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -31,29 +32,23 @@ import tensorflow as tf
 
 from tfdist.bench import common, fits, timing
 
-INPUT_SHAPE = (8, 8, 1)
-NUM_CLASSES = 10
-GLOBAL_BATCH_SIZE = 256
 ACCUMULATION_STEPS = 4
 STEPS_PER_EXECUTION = 4
 MICRO_BATCHES_PER_FIT = 64
-LEARNING_RATE = 0.01
 SIDES = {"accumulating": ACCUMULATION_STEPS, "plain": 1}  # side -> accumulation_steps
 
 
-def side_trainers(strategy: tf.distribute.Strategy) -> dict[str, Any]:
+def side_trainers(
+    strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model]
+) -> dict[str, Any]:
     """One Trainer per side of :data:`SIDES`, on the same CNN with the same initial weights."""
     import tfdist
 
-    def build() -> keras.Model:
-        return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
-
-    builder = fits.seeded(build)
     return {
         name: tfdist.Trainer(
             builder,
             strategy=strategy,
-            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            optimizer=keras.optimizers.SGD(fits.CNN_LEARNING_RATE),
             loss=fits.logits_loss(),
             accumulation_steps=k,
             steps_per_execution=STEPS_PER_EXECUTION,
@@ -73,15 +68,12 @@ def accumulation(repeats: int, quick: bool) -> dict[str, Any]:
         raw samples and the config.
     """
     strategy = common.strategy("mirrored")
-    global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
-    micro_batches = 8 if quick else MICRO_BATCHES_PER_FIT
-    dataset = fits.make_dataset(
-        INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8
-    )
-    trainers = side_trainers(strategy)
+    run = fits.cnn_run(quick, MICRO_BATCHES_PER_FIT)
+    global_batch_size, micro_batches = run.global_batch_size, run.steps
+    trainers = side_trainers(strategy, run.builder)
     sides = {
         name: fits.trainer_side(
-            trainer, dataset, global_batch_size=global_batch_size, steps=micro_batches
+            trainer, run.dataset, global_batch_size=global_batch_size, steps=micro_batches
         )
         for name, trainer in trainers.items()
     }
@@ -103,16 +95,10 @@ def accumulation(repeats: int, quick: bool) -> dict[str, Any]:
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {
-            "strategy": "mirrored",
-            "num_replicas": strategy.num_replicas_in_sync,
-            "model": "cnn",
-            "input_shape": list(INPUT_SHAPE),
-            "num_classes": NUM_CLASSES,
-            "global_batch_size": global_batch_size,
+            **run.config(strategy),
             "micro_batches_per_fit": micro_batches,
             "accumulation_steps": dict(SIDES),
             "steps_per_execution": STEPS_PER_EXECUTION,
-            "optimizer": f"SGD({LEARNING_RATE})",
             "metrics": [],
         },
     }

@@ -46,9 +46,6 @@ from tfdist.bench import common, fits, timing
 from tfdist.config import invalid_argument
 from tfdist.training.backup_files import SLOW_FSYNC_ENV
 
-INPUT_SHAPE = (8, 8, 1)
-NUM_CLASSES = 10
-GLOBAL_BATCH_SIZE = 256
 STEPS_PER_FIT = 64
 BACKUP_FREQ = 16
 #: The sides with a backup: BackupOptions(asynchronous=...) of each.
@@ -85,17 +82,9 @@ def backup(repeats: int, quick: bool) -> dict[str, Any]:
 
     slow_fsync_ms = _slow_fsync_ms()
     strategy = common.strategy("mirrored")
-    global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
-    steps = 8 if quick else STEPS_PER_FIT
+    run = fits.cnn_run(quick, STEPS_PER_FIT)
+    global_batch_size, steps, dataset = run.global_batch_size, run.steps, run.dataset
     freq = 2 if quick else BACKUP_FREQ
-    dataset = fits.make_dataset(
-        INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8
-    )
-
-    def build() -> keras.Model:
-        return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
-
-    builder = fits.seeded(build)
     workdir = tempfile.mkdtemp(prefix="tfdist-bench-backup-")
     options = {
         name: tfdist.BackupOptions(f"{workdir}/{name}", freq=freq, asynchronous=asynchronous)
@@ -105,9 +94,9 @@ def backup(repeats: int, quick: bool) -> dict[str, Any]:
         with _slow_disk(slow_fsync_ms):
             trainers = {
                 name: tfdist.Trainer(
-                    builder,
+                    run.builder,
                     strategy=strategy,
-                    optimizer=keras.optimizers.SGD(0.01),
+                    optimizer=keras.optimizers.SGD(fits.CNN_LEARNING_RATE),
                     loss=fits.logits_loss(),
                     backup=options.get(name),
                 )
@@ -123,10 +112,7 @@ def backup(repeats: int, quick: bool) -> dict[str, Any]:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     config = {
-        "strategy": "mirrored",
-        "num_replicas": strategy.num_replicas_in_sync,
-        "model": "cnn",
-        "global_batch_size": global_batch_size,
+        **run.config(strategy),
         "updates_per_fit": steps,
         "backup_freq": freq,
         "slow_fsync_ms": slow_fsync_ms,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -36,6 +36,50 @@ def make_dataset(
     y = rng.integers(0, num_classes, size=(n,)).astype("int32")
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size, drop_remainder=True)
     return ds.cache().repeat().prefetch(tf.data.AUTOTUNE)
+
+
+#: The CNN the in-process benches train (accumulation, backup, trainer_vs_fit): 8x8x1 inputs,
+#: 10 classes, SGD(0.01), a global batch of 256 (32 in a quick run, with 8 steps per fit).
+CNN_INPUT_SHAPE = (8, 8, 1)
+CNN_CLASSES = 10
+CNN_GLOBAL_BATCH_SIZE = 256
+CNN_LEARNING_RATE = 0.01
+
+
+class CnnRun(NamedTuple):
+    """A bench's CNN work: its global batch, steps per timed fit, data and seeded builder."""
+
+    global_batch_size: int
+    steps: int
+    dataset: tf.data.Dataset
+    builder: Callable[[], keras.Model]
+
+    def config(self, strategy: tf.distribute.Strategy) -> dict[str, Any]:
+        """The JSON ``config`` entries every CNN bench reports."""
+        return {
+            "strategy": "mirrored",
+            "num_replicas": strategy.num_replicas_in_sync,
+            "model": "cnn",
+            "input_shape": list(CNN_INPUT_SHAPE),
+            "num_classes": CNN_CLASSES,
+            "global_batch_size": self.global_batch_size,
+            "optimizer": f"SGD({CNN_LEARNING_RATE})",
+        }
+
+
+def cnn_run(quick: bool, steps: int) -> CnnRun:
+    """The bench CNN, its in-memory data (8 distinct global batches) and ``steps`` per fit."""
+    import tfdist
+
+    global_batch_size = 32 if quick else CNN_GLOBAL_BATCH_SIZE
+    dataset = make_dataset(
+        CNN_INPUT_SHAPE, CNN_CLASSES, global_batch_size=global_batch_size, num_batches=8
+    )
+
+    def build() -> keras.Model:
+        return tfdist.models.get("cnn", input_shape=CNN_INPUT_SHAPE, num_classes=CNN_CLASSES)
+
+    return CnnRun(global_batch_size, 8 if quick else steps, dataset, seeded(build))
 
 
 def initial_weights(build: Callable[[], keras.Model], seed: int = 0) -> list[np.ndarray]:

@@ -25,11 +25,7 @@ import tensorflow as tf
 
 from tfdist.bench import common, fits, timing
 
-INPUT_SHAPE = (8, 8, 1)
-NUM_CLASSES = 10
-GLOBAL_BATCH_SIZE = 256
 STEPS_PER_FIT = 64
-LEARNING_RATE = 0.01
 STEPS_PER_EXECUTION = (1, 8)
 METRICS = ("accuracy",)
 
@@ -56,7 +52,7 @@ def compare(
         dataset,
         global_batch_size=global_batch_size,
         steps=steps,
-        optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE),
+        optimizer=lambda: keras.optimizers.SGD(fits.CNN_LEARNING_RATE),
         metrics=METRICS,
         steps_per_execution=steps_per_execution,
     )
@@ -78,26 +74,15 @@ def trainer_vs_fit(repeats: int, quick: bool) -> dict[str, Any]:
         ``goal`` for ``steps_per_execution=1``; the same figures for
         ``steps_per_execution=8`` under ``"steps_per_execution_8"``.
     """
-    import tfdist
-
     strategy = common.strategy("mirrored")
-    global_batch_size = 32 if quick else GLOBAL_BATCH_SIZE
-    steps = 8 if quick else STEPS_PER_FIT
-    dataset = fits.make_dataset(
-        INPUT_SHAPE, NUM_CLASSES, global_batch_size=global_batch_size, num_batches=8
-    )
-
-    def build() -> keras.Model:
-        return tfdist.models.get("cnn", input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
-
-    builder = fits.seeded(build)
+    run = fits.cnn_run(quick, STEPS_PER_FIT)
     pairs = {
         spe: compare(
             strategy,
-            builder,
-            dataset,
-            global_batch_size=global_batch_size,
-            steps=steps,
+            run.builder,
+            run.dataset,
+            global_batch_size=run.global_batch_size,
+            steps=run.steps,
             repeats=repeats,
             steps_per_execution=spe,
         )
@@ -109,14 +94,8 @@ def trainer_vs_fit(repeats: int, quick: bool) -> dict[str, Any]:
         result[f"steps_per_execution_{spe}"] = pairs[spe]
     result["others_cpu_max"] = timing.nanmax(pair["others_cpu_max"] for pair in pairs.values())
     result["config"] = {
-        "strategy": "mirrored",
-        "num_replicas": strategy.num_replicas_in_sync,
-        "model": "cnn",
-        "input_shape": list(INPUT_SHAPE),
-        "num_classes": NUM_CLASSES,
-        "global_batch_size": global_batch_size,
-        "steps_per_fit": steps,
-        "optimizer": f"SGD({LEARNING_RATE})",
+        **run.config(strategy),
+        "steps_per_fit": run.steps,
         "metrics": list(METRICS),
     }
     return result
