@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast lint format bench clean
+.PHONY: install train test test-fast lint format bench notebooks clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m tfdist bench
+
+# Runs every notebook top to bottom and stores it with its outputs (plots included);
+# tests/test_notebooks.py checks that the stored outputs are those a run gives.
+notebooks: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tests.notebook_outputs
 
 clean:
 	rm -rf $(VENV) build *.egg-info

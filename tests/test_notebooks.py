@@ -2,33 +2,23 @@
 
     .venv/bin/python -m pytest tests/test_notebooks.py -q
 
+The notebooks are stored with their outputs; a run must show what is stored (the
+same cells, outputs of the same kinds, numbers within tolerance, plots of the same
+size: ``tests/notebook_outputs.py``). ``make notebooks`` runs and stores them again.
 New notebooks are picked up automatically. Each runs in its own kernel started
 with this interpreter (the venv's), from the repository root, with quiet TF
 logs and no TF_CONFIG, so it behaves as a first run on a user's machine.
 """
 
-import os
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 from jupyter_client import KernelManager
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
-KERNEL_NAME = "python3"
-CELL_TIMEOUT_S = 300
-
-
-def _kernel_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env.pop("TF_CONFIG", None)  # a stray cluster would turn "auto"/multi-worker code into a hang
-    env.pop("MPLBACKEND", None)  # let ipykernel pick its non-interactive inline backend
-    return env
+from tests.notebook_outputs import KERNEL_NAME, NOTEBOOKS, differences, execute
 
 
 @pytest.mark.notebook
@@ -48,15 +38,12 @@ def test_kernel_runs_this_interpreter():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_is_stored_without_outputs(path: Path):
+def test_notebook_is_stored_with_the_outputs_of_a_run(path: Path):
+    """Every code cell ran; test_notebook_runs checks that what it shows is a run's now."""
     nb = nbformat.read(path, as_version=4)
-    with_outputs = [
-        i
-        for i, cell in enumerate(nb.cells)
-        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)
-    ]
-    assert not with_outputs, (
-        f"{path.name}: clear the outputs of cells {with_outputs} before committing."
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert all(cell.execution_count is not None for cell in code), (
+        f"{path.name}: store it run (`make notebooks`), so that readers see its outputs."
     )
 
 
@@ -64,17 +51,15 @@ def test_notebook_is_stored_without_outputs(path: Path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path):
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
-        nb,
-        timeout=CELL_TIMEOUT_S,
-        kernel_name=KERNEL_NAME,
-        resources={"metadata": {"path": str(REPO_ROOT)}},
-    )
     try:
-        client.execute(env=_kernel_env())
+        fresh = execute(path)
     except CellExecutionError as e:
         pytest.fail(f"{path.name} failed:\n{e}", pytrace=False)
+    stale = differences(nbformat.read(path, as_version=4), fresh)
+    assert not stale, (
+        f"{path.name}: the stored outputs are not a run's now; `make notebooks`:\n"
+        + ("\n".join(stale))
+    )
 
 
 def test_the_ray_notebook_is_scheduled_with_the_ray_tests():
@@ -84,3 +69,63 @@ def test_the_ray_notebook_is_scheduled_with_the_ray_tests():
     assert RAY_NOTEBOOK in {
         f"tests/test_notebooks.py::test_notebook_runs[{p.name}]" for p in NOTEBOOKS
     }
+
+
+def _notebook(*outputs, tags=()):
+    """A one-cell notebook with these outputs."""
+    cell = nbformat.v4.new_code_cell("print(1)", metadata={"tags": list(tags)})
+    cell.outputs = list(outputs)
+    return nbformat.v4.new_notebook(cells=[cell])
+
+
+def _png(width, height):
+    import base64
+    import struct
+
+    header = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR"
+    return base64.b64encode(header + struct.pack(">II", width, height) + b"\x08\x06\0\0\0").decode()
+
+
+def _stdout(text):
+    return nbformat.v4.new_output("stream", name="stdout", text=text)
+
+
+@pytest.mark.parametrize(
+    "stored,fresh,stale",
+    [
+        ("accuracy 0.951 after 6 epochs\n", "accuracy 0.948 after 6 epochs\n", False),
+        ("accuracy 0.951\n", "accuracy 0.612\n", True),  # beyond tolerance
+        ("accuracy 0.951\n", "val_accuracy 0.951\n", True),  # other words
+        ("6/6 - 1s - 95ms/step - loss: 0.4\n", "6/6 - 3s - 410ms/step - loss: 0.4\n", False),
+        ("epoch 1 took 2.0 s\n", "epoch 1 took 9.5 s\n", False),  # a timing
+    ],
+)
+def test_stored_text_must_match_a_run_up_to_tolerance_and_timings(stored, fresh, stale):
+    assert bool(differences(_notebook(_stdout(stored)), _notebook(_stdout(fresh)))) == stale
+
+
+def test_a_cell_tagged_varies_may_show_any_numbers():
+    stored, fresh = _stdout("bf16 1.9x fp32\n"), _stdout("bf16 0.8x fp32\n")
+    assert differences(_notebook(stored), _notebook(fresh))
+    assert not differences(_notebook(stored, tags=["varies"]), _notebook(fresh, tags=["varies"]))
+
+
+def test_output_kinds_and_plot_sizes_must_match_but_stderr_logs_do_not():
+    plot = nbformat.v4.new_output("display_data", data={"image/png": _png(640, 480)})
+    log = nbformat.v4.new_output("stream", name="stderr", text="W0000 a TF warning\n")
+    assert not differences(_notebook(_stdout("a\n"), plot), _notebook(log, _stdout("a\n"), plot))
+    smaller = nbformat.v4.new_output("display_data", data={"image/png": _png(320, 240)})
+    assert differences(_notebook(plot), _notebook(smaller)) == [
+        "code cell 0: image/png [(640, 480)] stored, [(320, 240)] now"
+    ]
+    assert differences(_notebook(_stdout("a\n")), _notebook(_stdout("a\n"), plot))
+    other = _notebook(_stdout("a\n"))
+    other.cells[0].source = "print(2)"
+    assert differences(_notebook(_stdout("a\n")), other) == ["the code cells differ"]
+
+
+def test_a_cell_tagged_machine_shows_the_same_kinds_of_output_only():
+    ours, theirs = _stdout("bf16 CPU features: ['avx512_bf16']\n"), _stdout("bf16: none\n")
+    assert not differences(_notebook(ours, tags=["machine"]), _notebook(theirs, tags=["machine"]))
+    plot = nbformat.v4.new_output("display_data", data={"image/png": _png(64, 48)})
+    assert differences(_notebook(ours, tags=["machine"]), _notebook(ours, plot, tags=["machine"]))
