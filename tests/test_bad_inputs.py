@@ -1013,6 +1013,20 @@ CASES = [
         ("no --nnodes for `tfdist manifest kubernetes`",),
     ),
     C(
+        "tfdist launch --epochs=3 -- CMD",
+        ["launch", "--epochs=3", "--", "true"],
+        "epochs",
+        "3",
+        ("no --epochs for `tfdist launch`", "--epochs is a flag of `tfdist train`"),
+    ),
+    C(
+        "tfdist train --cpus_per_worker=2",
+        ["train", "--cpus_per_worker=2"],
+        "cpus_per_worker",
+        "2.0",
+        ("no --cpus_per_worker without --engine=ray",),
+    ),
+    C(
         "tfdist manifest kubernetes -- CMD  # no --image",
         ["manifest", "kubernetes", "--", "true"],
         "image",

@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -322,3 +323,74 @@ def test_import_tfdist_is_lazy_and_shims_come_first():
     proc = _run_python(code, TF_CPP_MIN_LOG_LEVEL="2")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "Trainer make_strategy BackupAndRestore True True notebook_launcher" in proc.stdout
+
+
+def _sample(name):
+    """``--name=VALUE`` with a value of the flag's type (booleans: ``--name``)."""
+    from tfdist.cli import FLAGS
+
+    kind = FLAGS[name].flag_type()
+    value = {"int": "1", "float": "1.0", "bool": None, "list": "1"}.get(kind, "x")
+    return f"--{name}" if value is None else f"--{name}={value}"
+
+
+def _cli_exit(args, capsys):
+    """``tfdist ARGS`` in-process as ``app.run`` would call it: (exit code, stderr)."""
+    from tfdist import cli
+
+    cli.FLAGS.unparse_flags()
+    capsys.readouterr()
+    try:
+        code = cli.main(cli.parse_flags(["tfdist", *args]))
+    except SystemExit as e:
+        code = e.code
+    finally:
+        cli.FLAGS.unparse_flags()
+    return code, capsys.readouterr().err
+
+
+def _not_read():
+    from tfdist.cli.flag_definitions import READS, TFDIST_FLAGS
+    from tfdist.cli.usage import COMMANDS
+
+    return [(c, f) for c in COMMANDS for f in sorted(TFDIST_FLAGS) if f not in READS[c]]
+
+
+@pytest.mark.parametrize("command,flag", _not_read())
+def test_every_command_refuses_every_flag_it_does_not_read(command, flag, capsys):
+    # Each flag given to each command that does not read it: one line, exit 2, nothing run.
+    code, err = _cli_exit([command, _sample(flag), "--", "true"], capsys)
+    assert code == 2, err
+    assert err.startswith(f"tfdist {command}: error: Invalid value for argument `{flag}`."), err
+    assert f"Expected no --{flag} for `tfdist {command}`. --{flag} is a flag of `tfdist " in err
+
+
+@pytest.mark.parametrize("flag", ["cpus_per_worker", "max_restarts"])
+def test_train_takes_rays_flags_only_with_the_ray_engine(flag, capsys):
+    code, err = _cli_exit(["train", _sample(flag)], capsys)
+    assert code == 2 and f"Expected no --{flag} without --engine=ray" in err, err
+
+
+def test_every_flag_is_read_by_some_command_and_the_commands_read_what_they_say():
+    """READS (what each command takes) is what each command's module reads from FLAGS."""
+    import ast
+
+    from tfdist.cli import flag_definitions
+    from tfdist.cli.flag_definitions import READS, TFDIST_FLAGS
+
+    assert set().union(*READS.values()) == TFDIST_FLAGS
+    for command in READS:
+        path = Path(REPO) / "tfdist" / "cli" / f"{command}_command.py"
+        tree = ast.parse(path.read_text())
+        attributes = {
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "FLAGS"
+        }
+        named = {
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in READS[command]
+        }
+        assert (attributes | named) & TFDIST_FLAGS == READS[command], command
+    assert flag_definitions.RAY_ONLY_TRAIN_FLAGS

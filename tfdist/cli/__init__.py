@@ -32,7 +32,13 @@ from absl import app
 
 from tfdist.cli import bench_command, launch_command, manifest_command, train_command
 from tfdist.cli.flag_definitions import FLAGS
-from tfdist.cli.usage import COMMANDS, error_line, is_invalid_argument, parse_flags
+from tfdist.cli.usage import (
+    COMMANDS,
+    error_line,
+    is_invalid_argument,
+    parse_flags,
+    refuse_flags_not_read,
+)
 from tfdist.config import invalid_argument
 
 __all__ = ["FLAGS", "COMMANDS", "main", "parse_flags", "run"]
@@ -68,6 +74,7 @@ def main(argv: Sequence[str]) -> int:
     for noisy in ("absl", "tensorflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        refuse_flags_not_read(argv[1])
         return _RUN[argv[1]](argv[2:])
     except ValueError as e:
         if is_invalid_argument(e):

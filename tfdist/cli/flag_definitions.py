@@ -11,6 +11,8 @@ from absl import flags
 from tfdist.config import COMMUNICATIONS, LR_SCALINGS, PRECISIONS, STRATEGY_NAMES, TrainConfig
 
 FLAGS = flags.FLAGS
+# absl's own flags (--flagfile, --helpfull, logging's), defined before tfdist's.
+_ABSL_FLAGS = frozenset(FLAGS)
 ENGINES = ("local", "ray")  # --engine values, checked by `tfdist train`
 _DEFAULT = TrainConfig()
 
@@ -259,3 +261,78 @@ flags.DEFINE_float(
     "bench stragglers: worker 1 sleeps before each batch so that its step takes about this many "
     "times as long (default 2).",
 )
+
+
+#: Every flag tfdist defines (absl's own, such as --flagfile, are left out).
+TFDIST_FLAGS = frozenset(FLAGS) - _ABSL_FLAGS
+_LAUNCH_LAYOUT = frozenset({"workers", "ps", "chief", "max_restarts", "nnodes"})
+#: The flags each command reads. A tfdist flag given to a command that does not read it is
+#: refused, not ignored (tests/test_house.py checks these sets against the commands' code).
+READS = {
+    "train": frozenset(
+        {
+            "strategy",
+            "num_devices",
+            "communication",
+            "num_workers",
+            "num_ps",
+            "min_shard_bytes",
+            "model",
+            "dataset",
+            "data_dir",
+            "epochs",
+            "global_batch_size",
+            "steps_per_epoch",
+            "precision",
+            "steps_per_execution",
+            "accumulation_steps",
+            "optimizer",
+            "learning_rate",
+            "lr_scaling",
+            "base_global_batch_size",
+            "warmup_steps",
+            "warmup_epochs",
+            "model_dir",
+            "backup_dir",
+            "backup_freq",
+            "seed",
+            "verbose",
+            "watchdog",
+            "stragglers",
+            "gradient_compression",
+            "bucket_bytes",
+            "engine",
+            "cpus_per_worker",
+            "max_restarts",
+        }
+    ),  # fmt: skip
+    "launch": _LAUNCH_LAYOUT
+    | {"evaluator", "host", "hosts", "node_rank", "allow_external", "private_network", "pin"}
+    | {"timeout"},
+    "manifest": _LAUNCH_LAYOUT
+    | {"ntasks", "min_nodes", "partition", "time", "job_name", "image", "name", "kind", "output"}
+    | {"evaluator", "hosts", "node_rank", "pin"},  # refused per kind (manifest_command)
+    "bench": frozenset(
+        {
+            "benchmarks",
+            "repeats",
+            "quick",
+            "output",
+            "threads_per_worker",
+            "scaling_steps",
+            "per_worker_batch_size",
+            "scaling_parameter_server",
+            "gradient_compression",
+            "bucket_bytes",
+            "allreduce_max_bytes",
+            "allreduce_workers",
+            "slow_fsync_ms",
+            "straggler_factor",
+            "target_accuracy",
+            "scaling_workers",
+            "hidden_units",
+        }
+    ),  # fmt: skip
+}
+#: Flags ``tfdist train`` reads only with ``--engine=ray``.
+RAY_ONLY_TRAIN_FLAGS = ("cpus_per_worker", "max_restarts")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from tfdist.cli.flag_definitions import FLAGS
+from tfdist.cli.flag_definitions import FLAGS, RAY_ONLY_TRAIN_FLAGS, READS, TFDIST_FLAGS
 from tfdist.config import invalid_argument
 
 COMMANDS = ("train", "launch", "bench", "manifest")
@@ -71,3 +71,29 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
 def is_invalid_argument(error: ValueError) -> bool:
     """Whether ``error`` is a bad argument (worded by ``invalid_argument``), not a bug."""
     return str(error).startswith("Invalid value for argument")
+
+
+def refuse_flags_not_read(command: str) -> None:
+    """Raises on the first tfdist flag given that ``command`` does not read.
+
+    A flag that parses and then does nothing would look like it worked, so each
+    command takes only its own (:data:`READS`); ``tfdist train`` takes the Ray
+    flags only with ``--engine=ray``.
+    """
+    given = sorted(name for name in TFDIST_FLAGS if FLAGS[name].present)
+    for name in given:
+        if name not in READS[command]:
+            owners = [c for c in COMMANDS if name in READS[c]]
+            raise invalid_argument(
+                name,
+                FLAGS[name].value,
+                f"no --{name} for `tfdist {command}`",
+                note=f"--{name} is a flag of `tfdist {' / '.join(owners)}`.",
+            )
+        if command == "train" and name in RAY_ONLY_TRAIN_FLAGS and FLAGS.engine != "ray":
+            raise invalid_argument(
+                name,
+                FLAGS[name].value,
+                f"no --{name} without --engine=ray",
+                note="The local engine runs one process; Ray's workers and restarts need Ray.",
+            )
