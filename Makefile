@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast lint format bench notebooks clean
+.PHONY: install train test test-fast lint format bench notebooks docs clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,5 +43,9 @@ bench: $(STAMP)
 notebooks: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tests.notebook_outputs
 
+# The documentation site (docs/, mkdocs.yml) into site/; `$(PY) -m mkdocs serve` to browse it.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -6,8 +6,8 @@ fragments of what was expected. Python rows must raise exactly ``ValueError``
 (not a TensorFlow error from deep inside, nor a subclass) with a one-line
 message; CLI rows (``tfdist.cli`` in-process, as ``app.run`` would call
 it) must exit 2 with one ``tfdist CMD: error: Invalid value for argument ...``
-line on stderr. ``test_readme_lists_every_row`` keeps README.md's "Bad input"
-table and this one the same.
+line on stderr. ``test_docs_list_every_row`` keeps the table of docs/bad-input.md
+and this one the same.
 
 Nothing here trains or starts a process, except one ``python -m tfdist`` run
 that checks the real exit path; the one in-process parameter-server cluster is
@@ -36,7 +36,8 @@ import tfdist
 from tfdist import cluster
 from tfdist.launch import local
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BAD_INPUT_PAGE = os.path.join(REPO, "docs", "bad-input.md")
 X = np.zeros((64, 8, 8, 1), np.float32)
 Y = np.zeros((64,), np.int32)
 W = np.ones((64,), np.float32)
@@ -62,7 +63,7 @@ def two_outputs() -> keras.Model:
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One row: ``shown`` is the input as a user writes it (README's first column)."""
+    """One row: ``shown`` is the input as a user writes it (docs/bad-input.md's first column)."""
 
     shown: str
     trigger: Callable[[Env], Any] | list[str]  # a list: CLI arguments after `tfdist`
@@ -1121,7 +1122,7 @@ def test_cli_bad_flag_exits_2_with_one_line():
     env = {
         **os.environ,
         "TF_CPP_MIN_LOG_LEVEL": "2",
-        "PYTHONPATH": os.path.dirname(README) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     env.pop("TF_CONFIG", None)
     proc = subprocess.run(
@@ -1141,10 +1142,11 @@ def test_cli_bad_flag_exits_2_with_one_line():
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
-def test_readme_lists_every_row():
-    """README.md's "Bad input" table has one row per case, in the same order."""
-    with open(README) as f:
-        section = f.read().split("\n## Bad input\n", 1)[1].split("\n## ", 1)[0]
+def test_docs_list_every_row():
+    """The table of docs/bad-input.md has one row per case, in the same order."""
+    with open(BAD_INPUT_PAGE) as f:
+        table = f.read().split("\n| input | error (abbreviated) |\n", 1)[1]
+    section = table.split("\n\n", 1)[0]
     shown = [
         row.split("|")[1].strip().strip("`")
         for row in section.splitlines()

@@ -35,7 +35,8 @@ class Row:
     """One parity case.
 
     Attributes:
-        name: The test id (snake_case); also the key of the README's "Keras parity" table.
+        name: The test id (snake_case); also the key of the table in
+            docs/keras-parity.md.
         model: Builds the uncompiled model, the same initial weights on every call.
         compile: Returns fresh ``model.compile`` keyword arguments.
         fit: Returns fresh ``fit`` keyword arguments, Keras names (``x``, ``y``, ``batch_size``,

@@ -1,4 +1,4 @@
-"""README.md's "Keras parity" table stays in step with Keras and with the suite (no training).
+"""docs/keras-parity.md's table stays in step with Keras and with the suite (no training).
 
 Each entry is ``| Keras | kind | status | tests |``: kind ``fit`` (a ``keras.Model.fit``
 parameter), ``callback`` (a class in ``keras.callbacks``) or ``model`` (an override or a kind of
@@ -17,7 +17,8 @@ import pytest
 from tests.helpers import REPO
 from tests.keras_parity.rows import ROWS
 
-README = pathlib.Path(REPO) / "README.md"
+PAGE = pathlib.Path(REPO) / "docs" / "keras-parity.md"
+WHERE = "docs/keras-parity.md"
 TESTS = pathlib.Path(REPO) / "tests"
 SECTION = "Keras parity"
 MODEL_FEATURES = (
@@ -62,9 +63,9 @@ def expected():
 
 
 def table():
-    """The section's entries, with their README line numbers."""
-    lines = README.read_text().splitlines()
-    start = lines.index(f"## {SECTION}")
+    """The table's entries, with their line numbers in the page."""
+    lines = PAGE.read_text().splitlines()
+    start = lines.index(f"# {SECTION}")
     entries = []
     for number, line in enumerate(lines[start + 1 :], start + 2):
         if line.startswith("## "):
@@ -72,9 +73,7 @@ def table():
         if not line.startswith("| ") or line.startswith("| Keras |"):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        assert len(cells) == 4, (
-            f"README.md:{number}: want 4 cells (Keras|kind|status|tests): {line}"
-        )
+        assert len(cells) == 4, f"{WHERE}:{number}: want 4 cells (Keras|kind|status|tests): {line}"
         name, kind, status, tests = cells
         tested, _, to_verify = tests.partition(VERIFY)
         names = lambda text: tuple(re.findall(r"`([^`]+)`", text))  # noqa: E731
@@ -106,7 +105,7 @@ def test_every_keras_name_has_an_entry(entries, kind):
     shown = {e.name for e in entries if e.kind == kind}
     missing = [name for name in expected()[kind] if name not in shown]
     assert not missing, (
-        f"README.md's '{SECTION}' table has no {kind} entry for {missing} "
+        f"{WHERE}'s '{SECTION}' table has no {kind} entry for {missing} "
         f"(keras {keras.__version__}): add "
         + ", ".join(row(kind, name) for name in missing)
         + " with the real status and the rows/tests that cover it"
@@ -117,7 +116,7 @@ def test_no_entry_names_something_else(entries):
     """(d) each entry is a fit parameter, a callback class or a known model feature, once."""
     known = expected()
     wrong = [
-        f"README.md:{e.line} `{e.name}` ({e.kind})"
+        f"{WHERE}:{e.line} `{e.name}` ({e.kind})"
         for e in entries
         if e.name not in known.get(e.kind, ())
     ]
@@ -133,12 +132,10 @@ def test_no_entry_names_something_else(entries):
 
 def test_statuses_and_citations_are_well_formed(entries):
     bad = [
-        f"README.md:{e.line} `{e.name}`: {e.status!r}"
-        for e in entries
-        if not STATUS.match(e.status)
+        f"{WHERE}:{e.line} `{e.name}`: {e.status!r}" for e in entries if not STATUS.match(e.status)
     ]
     assert not bad, f"a status is 'supported', 'supported (note)' or 'refused: gist'; fix {bad}"
-    bare = [f"README.md:{e.line} `{e.name}`" for e in entries if not (e.tested or e.to_verify)]
+    bare = [f"{WHERE}:{e.line} `{e.name}`" for e in entries if not (e.tested or e.to_verify)]
     assert not bare, f"cite the parity rows or tests that cover {bare} (or 'to verify: `name`')"
 
 
@@ -151,7 +148,7 @@ def suite():
 def test_every_cited_name_exists(entries, suite):
     """(c) tested names are parity rows or test functions."""
     unknown = [
-        f"README.md:{e.line} `{e.name}` cites `{n}`"
+        f"{WHERE}:{e.line} `{e.name}` cites `{n}`"
         for e in entries
         for n in e.tested
         if n not in suite
@@ -165,7 +162,7 @@ def test_every_cited_name_exists(entries, suite):
 def test_to_verify_names_are_still_to_come(entries, suite):
     """A 'to verify' name that landed moves to the tested names, its status checked."""
     landed = [
-        f"README.md:{e.line} `{e.name}`: `{n}`" for e in entries for n in e.to_verify if n in suite
+        f"{WHERE}:{e.line} `{e.name}`: `{n}`" for e in entries for n in e.to_verify if n in suite
     ]
     assert not landed, (
         f"{landed} exist now: move each before '{VERIFY}' (with the tested names), and check "

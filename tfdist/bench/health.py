@@ -81,7 +81,7 @@ def run(**overrides: Any) -> dict[str, Any]:
 
     Returns:
         ``{"config", "machine", "sides", "examples_per_s", "ratio", "on_fast_ratio",
-        "paired_ratio", "step_cost_ms", "observed", ...}``: see the README's "Health" section.
+        "paired_ratio", "step_cost_ms", "observed", ...}``: see docs/scaling.md, "Health overhead".
 
     Raises:
         ValueError: For a bad option (Keras-style message naming it).

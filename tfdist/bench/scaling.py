@@ -76,7 +76,7 @@ def run(**overrides: Any) -> dict[str, Any]:
 
     Returns:
         ``{"config", "machine", "per_workers": {"1": {...}, "2": {...}}, "efficiency",
-        "ratio", ...}``: see the README's "Scaling" section.
+        "ratio", ...}``: see docs/scaling.md.
 
     Raises:
         ValueError: For a bad option (Keras-style message naming it).

@@ -70,7 +70,7 @@ def run(**overrides: Any) -> dict[str, Any]:
     Returns:
         ``{"config", "machine", "injected", "multi_worker", "parameter_server",
         "multi_worker_ratio", "parameter_server_ratio", "expected_sync_ratio",
-        "expected_independent_ratio", ...}``: see the README's "Stragglers" section.
+        "expected_independent_ratio", ...}``: see docs/scaling.md, "Stragglers".
 
     Raises:
         ValueError: For a bad option (Keras-style message naming it).

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 #: Worker count -> the strategy its launch trains on.
 STRATEGIES = {1: "one_device", 2: "multi_worker"}
-#: How the JSON and the README name each rule's side; a key ``<label>_time_ratio`` per rule.
+#: How the JSON and the docs name each rule's side; a key ``<label>_time_ratio`` per rule.
 RULE_LABELS = {"none": "no_scaling", "linear": "linear_scaling"}
 DEFAULTS: dict[str, Any] = {
     "threads_per_worker": None,
@@ -97,7 +97,7 @@ def run(**overrides: Any) -> dict[str, Any]:
     Returns:
         ``{"config", "machine", "per_workers": {"1": {...}, "2": {...}},
         "seconds_to_target", "no_scaling_time_ratio", "linear_scaling_time_ratio", ...}``:
-        see the README's "Time to accuracy" section.
+        see docs/scaling.md, "Time to accuracy".
 
     Raises:
         ValueError: For a bad option (Keras-style message naming it).

@@ -10,7 +10,7 @@ Each call with an ``input_context`` builds that pipeline's shard from its
   whole on every pipeline with the same seed, and each pipeline takes its part
   of every global batch: the global batches are then the same on any number of
   workers and replicas, so a backup resumes on another world size at the same
-  data (see README, "Resuming on another world size"). Other sources (TFDS
+  data (see docs/launch.md, "Resuming on another world size"). Other sources (TFDS
   files) are shuffled per pipeline shard, as large data must be;
 * evaluation: unshuffled ``(x, y)`` batches; the last may be partial, and a
   pipeline with a smaller shard is topped up with *empty* batches, so every

@@ -104,11 +104,17 @@ class Trainer(EvaluateAndPredict):
             (see :mod:`tfdist.training.watchdog`); None turns it off.
         stragglers: The straggler report of multi-worker runs, a
             ``StragglerOptions`` (see :mod:`tfdist.training.stragglers`); None turns it
-            off. On by default: its timestamps cost nothing measurable (README, "Health
-            overhead").
-        backup_dir, backup_freq, keep_backups, keep_backup, base_global_batch_size,
-            warmup_steps, warmup_epochs, gradient_compression, bucket_bytes:
-            The shortcuts, one field of an option group each.
+            off. On by default: its timestamps cost nothing measurable (docs/scaling.md,
+            "Health overhead").
+        backup_dir: Shortcut for ``BackupOptions.dir``.
+        backup_freq: Shortcut for ``BackupOptions.freq``.
+        keep_backup: Shortcut for ``BackupOptions.keep_after_success``.
+        keep_backups: Shortcut for ``BackupOptions.keep_last``.
+        base_global_batch_size: Shortcut for ``LRScaling.base_global_batch_size``.
+        warmup_steps: Shortcut for ``LRScaling.warmup_steps``.
+        warmup_epochs: Shortcut for ``LRScaling.warmup_epochs``.
+        gradient_compression: Shortcut for ``ExchangeOptions.compression``.
+        bucket_bytes: Shortcut for ``ExchangeOptions.bucket_bytes``.
 
     Raises:
         ValueError: For a bad argument, option or shortcut, or a model that

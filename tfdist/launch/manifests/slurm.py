@@ -6,7 +6,7 @@
 With ``--min_nodes=1 --nnodes=4`` the job asks for ``--nodes=1-4``: Slurm starts
 it on as many of up to 4 nodes as it can grant (at least 1), and a requeued job
 may get another count. Tasks build the cluster from what they got, and a
-backup resumes on it with the same global batch (README, "Resuming on another
+backup resumes on it with the same global batch (docs/launch.md, "Resuming on another
 world size").
 
 Nothing here talks to Slurm or imports TensorFlow; :func:`slurm_script` returns
