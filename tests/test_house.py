@@ -1,4 +1,4 @@
-"""The house rules of issue 9, checked on the source (ARCHITECTURE.md says why they matter).
+"""The house rules, checked on the source (ARCHITECTURE.md says why they matter).
 
 No import circles; no module over 400 lines, no function over 60; no private tfdist name used
 outside its module; Keras and TF internals only under ``tfdist/_compat/``; no tfdist attributes
@@ -168,7 +168,7 @@ def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_functions_stay_short(module):
-    # DESIGN.md: a function does one job, readable on one screen (issue 19: at most ~60 lines).
+    # DESIGN.md: a function does one job, readable on one screen (at most ~60 lines).
     long = [
         f"{node.name} (line {node.lineno}): {_function_lines(node)} lines"
         for node in ast.walk(ast.parse(MODULES[module].read_text()))

@@ -59,7 +59,7 @@ def test_mwms_over_two_slurm_tasks_trains_digits(slurm, tmp_path):
     )
     # One retry when TF's coordination service declared a task dead (heartbeat timeout): under
     # the whole suite on 2 cores the two tasks can be starved of CPU for longer than TF allows
-    # (seen in 2 of 3 suite runs on 2026-12-01, the previous landing's code included).
+    # (seen in 2 of 3 suite runs on 2026-12-01, the code of 2026-11-30 included).
     for attempt in range(2):
         start = time.monotonic()
         result = slurm.run(

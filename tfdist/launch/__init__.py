@@ -10,8 +10,8 @@ Engines start processes that call tfdist's public API; none reaches into trainin
 * ``notebook.py``: ``notebook_launcher``, ``launch()`` around a pickled function;
 * ``manifests/``: ``tfdist manifest``: ``slurm.py`` (sbatch) and ``kubernetes.py`` (YAML);
 * ``ray_engine.py``, ``ray_backup.py``: Ray Train as the engine;
-* ``cli/`` (the ``tfdist`` command, one module per job) and ``train.py`` (the
-  ``tfdist train`` job).
+* ``train.py``: the ``tfdist train`` job (the ``tfdist`` command itself is
+  ``tfdist/cli/``, above this package).
 
 Importing this package imports no TensorFlow (the launcher only supervises
 processes) and no Ray: ``ray_launcher``, ``ray_fit`` and ``RayBackup`` load
