@@ -14,9 +14,12 @@ from tests.helpers import REPO, run_tfdist
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     """``tfdist train`` as ``make train`` runs it (no flag), with a model_dir, and with
-    TF_CPP_MIN_LOG_LEVEL unset as on a user's first run. Three tests read this one run."""
+    TF_CPP_MIN_LOG_LEVEL unset and no matplotlib font cache, as on a user's first run. Three
+    tests read this one run."""
     model_dir = tmp_path_factory.mktemp("model")
-    return _cli_without_tf_log_level("train", f"--model_dir={model_dir}"), model_dir
+    fresh = str(tmp_path_factory.mktemp("matplotlib"))  # no font cache yet, as on a first run
+    proc = _cli_without_tf_log_level("train", f"--model_dir={model_dir}", MPLCONFIGDIR=fresh)
+    return proc, model_dir
 
 
 @pytest.mark.slow
@@ -258,9 +261,36 @@ def test_first_run_prints_no_tf_cpp_warnings_or_errors(default_run):
     proc, _ = default_run
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "final val_accuracy=" in proc.stdout
-    cpp_lines = [line for line in proc.stdout.splitlines() if re.match(r"[WE]\d{4} ", line)]
-    assert cpp_lines == [], cpp_lines
+    cpp_lines = [line for line in proc.stdout.splitlines() if re.match(r"[IWE]0000 ", line)]
+    assert cpp_lines == [], cpp_lines  # nor TF's import lines: oneDNN, "cuda drivers"
     assert "cuInit" not in proc.stdout and "rendezvous" not in proc.stdout
+    assert "before absl::InitializeLog" not in proc.stdout
+    assert "fontManager" not in proc.stdout and "font cache" not in proc.stdout  # matplotlib
+
+
+def test_quiet_import_drops_only_tensorflows_import_lines(tmp_path):
+    """C++ writes to the stderr descriptor: the known import lines go, everything else stays."""
+    code = (
+        "import os, sys\n"
+        "from tfdist.cli.quiet import IMPORT_NOISE, stderr_without\n"
+        "with stderr_without(IMPORT_NOISE):\n"
+        "    os.write(2, b'WARNING: All log messages before absl::InitializeLog() is called are "
+        "written to STDERR\\n')\n"
+        "    os.write(2, b'I0000 00:00:1796178238.520513   22152 cudart_stub.cc:31] Could not "
+        "find cuda drivers on your machine, GPU will not be used.\\n')\n"
+        "    os.write(2, b'E0000 00:00:17.5  1 some_kernel.cc:9] a real error\\n')\n"
+        "    print('from python', file=sys.stderr)\n"
+        "print('after', file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "E0000 00:00:17.5  1 some_kernel.cc:9] a real error",
+        "from python",
+        "after",
+    ]
 
 
 def test_launch_never_imports_tensorflow():

@@ -71,7 +71,7 @@ def main(argv: Sequence[str]) -> int:
     # Before anything imports TensorFlow, which reads it once. Launched tasks inherit it.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF_CPP_MIN_LOG_LEVEL)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("absl", "tensorflow"):
+    for noisy in ("absl", "tensorflow", "matplotlib"):  # matplotlib: "generated new fontManager"
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         refuse_flags_not_read(argv[1])

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from tfdist.cli import quiet
 from tfdist.cli.flag_definitions import ENGINES, FLAGS
 from tfdist.config import GRADIENT_COMPRESSIONS, TrainConfig, invalid_argument
 
@@ -68,6 +69,7 @@ def train_config() -> TrainConfig:
 def _train_on_this_worker(config: TrainConfig) -> dict[str, Any]:
     """``train.run`` on a Ray worker. Ray pickles this function by reference, so the CLI process
     (which only drives the group) never loads TensorFlow."""
+    quiet.import_tensorflow()
     from tfdist.launch import train
 
     return train.run(config)
@@ -109,6 +111,7 @@ def run(args: Sequence[str]) -> int:
             max_failures=FLAGS.max_restarts,
         )
     else:
+        quiet.import_tensorflow()
         from tfdist.launch import train
 
         summary = train.run(config)

@@ -1,0 +1,53 @@
+"""TensorFlow's import, without the lines it prints on every machine before its logging starts.
+
+``import tensorflow`` writes, from C++ and before TF_CPP_MIN_LOG_LEVEL applies, "WARNING:
+All log messages before absl::InitializeLog() ...", oneDNN's "custom operations are on" and,
+on a machine without a GPU, "Could not find cuda drivers", twice (two libraries). None is
+actionable on a first run. When the user has not asked for TF's INFO lines, ``tfdist train``
+imports TensorFlow with the process's stderr captured and writes back every line but those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+
+#: Lines TensorFlow's import prints on every run (its C++ logging, before absl starts).
+IMPORT_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+    r"|I\d{4} [\d:.]+\s+\d+ (port\.cc|cudart_stub\.cc):\d+\] "
+)
+
+
+@contextlib.contextmanager
+def stderr_without(noise: re.Pattern[str]) -> Iterator[None]:
+    """Captures file descriptor 2 (C++ and Python writes) and writes back what ``noise`` spares."""
+    sys.stderr.flush()
+    fd = sys.stderr.fileno()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not noise.match(line)))
+            sys.stderr.flush()
+
+
+def import_tensorflow() -> None:
+    """Imports TensorFlow; quietly unless TF_CPP_MIN_LOG_LEVEL asks for its INFO lines (0)."""
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0":
+        import tensorflow  # noqa: F401
+
+        return
+    with stderr_without(IMPORT_NOISE):
+        import tensorflow  # noqa: F401
