@@ -197,6 +197,7 @@ def test_cli_engine_ray(driver):
     out = driver.result("cli")
     assert out["returncode"] == 0, out["output"]
     assert "replicas=2" in out["output"] and "final val_accuracy=" in out["output"]
+    assert "\x1b[" not in out["output"]  # a log, not a terminal: no colour codes
 
 
 @pytest.mark.multiprocess

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 from absl import app
 
-from tfdist.cli import bench_command, launch_command, manifest_command, train_command
+from tfdist.cli import bench_command, launch_command, manifest_command, quiet, train_command
 from tfdist.cli.flag_definitions import FLAGS
 from tfdist.cli.usage import (
     COMMANDS,
@@ -71,8 +71,7 @@ def main(argv: Sequence[str]) -> int:
     # Before anything imports TensorFlow, which reads it once. Launched tasks inherit it.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF_CPP_MIN_LOG_LEVEL)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("absl", "tensorflow", "matplotlib"):  # matplotlib: "generated new fontManager"
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet.quiet_loggers()
     try:
         refuse_flags_not_read(argv[1])
         return _RUN[argv[1]](argv[2:])

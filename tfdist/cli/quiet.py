@@ -10,6 +10,7 @@ imports TensorFlow with the process's stderr captured and writes back every line
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -21,6 +22,17 @@ IMPORT_NOISE = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
     r"|I\d{4} [\d:.]+\s+\d+ (port\.cc|cudart_stub\.cc):\d+\] "
 )
+
+
+#: Loggers whose INFO lines are not for users: TF's (one line per all-reduce it sets up),
+#: absl's, and matplotlib's ("generated new fontManager" when Keras's import builds its cache).
+NOISY_LOGGERS = ("absl", "tensorflow", "matplotlib")
+
+
+def quiet_loggers() -> None:
+    """Keeps only WARNING and above of :data:`NOISY_LOGGERS` (the CLI, and each Ray worker)."""
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @contextlib.contextmanager

@@ -69,6 +69,7 @@ def train_config() -> TrainConfig:
 def _train_on_this_worker(config: TrainConfig) -> dict[str, Any]:
     """``train.run`` on a Ray worker. Ray pickles this function by reference, so the CLI process
     (which only drives the group) never loads TensorFlow."""
+    quiet.quiet_loggers()  # as the CLI does: else every worker logs each all-reduce it sets up
     quiet.import_tensorflow()
     from tfdist.launch import train
 

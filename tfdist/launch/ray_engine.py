@@ -36,6 +36,7 @@ import inspect
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -62,11 +63,14 @@ def require_ray() -> Any:
 def init_local(num_cpus: int | None = None) -> None:
     """Starts a loopback Ray cluster unless Ray is initialised or ``RAY_ADDRESS`` names one.
 
-    Ray's own ports are then announced on 127.0.0.1 and the dashboard is off.
+    Ray's own ports are then announced on 127.0.0.1 and the dashboard is off. Where stdout
+    is not a terminal, the workers' lines Ray copies to it come without colour codes.
     """
     ray = require_ray()
     if ray.is_initialized():
         return
+    if not sys.stdout.isatty():  # a log file, or a pipe: the workers' lines without colour codes
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
         return
