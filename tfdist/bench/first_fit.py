@@ -1,0 +1,242 @@
+"""``first_fit``: first fits on a fresh cluster; the Trainer against a raw loop; as users launch.
+
+    tfdist bench --benchmarks=first_fit --repeats=3 --first_fit_launches=3
+
+Two MultiWorkerMirrored workers on loopback, started the way a user's default
+``tfdist launch --workers=2`` starts them: the launcher pins each worker to its own
+cores and sizes its TF thread pools (``tfdist.launch.pinning``); nothing is set by the
+bench (``cluster_run.run_tasks(default_launch=True)``). Each worker builds the Trainer
+``tfdist train`` builds, the digits CNN at a global batch of 64, with SGD (see
+``tfdist.bench.first_fit_worker``), and measures on that one Trainer:
+
+* **the first fits** (issue 18, item 3): ``fits`` fits of ``fit_steps`` (10) steps, one
+  after another, the first on the fresh cluster. Reported: the first fit's seconds (the
+  whole call: tracing, the graph's first run and the fit's set-up included), the steady
+  state (the median of the later fits) and first / steady (goal: at most 1.5);
+* **the Trainer against a raw loop** (issue 18, item 2): a hand-written ``strategy.run``
+  SGD loop (``scaling_sides.raw_loop_side``) on the same model, data and batch, both
+  warmed up, then timed alternately over ``steps`` steps, ``repeats`` rounds. Reported:
+  examples/s of both (medians; the Trainer's steps' window, as ``scaling`` times it),
+  Trainer / raw loop (goal: at least 0.95), and the same with each Trainer call's own
+  set-up counted.
+
+Each launch (``launches``, default 3) gives one first fit, on a fresh cluster; the
+figures are medians over the launches (first fits) and over every launch's later fits
+and rounds, each over the measurements during which other processes took at most
+``timing.BUSY_CPU`` cores, or over all of them when none was that quiet.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tfdist.bench import cluster_run, common, health, timing
+from tfdist.config import check_positive_int, invalid_argument
+
+logger = logging.getLogger(__name__)
+
+WORKERS = 2
+SIDES = ("trainer", "raw_loop")
+DEFAULTS: dict[str, Any] = {
+    # tfdist train's global batch and steps per call; SGD, so the raw loop makes the same update.
+    "global_batch_size": 64,
+    "steps_per_execution": 1,
+    "learning_rate": 0.01,
+    "fit_steps": 10,
+    "fits": 6,
+    "steps": 40,
+    "repeats": 3,
+    "launches": 3,
+    "seed": 0,
+}
+# --quick and tests: every process real, few steps (the figures mean little).
+QUICK: dict[str, Any] = {"fit_steps": 2, "fits": 3, "steps": 4, "repeats": 1, "launches": 1}
+GOALS = {"ratio": ">= 0.95", "first_to_steady_ratio": "<= 1.5"}
+
+
+def _check(options: dict[str, Any]) -> None:
+    for key in ("global_batch_size", "steps_per_execution", "fit_steps", "steps", "repeats"):
+        check_positive_int(key, options[key])
+    check_positive_int("first_fit_launches", options["launches"])
+    fits = options["fits"]
+    if isinstance(fits, bool) or not isinstance(fits, int) or fits < 2:
+        raise invalid_argument("fits", fits, "an integer >= 2 (the first fit and later ones)")
+    if options["global_batch_size"] % WORKERS:
+        raise invalid_argument(
+            "global_batch_size", options["global_batch_size"], f"a multiple of {WORKERS} workers"
+        )
+    rate = options["learning_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        raise invalid_argument("learning_rate", rate, "a positive number")
+
+
+def run(**overrides: Any) -> dict[str, Any]:
+    """Runs the benchmark and returns its results (no file written; see ``tfdist bench``).
+
+    Args:
+        **overrides: Any key of :data:`DEFAULTS`, e.g. ``launches=5``, ``fits=8``,
+            ``repeats=5``; ``quick=True`` applies :data:`QUICK` first.
+
+    Returns:
+        ``{"config", "machine", "launches": [...], "first_fit_seconds",
+        "steady_fit_seconds", "first_to_steady_ratio", "examples_per_s", "ratio", ...}``:
+        see the README's "The first fit" section.
+
+    Raises:
+        ValueError: For a bad option (Keras-style message naming it).
+        RuntimeError: If a worker process failed.
+    """
+    options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
+    _check(options)
+    spec = {**options, "learning_rate": float(options["learning_rate"]), "kind": "first_fit"}
+    launches = []
+    for k in range(options["launches"]):
+        logger.info(
+            "bench first_fit: launch %d/%d, %d workers as `tfdist launch --workers=%d` starts them",
+            k + 1,
+            options["launches"],
+            WORKERS,
+            WORKERS,
+        )
+        launched = cluster_run.run_tasks(spec, workers=WORKERS, default_launch=True)
+        launches.append(summarise_launch(launched, spec))
+    return summarise(spec, launches)
+
+
+def clean(values: list[float], others: list[float | None]) -> list[float]:
+    """The values measured while other processes took at most ``timing.BUSY_CPU`` cores (or
+    unknown), or all of them when none was that quiet."""
+    quiet = [v for v, o in zip(values, others) if o is None or o <= timing.BUSY_CPU]
+    return quiet or list(values)
+
+
+def _sides(tasks: dict[str, Any], others: dict[str, list[float | None]], examples: int) -> dict:
+    """Each side's samples in one launch: worker 0's seconds, rates, every worker's updates."""
+    lead = tasks["worker-0"]
+    out = {}
+    for name in SIDES:
+        seconds = lead["seconds"][name]
+        out[name] = {
+            "seconds_samples": seconds,
+            "examples_per_s_samples": [examples / s for s in seconds],
+            "updates_per_worker": {t: task["updates"][name] for t, task in tasks.items()},
+            "others_cpu": others[name],
+        }
+    overheads = lead["trainer_call_overhead_seconds"]
+    out["trainer"]["call_examples_per_s_samples"] = [
+        examples / (s + o) for s, o in zip(lead["seconds"]["trainer"], overheads)
+    ]
+    out["trainer"]["call_overhead_seconds"] = overheads
+    return out
+
+
+def summarise_launch(launched: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """One launch: its fits (every worker's, worker 0's clock) and its sides' samples."""
+    tasks = launched["tasks"]
+    lead = tasks["worker-0"]
+    others = health.others_per_sample(tasks, "worker-0")
+    seconds = [f["seconds"] for f in lead["fits"]]
+    later = timing.median(seconds[1:])
+    return {
+        "fit_seconds": seconds,
+        "first_fit_seconds": seconds[0],
+        "later_fits_median_seconds": later,
+        "first_to_steady": timing.ratio(seconds[0], later),
+        "fit_others_cpu": others["fit"],
+        "fits_per_worker": {t: task["fits"] for t, task in tasks.items()},
+        "sides": _sides(tasks, others, int(spec["steps"]) * int(spec["global_batch_size"])),
+        "weights_digest": {t: task["weights_digest"] for t, task in tasks.items()},
+        "num_workers": lead["num_workers"],
+        "global_batch_size": lead["global_batch_size"],
+        "chief": [t for t, task in tasks.items() if task.get("is_chief")],
+        "strategy_seconds": {t: task["strategy_seconds"] for t, task in tasks.items()},
+        "trainer_build_seconds": {t: task["trainer_build_seconds"] for t, task in tasks.items()},
+        "threads": {t: task["threads"] for t, task in tasks.items()},
+        "others_cpu_whole_launch": launched["others_cpu"],
+        "launch_seconds": launched["launch_seconds"],
+    }
+
+
+def _pooled(launches: list[dict[str, Any]], side: str, key: str) -> list[float]:
+    """A side's samples under ``key`` over every launch, the unclean ones left out (if any is)."""
+    values = [v for entry in launches for v in entry["sides"][side][key]]
+    others = [o for entry in launches for o in entry["sides"][side]["others_cpu"]]
+    return clean(values, others)
+
+
+def _rates(launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """Examples/s of both sides, the Trainer's with its calls' set-up, and their ratios."""
+    rates = {
+        name: timing.median(_pooled(launches, name, "examples_per_s_samples")) for name in SIDES
+    }
+    call = timing.median(_pooled(launches, "trainer", "call_examples_per_s_samples"))
+    # Each round's Trainer / raw loop: the two measurements next to each other.
+    within = [
+        t / r
+        for entry in launches
+        for t, r in zip(
+            entry["sides"]["trainer"]["examples_per_s_samples"],
+            entry["sides"]["raw_loop"]["examples_per_s_samples"],
+        )
+    ]
+    return {
+        "examples_per_s": rates,
+        "trainer_call_examples_per_s": call,
+        "ratio": timing.ratio(rates["trainer"], rates["raw_loop"]),
+        "within_rounds_ratio": timing.median(within),
+        "trainer_call_vs_raw_ratio": timing.ratio(call, rates["raw_loop"]),
+    }
+
+
+def summarise(spec: dict[str, Any], launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """The config, the machine, every launch, and the figures over all launches."""
+    first = clean(
+        [entry["first_fit_seconds"] for entry in launches],
+        [entry["fit_others_cpu"][0] for entry in launches],
+    )
+    later = clean(
+        [s for entry in launches for s in entry["fit_seconds"][1:]],
+        [o for entry in launches for o in entry["fit_others_cpu"][1:]],
+    )
+    first_s, steady_s = timing.median(first), timing.median(later)
+    out: dict[str, Any] = {
+        "config": {
+            **{k: v for k, v in spec.items() if k != "kind"},
+            "workers": WORKERS,
+            "model": "cnn",
+            "dataset": "digits",
+            "optimizer": "sgd",
+            "launch": "default tfdist launch: each worker pinned by the launcher",
+        },
+        "machine": cluster_run.machine(),
+        "launches": launches,
+        "first_fit_seconds": first_s,
+        "first_fit_seconds_per_launch": [entry["first_fit_seconds"] for entry in launches],
+        "second_fit_seconds_per_launch": [entry["fit_seconds"][1] for entry in launches],
+        "steady_fit_seconds": steady_s,
+        "first_to_steady_ratio": timing.ratio(first_s, steady_s),
+        **_rates(launches),
+        "goal": GOALS["ratio"],
+        "goals": dict(GOALS),
+    }
+    out["others_cpu_max"] = timing.nanmax(
+        o
+        for entry in launches
+        for values in (entry["fit_others_cpu"], *(s["others_cpu"] for s in entry["sides"].values()))
+        for o in values
+        if o is not None
+    )
+    return out
+
+
+# ``tfdist bench`` flag -> option of :func:`run`.
+FLAG_OPTIONS = {"first_fit_launches": "launches"}
+
+
+@common.register("first_fit")
+def first_fit(repeats: int, quick: bool) -> dict[str, Any]:
+    """The registered benchmark: :func:`run` with the bench's options (``tfdist bench`` flags)."""
+    options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
+    options.setdefault("repeats", repeats)
+    return run(quick=quick, **options)
