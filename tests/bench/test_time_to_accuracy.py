@@ -228,6 +228,9 @@ def test_first_fit_figures_follow_from_the_recorded_seconds(bench_run):
         result["first_fit_seconds"] / result["steady_fit_seconds"]
     )
     assert result["second_fit_seconds_per_launch"] == [seconds[1]]
+    outside = [f["seconds"] - f["steps_seconds"] for f in launch["fits_per_worker"]["worker-0"]]
+    assert launch["fit_outside_steps_seconds"] == pytest.approx(outside)
+    assert 0 < result["steady_fit_outside_steps_seconds"] < result["steady_fit_seconds"]
     sides = launch["sides"]
     for side in sides.values():
         assert side["examples_per_s_samples"] == pytest.approx(

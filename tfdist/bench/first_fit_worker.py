@@ -5,7 +5,9 @@ cores) make the MultiWorkerMirrored strategy and build the Trainer ``tfdist trai
 builds: the digits CNN (``tfdist.models.get("cnn")`` on ``tfdist.data.load("digits")``,
 unbound, with fit's ``global_batch_size``), ``metrics=["accuracy"]``, one step per call
 (``tfdist train``'s ``--steps_per_execution``), the Trainer's defaults otherwise, and SGD,
-so that the raw loop makes the same update. Then, on that one Trainer:
+so that the raw loop makes the same update. The workers wait for each other (a barrier
+through files, no TF) before building the Trainer and before its first fit, so that
+neither clock counts the other's slower start. Then, on that one Trainer:
 
 1. ``fits`` fits of ``fit_steps`` steps each, one after another: the first on the fresh
    cluster (tracing and the graph's first run included), the later ones warm. Each fit's
@@ -24,6 +26,8 @@ weights (the same on both workers when they trained in lockstep).
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +38,7 @@ import numpy as np
 import tfdist
 from tfdist.bench import fits
 from tfdist.bench.scaling_sides import Side, raw_loop_side, time_sides
-from tfdist.bench.worker_common import Recorder
+from tfdist.bench.worker_common import Recorder, task
 
 
 def weights_digest(weights: list[np.ndarray]) -> str:
@@ -43,6 +47,29 @@ def weights_digest(weights: list[np.ndarray]) -> str:
     for w in weights:
         sha.update(np.ascontiguousarray(w).tobytes())
     return sha.hexdigest()[:16]
+
+
+def wait_for_workers(spec: dict[str, Any], name: str, timeout: float = 600.0) -> None:
+    """Returns once every worker has reached the point ``name``: a barrier through files.
+
+    The workers start TF and build their models at different speeds; without it the
+    first fit of the quicker one would count its wait for the other. Files in
+    ``spec["out_dir"]`` (every task runs on this machine) and no TF at all, so that the
+    barrier warms nothing up (a collective would).
+
+    Raises:
+        TimeoutError: If the other workers do not arrive within ``timeout`` seconds.
+    """
+    workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+    _, task_id = task()
+    path = os.path.join(spec["out_dir"], f"barrier-{name}-{{}}")
+    with open(path.format(task_id), "w"):
+        pass
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(path.format(i)) for i in range(workers)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench first_fit: the other workers never reached {name!r}")
+        time.sleep(0.001)
 
 
 def make_trainer(strategy: Any, builder: Callable[[], keras.Model], spec: dict[str, Any]) -> Any:
@@ -133,9 +160,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     weights = fits.initial_weights(build, seed)
     recorder = Recorder(planned={"fit": int(spec["fits"])})
+    wait_for_workers(spec, "trainer")  # the model's variables are broadcast from worker 0
     start = time.perf_counter()
     trainer = make_trainer(strategy, fits.with_weights(build, weights), spec)
     trainer_seconds = time.perf_counter() - start
+    wait_for_workers(spec, "first_fit")
     fit_runs = time_fits(trainer, train, spec, recorder)
     lr = float(spec["learning_rate"])
     trainer_timed, throughput = trainer_side(trainer, train, gbs, steps)
