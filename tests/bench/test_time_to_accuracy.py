@@ -208,7 +208,7 @@ def test_first_fit_every_fit_and_measurement_made_the_updates_asked_on_both_work
         # Both workers hold the same model after each side: they trained in lockstep.
         digests = launch["weights_digest"]
         assert digests["worker-0"] == digests["worker-1"]
-        assert set(digests["worker-0"]) == {"trainer", "raw_loop"}
+        assert set(digests["worker-0"]) == {"trainer", "trainer_auto", "raw_loop"}
 
 
 def test_first_fit_figures_follow_from_the_recorded_seconds(bench_run):
@@ -237,20 +237,31 @@ def test_first_fit_figures_follow_from_the_recorded_seconds(bench_run):
             [examples / s for s in side["seconds_samples"]]
         )
         assert len(side["seconds_samples"]) == len(side["others_cpu"]) == config["repeats"]
-    trainer = sides["trainer"]
-    assert trainer["call_examples_per_s_samples"] == pytest.approx(
-        [
-            examples / (s + o)
-            for s, o in zip(trainer["seconds_samples"], trainer["call_overhead_seconds"])
-        ]
-    )
     rates = result["examples_per_s"]
-    for name in ("trainer", "raw_loop"):  # one repeat: the median is the sample
+    for name in ("trainer", "trainer_auto"):
+        side = sides[name]
+        assert side["call_examples_per_s_samples"] == pytest.approx(
+            [
+                examples / (s + o)
+                for s, o in zip(side["seconds_samples"], side["call_overhead_seconds"])
+            ]
+        )
+        assert result["call_examples_per_s"][name] == pytest.approx(
+            side["call_examples_per_s_samples"][0]
+        )
+    for name in ("trainer", "trainer_auto", "raw_loop"):  # one repeat: the median is the sample
         assert rates[name] == pytest.approx(sides[name]["examples_per_s_samples"][0])
     assert result["ratio"] == pytest.approx(rates["trainer"] / rates["raw_loop"])
-    assert result["within_rounds_ratio"] == pytest.approx(result["ratio"])
+    assert result["trainer_auto_ratio"] == pytest.approx(rates["trainer_auto"] / rates["raw_loop"])
+    assert result["within_rounds_ratios"] == pytest.approx(
+        {"trainer": result["ratio"], "trainer_auto": result["trainer_auto_ratio"]}
+    )
+    calls = result["call_examples_per_s"]
     assert result["trainer_call_vs_raw_ratio"] == pytest.approx(
-        result["trainer_call_examples_per_s"] / rates["raw_loop"]
+        calls["trainer"] / rates["raw_loop"]
+    )
+    assert result["trainer_auto_call_vs_raw_ratio"] == pytest.approx(
+        calls["trainer_auto"] / rates["raw_loop"]
     )
     assert result["goals"] == {"ratio": ">= 0.95", "first_to_steady_ratio": "<= 1.5"}
     assert_machine_is_this_one(result["machine"])

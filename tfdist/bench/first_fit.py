@@ -13,12 +13,14 @@ bench (``cluster_run.run_tasks(default_launch=True)``). Each worker builds the T
   after another, the first on the fresh cluster. Reported: the first fit's seconds (the
   whole call: tracing, the graph's first run and the fit's set-up included), the steady
   state (the median of the later fits) and first / steady (goal: at most 1.5);
-* **the Trainer against a raw loop** (issue 18, item 2): a hand-written ``strategy.run``
-  SGD loop (``scaling_sides.raw_loop_side``) on the same model, data and batch, both
-  warmed up, then timed alternately over ``steps`` steps, ``repeats`` rounds. Reported:
-  examples/s of both (medians; the Trainer's steps' window, as ``scaling`` times it),
-  Trainer / raw loop (goal: at least 0.95), and the same with each Trainer call's own
-  set-up counted.
+* **the Trainer against a raw loop** (issue 18, item 2): that Trainer (one step per call,
+  as ``tfdist train`` runs it), a second one with the Trainer's own default
+  (``steps_per_execution="auto"``) and a hand-written ``strategy.run`` SGD loop
+  (``scaling_sides.raw_loop_side``) on the same model, data and batch, warmed up, then
+  timed alternately over ``steps`` steps, ``repeats`` rounds. Reported: examples/s of
+  each (medians; a Trainer's steps' window, as ``scaling`` times it), Trainer / raw loop
+  (``ratio``, goal: at least 0.95; ``trainer_auto_ratio``), and the same with each
+  Trainer call's own set-up counted.
 
 Each launch (``launches``, default 3) gives one first fit, on a fresh cluster; the
 figures are medians over the launches (first fits) and over every launch's later fits
@@ -37,7 +39,9 @@ from tfdist.config import check_positive_int, invalid_argument
 logger = logging.getLogger(__name__)
 
 WORKERS = 2
-SIDES = ("trainer", "raw_loop")
+#: The Trainer sides: ``tfdist train``'s one step per call, and the Trainer's default "auto".
+TRAINERS = ("trainer", "trainer_auto")
+SIDES = (*TRAINERS, "raw_loop")
 DEFAULTS: dict[str, Any] = {
     # tfdist train's global batch and steps per call; SGD, so the raw loop makes the same update.
     "global_batch_size": 64,
@@ -123,11 +127,12 @@ def _sides(tasks: dict[str, Any], others: dict[str, list[float | None]], example
             "updates_per_worker": {t: task["updates"][name] for t, task in tasks.items()},
             "others_cpu": others[name],
         }
-    overheads = lead["trainer_call_overhead_seconds"]
-    out["trainer"]["call_examples_per_s_samples"] = [
-        examples / (s + o) for s, o in zip(lead["seconds"]["trainer"], overheads)
-    ]
-    out["trainer"]["call_overhead_seconds"] = overheads
+    for name in TRAINERS:
+        overheads = lead["call_overhead_seconds"][name]
+        out[name]["call_examples_per_s_samples"] = [
+            examples / (s + o) for s, o in zip(lead["seconds"][name], overheads)
+        ]
+        out[name]["call_overhead_seconds"] = overheads
     return out
 
 
@@ -168,27 +173,37 @@ def _pooled(launches: list[dict[str, Any]], side: str, key: str) -> list[float]:
 
 
 def _rates(launches: list[dict[str, Any]]) -> dict[str, Any]:
-    """Examples/s of both sides, the Trainer's with its calls' set-up, and their ratios."""
+    """Examples/s of every side, the Trainers' with their calls' set-up, and the ratios."""
     rates = {
         name: timing.median(_pooled(launches, name, "examples_per_s_samples")) for name in SIDES
     }
-    call = timing.median(_pooled(launches, "trainer", "call_examples_per_s_samples"))
-    # Each round's Trainer / raw loop: the two measurements next to each other.
-    within = [
-        t / r
-        for entry in launches
-        for t, r in zip(
-            entry["sides"]["trainer"]["examples_per_s_samples"],
-            entry["sides"]["raw_loop"]["examples_per_s_samples"],
-        )
-    ]
-    return {
-        "examples_per_s": rates,
-        "trainer_call_examples_per_s": call,
-        "ratio": timing.ratio(rates["trainer"], rates["raw_loop"]),
-        "within_rounds_ratio": timing.median(within),
-        "trainer_call_vs_raw_ratio": timing.ratio(call, rates["raw_loop"]),
+    calls = {
+        name: timing.median(_pooled(launches, name, "call_examples_per_s_samples"))
+        for name in TRAINERS
     }
+    raw = rates["raw_loop"]
+    out: dict[str, Any] = {
+        "examples_per_s": rates,
+        "call_examples_per_s": calls,
+        "ratio": timing.ratio(rates["trainer"], raw),
+        "trainer_auto_ratio": timing.ratio(rates["trainer_auto"], raw),
+        "trainer_call_vs_raw_ratio": timing.ratio(calls["trainer"], raw),
+        "trainer_auto_call_vs_raw_ratio": timing.ratio(calls["trainer_auto"], raw),
+        "within_rounds_ratios": {},
+    }
+    for name in TRAINERS:
+        # Each round's Trainer / raw loop: measurements next to each other, in every launch.
+        out["within_rounds_ratios"][name] = timing.median(
+            [
+                t / r
+                for entry in launches
+                for t, r in zip(
+                    entry["sides"][name]["examples_per_s_samples"],
+                    entry["sides"]["raw_loop"]["examples_per_s_samples"],
+                )
+            ]
+        )
+    return out
 
 
 def summarise(spec: dict[str, Any], launches: list[dict[str, Any]]) -> dict[str, Any]:

@@ -13,11 +13,12 @@ neither clock counts the other's slower start. Then, on that one Trainer:
    cluster (tracing and the graph's first run included), the later ones warm. Each fit's
    whole call is timed (what a user waits for), its steps' window apart (first batch to
    the epoch's end), and the optimizer updates it made are counted.
-2. The raw loop (``scaling_sides.raw_loop_side``: SGD steps under ``strategy.run`` in one
-   ``tf.function``, one all-reduce a step) on the same model, initial weights, data and
-   global batch, warmed up untimed; then the Trainer (a fit of ``steps`` steps, its steps'
-   window timed, as ``scaling`` times it) and the raw loop (``steps`` steps) alternately,
-   ``repeats`` rounds (A B, B A, ...).
+2. A second Trainer with the Trainer's own default, ``steps_per_execution="auto"``, and
+   the raw loop (``scaling_sides.raw_loop_side``: SGD steps under ``strategy.run`` in one
+   ``tf.function``, one all-reduce a step), on the same model, initial weights, data and
+   global batch; all three warmed up untimed, then timed alternately, ``repeats`` rounds
+   (A B C, C B A, ...) of ``steps`` steps: each Trainer a fit of ``steps`` steps, its
+   steps' window timed (as ``scaling`` times it), the raw loop ``steps`` steps.
 
 Each worker returns its timings, the updates counted and a digest of each side's final
 weights (the same on both workers when they trained in lockstep).
@@ -72,7 +73,12 @@ def wait_for_workers(spec: dict[str, Any], name: str, timeout: float = 600.0) ->
         time.sleep(0.001)
 
 
-def make_trainer(strategy: Any, builder: Callable[[], keras.Model], spec: dict[str, Any]) -> Any:
+def make_trainer(
+    strategy: Any,
+    builder: Callable[[], keras.Model],
+    spec: dict[str, Any],
+    steps_per_execution: int | str,
+) -> Any:
     """The Trainer ``tfdist train`` builds for the digits CNN, with SGD at ``learning_rate``."""
     keras.utils.set_random_seed(int(spec["seed"]))  # the dropout layer's seed
     return tfdist.Trainer(
@@ -81,7 +87,7 @@ def make_trainer(strategy: Any, builder: Callable[[], keras.Model], spec: dict[s
         optimizer=keras.optimizers.SGD(float(spec["learning_rate"])),
         loss=fits.logits_loss(),
         metrics=["accuracy"],
-        steps_per_execution=spec["steps_per_execution"],
+        steps_per_execution=steps_per_execution,
     )
 
 
@@ -144,12 +150,36 @@ def raw_side(
     )
 
 
+def steady_sides(
+    strategy: Any,
+    trainer: Any,
+    build: Callable[[], keras.Model],
+    weights: list[np.ndarray],
+    train: Any,
+    spec: dict[str, Any],
+) -> tuple[dict[str, Side], dict[str, Any]]:
+    """The sides of the alternation, and each Trainer side's measurement (for its overheads).
+
+    ``trainer``: the Trainer of the first fits (``tfdist train``'s one step per call);
+    ``trainer_auto``: a second one with the Trainer's own default, ``steps_per_execution=
+    "auto"``, from the same initial weights; ``raw_loop``: the raw loop.
+    """
+    gbs, steps = int(spec["global_batch_size"]), int(spec["steps"])
+    auto = make_trainer(strategy, fits.with_weights(build, weights), spec, "auto")
+    sides, measurements = {}, {}
+    for name, each in (("trainer", trainer), ("trainer_auto", auto)):
+        sides[name], measurements[name] = trainer_side(each, train, gbs, steps)
+    lr = float(spec["learning_rate"])
+    sides["raw_loop"] = raw_side(strategy, build, weights, train, gbs, lr)
+    return sides, measurements
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    """Times the first fits, then the Trainer against the raw loop, on this worker."""
+    """Times the first fits, then the Trainers against the raw loop, on this worker."""
     start = time.perf_counter()
     strategy = tfdist.make_strategy("multi_worker")
     strategy_seconds = time.perf_counter() - start
-    gbs, seed, steps = int(spec["global_batch_size"]), int(spec["seed"]), int(spec["steps"])
+    seed = int(spec["seed"])
     # Unbound, with fit's global_batch_size, as ``tfdist train`` passes it.
     train = tfdist.data.load("digits", split="train", seed=seed)
 
@@ -162,28 +192,24 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     recorder = Recorder(planned={"fit": int(spec["fits"])})
     wait_for_workers(spec, "trainer")  # the model's variables are broadcast from worker 0
     start = time.perf_counter()
-    trainer = make_trainer(strategy, fits.with_weights(build, weights), spec)
+    trainer = make_trainer(
+        strategy, fits.with_weights(build, weights), spec, spec["steps_per_execution"]
+    )
     trainer_seconds = time.perf_counter() - start
     wait_for_workers(spec, "first_fit")
     fit_runs = time_fits(trainer, train, spec, recorder)
-    lr = float(spec["learning_rate"])
-    trainer_timed, throughput = trainer_side(trainer, train, gbs, steps)
-    sides = {
-        "trainer": trainer_timed,
-        "raw_loop": raw_side(strategy, build, weights, train, gbs, lr),
-    }
-    seconds, updates = time_sides(sides, recorder, steps, int(spec["repeats"]))
+    sides, measurements = steady_sides(strategy, trainer, build, weights, train, spec)
+    seconds, updates = time_sides(sides, recorder, int(spec["steps"]), int(spec["repeats"]))
     return {
         "num_workers": strategy.num_replicas_in_sync,
-        "global_batch_size": gbs,
+        "global_batch_size": int(spec["global_batch_size"]),
         "strategy_seconds": strategy_seconds,
         "trainer_build_seconds": trainer_seconds,
         "fits": fit_runs,
-        "steps": steps,
         "seconds": seconds,
         "updates": updates,
         # Each timed Trainer call's seconds outside its steps' window (the warm-up's left out).
-        "trainer_call_overhead_seconds": throughput.overheads[1:],
+        "call_overhead_seconds": {name: m.overheads[1:] for name, m in measurements.items()},
         "weights_digest": {name: weights_digest(side.weights()) for name, side in sides.items()},
         "is_chief": trainer.is_chief,
         "records": recorder.records,
