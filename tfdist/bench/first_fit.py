@@ -22,10 +22,12 @@ bench (``cluster_run.run_tasks(default_launch=True)``). Each worker builds the T
   (``ratio``, goal: at least 0.95; ``trainer_auto_ratio``), and the same with each
   Trainer call's own set-up counted.
 
-Each launch (``launches``, default 3) gives one first fit, on a fresh cluster; the
-figures are medians over the launches (first fits) and over every launch's later fits
-and rounds, each over the measurements during which other processes took at most
-``timing.BUSY_CPU`` cores, or over all of them when none was that quiet.
+Each launch (``launches``, default 3) gives one first fit, on a fresh cluster. A
+measurement is *quiet* when other processes took at most ``timing.BUSY_CPU`` cores during
+it. First fits: the median over the launches whose first fit was quiet, against the
+median of those launches' quiet later fits (with no quiet first fit: every launch, every
+later fit, so that both sides of the ratio are as disturbed). Sides: medians over the
+rounds in which every side was quiet (else over all rounds), the same rounds for each.
 """
 
 from __future__ import annotations
@@ -108,11 +110,9 @@ def run(**overrides: Any) -> dict[str, Any]:
     return summarise(spec, launches)
 
 
-def clean(values: list[float], others: list[float | None]) -> list[float]:
-    """The values measured while other processes took at most ``timing.BUSY_CPU`` cores (or
-    unknown), or all of them when none was that quiet."""
-    quiet = [v for v, o in zip(values, others) if o is None or o <= timing.BUSY_CPU]
-    return quiet or list(values)
+def quiet(others: float | None) -> bool:
+    """Whether other processes took at most ``timing.BUSY_CPU`` cores (or it is unknown)."""
+    return others is None or others <= timing.BUSY_CPU
 
 
 def _sides(tasks: dict[str, Any], others: dict[str, list[float | None]], examples: int) -> dict:
@@ -165,62 +165,87 @@ def summarise_launch(launched: dict[str, Any], spec: dict[str, Any]) -> dict[str
     }
 
 
-def _pooled(launches: list[dict[str, Any]], side: str, key: str) -> list[float]:
-    """A side's samples under ``key`` over every launch, the unclean ones left out (if any is)."""
-    values = [v for entry in launches for v in entry["sides"][side][key]]
-    others = [o for entry in launches for o in entry["sides"][side]["others_cpu"]]
-    return clean(values, others)
+def quiet_rounds(launches: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The ``(launch, round)`` pairs in which every side's measurement was quiet, or all of them
+    when none was: every side's median then comes from the same rounds."""
+    rounds = [
+        (k, r)
+        for k, entry in enumerate(launches)
+        for r in range(len(entry["sides"]["raw_loop"]["others_cpu"]))
+    ]
+    calm = [
+        (k, r)
+        for k, r in rounds
+        if all(quiet(launches[k]["sides"][name]["others_cpu"][r]) for name in SIDES)
+    ]
+    return calm or rounds
 
 
 def _rates(launches: list[dict[str, Any]]) -> dict[str, Any]:
     """Examples/s of every side, the Trainers' with their calls' set-up, and the ratios."""
-    rates = {
-        name: timing.median(_pooled(launches, name, "examples_per_s_samples")) for name in SIDES
-    }
-    calls = {
-        name: timing.median(_pooled(launches, name, "call_examples_per_s_samples"))
-        for name in TRAINERS
-    }
+    rounds = quiet_rounds(launches)
+
+    def samples(name: str, key: str) -> list[float]:
+        return [launches[k]["sides"][name][key][r] for k, r in rounds]
+
+    rates = {name: timing.median(samples(name, "examples_per_s_samples")) for name in SIDES}
+    calls = {name: timing.median(samples(name, "call_examples_per_s_samples")) for name in TRAINERS}
     raw = rates["raw_loop"]
-    out: dict[str, Any] = {
+    return {
+        "quiet_rounds": sum(
+            all(quiet(launches[k]["sides"][n]["others_cpu"][r]) for n in SIDES) for k, r in rounds
+        ),
         "examples_per_s": rates,
         "call_examples_per_s": calls,
         "ratio": timing.ratio(rates["trainer"], raw),
         "trainer_auto_ratio": timing.ratio(rates["trainer_auto"], raw),
         "trainer_call_vs_raw_ratio": timing.ratio(calls["trainer"], raw),
         "trainer_auto_call_vs_raw_ratio": timing.ratio(calls["trainer_auto"], raw),
-        "within_rounds_ratios": {},
+        # Each round's Trainer / raw loop (measurements next to each other), over those rounds.
+        "within_rounds_ratios": {
+            name: timing.median(
+                [
+                    t / r
+                    for t, r in zip(
+                        samples(name, "examples_per_s_samples"),
+                        samples("raw_loop", "examples_per_s_samples"),
+                    )
+                ]
+            )
+            for name in TRAINERS
+        },
     }
-    for name in TRAINERS:
-        # Each round's Trainer / raw loop: measurements next to each other, in every launch.
-        out["within_rounds_ratios"][name] = timing.median(
-            [
-                t / r
-                for entry in launches
-                for t, r in zip(
-                    entry["sides"][name]["examples_per_s_samples"],
-                    entry["sides"]["raw_loop"]["examples_per_s_samples"],
-                )
-            ]
-        )
-    return out
+
+
+def _fit_figures(launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """First and steady fit seconds over the launches whose first fit was quiet (else all).
+
+    Steady: those launches' later fits, the quiet ones when their first fits were quiet
+    (when none was, every later fit, as disturbed as the first fits they are compared with).
+    """
+    chosen = [e for e in launches if quiet(e["fit_others_cpu"][0])]
+    first = [e["first_fit_seconds"] for e in chosen or launches]
+    later, outside = [], []
+    for entry in chosen or launches:
+        for f in range(1, len(entry["fit_seconds"])):
+            if not chosen or quiet(entry["fit_others_cpu"][f]):
+                later.append(entry["fit_seconds"][f])
+                outside.append(entry["fit_outside_steps_seconds"][f])
+    if chosen and not later:  # no later fit was quiet: all of theirs
+        later = [s for e in chosen for s in e["fit_seconds"][1:]]
+        outside = [s for e in chosen for s in e["fit_outside_steps_seconds"][1:]]
+    first_s, steady_s = timing.median(first), timing.median(later)
+    return {
+        "quiet_launches": len(chosen),
+        "first_fit_seconds": first_s,
+        "steady_fit_seconds": steady_s,
+        "steady_fit_outside_steps_seconds": timing.median(outside),
+        "first_to_steady_ratio": timing.ratio(first_s, steady_s),
+    }
 
 
 def summarise(spec: dict[str, Any], launches: list[dict[str, Any]]) -> dict[str, Any]:
     """The config, the machine, every launch, and the figures over all launches."""
-    first = clean(
-        [entry["first_fit_seconds"] for entry in launches],
-        [entry["fit_others_cpu"][0] for entry in launches],
-    )
-    later = clean(
-        [s for entry in launches for s in entry["fit_seconds"][1:]],
-        [o for entry in launches for o in entry["fit_others_cpu"][1:]],
-    )
-    outside = clean(
-        [s for entry in launches for s in entry["fit_outside_steps_seconds"][1:]],
-        [o for entry in launches for o in entry["fit_others_cpu"][1:]],
-    )
-    first_s, steady_s = timing.median(first), timing.median(later)
     out: dict[str, Any] = {
         "config": {
             **{k: v for k, v in spec.items() if k != "kind"},
@@ -232,12 +257,9 @@ def summarise(spec: dict[str, Any], launches: list[dict[str, Any]]) -> dict[str,
         },
         "machine": cluster_run.machine(),
         "launches": launches,
-        "first_fit_seconds": first_s,
+        **_fit_figures(launches),
         "first_fit_seconds_per_launch": [entry["first_fit_seconds"] for entry in launches],
         "second_fit_seconds_per_launch": [entry["fit_seconds"][1] for entry in launches],
-        "steady_fit_seconds": steady_s,
-        "steady_fit_outside_steps_seconds": timing.median(outside),
-        "first_to_steady_ratio": timing.ratio(first_s, steady_s),
         **_rates(launches),
         "goal": GOALS["ratio"],
         "goals": dict(GOALS),
