@@ -1,4 +1,4 @@
-"""Checks the multi-process bench tests share (test_scaling.py, test_allreduce.py)."""
+"""Checks the multi-process bench tests share (test_scaling.py, test_allreduce.py, ...)."""
 
 import os
 
@@ -26,12 +26,13 @@ def cpuinfo_first(key, path="/proc/cpuinfo"):
 
 def assert_machine_is_this_one(machine):
     """The result's machine block is this machine: /proc/cpuinfo's model and flags, its cores."""
-    from tfdist.bench.bf16_vs_fp32 import BF16_CPU_FLAGS
+    from tfdist.bench.bf16_vs_fp32 import BF16_CPU_FLAGS, VECTOR_CPU_FLAGS
 
     flags = cpuinfo_first("flags")
     flags = None if flags is None else set(flags.split())
-    assert {flag: machine["cpu"][flag] for flag in BF16_CPU_FLAGS} == {
-        flag: None if flags is None else flag in flags for flag in BF16_CPU_FLAGS
+    names = (*BF16_CPU_FLAGS, *VECTOR_CPU_FLAGS)
+    assert {flag: machine["cpu"][flag] for flag in names} == {
+        flag: None if flags is None else flag in flags for flag in names
     }
     assert machine["cpu"]["model_name"] == cpuinfo_first("model name")
     assert machine["cpu_count"] == os.cpu_count()

@@ -197,9 +197,13 @@ def test_cpu_features_reads_the_flags_that_are_there(tmp_path):
         and features["amx_tile"] is True
         and features["amx_bf16"] is False
     )
+    assert features["avx2"] is True and features["avx512f"] is False
     assert features["model_name"] == "Some CPU"
     missing = bf16_vs_fp32.cpu_features(str(tmp_path / "absent"))
-    assert all(missing[flag] is None for flag in bf16_vs_fp32.BF16_CPU_FLAGS)
+    assert all(
+        missing[flag] is None
+        for flag in (*bf16_vs_fp32.BF16_CPU_FLAGS, *bf16_vs_fp32.VECTOR_CPU_FLAGS)
+    )
 
 
 def test_backup_sides_did_the_same_updates_and_the_cost_follows(quick_run):

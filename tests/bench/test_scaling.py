@@ -154,6 +154,7 @@ def test_multi_process_benchmarks_run_only_when_named():
         "stragglers",
         "health",
         "time_to_accuracy",
+        "first_fit",
     }
 
 

@@ -1,20 +1,29 @@
-"""``tfdist bench --benchmarks=time_to_accuracy`` at a tiny size, real processes: correctness only.
+"""The digits-CNN benchmarks at a tiny size, real processes: correctness only.
 
-One process on one_device and 2 MWMS workers, each LR rule once: every side saw the
-same examples per epoch from the same per-worker batch; the two workers saw the same
-accuracies; each fit stopped at the first epoch that reached the target (or ran every
-epoch); the times, rates, medians and ratios follow from the recorded points; the
-*linear* side really trained at the scaled, warmed-up rate and *none* at the base rate.
-Nothing here asserts how fast anything is.
+``tfdist bench --benchmarks=time_to_accuracy,first_fit --quick``, one run that the
+module's tests share (the suite is CPU-bound: one runner, one module).
+
+time_to_accuracy: one process on one_device and 2 MWMS workers, each LR rule once:
+every side saw the same examples per epoch from the same per-worker batch; the two
+workers saw the same accuracies; each fit stopped at the first epoch that reached the
+target (or ran every epoch); the times, rates, medians and ratios follow from the
+recorded points; the *linear* side really trained at the scaled, warmed-up rate and
+*none* at the base rate.
+
+first_fit: one default 2-worker launch (the launcher pins the workers): every fit and
+every measurement made exactly the updates asked, on both workers; both workers ended
+each side with the same weights; the first-fit and Trainer / raw-loop figures follow
+from the recorded seconds. Nothing here asserts how fast anything is.
 """
 
 import json
+import os
 import statistics
 
 import pytest
 
 from tests.bench.checks import assert_machine_is_this_one, assert_png_written
-from tfdist.bench import common, runner, time_to_accuracy
+from tfdist.bench import common, first_fit, runner, time_to_accuracy
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 RULES = ("none", "linear")
@@ -25,7 +34,7 @@ def bench_run(tmp_path_factory):
     output = str(tmp_path_factory.mktemp("bench") / "bench.json")
     options = {"threads_per_worker": 1}
     results = runner.run(
-        ["time_to_accuracy"], quick=True, output=output, repeats=1, options=options
+        ["time_to_accuracy", "first_fit"], quick=True, output=output, repeats=1, options=options
     )
     return results, output
 
@@ -172,3 +181,128 @@ def test_bad_time_to_accuracy_options_get_one_clear_error():
     finally:
         common.set_options(None)
     assert "time_to_accuracy" in runner.ON_REQUEST and "time_to_accuracy" in runner.available()
+
+
+def _first_fit(bench_run):
+    return bench_run[0]["results"]["first_fit"]
+
+
+def test_first_fit_every_fit_and_measurement_made_the_updates_asked_on_both_workers(bench_run):
+    result = _first_fit(bench_run)
+    config = result["config"]
+    assert (config["fits"], config["fit_steps"], config["steps"]) == (3, 2, 4)
+    assert len(result["launches"]) == config["launches"] == 1
+    for launch in result["launches"]:
+        assert (launch["num_workers"], launch["global_batch_size"]) == (2, 64)
+        assert launch["chief"] == ["worker-0"]
+        fits = launch["fits_per_worker"]
+        assert set(fits) == {"worker-0", "worker-1"}
+        for runs in fits.values():
+            # Counted optimizer updates, not the steps requested.
+            assert [f["updates"] for f in runs] == [config["fit_steps"]] * config["fits"]
+            assert all(0 < f["steps_seconds"] <= f["seconds"] for f in runs)
+        for side in launch["sides"].values():
+            assert side["updates_per_worker"] == {
+                t: [config["steps"]] * config["repeats"] for t in ("worker-0", "worker-1")
+            }
+        # Both workers hold the same model after each side: they trained in lockstep.
+        digests = launch["weights_digest"]
+        assert digests["worker-0"] == digests["worker-1"]
+        assert set(digests["worker-0"]) == {"trainer", "trainer_auto", "raw_loop"}
+
+
+def test_first_fit_figures_follow_from_the_recorded_seconds(bench_run):
+    result = _first_fit(bench_run)
+    config = result["config"]
+    examples = config["steps"] * config["global_batch_size"]
+    (launch,) = result["launches"]
+    seconds = [f["seconds"] for f in launch["fits_per_worker"]["worker-0"]]
+    assert launch["fit_seconds"] == seconds and launch["first_fit_seconds"] == seconds[0]
+    assert launch["later_fits_median_seconds"] == pytest.approx(statistics.median(seconds[1:]))
+    # One launch: its first fit; the steady state from its later fits, the quiet ones (other
+    # processes <= 0.25 cores) when its first fit was quiet and any later one is.
+    others = launch["fit_others_cpu"]
+    first_quiet = others[0] is None or others[0] <= 0.25
+    calm = [s for s, o in zip(seconds[1:], others[1:]) if o is None or o <= 0.25]
+    later = calm if first_quiet and calm else seconds[1:]
+    assert result["quiet_launches"] == int(first_quiet)
+    assert result["first_fit_seconds"] == seconds[0]
+    assert result["steady_fit_seconds"] == pytest.approx(statistics.median(later))
+    assert result["first_to_steady_ratio"] == pytest.approx(
+        result["first_fit_seconds"] / result["steady_fit_seconds"]
+    )
+    assert result["second_fit_seconds_per_launch"] == [seconds[1]]
+    outside = [f["seconds"] - f["steps_seconds"] for f in launch["fits_per_worker"]["worker-0"]]
+    assert launch["fit_outside_steps_seconds"] == pytest.approx(outside)
+    assert 0 < result["steady_fit_outside_steps_seconds"] < result["steady_fit_seconds"]
+    sides = launch["sides"]
+    for side in sides.values():
+        assert side["examples_per_s_samples"] == pytest.approx(
+            [examples / s for s in side["seconds_samples"]]
+        )
+        assert len(side["seconds_samples"]) == len(side["others_cpu"]) == config["repeats"]
+    rates = result["examples_per_s"]
+    for name in ("trainer", "trainer_auto"):
+        side = sides[name]
+        assert side["call_examples_per_s_samples"] == pytest.approx(
+            [
+                examples / (s + o)
+                for s, o in zip(side["seconds_samples"], side["call_overhead_seconds"])
+            ]
+        )
+        assert result["call_examples_per_s"][name] == pytest.approx(
+            side["call_examples_per_s_samples"][0]
+        )
+    for name in ("trainer", "trainer_auto", "raw_loop"):  # one round: the median is the sample
+        assert rates[name] == pytest.approx(sides[name]["examples_per_s_samples"][0])
+    round_quiet = all(o is None or o <= 0.25 for side in sides.values() for o in side["others_cpu"])
+    assert result["quiet_rounds"] == int(round_quiet)
+    assert result["ratio"] == pytest.approx(rates["trainer"] / rates["raw_loop"])
+    assert result["trainer_auto_ratio"] == pytest.approx(rates["trainer_auto"] / rates["raw_loop"])
+    assert result["within_rounds_ratios"] == pytest.approx(
+        {"trainer": result["ratio"], "trainer_auto": result["trainer_auto_ratio"]}
+    )
+    calls = result["call_examples_per_s"]
+    assert result["trainer_call_vs_raw_ratio"] == pytest.approx(
+        calls["trainer"] / rates["raw_loop"]
+    )
+    assert result["trainer_auto_call_vs_raw_ratio"] == pytest.approx(
+        calls["trainer_auto"] / rates["raw_loop"]
+    )
+    assert result["goals"] == {"ratio": ">= 0.95", "first_to_steady_ratio": "<= 1.5"}
+    assert_machine_is_this_one(result["machine"])
+
+
+def test_first_fit_ran_under_the_launchers_default_pinning(bench_run):
+    (launch,) = _first_fit(bench_run)["launches"]
+    threads = launch["threads"]
+    assert set(threads) == {"worker-0", "worker-1"}
+    cores = sorted(os.sched_getaffinity(0))
+    for task in threads.values():
+        # Pinned by tfdist launch (the bench set nothing): intra-op = its CPUs, inter-op >= 2.
+        assert task["pinned_by"] == "launcher"
+        if len(cores) >= 2:
+            assert task["intra_op_threads"] == len(task["cpus"]) == len(cores) // 2
+            assert task["inter_op_threads"] == max(2, len(task["cpus"]))
+    if len(cores) >= 2:
+        cpus = [set(t["cpus"]) for t in threads.values()]
+        assert not cpus[0] & cpus[1] and cpus[0] | cpus[1] <= set(cores)
+
+
+def test_bad_first_fit_options_get_one_clear_error():
+    with pytest.raises(ValueError, match=r"Invalid value for argument `fits`. Received: fits=1"):
+        first_fit.run(fits=1)
+    with pytest.raises(ValueError, match=r"Invalid value for argument `first_fit_launches`"):
+        first_fit.run(launches=0)
+    with pytest.raises(ValueError, match=r"Invalid value for argument `global_batch_size`"):
+        first_fit.run(global_batch_size=63)
+    with pytest.raises(ValueError, match=r"Invalid value for argument `option`"):
+        first_fit.run(workers=4)
+    # The flag reaches the benchmark under its flag name.
+    common.set_options({"first_fit_launches": 0})
+    try:
+        with pytest.raises(ValueError, match="`first_fit_launches`"):
+            common.registry()["first_fit"](1, True)
+    finally:
+        common.set_options(None)
+    assert "first_fit" in runner.ON_REQUEST and "first_fit" in runner.available()

@@ -36,6 +36,8 @@ from tfdist._compat.bench import onednn_enabled
 from tfdist.bench import common, fits, mfu, timing
 
 BF16_CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")
+# The vector units besides: the two machine kinds differ here (AVX-512 with bf16, or AVX2 only).
+VECTOR_CPU_FLAGS = ("avx2", "avx512f")
 INPUT_FEATURES = mfu.INPUT_FEATURES
 HIDDEN_UNITS = mfu.HIDDEN_UNITS
 NUM_CLASSES = mfu.NUM_CLASSES
@@ -48,7 +50,7 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 def cpu_features(path: str = "/proc/cpuinfo") -> dict[str, Any]:
-    """The bf16 CPU flags ``path`` lists (None if unreadable), the CPU model, oneDNN state."""
+    """The bf16 and vector CPU flags ``path`` lists (None if unreadable), the CPU model, oneDNN."""
     flags: set[str] | None = None
     model = None
     try:
@@ -63,7 +65,8 @@ def cpu_features(path: str = "/proc/cpuinfo") -> dict[str, Any]:
     except OSError:
         pass
     features: dict[str, Any] = {
-        flag: None if flags is None else flag in flags for flag in BF16_CPU_FLAGS
+        flag: None if flags is None else flag in flags
+        for flag in (*BF16_CPU_FLAGS, *VECTOR_CPU_FLAGS)
     }
     features["model_name"] = model
     features["onednn_enabled"] = onednn_enabled()

@@ -65,18 +65,19 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def task_env(threads: int) -> dict[str, str]:
-    """The tasks' environment: this one without TF_CONFIG, threads set, tfdist importable."""
+def task_env(threads: int | None) -> dict[str, str]:
+    """The tasks' environment: this one without TF_CONFIG, threads set, tfdist importable.
+
+    Args:
+        threads: Each task's intra-op threads; None leaves the thread variables as
+            they are here, for the launcher to set (its default pinning).
+    """
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
-    # Read by TF and OpenMP when they start, before the task's own tf.config.threading call.
-    env.update(
-        {
-            "OMP_NUM_THREADS": str(threads),
-            "TF_NUM_INTRAOP_THREADS": str(threads),
-            "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-        }
-    )
+    env["TF_CPP_MIN_LOG_LEVEL"] = env.get("TF_CPP_MIN_LOG_LEVEL", "2")
+    if threads is not None:
+        # Read by TF and OpenMP when they start, before the task's own tf.config.threading call.
+        env.update({"OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads)})
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env
@@ -116,17 +117,22 @@ def run_tasks(
     ps: int = 0,
     chief: bool = False,
     timeout: float = 900.0,
+    default_launch: bool = False,
 ) -> dict[str, Any]:
     """Launches the tasks on ``spec`` and returns their results.
 
     Args:
         spec: JSON-able; ``spec["kind"]`` names the worker program
             (see ``tfdist.bench.workers``), ``spec["threads_per_worker"]`` the
-            intra-op threads of each task.
+            intra-op threads of each task (unless ``default_launch``).
         workers: Worker processes.
         ps: Parameter-server processes.
         chief: Whether to add a chief process.
         timeout: Seconds after which the launcher kills every task.
+        default_launch: Launch as a user's default ``tfdist launch`` does: the
+            launcher pins each training task to its own cores and sizes its TF
+            thread pools (``tfdist.launch.pinning``), no thread variables are set
+            here, and the tasks leave their threads alone (``spec["launcher_pins"]``).
 
     Returns:
         ``{"tasks": {"worker-0": {...}, ...}, "launch_seconds": s, "others_cpu": c}``
@@ -139,7 +145,7 @@ def run_tasks(
     from tfdist.launch.local import launch
 
     with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as out_dir:
-        spec = {**spec, "out_dir": out_dir}
+        spec = {**spec, "out_dir": out_dir, "launcher_pins": default_launch}
         spec_path = os.path.join(out_dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -153,10 +159,11 @@ def run_tasks(
                 workers=workers,
                 ps=ps,
                 chief=chief,
-                env=task_env(int(spec["threads_per_worker"])),
+                env=task_env(None if default_launch else int(spec["threads_per_worker"])),
                 output=TaskOutput(log, f"{spec['kind']} ({workers} worker(s), {ps} ps)"),
                 timeout=timeout,
-                pin=False,  # Each task pins itself as its spec says (worker_common.pin_threads).
+                # Else each task pins itself as its spec says (worker_common.pin_threads).
+                pin=default_launch,
             )
         took = watch.stop()
         children = _children_cpu_seconds() - children

@@ -2,7 +2,8 @@
 
 Used by ``tfdist.bench.scaling_worker``: the spec's model and data, a
 ``Side`` for a Trainer's or Keras's ``fit``, the raw ``strategy.run`` loop
-(all steps in one ``tf.function``, one all-reduce per step), and
+(all steps in one ``tf.function``, one all-reduce per step; ``first_fit``
+runs it too), ``time_sides`` (the sides timed alternately), and
 ``split_parts``: a compute-only step (forward, backward and SGD on a local
 copy of the model: no all-reduce), an exchange-only step (one all-reduce of
 the gradients' bytes, chained from step to step so TF cannot merge them), and
@@ -50,10 +51,16 @@ def make_dataset(spec: dict[str, Any], global_batch_size: int) -> tf.data.Datase
 
 class Side:
     """One side: ``run(steps)`` trains ``steps`` steps, blocks and returns their wall seconds;
-    ``updates()`` counts the optimizer updates made so far."""
+    ``updates()`` counts the optimizer updates made so far; ``weights()``, where given, reads
+    the side's model weights (to check that every worker holds the same)."""
 
-    def __init__(self, run: Callable[[int], float], updates: Callable[[], int]) -> None:
-        self.run, self.updates = run, updates
+    def __init__(
+        self,
+        run: Callable[[int], float],
+        updates: Callable[[], int],
+        weights: Callable[[], list[np.ndarray]] | None = None,
+    ) -> None:
+        self.run, self.updates, self.weights = run, updates, weights
 
 
 def fit_side(
@@ -67,22 +74,36 @@ def fit_side(
 
 def raw_loop_side(
     strategy: tf.distribute.Strategy,
-    spec: dict[str, Any],
+    build: Callable[[], keras.Model],
     weights: list[np.ndarray],
-    dataset: tf.data.Dataset,
+    distributed: Any,
+    *,
     global_batch_size: int,
-    compression: str | None,
+    learning_rate: float,
+    compression: str | None = None,
 ) -> Side:
-    """A hand-written loop: SGD, one all-reduce of all gradients a step, all in one tf.function."""
+    """A hand-written loop: SGD, one all-reduce of all gradients a step, all in one tf.function.
+
+    Args:
+        strategy: The synchronous strategy it trains under.
+        build: Zero-arg model builder, called once in the strategy's scope.
+        weights: The weights the model starts from.
+        distributed: A distributed dataset of ``(x, y)`` batches that does not run out
+            (``strategy.experimental_distribute_dataset`` or
+            ``strategy.distribute_datasets_from_function`` of a repeated dataset).
+        global_batch_size: Examples per step over all replicas; the loss is divided by it.
+        learning_rate: The SGD rate.
+        compression: ``"bf16"`` or ``"fp16"`` to all-reduce the gradients in 16 bits.
+    """
     with strategy.scope():
-        model = build_model(spec)
+        model = build()
         model.set_weights(weights)
         updates = tf.Variable(0, dtype=tf.int64, trainable=False)
     variables = [v.value for v in model.trainable_variables]
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-    lr = float(spec["learning_rate"])
+    lr = float(learning_rate)
     wire = {"bf16": tf.bfloat16, "fp16": tf.float16}.get(compression or "")
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    iterator = iter(distributed)
 
     def apply(distribution: tf.distribute.Strategy, grads: list[Any]) -> None:
         for var, grad in zip(variables, grads):
@@ -113,7 +134,29 @@ def raw_loop_side(
         train(tf.constant(n)).numpy()
         return watch.stop().seconds
 
-    return Side(run, lambda: int(updates.numpy()))
+    return Side(run, lambda: int(updates.numpy()), model.get_weights)
+
+
+def time_sides(
+    sides: dict[str, Side], recorder: Recorder, steps: int, repeats: int
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Warms every side up, then times them alternately: seconds and updates per measurement.
+
+    Each side first runs ``steps`` steps untimed (traces, fills the dataset cache); then
+    ``repeats`` rounds of ``steps`` steps each, in the order A B C, C B A, ..., each
+    measurement recorded under the side's name.
+    """
+    for side in sides.values():
+        side.run(steps)
+    seconds: dict[str, list[float]] = {name: [] for name in sides}
+    updates: dict[str, list[int]] = {name: [] for name in sides}
+    for r in range(repeats):
+        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+            before = sides[name].updates()
+            took, _ = recorder.measure(name, lambda s=sides[name]: s.run(steps))
+            seconds[name].append(took)
+            updates[name].append(sides[name].updates() - before)
+    return seconds, updates
 
 
 def _compute_part(

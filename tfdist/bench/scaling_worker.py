@@ -28,6 +28,7 @@ from tfdist.bench.scaling_sides import (
     make_dataset,
     raw_loop_side,
     split_parts,
+    time_sides,
 )
 from tfdist.bench.worker_common import Recorder
 
@@ -110,23 +111,6 @@ def _keras_fit_side(
     )
 
 
-def _time_sides(
-    sides: dict[str, Side], recorder: Recorder, steps: int, repeats: int
-) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
-    """Warms every side up, then times them alternately: seconds and updates per measurement."""
-    for side in sides.values():
-        side.run(steps)  # untimed: traces, fills the dataset cache
-    seconds: dict[str, list[float]] = {name: [] for name in sides}
-    updates: dict[str, list[int]] = {name: [] for name in sides}
-    for r in range(repeats):
-        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
-            before = sides[name].updates()
-            took, _ = recorder.measure(name, lambda s=sides[name]: s.run(steps))
-            seconds[name].append(took)
-            updates[name].append(sides[name].updates() - before)
-    return seconds, updates
-
-
 def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
     """Times every side and the step parts on this worker.
 
@@ -147,10 +131,16 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
         name = "raw_loop" if variant in (None, "none") else f"raw_loop_{variant}"
         compression = None if variant == "none" else variant
         sides[name] = raw_loop_side(
-            strategy, spec, weights, dataset, global_batch_size, compression
+            strategy,
+            lambda: build_model(spec),
+            weights,
+            strategy.experimental_distribute_dataset(dataset),
+            global_batch_size=global_batch_size,
+            learning_rate=spec["learning_rate"],
+            compression=compression,
         )
     recorder = Recorder()
-    seconds, updates = _time_sides(sides, recorder, steps, repeats)
+    seconds, updates = time_sides(sides, recorder, steps, repeats)
     parts = {}
     for variant in spec["gradient_compression"]:
         key = "none" if variant in (None, "none") else variant

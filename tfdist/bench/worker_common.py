@@ -92,6 +92,31 @@ def pin_threads(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def launcher_threads() -> dict[str, Any]:
+    """What the launcher's default pinning gave this task; sets nothing (``spec["launcher_pins"]``).
+
+    ``tfdist launch`` pins each chief and worker task to its own cores where they fit
+    and passes its TF thread pools in ``TF_NUM_INTRAOP_THREADS``/``TF_NUM_INTEROP_THREADS``
+    (``tfdist.launch.pinning``); a task of a default launch leaves both as they are.
+
+    Returns:
+        The thread counts the launcher set (None: TF's defaults) and the CPUs this task may
+        run on (None where the OS cannot tell).
+    """
+
+    def env_int(name: str) -> int | None:
+        value = os.environ.get(name)
+        return int(value) if value else None
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "intra_op_threads": env_int("TF_NUM_INTRAOP_THREADS"),
+        "inter_op_threads": env_int("TF_NUM_INTEROP_THREADS"),
+        "cpus": cpus,
+        "pinned_by": "launcher",
+    }
+
+
 class Recorder:
     """Times measurements in a task: wall, own CPU and the whole machine's busy CPU.
 

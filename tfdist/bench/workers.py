@@ -3,8 +3,9 @@
     tfdist launch --workers=2 -- python -m tfdist.bench.workers SPEC.json
 
 It pins this process's threads (and, where the cores allow, its CPUs) before
-TensorFlow starts, runs ``spec["kind"]`` (a key of :data:`KINDS`) and writes
-its results to ``<out_dir>/<task_type>-<task_id>.json``.
+TensorFlow starts, unless the launcher did (a user's default launch,
+``spec["launcher_pins"]``), runs ``spec["kind"]`` (a key of :data:`KINDS`) and
+writes its results to ``<out_dir>/<task_type>-<task_id>.json``.
 
 :data:`KINDS` is a leaf table, as ``tfdist.strategies.registry`` is for strategies:
 a kind's module is imported only in the task that runs it, and the worker modules
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tfdist.bench.worker_common import pin_threads, plan_progress, write_result
+from tfdist.bench.worker_common import launcher_threads, pin_threads, plan_progress, write_result
 from tfdist.config import invalid_argument
 
 #: spec["kind"] -> ``"module:function"``, the function ``(spec) -> result | None`` a task runs.
@@ -31,6 +32,7 @@ KINDS: dict[str, str] = {
     "stragglers_ps": "tfdist.bench.straggler_worker:run_ps",
     "health": "tfdist.bench.health_worker:run_mwms",
     "time_to_accuracy": "tfdist.bench.time_to_accuracy_worker:run",
+    "first_fit": "tfdist.bench.first_fit_worker:run",
 }
 
 
@@ -51,7 +53,8 @@ def main(argv: list[str]) -> int:
     """Runs the task that the spec file ``argv[1]`` describes; returns the exit code, 0."""
     with open(argv[1]) as f:
         spec = json.load(f)
-    pinned = pin_threads(spec)
+    # A default launch: the launcher pinned this task already (cluster_run.run_tasks).
+    pinned = launcher_threads() if spec.get("launcher_pins") else pin_threads(spec)
     plan_progress(spec)
     result = resolve(spec["kind"])(spec)
     if result is not None:  # ps tasks and PS workers serve and write nothing

@@ -44,6 +44,7 @@ def run(args: Sequence[str]) -> int:
         "straggler_factor": FLAGS.straggler_factor,
         "target_accuracy": FLAGS.target_accuracy,
         "slow_fsync_ms": FLAGS.slow_fsync_ms,
+        "first_fit_launches": FLAGS.first_fit_launches,
     }
     results = runner.run(
         FLAGS.benchmarks or None,

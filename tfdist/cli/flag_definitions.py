@@ -255,6 +255,12 @@ flags.DEFINE_float(
     "bench backup: a simulated slow disk: each fsync of a backup's commit first sleeps this many "
     "milliseconds (default 0).",
 )
+flags.DEFINE_integer(
+    "first_fit_launches",
+    None,
+    "bench first_fit: launches of 2 workers, each giving one first fit on a fresh cluster "
+    "(default 3).",
+)
 flags.DEFINE_float(
     "straggler_factor",
     None,
