@@ -6,12 +6,10 @@ Up to ``max_in_flight`` calls run ahead of the logs the loop has fetched, so
 workers stay busy while callbacks still receive real values, in order.
 
 Logs are exact running means of the finished steps, as under the sync
-strategies. Metric variables on the ps tasks cannot be read consistently while
-other steps update them (a total may already include a step whose count is not
-in yet), so each scheduled function keeps its own steps' metric sums in local
-tensors and returns them; the coordinator adds them up in order and computes
-the logs from the sums, and writes the epoch's totals back into the model's
-metric variables at the epoch end.
+strategies: each scheduled function returns its own steps' metric sums, which
+the coordinator adds up in order, computing a call's logs only when something
+reads them (``ps_logs``); at the epoch end it writes the totals back into the
+model's metric variables.
 
 Evaluation runs on the coordinator itself, reading the variables from the ps
 tasks: each validation example is counted exactly once. Failures are reported
@@ -24,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -41,6 +39,7 @@ from tfdist.strategies import ps_watchdog
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
 from tfdist.strategies.ps_failures import ParameterServerFailure as ParameterServerFailure
 from tfdist.strategies.ps_failures import lost_worker_output, raise_clearly
+from tfdist.strategies.ps_logs import Packing, RunningLogs
 from tfdist.strategies.ps_watchdog import WorkerWatch
 
 logger = logging.getLogger(__name__)
@@ -95,10 +94,9 @@ class PSRunner:
         self.max_in_flight = 2 * self.num_workers
         self._model: Any = None  # whose metrics the train functions sum per execution
         self._metric_vars: list[Any] = []
-        self._sums: list[np.ndarray] | None = (
-            None  # this epoch's metric sums over fetched executions
-        )
-        self._last_logs: dict[str, float] = {}
+        self._packing: Packing | None = None  # how the train functions return their sums
+        self._running: RunningLogs | None = None  # this epoch's sums over fetched executions
+        self._last_logs: Mapping[str, float] = {}
         # The compiled loops run() schedules on workers (training); others run here, on the
         # coordinator. Weak: the Trainer owns the functions, the runner only recognises them.
         self._scheduled: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -134,7 +132,7 @@ class PSRunner:
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if not training:
             return source.dataset_fn(self.input_context()) if source.dataset_fn else source.dataset
-        self._sums = None  # a new fit: no sums left from an interrupted one
+        self._running = None  # a new fit: no sums left from an interrupted one
         strategy = self.strategy
         # Workers draw batches independently, so each pipeline repeats.
         if source.dataset_fn is None:
@@ -173,7 +171,7 @@ class PSRunner:
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
         per_execution = training and self._sum_metrics_of(model)
-        variables = self._metric_vars
+        variables, packing = self._metric_vars, self._packing
 
         def one_step(iterator):
             strategy.run(replica_fn, args=([next(iterator) for _ in range(batches_per_call)],))
@@ -201,7 +199,7 @@ class PSRunner:
                         state = repeat(num_calls, body, state)
                     for box, value in zip(boxes, state):
                         box.current = value
-                    return logs_fn(), [box.current for box in boxes]
+                    return packing.pack(logs_fn(), [box.current for box in boxes])
         else:
 
             def loop(iterator, num_calls):
@@ -241,12 +239,16 @@ class PSRunner:
                 "exact)."
             )
             return False
-        self._model, self._metric_vars = model, variables
+        if model is not self._model or list(map(id, variables)) != list(map(id, self._metric_vars)):
+            self._model, self._metric_vars = model, variables
+            self._packing = Packing(variables)
         return bool(variables)
 
-    def _metric_logs(self, sums: list[Any]) -> dict[str, Any]:
-        with metric_state_as_tensors(self._metric_vars, sums):
-            return dict(self._model.get_metrics_result())
+    def _metric_logs(self, state: list[np.ndarray]) -> dict[str, float]:
+        """The model's metric results with its metric variables holding ``state``."""
+        with metric_state_as_tensors(self._metric_vars, state):
+            # Read inside: a metric's result may be its variable itself, not a copy.
+            return as_floats(self._model.get_metrics_result())
 
     @contextlib.contextmanager
     def _failures(self):
@@ -262,7 +264,7 @@ class PSRunner:
         # function and raises it from the next schedule or join, whichever fit
         # that is. join() raises it once and forgets it (and waits for the
         # functions still running), so the strategy's next fit starts clean.
-        self._sums = None
+        self._running = None
         for _ in range(2 * self.max_in_flight + 2):
             try:
                 self.coordinator.join()
@@ -286,7 +288,8 @@ class PSRunner:
         with self._failures():
             return self.coordinator.schedule(fn, args=(iterator, count))
 
-    def fetch(self, logs: Any) -> dict[str, float]:
+    def fetch(self, logs: Any) -> Mapping[str, float]:
+        """Waits for a call; its running logs, computed when first read (``ps_logs``)."""
         try:
             if hasattr(logs, "fetch") and self.watch is not None:
                 wait_fetchable(logs, lambda: self.watch.failure)
@@ -304,13 +307,12 @@ class PSRunner:
                 "updates were applied; the logged means leave out its steps.",
                 worker,
             )
-            return dict(self._last_logs)
-        if isinstance(values, tuple):  # (logs, this execution's metric sums)
-            values, sums = values
-            self._sums = (
-                list(sums) if self._sums is None else [a + b for a, b in zip(self._sums, sums)]
-            )
-            values = {**values, **self._metric_logs(self._sums)}
+            return self._last_logs
+        if isinstance(values, np.ndarray):  # a train function's packed logs and metric sums
+            if self._running is None:
+                self._running = RunningLogs(self._packing, self._metric_logs)
+            self._last_logs = self._running.add(values)
+            return self._last_logs
         self._last_logs = as_floats(values)
         return dict(self._last_logs)
 
@@ -338,11 +340,11 @@ class PSRunner:
     def final_logs(self, logs_fn: LogsFn, last: dict[str, float]) -> dict[str, float]:
         """Logs once every scheduled step has finished (steps finish out of order)."""
         self.join()
-        if self._sums is not None:
+        if self._running is not None:
             # The model's metrics end the epoch holding its totals, as under the sync strategies.
-            for variable, total in zip(self._metric_vars, self._sums):
+            for variable, total in zip(self._metric_vars, self._running.state()):
                 variable.assign(total)
-            self._sums = None
+            self._running = None
         return as_floats(logs_fn())
 
 
