@@ -226,3 +226,37 @@ def test_logs_read_late_or_never_hold_their_batchs_values(ps):
         if batch in read:
             assert read[batch] == logs
     assert history.history["seen"] == [16 * 30]
+
+
+@pytest.mark.parametrize("reads", [False, True], ids=["batch_logs_unread", "batch_logs_read"])
+def test_epoch_logs_are_exact_whether_or_not_batch_logs_are_read(ps, reads):
+    """Unread, a call returns no logs and adds its sums to the metric variables alone."""
+    seen = []
+
+    class Reader(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(logs["seen"])
+
+    x, y = arrays(16)
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=ps,
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=LOSS,
+        metrics=["accuracy", _Seen()],
+    )
+    history = trainer.fit(
+        lambda ctx: tf.data.Dataset.from_tensors((x, y)),
+        epochs=2,
+        steps_per_epoch=25,
+        global_batch_size=16,
+        callbacks=[Reader()] if reads else [],
+        verbose=0,
+    )
+    logits = trainer.model(x)
+    assert history.history["seen"] == [16 * 25] * 2
+    assert history.history["loss"] == pytest.approx([float(LOSS(y, logits))] * 2, rel=1e-5)
+    accuracy = float(np.mean(np.argmax(logits, 1) == y))
+    assert history.history["accuracy"] == pytest.approx([accuracy] * 2, abs=1e-6)
+    assert float(loss_tracker(trainer.model).count.numpy()) == 25 * 16
+    assert seen == ([16.0 * (b + 1) for b in range(25)] * 2 if reads else [])

@@ -148,6 +148,13 @@ class Runner(Protocol):
     def run(self, fn: Callable[[Any, int], Any], iterator: Any, num_calls: int) -> Any:
         """Starts ``fn`` (synchronously or by scheduling) and returns its logs handle."""
 
+    def expect_batch_logs(self, read: bool) -> None:
+        """Whether the callbacks of the coming fit may read the logs of training batches.
+
+        Epoch-end logs are always exact; a runner may keep no batch logs when
+        nothing reads them (and then hand out empty ones).
+        """
+
     def fetch(self, logs: Any) -> Mapping[str, float]:
         """Waits for a logs handle and returns its logs as plain Python floats.
 

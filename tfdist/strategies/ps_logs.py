@@ -2,19 +2,20 @@
 
 Metric variables on the ps tasks cannot be read consistently while other steps
 update them (a total may already include a step whose count is not in yet), so
-each scheduled training call keeps its own steps' metric sums in local tensors
-(``tfdist._compat.metric_state``) and returns them; the coordinator adds them up
-in call order, and a call's logs are Keras's metric results over the sums of
-the calls up to it: exact running means, as under the sync strategies.
+each scheduled training call sums its own steps' metric state in local tensors
+(``tfdist._compat.metric_state``). When the fit's callbacks may read batch
+logs, the call returns those sums; the coordinator adds them up in call order,
+and a call's logs are Keras's metric results over the sums of the calls up to
+it: exact running means, as under the sync strategies.
 
-What each call costs the coordinator is kept small, because most calls' logs
-are never read (no progress bar, no callback that reads batch logs):
+What each call costs is kept small, because most calls' logs are never read:
 
 * a call returns **one** float64 vector, its logs then its metric sums
   (:class:`Packing`). TF's coordinator copies every output of a call to the
   coordinator before that worker's thread takes its next call, one remote copy
   per tensor; one vector is one copy. float64 holds every float32 and every
-  integer below 2**53 exactly;
+  integer below 2**53 exactly. When no callback reads batch logs, a call
+  returns nothing at all (``PSRunner.expect_batch_logs``);
 * the coordinator adds the vectors in order (:class:`RunningLogs`), one NumPy
   add per call, and hands out each call's logs as a :class:`tfdist.logs.LazyLogs`
   that computes the metric results (Keras ops on the coordinator) only when a
@@ -110,7 +111,3 @@ class RunningLogs:
             return as_floats({**own, **metric_logs(packing.state(total))})
 
         return LazyLogs(self.names, compute)
-
-    def state(self) -> list[np.ndarray]:
-        """The sums of every call added so far, one array per metric variable."""
-        return self.packing.state(self.total)

@@ -6,10 +6,12 @@ Up to ``max_in_flight`` calls run ahead of the logs the loop has fetched, so
 workers stay busy while callbacks still receive real values, in order.
 
 Logs are exact running means of the finished steps, as under the sync
-strategies: each scheduled function returns its own steps' metric sums, which
-the coordinator adds up in order, computing a call's logs only when something
-reads them (``ps_logs``); at the epoch end it writes the totals back into the
-model's metric variables.
+strategies: each scheduled function sums its own steps' metrics in local
+tensors and adds the sums to the model's metric variables on the ps at its end,
+one atomic ``assign_add`` per variable, so the variables hold the epoch's exact
+totals once every call ended. When a callback may read batch logs, the function
+also returns its sums, which the coordinator adds up in order, computing a
+call's logs only when something reads them (``ps_logs``).
 
 Evaluation runs on the coordinator itself, reading the variables from the ps
 tasks: each validation example is counted exactly once. Failures are reported
@@ -97,6 +99,7 @@ class PSRunner:
         self._packing: Packing | None = None  # how the train functions return their sums
         self._running: RunningLogs | None = None  # this epoch's sums over fetched executions
         self._last_logs: Mapping[str, float] = {}
+        self._keep_logs = True  # whether train calls return their logs (expect_batch_logs)
         # The compiled loops run() schedules on workers (training); others run here, on the
         # coordinator. Weak: the Trainer owns the functions, the runner only recognises them.
         self._scheduled: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -178,28 +181,22 @@ class PSRunner:
 
         if training:
 
-            def loop(iterator, num_calls):
+            def loop(iterator, num_calls, returns_logs=True):
                 # A Python int (see run) unrolls the steps; a tensor loops in the graph.
                 if not per_execution:
                     _steps(num_calls, lambda: one_step(iterator))
-                    return logs_fn()
-                with metric_state_as_tensors(variables) as boxes:
-
-                    def body(state):
-                        for box, value in zip(boxes, state):
-                            box.current = value
-                        one_step(iterator)
-                        return tuple(box.current for box in boxes)
-
-                    state = tuple(box.current for box in boxes)
-                    if isinstance(num_calls, int):
-                        for _ in range(num_calls):
-                            state = body(state)
-                    else:
-                        state = repeat(num_calls, body, state)
-                    for box, value in zip(boxes, state):
-                        box.current = value
-                    return packing.pack(logs_fn(), [box.current for box in boxes])
+                    return logs_fn() if returns_logs else None
+                state, logs = _summed_steps(
+                    variables,
+                    num_calls,
+                    lambda: one_step(iterator),
+                    logs_fn if returns_logs else dict,
+                )
+                # The call's sums, each added to its metric variable on the ps in one atomic op:
+                # once every call ended, the variables hold the exact totals.
+                for variable, total in zip(variables, state):
+                    variable.assign_add(total)
+                return packing.pack(logs, state) if returns_logs else None
         else:
 
             def loop(iterator, num_calls):
@@ -286,7 +283,11 @@ class PSRunner:
         if self.watch is not None:
             self.watch.attach()
         with self._failures():
-            return self.coordinator.schedule(fn, args=(iterator, count))
+            return self.coordinator.schedule(fn, args=(iterator, count, self._keep_logs))
+
+    def expect_batch_logs(self, read: bool) -> None:
+        # Unread, a call returns nothing: TF's coordinator copies no outputs to this process.
+        self._keep_logs = read
 
     def fetch(self, logs: Any) -> Mapping[str, float]:
         """Waits for a call; its running logs, computed when first read (``ps_logs``)."""
@@ -295,19 +296,26 @@ class PSRunner:
                 wait_fetchable(logs, lambda: self.watch.failure)
             values = logs.fetch() if hasattr(logs, "fetch") else logs
         except Exception as e:  # noqa: BLE001 - re-raised unless only the logs were lost
+            verdict = self.watch.failure if self.watch is not None else None
+            if verdict is not None:  # a stuck worker failed the fit; e is a call it cancelled
+                self._clear_failure()
+                raise verdict from e
             worker = lost_worker_output(e)
             if worker is None:
                 self._clear_failure()
                 raise_clearly(e)
-            # The call ran (its updates are on the ps), but its worker stopped
-            # before the coordinator copied its logs: they are gone. The
-            # running means then leave out its steps.
+            # The call ran (its updates and metric sums are on the ps), but its worker stopped
+            # before the coordinator copied its logs: they are gone. The running means then
+            # leave out its steps until the epoch's end.
             logger.warning(
                 "The logs of one scheduled call were lost: %s stopped after running it. Its "
-                "updates were applied; the logged means leave out its steps.",
+                "updates were applied; the running means logged before the epoch's end leave "
+                "out its steps.",
                 worker,
             )
             return self._last_logs
+        if values is None:  # nothing reads batch logs (expect_batch_logs)
+            return {}
         if isinstance(values, np.ndarray):  # a train function's packed logs and metric sums
             if self._running is None:
                 self._running = RunningLogs(self._packing, self._metric_logs)
@@ -340,12 +348,35 @@ class PSRunner:
     def final_logs(self, logs_fn: LogsFn, last: dict[str, float]) -> dict[str, float]:
         """Logs once every scheduled step has finished (steps finish out of order)."""
         self.join()
-        if self._running is not None:
-            # The model's metrics end the epoch holding its totals, as under the sync strategies.
-            for variable, total in zip(self._metric_vars, self._running.state()):
-                variable.assign(total)
-            self._running = None
+        self._running = None
+        # Every call added its sums to the metric variables: they hold the epoch's totals.
         return as_floats(logs_fn())
+
+
+def _summed_steps(
+    variables: list[Any], num_calls: Any, step: Callable[[], Any], logs_fn: LogsFn
+) -> tuple[list[tf.Tensor], Mapping[str, Any]]:
+    """Runs ``step()`` ``num_calls`` times with ``variables`` summed in local tensors from zero.
+
+    Returns the sums (one tensor per variable) and ``logs_fn()`` over them. Traced on a worker.
+    """
+    with metric_state_as_tensors(variables) as boxes:
+
+        def body(state):
+            for box, value in zip(boxes, state):
+                box.current = value
+            step()
+            return tuple(box.current for box in boxes)
+
+        state = tuple(box.current for box in boxes)
+        if isinstance(num_calls, int):
+            for _ in range(num_calls):
+                state = body(state)
+        else:
+            state = repeat(num_calls, body, state)
+        for box, value in zip(boxes, state):
+            box.current = value
+        return list(state), logs_fn()
 
 
 def _steps(num_calls: Any, step: Callable[[], Any]) -> None:

@@ -61,12 +61,32 @@ class FitCallbackList(keras.callbacks.CallbackList):
     computing them. Other logs go through Keras's conversion as before.
     """
 
+    @property
+    def reads_batch_logs(self) -> bool:
+        """Whether a callback may read the logs of a training batch.
+
+        Only a batch-end hook (``on_train_batch_end``, ``on_batch_end``) receives
+        them; Keras's progress bar reads them only to show them (``verbose=1``).
+        """
+        return any(_reads_batch_logs(callback) for callback in self.callbacks)
+
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if not isinstance(logs, LazyLogs):
             super().on_train_batch_end(batch, logs)
             return
         for callback in self.callbacks:
             callback.on_train_batch_end(batch, logs=logs)
+
+
+def _reads_batch_logs(callback: keras.callbacks.Callback) -> bool:
+    """Whether ``callback`` has a batch-end hook of its own (Keras's progress bar: at verbose=1)."""
+    if type(callback) is keras.callbacks.ProgbarLogger:
+        return callback.verbose == 1
+    default = keras.callbacks.Callback
+    return any(
+        getattr(getattr(callback, hook), "__func__", None) is not getattr(default, hook)
+        for hook in ("on_train_batch_end", "on_batch_end")
+    )
 
 
 @contextlib.contextmanager

@@ -271,6 +271,7 @@ def fit_epochs(
             steps=plan.steps,
             model=model,
         )
+        runner.expect_batch_logs(callback_list.reads_batch_logs)
         # SIGTERM: save and exit 75 with a backup, else stop and exit 143.
         loop = EpochLoop(
             plan,
