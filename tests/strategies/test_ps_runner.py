@@ -167,3 +167,96 @@ def test_only_a_lost_workers_logs_are_skipped():
     assert lost_worker_output(tf.errors.UnavailableError(None, None, ps_lost)) is None
     # A real failure.
     assert lost_worker_output(tf.errors.InvalidArgumentError(None, None, copy)) is None
+
+
+class _Seen(keras.metrics.Metric):
+    """Examples seen so far this epoch: a running total, so each batch's logs differ."""
+
+    def __init__(self, name="seen", dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.total.assign_add(tf.cast(tf.shape(y_true)[0], self.dtype))
+
+    def result(self):
+        return self.total
+
+
+def test_logs_read_late_or_never_hold_their_batchs_values(ps):
+    """Batch logs are computed when read; read late (after the fit) they are still that batch's.
+
+    One callback keeps every batch's logs unread, another reads every 7th one
+    at once (its values are the running total of examples, so each batch's
+    logs differ), and the progress bar shows one line per epoch (verbose=2).
+    """
+    kept, read = {}, {}
+
+    class Keeper(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            kept[batch] = logs
+
+    class Reader(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch % 7 == 0:
+                read[batch] = dict(logs)
+
+    x, y = arrays(16)
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=ps,
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=LOSS,
+        metrics=[_Seen()],
+    )
+    history = trainer.fit(
+        lambda ctx: tf.data.Dataset.from_tensors((x, y)),
+        epochs=1,
+        steps_per_epoch=30,
+        global_batch_size=16,
+        callbacks=[Keeper(), Reader()],
+        verbose=2,
+    )
+    loss = float(LOSS(y, trainer.model(x)))
+    assert sorted(kept) == list(range(30)) and sorted(read) == list(range(0, 30, 7))
+    for batch, logs in kept.items():
+        assert isinstance(logs, dict) and list(logs) == ["loss", "seen"]
+        assert logs["seen"] == 16 * (batch + 1), (batch, dict(logs))
+        assert logs["loss"] == pytest.approx(loss, rel=1e-5)
+        if batch in read:
+            assert read[batch] == logs
+    assert history.history["seen"] == [16 * 30]
+
+
+@pytest.mark.parametrize("reads", [False, True], ids=["batch_logs_unread", "batch_logs_read"])
+def test_epoch_logs_are_exact_whether_or_not_batch_logs_are_read(ps, reads):
+    """Unread, a call returns no logs and adds its sums to the metric variables alone."""
+    seen = []
+
+    class Reader(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(logs["seen"])
+
+    x, y = arrays(16)
+    trainer = tfdist.Trainer(
+        builder(initial_weights()),
+        strategy=ps,
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=LOSS,
+        metrics=["accuracy", _Seen()],
+    )
+    history = trainer.fit(
+        lambda ctx: tf.data.Dataset.from_tensors((x, y)),
+        epochs=2,
+        steps_per_epoch=25,
+        global_batch_size=16,
+        callbacks=[Reader()] if reads else [],
+        verbose=0,
+    )
+    logits = trainer.model(x)
+    assert history.history["seen"] == [16 * 25] * 2
+    assert history.history["loss"] == pytest.approx([float(LOSS(y, logits))] * 2, rel=1e-5)
+    accuracy = float(np.mean(np.argmax(logits, 1) == y))
+    assert history.history["accuracy"] == pytest.approx([accuracy] * 2, abs=1e-6)
+    assert float(loss_tracker(trainer.model).count.numpy()) == 25 * 16
+    assert seen == ([16.0 * (b + 1) for b in range(25)] * 2 if reads else [])

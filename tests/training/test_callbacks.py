@@ -292,3 +292,39 @@ def test_the_trainer_refuses_before_training():
     with pytest.raises(ValueError, match=r"callbacks=\['ReduceLROnPlateau'\]"):
         trainer.fit(train, callbacks=[keras.callbacks.ReduceLROnPlateau()])
     assert int(trainer.model.optimizer.iterations.numpy()) == 0
+
+
+def test_batch_logs_count_as_read_only_where_a_callback_can_read_them():
+    """A fit keeps no batch logs only when no callback has a batch-end hook to receive them."""
+    from tfdist.training.callbacks import FitCallbackList
+
+    class EpochOnly(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            pass
+
+    class BatchEnd(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    class OldBatchEnd(keras.callbacks.Callback):
+        def on_batch_end(self, batch, logs=None):
+            pass
+
+    patched = keras.callbacks.Callback()
+    patched.on_train_batch_end = lambda batch, logs=None: None
+
+    def reads(callbacks, verbose=0):
+        return FitCallbackList(
+            callbacks,
+            add_history=True,
+            add_progbar=bool(verbose),
+            verbose=verbose,
+            epochs=1,
+            steps=4,
+        ).reads_batch_logs
+
+    assert not reads([]) and not reads([EpochOnly(), keras.callbacks.Callback()])
+    assert not reads([], verbose=2)  # the progress bar shows batch logs at verbose=1 only
+    assert reads([], verbose=1)
+    for callback in (BatchEnd(), OldBatchEnd(), patched, keras.callbacks.TerminateOnNaN()):
+        assert reads([EpochOnly(), callback]), callback

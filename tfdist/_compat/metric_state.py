@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 
@@ -47,6 +48,10 @@ class _StateBox:
 
     def numpy(self):
         return self.current.numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        # A metric whose result() is its variable itself is read through NumPy.
+        return np.asarray(self.current.numpy(), dtype=dtype)
 
 
 tf.register_tensor_conversion_function(

@@ -11,10 +11,13 @@ compiled metrics and the same number of steps per timed run:
 * **trainer**: ``tfdist.Trainer(...).fit(dataset_fn, epochs=1,
   steps_per_epoch=N, steps_per_execution=1)``, timed from the first batch to
   the epoch's end, which joins the coordinator (see ``fits.FitThroughput``).
-  Per call it schedules one step and fetches the logs of calls up to
-  ``2 * workers`` behind, so callbacks see real values. Like ``model.fit``,
-  its step also updates Keras's loss tracker (a ``Mean`` whose two variables
-  live on the ps) and its scheduled function returns the tracker's result.
+  Per call it schedules one step and waits for the call ``2 * workers``
+  behind before it calls the batch hooks, as for callbacks that read batch
+  logs. Like ``model.fit``, its step also updates Keras's loss tracker (a
+  ``Mean`` whose two variables live on the ps): each call adds its sums to
+  them, one atomic ``assign_add`` each. No callback here has a batch-end hook
+  (``verbose=0``), so the calls return no logs (a fit whose callbacks read
+  batch logs gets them back, computed when read: ``tfdist.strategies.ps_logs``).
 * **hand_written_bare**: the loop of the TF parameter-server tutorial
   (``tfdist.bench.ps_hand_written``), with nothing tracked: a ``tf.function``
   that runs ``strategy.run`` of a

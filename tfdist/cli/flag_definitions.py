@@ -311,7 +311,7 @@ READS = {
             "cpus_per_worker",
             "max_restarts",
         }
-    ),  # fmt: skip
+    ),
     "launch": _LAUNCH_LAYOUT
     | {"evaluator", "host", "hosts", "node_rank", "allow_external", "private_network", "pin"}
     | {"timeout"},
@@ -337,8 +337,9 @@ READS = {
             "target_accuracy",
             "scaling_workers",
             "hidden_units",
+            "first_fit_launches",
         }
-    ),  # fmt: skip
+    ),
 }
 #: Flags ``tfdist train`` reads only with ``--engine=ray``.
 RAY_ONLY_TRAIN_FLAGS = ("cpus_per_worker", "max_restarts")

@@ -148,8 +148,19 @@ class Runner(Protocol):
     def run(self, fn: Callable[[Any, int], Any], iterator: Any, num_calls: int) -> Any:
         """Starts ``fn`` (synchronously or by scheduling) and returns its logs handle."""
 
-    def fetch(self, logs: Any) -> dict[str, float]:
-        """Waits for a logs handle and returns plain Python floats."""
+    def expect_batch_logs(self, read: bool) -> None:
+        """Whether the callbacks of the coming fit may read the logs of training batches.
+
+        Epoch-end logs are always exact; a runner may keep no batch logs when
+        nothing reads them (and then hand out empty ones).
+        """
+
+    def fetch(self, logs: Any) -> Mapping[str, float]:
+        """Waits for a logs handle and returns its logs as plain Python floats.
+
+        A runner may return a ``tfdist.logs.LazyLogs``, whose values are
+        computed when first read.
+        """
 
     def join(self) -> None:
         """Waits until every scheduled function has finished (a no-op for sync)."""

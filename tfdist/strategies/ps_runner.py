@@ -6,12 +6,12 @@ Up to ``max_in_flight`` calls run ahead of the logs the loop has fetched, so
 workers stay busy while callbacks still receive real values, in order.
 
 Logs are exact running means of the finished steps, as under the sync
-strategies. Metric variables on the ps tasks cannot be read consistently while
-other steps update them (a total may already include a step whose count is not
-in yet), so each scheduled function keeps its own steps' metric sums in local
-tensors and returns them; the coordinator adds them up in order and computes
-the logs from the sums, and writes the epoch's totals back into the model's
-metric variables at the epoch end.
+strategies: each scheduled function sums its own steps' metrics in local
+tensors and adds the sums to the model's metric variables on the ps at its end,
+one atomic ``assign_add`` per variable, so the variables hold the epoch's exact
+totals once every call ended. When a callback may read batch logs, the function
+also returns its sums, which the coordinator adds up in order, computing a
+call's logs only when something reads them (``ps_logs``).
 
 Evaluation runs on the coordinator itself, reading the variables from the ps
 tasks: each validation example is counted exactly once. Failures are reported
@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -41,6 +41,7 @@ from tfdist.strategies import ps_watchdog
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
 from tfdist.strategies.ps_failures import ParameterServerFailure as ParameterServerFailure
 from tfdist.strategies.ps_failures import lost_worker_output, raise_clearly
+from tfdist.strategies.ps_logs import Packing, RunningLogs
 from tfdist.strategies.ps_watchdog import WorkerWatch
 
 logger = logging.getLogger(__name__)
@@ -95,10 +96,10 @@ class PSRunner:
         self.max_in_flight = 2 * self.num_workers
         self._model: Any = None  # whose metrics the train functions sum per execution
         self._metric_vars: list[Any] = []
-        self._sums: list[np.ndarray] | None = (
-            None  # this epoch's metric sums over fetched executions
-        )
-        self._last_logs: dict[str, float] = {}
+        self._packing: Packing | None = None  # how the train functions return their sums
+        self._running: RunningLogs | None = None  # this epoch's sums over fetched executions
+        self._last_logs: Mapping[str, float] = {}
+        self._keep_logs = True  # whether train calls return their logs (expect_batch_logs)
         # The compiled loops run() schedules on workers (training); others run here, on the
         # coordinator. Weak: the Trainer owns the functions, the runner only recognises them.
         self._scheduled: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -134,7 +135,7 @@ class PSRunner:
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if not training:
             return source.dataset_fn(self.input_context()) if source.dataset_fn else source.dataset
-        self._sums = None  # a new fit: no sums left from an interrupted one
+        self._running = None  # a new fit: no sums left from an interrupted one
         strategy = self.strategy
         # Workers draw batches independently, so each pipeline repeats.
         if source.dataset_fn is None:
@@ -173,35 +174,29 @@ class PSRunner:
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
         per_execution = training and self._sum_metrics_of(model)
-        variables = self._metric_vars
+        variables, packing = self._metric_vars, self._packing
 
         def one_step(iterator):
             strategy.run(replica_fn, args=([next(iterator) for _ in range(batches_per_call)],))
 
         if training:
 
-            def loop(iterator, num_calls):
+            def loop(iterator, num_calls, returns_logs=True):
                 # A Python int (see run) unrolls the steps; a tensor loops in the graph.
                 if not per_execution:
                     _steps(num_calls, lambda: one_step(iterator))
-                    return logs_fn()
-                with metric_state_as_tensors(variables) as boxes:
-
-                    def body(state):
-                        for box, value in zip(boxes, state):
-                            box.current = value
-                        one_step(iterator)
-                        return tuple(box.current for box in boxes)
-
-                    state = tuple(box.current for box in boxes)
-                    if isinstance(num_calls, int):
-                        for _ in range(num_calls):
-                            state = body(state)
-                    else:
-                        state = repeat(num_calls, body, state)
-                    for box, value in zip(boxes, state):
-                        box.current = value
-                    return logs_fn(), [box.current for box in boxes]
+                    return logs_fn() if returns_logs else None
+                state, logs = _summed_steps(
+                    variables,
+                    num_calls,
+                    lambda: one_step(iterator),
+                    logs_fn if returns_logs else dict,
+                )
+                # The call's sums, each added to its metric variable on the ps in one atomic op:
+                # once every call ended, the variables hold the exact totals.
+                for variable, total in zip(variables, state):
+                    variable.assign_add(total)
+                return packing.pack(logs, state) if returns_logs else None
         else:
 
             def loop(iterator, num_calls):
@@ -241,12 +236,16 @@ class PSRunner:
                 "exact)."
             )
             return False
-        self._model, self._metric_vars = model, variables
+        if model is not self._model or list(map(id, variables)) != list(map(id, self._metric_vars)):
+            self._model, self._metric_vars = model, variables
+            self._packing = Packing(variables)
         return bool(variables)
 
-    def _metric_logs(self, sums: list[Any]) -> dict[str, Any]:
-        with metric_state_as_tensors(self._metric_vars, sums):
-            return dict(self._model.get_metrics_result())
+    def _metric_logs(self, state: list[np.ndarray]) -> dict[str, float]:
+        """The model's metric results with its metric variables holding ``state``."""
+        with metric_state_as_tensors(self._metric_vars, state):
+            # Read inside: a metric's result may be its variable itself, not a copy.
+            return as_floats(self._model.get_metrics_result())
 
     @contextlib.contextmanager
     def _failures(self):
@@ -262,7 +261,7 @@ class PSRunner:
         # function and raises it from the next schedule or join, whichever fit
         # that is. join() raises it once and forgets it (and waits for the
         # functions still running), so the strategy's next fit starts clean.
-        self._sums = None
+        self._running = None
         for _ in range(2 * self.max_in_flight + 2):
             try:
                 self.coordinator.join()
@@ -284,33 +283,44 @@ class PSRunner:
         if self.watch is not None:
             self.watch.attach()
         with self._failures():
-            return self.coordinator.schedule(fn, args=(iterator, count))
+            return self.coordinator.schedule(fn, args=(iterator, count, self._keep_logs))
 
-    def fetch(self, logs: Any) -> dict[str, float]:
+    def expect_batch_logs(self, read: bool) -> None:
+        # Unread, a call returns nothing: TF's coordinator copies no outputs to this process.
+        self._keep_logs = read
+
+    def fetch(self, logs: Any) -> Mapping[str, float]:
+        """Waits for a call; its running logs, computed when first read (``ps_logs``)."""
         try:
             if hasattr(logs, "fetch") and self.watch is not None:
                 wait_fetchable(logs, lambda: self.watch.failure)
             values = logs.fetch() if hasattr(logs, "fetch") else logs
         except Exception as e:  # noqa: BLE001 - re-raised unless only the logs were lost
+            verdict = self.watch.failure if self.watch is not None else None
+            if verdict is not None:  # a stuck worker failed the fit; e is a call it cancelled
+                self._clear_failure()
+                raise verdict from e
             worker = lost_worker_output(e)
             if worker is None:
                 self._clear_failure()
                 raise_clearly(e)
-            # The call ran (its updates are on the ps), but its worker stopped
-            # before the coordinator copied its logs: they are gone. The
-            # running means then leave out its steps.
+            # The call ran (its updates and metric sums are on the ps), but its worker stopped
+            # before the coordinator copied its logs: they are gone. The running means then
+            # leave out its steps until the epoch's end.
             logger.warning(
                 "The logs of one scheduled call were lost: %s stopped after running it. Its "
-                "updates were applied; the logged means leave out its steps.",
+                "updates were applied; the running means logged before the epoch's end leave "
+                "out its steps.",
                 worker,
             )
-            return dict(self._last_logs)
-        if isinstance(values, tuple):  # (logs, this execution's metric sums)
-            values, sums = values
-            self._sums = (
-                list(sums) if self._sums is None else [a + b for a, b in zip(self._sums, sums)]
-            )
-            values = {**values, **self._metric_logs(self._sums)}
+            return self._last_logs
+        if values is None:  # nothing reads batch logs (expect_batch_logs)
+            return {}
+        if isinstance(values, np.ndarray):  # a train function's packed logs and metric sums
+            if self._running is None:
+                self._running = RunningLogs(self._packing, self._metric_logs)
+            self._last_logs = self._running.add(values)
+            return self._last_logs
         self._last_logs = as_floats(values)
         return dict(self._last_logs)
 
@@ -338,12 +348,35 @@ class PSRunner:
     def final_logs(self, logs_fn: LogsFn, last: dict[str, float]) -> dict[str, float]:
         """Logs once every scheduled step has finished (steps finish out of order)."""
         self.join()
-        if self._sums is not None:
-            # The model's metrics end the epoch holding its totals, as under the sync strategies.
-            for variable, total in zip(self._metric_vars, self._sums):
-                variable.assign(total)
-            self._sums = None
+        self._running = None
+        # Every call added its sums to the metric variables: they hold the epoch's totals.
         return as_floats(logs_fn())
+
+
+def _summed_steps(
+    variables: list[Any], num_calls: Any, step: Callable[[], Any], logs_fn: LogsFn
+) -> tuple[list[tf.Tensor], Mapping[str, Any]]:
+    """Runs ``step()`` ``num_calls`` times with ``variables`` summed in local tensors from zero.
+
+    Returns the sums (one tensor per variable) and ``logs_fn()`` over them. Traced on a worker.
+    """
+    with metric_state_as_tensors(variables) as boxes:
+
+        def body(state):
+            for box, value in zip(boxes, state):
+                box.current = value
+            step()
+            return tuple(box.current for box in boxes)
+
+        state = tuple(box.current for box in boxes)
+        if isinstance(num_calls, int):
+            for _ in range(num_calls):
+                state = body(state)
+        else:
+            state = repeat(num_calls, body, state)
+        for box, value in zip(boxes, state):
+            box.current = value
+        return list(state), logs_fn()
 
 
 def _steps(num_calls: Any, step: Callable[[], Any]) -> None:

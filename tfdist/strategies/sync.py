@@ -268,5 +268,8 @@ class SyncRunner:
     def join(self) -> None:
         return None
 
+    def expect_batch_logs(self, read: bool) -> None:
+        pass  # each call's logs come with it, read or not
+
     def final_logs(self, logs_fn: LogsFn, last: dict[str, float]) -> dict[str, float]:
         return last  # the last call saw every step

@@ -6,6 +6,10 @@ known file-writing callback (``ModelCheckpoint``, ``TensorBoard``,
 ``CSVLogger``) is pointed at a private temporary directory that is removed at
 the end of training, and the callbacks that only show or send the logs
 (``ProgbarLogger``, ``RemoteMonitor``) do not run at all.
+
+:class:`FitCallbackList` is the fit's ``CallbackList``: Keras's, except that
+batch logs computed on first read (``tfdist.logs.LazyLogs``) reach the
+callbacks unread.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import keras
 
 from tfdist._compat.keras_callbacks import calling_callback_list, set_initial_epoch
+from tfdist.logs import LazyLogs
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,44 @@ def for_this_worker(
     logs; those are global, so the chief's copy says it all, once.
     """
     return [c for c in callbacks if is_chief or not isinstance(c, _CHIEF_ONLY)]
+
+
+class FitCallbackList(keras.callbacks.CallbackList):
+    """Keras's ``CallbackList``; batch logs computed on first read reach the callbacks unread.
+
+    Keras's list converts each batch's logs to flat Python floats, keys sorted,
+    before any callback sees them: reading every value. A ``LazyLogs`` (the
+    parameter-server runner's) already is that dict once read, so it is passed
+    as it is, and only a callback or progress bar that reads a value pays for
+    computing them. Other logs go through Keras's conversion as before.
+    """
+
+    @property
+    def reads_batch_logs(self) -> bool:
+        """Whether a callback may read the logs of a training batch.
+
+        Only a batch-end hook (``on_train_batch_end``, ``on_batch_end``) receives
+        them; Keras's progress bar reads them only to show them (``verbose=1``).
+        """
+        return any(_reads_batch_logs(callback) for callback in self.callbacks)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not isinstance(logs, LazyLogs):
+            super().on_train_batch_end(batch, logs)
+            return
+        for callback in self.callbacks:
+            callback.on_train_batch_end(batch, logs=logs)
+
+
+def _reads_batch_logs(callback: keras.callbacks.Callback) -> bool:
+    """Whether ``callback`` has a batch-end hook of its own (Keras's progress bar: at verbose=1)."""
+    if type(callback) is keras.callbacks.ProgbarLogger:
+        return callback.verbose == 1
+    default = keras.callbacks.Callback
+    return any(
+        getattr(getattr(callback, hook), "__func__", None) is not getattr(default, hook)
+        for hook in ("on_train_batch_end", "on_batch_end")
+    )
 
 
 @contextlib.contextmanager

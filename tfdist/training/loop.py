@@ -18,7 +18,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -27,7 +27,7 @@ from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LogsFn, Runner
 from tfdist.training.backup import Backup, Position
-from tfdist.training.callbacks import chief_writes_only, for_this_worker
+from tfdist.training.callbacks import FitCallbackList, chief_writes_only, for_this_worker
 from tfdist.training.health import Health
 from tfdist.training.preemption import PreemptionWatcher
 
@@ -102,7 +102,7 @@ class EpochLoop:
         self.backup = backup
         self.watcher = watcher
         self.updates = updates  # optimizer updates attempted, over all runs
-        self.logs: dict[str, float] = {}
+        self.logs: Mapping[str, float] = {}  # the last call's (may be computed when first read)
         # (batch, logs handle) of executions started but not fetched yet
         self._pending: collections.deque = collections.deque()
 
@@ -262,7 +262,7 @@ def fit_epochs(
     ):
         # Made inside chief_writes_only: set_model makes TensorBoard cache its
         # log paths, which must already be the redirected ones on non-chiefs.
-        callback_list = keras.callbacks.CallbackList(
+        callback_list = FitCallbackList(
             for_this_worker(callbacks, is_chief=runner.is_chief),
             add_history=True,
             add_progbar=bool(verbose) and runner.is_chief,
@@ -271,6 +271,7 @@ def fit_epochs(
             steps=plan.steps,
             model=model,
         )
+        runner.expect_batch_logs(callback_list.reads_batch_logs)
         # SIGTERM: save and exit 75 with a backup, else stop and exit 143.
         loop = EpochLoop(
             plan,
