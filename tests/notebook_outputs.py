@@ -18,7 +18,8 @@ What must match:
   any number in a cell tagged ``varies`` (speed-ups, or where a crashed run's last
   asynchronous backup happened to end);
 - in a cell tagged ``machine`` (what it shows depends on the CPU), only the kinds of output.
-- plots with the same pixel size.
+- plots of about the same pixel size (within :data:`SIZE_RTOL`: a tight bounding box grows
+  with the widths of the axis labels).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ CELL_TIMEOUT_S = 300
 #: How far a stored number may be from a fresh run's: losses and accuracies of seeded runs move
 #: in their last digits between machines (oneDNN kernels, bf16 support).
 RTOL, ATOL = 0.1, 0.02
+SIZE_RTOL = 0.1
 VARIES_TAG = "varies"
 MACHINE_TAG = "machine"
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
@@ -138,7 +140,8 @@ def _masked(line: str, varies: bool) -> tuple[str, list[float]]:
     """``line`` with timings masked as ``T`` and other numbers as ``#``; those numbers."""
     line = _TIMING.sub("T", line)
     numbers = [] if varies else [float(n) for n in _NUMBER.findall(line)]
-    return " ".join(_NUMBER.sub("#", line).split()), numbers  # columns padded to the numbers
+    # Whitespace goes: columns and NumPy's arrays are padded to the widths of their numbers.
+    return "".join(_NUMBER.sub("#", line).split()), numbers
 
 
 def _close(a: float, b: float) -> bool:
@@ -160,6 +163,21 @@ def _text_differences(where: str, old: list[str], new: list[str], varies: bool) 
     ]
 
 
+def _same_sizes(old: list[object], new: list[object]) -> bool:
+    """PNG sizes within SIZE_RTOL of each other, side by side (other data: equal)."""
+    if len(old) != len(new):
+        return False
+    return all(
+        a == b
+        or (
+            isinstance(a, tuple)
+            and isinstance(b, tuple)
+            and all(math.isclose(p, q, rel_tol=SIZE_RTOL) for p, q in zip(a, b))
+        )
+        for a, b in zip(old, new)
+    )
+
+
 def differences(stored: nbformat.NotebookNode, fresh: nbformat.NotebookNode) -> list[str]:
     """What a fresh run shows that the stored notebook does not (empty: the outputs are current)."""
     old, new = outline(stored), outline(fresh)
@@ -176,7 +194,7 @@ def differences(stored: nbformat.NotebookNode, fresh: nbformat.NotebookNode) -> 
             y = b["shows"][kind]
             if kind in ("stdout", "error") or kind.startswith("text/"):
                 found += _text_differences(f"code cell {i} {kind}", x, y, a["varies"])
-            elif x != y:
+            elif not _same_sizes(x, y):
                 found.append(f"code cell {i}: {kind} {x} stored, {y} now")
     return found
 
