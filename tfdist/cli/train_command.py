@@ -7,6 +7,8 @@ when the command runs.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,6 +103,8 @@ def run(args: Sequence[str]) -> int:
                 "multi_worker with --engine=ray",
                 note="Ray Train runs all-worker groups (MultiWorkerMirroredStrategy).",
             )
+        if not sys.stdout.isatty():  # a log: Ray's repeated-line notes come in colour; write all
+            os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when Ray is imported, next
         from tfdist.launch.ray_engine import ray_launcher
 
         summary = ray_launcher(
