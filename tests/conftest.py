@@ -34,6 +34,8 @@ RAY_SCOPE = "tests/ray/test_ray.py"
 RAY_NOTEBOOK = "tests/test_notebooks.py::test_notebook_runs[06_ray.ipynb]"
 FIRST_SCOPES = (
     "tests/bench/test_bench.py",
+    # Builds mirrored strategies in-process too, and failed the same way after a PS module.
+    "tests/keras_parity/test_overrides.py",
     RAY_SCOPE,
     "tests/slurm/test_slurm.py",
     "tests/test_notebooks.py",

@@ -143,7 +143,8 @@ def _input_gap(message):
 def test_a_worker_slowed_in_its_input_pipeline_is_named_and_only_then(tmp_path):
     # Every worker reads an example in 0.2 ms (hidden by prefetching); from update 96 of 160,
     # worker-1 takes 4 ms: 16 examples, 61 ms more per update, several times its step. Rounds
-    # every 0.5 s; the report scores the last three windows and needs two slow rounds: bound 5 s.
+    # every 0.5 s; the report scores the last three windows and needs two slow rounds: 5 s on
+    # a quiet machine, bound 10 s (a loaded suite delays the rounds).
     # With restart_after=4 the run then saves a backup and exits 75; the restarted attempt (no
     # longer slowed) finishes.
     proc = _launch(
@@ -170,7 +171,7 @@ def test_a_worker_slowed_in_its_input_pipeline_is_named_and_only_then(tmp_path):
     assert all(_input_gap(w["message"]) < 20 for w in before), warnings
     warning = [w for w in named if w["time"] > slowed][0]
     assert _input_gap(warning["message"]) >= 20, warning
-    assert warning["time"] - slowed < 5.0, proc.stdout[-3000:]
+    assert warning["time"] - slowed < 10.0, proc.stdout[-3000:]  # 5 s quiet; rounds lag under load
     assert re.match(
         r"Straggler: worker:1 on \S+ reads its input in \d+ ms against \d+ ms per update; the "
         r"others wait \d+% of each step for it",
