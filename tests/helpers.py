@@ -77,3 +77,18 @@ def npz_weights(path):
     """The arrays a job saved with ``np.savez(path, *weights)``, in order."""
     with np.load(path) as f:
         return [f[f"arr_{i}"] for i in range(len(f.files))]
+
+
+def run_cli_in_process(args, capsys):
+    """Runs ``tfdist ARGS`` in-process as ``app.run`` would; returns (exit code, stderr)."""
+    from tfdist import cli
+
+    cli.FLAGS.unparse_flags()
+    capsys.readouterr()
+    try:
+        code = cli.main(cli.parse_flags(["tfdist", *args]))
+    except SystemExit as e:
+        code = e.code
+    finally:
+        cli.FLAGS.unparse_flags()
+    return code, capsys.readouterr().err

@@ -33,6 +33,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tests.helpers import run_cli_in_process
 from tfdist import cluster
 from tfdist.launch import local
 
@@ -1065,19 +1066,7 @@ def ps_strategy():
     )
 
 
-def _run_cli(args: list[str], capsys) -> tuple[int, str]:
-    """Runs ``tfdist ARGS`` in-process as ``app.run`` would; returns (exit code, stderr)."""
-    from tfdist import cli
-
-    cli.FLAGS.unparse_flags()
-    capsys.readouterr()
-    try:
-        code = cli.main(cli.parse_flags(["tfdist", *args]))
-    except SystemExit as e:
-        code = e.code
-    finally:
-        cli.FLAGS.unparse_flags()
-    return code, capsys.readouterr().err
+_run_cli = run_cli_in_process
 
 
 def _ids(case: Case) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_tfdist
+from tests.helpers import REPO, run_cli_in_process, run_tfdist
 
 
 @pytest.fixture(scope="module")
@@ -364,19 +364,7 @@ def _sample(name):
     return f"--{name}" if value is None else f"--{name}={value}"
 
 
-def _cli_exit(args, capsys):
-    """``tfdist ARGS`` in-process as ``app.run`` would call it: (exit code, stderr)."""
-    from tfdist import cli
-
-    cli.FLAGS.unparse_flags()
-    capsys.readouterr()
-    try:
-        code = cli.main(cli.parse_flags(["tfdist", *args]))
-    except SystemExit as e:
-        code = e.code
-    finally:
-        cli.FLAGS.unparse_flags()
-    return code, capsys.readouterr().err
+_cli_exit = run_cli_in_process
 
 
 def _not_read():
