@@ -9,6 +9,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.pop("TF_CONFIG", None)
 
+import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 NUM_VIRTUAL_DEVICES = 4
@@ -34,8 +35,6 @@ RAY_SCOPE = "tests/ray/test_ray.py"
 RAY_NOTEBOOK = "tests/test_notebooks.py::test_notebook_runs[06_ray.ipynb]"
 FIRST_SCOPES = (
     "tests/bench/test_bench.py",
-    # Builds mirrored strategies in-process too, and failed the same way after a PS module.
-    "tests/keras_parity/test_overrides.py",
     RAY_SCOPE,
     "tests/slurm/test_slurm.py",
     "tests/test_notebooks.py",
@@ -65,3 +64,28 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return Scheduling(config, log)
+
+
+# CPU seconds per test (this process and the children it waited for, setup and teardown
+# included), as the junit property ``cpu_seconds``: what a test costs on a 2-core machine,
+# where wall time mostly says what ran beside it.
+_CPU_STARTED = "_tfdist_cpu_started"
+
+
+def _cpu_now() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    setattr(item, _CPU_STARTED, _cpu_now())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    if call.when == "teardown" and hasattr(item, _CPU_STARTED):
+        item.user_properties.append(
+            ("cpu_seconds", round(_cpu_now() - getattr(item, _CPU_STARTED), 2))
+        )
+    yield

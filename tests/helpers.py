@@ -1,6 +1,7 @@
 """Helpers for tests that start real processes."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,19 @@ def launch_backup_job(out, backup, *extra, restarts, timeout):
         *extra,
         timeout=timeout,
     )
+
+
+_FATAL = re.compile(r"\bF\d{4} |Check failed|terminate called|Fatal Python error|Aborted|restart")
+
+
+def launch_report(proc, tail=3000):
+    """What a failed launch printed: its fatal-looking and restart lines, then its last lines.
+
+    A worker that aborts says why early in the log, and the tail alone often holds only the
+    other worker's traceback that followed.
+    """
+    lines = [line for line in proc.stdout.splitlines() if _FATAL.search(line)]
+    return "\n".join(lines[-40:]) + "\n...\n" + proc.stdout[-tail:]
 
 
 def npz_weights(path):

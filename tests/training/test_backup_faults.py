@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, launch_backup_job, npz_weights, run_tfdist
+from tests.helpers import REPO, launch_backup_job, launch_report, npz_weights, run_tfdist
 
 JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
@@ -41,7 +41,7 @@ def _launch(out, backup, *extra, restarts=1):
 def uninterrupted_mwms(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
     proc = _launch(out, out / "backup", restarts=0)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.returncode == 0, launch_report(proc, 3000)
     return _weights(out / "worker-0.npz")
 
 
@@ -51,7 +51,7 @@ def test_worker_death_resumes_at_the_backed_up_update_bitwise(tmp_path, uninterr
     # collective), then blocks on the next all-reduce until the launcher
     # restarts the group; the work lost per kill is at most backup_freq updates.
     proc = _launch(tmp_path, tmp_path / "backup", "--die_at=21")
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert proc.returncode == 0, launch_report(proc, 4000)
     assert "worker-1 dying after batch 21" in proc.stdout
     assert "restarting the whole group (restart 1 of 1)" in proc.stdout
     resumed = re.search(
@@ -80,7 +80,7 @@ def test_a_two_worker_backup_resumes_on_one_worker(tmp_path, uninterrupted_mwms)
         "launch", "--workers=1", "--", sys.executable, JOB, "multi_worker", str(tmp_path / "one"),
         str(backup), timeout=300,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.returncode == 0, launch_report(proc, 3000)
     assert "written on 2 replicas and resumes on 1, at the same global step" in proc.stdout
     assert json.loads((tmp_path / "one" / "worker-0.json").read_text())["iterations"] == 48
     updates = int(re.search(r"\((\d+) updates done\)", proc.stdout).group(1))
@@ -97,7 +97,7 @@ def test_a_two_worker_backup_resumes_on_one_worker(tmp_path, uninterrupted_mwms)
 
 def test_sigterm_preemption_loses_and_repeats_nothing(tmp_path):
     proc = _launch(tmp_path, tmp_path / "backup", "--sigterm_at=21", restarts=0)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert proc.returncode == 0, launch_report(proc, 4000)
     assert "preempted after saving a backup; restarting the whole group" in proc.stdout
     for task in ("worker-0", "worker-1"):
         info = json.loads((tmp_path / f"{task}.json").read_text())

@@ -18,7 +18,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, launch_backup_job, npz_weights
+from tests.helpers import REPO, launch_backup_job, launch_report, npz_weights
 
 JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.fault, pytest.mark.slow]
@@ -47,7 +47,7 @@ def four_hangs(tmp_path_factory):
     out = tmp_path_factory.mktemp("hangs")
     faults = ",".join(f"{kind}:{task}:{update}" for kind, task, update in FAULTS)
     proc = _launch(out, f"--faults={faults}", f"--watchdog={FLOOR},5", restarts=len(FAULTS))
-    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert proc.returncode == 0, launch_report(proc, 5000)
     return out, proc.stdout
 
 
@@ -55,7 +55,7 @@ def four_hangs(tmp_path_factory):
 def never_hung(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
     proc = _launch(out, f"--watchdog={FLOOR},5")  # also: no false alarm over a whole run
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.returncode == 0, launch_report(proc, 3000)
     assert "watchdog" not in proc.stdout
     return [_weights(out / f"worker-{i}.npz") for i in range(2)]
 
@@ -155,7 +155,7 @@ def test_a_worker_slowed_in_its_input_pipeline_is_named_and_only_then(tmp_path):
         "--straggler_restart_after=4",
         "--epochs=10",
     )
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.returncode == 0, launch_report(proc, 3000)
     assert "has been slow for 4 rounds; stopping every worker" in proc.stdout
     assert "preempted after saving a backup; restarting the whole group" in proc.stdout
     info = json.loads((tmp_path / "worker-0.json").read_text())

@@ -27,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tfdist import _compat
@@ -299,22 +299,42 @@ class Health:
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         self.board.put(f"task/{self.label}", final)
         stale_after = max(5.0, 5 * self.interval)
+        patience = max(5.0, 2 * self.interval + 0.5)
         states = self.board.states()
-        if found_here and self.board.shared and not conclusive(states, stale_after, time.time()):
-            time.sleep(min(2 * self.interval + 0.5, 5.0))
-            states = self.board.states()
+        if found_here and self.board.shared:
+            # Each task publishes its last state (whether a tf.py_function runs, say) at its
+            # next check after the alarm: on a loaded machine, seconds later.
+            states = self._poll_states(
+                lambda st: conclusive(st, stale_after, time.time()) or self._all_final(st), patience
+            )
         logger.error(
             "tfdist watchdog on %s: Stuck: %s.",
             self.label,
             blame(states, stale_after=stale_after, now=time.time()),
         )
         exiting = self._exiting()
-        if exiting and found_here and self.board.shared:
-            # The others see the alarm at their next check, while the store still answers (its
-            # host may be this task); once a task exits, the launcher stops the rest.
-            time.sleep(min(1.5 * self.interval + 0.5, 3.0))
+        if exiting and self.board.shared:
+            # Once a task exits, the launcher stops the rest: wait (within bounds) until every
+            # task has dumped its stacks and published its last state. The store still answers
+            # meanwhile (its host may be this task).
+            self._poll_states(self._all_final, patience)
         if exiting:
             self._exit_stuck()
+
+    def _all_final(self, states: Mapping[str, Mapping[str, Any]]) -> bool:
+        """Whether every task published its last state (the one with ``py_function``)."""
+        return len(states) == len(self.board.labels) and all(
+            "py_function" in s for s in states.values()
+        )
+
+    def _poll_states(self, done: Callable[[dict[str, Any]], bool], seconds: float) -> dict:
+        """Every task's state, read again every 0.2 s until ``done`` says so or time is up."""
+        deadline = time.monotonic() + seconds
+        states = self.board.states()
+        while not done(states) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            states = self.board.states()
+        return states
 
 
 def _flush() -> None:
