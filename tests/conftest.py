@@ -24,18 +24,26 @@ tf.config.set_logical_device_configuration(
 #   raylet 30 s (hard-coded) to register, and two clusters starting at once on 2 busy cores can
 #   miss that. So the Ray notebook joins tests/ray's scope and runs after that module, whose
 #   cluster is shut down by then (module fixtures end before the next module's tests).
-# * tests/bench/test_bench.py goes first, into a fresh worker process. Its benchmarks build
-#   local strategies and models in-process, and once an earlier module in the same process
-#   connected to an in-process parameter-server cluster and left TF state behind, they failed
-#   with "/job:localhost/replica:0/task:0/device:CPU:0 unknown device" (seen once, in a
-#   3-worker run). Its own cluster benchmark runs last in it.
+# * The Ray module goes first, and only light in-process modules run beside it (the next three
+#   in the queue go to the other worker while Ray's one module runs). Ray starts four worker
+#   groups side by side (eight TensorFlow processes); with a multi-process module beside it, TF's
+#   10 s coordination heartbeats were missed (seen: "heartbeat timeout" in Ray's and in
+#   Slurm's jobs, both started in that minute).
+# * tests/bench/test_bench.py then goes into a process that built no parameter-server cluster:
+#   its benchmarks build local strategies and models in-process, and once an earlier module in
+#   the same process connected to an in-process parameter-server cluster and left TF state
+#   behind, they failed with "/job:localhost/replica:0/task:0/device:CPU:0 unknown device" (seen
+#   once, in a 3-worker run). Its own cluster benchmark runs last in it.
 # * Then the longest scopes (xdist orders by test count), so that the run does not end with one
 #   worker still in a long module while the other idles.
 RAY_SCOPE = "tests/ray/test_ray.py"
 RAY_NOTEBOOK = "tests/test_notebooks.py::test_notebook_runs[06_ray.ipynb]"
 FIRST_SCOPES = (
-    "tests/bench/test_bench.py",
     RAY_SCOPE,
+    "tests/test_cli.py",
+    "tests/keras_parity/test_parity.py",
+    "tests/training/test_trainer.py",
+    "tests/bench/test_bench.py",
     "tests/slurm/test_slurm.py",
     "tests/test_notebooks.py",
     "tests/bench/test_scaling.py",

@@ -52,6 +52,11 @@ def finals(text):
     return [(int(u), d) for u, d in FINAL.findall(text)]
 
 
+def _shown(info, out):
+    """A failed job's record and its output's end, as text (a tuple's repr is cut short)."""
+    return f"{info}\n{out[-5000:]}"
+
+
 def test_mwms_over_two_slurm_tasks_trains_digits(slurm, tmp_path):
     """`tfdist manifest slurm --ntasks=2` + `sbatch --wait`: 2 tasks, 2 replicas, equal weights."""
     script = manifest(
@@ -115,8 +120,7 @@ def test_preempted_job_is_requeued_and_resumes_at_the_exact_update(slurm, tmp_pa
     info = slurm.wait(job_id, timeout=400)
     out = out_path.read_text()
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), (
-        info,
-        out,
+        _shown(info, out)
     )
     saved = re.findall(r"Saved a backup at epoch (\d+), micro-batch (\d+) after SIGTERM", out)
     assert len(saved) == 2 and saved[0] == saved[1], out  # Both tasks, at the same step.
@@ -146,7 +150,7 @@ def test_parameter_servers_chief_ps_and_two_workers(slurm, tmp_path):
     job_id = submit(slurm, script, str(tmp_path / "out.txt"))
     info = slurm.wait(job_id, timeout=400)
     out = (tmp_path / "out.txt").read_text()
-    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, out)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), _shown(info, out)
     accuracy = re.search(r"final val_accuracy=([0-9.]+) ", out)
     assert accuracy and float(accuracy.group(1)) >= 0.9, out
     assert finals(out) == [(3 * STEPS, finals(out)[0][1])], (
@@ -167,7 +171,7 @@ def test_outside_srun_and_interactive_shells_are_not_clusters(slurm, tmp_path):
     job_id = submit(slurm, str(script), str(tmp_path / "no_srun.txt"))
     info = slurm.wait(job_id, timeout=200)
     out = (tmp_path / "no_srun.txt").read_text()
-    assert info["JobState"] == "FAILED", (info, out)
+    assert info["JobState"] == "FAILED", _shown(info, out)
     assert "Invalid value for argument `SLURM_STEP_ID`. Received: SLURM_STEP_ID=<missing>" in out, (
         out
     )
