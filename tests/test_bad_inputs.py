@@ -902,6 +902,20 @@ CASES = [
         ("a positive integer",),
     ),
     C(
+        "tfdist train --steps_per_execution=0",
+        ["train", "--steps_per_execution=0"],
+        "steps_per_execution",
+        "0",
+        ("a positive integer or 'auto'",),
+    ),
+    C(
+        "tfdist train --steps_per_execution=fast",
+        ["train", "--steps_per_execution=fast"],
+        "steps_per_execution",
+        "'fast'",
+        ("a positive integer or 'auto'",),
+    ),
+    C(
         "tfdist train --epochs=five",
         ["train", "--epochs=five"],
         "epochs",

@@ -138,6 +138,32 @@ def test_train_gives_gradient_compression_and_bucket_bytes_to_the_trainer(monkey
     assert summary["num_replicas"] == 1 and summary["updates"] == 2
 
 
+@pytest.mark.parametrize(("flags", "per_call"), [((), 32), (("--steps_per_execution=4",), 4)])
+def test_train_runs_the_trainers_auto_steps_per_execution_unless_told(flags, per_call, monkeypatch):
+    """By default ``tfdist train`` runs as the Trainer does ("auto": 32 updates per call on a
+    synchronous strategy, where one per call left a small model at half the raw loop's speed);
+    ``--steps_per_execution=N`` gives N."""
+    import tfdist
+    from tfdist.launch import train
+
+    config = _train_config(
+        "--strategy=one_device", "--model=mlp", "--epochs=1", "--steps_per_epoch=40",
+        "--global_batch_size=16", "--verbose=0", *flags,
+    )  # fmt: skip
+    assert config.steps_per_execution == ("auto" if not flags else per_call)
+    calls = []
+
+    class Recorded(tfdist.Trainer):
+        def fit(self, *args, **kwargs):
+            history = super().fit(*args, **kwargs)
+            calls.append(self.steps_per_execution)
+            return history
+
+    monkeypatch.setattr(tfdist, "Trainer", Recorded)
+    assert train.run(config)["updates"] == 40
+    assert calls == [per_call]
+
+
 def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argument():
     from tfdist.config import TrainConfig
     from tfdist.launch.train import exchange_options

@@ -284,7 +284,7 @@ class TrainConfig:
     global_batch_size: int = 64
     steps_per_epoch: int | None = None
     precision: str = "float32"
-    steps_per_execution: int = 1
+    steps_per_execution: int | str = "auto"
     accumulation_steps: int = 1
     optimizer: str = "adam"
     learning_rate: float = 2e-3
@@ -313,8 +313,17 @@ class TrainConfig:
         if not (self.dataset in DATASET_NAMES[:-1] or is_tfds_name(self.dataset)):
             raise invalid_argument("dataset", self.dataset, DATASET_NAMES)
         check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
-        for name in ("epochs", "global_batch_size", "steps_per_execution", "accumulation_steps"):
+        for name in ("epochs", "global_batch_size", "accumulation_steps"):
             check_positive_int(name, getattr(self, name))
+        if self.steps_per_execution != "auto":
+            if (
+                not isinstance(self.steps_per_execution, int)
+                or isinstance(self.steps_per_execution, bool)
+                or self.steps_per_execution < 1
+            ):
+                raise invalid_argument(
+                    "steps_per_execution", self.steps_per_execution, "a positive integer or 'auto'"
+                )
         check_positive_int("steps_per_epoch", self.steps_per_epoch, allow_none=True)
         check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
         check_positive_int("base_global_batch_size", self.base_global_batch_size)

@@ -13,12 +13,14 @@ bench (``cluster_run.run_tasks(default_launch=True)``). Each worker builds the T
   after another, the first on the fresh cluster. Reported: the first fit's seconds (the
   whole call: tracing, the graph's first run and the fit's set-up included), the steady
   state (the median of the later fits) and first / steady (goal: at most 1.5);
-* **the Trainer against a raw loop**: that Trainer (one step per call,
-  as ``tfdist train`` runs it), a second one with the Trainer's own default
-  (``steps_per_execution="auto"``) and a hand-written ``strategy.run`` SGD loop
+* **the Trainer against a raw loop**: that Trainer (``tfdist train``'s
+  ``--steps_per_execution``, by default "auto": 32 steps per call here), a second one with the
+  Trainer's own default (``steps_per_execution="auto"``; the two differ when the spec sets
+  ``steps_per_execution=1``, say) and a hand-written ``strategy.run`` SGD loop
   (``scaling_sides.raw_loop_side``) on the same model, data and batch, warmed up, then
   timed alternately over ``steps`` steps, ``repeats`` rounds. Reported: examples/s of
-  each (medians; a Trainer's steps' window, as ``scaling`` times it), Trainer / raw loop
+  each (medians; a Trainer's window from ``on_epoch_begin``, after its iterator is made, to the
+  epoch's end: a batch hook would turn "auto" into one step per call), Trainer / raw loop
   (``ratio``, goal: at least 0.95; ``trainer_auto_ratio``), and the same with each
   Trainer call's own set-up counted.
 
@@ -41,13 +43,14 @@ from tfdist.config import check_positive_int, invalid_argument
 logger = logging.getLogger(__name__)
 
 WORKERS = 2
-#: The Trainer sides: ``tfdist train``'s one step per call, and the Trainer's default "auto".
+#: The Trainer sides: ``tfdist train``'s ``--steps_per_execution`` (its default, "auto", unless
+#: the spec says otherwise), and the Trainer's own default, "auto".
 TRAINERS = ("trainer", "trainer_auto")
 SIDES = (*TRAINERS, "raw_loop")
 DEFAULTS: dict[str, Any] = {
     # tfdist train's global batch and steps per call; SGD, so the raw loop makes the same update.
     "global_batch_size": 64,
-    "steps_per_execution": 1,
+    "steps_per_execution": "auto",
     "learning_rate": 0.01,
     "fit_steps": 10,
     "fits": 6,
@@ -62,8 +65,10 @@ GOALS = {"ratio": ">= 0.95", "first_to_steady_ratio": "<= 1.5"}
 
 
 def _check(options: dict[str, Any]) -> None:
-    for key in ("global_batch_size", "steps_per_execution", "fit_steps", "steps", "repeats"):
+    for key in ("global_batch_size", "fit_steps", "steps", "repeats"):
         check_positive_int(key, options[key])
+    if options["steps_per_execution"] != "auto":
+        check_positive_int("steps_per_execution", options["steps_per_execution"])
     check_positive_int("first_fit_launches", options["launches"])
     fits = options["fits"]
     if isinstance(fits, bool) or not isinstance(fits, int) or fits < 2:

@@ -3,8 +3,8 @@
 Both workers of a default 2-worker launch (the launcher has pinned each to its own
 cores) make the MultiWorkerMirrored strategy and build the Trainer ``tfdist train``
 builds: the digits CNN (``tfdist.models.get("cnn")`` on ``tfdist.data.load("digits")``,
-unbound, with fit's ``global_batch_size``), ``metrics=["accuracy"]``, one step per call
-(``tfdist train``'s ``--steps_per_execution``), the Trainer's defaults otherwise, and SGD,
+unbound, with fit's ``global_batch_size``), ``metrics=["accuracy"]``, ``tfdist train``'s
+``--steps_per_execution`` (its default "auto"), the Trainer's defaults otherwise, and SGD,
 so that the raw loop makes the same update. The workers wait for each other (a barrier
 through files, no TF) before building the Trainer and before its first fit, so that
 neither clock counts the other's slower start. Then, on that one Trainer:
@@ -106,6 +106,7 @@ def time_fits(
         steps=int(spec["fit_steps"]),
         global_batch_size=gbs,
         iterations=lambda: int(trainer.model.optimizer.iterations.numpy()),
+        from_epoch_begin=True,
     )
     out = []
     for _ in range(int(spec["fits"])):
@@ -125,6 +126,7 @@ def trainer_side(trainer: Any, train: Any, gbs: int, steps: int) -> tuple[Side, 
         lambda **kw: trainer.fit(train, global_batch_size=gbs, **kw),
         steps=steps,
         global_batch_size=gbs,
+        from_epoch_begin=True,
     )
     side = Side(
         lambda n: throughput()[1].seconds,

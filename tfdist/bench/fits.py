@@ -130,6 +130,20 @@ class _StepWindow(keras.callbacks.Callback):
         self.timing = self.watch.stop()  # both loops fetch the last step's logs before this
 
 
+class _EpochWindow(_StepWindow):
+    """Times from the epoch's start to its end, with no batch hook: a Trainer's
+    ``steps_per_execution="auto"`` (one update per call for callbacks with batch hooks)
+    stays what it is without the timing. The Trainer makes the epoch's iterator before
+    ``on_epoch_begin``, so this window holds its steps and the metrics' reset only.
+    """
+
+    on_train_batch_begin = keras.callbacks.Callback.on_train_batch_begin
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.watch = Stopwatch()
+        self.watch.start()
+
+
 class FitThroughput:
     """A measurement: one ``fit(epochs=1, steps_per_epoch=steps)`` call, in examples/s.
 
@@ -147,6 +161,10 @@ class FitThroughput:
         iterations: Zero-arg callable reading the side's optimizer update
             count; when given, :attr:`updates` records the updates each call
             made, so that a comparison can show both sides did the same work.
+        from_epoch_begin: Start the window at ``on_epoch_begin`` instead of the
+            first batch, so that no batch hook changes a tfdist Trainer's
+            ``steps_per_execution="auto"`` (Keras's fit makes its iterator after
+            ``on_epoch_begin``: keep the default for it).
     """
 
     def __init__(
@@ -156,8 +174,10 @@ class FitThroughput:
         steps: int,
         global_batch_size: int,
         iterations: Callable[[], int] | None = None,
+        from_epoch_begin: bool = False,
     ) -> None:
         self.fit = fit
+        self.window = _EpochWindow if from_epoch_begin else _StepWindow
         self.steps = steps
         self.global_batch_size = global_batch_size
         self.iterations = iterations
@@ -165,7 +185,7 @@ class FitThroughput:
         self.updates: list[int] = []
 
     def __call__(self) -> tuple[float, Timing]:
-        window = _StepWindow()
+        window = self.window()
         before = self.iterations() if self.iterations is not None else None
         start = time.perf_counter()
         self.fit(epochs=1, steps_per_epoch=self.steps, verbose=0, callbacks=[window])

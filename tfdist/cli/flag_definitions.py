@@ -60,8 +60,11 @@ flags.DEFINE_integer("steps_per_epoch", None, "Batches per epoch (default: one p
 flags.DEFINE_string(
     "precision", _DEFAULT.precision, "Numeric precision: " + ", ".join(PRECISIONS) + "."
 )
-flags.DEFINE_integer(
-    "steps_per_execution", _DEFAULT.steps_per_execution, "Batches per tf.function call."
+flags.DEFINE_string(
+    "steps_per_execution",
+    str(_DEFAULT.steps_per_execution),
+    "Batches per tf.function call: a positive integer, or auto (the Trainer's default: 32 "
+    "under mirrored and multi_worker, 1 under parameter_server).",
 )
 flags.DEFINE_integer(
     "accumulation_steps", _DEFAULT.accumulation_steps, "Micro-batches per optimizer update."

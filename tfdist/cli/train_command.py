@@ -17,6 +17,14 @@ from tfdist.cli.flag_definitions import ENGINES, FLAGS
 from tfdist.config import GRADIENT_COMPRESSIONS, TrainConfig, invalid_argument
 
 
+def _steps_per_execution(flag: str) -> int | str:
+    """``--steps_per_execution``: ``auto`` as is, digits as an int, anything else as given.
+
+    TrainConfig refuses what is neither a positive int nor ``auto``, naming the argument.
+    """
+    return int(flag) if flag.strip().isdigit() else flag
+
+
 def _gradient_compression() -> str | None:
     """``--gradient_compression``'s one value for ``train`` (a list flag: bench takes several)."""
     values = FLAGS.gradient_compression
@@ -48,7 +56,7 @@ def train_config() -> TrainConfig:
         global_batch_size=FLAGS.global_batch_size,
         steps_per_epoch=FLAGS.steps_per_epoch,
         precision=FLAGS.precision,
-        steps_per_execution=FLAGS.steps_per_execution,
+        steps_per_execution=_steps_per_execution(FLAGS.steps_per_execution),
         accumulation_steps=FLAGS.accumulation_steps,
         optimizer=FLAGS.optimizer,
         learning_rate=FLAGS.learning_rate,
