@@ -64,10 +64,21 @@ class Side:
 
 
 def fit_side(
-    fit: Callable[..., Any], optimizer: Callable[[], Any], steps: int, global_batch_size: int
+    fit: Callable[..., Any],
+    optimizer: Callable[[], Any],
+    steps: int,
+    global_batch_size: int,
+    *,
+    from_epoch_begin: bool = False,
 ) -> Side:
-    """A side that times ``fit(**kw)`` (a Trainer's or Keras's) through ``fits.FitThroughput``."""
-    throughput = fits.FitThroughput(fit, steps=steps, global_batch_size=global_batch_size)
+    """A side that times ``fit(**kw)`` (a Trainer's or Keras's) through ``fits.FitThroughput``.
+
+    ``from_epoch_begin``: for a tfdist Trainer, whose ``steps_per_execution="auto"`` a timing
+    callback with a batch hook would turn into one step per call (see ``fits.FitThroughput``).
+    """
+    throughput = fits.FitThroughput(
+        fit, steps=steps, global_batch_size=global_batch_size, from_epoch_begin=from_epoch_begin
+    )
     # Only the steps are timed (first batch's start to the epoch's end), not the iterator's set-up.
     return Side(lambda n: throughput()[1].seconds, lambda: int(optimizer().iterations.numpy()))
 

@@ -83,7 +83,11 @@ def _trainer_sides(
             trainer
         )
         sides[name] = fit_side(
-            fit, (lambda t: lambda: t.model.optimizer)(trainer), steps, global_batch_size
+            fit,
+            (lambda t: lambda: t.model.optimizer)(trainer),
+            steps,
+            global_batch_size,
+            from_epoch_begin=True,  # "auto" stays what users get
         )
     return sides, unavailable
 
