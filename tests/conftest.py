@@ -97,3 +97,17 @@ def pytest_runtest_makereport(item, call):
             ("cpu_seconds", round(_cpu_now() - getattr(item, _CPU_STARTED), 2))
         )
     yield
+
+
+def pytest_report_header(config):
+    """The machine at the top of the run, so that suite times can be compared across machines."""
+    from tfdist.bench.bf16_vs_fp32 import BF16_CPU_FLAGS, VECTOR_CPU_FLAGS, cpu_features
+
+    features = cpu_features()
+    flags = [name for name in (*VECTOR_CPU_FLAGS, *BF16_CPU_FLAGS) if features[name]]
+    return (
+        f"machine: {features['model_name'] or 'unknown CPU'}, "
+        f"{len(os.sched_getaffinity(0))} usable cores; CPU flags: {', '.join(flags) or 'none of '}"
+        f"{'' if flags else ', '.join((*VECTOR_CPU_FLAGS, *BF16_CPU_FLAGS))}; "
+        f"oneDNN {'on' if features['onednn_enabled'] else 'off'}"
+    )
