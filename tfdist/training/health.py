@@ -238,7 +238,10 @@ class Health:
                 self._check(now)
 
     def _check(self, now: float) -> None:
-        fired = self.board.get("fired") if self.board.shared else None
+        # 100 ms: under load a store round trip takes more than a millisecond, and a missed
+        # alarm left this task to be stopped before it dumped its stacks (the get waits
+        # without the GIL: training goes on meanwhile).
+        fired = self.board.get("fired", 100) if self.board.shared else None
         if fired is not None and fired["at"] >= self._wall_started:  # not an earlier fit's
             self._hang(f"{fired['by']} found a hang ({fired['why']})", found_here=False)
             return
