@@ -1080,9 +1080,6 @@ def ps_strategy():
     )
 
 
-_run_cli = run_cli_in_process
-
-
 def _ids(case: Case) -> str:
     return re.sub(r"[^A-Za-z0-9_=.-]+", "_", case.shown).strip("_")[:60]
 
@@ -1099,7 +1096,7 @@ def test_bad_input(case, request, tmp_path, monkeypatch, capsys):
         command = (
             case.trigger[0] if case.trigger[0] in ("train", "launch", "bench", "manifest") else ""
         )
-        code, err = _run_cli([fill(a) for a in case.trigger], capsys)
+        code, err = run_cli_in_process([fill(a) for a in case.trigger], capsys)
         assert code == 2, err
         lines = err.strip().splitlines()
         assert len(lines) == 1, err

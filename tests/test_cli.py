@@ -390,9 +390,6 @@ def _sample(name):
     return f"--{name}" if value is None else f"--{name}={value}"
 
 
-_cli_exit = run_cli_in_process
-
-
 def _not_read():
     from tfdist.cli.flag_definitions import READS, TFDIST_FLAGS
     from tfdist.cli.usage import COMMANDS
@@ -403,7 +400,7 @@ def _not_read():
 @pytest.mark.parametrize("command,flag", _not_read())
 def test_every_command_refuses_every_flag_it_does_not_read(command, flag, capsys):
     # Each flag given to each command that does not read it: one line, exit 2, nothing run.
-    code, err = _cli_exit([command, _sample(flag), "--", "true"], capsys)
+    code, err = run_cli_in_process([command, _sample(flag), "--", "true"], capsys)
     assert code == 2, err
     assert err.startswith(f"tfdist {command}: error: Invalid value for argument `{flag}`."), err
     assert f"Expected no --{flag} for `tfdist {command}`. --{flag} is a flag of `tfdist " in err
@@ -411,7 +408,7 @@ def test_every_command_refuses_every_flag_it_does_not_read(command, flag, capsys
 
 @pytest.mark.parametrize("flag", ["cpus_per_worker", "max_restarts"])
 def test_train_takes_rays_flags_only_with_the_ray_engine(flag, capsys):
-    code, err = _cli_exit(["train", _sample(flag)], capsys)
+    code, err = run_cli_in_process(["train", _sample(flag)], capsys)
     assert code == 2 and f"Expected no --{flag} without --engine=ray" in err, err
 
 

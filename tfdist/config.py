@@ -65,6 +65,13 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> in
     return value
 
 
+def check_steps_per_execution(value: Any) -> Any:
+    """Returns ``steps_per_execution`` if it is a positive int or ``"auto"``, else raises."""
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise invalid_argument("steps_per_execution", value, "a positive integer or 'auto'")
+    return value
+
+
 def check_non_negative_int(
     name: str, value: Any, *, allow_none: bool = False, expected: str = "a non-negative integer"
 ) -> int | None:
@@ -315,15 +322,7 @@ class TrainConfig:
         check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
         for name in ("epochs", "global_batch_size", "accumulation_steps"):
             check_positive_int(name, getattr(self, name))
-        if self.steps_per_execution != "auto":
-            if (
-                not isinstance(self.steps_per_execution, int)
-                or isinstance(self.steps_per_execution, bool)
-                or self.steps_per_execution < 1
-            ):
-                raise invalid_argument(
-                    "steps_per_execution", self.steps_per_execution, "a positive integer or 'auto'"
-                )
+        check_steps_per_execution(self.steps_per_execution)
         check_positive_int("steps_per_epoch", self.steps_per_epoch, allow_none=True)
         check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
         check_positive_int("base_global_batch_size", self.base_global_batch_size)

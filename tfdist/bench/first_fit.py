@@ -38,7 +38,7 @@ import logging
 from typing import Any
 
 from tfdist.bench import cluster_run, common, health, timing
-from tfdist.config import check_positive_int, invalid_argument
+from tfdist.config import check_positive_int, check_steps_per_execution, invalid_argument
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +67,7 @@ GOALS = {"ratio": ">= 0.95", "first_to_steady_ratio": "<= 1.5"}
 def _check(options: dict[str, Any]) -> None:
     for key in ("global_batch_size", "fit_steps", "steps", "repeats"):
         check_positive_int(key, options[key])
-    if options["steps_per_execution"] != "auto":
-        check_positive_int("steps_per_execution", options["steps_per_execution"])
+    check_steps_per_execution(options["steps_per_execution"])
     check_positive_int("first_fit_launches", options["launches"])
     fits = options["fits"]
     if isinstance(fits, bool) or not isinstance(fits, int) or fits < 2:

@@ -114,14 +114,14 @@ def logits_loss() -> keras.losses.Loss:
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-class _StepWindow(keras.callbacks.Callback):
-    """Times from the first batch's start to the epoch's end (results fetched)."""
+class _Window(keras.callbacks.Callback):
+    """Times from a start its subclass marks to the epoch's end (results fetched)."""
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.watch: Stopwatch | None = None
         self.timing: Timing | None = None
 
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+    def _start(self) -> None:
         if self.watch is None:
             self.watch = Stopwatch()
             self.watch.start()
@@ -130,18 +130,22 @@ class _StepWindow(keras.callbacks.Callback):
         self.timing = self.watch.stop()  # both loops fetch the last step's logs before this
 
 
-class _EpochWindow(_StepWindow):
-    """Times from the epoch's start to its end, with no batch hook: a Trainer's
-    ``steps_per_execution="auto"`` (one update per call for callbacks with batch hooks)
-    stays what it is without the timing. The Trainer makes the epoch's iterator before
-    ``on_epoch_begin``, so this window holds its steps and the metrics' reset only.
+class _StepWindow(_Window):
+    """From the first batch's start."""
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._start()
+
+
+class _EpochWindow(_Window):
+    """From the epoch's start, with no batch hook: a Trainer's ``steps_per_execution="auto"``
+    (one update per call for callbacks with batch hooks) stays what it is without the
+    timing. The Trainer makes the epoch's iterator before ``on_epoch_begin``, so this
+    window holds its steps and the metrics' reset only.
     """
 
-    on_train_batch_begin = keras.callbacks.Callback.on_train_batch_begin
-
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self.watch = Stopwatch()
-        self.watch.start()
+        self._start()
 
 
 class FitThroughput:

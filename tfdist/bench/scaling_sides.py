@@ -79,7 +79,7 @@ def fit_side(
     throughput = fits.FitThroughput(
         fit, steps=steps, global_batch_size=global_batch_size, from_epoch_begin=from_epoch_begin
     )
-    # Only the steps are timed (first batch's start to the epoch's end), not the iterator's set-up.
+    # Only the steps are timed (to the epoch's end), not the iterator's set-up.
     return Side(lambda n: throughput()[1].seconds, lambda: int(optimizer().iterations.numpy()))
 
 

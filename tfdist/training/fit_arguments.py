@@ -28,13 +28,6 @@ logger = logging.getLogger(__name__)
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
 
 
-def check_steps_per_execution(value: Any) -> Any:
-    """Checks the Trainer's ``steps_per_execution``: a positive int or ``"auto"``."""
-    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise invalid_argument("steps_per_execution", value, "a positive integer or 'auto'")
-    return value
-
-
 def check_batch_size(batch_size: Any, global_batch_size: Any) -> int | None:
     """``batch_size`` (Keras's name) or ``global_batch_size`` (tfdist's): one value, both global.
 

@@ -303,13 +303,13 @@ class Health:
         self.board.put(f"task/{self.label}", final)
         stale_after = max(5.0, 5 * self.interval)
         patience = max(5.0, 2 * self.interval + 0.5)
-        states = self.board.states()
-        if found_here and self.board.shared:
-            # Each task publishes its last state (whether a tf.py_function runs, say) at its
-            # next check after the alarm: on a loaded machine, seconds later.
-            states = self._poll_states(
-                lambda st: conclusive(st, stale_after, time.time()) or self._all_final(st), patience
-            )
+        # Each task publishes its last state (whether a tf.py_function runs, say) at its next
+        # check after the alarm: on a loaded machine, seconds later. The finder waits for it.
+        waits = found_here and self.board.shared
+        states = self._poll_states(
+            lambda st: not waits or conclusive(st, stale_after, time.time()) or self._all_final(st),
+            patience,
+        )
         logger.error(
             "tfdist watchdog on %s: Stuck: %s.",
             self.label,

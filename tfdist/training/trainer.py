@@ -27,18 +27,14 @@ import keras
 import tensorflow as tf
 
 from tfdist import _compat
-from tfdist.config import check_positive_int
+from tfdist.config import check_positive_int, check_steps_per_execution
 from tfdist.strategies.base import Runner
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
 from tfdist.training.build import check_loss, compile_in_scope
 from tfdist.training.fit import run_fit
-from tfdist.training.fit_arguments import (
-    check_fit_arguments,
-    check_steps_per_execution,
-    steps_per_execution_for,
-)
+from tfdist.training.fit_arguments import check_fit_arguments, steps_per_execution_for
 from tfdist.training.fit_callbacks import resolve_callbacks
 from tfdist.training.fit_data import keras_data
 from tfdist.training.functions import StepFunctions
