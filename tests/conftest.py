@@ -111,3 +111,37 @@ def pytest_report_header(config):
         f"{'' if flags else ', '.join((*VECTOR_CPU_FLAGS, *BF16_CPU_FLAGS))}; "
         f"oneDNN {'on' if features['onednn_enabled'] else 'off'}"
     )
+
+
+# In-process parameter-server clusters end with their module. TF's coordinator keeps a thread
+# per worker (and one that watches for failures) for as long as its strategy lives, and a
+# module-scoped strategy is not freed when its module ends. Left running, a later module's load
+# made one such thread rebuild a per-worker iterator of a finished module, and the xdist process
+# died in it (a segfault in ``_create_per_worker_iterator``, seen once beside the stragglers
+# bench). So every coordinator made in a module is stopped when the module ends.
+_COORDINATORS: list = []
+
+
+def _record_coordinators() -> None:
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+    cls = cluster_coordinator.ClusterCoordinator
+    if getattr(cls, "_tfdist_tests_record", False):
+        return
+    init = cls.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)  # Called again for each ClusterCoordinator(strategy).
+        if all(known is not self for known in _COORDINATORS):
+            _COORDINATORS.append(self)
+
+    cls.__init__ = recording_init
+    cls._tfdist_tests_record = True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_parameter_server_coordinators():
+    _record_coordinators()
+    yield
+    while _COORDINATORS:
+        _COORDINATORS.pop()._cluster.stop()
