@@ -218,9 +218,11 @@ def test_manifest_slurm_writes_the_script(tmp_path):
         "#SBATCH --partition=gpu",
         "#SBATCH --time=01:00:00",
     ]
+    # Each task pins itself first (tfdist.launch.slurm_pin), run by the Python that wrote it.
     assert (
         "srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 "
-        "tfdist train --strategy=multi_worker" in lines
+        f"{sys.executable} -m tfdist.launch.slurm_pin -- tfdist train --strategy=multi_worker"
+        in lines
     )
     assert lines[-1] == 'exit "$rc"'
 

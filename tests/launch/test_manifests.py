@@ -14,6 +14,8 @@ from tfdist import cluster as cluster_lib
 from tfdist.launch import manifests
 
 COMMAND = ["python", "train.py", "--epochs=3", "a b", "it's"]
+# What srun runs: the command's own Python pins the task first (tfdist.launch.slurm_pin).
+PINNED = ["python", "-m", "tfdist.launch.slurm_pin", "--", *COMMAND]
 
 
 # --- a small schema checker for the fields we set ---------------------------------------------
@@ -126,7 +128,7 @@ def test_slurm_script_directives_and_srun_line():
     assert len(srun) == 1
     argv = shlex.split(srun[0])
     assert argv[:4] == ["srun", "--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1"]
-    assert argv[4:] == COMMAND  # Quoted so the shell gives back exactly the command.
+    assert argv[4:] == PINNED  # Quoted so the shell gives back exactly the command.
     assert lines.index(srun[0]) > next(
         i for i, line in enumerate(lines) if line.startswith("unset TF_CONFIG")
     )
@@ -482,7 +484,7 @@ def test_slurm_node_range():
     assert directives[1:3] == ["--nodes=1-4", "--ntasks-per-node=2"]
     assert "# Slurm grants 1-4 nodes: each run trains on those" in text
     (srun,) = [line for line in lines if line.startswith("srun ")]
-    assert shlex.split(srun) == ["srun", "--ntasks-per-node=2", "--wait=60", *COMMAND]
+    assert shlex.split(srun) == ["srun", "--ntasks-per-node=2", "--wait=60", *PINNED]
     if shutil.which("bash"):
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
     # A range of one is the fixed count.

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from tests.helpers import run_tfdist
-from tfdist.launch import local, pinning
+from tfdist.launch import local, manifests, pinning, slurm_pin
 from tfdist.launch.pinning import Pinning, pin_layout
 
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -180,7 +180,101 @@ def test_tensorflow_sizes_its_pools_from_the_environment():
     assert _tf_threads(1 + 3, 2 + 5) - _tf_threads(1, 2) == 3 + 5
 
 
-def test_manifests_refuse_pin():
-    # Slurm and Kubernetes place tasks on CPUs themselves: --pin is a `tfdist launch` flag.
-    proc = run_tfdist("manifest", "slurm", "--pin=false", "--", "true", timeout=60)
-    assert proc.returncode == 2 and "no --pin for `tfdist manifest slurm`" in proc.stdout
+def test_kubernetes_manifests_refuse_pin():
+    # Kubernetes places each pod on CPUs itself: --pin is for `tfdist launch` and Slurm scripts.
+    proc = run_tfdist("manifest", "kubernetes", "--pin=false", "--", "true", timeout=60)
+    assert proc.returncode == 2 and "no --pin for `tfdist manifest kubernetes`" in proc.stdout
+
+
+# -- Slurm: each task pins itself (tfdist.launch.slurm_pin) --------------------------
+def _slurm_env(procid, tasks_per_node="2", nodes="node1", roles=None, **extra):
+    env = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(procid),
+        "SLURM_STEP_NODELIST": nodes,
+        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
+        **extra,
+    }
+    if roles:
+        env["TFDIST_SLURM_ROLES"] = roles
+    return env
+
+
+def test_slurm_tasks_of_a_node_split_its_cpus_in_rank_order():
+    assert slurm_pin.task_pinning(_slurm_env(1), [0, 1]) == (
+        "worker:1",
+        Pinning((1,)),
+        "its share of CPUs 0-1 among 2 training tasks",
+    )
+    # Node 1 of 2 holds ranks 2-3: rank 3 is that node's second task.
+    env = _slurm_env(3, tasks_per_node="2(x2)", nodes="node[1-2]")
+    assert slurm_pin.task_pinning(env, [0, 1, 2, 3])[:2] == ("worker:3", Pinning((2, 3)))
+
+
+def test_slurm_ps_keeps_every_cpu_and_the_training_tasks_share_them():
+    roles = "chief:1,ps:1,worker:2"
+    env = _slurm_env(1, tasks_per_node="4", roles=roles)
+    assert slurm_pin.task_pinning(env, [0, 1, 2, 3, 4, 5]) == (
+        "ps:0",
+        None,
+        "parameter servers and evaluators see every CPU",
+    )
+    env = _slurm_env(3, tasks_per_node="4", roles=roles)
+    assert slurm_pin.task_pinning(env, [0, 1, 2, 3, 4, 5])[:2] == ("worker:1", Pinning((4, 5)))
+    # Three training tasks do not fit on two CPUs: none is pinned, and the task says why.
+    env = _slurm_env(0, tasks_per_node="4", roles=roles)
+    assert (
+        "3 training tasks (chief and workers) do not fit" in slurm_pin.task_pinning(env, [0, 1])[2]
+    )
+
+
+def test_slurm_bound_tasks_keep_slurms_cpus():
+    env = _slurm_env(1, SLURM_CPU_BIND_TYPE="mask_cpu:")
+    assert slurm_pin.task_pinning(env, [6, 7]) == (
+        "worker:1",
+        Pinning((6, 7)),
+        "the CPUs Slurm bound it to",
+    )
+    for unbound in ("", "none", "quiet,none", "verbose,none"):
+        assert not slurm_pin.slurm_bound({"SLURM_CPU_BIND_TYPE": unbound}), unbound
+
+
+def test_slurm_script_runs_each_task_through_slurm_pin_unless_pin_is_false():
+    command = [sys.executable, "-m", "tfdist", "train"]
+    pinned = manifests.slurm_script(command, ntasks=2)
+    assert f"{sys.executable} -m tfdist.launch.slurm_pin -- {sys.executable} -m tfdist" in pinned
+    assert "tfdist.launch.slurm_pin" not in manifests.slurm_script(command, ntasks=2, pin=False)
+    with pytest.raises(ValueError, match=r"argument `pin`. Received: pin='no'"):
+        manifests.slurm_script(command, ntasks=2, pin="no")
+
+
+@needs_two_cpus
+def test_a_slurm_task_pins_itself_then_runs_its_command():
+    # srun's variables, as on a node with two tasks: the task on rank 1 gets the second half.
+    env = {**os.environ, **_slurm_env(1), "TF_NUM_INTRAOP_THREADS": "9"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdist.launch.slurm_pin", "--", sys.executable, "-c", _REPORT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    half = len(CPUS) // 2
+    assert json.loads(proc.stdout) == {
+        "cpus": CPUS[half : 2 * half],
+        "TF_NUM_INTRAOP_THREADS": str(half),
+        "TF_NUM_INTEROP_THREADS": str(max(2, half)),
+    }
+    assert f"tfdist: slurm task worker:1 -> cpus {pinning.cpu_list(CPUS[half : 2 * half])}" in (
+        proc.stderr
+    )
+    assert "replaced TF_NUM_INTRAOP_THREADS" in proc.stderr  # the user's value, replaced aloud
+    bad = subprocess.run(
+        [sys.executable, "-m", "tfdist.launch.slurm_pin", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "Expected `-- COMMAND...`" in bad.stderr

@@ -89,7 +89,12 @@ def test_mwms_over_two_slurm_tasks_trains_digits(slurm, tmp_path):
     assert finals(out) == [(EPOCHS * STEPS, finals(out)[0][1])] * 2, (
         out
     )  # Both tasks: same updates, same weights.
-    print(f"slurm mwms job: {seconds:.0f} s wall, val_accuracy={accuracy.group(1)}")
+    # Each task pinned itself to its half of the node's CPUs (Slurm here binds nothing itself).
+    half = len(os.sched_getaffinity(0)) // 2
+    pinned = dict(re.findall(r"tfdist: slurm task (worker:\d) -> cpus (\S+) ", out))
+    assert len(pinned) == 2 and pinned["worker:0"] != pinned["worker:1"], out
+    assert f"(intra-op {half}, inter-op {max(2, half)})" in out, out
+    print(f"slurm mwms job: {seconds:.0f} s wall, val_accuracy={accuracy.group(1)}, cpus {pinned}")
 
 
 def test_preempted_job_is_requeued_and_resumes_at_the_exact_update(slurm, tmp_path):

@@ -145,8 +145,9 @@ flags.DEFINE_boolean(
 flags.DEFINE_boolean(
     "pin",
     True,
-    "launch: give each chief and worker process of this node its own CPUs and TF thread pools "
-    "to match, when they fit on the CPUs the launcher may use (ps and evaluator: every CPU); "
+    "launch, manifest slurm: give each chief and worker process of a node its own CPUs and TF "
+    "thread pools to match, when they fit on the CPUs the launcher (Slurm: the task) may use "
+    "(ps and evaluator: every CPU; under Slurm, the CPUs Slurm bound a task to, if it did); "
     "--pin=false: every process sees every CPU, with TF's default pools.",
 )
 flags.DEFINE_integer("nnodes", 1, "launch, manifest slurm: the number of nodes (machines).")

@@ -10,7 +10,7 @@ from tfdist.config import invalid_argument
 
 # Flags a manifest kind does not use, refused when given rather than silently ignored.
 UNUSED_FLAGS = {
-    "slurm": ("evaluator", "image", "kind", "name", "hosts", "node_rank", "pin"),
+    "slurm": ("evaluator", "image", "kind", "name", "hosts", "node_rank"),
     "kubernetes": (
         "nnodes",
         "min_nodes",
@@ -89,6 +89,7 @@ def _manifest_text(kind: str, command: list[str]) -> tuple[str, str]:
             job_name=FLAGS.job_name,
             max_restarts=FLAGS.max_restarts,
             min_nodes=FLAGS.min_nodes,
+            pin=FLAGS.pin,
         )
         return text, "sbatch"
     text = manifests.kubernetes_manifest(

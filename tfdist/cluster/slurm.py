@@ -200,6 +200,32 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
     return _assign_roles(_step_roles(environ, total), addresses, task_id)
 
 
+def node_tasks(environ: Mapping[str, str]) -> tuple[list[tuple[str, int]], tuple[str, int]]:
+    """The tasks of this task's node, in rank order, and this task, as ``(task_type, task_id)``.
+
+    Reads the same variables as :func:`from_slurm` (block distribution: a node's
+    tasks have consecutive ranks), so that each task of a node can choose its own
+    CPUs without asking the others (:mod:`tfdist.launch.slurm_pin`).
+
+    Raises:
+        ValueError: If a Slurm variable is missing or malformed, or they disagree.
+    """
+    nodelist_var, hosts, task_id = _hosts_and_rank(environ)
+    per_node, _ = _tasks_per_node(environ, hosts, nodelist_var)
+    total = sum(per_node)
+    if task_id >= total:
+        raise invalid_argument(
+            "SLURM_PROCID", environ["SLURM_PROCID"], f"an integer in the range [0, {total - 1}]"
+        )
+    by_rank = [(role, i) for role, n in _step_roles(environ, total) for i in range(n)]
+    first = 0
+    for count in per_node:
+        if first <= task_id < first + count:
+            return by_rank[first : first + count], by_rank[task_id]
+        first += count
+    raise AssertionError("unreachable: task_id < total")
+
+
 def _hosts_and_rank(environ: Mapping[str, str]) -> tuple[str, list[str], int]:
     """The host-list variable, the step's hosts in Slurm's order, and this task's rank."""
     nodelist_var = next((v for v in _SLURM_NODELISTS if environ.get(v)), None)

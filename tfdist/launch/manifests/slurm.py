@@ -19,8 +19,10 @@ k-th task on a node listens on port ``slurm_port_base(SLURM_JOB_ID) + k``.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +54,7 @@ def slurm_script(
     job_name: str = "tfdist",
     max_restarts: int = 0,
     min_nodes: int | None = None,
+    pin: bool = True,
 ) -> str:
     """Returns an sbatch script that runs ``command`` once per Slurm task.
 
@@ -83,6 +86,9 @@ def slurm_script(
         min_nodes: The fewest nodes to start on (``#SBATCH --nodes=min_nodes-nnodes``),
             or None for exactly ``nnodes``. Each run trains on the nodes Slurm granted,
             ``workers`` tasks on each; MultiWorkerMirrored only (no ``chief``/``ps``).
+        pin: Run each task through :mod:`tfdist.launch.slurm_pin`, which gives each chief
+            and worker of a node its own CPUs and TF thread pools to match (the CPUs Slurm
+            bound it to, if it did). False: every task sees every CPU, TF's default pools.
 
     Returns:
         The script's text; submit it with ``sbatch FILE``.
@@ -91,6 +97,10 @@ def slurm_script(
         ValueError: On a bad argument, or tasks that do not divide into the roles.
     """
     command = check_command(command)
+    if not isinstance(pin, bool):
+        raise invalid_argument("pin", pin, "True or False")
+    if pin:
+        command = _pinned(command)
     check_positive_int("nnodes", nnodes)
     _check_ps(ps, chief=chief)
     check_non_negative_int("max_restarts", max_restarts)
@@ -111,6 +121,13 @@ def slurm_script(
         lines += _requeue_lines(max_restarts)
     lines += ['exit "$rc"', ""]
     return "\n".join(lines)
+
+
+def _pinned(command: list[str]) -> list[str]:
+    """``command`` run through :mod:`tfdist.launch.slurm_pin`, by the command's own Python if it
+    names one, else by the Python writing the script (both must have tfdist)."""
+    python = command[0] if os.path.basename(command[0]).startswith("python") else sys.executable
+    return [python, "-m", "tfdist.launch.slurm_pin", "--", *command]
 
 
 def _check_ps(ps: int, *, chief: bool) -> None:
