@@ -5,6 +5,7 @@ runs at import time, before any test imports tfdist's strategies.
 """
 
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.pop("TF_CONFIG", None)
@@ -88,6 +89,9 @@ def _cpu_now() -> float:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     setattr(item, _CPU_STARTED, _cpu_now())
+    # When each test started (Unix time), so that a run's timeline across xdist workers can be
+    # drawn from the junit report: which modules overlapped, and where a worker idled.
+    item.user_properties.append(("started_unix", round(time.time(), 1)))
 
 
 @pytest.hookimpl(hookwrapper=True)
