@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, run_tfdist
+from tests.helpers import PRELOAD, REPO, run_tfdist
 from tests.keras_parity.parity import assert_same, load_result, rows_on, run_keras
 from tests.keras_parity.rows import ROWS
 
@@ -31,7 +31,7 @@ def launched(tmp_path_factory):
     try:
         # Under pytest's 600 s timeout, so that a stuck row's output still reaches the tests.
         proc = run_tfdist(
-            "launch", "--workers=2", "--", sys.executable, JOB, str(out_dir), timeout=540
+            "launch", "--workers=2", PRELOAD, "--", sys.executable, JOB, str(out_dir), timeout=540
         )
         return proc.returncode, proc.stdout, out_dir
     except subprocess.TimeoutExpired as e:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tfdist
-from tests.helpers import REPO, run_tfdist
+from tests.helpers import PRELOAD, REPO, run_tfdist
 from tests.jobs.common import builder, dataset, initial_weights
 
 JOB = os.path.join(REPO, "tests", "jobs", "mwms_job.py")
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.multiprocess
 
 def _launch_job(mode, out_dir, env=None):
     return run_tfdist(
-        "launch", "--workers=2", "--", sys.executable, JOB, mode, str(out_dir), env=env
+        "launch", "--workers=2", PRELOAD, "--", sys.executable, JOB, mode, str(out_dir), env=env
     )
 
 

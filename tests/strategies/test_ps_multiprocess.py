@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, run_tfdist
+from tests.helpers import PRELOAD, REPO, run_tfdist
 
 JOB = os.path.join(REPO, "tests", "jobs", "ps_job.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
@@ -18,6 +18,7 @@ def _launch(out_dir, kills, *flags, job_args=()):
         "--chief",
         "--workers=2",
         "--ps=1",
+        PRELOAD,
         *flags,
         "--",
         sys.executable,
@@ -72,6 +73,7 @@ def test_cli_train_on_a_launched_ps_cluster():
         "--chief",
         "--workers=2",
         "--ps=1",
+        PRELOAD,
         "--",
         sys.executable,
         "-m",

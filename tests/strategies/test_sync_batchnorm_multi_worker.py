@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tfdist
-from tests.helpers import REPO, run_tfdist
+from tests.helpers import PRELOAD, REPO, run_tfdist
 from tests.jobs.sync_bn_job import bn_train, bn_weights
 
 pytestmark = pytest.mark.multiprocess
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.multiprocess
 
 def test_sync_batchnorm_matches_one_replica(tmp_path):
     job = os.path.join(REPO, "tests", "jobs", "sync_bn_job.py")
-    proc = run_tfdist("launch", "--workers=2", "--", sys.executable, job, str(tmp_path))
+    proc = run_tfdist("launch", "--workers=2", PRELOAD, "--", sys.executable, job, str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "[worker:0] done 2" in proc.stdout
     reference = bn_train(tfdist.make_strategy("one_device"), False, bn_weights())

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, launch_backup_job, launch_report, npz_weights, run_tfdist
+from tests.helpers import PRELOAD, REPO, launch_backup_job, launch_report, npz_weights, run_tfdist
 
 JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
@@ -77,8 +77,8 @@ def test_a_two_worker_backup_resumes_on_one_worker(tmp_path, uninterrupted_mwms)
     assert died.returncode != 0 and "worker-1 dying after batch 21" in died.stdout
     assert json.loads((backup / "state.json").read_text())["replicas"] == 2
     proc = run_tfdist(
-        "launch", "--workers=1", "--", sys.executable, JOB, "multi_worker", str(tmp_path / "one"),
-        str(backup), timeout=300,
+        "launch", "--workers=1", PRELOAD, "--", sys.executable, JOB, "multi_worker",
+        str(tmp_path / "one"), str(backup), timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, launch_report(proc, 3000)
     assert "written on 2 replicas and resumes on 1, at the same global step" in proc.stdout

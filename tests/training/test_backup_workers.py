@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, run_tfdist
+from tests.helpers import PRELOAD, REPO, run_tfdist
 
 JOB = os.path.join(REPO, "tests", "jobs", "workers_job.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
 
 def _launch(mode, out):
     return run_tfdist(
-        "launch", "--workers=2", "--", sys.executable, JOB, mode, str(out), timeout=400
+        "launch", "--workers=2", PRELOAD, "--", sys.executable, JOB, mode, str(out), timeout=400
     )
 
 

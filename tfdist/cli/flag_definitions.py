@@ -150,6 +150,14 @@ flags.DEFINE_boolean(
     "(ps and evaluator: every CPU; under Slurm, the CPUs Slurm bound a task to, if it did); "
     "--pin=false: every process sees every CPU, with TF's default pools.",
 )
+flags.DEFINE_list(
+    "preload",
+    [],
+    "launch: modules (e.g. tensorflow,keras) that one Python imports before any task starts; "
+    "every task, restarts included, is forked from it and starts with them imported. The "
+    "command must be PYTHON SCRIPT, PYTHON -m MODULE or PYTHON -c CODE. Default: none, each task "
+    "starts afresh.",
+)
 flags.DEFINE_integer("nnodes", 1, "launch, manifest slurm: the number of nodes (machines).")
 flags.DEFINE_integer("node_rank", 0, "launch: this node's index in --hosts; node 0 runs the chief.")
 flags.DEFINE_list(
@@ -318,7 +326,7 @@ READS = {
     ),
     "launch": _LAUNCH_LAYOUT
     | {"evaluator", "host", "hosts", "node_rank", "allow_external", "private_network", "pin"}
-    | {"timeout"},
+    | {"timeout", "preload"},
     "manifest": _LAUNCH_LAYOUT
     | {"ntasks", "min_nodes", "partition", "time", "job_name", "image", "name", "kind", "output"}
     | {"evaluator", "hosts", "node_rank", "pin"},  # refused per kind (manifest_command)

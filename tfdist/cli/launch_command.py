@@ -39,4 +39,5 @@ def run(args: Sequence[str]) -> int:
         hosts=FLAGS.hosts,
         private_network=FLAGS.private_network,
         pin=FLAGS.pin,
+        preload=FLAGS.preload,
     )

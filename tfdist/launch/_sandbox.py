@@ -18,6 +18,13 @@ it) as its own. The launcher signals the task's whole process group (this helper
 and the task); this helper ignores SIGTERM/SIGINT/SIGHUP itself, so the task alone
 decides how to react (e.g. save a backup and exit 75).
 
+``run --ppid=P --zygote=SOCKET [--cpus=...] -- PYTHON ...``: the task is forked by the
+preloaded interpreter of ``tfdist launch --preload`` (``tfdist/launch/_zygote.py``, already in
+the namespaces) instead: this helper sends it the command, its environment, directory, CPUs
+and standard streams, passes on the signals the launcher sends (SIGTERM, SIGINT, SIGHUP,
+SIGUSR1), and relays the task's exit status as its own. When this helper is killed, the
+zygote kills the task.
+
 Lifetimes are tied with ``prctl(PR_SET_PDEATHSIG)``: the helpers die when the
 launcher does, the task (and, through the PID namespace, every process it started)
 with them. Without a PID namespace (not permitted) the task's process group is
@@ -154,7 +161,39 @@ def run(
         finally:
             os._exit(127)
     _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
+    _relay(os.waitstatus_to_exitcode(status))
+
+
+def run_forked(zygote: str, cpus: list[int] | None, command: list[str]) -> None:
+    """Has the preloaded interpreter at ``zygote`` run ``command``; relays its exit status."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(zygote)
+    request = json.dumps(
+        {"command": command, "env": dict(os.environ), "cwd": os.getcwd(), "cpus": cpus}
+    ).encode()
+    socket.send_fds(sock, [struct.pack("!I", len(request))], [0, 1, 2])
+    sock.sendall(request)
+
+    def forward(signum, frame) -> None:
+        try:
+            sock.sendall(b"S%d\n" % signum)
+        except OSError:
+            pass
+
+    for signum in (*_QUIET, signal.SIGUSR1):
+        signal.signal(signum, forward)
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = sock.recv(64)
+        if not chunk:
+            sys.stderr.write("tfdist: the preloaded interpreter ended before this task did\n")
+            os._exit(1)
+        reply += chunk
+    _relay(int(reply[1:]))
+
+
+def _relay(code: int) -> None:
+    """Exits as the task did: with its code, or killed by the same signal."""
     if code >= 0:
         os._exit(code)
     # Die by the same signal, so that the launcher reports "killed by signal SIGKILL".
@@ -176,6 +215,11 @@ def main(argv: list[str]) -> None:
         options[key] = value
     if mode == "hold":
         hold(int(options["ppid"]), "net" in options)
+    elif mode == "run" and options.get("zygote"):
+        signal.signal(signal.SIGUSR2, _kill_group)
+        _die_with_parent(signal.SIGUSR2, int(options["ppid"]))
+        cpus = [int(c) for c in options["cpus"].split(",")] if options.get("cpus") else None
+        run_forked(options["zygote"], cpus, rest)
     elif mode == "run":
         cpus = [int(c) for c in options["cpus"].split(",")] if options.get("cpus") else None
         run(

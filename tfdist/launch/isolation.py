@@ -91,21 +91,32 @@ class Sandbox:
         if not self.private_network and not self.pid_namespace:
             self.close()
 
-    def wrap(self, command: Sequence[str], *, cpus: Sequence[int] | None = None) -> list[str]:
+    def wrap(
+        self,
+        command: Sequence[str],
+        *,
+        cpus: Sequence[int] | None = None,
+        zygote: str | None = None,
+    ) -> list[str]:
         """Returns the command that runs ``command`` as a task of this sandbox.
 
         Args:
             command: The task's program and arguments.
             cpus: The CPUs the task (and all it starts) may run on; all by default.
                 The helper sets them before it starts the task (Linux).
+            zygote: The socket of a preloaded interpreter running in this sandbox
+                (:mod:`tfdist.launch.preload`), which then forks the task; None to start
+                ``command`` afresh.
         """
         if not self._supported:
-            if cpus is not None:
-                raise invalid_argument("cpus", list(cpus), "None: CPU affinity needs Linux")
+            if cpus is not None or zygote is not None:
+                raise invalid_argument("cpus", list(cpus or ()), "None: CPU affinity needs Linux")
             return list(command)
         wrapped = [sys.executable, "-I", "-S", _HELPER, "run", f"--ppid={os.getpid()}"]
         if cpus is not None:
             wrapped.append("--cpus=" + ",".join(map(str, cpus)))
+        if zygote is not None:
+            wrapped.append(f"--zygote={zygote}")
         if self._holder is not None and self.private_network:
             wrapped.append(f"--netns=/proc/{self._holder.pid}/ns/net")
         if self._holder is not None and self.pid_namespace:

@@ -50,6 +50,7 @@ from tfdist.config import check_non_negative_int, invalid_argument
 from tfdist.launch.isolation import Sandbox, report_exposure
 from tfdist.launch.layout import multi_node_cluster, node_cluster, parse_hosts, single_node_cluster
 from tfdist.launch.pinning import Pinning, plan_pinning
+from tfdist.launch.preload import Preloader, check_preload
 from tfdist.launch.supervisor import TIMEOUT_RETURNCODE, Supervisor
 from tfdist.launch.tasks import Task, TaskResult, all_tasks, check_command, task_env
 
@@ -84,6 +85,7 @@ def launch(
     hosts: Sequence[str] | str | None = None,
     private_network: bool = True,
     pin: bool = True,
+    preload: Sequence[str] | str | None = None,
 ) -> int:
     """Runs ``command`` once per task of this node and supervises the processes.
 
@@ -126,6 +128,11 @@ def launch(
             its CPUs; inter-op: as many, at least 2), whenever they fit (see
             :mod:`tfdist.launch.pinning`); logged one line per task. Parameter
             servers and evaluators see every CPU. Restarts keep the same CPUs.
+        preload: Modules (e.g. ``("tensorflow", "keras")``) that one Python imports
+            before any task starts; every task, restarts included, is then forked from it
+            and starts with them imported (see :mod:`tfdist.launch.preload`). The command
+            must be ``PYTHON SCRIPT|-m MODULE|-c CODE [ARGS]``. None or empty: each task
+            starts afresh.
 
     Returns:
         0 when every chief, worker and evaluator (of this node) exited 0;
@@ -137,6 +144,7 @@ def launch(
         ValueError: On a bad argument, a port in use, or a command that cannot start.
     """
     command = check_command(command)
+    preload = check_preload(preload, command)
     check_non_negative_int("max_restarts", max_restarts)
     _check_timeout(timeout)
     single_node = hosts is None and nnodes == 1 and node_rank == 0
@@ -165,6 +173,7 @@ def launch(
         single_node=single_node,
         loopback=loopback,
         timeout=timeout,
+        preload=preload,
     )
 
 
@@ -224,6 +233,7 @@ def _supervise(
     single_node: bool,
     loopback: bool,
     timeout: float | None,
+    preload: tuple[str, ...],
 ) -> int:
     """Runs this node's tasks in their sandbox under a :class:`Supervisor`; their exit code."""
     # A private network only for a one-machine loopback cluster: tasks of a multi-node (or
@@ -237,14 +247,23 @@ def _supervise(
             loopback=loopback,
             private_network=private_network,
         )
-        supervisor = Supervisor(
-            command,
-            cluster,
-            env=env,
-            output=output,
-            max_restarts=max_restarts,
-            tasks=local_tasks,
-            sandbox=sandbox,
-            pinning=pinning,
-        )
-        return supervisor.run(timeout)
+        preloader = None
+        if preload:
+            preloader = Preloader(command[0], preload, sandbox=sandbox, env=env, output=output)
+            preloader.start()
+        try:
+            supervisor = Supervisor(
+                command,
+                cluster,
+                env=env,
+                output=output,
+                max_restarts=max_restarts,
+                tasks=local_tasks,
+                sandbox=sandbox,
+                pinning=pinning,
+                zygote=preloader.socket if preloader else None,
+            )
+            return supervisor.run(timeout)
+        finally:
+            if preloader is not None:
+                preloader.close()

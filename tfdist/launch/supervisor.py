@@ -82,11 +82,15 @@ class Supervisor:
         tasks: Sequence[Task] | None = None,
         sandbox: Sandbox | None = None,
         pinning: Mapping[str, Pinning] | None = None,
+        zygote: str | None = None,
     ):
         if pinning and sandbox is None:
             raise invalid_argument(
                 "pinning", dict(pinning), "none without a sandbox, whose helper sets the CPUs"
             )
+        if zygote and sandbox is None:
+            raise invalid_argument("zygote", zygote, "None without a sandbox, whose helper asks it")
+        self.zygote = zygote
         self.command = list(command)
         self.sandbox = sandbox
         self.pinning = dict(pinning or {})
@@ -115,7 +119,9 @@ class Supervisor:
         if pinning is not None:
             env.update(pinning.env())
         command = (
-            self.sandbox.wrap(self.command, cpus=pinning.cpus if pinning else None)
+            self.sandbox.wrap(
+                self.command, cpus=pinning.cpus if pinning else None, zygote=self.zygote
+            )
             if self.sandbox is not None
             else self.command
         )
