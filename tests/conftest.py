@@ -58,21 +58,9 @@ FIRST_SCOPES = (
 def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist") != "loadscope":
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from tests.xdist_scheduling import scheduler
 
-    class Scheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return RAY_SCOPE if nodeid == RAY_NOTEBOOK else super()._split_scope(nodeid)
-
-        def _assign_work_unit(self, node) -> None:
-            queue = getattr(self, "workqueue", None)  # xdist's; if it changes, keep its order
-            if queue is not None and hasattr(queue, "move_to_end"):
-                for scope in reversed(FIRST_SCOPES):
-                    if scope in queue:
-                        queue.move_to_end(scope, last=False)
-            super()._assign_work_unit(node)
-
-    return Scheduling(config, log)
+    return scheduler(config, log, first=FIRST_SCOPES, aliases={RAY_NOTEBOOK: RAY_SCOPE})
 
 
 # CPU seconds per test (this process and the children it waited for, setup and teardown
