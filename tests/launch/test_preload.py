@@ -21,7 +21,10 @@ from tests.helpers import REPO, run_tfdist
 from tfdist.launch import local
 from tfdist.launch.preload import check_preload, is_python_command
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks need Linux")
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks need Linux"),
+]
 MODULE = "email.mime.text"  # Imported by no task on its own.
 _REPORT = textwrap.dedent(f"""
     import json, os, sys

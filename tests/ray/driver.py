@@ -140,7 +140,10 @@ def too_many_workers():
 def cli(args):
     import subprocess
 
+    # As a user's shell has it: this driver's own RAY_DEDUP_LOGS=1 would keep Ray's coloured
+    # "[repeated 2x across cluster]" notes in the CLI's log (tfdist only sets a default).
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    env.pop("RAY_DEDUP_LOGS", None)
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "tfdist", "train", *args],

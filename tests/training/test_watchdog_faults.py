@@ -169,8 +169,11 @@ def test_a_worker_slowed_in_its_input_pipeline_is_named_and_only_then(tmp_path):
     # a few ms for a while (seen: 15 against 7 ms), and the report then rightly says so.
     before = [w for w in named if w["time"] <= slowed]
     assert all(_input_gap(w["message"]) < 20 for w in before), warnings
-    warning = [w for w in named if w["time"] > slowed][0]
-    assert _input_gap(warning["message"]) >= 20, warning
+    # The first warning after the slow-down may still score windows from before it (seen under
+    # load: 12 against 8 ms, a round later the full gap): the claim is the named gap, in time.
+    after = [w for w in named if w["time"] > slowed]
+    warning = next((w for w in after if _input_gap(w["message"]) >= 20), None)
+    assert warning is not None, after
     assert warning["time"] - slowed < 10.0, proc.stdout[-3000:]  # 5 s quiet; rounds lag under load
     assert re.match(
         r"Straggler: worker:1 on \S+ reads its input in \d+ ms against \d+ ms per update; the "
