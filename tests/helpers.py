@@ -62,13 +62,16 @@ PRELOAD = "--preload=tensorflow,keras"
 BACKUP_JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")
 
 
-def launch_backup_job(out, backup, *extra, restarts, timeout):
-    """``tfdist launch --workers=2`` of the backup job on MWMS; each worker's weights in ``out``."""
+def launch_backup_job(out, backup, *extra, restarts, timeout, preload=True):
+    """``tfdist launch --workers=2`` of the backup job on MWMS; each worker's weights in ``out``.
+
+    ``preload=False``: each task starts afresh, as by default.
+    """
     return run_tfdist(
         "launch",
         "--workers=2",
         f"--max_restarts={restarts}",
-        PRELOAD,
+        *([PRELOAD] if preload else []),
         "--",
         sys.executable,
         BACKUP_JOB,
