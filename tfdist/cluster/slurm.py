@@ -182,13 +182,8 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
     Raises:
         ValueError: If a Slurm variable is missing or malformed, or they disagree.
     """
-    nodelist_var, hosts, task_id = _hosts_and_rank(environ)
-    per_node, tpn_var = _tasks_per_node(environ, hosts, nodelist_var)
+    hosts, per_node, tpn_var, task_id = _step(environ)
     total = sum(per_node)
-    if task_id >= total:
-        raise invalid_argument(
-            "SLURM_PROCID", environ["SLURM_PROCID"], f"an integer in the range [0, {total - 1}]"
-        )
     port_base = _checked_port_base(environ, port_base, per_node, tpn_var)
     if len(hosts) == 1:
         # Every task is on this machine: loopback keeps the unauthenticated gRPC traffic off the
@@ -210,20 +205,24 @@ def node_tasks(environ: Mapping[str, str]) -> tuple[list[tuple[str, int]], tuple
     Raises:
         ValueError: If a Slurm variable is missing or malformed, or they disagree.
     """
+    _, per_node, _, task_id = _step(environ)
+    by_rank = [(role, i) for role, n in _step_roles(environ, sum(per_node)) for i in range(n)]
+    first = 0
+    while first + per_node[0] <= task_id:  # Skip the nodes before this task's.
+        first += per_node.pop(0)
+    return by_rank[first : first + per_node[0]], by_rank[task_id]
+
+
+def _step(environ: Mapping[str, str]) -> tuple[list[str], list[int], str | None, int]:
+    """The step's hosts, tasks per host, the variable those came from, and this task's rank."""
     nodelist_var, hosts, task_id = _hosts_and_rank(environ)
-    per_node, _ = _tasks_per_node(environ, hosts, nodelist_var)
+    per_node, tpn_var = _tasks_per_node(environ, hosts, nodelist_var)
     total = sum(per_node)
     if task_id >= total:
         raise invalid_argument(
             "SLURM_PROCID", environ["SLURM_PROCID"], f"an integer in the range [0, {total - 1}]"
         )
-    by_rank = [(role, i) for role, n in _step_roles(environ, total) for i in range(n)]
-    first = 0
-    for count in per_node:
-        if first <= task_id < first + count:
-            return by_rank[first : first + count], by_rank[task_id]
-        first += count
-    raise AssertionError("unreachable: task_id < total")
+    return hosts, per_node, tpn_var, task_id
 
 
 def _hosts_and_rank(environ: Mapping[str, str]) -> tuple[str, list[str], int]:

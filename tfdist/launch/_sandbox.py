@@ -213,15 +213,14 @@ def main(argv: list[str]) -> None:
             break
         key, _, value = option[2:].partition("=")
         options[key] = value
+    cpus = [int(c) for c in options["cpus"].split(",")] if options.get("cpus") else None
     if mode == "hold":
         hold(int(options["ppid"]), "net" in options)
     elif mode == "run" and options.get("zygote"):
         signal.signal(signal.SIGUSR2, _kill_group)
         _die_with_parent(signal.SIGUSR2, int(options["ppid"]))
-        cpus = [int(c) for c in options["cpus"].split(",")] if options.get("cpus") else None
         run_forked(options["zygote"], cpus, rest)
     elif mode == "run":
-        cpus = [int(c) for c in options["cpus"].split(",")] if options.get("cpus") else None
         run(
             int(options["ppid"]),
             options.get("netns") or None,

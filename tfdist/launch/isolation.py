@@ -109,8 +109,10 @@ class Sandbox:
                 ``command`` afresh.
         """
         if not self._supported:
-            if cpus is not None or zygote is not None:
-                raise invalid_argument("cpus", list(cpus or ()), "None: CPU affinity needs Linux")
+            if cpus is not None:
+                raise invalid_argument("cpus", list(cpus), "None: CPU affinity needs Linux")
+            if zygote is not None:
+                raise invalid_argument("zygote", zygote, "None: forking tasks needs Linux")
             return list(command)
         wrapped = [sys.executable, "-I", "-S", _HELPER, "run", f"--ppid={os.getpid()}"]
         if cpus is not None:

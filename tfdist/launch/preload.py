@@ -37,11 +37,11 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from tfdist.config import invalid_argument
+from tfdist.launch._zygote import READY
 from tfdist.launch.isolation import Sandbox
 
 logger = logging.getLogger(__name__)
 
-READY = "tfdist-zygote-ready"  # What tfdist/launch/_zygote.py prints once it imported.
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _READY_SECONDS = 300.0
 PYTHON_FORMS = "PYTHON SCRIPT [ARGS], PYTHON -m MODULE [ARGS] or PYTHON -c CODE [ARGS]"
