@@ -11,8 +11,9 @@ MODE:
               worker (like a local disk per machine): every worker should
               fail at the start with the same clear error.
 
-Each task writes OUT_DIR/<task>.pid and, in sigterm mode, appends each batch
-its callbacks saw to OUT_DIR/<task>.batches ("epoch:batch" per line).
+Each task writes OUT_DIR/<task>.pid. In sigterm mode it also writes OUT_DIR/<task>.claim
+(what its claim of a shared health-board key returned: null if it won) and appends each
+batch its callbacks saw to OUT_DIR/<task>.batches ("epoch:batch" per line).
 """
 
 import json
@@ -30,6 +31,13 @@ name = f"{task['type']}-{task['index']}"
 import tfdist  # noqa: E402
 
 strategy = tfdist.make_strategy("multi_worker")
+if mode == "sigterm":
+    # Both tasks race to claim one key of the health board (the watchdog's alarm, in a fit):
+    # exactly one may win, and the other must read the winner's value.
+    from tfdist.training.health import Board
+
+    claimed = Board(["worker:0", "worker:1"], shared=True).claim("race", {"by": name})
+    (out / f"{name}.claim").write_text(json.dumps(claimed))
 
 import keras  # noqa: E402
 

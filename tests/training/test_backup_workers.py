@@ -1,6 +1,7 @@
-"""Two real MultiWorkerMirrored workers: SIGTERM without a backup, chief-only TensorBoard, and a
-non-shared backup_dir."""
+"""Two real MultiWorkerMirrored workers: SIGTERM without a backup, chief-only TensorBoard, a
+non-shared backup_dir, and two tasks racing for one health-board key."""
 
+import json
 import os
 import sys
 
@@ -42,6 +43,16 @@ def test_sigterm_without_backup_stops_every_worker_at_the_same_step(sigterm_run)
     assert {line.split("]")[0] for line in stopped} == {"[worker:0", "[worker:1"}, proc.stdout[
         -3000:
     ]
+
+
+def test_two_workers_racing_for_one_health_board_key_have_exactly_one_winner(sigterm_run):
+    # The watchdog's alarm key: two tasks finding a hang in the same second once crashed the
+    # loser's health thread (the store refuses a second insert), and its stacks were lost.
+    out, _ = sigterm_run
+    claims = {i: json.loads((out / f"worker-{i}.claim").read_text()) for i in range(2)}
+    winners = [i for i, claim in claims.items() if claim is None]
+    assert len(winners) == 1, claims
+    assert claims[1 - winners[0]] == {"by": f"worker-{winners[0]}"}
 
 
 def test_tensorboard_events_come_from_the_chief_only(sigterm_run):

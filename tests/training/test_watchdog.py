@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -82,7 +83,7 @@ def _state(seq, section, update, *, published=100.0, py_function=False):
     }
 
 
-def test_blame_names_the_task_behind_then_a_python_stall_then_a_silent_one():
+def test_blame_names_the_task_behind_then_a_python_stall_then_a_silent_one_or_none():
     behind = {"worker:0": _state(90, "vote", 22), "worker:1": _state(89, "callbacks", 21)}
     assert blame(behind, stale_after=5, now=101).startswith(
         "worker:1 on node-a is stuck in callbacks at update 21 for 12 s, while the others "
@@ -100,6 +101,8 @@ def test_blame_names_the_task_behind_then_a_python_stall_then_a_silent_one():
     assert "worker:1 on node-a stopped reporting 21 s ago" in blame(frozen, stale_after=5, now=101)
     even = {"worker:0": _state(50, "update", 9), "worker:1": _state(50, "update", 9)}
     assert blame(even, stale_after=5, now=101).startswith("every task waits in update at update 9")
+    # The store gone with its task (the chief exited first): still a sentence, not an error.
+    assert blame({}, stale_after=5, now=101).startswith("no task's state could be read")
 
 
 def _round(report, works, *, step=0.05, exchange=None, window=None):
@@ -245,6 +248,40 @@ def test_on_parameter_servers_the_watchdog_numbers_time_each_workers_calls():
     # watchdog=None turns the stuck-worker check off too.
     fit_health(runner, watchdog=None, stragglers=None, callbacks=[], has_backup=False)
     assert not runner.watch.checking
+
+
+def test_a_failed_round_is_logged_once_and_the_next_rounds_go_on(caplog):
+    from tfdist.training.health import Health
+
+    class Runner:
+        task_label, is_chief = "worker:0", True
+
+    health = Health(Runner(), ["worker:0"], watchdog=WatchdogOptions(poll=0.02), stragglers=None)
+    put, calls = health.board.put, []
+
+    def flaky_put(key, value):  # the store unreachable for three rounds, say
+        calls.append(key)
+        if len(calls) <= 3:
+            raise RuntimeError("store unreachable")
+        put(key, value)
+
+    health.board.put = flaky_put
+    with health:
+        while health.board.get("task/worker:0") is None:
+            time.sleep(0.02)
+    failed = [r for r in caplog.records if "a round failed" in r.getMessage()]
+    assert [r.getMessage() for r in failed] == [
+        "tfdist health on worker:0: a round failed (store unreachable)."
+    ]
+
+
+def test_the_first_claim_of_a_key_wins_and_the_later_ones_read_it():
+    from tfdist.training.health import Board
+
+    board = Board(["worker:0", "worker:1"], shared=False)
+    assert board.claim("fired", {"by": "worker:1"}) is None
+    assert board.claim("fired", {"by": "worker:0"}) == {"by": "worker:1"}
+    assert board.get("fired") == {"by": "worker:1"}
 
 
 def test_a_window_left_by_an_earlier_fit_does_not_hide_this_fits_windows():

@@ -68,6 +68,18 @@ def key_value_set(key: str, value: str) -> None:
     ctx.set_config_key_value(key, value)
 
 
+def key_value_insert(key: str, value: str) -> bool:
+    """Sets ``key`` in the coordination service's store only if absent; False if it was there."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import errors
+
+    try:
+        context.context().set_config_key_value(key, value)
+    except errors.AlreadyExistsError:
+        return False
+    return True
+
+
 def key_value_get(key: str, timeout_ms: int) -> str | None:
     """``key``'s value in the coordination service's store; None if absent after ``timeout_ms``."""
     from tensorflow.python.eager import context

@@ -67,6 +67,25 @@ class Board:
         else:
             self._local[key] = text
 
+    def claim(self, key: str, value: dict[str, Any]) -> dict[str, Any] | None:
+        """Sets ``key`` unless a task set it first; returns None if set here, else its value.
+
+        Two tasks may find a hang in the same second: exactly one claims it.
+        """
+        text = json.dumps(value)
+        if self.shared:
+            if _compat.key_value_insert(_PREFIX + key, text):
+                return None
+            first = self.get(key, 100)
+            if first is not None:
+                return first
+            self.put(key, value)  # deleted meanwhile: it was an earlier fit's
+            return None
+        if key in self._local:
+            return json.loads(self._local[key])
+        self._local[key] = text
+        return None
+
     def get(self, key: str, timeout_ms: int = 1) -> dict[str, Any] | None:
         text = (
             _compat.key_value_get(_PREFIX + key, timeout_ms)
@@ -221,21 +240,31 @@ class Health:
         return state
 
     def _run(self) -> None:
+        failed = False
         while not self._stop.wait(self.interval):
-            now = time.monotonic()
-            state = self._state(now)
-            if self.clock is not None and now - self._last_clock >= self.straggler_options.interval:
-                self._window += 1
-                self._last_clock = now
-                state["clock"] = {"window": self._window, **self.clock.take()}
-            self.board.put(f"task/{self.label}", state)
-            if self.report is not None:
-                self.report.tick(self.board.states())
-            if self.rates is not None and now - self._last_rates >= self.rate_options.interval:
-                self._last_rates = now
-                self._report_rates()
-            if self.watchdog is not None and not self._fired:
-                self._check(now)
+            try:
+                self._round()
+            except Exception as error:  # noqa: BLE001 - the store unreachable, say: try again
+                if not failed:
+                    logger.warning("tfdist health on %s: a round failed (%s).", self.label, error)
+                failed = True
+
+    def _round(self) -> None:
+        """Publishes this task's state, scores the stragglers, checks for a hang."""
+        now = time.monotonic()
+        state = self._state(now)
+        if self.clock is not None and now - self._last_clock >= self.straggler_options.interval:
+            self._window += 1
+            self._last_clock = now
+            state["clock"] = {"window": self._window, **self.clock.take()}
+        self.board.put(f"task/{self.label}", state)
+        if self.report is not None:
+            self.report.tick(self.board.states())
+        if self.rates is not None and now - self._last_rates >= self.rate_options.interval:
+            self._last_rates = now
+            self._report_rates()
+        if self.watchdog is not None and not self._fired:
+            self._check(now)
 
     def _check(self, now: float) -> None:
         # 100 ms: under load a store round trip takes more than a millisecond, and a missed
@@ -253,10 +282,14 @@ class Health:
         limit = self.timeouts.timeout(section)
         if now - began > limit:
             why = f"no progress in {section} at update {update} for {now - began:.0f} s"
-            self.board.put(
-                "fired",
-                {"by": self.label, "why": f"{why}, timeout {limit:.0f} s", "at": time.time()},
-            )
+            mine = {"by": self.label, "why": f"{why}, timeout {limit:.0f} s", "at": time.time()}
+            first = self.board.claim("fired", mine)
+            if first is not None and first["at"] >= self._wall_started:
+                # Another task found it in the same round: it names the stuck task.
+                self._hang(f"{first['by']} found a hang ({first['why']})", found_here=False)
+                return
+            if first is not None:  # an earlier fit's alarm, in this process's store
+                self.board.put("fired", mine)
             self._hang(f"{why}; its timeout is {limit:.0f} s ({self._learned(section)})")
 
     def _report_rates(self) -> None:

@@ -111,6 +111,8 @@ def blame(states: Mapping[str, Mapping[str, Any]], *, stale_after: float, now: f
     Returns:
         One sentence naming the stuck task(s) and why.
     """
+    if not states:
+        return "no task's state could be read (the store's task, the chief, may be gone)"
     if len(states) == 1:
         (t, s), *_ = states.items()
         python = " (a tf.py_function runs: its input pipeline's Python, say)"
