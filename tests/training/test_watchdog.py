@@ -276,7 +276,7 @@ def test_a_failed_round_is_logged_once_and_the_next_rounds_go_on(caplog):
 
 
 def test_the_first_claim_of_a_key_wins_and_the_later_ones_read_it():
-    from tfdist.training.health import Board
+    from tfdist.training.board import Board
 
     board = Board(["worker:0", "worker:1"], shared=False)
     assert board.claim("fired", {"by": "worker:1"}) is None

@@ -5,9 +5,8 @@ The loop marks its sections (:meth:`Health.section`); every ``interval`` the
 thread
 
 * publishes this task's state (section, update, how long, this worker's
-  step sections since last time) to a :class:`Board`: TF's coordination
-  service when the cluster has one (MultiWorkerMirrored), so that it works
-  while the training thread waits in a collective, else this process alone;
+  step sections since last time) to the tasks'
+  :class:`~tfdist.training.board.Board`;
 * checks the current section against its learned timeout, and whether
   another task found a hang; on a hang it blames the stuck task, dumps the
   Python stacks of all threads and exits with ``STUCK_EXIT_CODE``
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import logging
 import os
 import socket
@@ -33,6 +31,7 @@ from typing import Any
 from tfdist import _compat
 from tfdist.config import STUCK_EXIT_CODE
 from tfdist.strategies.ps_failures import WorkerStuckError
+from tfdist.training.board import Board
 from tfdist.training.stragglers import StragglerOptions, StragglerReport
 from tfdist.training.watchdog import (
     LearnedTimeouts,
@@ -44,60 +43,6 @@ from tfdist.training.watchdog import (
 )
 
 logger = logging.getLogger(__name__)
-_PREFIX = "tfdist/health/"
-
-
-class Board:
-    """The tasks' states, by label: in TF's coordination service, or in this process.
-
-    Args:
-        labels: Every task that publishes (``"worker:0"``, ...).
-        shared: Whether to use the coordination service's key-value store.
-    """
-
-    def __init__(self, labels: Sequence[str], *, shared: bool) -> None:
-        self.labels = list(labels)
-        self.shared = shared
-        self._local: dict[str, str] = {}
-
-    def put(self, key: str, value: dict[str, Any]) -> None:
-        text = json.dumps(value)
-        if self.shared:
-            _compat.key_value_set(_PREFIX + key, text)
-        else:
-            self._local[key] = text
-
-    def claim(self, key: str, value: dict[str, Any]) -> dict[str, Any] | None:
-        """Sets ``key`` unless a task set it first; returns None if set here, else its value.
-
-        Two tasks may find a hang in the same second: exactly one claims it.
-        """
-        text = json.dumps(value)
-        if self.shared:
-            if _compat.key_value_insert(_PREFIX + key, text):
-                return None
-            first = self.get(key, 100)
-            if first is not None:
-                return first
-            self.put(key, value)  # deleted meanwhile: it was an earlier fit's
-            return None
-        if key in self._local:
-            return json.loads(self._local[key])
-        self._local[key] = text
-        return None
-
-    def get(self, key: str, timeout_ms: int = 1) -> dict[str, Any] | None:
-        text = (
-            _compat.key_value_get(_PREFIX + key, timeout_ms)
-            if self.shared
-            else self._local.get(key)
-        )
-        return None if text is None else json.loads(text)
-
-    def states(self) -> dict[str, dict[str, Any]]:
-        """Every task's last state (tasks that never published are left out)."""
-        found = {label: self.get(f"task/{label}", 200) for label in self.labels}
-        return {label: s for label, s in found.items() if s is not None}
 
 
 def _interactive() -> bool:
