@@ -254,17 +254,23 @@ def test_parameter_server_compares_trainer_with_hand_written_loops(quick_run):
     steps, batch = config["steps_per_run"], config["global_batch_size"]
     samples = result["samples"]
     sides = {"trainer", "hand_written_bare", "hand_written_with_loss_metric", "trainer_spe8"}
+    sides.add("trainer_progress_bar")
     assert set(samples["values"]) == sides == set(result["cpu_ms_per_step"])
     rates = {
         "hand_written_bare": result["hand_written_bare_examples_per_s"],
         "hand_written_with_loss_metric": result["hand_written_with_loss_metric_examples_per_s"],
         "trainer": result["trainer_examples_per_s"],
         "trainer_spe8": result["steps_per_execution_8"]["trainer_examples_per_s"],
+        "trainer_progress_bar": result["progress_bar"]["trainer_examples_per_s"],
     }
     for side in sides:
         _check_samples(samples, side, work=steps * batch)
         assert _from_samples(rates[side], samples, side)
-    for pair, side in ((result, "trainer"), (result["steps_per_execution_8"], "trainer_spe8")):
+    for pair, side in (
+        (result, "trainer"),
+        (result["steps_per_execution_8"], "trainer_spe8"),
+        (result["progress_bar"], "trainer_progress_bar"),
+    ):
         assert pair["ratio"] == pytest.approx(rates[side] / rates["hand_written_bare"])
         assert pair["ratio_vs_loop_with_loss_metric"] == pytest.approx(
             rates[side] / rates["hand_written_with_loss_metric"]

@@ -36,13 +36,19 @@ compiled metrics and the same number of steps per timed run:
   never read while timing. Every update reaching the ps is checked
   (``loss_metric_updates``).
 
+* **trainer_progress_bar**: the **trainer** side fitted as a user's ``fit``
+  is by default, ``verbose=1`` (Keras's progress bar, drawn into a string):
+  its calls return their logs, and the bar reads a batch's logs, waiting for
+  that call, each time it redraws (at most every 0.05 s).
+
 ``ratio`` = trainer / hand_written_bare examples/s, goal >= 0.95;
 ``ratio_vs_loop_with_loss_metric`` = trainer / hand_written_with_loss_metric
 (the loop that does the loss bookkeeping the Trainer does). All sides schedule
 one step per closure; ``steps_per_execution_8`` reports the Trainer with 8
 steps per scheduled closure against the same hand-written loops (a different
-unit of scheduling, so no goal). The step counts every side's optimizer
-reached are recorded as a check.
+unit of scheduling, so no goal); ``progress_bar`` the Trainer at
+``verbose=1``, likewise. The step counts every side's optimizer reached are
+recorded as a check.
 
 ``cpu_ms_per_step`` is this process's CPU time per step for each side (median
 over the same measurements as the rates). The workers and the ps run inside
@@ -74,7 +80,9 @@ NUM_CLASSES = 10
 GLOBAL_BATCH_SIZE = 256
 STEPS_PER_RUN = 64
 LEARNING_RATE = 0.01
-TRAINER_STEPS_PER_EXECUTION = {"trainer": 1, "trainer_spe8": 8}
+TRAINER_STEPS_PER_EXECUTION = {"trainer": 1, "trainer_spe8": 8, "trainer_progress_bar": 1}
+# The Trainer sides fitted with Keras's progress bar (verbose=1, the default); others verbose=0.
+PROGRESS_BAR_SIDES = {"trainer_progress_bar"}
 # The hand-written loops: name -> whether the step also tracks the mean loss (keras.metrics.Mean).
 HAND_WRITTEN_LOOPS = {"hand_written_bare": False, "hand_written_with_loss_metric": True}
 
@@ -170,6 +178,13 @@ def _rate_summary(rates: dict[str, float]) -> dict[str, Any]:
             "ratio": timing.ratio(rates["trainer_spe8"], bare),
             "ratio_vs_loop_with_loss_metric": timing.ratio(rates["trainer_spe8"], with_loss),
         },
+        "progress_bar": {
+            "trainer_examples_per_s": rates["trainer_progress_bar"],
+            "ratio": timing.ratio(rates["trainer_progress_bar"], bare),
+            "ratio_vs_loop_with_loss_metric": timing.ratio(
+                rates["trainer_progress_bar"], with_loss
+            ),
+        },
     }
 
 
@@ -242,7 +257,11 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
     trainers = _trainers(strategy, builder)
     trainer_sides = {
         name: fits.trainer_side(
-            trainer, dataset_fn, global_batch_size=global_batch_size, steps=steps
+            trainer,
+            dataset_fn,
+            global_batch_size=global_batch_size,
+            steps=steps,
+            verbose=int(name in PROGRESS_BAR_SIDES),
         )
         for name, trainer in trainers.items()
     }
@@ -251,6 +270,7 @@ def parameter_server(repeats: int, quick: bool) -> dict[str, Any]:
         "trainer": trainer_sides["trainer"],
         **loops,
         "trainer_spe8": trainer_sides["trainer_spe8"],
+        "trainer_progress_bar": trainer_sides["trainer_progress_bar"],
     }
     samples, cpu_per_step = _measure(measured, steps, repeats)
     return {
