@@ -328,3 +328,30 @@ def test_batch_logs_count_as_read_only_where_a_callback_can_read_them():
     assert reads([], verbose=1)
     for callback in (BatchEnd(), OldBatchEnd(), patched, keras.callbacks.TerminateOnNaN()):
         assert reads([EpochOnly(), callback]), callback
+
+
+def test_the_progress_bar_reads_a_batchs_logs_only_when_it_draws_them(capsys):
+    """verbose=1 under parameter servers: each read waits for its call, so only drawn ones."""
+    import time
+
+    from tfdist.logs import LazyLogs
+    from tfdist.training.callbacks import FitCallbackList
+
+    callbacks = FitCallbackList([], add_progbar=True, verbose=1, epochs=1, steps=400)
+    callbacks.on_train_begin()
+    callbacks.on_epoch_begin(0)
+    read = []
+
+    def logs(batch):
+        return LazyLogs(["loss"], lambda: read.append(batch) or {"loss": 1000.0 + batch})
+
+    for batch in range(199):  # well within the bar's 0.05 s between draws
+        callbacks.on_train_batch_end(batch, logs(batch))
+    time.sleep(0.06)
+    callbacks.on_train_batch_end(199, logs(199))  # due: drawn with its own values
+    for batch in range(200, 400):  # the epoch's last batch always draws
+        callbacks.on_train_batch_end(batch, logs(batch))
+    callbacks.on_epoch_end(0, {"loss": 0.5})
+    assert read[:2] == [0, 199] and read[-1] == 399 and len(read) < 10, read
+    shown = capsys.readouterr().out
+    assert "1199.0000" in shown and "400/400" in shown and "loss: 0.5000" in shown

@@ -1,4 +1,4 @@
-"""What ``tfdist.callbacks.BackupAndRestore`` needs from ``fit`` that Keras does not make public.
+"""What tfdist's callbacks need of ``fit`` and of Keras's progress bar that Keras keeps private.
 
 Each function names one reach past Keras's public surface, with the reason;
 ``tests/training/test_backup_callback.py`` fails if a Keras release moves it.
@@ -7,6 +7,7 @@ Each function names one reach past Keras's public surface, with the reason;
 from __future__ import annotations
 
 import inspect
+import time
 
 import keras
 
@@ -46,3 +47,19 @@ def calling_callback_list(
     finally:
         del frame  # a frame reference held here would keep every local of fit alive
     return None
+
+
+def progress_bar_draws(callback: keras.callbacks.ProgbarLogger, batch: int) -> bool:
+    """Whether ``callback``'s bar would draw at the end of ``batch`` (0-based) of an epoch.
+
+    Reason: Keras's ``Progbar`` redraws at most every ``interval`` seconds
+    (0.05 s at ``verbose=1``), yet ``ProgbarLogger`` hands it every batch's
+    logs, reading them all; the values of a batch it does not draw are never
+    shown. When it draws is decided by its private ``_last_update``.
+    """
+    bar = callback.progbar
+    if callback.verbose != 1 or bar is None:
+        return True  # verbose 2 reads nothing per batch; the first batch makes the bar and draws
+    if bar.target is not None and batch + 1 >= bar.target:
+        return True  # the epoch's last batch finalises the bar
+    return time.time() - bar._last_update >= bar.interval

@@ -24,7 +24,11 @@ from typing import Any
 
 import keras
 
-from tfdist._compat.keras_callbacks import calling_callback_list, set_initial_epoch
+from tfdist._compat.keras_callbacks import (
+    calling_callback_list,
+    progress_bar_draws,
+    set_initial_epoch,
+)
 from tfdist.logs import LazyLogs
 
 logger = logging.getLogger(__name__)
@@ -58,7 +62,9 @@ class FitCallbackList(keras.callbacks.CallbackList):
     before any callback sees them: reading every value. A ``LazyLogs`` (the
     parameter-server runner's) already is that dict once read, so it is passed
     as it is, and only a callback or progress bar that reads a value pays for
-    computing them. Other logs go through Keras's conversion as before.
+    computing them. Keras's progress bar (``verbose=1``) is given a batch's
+    logs only when it will draw them: at most every 0.05 s, as it redraws.
+    Other logs go through Keras's conversion as before.
     """
 
     @property
@@ -75,6 +81,13 @@ class FitCallbackList(keras.callbacks.CallbackList):
             super().on_train_batch_end(batch, logs)
             return
         for callback in self.callbacks:
+            if type(callback) is keras.callbacks.ProgbarLogger and not progress_bar_draws(
+                callback, batch
+            ):
+                # The bar would not draw this batch's values: they are not read, and its count
+                # moves on as Keras's would (each draw shows that batch's own running values).
+                callback.seen = batch + 1
+                continue
             callback.on_train_batch_end(batch, logs=logs)
 
 
