@@ -253,8 +253,13 @@ def test_parameter_server_compares_trainer_with_hand_written_loops(quick_run):
     config = result["config"]
     steps, batch = config["steps_per_run"], config["global_batch_size"]
     samples = result["samples"]
-    sides = {"trainer", "hand_written_bare", "hand_written_with_loss_metric", "trainer_spe8"}
-    sides.add("trainer_progress_bar")
+    sides = {
+        "trainer",
+        "hand_written_bare",
+        "hand_written_with_loss_metric",
+        "trainer_spe8",
+        "trainer_progress_bar",
+    }
     assert set(samples["values"]) == sides == set(result["cpu_ms_per_step"])
     rates = {
         "hand_written_bare": result["hand_written_bare_examples_per_s"],

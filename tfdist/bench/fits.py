@@ -285,9 +285,8 @@ def trainer_side(
     """
 
     def fit(**kwargs: Any) -> Any:
-        if not verbose:
-            return trainer.fit(data, global_batch_size=global_batch_size, **kwargs)
-        with contextlib.redirect_stdout(io.StringIO()):
+        shown = contextlib.redirect_stdout(io.StringIO()) if verbose else contextlib.nullcontext()
+        with shown:
             return trainer.fit(
                 data, global_batch_size=global_batch_size, **{**kwargs, "verbose": verbose}
             )
