@@ -2,6 +2,10 @@
 
 import os
 
+#: ``tfdist bench --preload``: the bench tests fork their benchmarks' tasks from one Python that
+#: imported these (about 5 CPU-seconds saved per task). test_stragglers.py keeps the default start.
+PRELOAD = ("tensorflow", "keras")
+
 
 def assert_png_written(results, output, name):
     """Benchmark ``name``'s own chart is a PNG file next to the JSON ``output``."""

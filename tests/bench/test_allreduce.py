@@ -7,10 +7,12 @@ pytest-xdist (``--dist loadscope``) runs the two modules' launches side by side.
 
 import json
 import statistics
+import subprocess
+import sys
 
 import pytest
 
-from tests.bench.checks import assert_machine_is_this_one, assert_png_written
+from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
 from tfdist.bench import allreduce, runner
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -20,7 +22,11 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 def bench_run(tmp_path_factory):
     output = str(tmp_path_factory.mktemp("bench") / "bench.json")
     results = runner.run(
-        ["allreduce"], quick=True, output=output, repeats=2, options={"threads_per_worker": 1}
+        ["allreduce"],
+        quick=True,
+        output=output,
+        repeats=2,
+        options={"threads_per_worker": 1, "preload": PRELOAD},
     )
     return results, output
 
@@ -29,6 +35,7 @@ def test_allreduce_bandwidths_follow_from_the_recorded_times(bench_run):
     result = bench_run[0]["results"]["allreduce"]
     n = result["num_workers"]
     assert n == 2
+    assert all(t["preloaded"] for t in result["threads"].values())  # the preload option
     expected_sizes = allreduce.sizes(result["config"]["min_bytes"], result["config"]["max_bytes"])
     assert expected_sizes == [1024, 4096, 16384]
     labels = {(s["implementation"], s["packing"], s["dtype"]) for s in result["series"]}
@@ -75,3 +82,25 @@ def test_results_and_png_are_written(bench_run):
 def test_bad_allreduce_options_get_one_clear_error():
     with pytest.raises(ValueError, match=r"Invalid value for argument `allreduce_workers`"):
         allreduce.run(workers=1)
+
+
+def test_a_preload_is_checked_and_refused_where_no_benchmark_launches_tasks():
+    with pytest.raises(ValueError, match=r"preload.*'tensor flow'.*module names"):
+        runner.run(["allreduce"], output=None, options={"preload": ("tensor flow",)})
+    with pytest.raises(ValueError, match=r"preload.*tensorflow.*none of the benchmarks run"):
+        runner.run(["accumulation"], output=None, options={"preload": ("tensorflow",)})
+
+
+def test_a_process_started_afresh_is_not_taken_for_a_preloaded_one():
+    from tfdist.bench.worker_common import forked_from_preload
+
+    assert not forked_from_preload()  # this test's process (the preloaded tasks: above)
+    # A process whose command line is the preloaded Python's, as a task forked from it keeps.
+    like_a_task = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "tfdist.launch._zygote"]
+    )
+    try:
+        assert forked_from_preload(like_a_task.pid)
+    finally:
+        like_a_task.kill()
+        like_a_task.wait()

@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from tests.bench.checks import assert_machine_is_this_one, assert_png_written
+from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
 from tfdist.bench import health, runner
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -22,7 +22,7 @@ WORKERS = ("worker-0", "worker-1")
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     output = str(tmp_path_factory.mktemp("bench") / "bench.json")
-    options = {"threads_per_worker": 1}
+    options = {"threads_per_worker": 1, "preload": PRELOAD}
     results = runner.run(["health"], quick=True, output=output, repeats=2, options=options)
     return results, output
 
@@ -46,6 +46,7 @@ def test_every_side_did_the_same_counted_work(bench_run):
         assert result["examples_per_s"][name] == side["examples_per_s"]
     for thread in result["threads"].values():
         assert thread["intra_op_threads"] == 1
+        assert thread["preloaded"]
 
 
 def test_the_on_sides_really_ran_the_health_thread_and_the_clock(bench_run):

@@ -15,7 +15,7 @@ import statistics
 
 import pytest
 
-from tests.bench.checks import assert_machine_is_this_one, assert_png_written
+from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
 from tfdist.bench import runner, scaling
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -32,6 +32,7 @@ def bench_run(tmp_path_factory):
         "threads_per_worker": 1,
         "scaling_workers": (1, 2),
         "gradient_compression": ("none", "bf16"),
+        "preload": PRELOAD,
     }
     results = runner.run(["scaling"], quick=True, output=output, repeats=2, options=options)
     return results, output
@@ -71,6 +72,7 @@ def test_every_side_did_the_same_work_on_every_worker(bench_run):
             assert side["step_s"] == pytest.approx(statistics.median(seconds) / steps)
         for thread in entry["threads"].values():
             assert thread["intra_op_threads"] == 1
+            assert thread["preloaded"]  # forked from the preloaded Python (the preload option)
         workers = {t: v for t, v in entry["threads"].items() if t.startswith("worker")}
         assert len(workers) == n
         if len(os.sched_getaffinity(0)) >= n:  # each worker pinned to its own core

@@ -22,7 +22,7 @@ import statistics
 
 import pytest
 
-from tests.bench.checks import assert_machine_is_this_one, assert_png_written
+from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
 from tfdist.bench import common, first_fit, runner, time_to_accuracy
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -32,7 +32,7 @@ RULES = ("none", "linear")
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     output = str(tmp_path_factory.mktemp("bench") / "bench.json")
-    options = {"threads_per_worker": 1}
+    options = {"threads_per_worker": 1, "preload": PRELOAD}
     results = runner.run(
         ["time_to_accuracy", "first_fit"], quick=True, output=output, repeats=1, options=options
     )
@@ -63,6 +63,7 @@ def test_every_side_saw_the_same_examples_per_epoch(bench_run):
         assert entry["updates_per_epoch"] == entry["train_examples"] // gbs
         assert entry["examples_per_epoch"] == entry["updates_per_epoch"] * gbs
         assert all(t["intra_op_threads"] == 1 for t in entry["threads"].values())
+        assert all(t["preloaded"] for t in entry["threads"].values())
     # The digits' train split divides into whole batches of 32 and 64 alike.
     assert one["examples_per_epoch"] == two["examples_per_epoch"]
     assert two["chief"] == ["worker-0"] and set(two["threads"]) == {"worker-0", "worker-1"}

@@ -35,13 +35,17 @@ FAULTS = (
 )
 
 
-def _launch(out, *extra, restarts=0):
-    # The default start, not --preload: under preload the slowed worker's input gap came out
-    # smaller (12 against 8 ms, then 4 against 2 ms, in two suite runs; never without it). Not
-    # understood yet: a task forked from the preloaded Python may keep values TF computed at
-    # import, e.g. from the CPUs it saw then.
+def _launch(out, *extra, restarts=0, preload=True):
+    """The backup job under ``tfdist launch --workers=2``, its tasks forked from a preloaded Python.
+
+    ``preload=False`` (the slowed-input test) starts each task afresh: under preload the slowed
+    worker's input gap came out smaller (12 against 8 ms, then 4 against 2 ms, in two suite
+    runs; never without it). Not understood yet: a task forked from the preloaded Python may
+    keep values TF computed at import, e.g. from the CPUs it saw then. The hangs do not depend
+    on such timings, and preloading saves each of their seven task starts a TF import.
+    """
     return launch_backup_job(
-        out, out / "backup", *extra, restarts=restarts, timeout=600, preload=False
+        out, out / "backup", *extra, restarts=restarts, timeout=600, preload=preload
     )
 
 
@@ -170,6 +174,7 @@ def test_a_worker_slowed_in_its_input_pipeline_is_named_and_only_then(tmp_path):
         "--straggler_interval=0.5",
         "--straggler_restart_after=4",
         "--epochs=10",
+        preload=False,
     )
     assert proc.returncode == 0, launch_report(proc, 3000)
     assert "has been slow for 4 rounds; stopping every worker" in proc.stdout

@@ -11,6 +11,9 @@ measurement, see ``worker_common.report_progress``), which the parent logs.
 Threads are pinned before TensorFlow starts in each task: the spec's
 ``threads_per_worker`` goes into ``OMP_NUM_THREADS``/``TF_NUM_INTRAOP_THREADS``
 here and into ``tf.config.threading`` in the task (see ``worker_common.pin_threads``).
+Under the bench's ``preload`` option the tasks are forked from one Python that imported
+TensorFlow (``tfdist launch --preload``); that Python already has the tasks' environment,
+and TF's thread pools start only with a task's first op, after its own threading call.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
-from tfdist.bench import timing
+from tfdist.bench import common, timing
 from tfdist.bench.worker_common import PROGRESS_MARK
 from tfdist.config import check_positive_int, invalid_argument
 
@@ -134,6 +137,9 @@ def run_tasks(
             thread pools (``tfdist.launch.pinning``), no thread variables are set
             here, and the tasks leave their threads alone (``spec["launcher_pins"]``).
 
+    The bench's ``preload`` option (``tfdist bench --preload=tensorflow,keras``) has every
+    task forked from one Python that imported those modules (``tfdist launch --preload``).
+
     Returns:
         ``{"tasks": {"worker-0": {...}, ...}, "launch_seconds": s, "others_cpu": c}``
         where ``others_cpu`` is the CPU (in cores) that processes other than
@@ -144,6 +150,7 @@ def run_tasks(
     """
     from tfdist.launch.local import launch
 
+    preload = common.options().get("preload", ())
     with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as out_dir:
         spec = {**spec, "out_dir": out_dir, "launcher_pins": default_launch}
         spec_path = os.path.join(out_dir, "spec.json")
@@ -164,6 +171,7 @@ def run_tasks(
                 timeout=timeout,
                 # Else each task pins itself as its spec says (worker_common.pin_threads).
                 pin=default_launch,
+                preload=preload,
             )
         took = watch.stop()
         children = _children_cpu_seconds() - children

@@ -30,11 +30,13 @@ import logging
 import math
 import os
 import platform
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from tfdist.bench import common, report, timing
+from tfdist.bench.cluster_run import WORKER_MODULE
 from tfdist.config import check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,25 @@ def _meta(repeats: int, quick: bool) -> dict[str, Any]:
     }
 
 
+def _checked_preload(names: Sequence[str], options: dict[str, Any] | None) -> dict[str, Any]:
+    """``options`` with ``preload`` checked: module names, and a benchmark that launches tasks."""
+    from tfdist.launch.preload import check_preload  # bench starts tasks through launch
+
+    options = dict(options or {})
+    preload = check_preload(options.get("preload"), [sys.executable, "-m", WORKER_MODULE])
+    launching = [n for n in names if n in ON_REQUEST]
+    if preload and not launching:
+        raise invalid_argument(
+            "preload",
+            ",".join(preload),
+            "no modules: none of the benchmarks run "
+            f"({', '.join(names)}) starts processes to preload them into",
+            note=f"The ones that do: {', '.join(ON_REQUEST)}.",
+        )
+    options["preload"] = preload or None
+    return options
+
+
 def run(
     names: Sequence[str] | None = None,
     *,
@@ -124,13 +145,18 @@ def run(
         options: Benchmark options, e.g. ``{"threads_per_worker": 1,
             "gradient_compression": ("none", "bf16")}`` for ``scaling`` (see
             ``tfdist.bench.scaling.DEFAULTS`` and ``tfdist.bench.allreduce.DEFAULTS``).
+            ``"preload": ("tensorflow", "keras")`` forks the tasks of the benchmarks that
+            launch processes from one Python that imported those modules, as
+            ``tfdist launch --preload`` does (a faster start; it is refused when no named
+            benchmark launches processes).
 
     Returns:
         ``{"meta": {versions, cpu count, date, repeats, ...}, "results": {name: {...}}}``;
         unknown or undefined numbers (NaN) are None, as in the JSON file.
 
     Raises:
-        ValueError: For an unknown benchmark name or a non-positive ``repeats``;
+        ValueError: For an unknown benchmark name, a non-positive ``repeats`` or a bad
+            ``preload``;
             if TF was initialised with fewer than 2 CPU devices.
     """
     common.init_strategies()
@@ -150,7 +176,7 @@ def run(
         )
     names = ordered
     benchmarks = common.registry()
-    common.set_options(options)
+    common.set_options(_checked_preload(names, options))
     results: dict[str, Any] = {"meta": _meta(repeats, quick), "results": {}}
     for name in names:
         logger.info("bench %s: running (repeats=%d%s)", name, repeats, ", quick" if quick else "")

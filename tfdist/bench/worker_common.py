@@ -156,6 +156,20 @@ class Recorder:
         report_progress(f"{name} {count} ({seconds:.1f} s)")
 
 
+def forked_from_preload(pid: int | str = "self") -> bool:
+    """Whether this task (or process ``pid``) was forked from ``tfdist launch --preload``'s Python.
+
+    A fork keeps its parent's command line, so such a task's is still the preloaded Python's
+    (``python -m tfdist.launch._zygote ...``). Its own, not its parent's: the parent's pid may be
+    one of the sandbox's PID namespace, which this ``/proc`` does not show.
+    """
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"tfdist.launch._zygote" in f.read()
+    except OSError:  # not Linux
+        return False
+
+
 def write_result(spec: dict[str, Any], result: dict[str, Any]) -> None:
     """Writes this task's ``result`` to ``<out_dir>/<task_type>-<task_id>.json`` (atomically)."""
     task_type, task_id = task()

@@ -5,7 +5,9 @@
 It pins this process's threads (and, where the cores allow, its CPUs) before
 TensorFlow starts, unless the launcher did (a user's default launch,
 ``spec["launcher_pins"]``), runs ``spec["kind"]`` (a key of :data:`KINDS`) and
-writes its results to ``<out_dir>/<task_type>-<task_id>.json``.
+writes its results to ``<out_dir>/<task_type>-<task_id>.json``; their ``threads`` say
+what it pinned, and ``preloaded`` whether it was forked from a preloaded Python
+(``tfdist bench --preload``).
 
 :data:`KINDS` is a leaf table, as ``tfdist.strategies.registry`` is for strategies:
 a kind's module is imported only in the task that runs it, and the worker modules
@@ -20,7 +22,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tfdist.bench.worker_common import launcher_threads, pin_threads, plan_progress, write_result
+from tfdist.bench.worker_common import (
+    forked_from_preload,
+    launcher_threads,
+    pin_threads,
+    plan_progress,
+    write_result,
+)
 from tfdist.config import invalid_argument
 
 #: spec["kind"] -> ``"module:function"``, the function ``(spec) -> result | None`` a task runs.
@@ -58,7 +66,9 @@ def main(argv: list[str]) -> int:
     plan_progress(spec)
     result = resolve(spec["kind"])(spec)
     if result is not None:  # ps tasks and PS workers serve and write nothing
-        write_result(spec, {**result, "threads": pinned})
+        # How the task was set up: its threads and CPUs, and whether it was forked preloaded.
+        setup = {**pinned, "preloaded": forked_from_preload()}
+        write_result(spec, {**result, "threads": setup})
     return 0
 
 

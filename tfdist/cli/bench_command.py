@@ -45,6 +45,7 @@ def run(args: Sequence[str]) -> int:
         "target_accuracy": FLAGS.target_accuracy,
         "slow_fsync_ms": FLAGS.slow_fsync_ms,
         "first_fit_launches": FLAGS.first_fit_launches,
+        "preload": tuple(FLAGS.preload) or None,
     }
     results = runner.run(
         FLAGS.benchmarks or None,

@@ -156,7 +156,8 @@ flags.DEFINE_list(
     "launch: modules (e.g. tensorflow,keras) that one Python imports before any task starts; "
     "every task, restarts included, is forked from it and starts with them imported. The "
     "command must be PYTHON SCRIPT, PYTHON -m MODULE or PYTHON -c CODE. Default: none, each task "
-    "starts afresh.",
+    "starts afresh. bench: the same for the tasks of the benchmarks that launch processes "
+    "(scaling, allreduce, stragglers, health, time_to_accuracy, first_fit).",
 )
 flags.DEFINE_integer("nnodes", 1, "launch, manifest slurm: the number of nodes (machines).")
 flags.DEFINE_integer("node_rank", 0, "launch: this node's index in --hosts; node 0 runs the chief.")
@@ -350,6 +351,7 @@ READS = {
             "scaling_workers",
             "hidden_units",
             "first_fit_launches",
+            "preload",
         }
     ),
 }
