@@ -19,6 +19,7 @@ def train_digits_one_epoch():
     import json
 
     import tfdist
+    import tfdist.bench.worker_common
 
     strategy = tfdist.make_strategy("multi_worker")  # first: before any other TF work
 
@@ -36,6 +37,7 @@ def train_digits_one_epoch():
     return {
         "task": f"{task['type']}:{task['index']}",
         "pid": os.getpid(),
+        "preloaded": tfdist.bench.worker_common.forked_from_preload(),
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
         "is_chief": trainer.is_chief,
         "history": history.history,
@@ -47,8 +49,11 @@ def always_fails(message):
 
 
 def test_multi_worker_training_returns_the_chiefs_result():
-    result = notebook_launcher(train_digits_one_epoch, num_workers=2, timeout=120)
+    result = notebook_launcher(
+        train_digits_one_epoch, num_workers=2, timeout=120, preload=["tensorflow", "keras"]
+    )
     assert result["task"] == "worker:0" and result["is_chief"]
+    assert result["preloaded"]  # forked from the Python that imported TF and Keras
     assert result["pid"] != os.getpid()  # it ran in a task process, not here
     assert result["num_replicas_in_sync"] == 2
     assert set(result["history"]) == {"loss", "accuracy"}

@@ -23,7 +23,7 @@ import pickle
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
@@ -42,6 +42,7 @@ def notebook_launcher(
     env: dict[str, str] | None = None,
     private_network: bool = True,
     pin: bool = False,
+    preload: Sequence[str] | None = None,
 ) -> Any:
     """Runs ``fn(*args)`` in every task of a local cluster; returns the chief's result.
 
@@ -63,6 +64,9 @@ def notebook_launcher(
             they fit, as ``tfdist launch`` does (``tfdist.launch.local.launch``).
             Off by default here: the fault-tolerance notebook's crash-and-resume
             run fails its step accounting with it on (not explained yet).
+        preload: Modules (e.g. ``("tensorflow", "keras")``) that one Python imports
+            before the tasks start; every task, restarts included, is forked from it
+            (``tfdist launch --preload``): about 5 CPU-seconds less per task start.
 
     Returns:
         What ``fn`` returned on the chief (worker 0 without a chief).
@@ -90,6 +94,7 @@ def notebook_launcher(
             output=sys.stdout,
             private_network=private_network,
             pin=pin,
+            preload=preload,
         )
         if code != 0:
             raise RuntimeError(
