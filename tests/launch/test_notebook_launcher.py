@@ -76,3 +76,8 @@ def test_a_failing_function_raises_runtime_error(capsys):
 def test_bad_num_workers_is_a_value_error(bad):
     with pytest.raises(ValueError, match="num_workers"):
         notebook_launcher(always_fails, "never runs", num_workers=bad)
+
+
+def test_a_bad_preload_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match=r"argument `preload`.*'tensor flow'.*module names"):
+        notebook_launcher(always_fails, "never runs", preload=["tensor flow"])
