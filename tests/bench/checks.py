@@ -3,7 +3,7 @@
 import os
 
 #: ``tfdist bench --preload``: the bench tests fork their benchmarks' tasks from one Python that
-#: imported these (about 5 CPU-seconds saved per task). test_stragglers.py keeps the default start.
+#: imported these (about 5 CPU-seconds saved per task).
 PRELOAD = ("tensorflow", "keras")
 
 

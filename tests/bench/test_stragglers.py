@@ -13,7 +13,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests.bench.checks import assert_machine_is_this_one, assert_png_written
+from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
 from tfdist.bench import common, runner, stragglers
 from tfdist.bench.straggler_worker import CALIBRATION_RUNS, straggler_dataset_fn
 
@@ -23,7 +23,7 @@ FACTOR = 4.0
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     output = str(tmp_path_factory.mktemp("bench") / "bench.json")
-    options = {"threads_per_worker": 1, "straggler_factor": FACTOR}
+    options = {"threads_per_worker": 1, "straggler_factor": FACTOR, "preload": PRELOAD}
     results = runner.run(["stragglers"], quick=True, output=output, repeats=2, options=options)
     return results, output
 
