@@ -4,7 +4,10 @@ Virtual devices must exist before TensorFlow initialises its devices, so this
 runs at import time, before any test imports tfdist's strategies.
 """
 
+import faulthandler
 import os
+import tempfile
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -74,8 +77,46 @@ def _cpu_now() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+# An in-process test still running after STALL_SECONDS has the stacks of its process's threads
+# taken, once; the run's summary prints them ("tfdist stall" sections). Two suite runs on
+# 2026-12-02 each had one in-process MirroredStrategy test block for about 40 s on little CPU
+# (test_inputs' evaluation with a partial last batch, then test_accumulation's partial window;
+# 1-6 s each, and not reproduced, when run alone).
+STALL_SECONDS = 30
+STALL_SECTION = "tfdist stall"
+_STALL_TIMER, _STALL_STACKS = "_tfdist_stall_timer", "_tfdist_stall_stacks"
+_OUT_OF_PROCESS = {"multiprocess", "fault", "notebook", "ray", "slurm", "slow"}
+
+
+def _take_stacks(item) -> None:
+    with tempfile.TemporaryFile("w+") as f:
+        f.write(f"{item.nodeid}: still running after {STALL_SECONDS} s (pid {os.getpid()})\n")
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        setattr(item, _STALL_STACKS, f.read())
+
+
+def _watch_for_a_stall(item) -> None:
+    if _OUT_OF_PROCESS & {mark.name for mark in item.iter_markers()}:
+        return
+    timer = threading.Timer(STALL_SECONDS, _take_stacks, (item,))
+    timer.daemon = True
+    timer.start()
+    setattr(item, _STALL_TIMER, timer)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for name, text in getattr(report, "sections", ()):
+                if name == STALL_SECTION:
+                    terminalreporter.write_sep("-", STALL_SECTION)
+                    terminalreporter.write_line(text)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    _watch_for_a_stall(item)
     setattr(item, _CPU_STARTED, _cpu_now())
     # When each test started (Unix time), so that a run's timeline across xdist workers can be
     # drawn from the junit report: which modules overlapped, and where a worker idled.
@@ -84,11 +125,15 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    if call.when == "teardown" and hasattr(item, _STALL_TIMER):
+        getattr(item, _STALL_TIMER).cancel()
     if call.when == "teardown" and hasattr(item, _CPU_STARTED):
         item.user_properties.append(
             ("cpu_seconds", round(_cpu_now() - getattr(item, _CPU_STARTED), 2))
         )
-    yield
+    outcome = yield
+    if call.when == "teardown" and hasattr(item, _STALL_STACKS):
+        outcome.get_result().sections.append((STALL_SECTION, getattr(item, _STALL_STACKS)))
 
 
 def pytest_report_header(config):
