@@ -81,8 +81,10 @@ def _cpu_now() -> float:
 # taken, once; the run's summary prints them ("tfdist stall" sections). Two suite runs on
 # 2026-12-02 each had one in-process MirroredStrategy test block for about 40 s on little CPU
 # (test_inputs' evaluation with a partial last batch, then test_accumulation's partial window;
-# 1-6 s each, and not reproduced, when run alone).
-STALL_SECONDS = 30
+# 1-6 s each, and not reproduced, when run alone). 40 s: those blocks ran 42 and 48 s, and the
+# longest in-process test that does not block, test_bench.py's module set-up (an in-process
+# quick bench with its own parameter-server cluster), takes about 30 s.
+STALL_SECONDS = 40
 STALL_SECTION = "tfdist stall"
 _STALL_TIMER, _STALL_STACKS = "_tfdist_stall_timer", "_tfdist_stall_stacks"
 _OUT_OF_PROCESS = {"multiprocess", "fault", "notebook", "ray", "slurm", "slow"}
