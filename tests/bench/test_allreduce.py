@@ -96,10 +96,20 @@ def test_a_process_started_afresh_is_not_taken_for_a_preloaded_one():
 
     assert not forked_from_preload()  # this test's process (the preloaded tasks: above)
     # A process whose command line is the preloaded Python's, as a task forked from it keeps.
+    # It says "up" once it runs: until its exec, its command line is still this process's.
     like_a_task = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "tfdist.launch._zygote"]
+        [
+            sys.executable,
+            "-c",
+            "import time; print('up', flush=True); time.sleep(60)",
+            "-m",
+            "tfdist.launch._zygote",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
+        assert like_a_task.stdout.readline() == "up\n"
         assert forked_from_preload(like_a_task.pid)
     finally:
         like_a_task.kill()
