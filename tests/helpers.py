@@ -56,7 +56,8 @@ class Crash(keras.callbacks.Callback):
 #: What the multi-process tests pass to ``tfdist launch``: every task (restarts included) is
 #: forked from one Python that imported TensorFlow and Keras once, instead of importing them
 #: itself (about 6 CPU-seconds a process on 2 cores). A few launch tests keep the default start.
-PRELOAD = "--preload=tensorflow,keras"
+PRELOAD_MODULES = ("tensorflow", "keras")
+PRELOAD = "--preload=" + ",".join(PRELOAD_MODULES)
 
 #: The multi-worker backup job of the fault tests (``tests/jobs/backup_job.py``).
 BACKUP_JOB = os.path.join(REPO, "tests", "jobs", "backup_job.py")

@@ -3,8 +3,8 @@
 import os
 
 #: ``tfdist bench --preload``: the bench tests fork their benchmarks' tasks from one Python that
-#: imported these (about 5 CPU-seconds saved per task).
-PRELOAD = ("tensorflow", "keras")
+#: imported these, as the multi-process tests' launches do (about 5 CPU-seconds saved per task).
+from tests.helpers import PRELOAD_MODULES as PRELOAD  # noqa: F401
 
 
 def assert_png_written(results, output, name):

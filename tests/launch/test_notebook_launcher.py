@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from tests.helpers import PRELOAD_MODULES
 from tfdist.launch import notebook_launcher
 
 pytestmark = pytest.mark.multiprocess
@@ -50,7 +51,7 @@ def always_fails(message):
 
 def test_multi_worker_training_returns_the_chiefs_result():
     result = notebook_launcher(
-        train_digits_one_epoch, num_workers=2, timeout=120, preload=["tensorflow", "keras"]
+        train_digits_one_epoch, num_workers=2, timeout=120, preload=PRELOAD_MODULES
     )
     assert result["task"] == "worker:0" and result["is_chief"]
     assert result["preloaded"]  # forked from the Python that imported TF and Keras

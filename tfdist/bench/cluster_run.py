@@ -137,9 +137,6 @@ def run_tasks(
             thread pools (``tfdist.launch.pinning``), no thread variables are set
             here, and the tasks leave their threads alone (``spec["launcher_pins"]``).
 
-    The bench's ``preload`` option (``tfdist bench --preload=tensorflow,keras``) has every
-    task forked from one Python that imported those modules (``tfdist launch --preload``).
-
     Returns:
         ``{"tasks": {"worker-0": {...}, ...}, "launch_seconds": s, "others_cpu": c}``
         where ``others_cpu`` is the CPU (in cores) that processes other than

@@ -102,8 +102,7 @@ def _checked_preload(names: Sequence[str], options: dict[str, Any] | None) -> di
 
     options = dict(options or {})
     preload = check_preload(options.get("preload"), [sys.executable, "-m", WORKER_MODULE])
-    launching = [n for n in names if n in ON_REQUEST]
-    if preload and not launching:
+    if preload and not any(n in ON_REQUEST for n in names):
         raise invalid_argument(
             "preload",
             ",".join(preload),
