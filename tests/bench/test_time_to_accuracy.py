@@ -10,7 +10,8 @@ target (or ran every epoch); the times, rates, medians and ratios follow from th
 recorded points; the *linear* side really trained at the scaled, warmed-up rate and
 *none* at the base rate.
 
-first_fit: one default 2-worker launch (the launcher pins the workers): every fit and
+first_fit: one default 2-worker launch (the launcher pins the workers): every fit (the
+Trainer's, then Keras's own `model.fit`'s as the reference) and
 every measurement made exactly the updates asked, on both workers; both workers ended
 each side with the same weights; the first-fit and Trainer / raw-loop figures follow
 from the recorded seconds. Nothing here asserts how fast anything is.
@@ -196,12 +197,13 @@ def test_first_fit_every_fit_and_measurement_made_the_updates_asked_on_both_work
     for launch in result["launches"]:
         assert (launch["num_workers"], launch["global_batch_size"]) == (2, 64)
         assert launch["chief"] == ["worker-0"]
-        fits = launch["fits_per_worker"]
-        assert set(fits) == {"worker-0", "worker-1"}
-        for runs in fits.values():
-            # Counted optimizer updates, not the steps requested.
-            assert [f["updates"] for f in runs] == [config["fit_steps"]] * config["fits"]
-            assert all(0 < f["steps_seconds"] <= f["seconds"] for f in runs)
+        # The Trainer's fits, then Keras's own model.fit's (the reference), on both workers.
+        for fits in (launch["fits_per_worker"], launch["keras_fit"]["fits_per_worker"]):
+            assert set(fits) == {"worker-0", "worker-1"}
+            for runs in fits.values():
+                # Counted optimizer updates, not the steps requested.
+                assert [f["updates"] for f in runs] == [config["fit_steps"]] * config["fits"]
+                assert all(0 < f["steps_seconds"] <= f["seconds"] for f in runs)
         for side in launch["sides"].values():
             assert side["updates_per_worker"] == {
                 t: [config["steps"]] * config["repeats"] for t in ("worker-0", "worker-1")
@@ -236,6 +238,15 @@ def test_first_fit_figures_follow_from_the_recorded_seconds(bench_run):
     outside = [f["seconds"] - f["steps_seconds"] for f in launch["fits_per_worker"]["worker-0"]]
     assert launch["fit_outside_steps_seconds"] == pytest.approx(outside)
     assert 0 < result["steady_fit_outside_steps_seconds"] < result["steady_fit_seconds"]
+    # Keras's own fits (the reference) are summarised the same way, from their own seconds.
+    keras_seconds = [f["seconds"] for f in launch["keras_fit"]["fits_per_worker"]["worker-0"]]
+    keras = result["keras_fit"]
+    assert launch["keras_fit"]["fit_seconds"] == keras_seconds
+    assert keras["first_fit_seconds"] == keras_seconds[0]
+    assert keras["first_to_steady_ratio"] == pytest.approx(
+        keras["first_fit_seconds"] / keras["steady_fit_seconds"]
+    )
+    assert keras_seconds[0] not in seconds  # not the Trainer's fits read twice
     sides = launch["sides"]
     for side in sides.values():
         assert side["examples_per_s_samples"] == pytest.approx(

@@ -12,7 +12,10 @@ bench (``cluster_run.run_tasks(default_launch=True)``). Each worker builds the T
 * **the first fits**: ``fits`` fits of ``fit_steps`` (10) steps, one
   after another, the first on the fresh cluster. Reported: the first fit's seconds (the
   whole call: tracing, the graph's first run and the fit's set-up included), the steady
-  state (the median of the later fits) and first / steady (goal: at most 1.5);
+  state (the median of the later fits) and first / steady (goal: at most 1.5); and the same
+  for Keras's own ``model.fit`` on the same model (``keras_fit``; Keras's defaults, one step
+  per call), run after them in the same process: what TF's trace and first run cost a fit
+  that has none of the Trainer's code;
 * **the Trainer against a raw loop**: that Trainer (``tfdist train``'s
   ``--steps_per_execution``, by default "auto": 32 steps per call here), a second one with the
   Trainer's own default (``steps_per_execution="auto"``; the two differ when the spec sets
@@ -140,22 +143,30 @@ def _sides(tasks: dict[str, Any], others: dict[str, list[float | None]], example
     return out
 
 
-def summarise_launch(launched: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """One launch: its fits (every worker's, worker 0's clock) and its sides' samples."""
-    tasks = launched["tasks"]
+def _fits_of(tasks: dict[str, Any], others: dict[str, Any], key: str, name: str) -> dict:
+    """One series of fits in a launch (``key`` in the tasks' results; ``name``: its records)."""
     lead = tasks["worker-0"]
-    others = health.others_per_sample(tasks, "worker-0")
-    seconds = [f["seconds"] for f in lead["fits"]]
-    later = timing.median(seconds[1:])
+    seconds = [f["seconds"] for f in lead[key]]
     return {
         "fit_seconds": seconds,
         # Each fit's seconds outside its steps' window: its set-up (and tracing, for the first).
-        "fit_outside_steps_seconds": [f["seconds"] - f["steps_seconds"] for f in lead["fits"]],
+        "fit_outside_steps_seconds": [f["seconds"] - f["steps_seconds"] for f in lead[key]],
         "first_fit_seconds": seconds[0],
-        "later_fits_median_seconds": later,
-        "first_to_steady": timing.ratio(seconds[0], later),
-        "fit_others_cpu": others["fit"],
-        "fits_per_worker": {t: task["fits"] for t, task in tasks.items()},
+        "later_fits_median_seconds": timing.median(seconds[1:]),
+        "first_to_steady": timing.ratio(seconds[0], timing.median(seconds[1:])),
+        "fit_others_cpu": others[name],
+        "fits_per_worker": {t: task[key] for t, task in tasks.items()},
+    }
+
+
+def summarise_launch(launched: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """One launch: its fits and Keras's (every worker's, worker 0's clock), its sides' samples."""
+    tasks = launched["tasks"]
+    lead = tasks["worker-0"]
+    others = health.others_per_sample(tasks, "worker-0")
+    return {
+        **_fits_of(tasks, others, "fits", "fit"),
+        "keras_fit": _fits_of(tasks, others, "keras_fits", "keras_fit"),
         "sides": _sides(tasks, others, int(spec["steps"]) * int(spec["global_batch_size"])),
         "weights_digest": {t: task["weights_digest"] for t, task in tasks.items()},
         "num_workers": lead["num_workers"],
@@ -268,10 +279,16 @@ def summarise(spec: dict[str, Any], launches: list[dict[str, Any]]) -> dict[str,
         "goal": GOALS["ratio"],
         "goals": dict(GOALS),
     }
+    keras_fit = _fit_figures([entry["keras_fit"] for entry in launches])
+    out["keras_fit"] = {**keras_fit, "order": "after the Trainer's fits, in the same process"}
     out["others_cpu_max"] = timing.nanmax(
         o
         for entry in launches
-        for values in (entry["fit_others_cpu"], *(s["others_cpu"] for s in entry["sides"].values()))
+        for values in (
+            entry["fit_others_cpu"],
+            entry["keras_fit"]["fit_others_cpu"],
+            *(s["others_cpu"] for s in entry["sides"].values()),
+        )
         for o in values
         if o is not None
     )

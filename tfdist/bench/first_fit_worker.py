@@ -13,7 +13,12 @@ neither clock counts the other's slower start. Then, on that one Trainer:
    cluster (tracing and the graph's first run included), the later ones warm. Each fit's
    whole call is timed (what a user waits for), its steps' window apart (first batch to
    the epoch's end), and the optimizer updates it made are counted.
-2. A second Trainer with the Trainer's own default, ``steps_per_execution="auto"``, and
+2. The reference: as many fits with Keras's own ``model.fit`` on the same model,
+   compiled in the strategy's scope with Keras's defaults (one step per call), timed the
+   same way. They run after the Trainer's, in a process that has paid what it pays once
+   (a first trace and run of any step); their first fit pays its model's trace and its
+   graph's first run, as a second Trainer's would.
+3. A second Trainer with the Trainer's own default, ``steps_per_execution="auto"``, and
    the raw loop (``scaling_sides.raw_loop_side``: SGD steps under ``strategy.run`` in one
    ``tf.function``, one all-reduce a step), on the same model, initial weights, data and
    global batch; all three warmed up untimed, then timed alternately, ``repeats`` rounds
@@ -35,6 +40,7 @@ from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import tfdist
 from tfdist.bench import fits
@@ -92,29 +98,59 @@ def make_trainer(
 
 
 def time_fits(
-    trainer: Any, train: Any, spec: dict[str, Any], recorder: Recorder
+    fit: fits.FitThroughput, spec: dict[str, Any], recorder: Recorder, name: str = "fit"
 ) -> list[dict[str, Any]]:
-    """Times ``spec["fits"]`` fits of ``spec["fit_steps"]`` steps on ``trainer``, in order.
+    """Times ``spec["fits"]`` calls of ``fit`` (each ``spec["fit_steps"]`` steps), in order.
 
     Returns:
-        Per fit: ``seconds`` (the whole ``fit`` call), ``steps_seconds`` (first batch to
-        the epoch's end), ``updates`` (optimizer updates it made).
+        Per fit: ``seconds`` (the whole ``fit`` call), ``steps_seconds`` (the timing window
+        to the epoch's end), ``updates`` (optimizer updates it made).
     """
+    out = []
+    for _ in range(int(spec["fits"])):
+        (_, window), took = recorder.measure(name, fit)
+        out.append(
+            {"seconds": took.seconds, "steps_seconds": window.seconds, "updates": fit.updates[-1]}
+        )
+    return out
+
+
+def trainer_fits(trainer: Any, train: Any, spec: dict[str, Any]) -> fits.FitThroughput:
+    """The first fits' measurement on ``trainer``: a whole ``fit`` call of ``fit_steps``."""
     gbs = int(spec["global_batch_size"])
-    fit = fits.FitThroughput(
+    return fits.FitThroughput(
         lambda **kw: trainer.fit(train, global_batch_size=gbs, **kw),
         steps=int(spec["fit_steps"]),
         global_batch_size=gbs,
         iterations=lambda: int(trainer.model.optimizer.iterations.numpy()),
         from_epoch_begin=True,
     )
-    out = []
-    for _ in range(int(spec["fits"])):
-        (_, window), took = recorder.measure("fit", fit)
-        out.append(
-            {"seconds": took.seconds, "steps_seconds": window.seconds, "updates": fit.updates[-1]}
+
+
+def keras_fits(
+    strategy: Any, build: Callable[[], keras.Model], train: Any, spec: dict[str, Any]
+) -> fits.FitThroughput:
+    """The reference: Keras's own ``model.fit`` on the same model, compiled in the strategy's
+    scope with Keras's defaults (one step per call), on the same global batches, repeated.
+
+    It runs after the Trainer's fits, in a process that has already traced one step: its
+    first fit pays its model's trace and its graph's first run, not what a process pays once.
+    """
+    gbs = int(spec["global_batch_size"])
+    dataset = train.bind(global_batch_size=gbs)(tf.distribute.InputContext()).repeat()
+    with strategy.scope():
+        model = build()
+        model.compile(
+            optimizer=keras.optimizers.SGD(float(spec["learning_rate"])),
+            loss=fits.logits_loss(),
+            metrics=["accuracy"],
         )
-    return out
+    return fits.FitThroughput(
+        lambda **kw: model.fit(dataset, shuffle=False, **kw),
+        steps=int(spec["fit_steps"]),
+        global_batch_size=gbs,
+        iterations=lambda: int(model.optimizer.iterations.numpy()),
+    )
 
 
 def trainer_side(trainer: Any, train: Any, gbs: int, steps: int) -> tuple[Side, Any]:
@@ -191,7 +227,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         )
 
     weights = fits.initial_weights(build, seed)
-    recorder = Recorder(planned={"fit": int(spec["fits"])})
+    recorder = Recorder(planned={"fit": int(spec["fits"]), "keras_fit": int(spec["fits"])})
     wait_for_workers(spec, "trainer")  # the model's variables are broadcast from worker 0
     start = time.perf_counter()
     trainer = make_trainer(
@@ -199,7 +235,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     trainer_seconds = time.perf_counter() - start
     wait_for_workers(spec, "first_fit")
-    fit_runs = time_fits(trainer, train, spec, recorder)
+    fit_runs = time_fits(trainer_fits(trainer, train, spec), spec, recorder)
+    keras_fit = keras_fits(strategy, fits.with_weights(build, weights), train, spec)
+    keras_runs = time_fits(keras_fit, spec, recorder, "keras_fit")
     sides, measurements = steady_sides(strategy, trainer, build, weights, train, spec)
     seconds, updates = time_sides(sides, recorder, int(spec["steps"]), int(spec["repeats"]))
     return {
@@ -208,6 +246,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "strategy_seconds": strategy_seconds,
         "trainer_build_seconds": trainer_seconds,
         "fits": fit_runs,
+        "keras_fits": keras_runs,
         "seconds": seconds,
         "updates": updates,
         # Each timed Trainer call's seconds outside its steps' window (the warm-up's left out).
