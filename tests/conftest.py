@@ -5,6 +5,7 @@ runs at import time, before any test imports tfdist's strategies.
 """
 
 import faulthandler
+import gc
 import os
 import tempfile
 import threading
@@ -90,9 +91,53 @@ _STALL_TIMER, _STALL_STACKS = "_tfdist_stall_timer", "_tfdist_stall_stacks"
 _OUT_OF_PROCESS = {"multiprocess", "fault", "notebook", "ray", "slurm", "slow"}
 
 
+class _GcClock:
+    """Python's garbage collections in this process since :meth:`reset`: count, total, longest."""
+
+    def __init__(self) -> None:
+        self.reset()
+        gc.callbacks.append(self._callback)
+
+    def reset(self) -> None:
+        self.count, self.total, self.longest, self._started = 0, 0.0, 0.0, None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            took = time.perf_counter() - self._started
+            self.count, self.total = self.count + 1, self.total + took
+            self.longest, self._started = max(self.longest, took), None
+
+    def __str__(self) -> str:
+        return f"{self.count} collections, {self.total:.2f} s in all, longest {self.longest:.2f} s"
+
+
+_GC = _GcClock()
+
+
+def _threads_in_the_kernel() -> str:
+    """Each thread's scheduler state (R running, S sleeping, D disk), CPU seconds and wait
+    channel, from /proc: a block on little CPU shows as S in a futex or poll."""
+    lines, tick = [], os.sysconf("SC_CLK_TCK")
+    for tid in sorted(os.listdir("/proc/self/task"), key=int):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/wchan") as f:
+                wchan = f.read().strip() or "-"
+        except OSError:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        lines.append(f"  thread {tid}: {fields[0]} {cpu:.1f} CPU-s wchan {wchan}")
+    return "\n".join(lines)
+
+
 def _take_stacks(item) -> None:
     with tempfile.TemporaryFile("w+") as f:
         f.write(f"{item.nodeid}: still running after {STALL_SECONDS} s (pid {os.getpid()})\n")
+        f.write(f"garbage collection during the test so far: {_GC}\n")
+        f.write(f"threads in the kernel:\n{_threads_in_the_kernel()}\n")
         faulthandler.dump_traceback(file=f, all_threads=True)
         f.seek(0)
         setattr(item, _STALL_STACKS, f.read())
@@ -101,6 +146,7 @@ def _take_stacks(item) -> None:
 def _watch_for_a_stall(item) -> None:
     if _OUT_OF_PROCESS & {mark.name for mark in item.iter_markers()}:
         return
+    _GC.reset()
     timer = threading.Timer(STALL_SECONDS, _take_stacks, (item,))
     timer.daemon = True
     timer.start()
@@ -135,7 +181,8 @@ def pytest_runtest_makereport(item, call):
         )
     outcome = yield
     if call.when == "teardown" and hasattr(item, _STALL_STACKS):
-        outcome.get_result().sections.append((STALL_SECTION, getattr(item, _STALL_STACKS)))
+        text = f"{getattr(item, _STALL_STACKS)}\nby the test's end: garbage collection {_GC}\n"
+        outcome.get_result().sections.append((STALL_SECTION, text))
 
 
 def pytest_report_header(config):
