@@ -25,6 +25,7 @@ script that sets them before its ``import tensorflow``.
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -215,6 +216,10 @@ def main(argv: list[str]) -> None:
     path, modules = argv[0], argv[1:]
     for name in modules:
         importlib.import_module(name)
+    # What the modules made stays out of every task's garbage collections (Python's advice for a
+    # process that forks workers): a full collection no longer walks it, nor writes to its pages.
+    gc.collect()
+    gc.freeze()
     zygote = os.getpid()
     server = _Zygote(path)
     print(READY, flush=True)
