@@ -247,6 +247,8 @@ def test_first_fit_figures_follow_from_the_recorded_seconds(bench_run):
         keras["first_fit_seconds"] / keras["steady_fit_seconds"]
     )
     assert keras_seconds[0] not in seconds  # not the Trainer's fits read twice
+    # One launch: the Trainer's fits ran first in it (odd launches fit Keras's model first).
+    assert launch["keras_first"] is False and keras["order"] == "after the Trainer's fits"
     sides = launch["sides"]
     for side in sides.values():
         assert side["examples_per_s_samples"] == pytest.approx(
