@@ -21,6 +21,8 @@ Modules, by job:
   * ``runtime``: the TF runtime's state (started? connected to a cluster?).
   * ``checkpoint``: TF's asynchronous checkpoint writer (its error, its end; a Python
     state it writes from the object itself), for asynchronous backups.
+  * ``inputs``: :func:`plain_iterator`, a plain dataset iterator where a worker has one CPU
+    replica (TF makes a multi-device one, about 0.17 s per iterator).
   * ``probing``: the recording stand-ins the probes use.
 
 Set ``TFDIST_DISABLE_COMPAT=symbolic_build`` (comma separated) to skip a shim,
@@ -30,6 +32,7 @@ e.g. to check whether upstream still needs it.
 from __future__ import annotations
 
 from tfdist._compat.atomic import VARIABLE, keras_assign_add_is_read_then_write, make_atomic
+from tfdist._compat.inputs import one_cpu_replica, plain_iterator
 from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
 from tfdist._compat.multi_worker_fit import (
     TRAINER_MODULE,
@@ -186,6 +189,7 @@ __all__ = [
     "key_value_insert",
     "key_value_set",
     "op_determinism_enabled",
+    "plain_iterator",
     "disabled",
     "gradients_already_summed",
     "in_force",
@@ -208,6 +212,7 @@ __all__ = [
     "metric_state_as_tensors",
     "metric_variables",
     "needs",
+    "one_cpu_replica",
     "original",
     "shards_of",
     "shim",

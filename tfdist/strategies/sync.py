@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfdist._compat.inputs import one_cpu_replica, plain_iterator
 from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
 from tfdist.cluster import task_label
 from tfdist.data.inputs import InputSource
@@ -114,7 +115,9 @@ class SyncRunner:
             # steps: an endless stream drops that all-reduce, and each worker's wait is its own.
             source = source.repeated()
         if source.dataset_fn is not None:
-            return self.strategy.distribute_datasets_from_function(source.dataset_fn)
+            distributed = self.strategy.distribute_datasets_from_function(source.dataset_fn)
+            # One CPU replica here: a plain iterator, not TF's multi-device one (0.17 s each).
+            return plain_iterator(distributed) if one_cpu_replica(self.strategy) else distributed
         return self.strategy.experimental_distribute_dataset(source.dataset)
 
     def make_iterator(self, distributed: Any) -> Any:
