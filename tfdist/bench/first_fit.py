@@ -151,13 +151,14 @@ def _fits_of(tasks: dict[str, Any], others: dict[str, Any], key: str, name: str)
     """One series of fits in a launch (``key`` in the tasks' results; ``name``: its records)."""
     lead = tasks["worker-0"]
     seconds = [f["seconds"] for f in lead[key]]
+    later = timing.median(seconds[1:])
     return {
         "fit_seconds": seconds,
         # Each fit's seconds outside its steps' window: its set-up (and tracing, for the first).
         "fit_outside_steps_seconds": [f["seconds"] - f["steps_seconds"] for f in lead[key]],
         "first_fit_seconds": seconds[0],
-        "later_fits_median_seconds": timing.median(seconds[1:]),
-        "first_to_steady": timing.ratio(seconds[0], timing.median(seconds[1:])),
+        "later_fits_median_seconds": later,
+        "first_to_steady": timing.ratio(seconds[0], later),
         "fit_others_cpu": others[name],
         "fits_per_worker": {t: task[key] for t, task in tasks.items()},
     }

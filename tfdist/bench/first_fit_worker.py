@@ -131,20 +131,13 @@ def keras_fits(
     strategy: Any, build: Callable[[], keras.Model], train: Any, spec: dict[str, Any]
 ) -> fits.FitThroughput:
     """The reference: Keras's own ``model.fit`` on the same model, compiled in the strategy's
-    scope with Keras's defaults (one step per call), on the same global batches, repeated.
-
-    It runs after the Trainer's fits, in a process that has already traced one step: its
-    first fit pays its model's trace and its graph's first run, not what a process pays once.
-    """
+    scope with Keras's defaults (one step per call), on the same global batches, repeated."""
     gbs = int(spec["global_batch_size"])
     dataset = train.bind(global_batch_size=gbs)(tf.distribute.InputContext()).repeat()
-    with strategy.scope():
-        model = build()
-        model.compile(
-            optimizer=keras.optimizers.SGD(float(spec["learning_rate"])),
-            loss=fits.logits_loss(),
-            metrics=["accuracy"],
-        )
+    rate = float(spec["learning_rate"])
+    model = fits.compiled_in_scope(
+        strategy, build, lambda: keras.optimizers.SGD(rate), ["accuracy"]
+    )
     return fits.FitThroughput(
         lambda **kw: model.fit(dataset, shuffle=False, **kw),
         steps=int(spec["fit_steps"]),

@@ -202,6 +202,29 @@ class FitThroughput:
         return self.steps * self.global_batch_size / window.timing.seconds, window.timing
 
 
+def compiled_in_scope(
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    optimizer: Callable[[], keras.optimizers.Optimizer],
+    metrics: Sequence[str] = (),
+    steps_per_execution: int = 1,
+) -> keras.Model:
+    """Plain Keras: ``builder()`` in the strategy's scope, compiled with the bench's loss.
+
+    ``optimizer`` is a factory, called in the scope too: an optimizer made outside it keeps
+    an ``iterations`` counter that every replica increments.
+    """
+    with strategy.scope():
+        model = builder()
+        model.compile(
+            optimizer=optimizer(),
+            loss=logits_loss(),
+            metrics=list(metrics),
+            steps_per_execution=steps_per_execution,
+        )
+    return model
+
+
 def fit_sides(
     strategy: tf.distribute.Strategy,
     builder: Callable[[], keras.Model],
@@ -236,14 +259,7 @@ def fit_sides(
         metrics=list(metrics),
         steps_per_execution=steps_per_execution,
     )
-    with strategy.scope():
-        model = builder()
-        model.compile(
-            optimizer=optimizer(),
-            loss=logits_loss(),
-            metrics=list(metrics),
-            steps_per_execution=steps_per_execution,
-        )
+    model = compiled_in_scope(strategy, builder, optimizer, metrics, steps_per_execution)
 
     def keras_fit(**kwargs: Any) -> Any:
         # Keras never shuffles a Dataset; shuffle=False only mutes its warning.

@@ -100,13 +100,10 @@ def _keras_fit_side(
     global_batch_size: int,
 ) -> Side:
     """Plain Keras ``model.fit`` on a model compiled in the strategy's scope."""
-    with strategy.scope():
-        model = builder()
-        model.compile(
-            optimizer=keras.optimizers.SGD(spec["learning_rate"]),
-            loss=fits.logits_loss(),
-            metrics=list(spec["metrics"]),
-        )
+    rate = spec["learning_rate"]
+    model = fits.compiled_in_scope(
+        strategy, builder, lambda: keras.optimizers.SGD(rate), spec["metrics"]
+    )
     return fit_side(
         lambda **kw: model.fit(dataset, shuffle=False, **kw),
         lambda: model.optimizer,
