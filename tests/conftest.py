@@ -15,6 +15,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.pop("TF_CONFIG", None)
 
 import pytest  # noqa: E402
+
+# The CPU-seconds this process spends importing TF, Keras and tfdist: the report header prints
+# them as a speed figure of the machine that day (the suite's cost is mostly such start-ups).
+_IMPORT_STARTED = os.times()
+
 import tensorflow as tf  # noqa: E402
 
 NUM_VIRTUAL_DEVICES = 4
@@ -32,6 +37,7 @@ import keras  # noqa: E402, F401
 
 import tfdist  # noqa: E402, F401
 
+_IMPORT_CPU_SECONDS = sum(os.times()[:2]) - sum(_IMPORT_STARTED[:2])
 gc.collect()
 gc.freeze()
 
@@ -207,7 +213,8 @@ def pytest_report_header(config):
         f"machine: {features['model_name'] or 'unknown CPU'}, "
         f"{len(os.sched_getaffinity(0))} usable cores; CPU flags: {', '.join(flags) or 'none of '}"
         f"{'' if flags else ', '.join((*VECTOR_CPU_FLAGS, *BF16_CPU_FLAGS))}; "
-        f"oneDNN {'on' if features['onednn_enabled'] else 'off'}"
+        f"oneDNN {'on' if features['onednn_enabled'] else 'off'}; importing TensorFlow, Keras "
+        f"and tfdist took {_IMPORT_CPU_SECONDS:.1f} CPU-s"
     )
 
 
