@@ -96,16 +96,16 @@ def _cpu_now() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-# An in-process test still running after STALL_SECONDS has the stacks of its process's threads
-# taken, once; the run's summary prints them ("tfdist stall" sections). Two suite runs on
-# 2026-12-02 each had one in-process MirroredStrategy test block for about 40 s on little CPU
-# (test_inputs' evaluation with a partial last batch, then test_accumulation's partial window;
-# 1-6 s each, and not reproduced, when run alone). 40 s: those blocks ran 42 and 48 s, and the
-# longest in-process test that does not block, test_bench.py's module set-up (an in-process
-# quick bench with its own parameter-server cluster), takes about 30 s.
-STALL_SECONDS = 40
+# An in-process test whose process stops using the CPU (under STALL_CPU_SECONDS in the last
+# STALL_SECONDS of wall time) has the stacks of its threads taken, once; the run's summary prints
+# them ("tfdist stall" sections). Suite runs on 2026-12-02 and 12-03 each had one or two
+# in-process tests (test_inputs, test_accumulation, test_options, test_backup_callback,
+# test_overrides) spend 15-60 s on little CPU while a core was free; alone, none did. A 40-s
+# timer caught one of them; this watches for the condition itself.
+STALL_SECONDS = 8.0
+STALL_CPU_SECONDS = 0.5
 STALL_SECTION = "tfdist stall"
-_STALL_TIMER, _STALL_STACKS = "_tfdist_stall_timer", "_tfdist_stall_stacks"
+_STALL_STACKS = "_tfdist_stall_stacks"
 _OUT_OF_PROCESS = {"multiprocess", "fault", "notebook", "ray", "slurm", "slow"}
 
 
@@ -151,9 +151,12 @@ def _threads_in_the_kernel() -> str:
     return "\n".join(lines)
 
 
-def _take_stacks(item) -> None:
+def _take_stacks(item, seconds: float, cpu: float) -> None:
     with tempfile.TemporaryFile("w+") as f:
-        f.write(f"{item.nodeid}: still running after {STALL_SECONDS} s (pid {os.getpid()})\n")
+        f.write(
+            f"{item.nodeid}: {cpu:.2f} CPU-s in the last {seconds:.0f} s of wall time "
+            f"(pid {os.getpid()})\n"
+        )
         f.write(f"garbage collection during the test so far: {_GC}\n")
         f.write(f"threads in the kernel:\n{_threads_in_the_kernel()}\n")
         faulthandler.dump_traceback(file=f, all_threads=True)
@@ -161,14 +164,50 @@ def _take_stacks(item) -> None:
         setattr(item, _STALL_STACKS, f.read())
 
 
+class _StallWatch:
+    """One daemon thread: samples this process's CPU time every second while an in-process test
+    runs, and takes that test's stacks once if the last STALL_SECONDS used under
+    STALL_CPU_SECONDS of it."""
+
+    def __init__(self) -> None:
+        self.item, self.samples = None, []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._run, daemon=True, name="tfdist-stall-watch").start()
+
+    def watch(self, item) -> None:
+        with self.lock:
+            self.item, self.samples = item, []
+        _GC.reset()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.item = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(1.0)
+            with self.lock:
+                item = self.item
+                if item is None or hasattr(item, _STALL_STACKS):
+                    continue
+                now = (time.monotonic(), time.process_time())
+                self.samples.append(now)
+                old = [s for s in self.samples if now[0] - s[0] >= STALL_SECONDS]
+                if not old:
+                    continue
+                start = old[-1]
+                self.samples = self.samples[self.samples.index(start) :]
+                cpu = now[1] - start[1]
+                if cpu < STALL_CPU_SECONDS:
+                    _take_stacks(item, now[0] - start[0], cpu)
+
+
+_STALLS = _StallWatch()
+
+
 def _watch_for_a_stall(item) -> None:
-    if _OUT_OF_PROCESS & {mark.name for mark in item.iter_markers()}:
-        return
-    _GC.reset()
-    timer = threading.Timer(STALL_SECONDS, _take_stacks, (item,))
-    timer.daemon = True
-    timer.start()
-    setattr(item, _STALL_TIMER, timer)
+    if not _OUT_OF_PROCESS & {mark.name for mark in item.iter_markers()}:
+        _STALLS.watch(item)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -191,8 +230,8 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    if call.when == "teardown" and hasattr(item, _STALL_TIMER):
-        getattr(item, _STALL_TIMER).cancel()
+    if call.when == "teardown":
+        _STALLS.stop()
     if call.when == "teardown" and hasattr(item, _CPU_STARTED):
         item.user_properties.append(
             ("cpu_seconds", round(_cpu_now() - getattr(item, _CPU_STARTED), 2))
