@@ -127,6 +127,9 @@ class _GcClock:
             self.count, self.total = self.count + 1, self.total + took
             self.longest, self._started = max(self.longest, took), None
 
+    def running(self) -> bool:
+        return self._started is not None
+
     def __str__(self) -> str:
         return f"{self.count} collections, {self.total:.2f} s in all, longest {self.longest:.2f} s"
 
@@ -158,6 +161,7 @@ def _take_stacks(item, seconds: float, cpu: float) -> None:
             f"(pid {os.getpid()})\n"
         )
         f.write(f"garbage collection during the test so far: {_GC}\n")
+        f.write(f"a collection in progress now: {'yes' if _GC.running() else 'no'}\n")
         f.write(f"threads in the kernel:\n{_threads_in_the_kernel()}\n")
         faulthandler.dump_traceback(file=f, all_threads=True)
         f.seek(0)
@@ -205,10 +209,13 @@ class _StallWatch:
 
 
 def _has_children() -> bool:
+    """Whether this process has a child other than the shared preloaded Python, which idles."""
+    from tests import shared_preload
+
     try:
         for tid in os.listdir("/proc/self/task"):
             with open(f"/proc/self/task/{tid}/children") as f:
-                if f.read().strip():
+                if set(f.read().split()) - {str(shared_preload.pid())}:
                     return True
     except OSError:
         return True  # Cannot tell: say nothing rather than a false alarm.
@@ -268,6 +275,23 @@ def pytest_report_header(config):
         f"oneDNN {'on' if features['onednn_enabled'] else 'off'}; importing TensorFlow, Keras "
         f"and tfdist took {_IMPORT_CPU_SECONDS:.1f} CPU-s"
     )
+
+
+def pytest_configure(config):
+    from tests import shared_preload
+
+    if shared_preload.wanted(config):
+        shared_preload.start()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_preloaded_interpreter():
+    """Launches with ``--preload`` fork from one shared Python (``tests/shared_preload.py``)."""
+    from tests import shared_preload
+
+    shared_preload.ready()
+    yield
+    shared_preload.stop()
 
 
 # In-process parameter-server clusters end with their module. TF's coordinator keeps a thread

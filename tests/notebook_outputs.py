@@ -64,6 +64,9 @@ def kernel_env() -> dict[str, str]:
     env = dict(os.environ)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env.pop("TF_CONFIG", None)  # a stray cluster would turn "auto"/multi-worker code into a hang
+    # A user's launches start their own preloaded Python (its import's lines are in the outputs),
+    # not one the test session shares (tests/shared_preload.py).
+    env.pop("TFDIST_PRELOAD_SERVER", None)
     env.pop("MPLBACKEND", None)  # let ipykernel pick its non-interactive inline backend
     return env
 

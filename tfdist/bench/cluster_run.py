@@ -14,6 +14,9 @@ here and into ``tf.config.threading`` in the task (see ``worker_common.pin_threa
 Under the bench's ``preload`` option the tasks are forked from one Python that imported
 TensorFlow (``tfdist launch --preload``); that Python already has the tasks' environment,
 and TF's thread pools start only with a task's first op, after its own threading call.
+Forked from an interpreter shared by many launches (``TFDIST_PRELOAD_SERVER``, see
+``tfdist.launch.preload``), the tasks' CPU time reaches that interpreter, not this process:
+the CPU that other processes took during the launch is then unknown (``others_cpu`` None).
 """
 
 from __future__ import annotations
@@ -140,14 +143,18 @@ def run_tasks(
     Returns:
         ``{"tasks": {"worker-0": {...}, ...}, "launch_seconds": s, "others_cpu": c}``
         where ``others_cpu`` is the CPU (in cores) that processes other than
-        this one and its tasks took during the whole launch.
+        this one and its tasks took during the whole launch (None where unknown).
 
     Raises:
         RuntimeError: If a task failed (with the tail of the tasks' output).
     """
     from tfdist.launch.local import launch
+    from tfdist.launch.preload import shared_server
 
     preload = common.options().get("preload", ())
+    env = task_env(None if default_launch else int(spec["threads_per_worker"]))
+    # Tasks forked by a shared interpreter are not this process's children: their CPU is unknown.
+    tasks_cpu_known = not (preload and shared_server(sys.executable, preload, env)[0])
     with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as out_dir:
         spec = {**spec, "out_dir": out_dir, "launcher_pins": default_launch}
         spec_path = os.path.join(out_dir, "spec.json")
@@ -163,7 +170,7 @@ def run_tasks(
                 workers=workers,
                 ps=ps,
                 chief=chief,
-                env=task_env(None if default_launch else int(spec["threads_per_worker"])),
+                env=env,
                 output=TaskOutput(log, f"{spec['kind']} ({workers} worker(s), {ps} ps)"),
                 timeout=timeout,
                 # Else each task pins itself as its spec says (worker_common.pin_threads).
@@ -181,7 +188,7 @@ def run_tasks(
         tasks = read_results(out_dir)
     others = (
         (took.others_cpu_seconds - children) / took.seconds
-        if took.others_cpu_seconds is not None
+        if took.others_cpu_seconds is not None and tasks_cpu_known
         else None
     )
     return {

@@ -18,11 +18,13 @@ it) as its own. The launcher signals the task's whole process group (this helper
 and the task); this helper ignores SIGTERM/SIGINT/SIGHUP itself, so the task alone
 decides how to react (e.g. save a backup and exit 75).
 
-``run --ppid=P --zygote=SOCKET [--cpus=...] -- PYTHON ...``: the task is forked by the
-preloaded interpreter of ``tfdist launch --preload`` (``tfdist/launch/_zygote.py``, already in
-the namespaces) instead: this helper sends it the command, its environment, directory, CPUs
-and standard streams, passes on the signals the launcher sends (SIGTERM, SIGINT, SIGHUP,
-SIGUSR1), and relays the task's exit status as its own. When this helper is killed, the
+``run --ppid=P --zygote=SOCKET [--netns=PATH] [--pidns=PATH] [--cpus=...] -- PYTHON ...``: the
+task is forked by the preloaded interpreter of ``tfdist launch --preload``
+(``tfdist/launch/_zygote.py``) instead: this helper sends it the command, its environment,
+directory, CPUs and standard streams, and the namespaces named (for an interpreter outside
+them, which the forked process then enters; a PID namespace takes only its children); it
+passes on the signals the launcher sends (SIGTERM, SIGINT, SIGHUP, SIGUSR1), and relays the
+task's exit status as its own. When this helper is killed, the
 zygote kills the task.
 
 Lifetimes are tied with ``prctl(PR_SET_PDEATHSIG)``: the helpers die when the
@@ -164,15 +166,26 @@ def run(
     _relay(os.waitstatus_to_exitcode(status))
 
 
-def run_forked(zygote: str, cpus: list[int] | None, command: list[str]) -> None:
-    """Has the preloaded interpreter at ``zygote`` run ``command``; relays its exit status."""
+def run_forked(
+    zygote: str, cpus: list[int] | None, command: list[str], namespaces: dict[str, str]
+) -> None:
+    """Has the preloaded interpreter at ``zygote`` run ``command``; relays its exit status.
+
+    ``namespaces`` (``{"net": PATH, "pid": PATH}``, either may be absent): namespaces the
+    forked process enters first, for an interpreter that runs outside them.
+    """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(zygote)
-    request = json.dumps(
-        {"command": command, "env": dict(os.environ), "cwd": os.getcwd(), "cpus": cpus}
-    ).encode()
-    socket.send_fds(sock, [struct.pack("!I", len(request))], [0, 1, 2])
-    sock.sendall(request)
+    names = sorted(namespaces, key=["net", "pid"].index)  # The network first.
+    fds = [os.open(namespaces[name], os.O_RDONLY) for name in names]
+    request = {"command": command, "env": dict(os.environ), "cwd": os.getcwd(), "cpus": cpus}
+    if names:
+        request["namespaces"] = names
+    body = json.dumps(request).encode()
+    socket.send_fds(sock, [struct.pack("!I", len(body))], [0, 1, 2, *fds])
+    for fd in fds:
+        os.close(fd)
+    sock.sendall(body)
 
     def forward(signum, frame) -> None:
         try:
@@ -219,7 +232,8 @@ def main(argv: list[str]) -> None:
     elif mode == "run" and options.get("zygote"):
         signal.signal(signal.SIGUSR2, _kill_group)
         _die_with_parent(signal.SIGUSR2, int(options["ppid"]))
-        run_forked(options["zygote"], cpus, rest)
+        namespaces = {"net": options.get("netns"), "pid": options.get("pidns")}
+        run_forked(options["zygote"], cpus, rest, {k: v for k, v in namespaces.items() if v})
     elif mode == "run":
         run(
             int(options["ppid"]),

@@ -6,7 +6,12 @@ each MODULE, prints :data:`READY`, and serves a Unix socket. Each task's sandbox
 helper (``_sandbox.py run --zygote=SOCKET``) connects once and sends, with its
 standard input, output and error (SCM_RIGHTS):
 
-* a 4-byte big-endian length and a JSON request: ``{"command", "env", "cwd", "cpus"}``;
+* a 4-byte big-endian length and a JSON request: ``{"command", "env", "cwd", "cpus"}``,
+  and optionally ``"namespaces": ["net", "pid"]``, one more descriptor each (SCM_RIGHTS),
+  after the streams: namespaces the forked child enters (``setns``) before it runs the
+  command. A PID namespace takes only the child's own children: this is how an interpreter
+  shared by many launches starts each launch's own preloaded interpreter, whose tasks it
+  forks inside that launch's namespaces (see :mod:`tfdist.launch.preload`);
 * then, at any time, lines ``S<signum>``: that signal goes to the task's process group.
 
 The zygote forks; the child takes the helper's streams, directory, environment and
@@ -39,7 +44,18 @@ import types
 from typing import Any
 
 READY = "tfdist-zygote-ready"
+#: Variables the preloaded modules read when imported: a task cannot change them (see above).
+IMPORT_ENV = (
+    "TF_CPP_MIN_LOG_LEVEL",
+    "TF_CPP_MAX_VLOG_LEVEL",
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TF_USE_LEGACY_KERAS",
+    "KERAS_BACKEND",
+    "KERAS_HOME",
+    "PYTHONHASHSEED",
+)
 PR_SET_PDEATHSIG = 1
+_NAMESPACES = {"net": 0x40000000, "pid": 0x20000000}  # CLONE_NEWNET, CLONE_NEWPID
 _HEADER = struct.Struct("!I")
 _TASK_SIGNALS = (
     signal.SIGTERM,
@@ -53,8 +69,8 @@ _TASK_SIGNALS = (
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """One request and the three file descriptors sent with it."""
-    header, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
+    """One request and the file descriptors sent with it (three streams, then namespaces)."""
+    header, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3 + len(_NAMESPACES))
     while len(header) < _HEADER.size:
         header += conn.recv(_HEADER.size - len(header))
     (size,) = _HEADER.unpack(header)
@@ -176,15 +192,26 @@ def _become_task(request: dict[str, Any], fds: list[int], zygote: int) -> None:
     os.setsid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != zygote:
+    if os.getppid() not in (zygote, 0):  # 0: a parent outside this PID namespace (alive).
         os._exit(1)
-    for target, fd in enumerate(fds):
+    libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
+    for name, fd in zip(request.get("namespaces", ()), fds[3:]):
+        if libc.setns(fd, _NAMESPACES[name]) != 0:
+            os.write(
+                fds[2],
+                f"tfdist: cannot enter the {name} namespace: errno {ctypes.get_errno()}\n".encode(),
+            )
+            os._exit(1)
+    for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
     for fd in set(fds) - {0, 1, 2}:
         os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # The interpreter's path was made from its own PYTHONPATH: add the task's entries it lacks.
+    missing = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[1:1] = [p for p in missing if p not in sys.path]
     if request.get("cpus"):
         os.sched_setaffinity(0, request["cpus"])
     for signum in _TASK_SIGNALS:
@@ -222,6 +249,13 @@ def main(argv: list[str]) -> None:
     gc.freeze()
     zygote = os.getpid()
     server = _Zygote(path)
+    described = {
+        "python": sys.executable,
+        "modules": modules,
+        "import_env": {k: os.environ.get(k) for k in IMPORT_ENV},
+    }
+    with open(path + ".json", "w") as f:  # What a launch reads before it shares this one.
+        json.dump(described, f)
     print(READY, flush=True)
     request, fds = server.serve()
     _become_task(request, fds, zygote)

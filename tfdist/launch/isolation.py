@@ -97,6 +97,7 @@ class Sandbox:
         *,
         cpus: Sequence[int] | None = None,
         zygote: str | None = None,
+        zygote_outside: bool = False,
     ) -> list[str]:
         """Returns the command that runs ``command`` as a task of this sandbox.
 
@@ -107,6 +108,9 @@ class Sandbox:
             zygote: The socket of a preloaded interpreter running in this sandbox
                 (:mod:`tfdist.launch.preload`), which then forks the task; None to start
                 ``command`` afresh.
+            zygote_outside: The ``zygote`` runs outside this sandbox (one shared by many
+                launches): the helper sends it the sandbox's namespaces, which the forked
+                process enters (the processes *it* starts are in the PID namespace).
         """
         if not self._supported:
             if cpus is not None:
@@ -119,10 +123,11 @@ class Sandbox:
             wrapped.append("--cpus=" + ",".join(map(str, cpus)))
         if zygote is not None:
             wrapped.append(f"--zygote={zygote}")
-        if self._holder is not None and self.private_network:
-            wrapped.append(f"--netns=/proc/{self._holder.pid}/ns/net")
-        if self._holder is not None and self.pid_namespace:
-            wrapped.append(f"--pidns=/proc/{self._holder.pid}/ns/pid_for_children")
+        if zygote is None or zygote_outside:  # A zygote in the sandbox forks tasks already in it.
+            if self._holder is not None and self.private_network:
+                wrapped.append(f"--netns=/proc/{self._holder.pid}/ns/net")
+            if self._holder is not None and self.pid_namespace:
+                wrapped.append(f"--pidns=/proc/{self._holder.pid}/ns/pid_for_children")
         return [*wrapped, "--", *command]
 
     def close(self) -> None:

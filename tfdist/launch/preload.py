@@ -18,10 +18,23 @@ launch's environment: TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` and
 ``import tensorflow`` does not change them under ``--preload=tensorflow``.
 Linux only (the tasks are forked inside the launch's sandbox). No TensorFlow is
 imported here.
+
+**A preloaded interpreter shared by many launches.** Where many launches run one after
+another (a test suite, a notebook), each paying the import again can be avoided: start
+``python -m tfdist.launch._zygote SOCKET tensorflow keras`` once and set
+``TFDIST_PRELOAD_SERVER=SOCKET`` in the launches' environment. Each launch with
+``preload`` then has that interpreter fork its own preloaded interpreter (in a fraction of
+a second) instead of starting one; that fork enters the launch's network and PID
+namespaces, so its tasks run in them as before. It is used only where the result is the
+same: the same Python, the launch's modules among those it imported, and the same
+:data:`~tfdist.launch._zygote.IMPORT_ENV` variables; otherwise the launch warns why and
+starts its own. The tasks' CPU time then reaches that interpreter, not the launcher
+(``RUSAGE_CHILDREN``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -37,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from tfdist.config import invalid_argument
-from tfdist.launch._zygote import READY
+from tfdist.launch._zygote import IMPORT_ENV, READY
 from tfdist.launch.isolation import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -88,6 +101,38 @@ def is_python_command(command: Sequence[str]) -> bool:
     return not command[1].startswith("-")
 
 
+#: The variable naming the socket of a preloaded interpreter shared by many launches.
+SHARED_SERVER_ENV = "TFDIST_PRELOAD_SERVER"
+
+
+def shared_server(
+    python: str, modules: Sequence[str], env: Mapping[str, str]
+) -> tuple[str | None, str | None]:
+    """The shared preloaded interpreter (``TFDIST_PRELOAD_SERVER``) a launch can fork from.
+
+    Returns:
+        ``(socket, None)`` where it gives the tasks what their own would; ``(None, why)``
+        where the variable is set but it would not; ``(None, None)`` where it is unset.
+    """
+    path = env.get(SHARED_SERVER_ENV)
+    if not path:
+        return None, None
+    try:
+        with open(path + ".json") as f:
+            server = json.load(f)
+    except (OSError, ValueError) as e:
+        return None, f"{SHARED_SERVER_ENV}={path} names no running preloaded interpreter ({e})"
+    executable = os.path.abspath(shutil.which(python) or python)
+    if server["python"] != executable:
+        return None, f"it runs {server['python']}, the tasks {executable}"
+    if not set(modules) <= set(server["modules"]):
+        return None, f"it imported {server['modules']}, not all of {list(modules)}"
+    differ = [k for k in IMPORT_ENV if env.get(k) != server["import_env"].get(k)]
+    if differ:
+        return None, "the tasks' environment differs in " + ", ".join(differ)
+    return path, None
+
+
 class Preloader:
     """The preloaded interpreter of one launch: started in ``sandbox``, stopped by :meth:`close`.
 
@@ -115,6 +160,7 @@ class Preloader:
         self._dir = tempfile.mkdtemp(prefix="tfdist-preload-")
         self.socket = os.path.join(self._dir, "zygote.sock")
         self._proc: subprocess.Popen | None = None
+        self.shared: str | None = None  # The shared interpreter it was forked from, if any.
 
     def start(self) -> None:
         """Starts the interpreter and waits until it has imported the modules.
@@ -124,8 +170,12 @@ class Preloader:
         """
         started = time.monotonic()
         command = [self.python, "-m", "tfdist.launch._zygote", self.socket, *self.modules]
+        shared, why = shared_server(self.python, self.modules, self.env)
+        if why is not None:
+            logger.warning("Not forking from the shared preloaded interpreter: %s.", why)
+        self.shared = shared
         self._proc = subprocess.Popen(
-            self.sandbox.wrap(command),
+            self.sandbox.wrap(command, zygote=shared, zygote_outside=True),
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -140,9 +190,10 @@ class Preloader:
                 + "".join(seen)
             )
         logger.info(
-            "Preloaded %s in %.1f s; every task is forked from that interpreter.",
+            "Preloaded %s in %.1f s%s; every task is forked from that interpreter.",
             ", ".join(self.modules),
             time.monotonic() - started,
+            f" (forked from the shared one at {shared})" if shared else "",
         )
         threading.Thread(target=self._forward, daemon=True, name="tfdist-preload-output").start()
 
@@ -176,7 +227,8 @@ class Preloader:
 
         SIGTERM first: its sandbox helper ignores it and reaps the interpreter, so the
         CPU time of the interpreter and of every task it reaped reaches this process
-        (``RUSAGE_CHILDREN``), as it does without preload. SIGKILL after 10 s.
+        (``RUSAGE_CHILDREN``), as it does without preload (forked from a shared one, it
+        reaches that one instead). SIGKILL after 10 s.
         """
         proc, self._proc = self._proc, None
         if proc is not None:
