@@ -55,6 +55,7 @@ def start() -> None:
     env = {k: v for k, v in os.environ.items() if k != SHARED_SERVER_ENV}
     proc = subprocess.Popen(
         command,
+        bufsize=0,  # readline() after select(): no line may wait in a buffer (see preload.py).
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -188,3 +188,28 @@ def test_bad_preloads_are_refused_naming_the_argument():
         )
     proc = run_tfdist("launch", "--workers=1", "--preload=tensorflow", "--", "true", timeout=60)
     assert proc.returncode == 2 and "Invalid value for argument `preload`" in proc.stdout
+
+
+def test_a_line_the_preloaded_python_prints_with_its_ready_line_does_not_hide_it(tmp_path):
+    # The module's line waits in a block-buffered stdout and goes out in one write with the
+    # READY line; the launcher must still see READY at once, not after its 300 s.
+    (tmp_path / "chatty_module.py").write_text(
+        textwrap.dedent("""
+            import io, sys
+            sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
+            sys.stdout.write("imported\\n")
+        """)
+    )
+    proc = run_tfdist(
+        "launch",
+        "--workers=1",
+        "--preload=chatty_module",
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; print('chatty_module' in sys.modules)",
+        env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "TFDIST_PRELOAD_SERVER": ""},
+        timeout=60,
+    )
+    assert proc.returncode == 0 and "[worker:0] True" in proc.stdout, proc.stdout
+    assert "[preload] imported" in proc.stdout

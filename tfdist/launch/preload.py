@@ -176,6 +176,9 @@ class Preloader:
         self.shared = shared
         self._proc = subprocess.Popen(
             self.sandbox.wrap(command, zygote=shared, zygote_outside=True),
+            # Unbuffered: readline() after select() must not read past the line it returns, or a
+            # READY line that came in the same read would wait in a buffer select() cannot see.
+            bufsize=0,
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
