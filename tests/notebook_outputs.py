@@ -18,6 +18,10 @@ What must match:
   any number in a cell tagged ``varies`` (speed-ups, or where a crashed run's last
   asynchronous backup happened to end);
 - in a cell tagged ``machine`` (what it shows depends on the CPU), only the kinds of output.
+- in a cell tagged ``fault`` (it kills a task on purpose, and also tagged ``varies``): every
+  stored line, and no other line but a task's (``[worker:0] ...``): a task interrupted by
+  the fault prints its last words (a traceback, a log line) or not, depending on whether the
+  launcher's restart reaches it first.
 - plots of about the same pixel size (within :data:`SIZE_RTOL`: a tight bounding box grows
   with the widths of the axis labels).
 """
@@ -45,6 +49,8 @@ RTOL, ATOL = 0.1, 0.02
 SIZE_RTOL = 0.1
 VARIES_TAG = "varies"
 MACHINE_TAG = "machine"
+FAULT_TAG = "fault"
+_TASK_LINE = re.compile(r"^\[\w+:#\]")  # a task's line, once masked: "[worker:#]..."
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 # A number with a unit of time (Keras's "12ms/step", "3s", "0.25 s per step") is a timing.
 _TIMING = re.compile(
@@ -135,7 +141,14 @@ def outline(nb: nbformat.NotebookNode) -> list[dict[str, object]]:
         tags = cell.get("metadata", {}).get("tags", [])
         if MACHINE_TAG in tags:
             shows = {kind: [] for kind in shows}
-        cells.append({"source": _text(cell.source), "varies": VARIES_TAG in tags, "shows": shows})
+        cells.append(
+            {
+                "source": _text(cell.source),
+                "varies": VARIES_TAG in tags or FAULT_TAG in tags,
+                "fault": FAULT_TAG in tags,
+                "shows": shows,
+            }
+        )
     return cells
 
 
@@ -151,8 +164,23 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL) or (math.isnan(a) and math.isnan(b))
 
 
-def _text_differences(where: str, old: list[str], new: list[str], varies: bool) -> list[str]:
+def _fault_differences(where: str, old: list[str], new: list[str]) -> list[str]:
+    """A fault cell's lines: each stored one shown now, and nothing new but a task's lines."""
+    old_texts = {_masked(line, True)[0] for line in old}
+    new_texts = {_masked(line, True)[0] for line in new}
+    gone = sorted(old_texts - new_texts)
+    added = sorted(t for t in new_texts - old_texts if not _TASK_LINE.match(t))
+    if gone or added:
+        return [f"{where}: lines stored but not shown now {gone}, shown now but not stored {added}"]
+    return []
+
+
+def _text_differences(
+    where: str, old: list[str], new: list[str], varies: bool, fault: bool = False
+) -> list[str]:
     """Lines compared in sorted order (two workers' lines interleave in any order)."""
+    if fault:
+        return _fault_differences(where, old, new)
     old_lines = sorted(_masked(line, varies) for line in old)
     new_lines = sorted(_masked(line, varies) for line in new)
     if [text for text, _ in old_lines] != [text for text, _ in new_lines]:
@@ -196,7 +224,7 @@ def differences(stored: nbformat.NotebookNode, fresh: nbformat.NotebookNode) -> 
         for kind, x in a["shows"].items():
             y = b["shows"][kind]
             if kind in ("stdout", "error") or kind.startswith("text/"):
-                found += _text_differences(f"code cell {i} {kind}", x, y, a["varies"])
+                found += _text_differences(f"code cell {i} {kind}", x, y, a["varies"], a["fault"])
             elif not _same_sizes(x, y):
                 found.append(f"code cell {i}: {kind} {x} stored, {y} now")
     return found

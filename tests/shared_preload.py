@@ -4,7 +4,7 @@ The multi-process tests launch with ``--preload=tensorflow,keras`` (``tests.help
 each launch's tasks are forked from one Python that imported TensorFlow and Keras. Without
 this module each launch starts that Python itself: an import of TF and Keras (8-9 CPU-s on
 the 2-core Xeon on 2026-12-03) per launch, 31 launches a run. With it, the pytest process
-starts ``python -m tfdist.launch._zygote SOCKET tensorflow keras`` once when it is configured,
+starts ``python -m tfdist.launch.preload SOCKET tensorflow keras`` once when it is configured,
 and sets ``TFDIST_PRELOAD_SERVER`` (:mod:`tfdist.launch.preload`) before its first test: each
 launch then forks its preloaded Python from that one, which enters the launch's network and
 PID namespaces. A launch whose environment differs in what the imports read starts its own,
@@ -27,8 +27,7 @@ import time
 
 from tests.helpers import PRELOAD_MODULES
 from tfdist.launch import isolation
-from tfdist.launch._zygote import READY
-from tfdist.launch.preload import SHARED_SERVER_ENV
+from tfdist.launch.preload import READY, SHARED_SERVER_ENV
 
 _READY_SECONDS = 120.0
 _server: dict = {}
@@ -50,7 +49,7 @@ def start() -> None:
     # Under the launcher's task helper (a sandbox with no namespaces started): it dies with this
     # process, and takes the Python along.
     command = isolation.Sandbox(private_network=False).wrap(
-        [sys.executable, "-m", "tfdist.launch._zygote", path, *PRELOAD_MODULES]
+        [sys.executable, "-m", "tfdist.launch.preload", path, *PRELOAD_MODULES]
     )
     env = {k: v for k, v in os.environ.items() if k != SHARED_SERVER_ENV}
     proc = subprocess.Popen(

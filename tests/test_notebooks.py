@@ -132,3 +132,19 @@ def test_a_cell_tagged_machine_shows_the_same_kinds_of_output_only():
     assert not differences(_notebook(ours, tags=["machine"]), _notebook(theirs, tags=["machine"]))
     plot = nbformat.v4.new_output("display_data", data={"image/png": _png(64, 48)})
     assert differences(_notebook(ours, tags=["machine"]), _notebook(ours, plot, tags=["machine"]))
+
+
+def test_a_cell_tagged_fault_may_show_more_of_a_tasks_last_words_and_nothing_else():
+    stored = _stdout("[worker:1] crashing on purpose after global batch 37\n{'attempt': 2}\n")
+    # The survivor's traceback: printed or not, depending on whether the restart came first.
+    fresh = _stdout(
+        "[worker:0] Traceback (most recent call last):\n"
+        "[worker:1] crashing on purpose after global batch 37\n{'attempt': 2}\n"
+    )
+    assert differences(_notebook(stored), _notebook(fresh))  # untagged: a new line is a change
+    assert not differences(_notebook(stored, tags=["fault"]), _notebook(fresh, tags=["fault"]))
+    # A stored line that is gone, or a new line that is not a task's: still a change.
+    gone = _stdout("{'attempt': 2}\n")
+    assert differences(_notebook(stored, tags=["fault"]), _notebook(gone, tags=["fault"]))
+    other = _stdout("[worker:1] crashing on purpose after global batch 37\n{'attempt': 3}\nhi\n")
+    assert differences(_notebook(stored, tags=["fault"]), _notebook(other, tags=["fault"]))

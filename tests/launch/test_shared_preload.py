@@ -1,6 +1,6 @@
 """``TFDIST_PRELOAD_SERVER``: launches fork their preloaded Python from one shared by all of them.
 
-A real shared interpreter (``python -m tfdist.launch._zygote SOCKET MODULE``, a standard-library
+A real shared interpreter (``python -m tfdist.launch.preload SOCKET MODULE``, a standard-library
 module standing in for TensorFlow) and real launches: their tasks must run in their own
 launch's private network and PID namespaces, with the module imported, as without it.
 """
@@ -17,8 +17,7 @@ import pytest
 
 from tests.helpers import run_tfdist
 from tfdist.launch import local
-from tfdist.launch._zygote import READY
-from tfdist.launch.preload import SHARED_SERVER_ENV
+from tfdist.launch.preload import READY, SHARED_SERVER_ENV
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -41,7 +40,7 @@ def server(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != SHARED_SERVER_ENV}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # As the launches below have it (run_tfdist sets it too).
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfdist.launch._zygote", path, MODULE],
+        [sys.executable, "-m", "tfdist.launch.preload", path, MODULE],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -137,3 +136,18 @@ def test_a_shared_python_that_would_differ_is_not_used_and_the_launch_says_why(
         == 0
     )
     assert "it imported ['email.mime.text'], not all of ['json']" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [([], "Received: []"), (["/tmp/x.sock", "tensor flow"], "Not module names: ['tensor flow']")],
+)
+def test_the_shared_python_refuses_bad_arguments_with_its_usage(args, expected):
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdist.launch.preload", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1 and proc.stderr.startswith("usage: python -m tfdist.launch.preload")
+    assert expected in proc.stderr

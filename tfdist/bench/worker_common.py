@@ -160,12 +160,15 @@ def forked_from_preload(pid: int | str = "self") -> bool:
     """Whether this task (or process ``pid``) was forked from ``tfdist launch --preload``'s Python.
 
     A fork keeps its parent's command line, so such a task's is still the preloaded Python's
-    (``python -m tfdist.launch._zygote ...``). Its own, not its parent's: the parent's pid may be
-    one of the sandbox's PID namespace, which this ``/proc`` does not show.
+    (``python -m tfdist.launch._zygote ...``, or ``python -m tfdist.launch.preload ...`` for
+    one shared by many launches). Its own, not its parent's: the parent's pid may be one of
+    the sandbox's PID namespace, which this ``/proc`` does not show.
     """
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"tfdist.launch._zygote" in f.read()
+            cmdline = f.read()
+        # A launch's own (``_zygote``), or one shared by many launches (``preload``).
+        return b"tfdist.launch._zygote" in cmdline or b"tfdist.launch.preload\0" in cmdline
     except OSError:  # not Linux
         return False
 

@@ -21,7 +21,7 @@ imported here.
 
 **A preloaded interpreter shared by many launches.** Where many launches run one after
 another (a test suite, a notebook), each paying the import again can be avoided: start
-``python -m tfdist.launch._zygote SOCKET tensorflow keras`` once and set
+``python -m tfdist.launch.preload SOCKET tensorflow keras`` once (:func:`serve`) and set
 ``TFDIST_PRELOAD_SERVER=SOCKET`` in the launches' environment. Each launch with
 ``preload`` then has that interpreter fork its own preloaded interpreter (in a fraction of
 a second) instead of starting one; that fork enters the launch's network and PID
@@ -247,3 +247,29 @@ class Preloader:
                     continue
             proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def serve(argv: Sequence[str]) -> None:
+    """``python -m tfdist.launch.preload SOCKET MODULE...``: a preloaded Python for many launches.
+
+    Imports each MODULE, serves ``SOCKET`` and prints ``tfdist-zygote-ready``; launches whose
+    environment has ``TFDIST_PRELOAD_SERVER=SOCKET`` then fork from it (see above). It runs
+    until killed. Linux only.
+
+    Raises:
+        SystemExit: With code 2 and the usage, for no SOCKET, or a MODULE that is not a
+            module name.
+    """
+    usage = "usage: python -m tfdist.launch.preload SOCKET MODULE... (e.g. tensorflow keras)"
+    if not argv or argv[0].startswith("-"):
+        raise SystemExit(f"{usage}\nReceived: {list(argv)}")
+    bad = [m for m in argv[1:] if not _MODULE_NAME.fullmatch(m)]
+    if bad:
+        raise SystemExit(f"{usage}\nNot module names: {bad}")
+    from tfdist.launch._zygote import main
+
+    main(list(argv))
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])
