@@ -107,12 +107,24 @@ def test_each_launch_forks_its_preloaded_python_from_the_shared_one_into_its_nam
     [
         ({"TF_CPP_MIN_LOG_LEVEL": "0"}, "the tasks' environment differs in TF_CPP_MIN_LOG_LEVEL"),
         ({SHARED_SERVER_ENV: "/nonexistent/zygote.sock"}, "names no running preloaded interpreter"),
+        ({SHARED_SERVER_ENV: "ended"}, "has ended)"),
     ],
 )
 def test_a_shared_python_that_would_differ_is_not_used_and_the_launch_says_why(
-    server, monkeypatch, caplog, change, why
+    server, monkeypatch, caplog, change, why, tmp_path
 ):
     caplog.set_level(logging.INFO, logger="tfdist.launch")
+    if change.get(SHARED_SERVER_ENV) == "ended":  # What a killed one leaves: its files, no process.
+        ended = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            text=True,
+            capture_output=True,
+            check=True,
+        )
+        with open(server["path"] + ".json") as f:
+            described = {**json.load(f), "pid": int(ended.stdout)}
+        (tmp_path / "z.sock.json").write_text(json.dumps(described))
+        change = {SHARED_SERVER_ENV: str(tmp_path / "z.sock")}
     monkeypatch.setenv(SHARED_SERVER_ENV, server["path"])
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
     for key, value in change.items():

@@ -250,6 +250,7 @@ def main(argv: list[str]) -> None:
     zygote = os.getpid()
     server = _Zygote(path)
     described = {
+        "pid": zygote,
         "python": sys.executable,
         "modules": modules,
         "import_env": {k: os.environ.get(k) for k in IMPORT_ENV},

@@ -122,6 +122,15 @@ def shared_server(
             server = json.load(f)
     except (OSError, ValueError) as e:
         return None, f"{SHARED_SERVER_ENV}={path} names no running preloaded interpreter ({e})"
+    try:
+        os.kill(server["pid"], 0)
+    except ProcessLookupError:
+        return None, (
+            f"{SHARED_SERVER_ENV}={path} names no running preloaded interpreter "
+            f"(its process {server['pid']} has ended)"
+        )
+    except PermissionError:
+        pass  # Alive, another user's.
     executable = os.path.abspath(shutil.which(python) or python)
     if server["python"] != executable:
         return None, f"it runs {server['python']}, the tasks {executable}"
