@@ -263,7 +263,8 @@ def serve(argv: Sequence[str]) -> None:
 
     Imports each MODULE, serves ``SOCKET`` and prints ``tfdist-zygote-ready``; launches whose
     environment has ``TFDIST_PRELOAD_SERVER=SOCKET`` then fork from it (see above). It runs
-    until killed. Linux only.
+    until killed. Linux only. Whoever can connect to ``SOCKET`` can have it run commands as
+    this user: put it in a directory only you can enter (``mktemp -d``).
 
     Raises:
         SystemExit: With code 2 and the usage, for no SOCKET, or a MODULE that is not a
