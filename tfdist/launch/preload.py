@@ -169,7 +169,6 @@ class Preloader:
         self._dir = tempfile.mkdtemp(prefix="tfdist-preload-")
         self.socket = os.path.join(self._dir, "zygote.sock")
         self._proc: subprocess.Popen | None = None
-        self.shared: str | None = None  # The shared interpreter it was forked from, if any.
 
     def start(self) -> None:
         """Starts the interpreter and waits until it has imported the modules.
@@ -182,7 +181,6 @@ class Preloader:
         shared, why = shared_server(self.python, self.modules, self.env)
         if why is not None:
             logger.warning("Not forking from the shared preloaded interpreter: %s.", why)
-        self.shared = shared
         self._proc = subprocess.Popen(
             self.sandbox.wrap(command, zygote=shared, zygote_outside=True),
             # Unbuffered: readline() after select() must not read past the line it returns, or a
@@ -267,7 +265,7 @@ def serve(argv: Sequence[str]) -> None:
     this user: put it in a directory only you can enter (``mktemp -d``).
 
     Raises:
-        SystemExit: With code 2 and the usage, for no SOCKET, or a MODULE that is not a
+        SystemExit: With code 1 and the usage, for no SOCKET, or a MODULE that is not a
             module name.
     """
     usage = "usage: python -m tfdist.launch.preload SOCKET MODULE... (e.g. tensorflow keras)"
