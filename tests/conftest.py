@@ -241,6 +241,9 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    from tests import shared_preload
+
+    shared_preload.ready(item)  # before the stall watch: the wait is for another process
     _watch_for_a_stall(item)
     setattr(item, _CPU_STARTED, _cpu_now())
     # When each test started (Unix time), so that a run's timeline across xdist workers can be
@@ -277,20 +280,17 @@ def pytest_report_header(config):
     )
 
 
-def pytest_configure(config):
-    from tests import shared_preload
-
-    if shared_preload.wanted(config):
-        shared_preload.start()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _shared_preloaded_interpreter():
+def pytest_collection_finish(session):
     """Launches with ``--preload`` fork from one shared Python (``tests/shared_preload.py``)."""
     from tests import shared_preload
 
-    shared_preload.ready()
-    yield
+    if shared_preload.wanted(session.config, session.items):
+        shared_preload.start()
+
+
+def pytest_unconfigure(config):
+    from tests import shared_preload
+
     shared_preload.stop()
 
 

@@ -163,3 +163,32 @@ def test_the_shared_python_refuses_bad_arguments_with_its_usage(args, expected):
     )
     assert proc.returncode == 1 and proc.stderr.startswith("usage: python -m tfdist.launch.preload")
     assert expected in proc.stderr
+
+
+def test_the_suite_shares_one_only_where_it_runs_a_multi_process_test(monkeypatch):
+    from tests import shared_preload
+
+    class Config:
+        def __init__(self, worker=True, **options):
+            if worker:
+                self.workerinput = {}
+            self.options = options
+
+        def getoption(self, name, default=None):
+            return self.options.get(name, default)
+
+    class Item:
+        def __init__(self, *marks):
+            self.marks = marks
+
+        def get_closest_marker(self, name):
+            return name if name in self.marks else None
+
+    in_process, launching = Item(), Item("multiprocess", "slow")
+    monkeypatch.delenv("TFDIST_TEST_SHARED_PRELOAD", raising=False)
+    assert shared_preload.wanted(Config(), [in_process, launching])
+    assert not shared_preload.wanted(Config(), [in_process])  # e.g. `pytest tests/data`
+    assert not shared_preload.wanted(Config(collectonly=True), [launching])
+    assert not shared_preload.wanted(Config(worker=False, numprocesses=2), [launching])  # xdist's
+    monkeypatch.setenv("TFDIST_TEST_SHARED_PRELOAD", "0")
+    assert not shared_preload.wanted(Config(), [launching])

@@ -169,6 +169,12 @@ class Preloader:
         self._dir = tempfile.mkdtemp(prefix="tfdist-preload-")
         self.socket = os.path.join(self._dir, "zygote.sock")
         self._proc: subprocess.Popen | None = None
+        self._started, self._shared = 0.0, None
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of the interpreter's sandbox helper (this process's child) while it runs."""
+        return None if self._proc is None else self._proc.pid
 
     def start(self) -> None:
         """Starts the interpreter and waits until it has imported the modules.
@@ -176,13 +182,17 @@ class Preloader:
         Raises:
             RuntimeError: If it exits or does not get ready in time, with its output.
         """
-        started = time.monotonic()
-        command = [self.python, "-m", "tfdist.launch._zygote", self.socket, *self.modules]
-        shared, why = shared_server(self.python, self.modules, self.env)
+        self.spawn()
+        self.wait()
+
+    def spawn(self) -> None:
+        """Starts the interpreter, which imports while the caller goes on; :meth:`wait` follows."""
+        self._started = time.monotonic()
+        self._shared, why = shared_server(self.python, self.modules, self.env)
         if why is not None:
             logger.warning("Not forking from the shared preloaded interpreter: %s.", why)
         self._proc = subprocess.Popen(
-            self.sandbox.wrap(command, zygote=shared, zygote_outside=True),
+            self.sandbox.wrap(self._command(), zygote=self._shared, zygote_outside=True),
             # Unbuffered: readline() after select() must not read past the line it returns, or a
             # READY line that came in the same read would wait in a buffer select() cannot see.
             bufsize=0,
@@ -192,20 +202,33 @@ class Preloader:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def wait(self) -> None:
+        """Waits until the interpreter :meth:`spawn` started has imported the modules.
+
+        Its output goes on to ``output`` from then on.
+
+        Raises:
+            RuntimeError: If it exits or does not get ready in time, with its output
+                (it is stopped then).
+        """
         seen = self._wait_ready()
         if seen is not None:
             self.close()
             raise RuntimeError(
-                f"The preloaded interpreter ({' '.join(command)}) did not start; its output:\n"
-                + "".join(seen)
+                f"The preloaded interpreter ({' '.join(self._command())}) did not start; its "
+                "output:\n" + "".join(seen)
             )
         logger.info(
             "Preloaded %s in %.1f s%s; every task is forked from that interpreter.",
             ", ".join(self.modules),
-            time.monotonic() - started,
-            f" (forked from the shared one at {shared})" if shared else "",
+            time.monotonic() - self._started,
+            f" (forked from the shared one at {self._shared})" if self._shared else "",
         )
         threading.Thread(target=self._forward, daemon=True, name="tfdist-preload-output").start()
+
+    def _command(self) -> list[str]:
+        return [self.python, "-m", "tfdist.launch._zygote", self.socket, *self.modules]
 
     def _wait_ready(self) -> list[str] | None:
         """None once READY was printed; else the lines it printed before it failed."""
