@@ -7,10 +7,10 @@ in ``test_parity_multi_worker.py`` and ``test_parity_parameter_server.py``.
 
 import pytest
 
-from tests.keras_parity.parity import assert_same, rows_on, run_keras, run_trainer
+from tests.keras_parity.parity import assert_same, rows_on, run_trainer
 from tests.keras_parity.rows import ROWS
 
 
 @pytest.mark.parametrize("row", rows_on("mirrored", ROWS))
-def test_trainer_on_mirrored_matches_keras(row, mirrored):
-    assert_same(row, run_keras(row), run_trainer(row, mirrored))
+def test_trainer_on_mirrored_matches_keras(row, mirrored, keras_reference):
+    assert_same(row, keras_reference(row), run_trainer(row, mirrored))

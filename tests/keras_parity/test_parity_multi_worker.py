@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import PRELOAD, REPO, run_tfdist
-from tests.keras_parity.parity import assert_same, load_result, rows_on, run_keras
+from tests.keras_parity.parity import assert_same, load_result, rows_on
 from tests.keras_parity.rows import ROWS
 
 JOB = os.path.join(REPO, "tests", "jobs", "parity_job.py")
@@ -81,9 +81,9 @@ def test_autosharding_splits_each_global_batch(launched, name):
 
 
 @pytest.mark.parametrize("row", rows_on("multi_worker", ROWS))
-def test_trainer_on_two_workers_matches_keras(row, launched):
+def test_trainer_on_two_workers_matches_keras(row, launched, keras_reference):
     results = [load_result(p) for p in _outputs(launched, row.name)]
-    reference = run_keras(row)
+    reference = keras_reference(row)
     for result in results:
         assert_same(row, reference, result)
     for a, b in zip(results[0].weights, results[1].weights):

@@ -10,7 +10,7 @@ strategies.
 
 import pytest
 
-from tests.keras_parity.parity import assert_same, rows_on, run_keras, run_trainer
+from tests.keras_parity.parity import assert_same, rows_on, run_trainer
 from tests.keras_parity.rows import ROWS
 from tests.strategies.ps_common import ps_strategy
 
@@ -22,5 +22,5 @@ def ps():
 
 
 @pytest.mark.parametrize("row", rows_on("parameter_server", ROWS))
-def test_trainer_on_parameter_server_matches_keras(row, ps):
-    assert_same(row, run_keras(row), run_trainer(row, ps))
+def test_trainer_on_parameter_server_matches_keras(row, ps, keras_reference):
+    assert_same(row, keras_reference(row), run_trainer(row, ps))
