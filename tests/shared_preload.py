@@ -61,12 +61,13 @@ def ready(item) -> None:
     preloader = _server.get("preloader")
     if preloader is None or not item.get_closest_marker(MARK):
         return
-    if os.environ.get(SHARED_SERVER_ENV) != preloader.socket:
+    if not _server.get("ready"):  # wait() reads its output once; a second would wait it out
         try:
             preloader.wait()
         except RuntimeError:
             stop()
             raise
+        _server["ready"] = True
         os.environ[SHARED_SERVER_ENV] = preloader.socket
 
 
@@ -87,3 +88,4 @@ def stop() -> None:
     if preloader is not None:
         preloader.close()
         _server.pop("sink").close()
+        _server.pop("ready", None)
