@@ -66,23 +66,23 @@ def validation_fit():
     )
 
 
-def shuffled_fit():
-    x, y, _ = arrays()
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
-        N, seed=7, reshuffle_each_iteration=True
-    )
-    return dict(x=ds.batch(16), epochs=2)
+def shuffled_fit(steps_per_epoch=None):
+    def fit():
+        x, y, _ = arrays()
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+            N, seed=7, reshuffle_each_iteration=True
+        )
+        return dict(x=ds.batch(16), epochs=2, steps_per_epoch=steps_per_epoch)
+
+    return fit
 
 
 # Each iterator over a reshuffling dataset draws the next order. Keras makes two per epoch (one
-# when an epoch of known length ends, one when the next begins), so its epoch e reads pass 2e-1;
-# the Trainer reads the first batch to learn the batch size (tfdist/data/inputs.py
-# _first_batch_size: one pass used up), then one iterator per epoch: passes 2, 3, ...
-SHUFFLE_GAP = (
-    "a reshuffling dataset: Keras's epoch e reads pass 2e-1, the Trainer's pass e+1 "
-    "(its first-batch peek uses up pass 1)"
-)
-
+# when an epoch of known length ends, for a fit with steps_per_epoch, one when the next begins),
+# so its epoch e reads pass 2e-1; with steps_per_epoch it reads on: epoch e, pass e. The Trainer
+# learns the batch size without an iterator (tf.data's graph analysis), and makes the same spare
+# iterator as Keras (training/loop.py _spare_iterator_as_keras). parameter_server requires
+# steps_per_epoch (the harness gives one pass; Keras's reference has none): the _steps row.
 ROWS = [
     Row("dataset", mlp, sgd_compile, dataset_fit()),
     Row("dataset_sample_weight", mlp, sgd_compile, dataset_fit(with_weights=True)),
@@ -92,7 +92,8 @@ ROWS = [
         "dataset_shuffled_seeded",
         mlp,
         sgd_compile,
-        shuffled_fit,
-        known_gaps=dict.fromkeys(("mirrored", "multi_worker", "parameter_server"), SHUFFLE_GAP),
+        shuffled_fit(),
+        strategies=("mirrored", "multi_worker"),
     ),
+    Row("dataset_shuffled_seeded_steps", mlp, sgd_compile, shuffled_fit(steps_per_epoch=N // 16)),
 ]

@@ -36,3 +36,20 @@ def plain_iterator(distributed: Any) -> Any:
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
     )
     return distributed
+
+
+def static_batch_size(dataset: tf.data.Dataset) -> int | None:
+    """The batch size tf.data's graph analysis reads off ``dataset`` (None when it cannot).
+
+    The same analysis tf.distribute runs to split a dataset's batches over replicas
+    (``compute_batch_size``, not public); it follows ``batch``, ``padded_batch``, ``shuffle``,
+    ``prefetch``, ``take``, ``zip``... but not a ``map`` after the batch. It reads no element:
+    a peek would make an iterator, and each iterator of a reshuffling dataset draws its next order.
+    """
+    try:
+        from tensorflow.python.data.experimental.ops import distribute
+
+        size = int(distribute.compute_batch_size(dataset))
+    except (ImportError, AttributeError, IndexError, ValueError, tf.errors.OpError):
+        return None  # TF moved it, or no batch in the graph: the caller reads a batch instead
+    return size if size > 0 else None

@@ -150,7 +150,9 @@ class DatasetFn:
         global_batch_size = self._require_bound()
         ctx = input_context if input_context is not None else sharding.default_input_context()
         # Our error first, before TF's.
-        sharding.per_replica_batch_size(global_batch_size, ctx.num_replicas_in_sync)
+        sharding.per_replica_batch_size(
+            global_batch_size, ctx.num_replicas_in_sync, training=self.training
+        )
         per_replica = ctx.get_per_replica_batch_size(global_batch_size)
         batches_per_pipeline = (
             None

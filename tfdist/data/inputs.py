@@ -26,12 +26,14 @@ import dataclasses
 import functools
 import logging
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from tfdist._compat.inputs import static_batch_size
 from tfdist.config import invalid_argument
 from tfdist.data.dataset_fn import DatasetFn
 from tfdist.data.sharding import per_replica_batch_size, replicas_per_pipeline
@@ -151,7 +153,16 @@ class _Skip:
 
 
 def _first_batch_size(ds: tf.data.Dataset, argument: str) -> int:
-    """The leading dimension of a dataset's first element, with a clear error when there is none."""
+    """The batch size of ``ds``, with a clear error when it has none.
+
+    Read off the pipeline's graph when tf.data can (:func:`static_batch_size`: no element is
+    read, so a reshuffling dataset keeps its first order for the first epoch); else off the
+    first element, which makes one iterator: it uses up one order of a dataset that reshuffles
+    each iteration (pass ``global_batch_size`` to avoid it).
+    """
+    size = static_batch_size(ds)
+    if size is not None:
+        return size
     for element in ds.take(1):
         first = tf.nest.flatten(element)[0]
         if first.shape.rank:
@@ -264,7 +275,7 @@ def as_input(
     """
     replicas = input_context.num_replicas_in_sync
     if global_batch_size is not None:
-        per_replica_batch_size(global_batch_size, replicas)  # validates
+        _check_global_batch_size(data, global_batch_size, replicas, training=training)
 
     if isinstance(data, DatasetFn):
         gbs = global_batch_size or data.global_batch_size or fallback_global_batch_size
@@ -278,7 +289,7 @@ def as_input(
 
     if isinstance(data, tuple) and 2 <= len(data) <= 3:
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
-        per_replica_batch_size(gbs, replicas)
+        _check_global_batch_size(data, gbs, replicas, training=training)
         return _array_input(
             data, gbs, shuffle=shuffle if training else False, seed=seed, argument=argument
         )
@@ -293,6 +304,20 @@ def as_input(
         "global batches, or arrays (x with y)",
         note=note,
     )
+
+
+def _check_global_batch_size(data: Any, gbs: Any, replicas: int, *, training: bool) -> None:
+    """Training batches (and per-replica ones) must divide by ``replicas``; others be positive.
+
+    Evaluation and prediction of global batches (arrays, a ``tf.data.Dataset``) take any size:
+    tf.distribute splits a batch of ``b`` into shares of ``ceil(b / replicas)`` and
+    ``floor(b / replicas)`` examples, as it splits a partial last batch, and each example
+    still counts once, in order.
+    """
+    if training or callable(data) and not isinstance(data, tf.data.Dataset):
+        per_replica_batch_size(gbs, replicas, training=training)
+    elif isinstance(gbs, bool) or not isinstance(gbs, numbers.Integral) or gbs < 1:
+        raise invalid_argument("global_batch_size", gbs, "a positive integer")
 
 
 def _dataset_fn_input(

@@ -20,7 +20,9 @@ def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def per_replica_batch_size(global_batch_size: int, num_replicas_in_sync: int) -> int:
+def per_replica_batch_size(
+    global_batch_size: int, num_replicas_in_sync: int, *, training: bool = True
+) -> int:
     """Splits a global batch evenly across the replicas in sync.
 
     Args:
@@ -28,6 +30,9 @@ def per_replica_batch_size(global_batch_size: int, num_replicas_in_sync: int) ->
             workers.
         num_replicas_in_sync: ``strategy.num_replicas_in_sync`` (or
             ``input_context.num_replicas_in_sync``).
+        training: Whether the batches train (the error then tells how a resumed
+            backup keeps its global batch); else evaluation or prediction of
+            per-replica batches (the error names the inputs that take any size).
 
     Returns:
         ``global_batch_size // num_replicas_in_sync``.
@@ -52,10 +57,18 @@ def per_replica_batch_size(global_batch_size: int, num_replicas_in_sync: int) ->
         note = (
             f"It cannot be split evenly across {replicas} replicas; "
             f"the nearest valid values are {nearest}. "
-            + _replica_counts(global_batch_size, replicas)
+            + (_replica_counts(global_batch_size, replicas) if training else _ANY_SIZE)
         )
         raise invalid_argument("global_batch_size", global_batch_size, expected, note=note)
     return global_batch_size // replicas
+
+
+#: Why a per-replica input for evaluate/predict needs a divisible batch, and what takes any.
+_ANY_SIZE = (
+    "A dataset_fn or tfdist.data.DatasetFn batches per replica; evaluate and predict take any "
+    "batch size from arrays or a tf.data.Dataset of global batches (split unevenly over the "
+    "replicas, as tf.distribute splits a partial batch)."
+)
 
 
 def _replica_counts(global_batch_size: int, replicas: int) -> str:

@@ -45,6 +45,24 @@ def _timed_call(
     return out, compute_and_exchange
 
 
+def _sharded_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """A dataset of global batches, split over the workers by DATA unless it chose a policy.
+
+    Under tf.data's default AUTO policy a dataset read from files is sharded by FILE: each
+    worker reads its own files, so a step's batches are not the global batches the dataset
+    yields (the ones Keras's ``fit`` trains on). DATA gives each worker its share of every
+    global batch, in order, also for a batch that does not divide by the replicas. An explicit
+    policy (FILE, HINT, OFF) is the user's choice and is kept; so is a ``dataset_fn``'s own
+    sharding. One worker (one_device, mirrored) shards nothing either way.
+    """
+    policy = tf.data.experimental.AutoShardPolicy
+    if dataset.options().experimental_distribute.auto_shard_policy != policy.AUTO:
+        return dataset
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy.DATA
+    return dataset.with_options(options)
+
+
 class SyncRunner:
     """Runs replica steps synchronously with ``strategy.run``.
 
@@ -118,7 +136,7 @@ class SyncRunner:
             distributed = self.strategy.distribute_datasets_from_function(source.dataset_fn)
             # One CPU replica here: a plain iterator, not TF's multi-device one (0.17 s each).
             return plain_iterator(distributed) if one_cpu_replica(self.strategy) else distributed
-        return self.strategy.experimental_distribute_dataset(source.dataset)
+        return self.strategy.experimental_distribute_dataset(_sharded_by_data(source.dataset))
 
     def make_iterator(self, distributed: Any) -> Any:
         return iter(distributed)
