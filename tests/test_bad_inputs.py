@@ -648,6 +648,16 @@ CASES = [
         "8",
         ("None or global_batch_size's value (16)",),
     ),
+    C(
+        "evaluate(load('digits'), global_batch_size=33)  # 2 replicas",
+        lambda e: e.trainer.evaluate(tfdist.data.load("digits"), global_batch_size=33),
+        "global_batch_size",
+        "33",
+        (
+            "a positive multiple of the number of replicas in sync (2)",
+            "evaluate and predict take any batch size from arrays or a tf.data.Dataset",
+        ),
+    ),
     # --- data and models --------------------------------------------------------------------------
     C(
         "data.load('imagenet')",

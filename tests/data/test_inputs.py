@@ -66,3 +66,30 @@ def test_skipping_and_repeating_happen_in_tf_data():
         training=True,
     )
     assert [b.numpy()[0] for b in by_dataset.repeated().skipping(2).dataset.take(2)] == [16, 0]
+
+
+def test_batch_size_is_read_without_drawing_an_order():
+    """A reshuffling dataset's batch size comes off its graph: its first pass is still unread.
+
+    Each iterator draws the next order, so a peek would hand the first epoch the second one
+    (and fails this test when TF moves the graph analysis, ``_compat.inputs.static_batch_size``).
+    """
+
+    def reshuffling():
+        return tf.data.Dataset.range(10).shuffle(10, seed=3, reshuffle_each_iteration=True)
+
+    ctx = tf.distribute.InputContext(num_replicas_in_sync=2)
+    source = as_input(
+        reshuffling().batch(4), input_context=ctx, global_batch_size=None, training=True
+    )
+    assert source.global_batch_size == 4
+    first_pass = [b.numpy().tolist() for b in reshuffling().batch(4)]
+    assert [b.numpy().tolist() for b in source.dataset] == first_pass
+    # A map after the batch hides it from the analysis: the first element tells it.
+    mapped = reshuffling().batch(4).map(lambda b: b * 2)
+    assert (
+        as_input(
+            mapped, input_context=ctx, global_batch_size=None, training=False
+        ).global_batch_size
+        == 4
+    )

@@ -4,7 +4,8 @@ A :class:`Row` names a model builder, ``compile`` arguments and ``fit`` argument
 words. :func:`run_keras` runs them through plain ``model.fit`` on one device (the reference);
 :func:`run_trainer` builds a ``tfdist.Trainer`` from the same compile arguments and calls
 ``trainer.fit`` with the same fit arguments, on any strategy. :func:`assert_same` compares the
-final weights and every history value.
+final weights and every history value, and what the row's ``inference`` (``predict``,
+``evaluate``) returns after the fit.
 
 Each call of ``row.compile()`` / ``row.fit()`` makes fresh objects (optimizers, metrics,
 callbacks), so the two sides share nothing but numbers. Builders seed their initial weights, so
@@ -27,6 +28,7 @@ import tensorflow as tf
 import tfdist
 
 ATOL = 1e-5
+OUTPUT = "output:"  # the npz key prefix of a Result's outputs
 SYNC_STRATEGIES = ("mirrored", "multi_worker")
 
 
@@ -50,6 +52,9 @@ class Row:
         keras_fit: Keras's ``fit`` keyword arguments where they differ from ``fit`` (e.g. the
             dataset of global batches a ``dataset_fn`` row stands for); default ``fit``.
         slow: Marks the row's tests ``slow`` (more than a few seconds).
+        inference: ``fn(fitted)`` after the fit, with the fitted Keras model on the reference
+            side and the ``tfdist.Trainer`` on the other (they share ``predict`` and
+            ``evaluate``'s arguments): name -> array, compared to ``atol`` like the weights.
     """
 
     name: str
@@ -63,6 +68,7 @@ class Row:
     known_gaps: dict[str, str] = dataclasses.field(default_factory=dict)
     keras_fit: Callable[[], dict[str, Any]] | None = None
     slow: bool = False
+    inference: Callable[[Any], dict[str, Any]] | None = None
 
 
 def rows_on(strategy: str, rows: list[Row]) -> list[Any]:
@@ -90,6 +96,7 @@ class Result:
     weights: list[np.ndarray]
     history: dict[str, list[float]]
     model: Any = None
+    outputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def fixed_weights(model: keras.Model, seed: int = 1) -> keras.Model:
@@ -109,7 +116,7 @@ def run_keras(row: Row) -> Result:
     model = row.model()
     model.compile(**row.compile())
     history = model.fit(**(row.keras_fit or row.fit)(), verbose=0)
-    return Result(model.get_weights(), _floats(history.history), model)
+    return Result(model.get_weights(), _floats(history.history), model, _inference(row, model))
 
 
 def run_trainer(row: Row, strategy: Any) -> Result:
@@ -126,7 +133,18 @@ def run_trainer(row: Row, strategy: Any) -> Result:
         countable = not callable(fit["x"]) or isinstance(fit["x"], tf.data.Dataset)
         fit["steps_per_epoch"] = one_pass_steps(fit if countable else row.keras_fit())
     history = fit_trainer(trainer, fit)
-    return Result(trainer.model.get_weights(), _floats(history.history), trainer)
+    weights = trainer.model.get_weights()
+    return Result(weights, _floats(history.history), trainer, _inference(row, trainer))
+
+
+def _inference(row: Row, fitted: Any) -> dict[str, np.ndarray]:
+    """``row.inference(fitted)`` as NumPy arrays (nested outputs flattened in order)."""
+    if row.inference is None:
+        return {}
+    return {
+        name: np.concatenate([np.ravel(np.asarray(v, "float64")) for v in tf.nest.flatten(value)])
+        for name, value in row.inference(fitted).items()
+    }
 
 
 def fit_trainer(trainer: tfdist.Trainer, fit: dict[str, Any]) -> keras.callbacks.History:
@@ -181,11 +199,14 @@ def assert_same(row: Row, reference: Result, result: Result) -> None:
     assert len(result.weights) == len(reference.weights)
     for got, want in zip(result.weights, reference.weights):
         np.testing.assert_allclose(got, want, atol=row.atol, rtol=0)
+    assert sorted(result.outputs) == sorted(reference.outputs)
+    for name, want in reference.outputs.items():
+        np.testing.assert_allclose(result.outputs[name], want, atol=row.atol, rtol=0, err_msg=name)
 
 
 def save_result(result: Result, prefix: str) -> None:
-    """Writes ``prefix.npz`` (the weights in order) and ``prefix.json`` (the history)."""
-    np.savez(prefix + ".npz", *result.weights)
+    """Writes ``prefix.npz`` (the weights in order, then the outputs) and ``prefix.json``."""
+    np.savez(prefix + ".npz", *result.weights, **{OUTPUT + k: v for k, v in result.outputs.items()})
     with open(prefix + ".json", "w") as f:
         json.dump(result.history, f)
 
@@ -193,6 +214,7 @@ def save_result(result: Result, prefix: str) -> None:
 def load_result(prefix: str) -> Result:
     """Reads what :func:`save_result` wrote."""
     with np.load(prefix + ".npz") as f:
-        weights = [f[f"arr_{i}"] for i in range(len(f.files))]
+        outputs = {k[len(OUTPUT) :]: f[k] for k in f.files if k.startswith(OUTPUT)}
+        weights = [f[f"arr_{i}"] for i in range(len(f.files) - len(outputs))]
     with open(prefix + ".json") as f:
-        return Result(weights, json.load(f))
+        return Result(weights, json.load(f), outputs=outputs)

@@ -83,6 +83,32 @@ def shuffled_fit(steps_per_epoch=None):
 # learns the batch size without an iterator (tf.data's graph analysis), and makes the same spare
 # iterator as Keras (training/loop.py _spare_iterator_as_keras). parameter_server requires
 # steps_per_epoch (the harness gives one pass; Keras's reference has none): the _steps row.
+def any_batch_size(fitted):
+    """``predict`` and ``evaluate`` on batches that 2 replicas (or workers) cannot split evenly.
+
+    Keras takes any batch size; the Trainer splits a batch of b into ceil(b/2) and floor(b/2)
+    examples (a batch of 1: one replica gets none), and gathers the outputs in input order.
+    """
+    x, y, w = arrays(seed=2, n=37)
+    sizes_3_then_7 = (
+        tf.data.Dataset.from_tensor_slices(x[:20])
+        .batch(3)
+        .concatenate(tf.data.Dataset.from_tensor_slices(x[20:]).batch(7))
+    )
+    weighted_3 = tf.data.Dataset.from_tensor_slices((x, y, w)).batch(3)
+    return {
+        "predict_arrays_batch_3": fitted.predict(x, batch_size=3, verbose=0),
+        "predict_dataset_batches_3_then_7": fitted.predict(sizes_3_then_7, verbose=0),
+        "evaluate_arrays_batch_5": fitted.evaluate(x, y, sample_weight=w, batch_size=5, verbose=0),
+        "evaluate_dataset_batch_3": fitted.evaluate(weighted_3, verbose=0),
+    }
+
+
+def one_epoch_fit():
+    x, y, _ = arrays()
+    return dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1)
+
+
 ROWS = [
     Row("dataset", mlp, sgd_compile, dataset_fit()),
     Row("dataset_sample_weight", mlp, sgd_compile, dataset_fit(with_weights=True)),
@@ -96,4 +122,7 @@ ROWS = [
         strategies=("mirrored", "multi_worker"),
     ),
     Row("dataset_shuffled_seeded_steps", mlp, sgd_compile, shuffled_fit(steps_per_epoch=N // 16)),
+    Row(
+        "predict_evaluate_any_batch_size", mlp, sgd_compile, one_epoch_fit, inference=any_batch_size
+    ),
 ]

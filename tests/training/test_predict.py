@@ -77,4 +77,17 @@ def test_predict_errors(case):
     with pytest.raises(
         ValueError, match="argument `global_batch_size`. Received: global_batch_size=6"
     ):
-        trainer.predict(tf.data.Dataset.from_tensor_slices(x).batch(6), global_batch_size=6)
+        # A dataset_fn batches per replica: 6 does not split over 4.
+        trainer.predict(lambda ctx: tf.data.Dataset.from_tensor_slices(x), global_batch_size=6)
+
+
+def test_predict_and_evaluate_take_any_batch_size(case):
+    """6 and 3 do not divide by 4 replicas: shares of 2, 2, 1, 1 (and 1, 1, 1, 0), as Keras."""
+    trainer, x, expected = case
+    for data, batch_size in [(x, 6), (tf.data.Dataset.from_tensor_slices(x).batch(3), None)]:
+        got = trainer.predict(data, batch_size=batch_size, verbose=0)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    y = np.arange(N) % 3
+    want = float(np.mean((expected - np.eye(3)[y]) ** 2))  # the model's loss is "mse"
+    loss = trainer.evaluate(x, np.eye(3, dtype="float32")[y], batch_size=6, verbose=0)
+    np.testing.assert_allclose(loss, want, rtol=1e-5)

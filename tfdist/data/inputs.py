@@ -160,7 +160,7 @@ def _first_batch_size(ds: tf.data.Dataset, argument: str) -> int:
     first element, which makes one iterator: it uses up one order of a dataset that reshuffles
     each iteration (pass ``global_batch_size`` to avoid it).
     """
-    size = static_batch_size(ds)
+    size = static_batch_size(ds) if int(ds.cardinality()) != 0 else None  # none: say so below
     if size is not None:
         return size
     for element in ds.take(1):
