@@ -3,7 +3,8 @@
 ONE ``tfdist launch --workers=2`` runs every row with "multi_worker" in its strategies
 (``tests/jobs/parity_job.py``); each row's test then compares both workers' results with plain
 Keras on one device here, and the workers with each other (bitwise: one all-reduce, one model).
-A row's data are global batches, split across the workers by ``tf.data`` autosharding (DATA);
+A row's data are global batches, split across the workers by ``tf.data`` autosharding (DATA, also
+for a dataset read from files, whose default AUTO policy would split by FILE);
 :func:`test_autosharding_splits_each_global_batch` checks that split on its own.
 """
 
@@ -56,22 +57,15 @@ def test_launch_succeeded(launched):
     assert "[worker:0] parity job done 2" in stdout and "[worker:1] parity job done 2" in stdout
 
 
-FILE_SHARDING = (
-    "tf.data's AUTO policy shards a file-based dataset by FILE: each worker reads its own files, "
-    "so the steps' batches are not Keras's (SyncRunner.distribute could set the DATA policy)"
-)
-
-
 @pytest.mark.parametrize(
-    "name",
-    [
-        "_shards",
-        pytest.param("_shards_files", marks=pytest.mark.xfail(reason=FILE_SHARDING, strict=True)),
-    ],
-    ids=["from_tensor_slices", "tfrecord_files"],
+    "name", ["_shards", "_shards_files"], ids=["from_tensor_slices", "tfrecord_files"]
 )
 def test_autosharding_splits_each_global_batch(launched, name):
-    """Worker 0's then worker 1's share of step i is global batch i, as Keras reads it."""
+    """Worker 0's then worker 1's share of step i is global batch i, as Keras reads it.
+
+    From 2 TFRecord files too: under tf.data's AUTO policy each worker would read its own file
+    (FILE sharding), and the steps' batches would not be Keras's; the Trainer asks for DATA.
+    """
     w0, w1 = (json.loads(open(p + ".json").read()) for p in _outputs(launched, name))
     n, batch = w0["examples"], w0["batch"]
     keras_batches = [list(range(n))[i : i + batch] for i in range(0, n, batch)]
