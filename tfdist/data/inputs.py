@@ -100,6 +100,19 @@ class InputSource:
             return dataclasses.replace(self, dataset=self.dataset.skip(num_steps))
         return dataclasses.replace(self, dataset_fn=_Skip(self.dataset_fn, num_steps))
 
+    def spare_iterator(self, *, epochs_before: int) -> None:
+        """Makes and drops one iterator over a dataset where Keras's ``fit`` makes an unused one.
+
+        Keras's ``EpochIterator`` makes one when a pass ends (for a fit with ``steps_per_epoch``)
+        and, without ``steps_per_epoch``, another when the next epoch begins: ``model.fit`` reads
+        passes 1, 3, 5, ... (unknown length: 1, 2, 4, 6, ...). Each iterator of a reshuffling
+        dataset draws its next order, so a seeded ``shuffle`` gives Keras's epochs only if the
+        Trainer draws as many. Nothing is read (tf.data reads on the first ``next``).
+        """
+        known_length = self.steps_per_epoch is not None
+        if self.dataset is not None and epochs_before >= (1 if known_length else 2):
+            iter(self.dataset)
+
 
 def _reseeded(dataset_fn: Any, epoch: int) -> Any:
     """A DatasetFn reseeded with ``seed + epoch`` (also inside a :class:`_Map`); others as given."""
@@ -307,12 +320,10 @@ def as_input(
 
 
 def _check_global_batch_size(data: Any, gbs: Any, replicas: int, *, training: bool) -> None:
-    """Training batches (and per-replica ones) must divide by ``replicas``; others be positive.
+    """Training (and per-replica) batches must divide by ``replicas``; others be positive.
 
-    Evaluation and prediction of global batches (arrays, a ``tf.data.Dataset``) take any size:
-    tf.distribute splits a batch of ``b`` into shares of ``ceil(b / replicas)`` and
-    ``floor(b / replicas)`` examples, as it splits a partial last batch, and each example
-    still counts once, in order.
+    Evaluating or predicting global batches (arrays, a dataset) takes any size: tf.distribute
+    splits a batch of b into ceil/floor(b / replicas) shares, as it splits a partial batch.
     """
     if training or callable(data) and not isinstance(data, tf.data.Dataset):
         per_replica_batch_size(gbs, replicas, training=training)

@@ -45,8 +45,12 @@ class EvaluateAndPredict:
         Args:
             x, y, sample_weight: As for :meth:`fit`.
             batch_size: Examples per step across all replicas (alias
-                ``global_batch_size``). Default as for :meth:`fit`; an unbound
-                ``DatasetFn`` takes the one of this Trainer's first ``fit`` or ``evaluate``.
+                ``global_batch_size``); any size for arrays and a ``tf.data.Dataset``
+                (a batch that does not divide by the replicas is split into shares
+                of ``ceil``/``floor`` its size over them, as Keras takes any batch), a
+                multiple of the replicas for a dataset_fn or ``DatasetFn`` (they batch
+                per replica). Default as for :meth:`fit`; an unbound ``DatasetFn``
+                takes the one of this Trainer's first ``fit`` or ``evaluate``.
             verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
             steps: Batches to evaluate; default one pass.
             callbacks: Keras callbacks; their test hooks run as under
@@ -100,7 +104,9 @@ class EvaluateAndPredict:
                 ``(x, y[, sample_weight])`` tuple (``y`` is ignored; single-input
                 models), or any form :meth:`fit` takes.
             batch_size: Examples per batch across all replicas (default 32
-                for arrays; alias ``global_batch_size``).
+                for arrays; alias ``global_batch_size``): any size for arrays and a
+                ``tf.data.Dataset`` (split unevenly over the replicas, outputs still
+                in input order), as in Keras.
             verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
             steps: Batches to predict; default all of ``x``.
             callbacks: Keras callbacks; their predict hooks run once per batch.

@@ -334,8 +334,8 @@ def train_epochs(
         first_step = position.step if position is not None and epoch == position.epoch else 0
         # Resuming skips the batches already trained on inside tf.data, not by next() calls.
         with loop.section("input"):
-            if not repeat:
-                _spare_iterator_as_keras(source, epoch - initial_epoch)
+            if not repeat:  # Keras's fit makes an unused iterator between epochs: so do we
+                source.spare_iterator(epochs_before=epoch - initial_epoch)
             iterator, persistent = _epoch_iterator(
                 runner, source, epoch, first_step, position, repeat, persistent, steps
             )
@@ -365,25 +365,6 @@ def train_epochs(
     loop.wait_for_backup()  # on_train_end sees the last backup committed (RayBackup reports it)
     with loop.section("epoch callbacks"):
         callbacks.on_train_end(loop.logs)
-
-
-def _spare_iterator_as_keras(source: InputSource, epochs_before: int) -> None:
-    """Makes and drops one iterator over a dataset where Keras's ``fit`` makes an unused one.
-
-    Keras's ``EpochIterator`` makes the next epoch's iterator when a pass ends (for a fit with
-    ``steps_per_epoch``), and a fit without it makes another one at the next epoch's start, so
-    ``model.fit`` reads a dataset of known length on passes 1, 3, 5, ... (and, of unknown length,
-    once a first pass counted it: 1, 2, 4, 6, ...). Each iterator of a dataset that reshuffles
-    each iteration draws its next order, so a seeded ``shuffle`` gives Keras's epochs only if the
-    Trainer draws as many. The spare iterator reads nothing (tf.data reads on the first ``next``).
-
-    Args:
-        source: The training input; only a dataset of global batches is touched.
-        epochs_before: Epochs this ``fit`` call ran before the one about to start.
-    """
-    known_length = source.steps_per_epoch is not None
-    if source.dataset is not None and epochs_before >= (1 if known_length else 2):
-        iter(source.dataset)
 
 
 def _epoch_iterator(
