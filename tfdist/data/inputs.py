@@ -325,7 +325,7 @@ def _check_global_batch_size(data: Any, gbs: Any, replicas: int, *, training: bo
     Evaluating or predicting global batches (arrays, a dataset) takes any size: tf.distribute
     splits a batch of b into ceil/floor(b / replicas) shares, as it splits a partial batch.
     """
-    if training or callable(data) and not isinstance(data, tf.data.Dataset):
+    if training or (callable(data) and not isinstance(data, tf.data.Dataset)):
         per_replica_batch_size(gbs, replicas, training=training)
     elif isinstance(gbs, bool) or not isinstance(gbs, numbers.Integral) or gbs < 1:
         raise invalid_argument("global_batch_size", gbs, "a positive integer")
