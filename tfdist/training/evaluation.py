@@ -113,12 +113,13 @@ def predict(
         with runner.strategy.scope():
             x_spec = keras.utils.unpack_x_y_sample_weight(source.element_spec)[0]
             model.build(tf.nest.map_structure(lambda s: s.shape, x_spec))
-    fn = functions.predict()
+    distributed = runner.distribute(source, training=False)
+    fn = _traced_once(functions.predict(), distributed)
     outputs = []
     bar = _progress_bar(functions, steps or source.steps_per_epoch, verbose)
     hooks = callbacks if callbacks is not None else keras.callbacks.CallbackList()
     hooks.on_predict_begin()
-    for batch in runner.distribute(source, training=False):
+    for batch in distributed:
         if steps is not None and len(outputs) >= steps:
             break
         hooks.on_predict_batch_begin(len(outputs))
@@ -132,3 +133,19 @@ def predict(
     if bar is not None:
         bar.update(len(outputs), finalize=True)
     return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
+
+
+def _traced_once(fn: Any, distributed: Any) -> Any:
+    """``fn`` traced for the batches' spec (any batch size), not once per batch shape.
+
+    Batches that do not divide by the replicas give each replica its own size (a batch of 3
+    on 2 replicas: 2 and 1; a last batch of 1: 1 and 0), and each new combination of shapes
+    would trace the distributed predict function again (about a second each on 2 CPUs).
+    """
+    spec = getattr(distributed, "element_spec", None)
+    if spec is None:
+        return fn
+    try:
+        return fn.get_concrete_function(spec)
+    except (TypeError, ValueError):  # a spec the function cannot take whole: trace per batch
+        return fn
