@@ -26,7 +26,6 @@ import dataclasses
 import functools
 import logging
 import math
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +35,7 @@ import tensorflow as tf
 from tfdist._compat.inputs import static_batch_size
 from tfdist.config import invalid_argument
 from tfdist.data.dataset_fn import DatasetFn
-from tfdist.data.sharding import per_replica_batch_size, replicas_per_pipeline
+from tfdist.data.sharding import check_global_batch_size, replicas_per_pipeline
 
 logger = logging.getLogger(__name__)
 DEFAULT_GLOBAL_BATCH_SIZE = 32
@@ -176,6 +175,12 @@ def _first_batch_size(ds: tf.data.Dataset, argument: str) -> int:
     size = static_batch_size(ds) if int(ds.cardinality()) != 0 else None  # none: say so below
     if size is not None:
         return size
+    logger.info(
+        "`%s`: reading the batch size off the first batch (one iterator: a dataset that "
+        "reshuffles each iteration then starts on its second order); pass global_batch_size "
+        "to skip this.",
+        argument,
+    )
     for element in ds.take(1):
         first = tf.nest.flatten(element)[0]
         if first.shape.rank:
@@ -287,8 +292,11 @@ def as_input(
             batch size.
     """
     replicas = input_context.num_replicas_in_sync
+    per_replica = callable(data) and not isinstance(data, tf.data.Dataset)  # a dataset_fn
     if global_batch_size is not None:
-        _check_global_batch_size(data, global_batch_size, replicas, training=training)
+        check_global_batch_size(
+            global_batch_size, replicas, training=training, per_replica=per_replica
+        )
 
     if isinstance(data, DatasetFn):
         gbs = global_batch_size or data.global_batch_size or fallback_global_batch_size
@@ -302,7 +310,7 @@ def as_input(
 
     if isinstance(data, tuple) and 2 <= len(data) <= 3:
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
-        _check_global_batch_size(data, gbs, replicas, training=training)
+        check_global_batch_size(gbs, replicas, training=training, per_replica=False)
         return _array_input(
             data, gbs, shuffle=shuffle if training else False, seed=seed, argument=argument
         )
@@ -317,18 +325,6 @@ def as_input(
         "global batches, or arrays (x with y)",
         note=note,
     )
-
-
-def _check_global_batch_size(data: Any, gbs: Any, replicas: int, *, training: bool) -> None:
-    """Training (and per-replica) batches must divide by ``replicas``; others be positive.
-
-    Evaluating or predicting global batches (arrays, a dataset) takes any size: tf.distribute
-    splits a batch of b into ceil/floor(b / replicas) shares, as it splits a partial batch.
-    """
-    if training or (callable(data) and not isinstance(data, tf.data.Dataset)):
-        per_replica_batch_size(gbs, replicas, training=training)
-    elif isinstance(gbs, bool) or not isinstance(gbs, numbers.Integral) or gbs < 1:
-        raise invalid_argument("global_batch_size", gbs, "a positive integer")
 
 
 def _dataset_fn_input(

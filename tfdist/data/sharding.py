@@ -63,6 +63,24 @@ def per_replica_batch_size(
     return global_batch_size // replicas
 
 
+def check_global_batch_size(
+    global_batch_size: int, num_replicas_in_sync: int, *, training: bool, per_replica: bool
+) -> None:
+    """Checks a global batch: in training, or of a per-replica input, it must divide evenly.
+
+    Evaluating or predicting global batches (arrays, a ``tf.data.Dataset``) takes any positive
+    size, as Keras does: tf.distribute splits a batch of b into ``ceil(b / replicas)`` and
+    ``floor(b / replicas)`` shares, as it splits a partial batch; each example counts once.
+
+    Raises:
+        ValueError: As :func:`per_replica_batch_size`, or for a value that is not a positive int.
+    """
+    if training or per_replica:
+        per_replica_batch_size(global_batch_size, num_replicas_in_sync, training=training)
+    elif not _is_int(global_batch_size) or global_batch_size < 1:
+        raise invalid_argument("global_batch_size", global_batch_size, "a positive integer")
+
+
 #: Why a per-replica input for evaluate/predict needs a divisible batch, and what takes any.
 _ANY_SIZE = (
     "A dataset_fn or tfdist.data.DatasetFn batches per replica; evaluate and predict take any "
