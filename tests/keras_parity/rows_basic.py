@@ -66,6 +66,13 @@ def validation_fit():
     )
 
 
+# Each iterator over a reshuffling dataset draws the next order. Keras makes two per epoch
+# (keras/src/trainers/epoch_iterator.py, EpochIterator._enumerate_iterator: one when an epoch of
+# known length ends, for a fit with steps_per_epoch, and one when the next epoch begins if it has
+# none), so its epoch e reads pass 2e-1; with steps_per_epoch it reads on: epoch e, pass e. The
+# Trainer learns the batch size without an iterator (tf.data's graph analysis) and makes the same
+# spare iterator (InputSource.spare_iterator). parameter_server requires steps_per_epoch (the
+# harness gives one pass; Keras's reference has none): it runs the _steps row.
 def shuffled_fit(steps_per_epoch=None):
     def fit():
         x, y, _ = arrays()
@@ -77,12 +84,6 @@ def shuffled_fit(steps_per_epoch=None):
     return fit
 
 
-# Each iterator over a reshuffling dataset draws the next order. Keras makes two per epoch (one
-# when an epoch of known length ends, for a fit with steps_per_epoch, one when the next begins),
-# so its epoch e reads pass 2e-1; with steps_per_epoch it reads on: epoch e, pass e. The Trainer
-# learns the batch size without an iterator (tf.data's graph analysis), and makes the same spare
-# iterator as Keras (training/loop.py _spare_iterator_as_keras). parameter_server requires
-# steps_per_epoch (the harness gives one pass; Keras's reference has none): the _steps row.
 def any_batch_size(fitted):
     """``predict`` and ``evaluate`` on batches that 2 replicas (or workers) cannot split evenly.
 
