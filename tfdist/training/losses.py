@@ -155,6 +155,10 @@ def masked_means(
     ]
 
 
+class MaskedTermsFound(Exception):
+    """The first trace of an accumulation loop's body found masked loss terms."""
+
+
 class MaskedUpdate:
     """One update's masked terms on one replica: their sums, counts and gradients, packed.
 

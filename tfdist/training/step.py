@@ -2,7 +2,7 @@
 
 A training *update* runs in replica context on ``k`` micro-batches:
 
-1. forward pass and Keras's compiled loss on each micro-batch;
+1. forward pass (Keras masks kept) and Keras's compiled loss on each micro-batch;
 2. the loss is normalised by the **global** batch (``global_batch_size * k``)
    and multiplied by the loss scale (fp16);
 3. gradients are summed locally over the ``k`` micro-batches (in a
@@ -23,8 +23,8 @@ one smaller update, still normalised by its own examples.
 count updates. An optimizer's Keras ``gradient_accumulation_steps`` (which
 fails under tf.distribute) is taken over as ``accumulation_steps``.
 
-The gradient helpers (``ShardedVariable``-aware gradients, scaling) are in
-:mod:`tfdist.training.gradients`.
+Masked loss terms (Keras masks, ``ignore_class``) weigh by the valid count of the whole
+update (:mod:`tfdist.training.losses`); gradient helpers: :mod:`tfdist.training.gradients`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from tfdist._compat.masks import keras_mask, with_keras_mask
 from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.gradients import scale_gradient, sharded_gradients
 from tfdist.training.losses import (
+    MaskedTermsFound,
     MaskedUpdate,
     ReplicaLoss,
     global_size,
@@ -91,10 +92,6 @@ def _forward(model: keras.Model, x: Any, training: bool) -> Any:
     if takes_training(model.call):
         return model(x, training=training)
     return model(x)
-
-
-class _MaskedTermsFound(Exception):
-    """The first trace of the accumulation loop's body found masked loss terms."""
 
 
 #: The accumulation loop's state: gradient sums, examples, per-output loss sums, and the
@@ -206,13 +203,7 @@ class TrainUpdate:
         self.tracked.extend(id(tracker) for tracker, _ in replica.recorded)
         self.masked.learn(replica, [variables[i].shape for i in self.present])
 
-    def apply(
-        self,
-        summed: Sequence[Any],
-        count: tf.Tensor,
-        output_sums: Sequence[Any],
-        extra: tf.Tensor | None = None,
-    ) -> None:
+    def apply(self, summed: Sequence[Any], count: tf.Tensor, output_sums: Any, extra: Any) -> None:
         """One exchange and one optimizer update; ``summed`` holds the present variables' sums.
 
         ``output_sums``: this replica's per-output loss sums over its ``count`` examples;
@@ -282,7 +273,7 @@ class TrainUpdate:
         sums, count, output_sums, extra = state
         grads, size, losses, packed = self.micro_step(data)
         if packed.shape[0] != extra.shape[0]:
-            raise _MaskedTermsFound()  # the loop's state lacks their sums: cross_replica retraces
+            raise MaskedTermsFound()  # the loop's state lacks their sums: cross_replica retraces
         return (
             [s if g is None else s + tf.convert_to_tensor(g) for s, g in zip(sums, grads)],
             count + size,
@@ -322,7 +313,7 @@ class TrainUpdate:
 
         try:
             state = loop()
-        except _MaskedTermsFound:
+        except MaskedTermsFound:
             # The first trace of the body found masked terms: the loop again, with their sums.
             state = loop()
         run(self.finish, (state,))
