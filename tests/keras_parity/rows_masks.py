@@ -135,6 +135,19 @@ def masked_train_step_model():
     return fixed_weights(model)
 
 
+def zero_weights_fit():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((N, FEATURES)).astype(np.float32)
+    y = rng.standard_normal((N, 1)).astype(np.float32)
+    weights = np.where(rng.random(N) < 0.4, 0.0, rng.random(N) + 0.5).astype(np.float32)
+    return dict(x=x, y=y, sample_weight=weights, batch_size=16, epochs=2, shuffle=False)
+
+
+def dense_model():
+    x = keras.Input((FEATURES,))
+    return fixed_weights(keras.Model(x, keras.layers.Dense(1)(x)))
+
+
 ROWS = [
     Row(
         "masks_embedding_mask_zero",
@@ -171,4 +184,11 @@ ROWS = [
         history_keys=("loss", "out0_loss", "out1_loss"),
     ),
     Row("masks_custom_train_step", masked_train_step_model, sgd(cross_entropy()), token_fit()),
+    Row(
+        # "mean_with_sample_weight" divides by the sum of the weights: zero weights count for none.
+        "masks_zero_sample_weights",
+        dense_model,
+        sgd(lambda: keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")),
+        zero_weights_fit,
+    ),
 ]

@@ -5,7 +5,8 @@ A Keras mask (``Embedding(mask_zero=True)``, ``Masking``, a recurrent layer with
 ``Loss.__call__`` reads it there, and its ``ignore_class`` sets one on the loss values.
 A masked term with the ``"sum_over_batch_size"`` (or ``"mean"``) reduction is the
 sum of its weighted values over its **local** valid count (and over the replica
-count, under a strategy). :func:`masked_terms` records each such term and that count,
+count, under a strategy); a ``"mean_with_sample_weight"`` term, over its local sum of
+sample weights. :func:`masked_terms` records each such term and that count,
 so the replica step can weigh it by the count of all replicas and micro-batches.
 """
 
@@ -61,13 +62,26 @@ class MaskedTerm:
     count: tf.Tensor
 
 
-def _count(values: Any, mask: Any) -> tf.Tensor:
-    """The valid count Keras divides a masked term's sum by (``loss.apply_mask``)."""
-    mask = tf.cast(tf.convert_to_tensor(mask), tf.float32)
-    values_size = tf.cast(tf.size(values), tf.float32)
-    mask_size = tf.cast(tf.size(mask), tf.float32)
-    # Keras weighs valid entries by total/valid, then divides the sum by the values' size.
-    return tf.reduce_sum(mask) * tf.math.divide_no_nan(values_size, mask_size)
+def _count(values: Any, sample_weight: Any, mask: Any, reduction: Any) -> tf.Tensor | None:
+    """The count Keras divides a term's weighted sum by, where it is not the values' size.
+
+    ``"sum_over_batch_size"``/``"mean"`` with a mask: the valid entries
+    (``loss.apply_mask``); ``"mean_with_sample_weight"``: the sum of the weights, the
+    mask merged in. None for a term whose divisor is its size (or that is not a mean).
+    """
+    if mask is not None and reduction in _MEAN_REDUCTIONS:
+        mask = tf.cast(tf.convert_to_tensor(mask), tf.float32)
+        values_size = tf.cast(tf.size(values), tf.float32)
+        mask_size = tf.cast(tf.size(mask), tf.float32)
+        # Keras weighs valid entries by total/valid, then divides the sum by the values' size.
+        return tf.reduce_sum(mask) * tf.math.divide_no_nan(values_size, mask_size)
+    if reduction == "mean_with_sample_weight" and (sample_weight is not None or mask is not None):
+        # Private: Keras merges the mask into the weights here, as its reduction then sums them.
+        from keras.src.losses.loss import apply_mask
+
+        weights = apply_mask(sample_weight, mask, dtype="float32", reduction=reduction)
+        return tf.reduce_sum(tf.cast(weights, tf.float32))
+    return None
 
 
 _ACTIVE = threading.local()  # this thread's recorders (MirroredStrategy runs replicas in threads)
@@ -99,9 +113,10 @@ def _install() -> None:
             return value
         recording, rescale = stack[-1]
         recording.calls += 1
-        if mask is None or reduction not in _MEAN_REDUCTIONS:
+        count = _count(values, sample_weight, mask, reduction)
+        if count is None:
             return value
-        term = MaskedTerm(value, tf.stop_gradient(_count(values, mask)))
+        term = MaskedTerm(value, tf.stop_gradient(count))
         if rescale is not None:
             term.value = rescale(value, term.count)
         recording.terms.append(term)
@@ -116,10 +131,10 @@ def masked_terms(
 ) -> Iterator[Recording]:
     """Within this block (on this thread), every masked mean term of a Keras ``Loss`` is recorded.
 
-    ``rescale(value, count)``, when given, replaces each masked term's value (e.g. to
-    divide its sum by a global count). Terms without a mask, or with another
-    reduction (``"sum"``, ``"mean_with_sample_weight"``, none), are neither
-    recorded nor changed.
+    A masked mean: a masked ``"sum_over_batch_size"`` (or ``"mean"``) term, or a
+    ``"mean_with_sample_weight"`` term with sample weights or a mask.
+    ``rescale(value, count)``, when given, replaces each one's value (e.g. to
+    divide its sum by a global count). Other terms are neither recorded nor changed.
     """
     _install()
     recording = Recording()
