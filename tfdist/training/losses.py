@@ -11,12 +11,15 @@ and the rest of the loss (unmasked terms, regularisers) keeps tfdist's weighting
 examples. The replica step (:mod:`tfdist.training.step`) sums ``S_j``, ``d_j`` and the
 gradients of ``c_j * S_j`` over its micro-batches, adds up the counts of all replicas
 (``D_j``, and the examples ``T``), and adds ``c_j * grad(S_j) / D_j`` to the update: one
-device on the whole batch, exactly. The ``loss`` log and the per-output ``<name>_loss``
-logs are weighed the same way (:func:`loss_log`).
+device on the whole batch, exactly (one small all-reduce of the counts per update, for
+masked models only). The ``loss`` log and the per-output ``<name>_loss`` logs are weighed
+the same way (:func:`update_loss_log`, :func:`masked_means`); so is evaluation
+(:func:`log_masked_evaluation`). A ``"mean_with_sample_weight"`` term (divided by its sum
+of weights) is taken apart the same way.
 
 Everything else (unmasked terms, sample weights, which Keras's
-``"sum_over_batch_size"`` never counts) is unchanged: a model without a masked term
-computes exactly what it did before.
+``"sum_over_batch_size"`` counts whatever their value) is unchanged: a model without a
+masked term computes exactly what it did before.
 """
 
 from __future__ import annotations
