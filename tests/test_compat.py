@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import _compat
+from tfdist._compat import masks
 
 TABLE = _compat.SHIM_TABLE + _compat.SHARDED_VARIABLE_SHIM_TABLE
 
@@ -75,6 +76,32 @@ def test_upstream_still_reduces_scalars_on_axis_0():
 def test_upstream_still_updates_sharded_variables_through_extended_update():
     assert _compat.keras_updates_sharded_through_extended_update()
     assert _compat.sharded_variable_lacks_array()
+
+
+def test_upstream_still_reduces_masked_terms_by_local_count():
+    # tfdist.training.losses takes Keras's masked terms apart by this count.
+    assert masks.keras_reduces_masked_terms_by_local_count()
+
+
+def test_upstream_still_keeps_masks_on_tensors_and_a_slice_drops_them():
+    # The train step cuts its predictions (step._forward_never_empty) and puts the mask back.
+    ids = tf.constant([[1, 2, 0], [3, 0, 0]])
+    embedded = keras.layers.Embedding(4, 2, mask_zero=True)(ids)
+    mask = masks.keras_mask(embedded)
+    assert mask is not None and mask.numpy().tolist() == [[True, True, False], [True, False, False]]
+    assert masks.keras_mask(embedded[:1]) is None
+    cut = masks.with_keras_mask(embedded[:1], mask[:1])
+    assert masks.keras_mask(cut).numpy().tolist() == [[True, True, False]]
+
+
+def test_masked_terms_leave_keras_losses_alone_outside_the_block():
+    y_true = tf.constant([[[1.0], [2.0]]])
+    y_pred = masks.with_keras_mask(tf.zeros((1, 2, 1)), tf.constant([[True, False]]))
+    before = float(keras.losses.MeanSquaredError()(y_true, y_pred))
+    with masks.masked_terms(lambda value, count: value * 0.0) as recording:
+        assert float(keras.losses.MeanSquaredError()(y_true, y_pred)) == 0.0
+    assert recording.calls == 1 and float(recording.terms[0].count) == 1.0
+    assert float(keras.losses.MeanSquaredError()(y_true, y_pred)) == before == 1.0
 
 
 def test_upstream_assign_add_is_still_read_then_write():

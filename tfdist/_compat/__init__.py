@@ -24,6 +24,8 @@ Modules, by job:
   * ``inputs``: :func:`plain_iterator`, a plain dataset iterator where a worker has one CPU
     replica (TF makes a multi-device one, about 0.17 s per iterator).
   * ``probing``: the recording stand-ins the probes use.
+  * ``masks``: a tensor's Keras mask, and the masked terms of Keras's losses with their
+    valid counts (:func:`~tfdist._compat.masks.masked_terms`), for exact masked losses.
 
 Set ``TFDIST_DISABLE_COMPAT=symbolic_build`` (comma separated) to skip a shim,
 e.g. to check whether upstream still needs it.

@@ -213,3 +213,13 @@ def _unpack(
         tf.cast(tf.reshape(widen(piece), tf.shape(g)), g.dtype)
         for g, piece in zip(parts, tf.split(reduced, sizes))
     ]
+
+
+def sum_counts(counts: tf.Tensor) -> tf.Tensor:
+    """A float32 vector of counts summed over all replicas (one small all-reduce), replica context.
+
+    Masked loss terms need their global valid counts before their gradients join the
+    exchange (:mod:`tfdist.training.losses`).
+    """
+    ctx = tf.distribute.get_replica_context()
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, counts)

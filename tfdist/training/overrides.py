@@ -7,7 +7,8 @@ context. Its ``self.compute_loss`` divides the local loss by the replica count
 and its ``self.optimizer.apply(...)`` all-reduces the gradients (one all-reduce
 per ``apply``, so one per update for one optimizer; a GAN's two optimizers each
 reduce their own). So N replicas on batch ``b`` give the gradients of one
-replica on ``N * b``, as under Keras's ``fit``.
+replica on ``N * b``, as under Keras's ``fit``; and, unlike Keras's ``fit``, also
+for a masked loss (:func:`globally_counted_masks`).
 
 What tfdist adds on top of a user's step must not silently not happen:
 accumulation, 16-bit or bucketed exchange live in tfdist's own step, so they
@@ -26,6 +27,7 @@ metric whose result it is: anything else is a clear error, never a wrong log
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -33,7 +35,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfdist._compat.masks import masked_terms
 from tfdist.config import invalid_argument
+from tfdist.training.exchange import sum_counts
 
 STEPS = ("train_step", "test_step", "predict_step")
 
@@ -183,6 +187,27 @@ def _as_logs(method: str, logs: Any) -> dict[str, tf.Tensor]:
     return {k: tf.cast(tf.convert_to_tensor(v), tf.float32) for k, v in logs.items()}
 
 
+def globally_counted_masks() -> contextlib.AbstractContextManager:
+    """Within this block, a Keras loss's masked mean is over the valid count of all replicas.
+
+    Keras divides a masked term (a Keras mask, ``ignore_class``) by the valid count
+    of the replica's own batch, so its replicas' gradients summed are not one
+    device's on the whole batch. Here each such term is ``sum / (D * N)`` instead, with
+    ``D`` the count summed over the ``N`` replicas (one small all-reduce per term):
+    a user's ``train_step`` then updates as one device on ``N * b`` examples. Runs in
+    replica context; nothing changes with one replica.
+    """
+    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+    if replicas == 1:
+        return contextlib.nullcontext()
+
+    def rescale(value: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+        total = sum_counts(tf.reshape(count, [1]))[0]
+        return value * tf.cast(tf.math.divide_no_nan(replicas * count, total), value.dtype)
+
+    return masked_terms(rescale)
+
+
 def make_custom_train_update(
     model: keras.Model, keys: list[str], *, averaged: bool
 ) -> Callable[[Sequence[Any]], Any]:
@@ -201,7 +226,8 @@ def make_custom_train_update(
     def update(micro_batches: Sequence[Any]) -> Any:
         logs: Any = None
         for data in micro_batches:
-            logs = model.train_step(data)
+            with globally_counted_masks():
+                logs = model.train_step(data)
             if not averaged:
                 found = checked_logs(model, "train_step", logs)
                 if not keys:

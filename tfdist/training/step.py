@@ -2,7 +2,7 @@
 
 A training *update* runs in replica context on ``k`` micro-batches:
 
-1. forward pass and Keras's compiled loss on each micro-batch;
+1. forward pass (Keras masks kept) and Keras's compiled loss on each micro-batch;
 2. the loss is normalised by the **global** batch (``global_batch_size * k``)
    and multiplied by the loss scale (fp16);
 3. gradients are summed locally over the ``k`` micro-batches (in a
@@ -23,13 +23,12 @@ one smaller update, still normalised by its own examples.
 count updates. An optimizer's Keras ``gradient_accumulation_steps`` (which
 fails under tf.distribute) is taken over as ``accumulation_steps``.
 
-The gradient helpers (``ShardedVariable``-aware gradients, scaling) are in
-:mod:`tfdist.training.gradients`.
+Masked loss terms (Keras masks, ``ignore_class``) weigh by the valid count of the whole
+update (:mod:`tfdist.training.losses`); gradient helpers: :mod:`tfdist.training.gradients`.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,14 +36,22 @@ import keras
 import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.keras_training import (
-    loss_tracker,
-    output_loss_trackers,
-    recorded_updates,
-    unscale_loss,
-)
+from tfdist._compat.keras_training import loss_tracker, output_loss_trackers, unscale_loss
+from tfdist._compat.masks import keras_mask, with_keras_mask
 from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.gradients import scale_gradient, sharded_gradients
+from tfdist.training.losses import (
+    MaskedTermsFound,
+    MaskedUpdate,
+    ReplicaLoss,
+    global_size,
+    log_masked_evaluation,
+    output_sums,
+    replica_loss,
+    split,
+    takes_training,
+    track_output_losses,
+)
 
 
 def _batch_size(x: Any) -> tf.Tensor:
@@ -62,6 +69,8 @@ def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
     So an empty batch gets one all-zero example, and the predictions are cut
     back to the real examples: the loss, gradients and metrics see only those.
     (The dummy does enter that replica's BatchNormalization batch statistics.)
+    A prediction's Keras mask is cut alike and kept on it, so the loss and the
+    metrics see it as in Keras's own ``train_step``.
     """
     n = tf.cast(size, tf.int32)
 
@@ -71,79 +80,23 @@ def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
     # A cond only picks the input (no side effects in it), so full batches are not copied.
     inputs = tf.cond(n > 0, lambda: x, lambda: tf.nest.map_structure(one_zero_example, x))
     y_pred = _forward(model, inputs, training=True)
-    return tf.nest.map_structure(lambda t: t[:n], y_pred)  # an identity slice for full batches
 
+    def cut(t):  # an identity slice for full batches
+        mask = keras_mask(t)
+        return with_keras_mask(t[:n], None if mask is None else mask[:n])
 
-def _takes_training(method: Callable[..., Any]) -> bool:
-    # A user's call()/compute_loss() override may lack `training` (compute_loss got it in
-    # Keras 3.3); Keras probes the signature the same way. Read at trace time only.
-    return "training" in inspect.signature(method).parameters
+    return tf.nest.map_structure(cut, y_pred)
 
 
 def _forward(model: keras.Model, x: Any, training: bool) -> Any:
-    if _takes_training(model.call):
+    if takes_training(model.call):
         return model(x, training=training)
     return model(x)
 
 
-def _loss(
-    model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool
-) -> tf.Tensor:
-    """Keras's compiled loss (+ regularisers) of one replica's batch, over the replica count."""
-    if _takes_training(model.compute_loss):
-        return model.compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
-        )
-    return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
-
-
-def _global_size(model: keras.Model, size: tf.Tensor) -> tf.Tensor:
-    """This batch's examples on all replicas when the per-output loss logs need it, else ``size``.
-
-    Runs in replica context (in cross-replica context one call sees the whole batch). Only
-    evaluation of a model with several compiled losses on several replicas needs it: one
-    scalar all-reduce per batch (training reads the count its gradient exchange carries).
-    """
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1 or not output_loss_trackers(model):
-        return size
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, size)
-
-
-def _tracked_loss(
-    model: keras.Model, data: tuple[Any, Any, Any, Any], *, size: tf.Tensor, training: bool
-) -> tuple[tf.Tensor, list[tuple[keras.metrics.Metric, tf.Tensor]]]:
-    """``_loss`` of ``data = (x, y, y_pred, sample_weight)``; updates the ``loss`` log.
-
-    The ``loss`` log is a mean over examples: each replica's (unscaled) mean weighs its
-    batch. The per-output losses Keras would log are returned instead, each with its
-    tracker, for :func:`_track_output_losses`.
-    """
-    x, y, y_pred, sample_weight = data
-    with recorded_updates(output_loss_trackers(model)) as recorded:
-        loss = _loss(model, x, y, y_pred, sample_weight, training=training)
-    loss_tracker(model).update_state(unscale_loss(loss), sample_weight=size)
-    return loss, recorded
-
-
-def _track_output_losses(
-    recorded: list[tuple[keras.metrics.Metric, tf.Tensor]], examples: tf.Tensor, total: tf.Tensor
-) -> None:
-    """Counts each ``<output>_loss`` mean once per global batch (or update), as Keras does.
-
-    Keras weighs a batch's per-output loss by the batch's static size, unknown for a
-    partial batch, so each batch counts once whatever its size. Each replica weighs its
-    mean over its ``examples`` by its share of the ``total`` examples on all replicas:
-    the sums over the replicas hold the global mean, counted once. Exact for partial
-    and empty replica batches.
-    """
-    share = tf.math.divide_no_nan(examples, total)
-    for tracker, mean in recorded:
-        tracker.update_state(mean, sample_weight=share)
-
-
-#: The accumulation loop's state: gradient sums, examples, per-output loss sums.
-State = tuple[list[tf.Tensor], tf.Tensor, list[tf.Tensor]]
+#: The accumulation loop's state: gradient sums, examples, per-output loss sums, and the
+#: masked terms' packed sums (:class:`~tfdist.training.losses.MaskedUpdate`; empty without).
+State = tuple[list[tf.Tensor], tf.Tensor, list[tf.Tensor], tf.Tensor]
 
 
 class TrainUpdate:
@@ -193,45 +146,75 @@ class TrainUpdate:
         self.expected = float(global_batch_size * accumulation_steps)
         self.present: list[int] = []  # indices of variables with a gradient (known once traced)
         self.tracked: list[int] = []  # ids of the per-output loss trackers Keras updates
+        self.masked = MaskedUpdate()  # the loss's masked terms (known once traced)
 
-    def micro_step(self, data: Any) -> tuple[list[Any], tf.Tensor, list[tf.Tensor]]:
+    def micro_step(self, data: Any) -> tuple[list[Any], tf.Tensor, list[tf.Tensor], tf.Tensor]:
         """Forward, loss, metrics and local gradients of one micro-batch (replica context).
 
-        Returns the gradients, the batch's example count and its per-output loss sums.
+        Returns the gradients, the batch's example count, its per-output loss sums and
+        its masked terms, packed (empty for a model without masked terms).
         """
         model = self.model
         x, y, sample_weight = unpack_x_y_sample_weight(data)
         size = _batch_size(x)
-        with tf.GradientTape() as tape:
+        # Persistent: a masked term's coefficient and gradient are read from it as well.
+        with tf.GradientTape(persistent=True) as tape:
             y_pred = _forward_never_empty(model, x, size)
             # Keras's loss: local mean (+ regularisers) / num_replicas. Its
             # mean is a divide_no_nan, so an empty replica batch (the tail
             # of a partial global batch) gives zero loss and gradients.
-            loss, recorded = _tracked_loss(
-                model, (x, y, y_pred, sample_weight), size=size, training=True
-            )
+            replica = replica_loss(model, (x, y, y_pred, sample_weight), training=True)
+            parts = split(tape, replica, self.num_replicas) if replica.terms else None
+            rest = replica.loss if parts is None else parts.rest
             # -> (sum of local losses + size * regularisers) / (global batch * k)
-            objective = loss * tf.cast(size * self.num_replicas / self.expected, loss.dtype)
+            objective = rest * tf.cast(size * self.num_replicas / self.expected, rest.dtype)
             objective = self.optimizer.scale_loss(objective)
-        grads = sharded_gradients(tape, objective, model.trainable_variables)
+            # Each masked term's weighted local sum ``c_j * S_j``, loss-scaled.
+            masked = (
+                [self.optimizer.scale_loss(c * s) for c, s in parts.weighted()] if parts else []
+            )
+        if parts is None:
+            loss_tracker(model).update_state(unscale_loss(replica.loss), sample_weight=size)
+        variables = model.trainable_variables
+        grads = sharded_gradients(tape, objective, variables)
+        term_grads = [sharded_gradients(tape, o, variables) for o in masked]
+        del tape
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if not self.present:
-            self.present.extend(i for i, g in enumerate(grads) if g is not None)
-            self.tracked.extend(id(tracker) for tracker, _ in recorded)
-        # Per-output loss sums over this replica's examples, logged once per update (apply);
-        # one per tracker (zero for one Keras did not update: a compute_loss override).
-        means = {id(tracker): mean for tracker, mean in recorded}
-        sums = [
-            tf.cast(means.get(id(t), 0.0), tf.float32) * size for t in output_loss_trackers(model)
-        ]
-        return grads, size, sums
+            self._learn(replica, grads, term_grads)
+        # A variable with only a masked term's gradient still has a (zero) sum of its own.
+        for i in self.present:
+            if grads[i] is None:
+                grads[i] = tf.zeros(variables[i].shape, variables[i].dtype)
+        rest_log = unscale_loss(rest) * tf.cast(size, rest.dtype)
+        extra = self.masked.pack(
+            parts, rest_log, [[g[i] for i in self.present] for g in term_grads]
+        )
+        return grads, size, output_sums(model, replica, size), extra
 
-    def apply(self, summed: Sequence[Any], count: tf.Tensor, output_sums: Sequence[Any]) -> None:
+    def _learn(self, replica: ReplicaLoss, grads: list[Any], term_grads: list[list[Any]]) -> None:
+        """At the first trace: the variables with a gradient, the trackers, the masked terms."""
+        variables = self.model.trainable_variables
+        self.present.extend(
+            i
+            for i, g in enumerate(grads)
+            if g is not None or any(t[i] is not None for t in term_grads)
+        )
+        self.tracked.extend(id(tracker) for tracker, _ in replica.recorded)
+        self.masked.learn(replica, [variables[i].shape for i in self.present])
+
+    def apply(self, summed: Sequence[Any], count: tf.Tensor, output_sums: Any, extra: Any) -> None:
         """One exchange and one optimizer update; ``summed`` holds the present variables' sums.
 
-        ``output_sums``: this replica's per-output loss sums over its ``count`` examples.
+        ``output_sums``: this replica's per-output loss sums over its ``count`` examples;
+        ``extra``: its masked terms, packed (their gradients join ``summed`` here).
         """
         variables = self.model.trainable_variables
+        masked_logs: dict[int, tf.Tensor] = {}
+        if self.masked.terms:
+            summed, masked_logs = self.masked.combine(
+                self.model, extra, list(summed), count, expected=self.expected
+            )
         reduced, total = all_reduce_sum(
             summed,
             count,
@@ -241,11 +224,11 @@ class TrainUpdate:
         )
         # An update is one batch of Keras's with a k-times batch: its per-output means count once.
         means = [
-            (tracker, tf.math.divide_no_nan(s, count))
+            (tracker, masked_logs.get(id(tracker), tf.math.divide_no_nan(s, count)))
             for tracker, s in zip(output_loss_trackers(self.model), output_sums)
             if id(tracker) in self.tracked
         ]
-        _track_output_losses(means, count, total)
+        track_output_losses(means, count, total)
         factor = tf.math.divide_no_nan(tf.constant(self.expected), total)
         grads: list[Any] = [None] * len(variables)
         for i, g in zip(self.present, reduced):
@@ -260,8 +243,9 @@ class TrainUpdate:
         summed: list[Any] | None = None
         count = tf.constant(0.0)
         output_sums: list[Any] = []
+        extra = tf.zeros([0])
         for data in micro_batches:
-            grads, size, losses = self.micro_step(data)
+            grads, size, losses, packed = self.micro_step(data)
             if summed is None:
                 summed = [tf.convert_to_tensor(grads[i]) for i in self.present]
                 output_sums = losses
@@ -269,34 +253,40 @@ class TrainUpdate:
                 summed = [a + tf.convert_to_tensor(grads[i]) for a, i in zip(summed, self.present)]
                 output_sums = [a + b for a, b in zip(output_sums, losses)]
             count += size
-        self.apply(summed, count, output_sums)
+            extra = MaskedUpdate.add(extra, packed)
+        self.apply(summed, count, output_sums, extra)
 
     def zeros(self) -> State:
         """The accumulation loop's starting state (replica context)."""
         # Every trainable variable gets a sum; those without a gradient stay zero, not applied.
         # The model is built before the step is traced, so its per-output trackers exist.
+        # The masked terms are known once the loop body is traced (until then: empty).
         return (
             [tf.zeros(v.shape, v.dtype) for v in self.model.trainable_variables],
             tf.constant(0.0),
             [tf.constant(0.0) for _ in output_loss_trackers(self.model)],
+            tf.zeros([self.masked.length]),
         )
 
     def accumulate(self, data: Any, state: State) -> State:
         """``state`` plus one micro-batch's gradients, examples and loss sums."""
-        sums, count, output_sums = state
-        grads, size, losses = self.micro_step(data)
+        sums, count, output_sums, extra = state
+        grads, size, losses, packed = self.micro_step(data)
+        if packed.shape[0] != extra.shape[0]:
+            raise MaskedTermsFound()  # the loop's state lacks their sums: cross_replica retraces
         return (
             [s if g is None else s + tf.convert_to_tensor(g) for s, g in zip(sums, grads)],
             count + size,
             [a + b for a, b in zip(output_sums, losses)],
+            MaskedUpdate.add(extra, packed),
         )
 
     def finish(self, state: State) -> None:
         """The update from the accumulated ``state``."""
         # Loop outputs carry no device; MWMS places an all-reduce by its inputs' devices, so
         # re-create them here, under the replica's device scope.
-        sums, count, output_sums = tf.nest.map_structure(tf.identity, state)
-        self.apply([sums[i] for i in self.present], count, output_sums)
+        sums, count, output_sums, extra = tf.nest.map_structure(tf.identity, state)
+        self.apply([sums[i] for i in self.present], count, output_sums, extra)
 
     def cross_replica(self, run: Callable[..., Any], next_batch: Callable[[], Any]) -> None:
         """One update from cross-replica context; the micro-batch loop stays symbolic.
@@ -312,13 +302,20 @@ class TrainUpdate:
         def body(i, state):
             return i + 1, run(self.accumulate, (next_batch(), state))
 
-        # Starting from zeros, the sums are bit for bit those of the unrolled loop (0 + g == g).
-        _, state = tf.while_loop(
-            lambda i, _: i < self.accumulation_steps,
-            body,
-            (tf.constant(0), run(self.zeros, ())),
-            parallel_iterations=1,
-        )
+        def loop():
+            # Starting from zeros, the sums are bit for bit those of the unrolled loop (0 + g == g).
+            return tf.while_loop(
+                lambda i, _: i < self.accumulation_steps,
+                body,
+                (tf.constant(0), run(self.zeros, ())),
+                parallel_iterations=1,
+            )[1]
+
+        try:
+            state = loop()
+        except MaskedTermsFound:
+            # The first trace of the body found masked terms: the loop again, with their sums.
+            state = loop()
         run(self.finish, (state,))
 
 
@@ -327,30 +324,49 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
 
     Each example counts once, exactly as in ``model.evaluate``; empty batches
     (padding that keeps every worker on the same step count) count for nothing.
+    A masked loss term is weighed by the batch's global valid count
+    (:mod:`tfdist.training.losses`): its sums leave the cond, and the ``loss``
+    logs are updated after one all-reduce of the counts, in which every replica
+    takes part.
     """
+    masked = MaskedUpdate()  # the loss's masked terms, known once the cond's branch is traced
 
     def step(batches: Sequence[Any]) -> None:
         for data in batches:
             x, y, sample_weight = unpack_x_y_sample_weight(data)
             size = _batch_size(x)
             # Outside the cond: every replica takes part in the all-reduce, empty or not.
-            total = _global_size(model, size)
+            total = global_size(model, size)
 
             def update_metrics(x=x, y=y, sample_weight=sample_weight, size=size, total=total):
-                y_pred = _forward(model, x, training=False)
-                _, recorded = _tracked_loss(
-                    model, (x, y, y_pred, sample_weight), size=size, training=False
-                )
-                _track_output_losses(recorded, size, total)
+                # The tape only gives the masked terms' coefficients in the loss (losses.split).
+                with tf.GradientTape(persistent=True) as tape:
+                    y_pred = _forward(model, x, training=False)
+                    replica = replica_loss(model, (x, y, y_pred, sample_weight), training=False)
+                    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+                    parts = split(tape, replica, replicas) if replica.terms else None
                 model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-                return tf.constant(True)
+                masked.learn(replica, [])
+                if parts is None:
+                    loss_tracker(model).update_state(unscale_loss(replica.loss), sample_weight=size)
+                    track_output_losses(replica.recorded, size, total)
+                    return tf.zeros([0])
+                rest_log = unscale_loss(parts.rest) * tf.cast(size, parts.rest.dtype)
+                means = [tf.cast(mean, tf.float32) for _, mean in replica.recorded]
+                return tf.concat(
+                    [masked.pack(parts, rest_log, []), *[tf.reshape(m, [1]) for m in means]], 0
+                )
 
             # Workers top up their shard with empty batches so that all run the
             # same number of steps. Some kernels (oneDNN convolutions) reject
             # empty inputs, so skip them; inference updates no synchronised
             # variables, so a cond is safe here (it is not in training, where
             # e.g. a summed counter would need a merge_call).
-            tf.cond(size > 0, update_metrics, lambda: tf.constant(False))
+            packed = tf.cond(
+                size > 0, update_metrics, lambda: tf.zeros([masked.length + len(masked.recorded)])
+            )
+            if masked.terms:
+                log_masked_evaluation(model, masked, packed, size)
 
     return step
 
