@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfdist._compat.scope_moves import copy_in_scope, optimizer_config
 from tfdist.config import invalid_argument
 from tfdist.models import check_output_keys
 from tfdist.training import precision as precision_lib
@@ -39,7 +40,10 @@ def check_loss(loss: Any) -> None:
 
 
 def optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any] | None]:
-    """Returns (class, config, loss-scale config or None) of an optimizer or its name."""
+    """Returns (class, config, loss-scale config or None) of an optimizer or its name.
+
+    The config's ``learning_rate`` is the optimizer's own schedule object when it has one.
+    """
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         scale = {
             "initial_scale": float(optimizer.initial_scale),
@@ -59,7 +63,7 @@ def optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any
             "The optimizer was already built outside the strategy scope; tfdist "
             "rebuilds it from its config and its slot variables start afresh."
         )
-    return type(optimizer), optimizer.get_config(), None
+    return type(optimizer), optimizer_config(optimizer), None
 
 
 def take_keras_accumulation(opt_config: dict[str, Any], accumulation_steps: int) -> int:
@@ -89,22 +93,33 @@ def take_keras_accumulation(opt_config: dict[str, Any], accumulation_steps: int)
     return keras_steps
 
 
-def _rebuild_metric(metric: Any) -> Any:
-    # A Metric object made outside the scope holds its totals there: a fresh copy makes them in it.
-    if isinstance(metric, keras.metrics.Metric):
-        return metric.__class__.from_config(metric.get_config())
-    return metric
+def _metric_in_scope(metric: Any, strategy: tf.distribute.Strategy, model: keras.Model) -> Any:
+    """A ``Metric`` object as a copy with its variables in the scope; names and functions as is."""
+    if not isinstance(metric, keras.metrics.Metric):
+        return metric
+    try:
+        return copy_in_scope(strategy, metric, keep=model.variables)
+    except Exception as e:  # noqa: BLE001 - any failure to copy gets the same advice
+        name = type(metric).__name__
+        raise invalid_argument(
+            "metrics",
+            name,
+            "Keras metrics that can be copied into the strategy scope",
+            note=f"tfdist could not copy {name} with its variables in the scope ({e}). Pass a "
+            "builder that makes and compiles the model with its metrics, "
+            "`Trainer(lambda: ..., strategy=...)`, or compile it inside `strategy.scope()`.",
+        ) from e
 
 
-def _rebuild_metrics(metrics: Any) -> Any:
-    """``compile``'s metrics (a list, a dict per output, or None), each Metric copied fresh."""
+def _metrics_in_scope(metrics: Any, strategy: tf.distribute.Strategy, model: keras.Model) -> Any:
+    """``compile``'s metrics (a list, a dict per output, or None), each Metric copied into scope."""
     if metrics is None:
         return None
     if isinstance(metrics, dict):
-        return {name: _rebuild_metrics(m) for name, m in metrics.items()}
+        return {name: _metrics_in_scope(m, strategy, model) for name, m in metrics.items()}
     if isinstance(metrics, (list, tuple)):
-        return [_rebuild_metrics(m) for m in metrics]
-    return _rebuild_metric(metrics)
+        return [_metrics_in_scope(m, strategy, model) for m in metrics]
+    return _metric_in_scope(metrics, strategy, model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +181,7 @@ def compile_in_scope(
     given["weighted_metrics"] = weighted_metrics
     lr_active = lr_scaling is not None and lr_scaling.active
     if isinstance(model, keras.Model):
-        check_own_compile(model, strategy)  # before placing, which would rebuild it
+        check_own_compile(model, strategy)  # before placing, which would move its variables
     # Builders run under the policy, so their layers compute in the mixed dtype.
     with precision_lib.dtype_policy(precision), strategy.scope():
         placed = place_model(model, strategy, precision)
@@ -186,8 +201,8 @@ def compile_in_scope(
         if loss_scale is not None:
             opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
         opt = precision_lib.wrap_optimizer(opt, precision)
-        args["metrics"] = _rebuild_metrics(args["metrics"])
-        args["weighted_metrics"] = _rebuild_metrics(args["weighted_metrics"])
+        for key in ("metrics", "weighted_metrics"):
+            args[key] = _metrics_in_scope(args[key], strategy, placed)
         placed.compile(optimizer=opt, **args)
         skipped_updates = _skip_counter(opt)
     return Compiled(placed, accumulation_steps, schedule, skipped_updates, compiled_steps)
