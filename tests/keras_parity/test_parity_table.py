@@ -30,6 +30,10 @@ MODEL_FEATURES = (
     "compiled model",
     "multi-input model",
     "multi-output model",
+    "model built outside the scope",
+    "adapted preprocessing layers",
+    "metric objects",
+    "learning-rate schedule",
 )
 STATUS = re.compile(r"^(supported|supported \(.+\)|refused: .+)$")
 VERIFY = "to verify:"
