@@ -7,7 +7,8 @@
 * ``metrics_catalogue``: every metric class in ``keras.metrics`` (:data:`SKIPPED` says why a
   few are not compile metrics), with non-default constructor arguments, plus custom ``Metric``
   subclasses with and without ``get_config`` (one with a required argument), on one model.
-* ``schedule_without_get_config``: a ``LearningRateSchedule`` subclass with no ``get_config``.
+* ``schedule_without_get_config``: a ``LearningRateSchedule`` subclass with no ``get_config``,
+  in an optimizer subclass whose required argument its config does not list.
 """
 
 import keras
@@ -296,9 +297,20 @@ class Halving(keras.optimizers.schedules.LearningRateSchedule):
         return self.initial * ops.power(0.5, halvings)
 
 
+class DampedSGD(keras.optimizers.SGD):
+    """An optimizer subclass with a required argument its config does not list."""
+
+    def __init__(self, learning_rate, damping, **kwargs):
+        super().__init__(learning_rate, **kwargs)
+        self.damping = damping
+
+    def update_step(self, gradient, variable, learning_rate):
+        super().update_step(gradient * self.damping, variable, learning_rate)
+
+
 def halving_compile():
     return dict(
-        optimizer=keras.optimizers.SGD(Halving(0.2, every=3)),
+        optimizer=DampedSGD(Halving(0.4, every=3), damping=0.5),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )

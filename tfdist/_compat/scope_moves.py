@@ -131,3 +131,19 @@ def optimizer_config(optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
     config = probe.get_config()
     config["learning_rate"] = schedule
     return config
+
+
+def optimizer_copy_in_scope(
+    strategy: tf.distribute.Strategy, optimizer: keras.optimizers.Optimizer
+) -> keras.optimizers.Optimizer:
+    """A copy of an unbuilt optimizer, every attribute kept, its variables made in the scope.
+
+    Keras's TF optimizer keeps the strategy it was made under in the private
+    ``_distribution_strategy`` (it places slots and applies updates through it): the copy
+    gets ``strategy``.
+    """
+    made_under = getattr(optimizer, "_distribution_strategy", None)
+    twin = copy_in_scope(strategy, optimizer, keep=[made_under] if made_under else [])
+    if made_under is not None:
+        vars(twin)["_distribution_strategy"] = strategy
+    return twin

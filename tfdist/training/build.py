@@ -16,7 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist._compat.scope_moves import copy_in_scope, optimizer_config
+from tfdist._compat.scope_moves import copy_in_scope, optimizer_config, optimizer_copy_in_scope
 from tfdist.config import invalid_argument
 from tfdist.models import check_output_keys
 from tfdist.training import precision as precision_lib
@@ -39,18 +39,41 @@ def check_loss(loss: Any) -> None:
             raise invalid_argument("loss", loss, expected) from None
 
 
-def optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any] | None]:
-    """Returns (class, config, loss-scale config or None) of an optimizer or its name.
+@dataclasses.dataclass
+class OptimizerParts:
+    """An optimizer taken apart: its class, config, loss scaling, and the object to copy.
 
-    The config's ``learning_rate`` is the optimizer's own schedule object when it has one.
+    ``config``'s ``learning_rate`` is the optimizer's own schedule object when it has one;
+    ``live`` is the user's optimizer when it is not built yet (it is then copied, not rebuilt).
     """
+
+    cls: type
+    config: dict[str, Any]
+    loss_scale: dict[str, Any] | None = None
+    live: keras.optimizers.Optimizer | None = None
+
+    def make(self, strategy: tf.distribute.Strategy) -> keras.optimizers.Optimizer:
+        """The optimizer in ``strategy``'s scope, with ``config``'s rate and accumulation."""
+        if self.live is None:
+            optimizer = self.cls.from_config(self.config)
+        else:
+            optimizer = optimizer_copy_in_scope(strategy, self.live)
+            optimizer.gradient_accumulation_steps = self.config["gradient_accumulation_steps"]
+            if isinstance(self.config["learning_rate"], schedules.ScaledWarmup):
+                optimizer.learning_rate = self.config["learning_rate"]
+        if self.loss_scale is not None:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer, **self.loss_scale)
+        return optimizer
+
+
+def optimizer_parts(optimizer: Any) -> OptimizerParts:
+    """Takes apart an optimizer or its name (see :class:`OptimizerParts`)."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         scale = {
             "initial_scale": float(optimizer.initial_scale),
             "dynamic_growth_steps": int(optimizer.dynamic_growth_steps),
         }
-        cls, config, _ = optimizer_parts(optimizer.inner_optimizer)
-        return cls, config, scale
+        return dataclasses.replace(optimizer_parts(optimizer.inner_optimizer), loss_scale=scale)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         try:
             optimizer = keras.optimizers.get(optimizer)
@@ -63,7 +86,9 @@ def optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any
             "The optimizer was already built outside the strategy scope; tfdist "
             "rebuilds it from its config and its slot variables start afresh."
         )
-    return type(optimizer), optimizer_config(optimizer), None
+    else:
+        return OptimizerParts(type(optimizer), optimizer_config(optimizer), live=optimizer)
+    return OptimizerParts(type(optimizer), optimizer_config(optimizer))
 
 
 def take_keras_accumulation(opt_config: dict[str, Any], accumulation_steps: int) -> int:
@@ -189,18 +214,15 @@ def compile_in_scope(
     args, compiled_steps = compile_plan(original, placed, strategy, given, lr_active=lr_active)
     if args is None:  # the model's own compile(), made in the scope: used as is
         return Compiled(placed, accumulation_steps, None, None)
-    opt_cls, opt_config, loss_scale = optimizer_parts(args.pop("optimizer"))
-    accumulation_steps = take_keras_accumulation(opt_config, accumulation_steps)
+    parts = optimizer_parts(args.pop("optimizer"))
+    accumulation_steps = take_keras_accumulation(parts.config, accumulation_steps)
     schedule = None
     if lr_active:
-        schedule = schedules.schedule_for(opt_config["learning_rate"], lr_scaling)
-        opt_config["learning_rate"] = schedule
+        schedule = schedules.schedule_for(parts.config["learning_rate"], lr_scaling)
+        parts.config["learning_rate"] = schedule
     with precision_lib.dtype_policy(precision), strategy.scope():
         check_output_keys(placed, **args)  # the optimizer was taken out above
-        opt = opt_cls.from_config(opt_config)
-        if loss_scale is not None:
-            opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
-        opt = precision_lib.wrap_optimizer(opt, precision)
+        opt = precision_lib.wrap_optimizer(parts.make(strategy), precision)
         for key in ("metrics", "weighted_metrics"):
             args[key] = _metrics_in_scope(args[key], strategy, placed)
         placed.compile(optimizer=opt, **args)
