@@ -57,13 +57,30 @@ class OptimizerParts:
         if self.live is None:
             optimizer = self.cls.from_config(self.config)
         else:
-            optimizer = optimizer_copy_in_scope(strategy, self.live)
+            optimizer = _copied(strategy, self.live)
             optimizer.gradient_accumulation_steps = self.config["gradient_accumulation_steps"]
             if isinstance(self.config["learning_rate"], schedules.ScaledWarmup):
                 optimizer.learning_rate = self.config["learning_rate"]
         if self.loss_scale is not None:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer, **self.loss_scale)
         return optimizer
+
+
+def _copied(
+    strategy: tf.distribute.Strategy, optimizer: keras.optimizers.Optimizer
+) -> keras.optimizers.Optimizer:
+    try:
+        return optimizer_copy_in_scope(strategy, optimizer)
+    except Exception as e:  # noqa: BLE001 - any failure to copy gets the same advice
+        name = type(optimizer).__name__
+        raise invalid_argument(
+            "optimizer",
+            name,
+            "a Keras optimizer that can be copied into the strategy scope",
+            note=f"tfdist could not copy {name} with its variables in the scope ({e}). Make "
+            "and compile the model in a builder, `Trainer(lambda: ..., strategy=...)`, or "
+            "inside `with strategy.scope():`.",
+        ) from e
 
 
 def optimizer_parts(optimizer: Any) -> OptimizerParts:

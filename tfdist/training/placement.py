@@ -50,7 +50,18 @@ def move_into_scope(model: keras.Model, strategy: tf.distribute.Strategy) -> ker
     re-made in the scope, with the same values. The model's own compiled functions, traced
     with the old variables, are dropped (Keras makes them again when next needed).
     """
-    moved = move_variables_into_scope(strategy, model.variables)
+    try:
+        moved = move_variables_into_scope(strategy, model.variables)
+    except Exception as e:  # noqa: BLE001 - any failure to move gets the same advice
+        name = type(model).__name__
+        raise invalid_argument(
+            "model",
+            name,
+            "a model whose variables can be moved into the strategy scope",
+            note=f"tfdist could not re-make {name}'s variables in the scope ({e}). Pass a "
+            f"zero-arg builder (`model=lambda: make_{name.lower()}()`), which runs in the "
+            "scope, or build the model inside `with strategy.scope():`.",
+        ) from e
     if moved:
         logger.info(
             "%s's %d variables made outside the strategy scope were moved into it (same values, "
