@@ -55,6 +55,9 @@ class Row:
         inference: ``fn(fitted)`` after the fit, with the fitted Keras model on the reference
             side and the ``tfdist.Trainer`` on the other (they share ``predict`` and
             ``evaluate``'s arguments): name -> array, compared to ``atol`` like the weights.
+        instance: The Trainer gets ``model()`` built outside the strategy scope (the model
+            object a user made, adapted or compiled) rather than the builder; the weights
+            compared are then those of the user's object after ``fit``.
     """
 
     name: str
@@ -69,6 +72,7 @@ class Row:
     keras_fit: Callable[[], dict[str, Any]] | None = None
     slow: bool = False
     inference: Callable[[Any], dict[str, Any]] | None = None
+    instance: bool = False
 
 
 def rows_on(strategy: str, rows: list[Row]) -> list[Any]:
@@ -126,15 +130,17 @@ def run_trainer(row: Row, strategy: Any) -> Result:
     over the data when the row gives none (:func:`one_pass_steps`).
     """
     keras.utils.set_random_seed(0)
-    trainer = tfdist.Trainer(row.model, strategy=strategy, **row.compile(), **row.trainer)
+    model = row.model() if row.instance else row.model  # an instance: built outside the scope
+    trainer = tfdist.Trainer(model, strategy=strategy, **row.compile(), **row.trainer)
     fit = dict(row.fit())
     if trainer.runner.requires_steps_per_epoch and fit.get("steps_per_epoch") is None:
         # A dataset_fn row counts its pass on the dataset Keras gets (row.keras_fit).
         countable = not callable(fit["x"]) or isinstance(fit["x"], tf.data.Dataset)
         fit["steps_per_epoch"] = one_pass_steps(fit if countable else row.keras_fit())
     history = fit_trainer(trainer, fit)
-    weights = trainer.model.get_weights()
-    return Result(weights, _floats(history.history), trainer, _inference(row, trainer))
+    # An instance row compares the user's own object: it must hold the trained weights.
+    trained = model if row.instance else trainer.model
+    return Result(trained.get_weights(), _floats(history.history), trainer, _inference(row, trainer))
 
 
 def _inference(row: Row, fitted: Any) -> dict[str, np.ndarray]:

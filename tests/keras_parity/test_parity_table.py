@@ -31,6 +31,10 @@ MODEL_FEATURES = (
     "multi-input model",
     "multi-output model",
     "masked model",
+    "model built outside the scope",
+    "adapted preprocessing layers",
+    "metric objects",
+    "learning-rate schedule",
 )
 STATUS = re.compile(r"^(supported|supported \(.+\)|refused: .+)$")
 VERIFY = "to verify:"

@@ -48,25 +48,17 @@ def test_unbuilt_subclassed_instance_is_built_in_the_scope(mirrored):
     _fits(trainer)
 
 
-def test_built_subclassed_instance_with_get_config_is_rebuilt_with_its_weights(mirrored):
-    model = ConfiguredNet(units=3)
+@pytest.mark.parametrize("cls", [Net, ConfiguredNet], ids=["no_get_config", "get_config"])
+def test_built_subclassed_instance_is_moved_into_the_scope_as_the_same_object(mirrored, cls):
+    """Built outside the scope, with or without get_config: kept, its variables moved."""
+    model = cls(units=3)
     model(np.zeros((2, 6), "float32"))
+    before = model.get_weights()
     trainer = tfdist.Trainer(model, strategy=mirrored, optimizer="sgd", loss=LOSS)
-    assert type(trainer.model) is ConfiguredNet and trainer.model is not model
-    for a, b in zip(model.get_weights(), trainer.model.get_weights()):
+    assert trainer.model is model and model.units == 3
+    for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
     _fits(trainer)
-
-
-def test_built_subclassed_instance_without_get_config_is_a_clear_error(mirrored):
-    model = Net(units=3)
-    model(np.zeros((2, 6), "float32"))
-    with pytest.raises(
-        ValueError,
-        match=r"argument `model`. Received: model='Net'.*no get_config\(\).*"
-        r"`model=lambda: Net\(...\)`",
-    ):
-        tfdist.Trainer(model, strategy=mirrored, optimizer="sgd", loss=LOSS)
 
 
 def test_auto_precision_keeps_a_made_models_policy(mirrored):

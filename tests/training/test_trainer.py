@@ -133,7 +133,7 @@ def test_steps_per_execution_gives_the_same_weights(mirrored):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
-def test_objects_created_outside_the_scope(mirrored):
+def test_objects_created_outside_the_scope_and_the_users_model_after_fit(mirrored):
     # Keras alone fails here ("Mixing different tf.distribute.Strategy objects").
     keras.utils.set_random_seed(3)
     model = builder()()
@@ -145,10 +145,16 @@ def test_objects_created_outside_the_scope(mirrored):
         loss=LOSS,
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
     )
-    for a, b in zip(before, trainer.model.get_weights()):
-        np.testing.assert_array_equal(a, b)  # cloned into the scope, weights kept
+    assert trainer.model is model  # moved into the scope, the same object
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
     history = trainer.fit(dataset(), epochs=1, verbose=0)
     assert "acc" in history.history
+    # The user's own object is the trained one: its weights moved, and plain Keras predicts
+    # with them (outside the scope) what the Trainer predicts.
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(before, model.get_weights()))
+    x = np.random.default_rng(0).standard_normal((8, *model.input_shape[1:])).astype("float32")
+    np.testing.assert_allclose(model.predict(x, verbose=0), trainer.predict(x), atol=1e-6)
 
 
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])

@@ -18,6 +18,8 @@ Modules, by job:
   * ``sharded``: the ``ShardedVariable`` shims, and :func:`is_sharded_variable`.
   * ``optimizer``: :func:`gradients_already_summed` (tfdist all-reduces gradients itself).
   * ``metric_state``: metric variables as local tensors (exact PS logs).
+  * ``scope_moves``: the user's model moved into a strategy scope in place, metrics copied
+    into it attribute by attribute, an optimizer's live learning-rate schedule.
   * ``runtime``: the TF runtime's state (started? connected to a cluster?).
   * ``checkpoint``: TF's asynchronous checkpoint writer (its error, its end; a Python
     state it writes from the object itself), for asynchronous backups.

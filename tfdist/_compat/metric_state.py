@@ -49,6 +49,10 @@ class _StateBox:
     def numpy(self):
         return self.current.numpy()
 
+    def __getitem__(self, index):
+        # AUC(curve="PR") slices its variables in result().
+        return self.current[index]
+
     def __array__(self, dtype=None, copy=None):
         # A metric whose result() is its variable itself is read through NumPy.
         return np.asarray(self.current.numpy(), dtype=dtype)

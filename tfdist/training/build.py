@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfdist._compat.scope_moves import copy_in_scope, optimizer_config, optimizer_copy_in_scope
 from tfdist.config import invalid_argument
 from tfdist.models import check_output_keys
 from tfdist.training import precision as precision_lib
@@ -38,15 +39,58 @@ def check_loss(loss: Any) -> None:
             raise invalid_argument("loss", loss, expected) from None
 
 
-def optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any] | None]:
-    """Returns (class, config, loss-scale config or None) of an optimizer or its name."""
+@dataclasses.dataclass
+class OptimizerParts:
+    """An optimizer taken apart: its class, config, loss scaling, and the object to copy.
+
+    ``config``'s ``learning_rate`` is the optimizer's own schedule object when it has one;
+    ``live`` is the user's optimizer when it is not built yet (it is then copied, not rebuilt).
+    """
+
+    cls: type
+    config: dict[str, Any]
+    loss_scale: dict[str, Any] | None = None
+    live: keras.optimizers.Optimizer | None = None
+
+    def make(self, strategy: tf.distribute.Strategy) -> keras.optimizers.Optimizer:
+        """The optimizer in ``strategy``'s scope, with ``config``'s rate and accumulation."""
+        if self.live is None:
+            optimizer = self.cls.from_config(self.config)
+        else:
+            optimizer = _copied(strategy, self.live)
+            optimizer.gradient_accumulation_steps = self.config["gradient_accumulation_steps"]
+            if isinstance(self.config["learning_rate"], schedules.ScaledWarmup):
+                optimizer.learning_rate = self.config["learning_rate"]
+        if self.loss_scale is not None:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer, **self.loss_scale)
+        return optimizer
+
+
+def _copied(
+    strategy: tf.distribute.Strategy, optimizer: keras.optimizers.Optimizer
+) -> keras.optimizers.Optimizer:
+    try:
+        return optimizer_copy_in_scope(strategy, optimizer)
+    except Exception as e:  # noqa: BLE001 - any failure to copy gets the same advice
+        name = type(optimizer).__name__
+        raise invalid_argument(
+            "optimizer",
+            name,
+            "a Keras optimizer that can be copied into the strategy scope",
+            note=f"tfdist could not copy {name} with its variables in the scope ({e}). Make "
+            "and compile the model in a builder, `Trainer(lambda: ..., strategy=...)`, or "
+            "inside `with strategy.scope():`.",
+        ) from e
+
+
+def optimizer_parts(optimizer: Any) -> OptimizerParts:
+    """Takes apart an optimizer or its name (see :class:`OptimizerParts`)."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         scale = {
             "initial_scale": float(optimizer.initial_scale),
             "dynamic_growth_steps": int(optimizer.dynamic_growth_steps),
         }
-        cls, config, _ = optimizer_parts(optimizer.inner_optimizer)
-        return cls, config, scale
+        return dataclasses.replace(optimizer_parts(optimizer.inner_optimizer), loss_scale=scale)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         try:
             optimizer = keras.optimizers.get(optimizer)
@@ -59,7 +103,9 @@ def optimizer_parts(optimizer: Any) -> tuple[type, dict[str, Any], dict[str, Any
             "The optimizer was already built outside the strategy scope; tfdist "
             "rebuilds it from its config and its slot variables start afresh."
         )
-    return type(optimizer), optimizer.get_config(), None
+    else:
+        return OptimizerParts(type(optimizer), optimizer_config(optimizer), live=optimizer)
+    return OptimizerParts(type(optimizer), optimizer_config(optimizer))
 
 
 def take_keras_accumulation(opt_config: dict[str, Any], accumulation_steps: int) -> int:
@@ -89,22 +135,33 @@ def take_keras_accumulation(opt_config: dict[str, Any], accumulation_steps: int)
     return keras_steps
 
 
-def _rebuild_metric(metric: Any) -> Any:
-    # A Metric object made outside the scope holds its totals there: a fresh copy makes them in it.
-    if isinstance(metric, keras.metrics.Metric):
-        return metric.__class__.from_config(metric.get_config())
-    return metric
+def _metric_in_scope(metric: Any, strategy: tf.distribute.Strategy, model: keras.Model) -> Any:
+    """A ``Metric`` object as a copy with its variables in the scope; names and functions as is."""
+    if not isinstance(metric, keras.metrics.Metric):
+        return metric
+    try:
+        return copy_in_scope(strategy, metric, keep=model.variables)
+    except Exception as e:  # noqa: BLE001 - any failure to copy gets the same advice
+        name = type(metric).__name__
+        raise invalid_argument(
+            "metrics",
+            name,
+            "Keras metrics that can be copied into the strategy scope",
+            note=f"tfdist could not copy {name} with its variables in the scope ({e}). Pass a "
+            "builder that makes and compiles the model with its metrics, "
+            "`Trainer(lambda: ..., strategy=...)`, or compile it inside `strategy.scope()`.",
+        ) from e
 
 
-def _rebuild_metrics(metrics: Any) -> Any:
-    """``compile``'s metrics (a list, a dict per output, or None), each Metric copied fresh."""
+def _metrics_in_scope(metrics: Any, strategy: tf.distribute.Strategy, model: keras.Model) -> Any:
+    """``compile``'s metrics (a list, a dict per output, or None), each Metric copied into scope."""
     if metrics is None:
         return None
     if isinstance(metrics, dict):
-        return {name: _rebuild_metrics(m) for name, m in metrics.items()}
+        return {name: _metrics_in_scope(m, strategy, model) for name, m in metrics.items()}
     if isinstance(metrics, (list, tuple)):
-        return [_rebuild_metrics(m) for m in metrics]
-    return _rebuild_metric(metrics)
+        return [_metrics_in_scope(m, strategy, model) for m in metrics]
+    return _metric_in_scope(metrics, strategy, model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +223,7 @@ def compile_in_scope(
     given["weighted_metrics"] = weighted_metrics
     lr_active = lr_scaling is not None and lr_scaling.active
     if isinstance(model, keras.Model):
-        check_own_compile(model, strategy)  # before placing, which would rebuild it
+        check_own_compile(model, strategy)  # before placing, which would move its variables
     # Builders run under the policy, so their layers compute in the mixed dtype.
     with precision_lib.dtype_policy(precision), strategy.scope():
         placed = place_model(model, strategy, precision)
@@ -174,20 +231,17 @@ def compile_in_scope(
     args, compiled_steps = compile_plan(original, placed, strategy, given, lr_active=lr_active)
     if args is None:  # the model's own compile(), made in the scope: used as is
         return Compiled(placed, accumulation_steps, None, None)
-    opt_cls, opt_config, loss_scale = optimizer_parts(args.pop("optimizer"))
-    accumulation_steps = take_keras_accumulation(opt_config, accumulation_steps)
+    parts = optimizer_parts(args.pop("optimizer"))
+    accumulation_steps = take_keras_accumulation(parts.config, accumulation_steps)
     schedule = None
     if lr_active:
-        schedule = schedules.schedule_for(opt_config["learning_rate"], lr_scaling)
-        opt_config["learning_rate"] = schedule
+        schedule = schedules.schedule_for(parts.config["learning_rate"], lr_scaling)
+        parts.config["learning_rate"] = schedule
     with precision_lib.dtype_policy(precision), strategy.scope():
         check_output_keys(placed, **args)  # the optimizer was taken out above
-        opt = opt_cls.from_config(opt_config)
-        if loss_scale is not None:
-            opt = keras.optimizers.LossScaleOptimizer(opt, **loss_scale)
-        opt = precision_lib.wrap_optimizer(opt, precision)
-        args["metrics"] = _rebuild_metrics(args["metrics"])
-        args["weighted_metrics"] = _rebuild_metrics(args["weighted_metrics"])
+        opt = precision_lib.wrap_optimizer(parts.make(strategy), precision)
+        for key in ("metrics", "weighted_metrics"):
+            args[key] = _metrics_in_scope(args[key], strategy, placed)
         placed.compile(optimizer=opt, **args)
         skipped_updates = _skip_counter(opt)
     return Compiled(placed, accumulation_steps, schedule, skipped_updates, compiled_steps)

@@ -1,8 +1,9 @@
 """A model the user compiled: the Trainer takes its ``compile`` arguments, or uses it as is.
 
 ``Trainer(model)`` with a model already ``compile()``d takes its optimizer,
-loss, loss weights and metrics from that compile (rebuilt in the strategy
-scope, as when they are given to the Trainer). Giving them to the Trainer as
+loss, loss weights and metrics from that compile (copied into the strategy
+scope with every attribute, as when they are given to the Trainer: see
+:mod:`tfdist.training.build`). Giving them to the Trainer as
 well is an error that names the conflict: one place per setting.
 
 A model whose class overrides ``compile`` (a GAN's
@@ -23,6 +24,7 @@ import tensorflow as tf
 from tfdist._compat.keras_training import compile_arguments
 from tfdist.config import invalid_argument
 from tfdist.training.overrides import overridden
+from tfdist.training.placement import made_outside
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,8 @@ def _in_scope(strategy: tf.distribute.Strategy, optimizer: keras.optimizers.Opti
 def check_own_compile(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
     """Refuses a model whose class overrides ``compile`` unless it was compiled in the scope.
 
-    Checked before the model is placed (placing would rebuild one made outside).
+    Checked before the model is placed: placing moves variables made outside the scope into
+    it, and optimizers the model's own compile built for the old ones would not follow.
     """
     if not overridden(model, "compile"):
         return
@@ -60,6 +63,14 @@ def check_own_compile(model: keras.Model, strategy: tf.distribute.Strategy) -> N
             f"`Trainer(lambda: make_compiled_{name.lower()}(), strategy=...)`) and pass it.",
         )
     outside = [o.name for o in _optimizers(model) if not _in_scope(strategy, o)]
+    if made_outside(strategy, model):
+        raise invalid_argument(
+            "model",
+            name,
+            "a model compiled inside the strategy's scope",
+            note=f"{name} overrides compile() and its variables were made outside the scope. "
+            "Build and compile it inside `with strategy.scope():`, or pass a builder that does.",
+        )
     if outside:
         raise invalid_argument(
             "model",
@@ -97,20 +108,10 @@ def _check_no_conflict(model: keras.Model, given: dict[str, Any]) -> None:
             )
 
 
-def _as_compiled(
-    model: keras.Model, placed: keras.Model, strategy: tf.distribute.Strategy, lr_active: bool
-) -> None:
+def _as_compiled(model: keras.Model, strategy: tf.distribute.Strategy, lr_active: bool) -> None:
     """Checks that a model with its own ``compile`` can be used as compiled."""
     name = type(model).__name__
     check_own_compile(model, strategy)
-    if placed is not model:
-        raise invalid_argument(
-            "model",
-            name,
-            "a model compiled inside the strategy's scope",
-            note=f"{name} overrides compile() and its variables were made outside the scope. "
-            "Build and compile it inside `with strategy.scope():`, or pass a builder that does.",
-        )
     if lr_active:
         raise invalid_argument(
             "lr_scaling",
@@ -152,7 +153,7 @@ def compile_plan(
         return _uncompiled(model, given), None
     _check_no_conflict(model, given)
     if overridden(model, "compile"):
-        _as_compiled(model, placed, strategy, lr_active)
+        _as_compiled(model, strategy, lr_active)
         return None, None
     raw = compile_arguments(model)
     if raw.get("run_eagerly"):

@@ -1,15 +1,30 @@
-"""Placing the user's model in the strategy scope: as given, built there, or rebuilt there."""
+"""Placing the user's model in the strategy scope: as given, built there, or moved there.
+
+A model whose variables were made outside the scope (built, adapted or compiled
+before the Trainer saw it) is *moved*, not rebuilt: tfdist keeps the very
+object and re-makes only its variables' storage in the scope, with the same
+values (:func:`tfdist._compat.scope_moves.move_variables_into_scope`). So
+whatever the model holds survives as it is: adapted ``Normalization`` and
+``Discretization`` state, the vocabularies and lookup tables of
+``StringLookup``, ``IntegerLookup`` and ``TextVectorization``, a subclassed
+model's constructor arguments and attributes, custom layers. And the user's
+``model`` is ``trainer.model``: after ``fit`` it holds the trained weights.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from tfdist._compat.scope_moves import move_variables_into_scope, outside_scope
 from tfdist.config import invalid_argument
 from tfdist.training.precision import check_model_policy
+
+logger = logging.getLogger(__name__)
 
 ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 
@@ -23,29 +38,62 @@ def created_in_scope(strategy: tf.distribute.Strategy, model: keras.Model) -> bo
     )
 
 
+def made_outside(strategy: tf.distribute.Strategy, model: keras.Model) -> bool:
+    """Whether some variable of ``model`` was made outside ``strategy``'s scope."""
+    return bool(outside_scope(strategy, model.variables))
+
+
+def move_into_scope(model: keras.Model, strategy: tf.distribute.Strategy) -> keras.Model:
+    """Moves ``model``'s variables made outside ``strategy``'s scope into it; returns ``model``.
+
+    The same object, every layer and attribute kept; only the storage of its variables is
+    re-made in the scope, with the same values. The model's own compiled functions, traced
+    with the old variables, are dropped (Keras makes them again when next needed).
+    """
+    try:
+        moved = move_variables_into_scope(strategy, model.variables)
+    except Exception as e:  # noqa: BLE001 - any failure to move gets the same advice
+        name = type(model).__name__
+        raise invalid_argument(
+            "model",
+            name,
+            "a model whose variables can be moved into the strategy scope",
+            note=f"tfdist could not re-make {name}'s variables in the scope ({e}). Pass a "
+            f"zero-arg builder (`model=lambda: make_{name.lower()}()`), which runs in the "
+            "scope, or build the model inside `with strategy.scope():`.",
+        ) from e
+    if moved:
+        logger.info(
+            "%s's %d variables made outside the strategy scope were moved into it (same values, "
+            "same model object).",
+            model.name,
+            moved,
+        )
+        # Public attributes of a Keras model: its fit/evaluate/predict trace them again.
+        model.train_function = model.test_function = model.predict_function = None
+    return model
+
+
 def place_model(
     model: ModelOrBuilder | Any, strategy: tf.distribute.Strategy, precision: str
 ) -> keras.Model:
     """The Trainer's model, with its variables in ``strategy``'s scope; call inside the scope.
 
-    A model built in the scope is used as is; an unbuilt one (subclassed ones
-    included) is built later, in the scope; one built outside is rebuilt by
-    :func:`rebuild_in_scope` from its config, weights included (a subclassed
-    model then needs its own ``get_config``); a zero-arg builder is called
-    here, under the dtype policy already set.
+    A model instance is used as the Trainer's model, the same object: an
+    unbuilt one (subclassed ones included) is built later, in the scope; one
+    with variables made outside the scope is moved into it
+    (:func:`move_into_scope`). A zero-arg builder is called here, under the
+    dtype policy already set, and what it returns is moved likewise when it
+    was built outside the scope.
     """
     if isinstance(model, keras.Model):
         check_model_policy(model, precision)
-        if not model.variables:
-            return model  # unbuilt: its variables are made when tfdist builds it, in the scope
-        if created_in_scope(strategy, model):
-            return model
-        return rebuild_in_scope(model)
+        return move_into_scope(model, strategy)
     if callable(model):
         built = model()
         if not isinstance(built, keras.Model):
             raise invalid_argument("model", built, "a builder that returns a keras.Model")
-        return built
+        return move_into_scope(built, strategy)
     note = (
         f"For a built-in model pass `lambda: tfdist.models.get({model!r})`."
         if isinstance(model, str)
@@ -57,49 +105,3 @@ def place_model(
         "a keras.Model or a zero-arg builder",
         note=note,
     )
-
-
-def _from_keras(cls: type) -> bool:
-    return cls.__module__.split(".")[0] == "keras"
-
-
-def _defines_get_config(cls: type) -> bool:
-    """Whether a user class (not Keras itself) overrides ``get_config``."""
-    return any("get_config" in vars(c) for c in cls.__mro__ if not _from_keras(c))
-
-
-def rebuild_in_scope(model: keras.Model) -> keras.Model:
-    """Rebuilds a model made outside the strategy scope from its config, weights included.
-
-    Keras's own classes (Sequential, functional) clone exactly. A subclassed
-    model must define ``get_config``: Keras's automatic config of a subclass
-    does not record its constructor arguments, so a clone could silently be
-    another model.
-    """
-    name = type(model).__name__
-    fix = (
-        f"Pass a zero-arg builder (`model=lambda: {name}(...)`), pass the model before it is "
-        "built (it is then built inside the scope), or build it inside `strategy.scope()`."
-    )
-    expected = "a model built inside `strategy.scope()`, an unbuilt model, or a zero-arg builder"
-    if not _from_keras(type(model)) and not _defines_get_config(type(model)):
-        raise invalid_argument(
-            "model",
-            name,
-            expected,
-            note=(
-                f"{name} is a subclassed model built outside the strategy scope, so tfdist must "
-                "rebuild it there, and it defines no get_config() to rebuild it from. " + fix
-            ),
-        )
-    try:
-        clone = keras.models.clone_model(model)
-        clone.set_weights(model.get_weights())
-    except Exception as e:  # noqa: BLE001 - any failure to rebuild gets the same advice
-        raise invalid_argument(
-            "model",
-            name,
-            expected,
-            note=f"tfdist could not rebuild it in the scope from its config ({e}). {fix}",
-        ) from e
-    return clone

@@ -71,8 +71,10 @@ class Trainer(EvaluateAndPredict):
 
     Args:
         model: A ``keras.Model``, or a zero-arg callable that builds one in the
-            strategy scope under ``precision`` (see
-            :func:`tfdist.training.placement.place_model` for other models).
+            strategy scope under ``precision``. A model made outside the scope
+            (built, adapted or compiled) is moved into it as the same object,
+            so ``trainer.model is model`` and your object holds the trained
+            weights (see :mod:`tfdist.training.placement`).
         strategy: A ``tf.distribute.Strategy`` (see ``tfdist.make_strategy``);
             default the current strategy.
         optimizer: Name or Keras optimizer, created outside the scope or not;
@@ -81,7 +83,8 @@ class Trainer(EvaluateAndPredict):
             own ``optimizer``, ``loss``, ``loss_weights`` and ``metrics`` (see
             :mod:`tfdist.training.compiled`); giving them here too is an error.
         metrics: As for ``keras.Model.compile`` (a list, or a dict per output);
-            aggregated over all replicas.
+            aggregated over all replicas. Metric objects are copied into the
+            scope with every attribute (your objects are left as they were).
         loss_weights: As for ``keras.Model.compile``: a weight per output's loss.
         weighted_metrics: As for ``keras.Model.compile``: metrics that take sample weights.
         precision: ``float32``, ``mixed_float16``, ``mixed_bfloat16`` or
