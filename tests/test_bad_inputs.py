@@ -226,8 +226,8 @@ CASES = [
         ("a positive integer or None",),
     ),
     C(
-        "Trainer(loss=None)",
-        lambda e: e.trainer_with(loss=None),
+        "Trainer(loss=None).fit(x, y)  # a model without add_loss",
+        lambda e: e.trainer_with(loss=None).fit(X, Y, global_batch_size=32, verbose=0),
         "loss",
         "None",
         ("a Keras loss, its name, or a callable",),

@@ -41,6 +41,9 @@ def repeat(n: Any, body: Callable[[Any], Any], state: Any = ()) -> Any:
     return state
 
 
+#: The key under which a loop compiled ``until_exhausted`` returns the calls it ran.
+STEPS_RUN_KEY = "_tfdist_steps_run"
+
 ReplicaFn = Callable[..., Any]
 LogsFn = Callable[[], Mapping[str, tf.Tensor]]
 #: ``drive(run, next_batch)``: one update from cross-replica context (see ``training/step.py``).
@@ -107,6 +110,7 @@ class Runner(Protocol):
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,
         outputs: bool = False,
+        until_exhausted: bool = False,
     ) -> Callable[[Any, int], Any]:
         """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.
 
@@ -127,6 +131,12 @@ class Runner(Protocol):
         ``logs_fn(reduced)``, where ``reduced`` is the last call's return value
         averaged over all replicas (a model's own ``train_step`` logs, as
         Keras's fit reduces them); other runners ignore it.
+
+        ``until_exhausted`` (one batch per call): for data of unknown length, ``fn`` stops
+        early when the data runs out, the end agreed by every replica and worker (TF's
+        ``get_next_as_optional``, which hands replicas past the end an empty batch while
+        another still has one), and its logs hold the calls it ran under
+        :data:`STEPS_RUN_KEY`. A runner that cannot stop in step on every worker refuses it.
         """
 
     def metrics_result(self, model: Any) -> dict[str, tf.Tensor]:

@@ -10,7 +10,9 @@ import tensorflow as tf
 
 from tfdist.config import invalid_argument
 from tfdist.data.inputs import InputSource
+from tfdist.strategies.base import STEPS_RUN_KEY
 from tfdist.training.functions import StepFunctions
+from tfdist.training.sources import check_targets, runs_until_exhausted
 
 
 def _progress_bar(functions: StepFunctions, steps: int | None, verbose: int) -> Any:
@@ -45,16 +47,17 @@ def evaluate(
         ValueError: If ``steps`` is None and the input's length is unknown.
     """
     steps = steps or source.steps_per_epoch
-    if steps is None:
+    if steps is None and not runs_until_exhausted(source):
         raise invalid_argument(
             "validation_steps",
             None,
             "a positive integer",
-            note="The evaluation data's length is unknown.",
+            note="The evaluation data never ends (e.g. a repeated dataset).",
         )
     runner = functions.runner
+    check_targets(functions.model, source, where="the evaluation data")
     functions.build(source)
-    fn = functions.evaluation()
+    fn = functions.evaluation(until_exhausted=steps is None)
     iterator = runner.make_iterator(runner.distribute(source, training=False))
     hooks = callbacks if callbacks is not None else keras.callbacks.CallbackList()
     hooks.on_test_begin()
@@ -62,14 +65,22 @@ def evaluate(
     logs: dict[str, float] = {}
     done = 0
     bar = _progress_bar(functions, steps, verbose)
-    while done < steps:
-        n = min(steps_per_execution, steps - done)
+    while steps is None or done < steps:
+        n = steps_per_execution if steps is None else min(steps_per_execution, steps - done)
         hooks.on_test_batch_begin(done)
-        logs = functions.run(fn, iterator, n)
-        done += n
+        logs = dict(functions.run(fn, iterator, n))
+        ran = int(logs.pop(STEPS_RUN_KEY, n))  # fewer: data of unknown length ran out
+        done += ran
+        if steps is None and ran < n:
+            break
         if bar is not None:
-            bar.update(done, list(logs.items()), finalize=done >= steps)
+            bar.update(done, list(logs.items()), finalize=steps is not None and done >= steps)
         hooks.on_test_batch_end(done - 1, logs)
+    if steps is None:
+        if ran:
+            hooks.on_test_batch_end(done - 1, logs)
+        if bar is not None:
+            bar.update(done, list(logs.items()), finalize=True)
     # Parameter servers: scheduled calls may still be running; their metric updates count.
     runner.join()
     hooks.on_test_end(logs)

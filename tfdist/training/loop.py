@@ -25,7 +25,7 @@ import keras
 
 from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from tfdist.data.inputs import InputSource
-from tfdist.strategies.base import LogsFn, Runner
+from tfdist.strategies.base import STEPS_RUN_KEY, LogsFn, Runner
 from tfdist.training.backup import Backup, Position
 from tfdist.training.callbacks import FitCallbackList, chief_writes_only, for_this_worker
 from tfdist.training.health import Health
@@ -46,14 +46,14 @@ class EpochPlan:
     """How one ``fit`` cuts its epochs into executions; the same on every worker.
 
     Attributes:
-        steps: Micro-batches per epoch.
+        steps: Micro-batches per epoch; None: until the data is exhausted (one per update).
         accumulation_steps: Micro-batches per optimizer update (``k``).
         steps_per_execution: Micro-batches per call, rounded down to whole
             updates (at least one).
         backup_freq: ``"epoch"`` or updates between step-level backups.
     """
 
-    steps: int
+    steps: int | None
     accumulation_steps: int
     steps_per_execution: int
     backup_freq: int | str = "epoch"
@@ -192,6 +192,8 @@ class EpochLoop:
 
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
         """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
+        if self.plan.steps is None:
+            return self._epoch_until_exhausted(epoch, iterator, first_step)
         k, steps, freq = self.plan.accumulation_steps, self.plan.steps, self.plan.backup_freq
         full_updates, last_window = divmod(steps, k)
         per_call = max(self.plan.steps_per_execution // k, 1)
@@ -218,6 +220,44 @@ class EpochLoop:
             self._call(last_window, iterator, 1, done * k, steps - 1)
             self.updates += 1
         self._deliver(0)
+        with self.section("update"):
+            self.logs = self.runner.final_logs(self.logs_fn, self.logs)
+        return dict(self.logs)
+
+    def _epoch_until_exhausted(
+        self, epoch: int, iterator: Any, first_step: int
+    ) -> dict[str, float]:
+        """One epoch of unknown length: calls until one runs short (the data ran out), as
+        Keras's fit runs such an epoch until its iterator is exhausted. One micro-batch per
+        update; every worker learns the end in the same call (``until_exhausted``)."""
+        per_call, freq = max(self.plan.steps_per_execution, 1), self.plan.backup_freq
+        backing_up = isinstance(freq, int) and self.backup is not None
+        done, calls = first_step, 0
+        stopping = self._vote(epoch, done)
+        while not (stopping and calls):
+            n = 1 if stopping else per_call
+            if backing_up:
+                n = min(n, freq - self.updates % freq)  # a call ends where a backup is due
+            with self.section("callbacks"):
+                self.callbacks.on_train_batch_begin(done)
+            with self.section("update"):
+                logs = dict(self.runner.fetch(self.start(1, iterator, n)))
+            ran = int(logs.pop(STEPS_RUN_KEY))
+            before, self.updates, done, calls = (
+                self.updates,
+                self.updates + ran,
+                done + ran,
+                calls + 1,
+            )
+            if ran:
+                self.logs = logs
+                with self.section("callbacks"):
+                    self.callbacks.on_train_batch_end(done - 1, logs)
+            if ran < n:
+                break  # the data is exhausted, on every worker at once
+            if backing_up and before // freq != self.updates // freq:
+                self._save(epoch, done)
+            stopping = self._vote(epoch, done)
         with self.section("update"):
             self.logs = self.runner.final_logs(self.logs_fn, self.logs)
         return dict(self.logs)
@@ -328,10 +368,16 @@ def train_epochs(
     if position is not None:
         initial_epoch = position.epoch
     persistent = None
+    # A PyDataset's hooks run around each epoch when the epochs share one stream (Keras's).
+    hooks = source.epoch_hooks if repeat else None
+    if hooks is not None:
+        hooks.per_epoch()
     with loop.section("epoch callbacks"):
         callbacks.on_train_begin()
     for epoch in range(initial_epoch, epochs):
         first_step = position.step if position is not None and epoch == position.epoch else 0
+        if hooks is not None:
+            hooks.epoch_begin()
         # Resuming skips the batches already trained on inside tf.data, not by next() calls.
         with loop.section("input"):
             iterator, persistent = _epoch_iterator(
@@ -342,6 +388,8 @@ def train_epochs(
         with loop.section("epoch callbacks"):
             callbacks.on_epoch_begin(epoch)
         epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
+        if hooks is not None:
+            hooks.epoch_end()
         if validate is not None:  # with the test hooks, as Keras's fit calls evaluate
             with loop.section("evaluate"):
                 logs = validate(epoch, callbacks)
