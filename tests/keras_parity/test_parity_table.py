@@ -30,6 +30,7 @@ MODEL_FEATURES = (
     "compiled model",
     "multi-input model",
     "multi-output model",
+    "add_loss",
 )
 STATUS = re.compile(r"^(supported|supported \(.+\)|refused: .+)$")
 VERIFY = "to verify:"

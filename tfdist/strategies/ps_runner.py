@@ -34,18 +34,12 @@ from tfdist._compat.coordinator import wait_fetchable
 from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
 from tfdist._compat.runtime import ps_num_workers
 from tfdist.cluster import task_label
-from tfdist.config import WatchdogOptions, invalid_argument
+from tfdist.config import WatchdogOptions
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies import ps_watchdog
-from tfdist.strategies.base import (
-    STEPS_RUN_KEY,
-    CrossReplicaFn,
-    LogsFn,
-    ReplicaFn,
-    graph_function,
-    repeat,
-)
+from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
+from tfdist.strategies.base import until_exhausted as until_exhausted_loop
 from tfdist.strategies.ps_failures import ParameterServerFailure as ParameterServerFailure
 from tfdist.strategies.ps_failures import lost_worker_output, raise_clearly
 from tfdist.strategies.ps_logs import Packing, RunningLogs
@@ -116,6 +110,8 @@ class PSRunner:
     watched_sections = ("update", "evaluate")
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
+    #: The workers, other processes, read the training data themselves.
+    reads_training_input_here = False
     #: ``steps_per_execution="auto"``: one step per scheduled closure. Calls already overlap
     #: (up to ``max_in_flight``), so per-call costs are not paid step after step.
     auto_steps_per_execution = 1
@@ -142,15 +138,6 @@ class PSRunner:
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if not training:
             return source.dataset_fn(self.input_context()) if source.dataset_fn else source.dataset
-        if source.in_process:
-            raise invalid_argument(
-                "x",
-                "a Python generator or keras.utils.PyDataset",
-                "a tf.data.Dataset, a dataset_fn or arrays under strategy 'parameter_server'",
-                note="Its batches come from Python code in this process, and the parameter-server "
-                "workers are other processes that read their data themselves. Wrap the data in a "
-                "tf.data pipeline (e.g. a dataset_fn built from files or arrays).",
-            )
         self._running = None  # a new fit: no sums left from an interrupted one
         strategy = self.strategy
         # Workers draw batches independently, so each pipeline repeats.
@@ -190,10 +177,8 @@ class PSRunner:
         until_exhausted: bool = False,
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
-        if until_exhausted:
-            if training:  # fit requires steps_per_epoch here (requires_steps_per_epoch)
-                raise ValueError("parameter_server training needs steps_per_epoch")
-            return _evaluate_until_exhausted(replica_fn, logs_fn, name)
+        if until_exhausted:  # evaluation only: fit requires steps_per_epoch here
+            return until_exhausted_loop(lambda batch: replica_fn([batch]), logs_fn, name)
         per_execution = training and self._sum_metrics_of(model)
         variables, packing = self._metric_vars, self._packing
 
@@ -398,32 +383,6 @@ def _summed_steps(
         for box, value in zip(boxes, state):
             box.current = value
         return list(state), logs_fn()
-
-
-def _evaluate_until_exhausted(replica_fn: ReplicaFn, logs_fn: LogsFn, name: str) -> Any:
-    """Evaluation on the coordinator, up to ``num_calls`` batches, fewer at the data's end."""
-
-    def loop(iterator, num_calls):
-        def body(done, _):
-            optional = iterator.get_next_as_optional()
-            more = optional.has_value()
-
-            def step():
-                replica_fn([optional.get_value()])
-                return tf.constant(1)
-
-            return done + tf.cond(more, step, lambda: tf.constant(0)), more
-
-        done, _ = tf.while_loop(
-            lambda done, more: tf.logical_and(more, done < num_calls),
-            body,
-            (tf.constant(0), tf.constant(True)),
-            parallel_iterations=1,
-        )
-        return {**logs_fn(), STEPS_RUN_KEY: done}
-
-    loop.__name__ = name
-    return graph_function(loop)
 
 
 def _steps(num_calls: Any, step: Callable[[], Any]) -> None:

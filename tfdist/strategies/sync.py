@@ -19,14 +19,8 @@ from tfdist.cluster import task_label
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies import step_clock
-from tfdist.strategies.base import (
-    STEPS_RUN_KEY,
-    CrossReplicaFn,
-    LogsFn,
-    ReplicaFn,
-    graph_function,
-    repeat,
-)
+from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
+from tfdist.strategies.base import until_exhausted as until_exhausted_loop
 
 #: The key under which a timed train loop returns its clock vector beside the logs.
 CLOCK_KEY = "_tfdist_step_clock"
@@ -50,45 +44,6 @@ def _timed_call(
     local = strategy.experimental_local_results(marks)
     compute_and_exchange = step_clock.call_clock(started, ready, local)
     return out, compute_and_exchange
-
-
-def _until_exhausted(
-    strategy: tf.distribute.Strategy,
-    replica_fn: ReplicaFn,
-    logs_fn: LogsFn,
-    batches_per_call: int,
-    name: str,
-) -> Callable[[Any, Any], Any]:
-    """``compile_loop(until_exhausted=True)``: up to ``num_calls`` calls, fewer at the data's end.
-
-    ``get_next_as_optional`` on TF's distributed iterator all-reduces whether any replica on
-    any worker still has a batch, so every worker leaves the loop at the same call; a replica
-    past the end gets an empty batch, which the replica step counts as no examples.
-    """
-    if batches_per_call != 1:
-        raise ValueError("until_exhausted takes one batch per call")
-
-    def loop(iterator, num_calls):
-        def body(done, _):
-            optional = iterator.get_next_as_optional()
-            more = optional.has_value()
-
-            def step():
-                strategy.run(replica_fn, args=([optional.get_value()],))
-                return tf.constant(1)
-
-            return done + tf.cond(more, step, lambda: tf.constant(0)), more
-
-        done, _ = tf.while_loop(
-            lambda done, more: tf.logical_and(more, done < num_calls),
-            body,
-            (tf.constant(0), tf.constant(True)),
-            parallel_iterations=1,
-        )
-        return {**logs_fn(), STEPS_RUN_KEY: done}
-
-    loop.__name__ = name
-    return graph_function(loop)
 
 
 class SyncRunner:
@@ -149,6 +104,7 @@ class SyncRunner:
     #: batch: enough that the per-call logs, metric reductions and preemption vote cost little.
     auto_steps_per_execution = 32
     requires_steps_per_epoch = False
+    reads_training_input_here = True  # every worker reads its own copy of the batches
     #: ``compile_loop(outputs=True)`` hands ``logs_fn`` the last call's outputs, averaged over
     #: the replicas (as Keras's fit reduces a train_step's logs under tf.distribute).
     reduces_step_outputs = True
@@ -219,8 +175,10 @@ class SyncRunner:
         until_exhausted: bool = False,
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
-        if until_exhausted:
-            return _until_exhausted(strategy, replica_fn, logs_fn, batches_per_call, name)
+        if until_exhausted:  # one batch per call (see the protocol)
+            return until_exhausted_loop(
+                lambda batch: strategy.run(replica_fn, args=([batch],)), logs_fn, name
+            )
         drive = cross_replica
         # Micro-batches accumulated in the step's own symbolic loop are not timed.
         timed = training and self.step_clock.enabled and (drive is None or batches_per_call == 1)

@@ -111,6 +111,15 @@ def fit_sources(
         shuffle=args.shuffle,
         targets_where="the elements of x" if is_dataset_like(data) else "the arrays x",
     )
+    if source.in_process and not runner.reads_training_input_here:
+        raise invalid_argument(
+            "x",
+            "a Python generator or keras.utils.PyDataset",
+            "a tf.data.Dataset, a dataset_fn or arrays under strategy 'parameter_server'",
+            note="Its batches come from Python code in this process, and the workers that "
+            "train are other processes, which read their data themselves; build the input "
+            "with tf.data (e.g. a dataset_fn reading files or arrays).",
+        )
     if args.class_weight is not None:
         build(source)
         source = fit_data.weighted_by_class(source, args.class_weight, model)
