@@ -27,6 +27,7 @@ in this process, so they cannot be read by remote parameter-server workers
 from __future__ import annotations
 
 import itertools
+import logging
 import types
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -38,6 +39,7 @@ import tensorflow as tf
 from tfdist._compat.py_dataset import enqueued_batches, reads_in_parallel
 from tfdist.config import invalid_argument
 
+logger = logging.getLogger(__name__)
 NUM_PEEKED = 2  # Keras's NUM_BATCHES_FOR_TENSOR_SPEC
 
 
@@ -63,8 +65,9 @@ def python_dataset(
             ``PyDataset`` of length 0 or whose items are not batches.
     """
     if isinstance(data, keras.utils.PyDataset):
+        # Keras shuffles a PyDataset's batch order for any true shuffle ("batch" too).
         reader = _PassReader(
-            data, shuffle=training and shuffle is True, seed=seed, reset=not training
+            data, shuffle=training and bool(shuffle), seed=seed, reset=not training
         )
         peeked = reader.peek(argument)
         if training:
@@ -108,10 +111,19 @@ class _Rechained:
 
     def __init__(self, peeked: list[Any], rest: Iterator[Any]) -> None:
         self.peeked, self.rest = peeked, rest
+        self.exhausted = False
 
     def __call__(self) -> Iterator[Any]:
+        if self.exhausted:
+            logger.warning(
+                "The generator ran out of batches: this pass reads again only the %d batches "
+                "peeked for its element spec, as Keras does. Make it endless (`while True:`), "
+                "or give steps_per_epoch (validation_steps) within what it yields.",
+                len(self.peeked),
+            )
         for batch in itertools.chain(self.peeked, self.rest):
             yield _as_tuples(batch)
+        self.exhausted = True
 
 
 class EpochHooks(Protocol):

@@ -57,7 +57,9 @@ def evaluate(
     runner = functions.runner
     check_targets(functions.model, source, where="the evaluation data")
     functions.build(source)
-    fn = functions.evaluation(until_exhausted=steps is None)
+    # Data of unknown length may end before `steps` (validation_steps): stop there, as Keras.
+    until_exhausted = runs_until_exhausted(source)
+    fn = functions.evaluation(until_exhausted=until_exhausted)
     iterator = runner.make_iterator(runner.distribute(source, training=False))
     hooks = callbacks if callbacks is not None else keras.callbacks.CallbackList()
     hooks.on_test_begin()
@@ -71,16 +73,13 @@ def evaluate(
         logs = dict(functions.run(fn, iterator, n))
         ran = int(logs.pop(STEPS_RUN_KEY, n))  # fewer: data of unknown length ran out
         done += ran
-        if steps is None and ran < n:
-            break
-        if bar is not None:
-            bar.update(done, list(logs.items()), finalize=steps is not None and done >= steps)
-        hooks.on_test_batch_end(done - 1, logs)
-    if steps is None:
         if ran:
+            if bar is not None:
+                last = ran < n or (steps is not None and done >= steps)
+                bar.update(done, list(logs.items()), finalize=last)
             hooks.on_test_batch_end(done - 1, logs)
-        if bar is not None:
-            bar.update(done, list(logs.items()), finalize=True)
+        if ran < n:
+            break
     # Parameter servers: scheduled calls may still be running; their metric updates count.
     runner.join()
     hooks.on_test_end(logs)

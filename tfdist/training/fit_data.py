@@ -156,10 +156,11 @@ def warn_unused_shuffle(x: Any, shuffle: bool | str) -> None:
             )
     elif shuffle and is_dataset_like(x) and not isinstance(x, keras.utils.PyDataset):
         logger.warning(
-            "shuffle=%r is ignored: x is %s, which is expected to be shuffled already "
-            "(e.g. with .shuffle(buffer_size)), as Keras says.",
+            "shuffle=%r is ignored: x is %s, which is expected to %s already shuffled, as Keras "
+            "says.",
             shuffle,
             kind_of(x),
+            "yield batches" if is_python_input(x) else "be (e.g. with .shuffle(buffer_size))",
         )
 
 
