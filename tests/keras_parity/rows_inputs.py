@@ -82,8 +82,10 @@ def py_dataset_processes_steps_per_epoch():
 
 def unknown_length(seed, n):
     x, y, _ = arrays(seed=seed, n=n)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: a[2] > -0.8)
-    return ds.batch(BATCH)  # 75 of 96 examples: 5 batches, the last of 11
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: a[2] > -1.1)
+    # 81 of 96 examples: 6 batches, the last of 1, so one replica (and on multi_worker one
+    # worker) has no example in the last step, and must still stop with the others.
+    return ds.batch(BATCH)
 
 
 def dataset_unknown_length():
@@ -112,14 +114,14 @@ def no_loss_compile():
 
 def add_loss_x_only():
     x, _, _ = arrays()
-    vx, _, _ = arrays(seed=1, n=37)  # a dataset of x alone, a partial last batch of 5
-    return dict(
-        x=x,
-        batch_size=BATCH,
-        epochs=2,
-        shuffle=False,
-        validation_data=tf.data.Dataset.from_tensor_slices(vx).batch(BATCH),
-    )
+    vx, _, _ = arrays(seed=1, n=37)  # validation: a generator of (x,) batches, the last of 5
+    batches_of_x = ((vx[i : i + BATCH],) for i in range(0, len(vx), BATCH))
+    return dict(x=x, batch_size=BATCH, epochs=2, shuffle=False, validation_data=batches_of_x)
+
+
+def add_loss_dataset_of_x():
+    x, _, _ = arrays(n=101)  # a partial last batch of 5
+    return dict(x=tf.data.Dataset.from_tensor_slices(x).batch(BATCH), epochs=2)
 
 
 SYNC = ("mirrored", "multi_worker")
@@ -140,5 +142,14 @@ ROWS = [
         strategies=SYNC,
     ),
     Row("dataset_unknown_length", mlp, sgd_compile, dataset_unknown_length, strategies=SYNC),
+    # Arrays without y; validation from a generator (on parameter_server: on the coordinator).
     Row("add_loss_x_only", autoencoder, no_loss_compile, add_loss_x_only),
+    # A dataset of x alone: only the packing differs from the row above, so mirrored is enough.
+    Row(
+        "add_loss_dataset_of_x",
+        autoencoder,
+        no_loss_compile,
+        add_loss_dataset_of_x,
+        strategies=("mirrored",),
+    ),
 ]

@@ -222,20 +222,20 @@ def test_resume_with_steps_per_epoch_skips_in_tf_data(mirrored, tmp_path):
 
 
 def test_an_epoch_of_unknown_length_runs_until_exhausted_counting_each_update(mirrored):
-    """``filter`` then ``batch``: 5 batches, the last of 11; calls of 2 updates end mid-call.
+    """``filter`` then ``batch``: 6 batches, the last of 1; calls of 4 updates end mid-call.
 
-    Keras's ``optimizer.iterations`` would be 12: its exhausted call counts one more per epoch
-    without moving any weight; the Trainer counts the 10 updates applied.
+    Keras's ``optimizer.iterations`` would be 14: its exhausted call counts one more per epoch
+    without moving any weight; the Trainer counts the 12 updates applied.
     """
     from tests.keras_parity.rows_basic import mlp, sgd_compile
     from tests.keras_parity.rows_inputs import unknown_length
 
     ends = []
     counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: ends.append(b))
-    trainer = tfdist.Trainer(mlp, strategy=mirrored, steps_per_execution=2, **sgd_compile())
+    trainer = tfdist.Trainer(mlp, strategy=mirrored, steps_per_execution=4, **sgd_compile())
     history = trainer.fit(unknown_length(0, 96), epochs=2, callbacks=[counter], verbose=0)
-    assert int(trainer.model.optimizer.iterations.numpy()) == 10
-    assert ends == [1, 3, 4] * 2 and len(history.history["loss"]) == 2
+    assert int(trainer.model.optimizer.iterations.numpy()) == 12
+    assert ends == [3, 5] * 2 and len(history.history["loss"]) == 2
     reference = mlp()
     reference.compile(**sgd_compile())
     reference.set_weights(trainer.model.get_weights())

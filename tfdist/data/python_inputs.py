@@ -223,12 +223,15 @@ def _standardized(batch: Any, argument: str) -> Any:
 
 
 def _as_tuples(structure: Any) -> Any:
-    """Lists as tuples, arrays as NumPy (one array per input: tf.data would stack a list)."""
+    """Lists as tuples (one array per input: tf.data would stack a list), arrays as NumPy
+    COPIES: ``from_generator`` may hand TF an array's own memory, which TF then treats as its
+    to reuse in place, so a batch kept (the peeked ones) or a view of the user's arrays would
+    be overwritten (seen: the peeked batches changed after one pass)."""
     if isinstance(structure, (list, tuple)):
         return tuple(_as_tuples(s) for s in structure)
     if isinstance(structure, dict):
         return {k: _as_tuples(v) for k, v in structure.items()}
-    return structure if structure is None else np.asarray(structure)
+    return structure if structure is None else np.array(structure)
 
 
 def _spec(peeked: list[Any], argument: str) -> Any:
