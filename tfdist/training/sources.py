@@ -216,7 +216,11 @@ def _steps_per_epoch(steps_per_epoch: int | None, source: InputSource) -> int | 
             "steps_per_epoch",
             None,
             "a positive integer",
-            note="The data never ends (e.g. a repeated dataset or an endless PyDataset).",
+            note="A dataset_fn's pass has an unknown length here: each worker's pipeline could "
+            "end at another step (only datasets of global batches and generators run until "
+            "exhausted)."
+            if source.dataset_fn is not None
+            else "The data never ends (e.g. a repeated dataset or an endless PyDataset).",
         )
     return steps
 
