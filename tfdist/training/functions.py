@@ -8,8 +8,9 @@ one evaluation and one predict function.
 
 from __future__ import annotations
 
+import contextlib
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import keras
@@ -29,7 +30,6 @@ from tfdist.training.overrides import (
     callable_model,
     make_custom_eval_step,
     make_custom_train_update,
-    overridden,
     select_logs,
 )
 from tfdist.training.step import TrainUpdate, make_eval_step, make_predict_step
@@ -90,36 +90,7 @@ class StepFunctions:
                     build_optimizers(self.model)  # e.g. a GAN: no call(), only its parts
                 else:
                     symbolic_build(self.model, source.element_spec)
-                    self._check_some_loss(source.element_spec)
             self.built_for = source.global_batch_size
-
-    def _check_some_loss(self, element_spec: Any) -> None:
-        """A model compiled without a loss must add its own (``add_loss``, regularisers), as in
-        Keras, whose step would fail deep in the first trace: one call on a zero batch shows it.
-
-        Raises:
-            ValueError: Naming ``loss``, for a model that adds none.
-        """
-        model = self.model
-        if model.loss is not None or overridden(model, "compute_loss"):
-            return
-        x_spec = keras.utils.unpack_x_y_sample_weight(element_spec)[0]
-        try:
-            x = tf.nest.map_structure(
-                lambda s: tf.zeros([1, *[d or 1 for d in s.shape[1:]]], s.dtype), x_spec
-            )
-            model(x, training=False)
-        except Exception:  # noqa: BLE001 - no probe (e.g. string inputs): Keras's own error
-            return
-        if not model.losses:
-            raise invalid_argument(
-                "loss",
-                None,
-                "a Keras loss, its name, or a callable(y_true, y_pred)",
-                note=f"{type(model).__name__} adds no loss of its own (add_loss, weight "
-                "regularisers), so there is nothing to train: pass loss= to the Trainer, or a "
-                "model you compiled with a loss.",
-            )
 
     def logs(self, outputs: Mapping[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
         """Metric results plus tfdist's own state, in cross-replica context.
@@ -327,9 +298,36 @@ class StepFunctions:
         if self.overrides.train_step:
             return self.runner.run(fn, iterator, num_calls)
         num_replicas = self.runner.strategy.num_replicas_in_sync
-        with _compat.gradients_already_summed(self.model.optimizer, num_replicas=num_replicas):
+        with (
+            _no_loss_named(self.model),
+            _compat.gradients_already_summed(self.model.optimizer, num_replicas=num_replicas),
+        ):
             return self.runner.run(fn, iterator, num_calls)
 
     def run(self, fn: Any, iterator: Any, num_calls: int) -> dict[str, float]:
         """Runs ``fn`` for ``num_calls`` calls and returns its logs as floats."""
         return self.runner.fetch(self.start(fn, iterator, num_calls))
+
+
+#: The start of Keras's error when a step has no loss at all (``Trainer.compute_loss``).
+KERAS_NO_LOSS = "No loss to compute."
+
+
+@contextlib.contextmanager
+def _no_loss_named(model: keras.Model) -> Iterator[None]:
+    """Keras's "No loss to compute" (raised while the first step is traced, before anything
+    runs) as tfdist's error naming ``loss``: compiled without one, as Keras allows for a model
+    whose loss is its own ``add_loss``, the model added none."""
+    try:
+        yield
+    except ValueError as e:
+        if not str(e).startswith(KERAS_NO_LOSS) or model.loss is not None:
+            raise
+        raise invalid_argument(
+            "loss",
+            None,
+            "a Keras loss, its name, or a callable(y_true, y_pred)",
+            note=f"{type(model).__name__} adds no loss of its own (add_loss, weight "
+            "regularisers), so there is nothing to train: pass loss= to the Trainer, or a model "
+            "you compiled with a loss.",
+        ) from None
