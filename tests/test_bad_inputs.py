@@ -62,6 +62,17 @@ def two_outputs() -> keras.Model:
     return keras.Model(inputs, outputs)
 
 
+class Endless(keras.utils.PyDataset):
+    """A PyDataset without end (``num_batches`` None)."""
+
+    @property
+    def num_batches(self):
+        return None
+
+    def __getitem__(self, index):
+        return X[:32], Y[:32]
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One row: ``shown`` is the input as a user writes it (docs/bad-input.md's first column)."""
@@ -226,8 +237,8 @@ CASES = [
         ("a positive integer or None",),
     ),
     C(
-        "Trainer(loss=None)",
-        lambda e: e.trainer_with(loss=None),
+        "Trainer(loss=None).fit(x, y)  # a model without add_loss",
+        lambda e: e.trainer_with(loss=None).fit(X, Y, global_batch_size=32, verbose=0),
         "loss",
         "None",
         ("a Keras loss, its name, or a callable",),
@@ -1059,6 +1070,29 @@ CASES = [
         "None",
         ("a container image reference",),
     ),
+    C(
+        "fit(generator_of_arrays)  # not (x, y) tuples",
+        lambda e: e.trainer.fit(x for x in [X, X]),
+        "x",
+        "'a generator yielding ndarray'",
+        ("a generator of (x,), (x, y) or (x, y, sample_weight) tuples",),
+    ),
+    C(
+        "fit(endless_py_dataset)  # no steps_per_epoch",
+        lambda e: e.trainer.fit(Endless()),
+        "steps_per_epoch",
+        "None",
+        ("a positive integer", "never ends"),
+    ),
+    C(
+        "fit(dataset.filter(f).batch(32))  # accumulation_steps=2, no steps_per_epoch",
+        lambda e: e.trainer_with(accumulation_steps=2).fit(
+            tf.data.Dataset.from_tensor_slices((X, Y)).filter(lambda x, y: y >= 0).batch(32)
+        ),
+        "steps_per_epoch",
+        "None",
+        ("a positive integer with accumulation_steps=2",),
+    ),
     # --- last: building the in-process PS cluster points TF's eager context at it, so strategies
     # --- (and the shared mirrored one) made before no longer find their devices.
     C(
@@ -1067,6 +1101,15 @@ CASES = [
         "steps_per_epoch",
         "None",
         ("a positive integer under strategy 'parameter_server'",),
+    ),
+    C(
+        "fit(generator, steps_per_epoch=2)  # parameter_server",
+        lambda e: e.trainer_with(strategy=e.ps_strategy).fit(
+            (b for b in [(X, Y)] * 4), steps_per_epoch=2, verbose=0
+        ),
+        "x",
+        "'a Python generator or keras.utils.PyDataset'",
+        ("a tf.data.Dataset, a dataset_fn or arrays under strategy 'parameter_server'",),
     ),
 ]
 assert len({c.shown for c in CASES}) == len(CASES)

@@ -161,8 +161,13 @@ def test_custom_train_step_refuses_what_it_would_skip(option, value, mirrored):
 
 
 def test_uncompiled_model_without_loss_is_refused(mirrored):
-    with pytest.raises(ValueError, match=r"argument `loss`.*Received: loss=None"):
-        tfdist.Trainer(mlp, strategy=mirrored, optimizer="sgd")
+    # Accepted as Keras's compile(loss=None) accepts it; refused once a batch shows the model
+    # adds no loss of its own (add_loss), before anything trains.
+    trainer = tfdist.Trainer(mlp, strategy=mirrored, optimizer="sgd")
+    x, y, _ = arrays()
+    with pytest.raises(ValueError, match=r"argument `loss`.*Received: loss=None.*add_loss"):
+        trainer.fit(x, y, batch_size=16, verbose=0)
+    assert int(trainer.model.optimizer.iterations.numpy()) == 0
 
 
 def test_train_step_returning_no_dict_is_refused(mirrored):

@@ -35,6 +35,7 @@ MODEL_FEATURES = (
     "adapted preprocessing layers",
     "metric objects",
     "learning-rate schedule",
+    "add_loss",
 )
 STATUS = re.compile(r"^(supported|supported \(.+\)|refused: .+)$")
 VERIFY = "to verify:"

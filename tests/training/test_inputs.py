@@ -219,3 +219,31 @@ def test_resume_with_steps_per_epoch_skips_in_tf_data(mirrored, tmp_path):
     assert int(resumed.model.optimizer.iterations.numpy()) == 24
     for a, b in zip(reference.model.get_weights(), resumed.model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_epoch_of_unknown_length_runs_until_exhausted_counting_each_update(mirrored):
+    """``filter`` then ``batch``: 6 batches, the last of 1; calls of 4 updates end mid-call.
+
+    Keras's ``optimizer.iterations`` would be 14: its exhausted call counts one more per epoch
+    without moving any weight; the Trainer counts the 12 updates applied.
+    """
+    from tests.keras_parity.rows_basic import mlp, sgd_compile
+    from tests.keras_parity.rows_inputs import unknown_length
+
+    ends = []
+    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: ends.append(b))
+    trainer = tfdist.Trainer(mlp, strategy=mirrored, steps_per_execution=4, **sgd_compile())
+    history = trainer.fit(unknown_length(0, 96), epochs=2, callbacks=[counter], verbose=0)
+    assert int(trainer.model.optimizer.iterations.numpy()) == 12
+    assert ends == [3, 5] * 2 and len(history.history["loss"]) == 2
+    reference = mlp()
+    reference.compile(**sgd_compile())
+    reference.set_weights(trainer.model.get_weights())
+    evaluation = unknown_length(1, 37)
+    got = trainer.evaluate(evaluation, return_dict=True, verbose=0)
+    want = reference.evaluate(evaluation, return_dict=True, verbose=0)
+    assert got == pytest.approx(want, abs=1e-6)
+    generator = (batch for batch in unknown_length(1, 37).as_numpy_iterator())
+    np.testing.assert_allclose(
+        trainer.predict(generator, verbose=0), reference.predict(evaluation, verbose=0), atol=1e-6
+    )

@@ -185,7 +185,6 @@ def test_mixed_precision(mirrored, digits, precision):
             "argument `accumulation_steps`. Received: accumulation_steps=0",
         ),
         ({"steps_per_execution": -1}, "argument `steps_per_execution`"),
-        ({"loss": None}, "argument `loss`. Received: loss=None"),
         ({"optimizer": "adamm"}, "argument `optimizer`. Received: optimizer='adamm'"),
     ],
 )

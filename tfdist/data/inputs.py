@@ -5,7 +5,9 @@ Accepted forms:
     the global batch size;
   * any ``dataset_fn(input_context)`` callable returning per-replica batches;
   * a ``tf.data.Dataset`` of **global** batches;
-  * a tuple ``(x, y)`` or ``(x, y, sample_weight)`` of arrays, each an array
+  * a Python generator of global batches or a ``keras.utils.PyDataset``
+    (:mod:`tfdist.data.python_inputs`);
+  * a tuple ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)`` of arrays, each an array
     or a nested structure of them (a dict or list per input or output), as
     ``Trainer.fit(x, y, sample_weight=...)`` packs them.
 
@@ -35,6 +37,7 @@ import tensorflow as tf
 from tfdist._compat.inputs import static_batch_size
 from tfdist.config import invalid_argument
 from tfdist.data.dataset_fn import DatasetFn
+from tfdist.data.python_inputs import EpochHooks, is_python_input, python_dataset
 from tfdist.data.sharding import check_global_batch_size, replicas_per_pipeline
 
 logger = logging.getLogger(__name__)
@@ -51,6 +54,9 @@ class InputSource:
     one pass, or ``None`` when unknown. ``exact``: every input pipeline yields
     exactly ``steps_per_epoch`` batches per replica in one pass (tfdist's own
     training ``DatasetFn``), so no pipeline can run dry before the others.
+    ``in_process``: the batches come from Python code in this process (a generator or a
+    ``PyDataset``), so no other process can read them. ``epoch_hooks``: a ``PyDataset``'s
+    ``on_epoch_begin``/``on_epoch_end``, for the loop when an epoch is not one pass.
     """
 
     global_batch_size: int
@@ -59,6 +65,8 @@ class InputSource:
     dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset] | None = None
     dataset: tf.data.Dataset | None = None
     exact: bool = False
+    in_process: bool = False
+    epoch_hooks: EpochHooks | None = None
 
     def for_epoch(self, epoch: int) -> InputSource:
         """The source for one epoch: a DatasetFn is reseeded with ``seed + epoch``.
@@ -305,10 +313,19 @@ def as_input(
     if isinstance(data, tf.data.Dataset):
         return _dataset_input(data, global_batch_size, argument=argument)
 
+    if is_python_input(data):
+        ds, first_batch_size, steps, hooks = python_dataset(
+            data, training=training, shuffle=shuffle, seed=seed, argument=argument
+        )
+        gbs = global_batch_size or first_batch_size
+        return InputSource(
+            gbs, ds.element_spec, steps, dataset=ds, in_process=True, epoch_hooks=hooks
+        )
+
     if callable(data):
         return _callable_input(data, global_batch_size, input_context, argument=argument)
 
-    if isinstance(data, tuple) and 2 <= len(data) <= 3:
+    if isinstance(data, tuple) and 1 <= len(data) <= 3:  # (x,): a model's own add_loss
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
         check_global_batch_size(gbs, replicas, training=training, per_replica=False)
         return _array_input(
@@ -322,7 +339,8 @@ def as_input(
         argument,
         data if isinstance(data, str) else type(data).__name__,
         "a tfdist.data.DatasetFn, a dataset_fn(input_context), a tf.data.Dataset of "
-        "global batches, or arrays (x with y)",
+        "global batches, a Python generator or keras.utils.PyDataset of global batches, "
+        "or arrays (x with y)",
         note=note,
     )
 

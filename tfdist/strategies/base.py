@@ -41,6 +41,45 @@ def repeat(n: Any, body: Callable[[Any], Any], state: Any = ()) -> Any:
     return state
 
 
+#: The key under which a loop compiled ``until_exhausted`` returns the calls it ran.
+STEPS_RUN_KEY = "_tfdist_steps_run"
+
+
+def until_exhausted(
+    run_step: Callable[[Any], Any], logs_fn: Callable[[], Any], name: str
+) -> Callable[..., Any]:
+    """``fn(iterator, num_calls)`` for data of unknown length: up to ``num_calls`` calls of
+    ``run_step(batch)``, fewer when the data runs out; its logs hold the calls run under
+    :data:`STEPS_RUN_KEY` (see ``Runner.compile_loop``).
+
+    ``iterator.get_next_as_optional()`` says whether there is a next batch. On TF's
+    distributed iterator that "any replica has data" is all-reduced across the workers, so
+    every worker leaves the loop at the same call; a replica past the end gets an empty batch.
+    """
+
+    def loop(iterator, num_calls):
+        def body(done, _):
+            optional = iterator.get_next_as_optional()
+            more = optional.has_value()
+
+            def step():
+                run_step(optional.get_value())
+                return tf.constant(1)
+
+            return done + tf.cond(more, step, lambda: tf.constant(0)), more
+
+        done, _ = tf.while_loop(
+            lambda done, more: tf.logical_and(more, done < num_calls),
+            body,
+            (tf.constant(0), tf.constant(True)),
+            parallel_iterations=1,
+        )
+        return {**logs_fn(), STEPS_RUN_KEY: done}
+
+    loop.__name__ = name
+    return graph_function(loop)
+
+
 ReplicaFn = Callable[..., Any]
 LogsFn = Callable[[], Mapping[str, tf.Tensor]]
 #: ``drive(run, next_batch)``: one update from cross-replica context (see ``training/step.py``).
@@ -73,6 +112,10 @@ class Runner(Protocol):
 
     requires_steps_per_epoch: bool
     """Whether ``fit`` needs an explicit ``steps_per_epoch`` on this strategy."""
+
+    reads_training_input_here: bool
+    """Whether this process reads the training batches it trains on (not other processes):
+    only then can they come from Python code here (a generator, a ``keras.utils.PyDataset``)."""
 
     auto_steps_per_execution: int
     """What ``steps_per_execution="auto"`` runs per call when no callback needs every batch."""
@@ -107,6 +150,7 @@ class Runner(Protocol):
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,
         outputs: bool = False,
+        until_exhausted: bool = False,
     ) -> Callable[[Any, int], Any]:
         """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.
 
@@ -127,6 +171,12 @@ class Runner(Protocol):
         ``logs_fn(reduced)``, where ``reduced`` is the last call's return value
         averaged over all replicas (a model's own ``train_step`` logs, as
         Keras's fit reduces them); other runners ignore it.
+
+        ``until_exhausted`` (one batch per call): for data of unknown length, ``fn`` stops
+        early when the data runs out, the end agreed by every replica and worker (TF's
+        ``get_next_as_optional``, which hands replicas past the end an empty batch while
+        another still has one), and its logs hold the calls it ran under
+        :data:`STEPS_RUN_KEY`. A runner that cannot stop in step on every worker refuses it.
         """
 
     def metrics_result(self, model: Any) -> dict[str, tf.Tensor]:

@@ -39,6 +39,7 @@ from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies import ps_watchdog
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
+from tfdist.strategies.base import until_exhausted as until_exhausted_loop
 from tfdist.strategies.ps_failures import ParameterServerFailure as ParameterServerFailure
 from tfdist.strategies.ps_failures import lost_worker_output, raise_clearly
 from tfdist.strategies.ps_logs import Packing, RunningLogs
@@ -109,6 +110,8 @@ class PSRunner:
     watched_sections = ("update", "evaluate")
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
+    #: The workers, other processes, read the training data themselves.
+    reads_training_input_here = False
     #: ``steps_per_execution="auto"``: one step per scheduled closure. Calls already overlap
     #: (up to ``max_in_flight``), so per-call costs are not paid step after step.
     auto_steps_per_execution = 1
@@ -171,8 +174,11 @@ class PSRunner:
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,  # unused: steps are whole scheduled closures
         outputs: bool = False,  # unused: logs come from the metric sums (reduces_step_outputs)
+        until_exhausted: bool = False,
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
+        if until_exhausted:  # evaluation only: fit requires steps_per_epoch here
+            return until_exhausted_loop(lambda batch: replica_fn([batch]), logs_fn, name)
         per_execution = training and self._sum_metrics_of(model)
         variables, packing = self._metric_vars, self._packing
 

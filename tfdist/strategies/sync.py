@@ -20,6 +20,7 @@ from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies import step_clock
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
+from tfdist.strategies.base import until_exhausted as until_exhausted_loop
 
 #: The key under which a timed train loop returns its clock vector beside the logs.
 CLOCK_KEY = "_tfdist_step_clock"
@@ -121,6 +122,7 @@ class SyncRunner:
     #: batch: enough that the per-call logs, metric reductions and preemption vote cost little.
     auto_steps_per_execution = 32
     requires_steps_per_epoch = False
+    reads_training_input_here = True  # every worker reads its own copy of the batches
     #: ``compile_loop(outputs=True)`` hands ``logs_fn`` the last call's outputs, averaged over
     #: the replicas (as Keras's fit reduces a train_step's logs under tf.distribute).
     reduces_step_outputs = True
@@ -188,8 +190,13 @@ class SyncRunner:
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,
         outputs: bool = False,
+        until_exhausted: bool = False,
     ) -> Callable[[Any, Any], Any]:
         strategy = self.strategy
+        if until_exhausted:  # one batch per call (see the protocol)
+            return until_exhausted_loop(
+                lambda batch: strategy.run(replica_fn, args=([batch],)), logs_fn, name
+            )
         drive = cross_replica
         # Micro-batches accumulated in the step's own symbolic loop are not timed.
         timed = training and self.step_clock.enabled and (drive is None or batches_per_call == 1)

@@ -83,13 +83,9 @@ def check_own_compile(model: keras.Model, strategy: tf.distribute.Strategy) -> N
 
 
 def _uncompiled(model: keras.Model, given: dict[str, Any]) -> dict[str, Any]:
-    if given["loss"] is None and not overridden(model, "train_step"):
-        raise invalid_argument(
-            "loss",
-            None,
-            "a Keras loss, its name, or a callable(y_true, y_pred)",
-            note="Or pass a model you compiled with a loss.",
-        )
+    # No loss is Keras's compile(loss=None): the model's own losses (add_loss, regularisers)
+    # are the objective; a model with none is refused when its first step is traced
+    # (functions._no_loss_named), since only a call shows what it adds.
     args = dict(given)
     args["optimizer"] = DEFAULT_OPTIMIZER if given["optimizer"] is None else given["optimizer"]
     return args

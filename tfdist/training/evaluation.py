@@ -10,7 +10,9 @@ import tensorflow as tf
 
 from tfdist.config import invalid_argument
 from tfdist.data.inputs import InputSource
+from tfdist.strategies.base import STEPS_RUN_KEY
 from tfdist.training.functions import StepFunctions
+from tfdist.training.sources import check_targets, runs_until_exhausted
 
 
 def _progress_bar(functions: StepFunctions, steps: int | None, verbose: int) -> Any:
@@ -45,16 +47,19 @@ def evaluate(
         ValueError: If ``steps`` is None and the input's length is unknown.
     """
     steps = steps or source.steps_per_epoch
-    if steps is None:
+    if steps is None and not runs_until_exhausted(source):
         raise invalid_argument(
             "validation_steps",
             None,
             "a positive integer",
-            note="The evaluation data's length is unknown.",
+            note="The evaluation data never ends (e.g. a repeated dataset).",
         )
     runner = functions.runner
+    check_targets(functions.model, source, where="the evaluation data")
     functions.build(source)
-    fn = functions.evaluation()
+    # Data of unknown length may end before `steps` (validation_steps): stop there, as Keras.
+    until_exhausted = runs_until_exhausted(source)
+    fn = functions.evaluation(until_exhausted=until_exhausted)
     iterator = runner.make_iterator(runner.distribute(source, training=False))
     hooks = callbacks if callbacks is not None else keras.callbacks.CallbackList()
     hooks.on_test_begin()
@@ -62,14 +67,19 @@ def evaluate(
     logs: dict[str, float] = {}
     done = 0
     bar = _progress_bar(functions, steps, verbose)
-    while done < steps:
-        n = min(steps_per_execution, steps - done)
+    while steps is None or done < steps:
+        n = steps_per_execution if steps is None else min(steps_per_execution, steps - done)
         hooks.on_test_batch_begin(done)
-        logs = functions.run(fn, iterator, n)
-        done += n
-        if bar is not None:
-            bar.update(done, list(logs.items()), finalize=done >= steps)
-        hooks.on_test_batch_end(done - 1, logs)
+        logs = dict(functions.run(fn, iterator, n))
+        ran = int(logs.pop(STEPS_RUN_KEY, n))  # fewer: data of unknown length ran out
+        done += ran
+        if ran:
+            if bar is not None:
+                last = ran < n or (steps is not None and done >= steps)
+                bar.update(done, list(logs.items()), finalize=last)
+            hooks.on_test_batch_end(done - 1, logs)
+        if ran < n:
+            break
     # Parameter servers: scheduled calls may still be running; their metric updates count.
     runner.join()
     hooks.on_test_end(logs)

@@ -12,10 +12,11 @@ from typing import Any
 import keras
 
 from tfdist.training import evaluation
+from tfdist.training.epochs import fit_epochs
 from tfdist.training.fit_arguments import FitArguments
 from tfdist.training.functions import StepFunctions
 from tfdist.training.health import fit_health
-from tfdist.training.loop import EpochPlan, fit_epochs
+from tfdist.training.loop import EpochPlan
 from tfdist.training.options import LRScaling
 from tfdist.training.resume import FitBackups
 from tfdist.training.sources import fit_sources

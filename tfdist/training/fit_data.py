@@ -21,19 +21,26 @@ import tensorflow as tf
 from tfdist.config import invalid_argument
 from tfdist.data.dataset_fn import DatasetFn
 from tfdist.data.inputs import InputSource
+from tfdist.data.python_inputs import is_python_input
+from tfdist.data.python_inputs import kind_of as python_kind_of
 
 logger = logging.getLogger(__name__)
 
 
 def is_dataset_like(x: Any) -> bool:
-    """Whether ``x`` carries its own targets: a dataset, a ``DatasetFn`` or a dataset_fn."""
-    return isinstance(x, (tf.data.Dataset, DatasetFn)) or (
-        callable(x) and not hasattr(x, "__array__")
+    """Whether ``x`` carries its own targets: a dataset, a ``DatasetFn``, a dataset_fn, a
+    Python generator or a ``keras.utils.PyDataset``."""
+    return (
+        isinstance(x, (tf.data.Dataset, DatasetFn))
+        or is_python_input(x)
+        or (callable(x) and not hasattr(x, "__array__"))
     )
 
 
 def kind_of(x: Any) -> str:
     """How an error names ``x``'s kind."""
+    if is_python_input(x):
+        return python_kind_of(x)
     if isinstance(x, DatasetFn):
         return "a tfdist.data.DatasetFn"
     if isinstance(x, tf.data.Dataset):
@@ -49,9 +56,10 @@ def keras_data(x: Any, y: Any, sample_weight: Any, *, needs_y: bool = True) -> A
     A single ``sample_weight`` array with several outputs in ``y`` weights each
     output, as Keras does.
 
+    Arrays without ``y`` are ``(x,)`` (``needs_y=False``: ``x`` as it is).
+
     Raises:
-        ValueError: For ``y``/``sample_weight`` next to a dataset-like ``x``,
-            arrays without ``y`` (when ``needs_y``), or no ``x``.
+        ValueError: For ``y``/``sample_weight`` next to a dataset-like ``x``, or no ``x``.
     """
     if x is None:
         raise invalid_argument("x", None, "the inputs: arrays, a dataset or a dataset_fn")
@@ -71,11 +79,10 @@ def keras_data(x: Any, y: Any, sample_weight: Any, *, needs_y: bool = True) -> A
     if not isinstance(x, (dict, list, tuple)) and not hasattr(x, "__array__"):
         return x  # not data at all: as_input names what it takes
     if y is None:
-        if not needs_y:
-            return x
-        raise invalid_argument(
-            "y", None, "the targets for the arrays x", note="Pass fit(x, y, ...)."
-        )
+        # x alone: (x,), as Keras unpacks it (a model whose only loss is add_loss, compiled
+        # without loss); a model with a compiled loss is refused once the model is known
+        # (sources.check_targets).
+        return (x,) if needs_y else x
     if sample_weight is None:
         return (x, y)
     if tf.nest.is_nested(y) and not tf.nest.is_nested(sample_weight):
@@ -137,7 +144,8 @@ def keras_batch_size(data: Any, steps_per_epoch: int, replicas: int) -> int:
 
 def warn_unused_shuffle(x: Any, shuffle: bool | str) -> None:
     """``shuffle`` for data tfdist does not batch: ignored, with Keras's warning; refused for a
-    ``DatasetFn``, which always shuffles training batches."""
+    ``DatasetFn``, which always shuffles training batches. A ``PyDataset``'s batch order is
+    shuffled (seeded), as Keras shuffles it."""
     if isinstance(x, DatasetFn):
         if shuffle is not True:
             raise invalid_argument(
@@ -146,12 +154,13 @@ def warn_unused_shuffle(x: Any, shuffle: bool | str) -> None:
                 "True when x is a tfdist.data.DatasetFn",
                 note="It shuffles its training batches itself (seeded, reshuffled each epoch).",
             )
-    elif shuffle and is_dataset_like(x):
+    elif shuffle and is_dataset_like(x) and not isinstance(x, keras.utils.PyDataset):
         logger.warning(
-            "shuffle=%r is ignored: x is %s, which is expected to be shuffled already "
-            "(e.g. with .shuffle(buffer_size)), as Keras says.",
+            "shuffle=%r is ignored: x is %s, which is expected to %s already shuffled, as Keras "
+            "says.",
             shuffle,
             kind_of(x),
+            "yield batches" if is_python_input(x) else "be (e.g. with .shuffle(buffer_size))",
         )
 
 

@@ -8,8 +8,9 @@ one evaluation and one predict function.
 
 from __future__ import annotations
 
+import contextlib
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import keras
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from tfdist import _compat
 from tfdist._compat.keras_training import symbolic_build
+from tfdist.config import invalid_argument
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import Runner
 from tfdist.training import schedules
@@ -70,7 +72,9 @@ class StepFunctions:
         self._train_keys: list[str] = []
         self._eval_keys: list[str] = []
         self._train: dict[tuple[int, int], Any] = {}
+        self._until_exhausted: dict[int, Any] = {}  # by global batch size: data of unknown length
         self._eval = None
+        self._eval_until_exhausted = None
         self._predict = None
 
     @property
@@ -149,19 +153,57 @@ class StepFunctions:
             )
         return self._train[key]
 
+    def train_until_exhausted(self, global_batch_size: int) -> Any:
+        """The train function for data of unknown length: one batch per update, stopping at its
+        end (``compile_loop(until_exhausted=True)``); its logs hold the updates it ran."""
+        if global_batch_size not in self._until_exhausted:
+            if self.overrides.train_step:
+                averaged = self.runner.reduces_step_outputs
+                replica_fn = make_custom_train_update(
+                    self.model, self._train_keys, averaged=averaged
+                )
+            else:
+                replica_fn = TrainUpdate(
+                    self.model,
+                    self.model.optimizer,
+                    global_batch_size=global_batch_size,
+                    accumulation_steps=1,
+                    num_replicas=self.runner.strategy.num_replicas_in_sync,
+                    skipped_updates=self.skipped_updates,
+                    bucket_bytes=self.exchange.bucket_bytes,
+                    gradient_compression=self.exchange.compression,
+                ).__call__
+            self._until_exhausted[global_batch_size] = self.runner.compile_loop(
+                replica_fn,
+                self.logs,
+                batches_per_call=1,
+                name="train_function",
+                model=self.model,
+                until_exhausted=True,
+            )
+        return self._until_exhausted[global_batch_size]
+
     def prepare_fit(
-        self, source: InputSource, *, steps: int, lr_scaling: LRScaling | None
+        self, source: InputSource, *, steps: int | None, lr_scaling: LRScaling | None
     ) -> StartUpdates:
         """Readies the train functions for a fit of ``steps`` micro-batches per epoch.
 
         Resolves the learning-rate schedule for this fit's batch, builds the
         model from ``source`` and makes the train function of full updates
         (traced lazily, but listed in :attr:`train_functions` from now on).
+        ``steps=None``: the data's length is unknown, and each epoch runs until it is
+        exhausted (:meth:`train_until_exhausted`), one micro-batch per update.
 
         Returns:
             ``start(micro_batches, iterator, num_updates)`` for the epoch loop.
+
+        Raises:
+            ValueError: Naming ``steps_per_epoch``, for ``steps=None`` with
+                ``accumulation_steps > 1`` or a warmup counted in epochs.
         """
         k = self.accumulation_steps
+        if steps is None:
+            return self._prepare_until_exhausted(source, lr_scaling)
         if self.schedule is not None:
             # Before the first trace: the compiled step reads the schedule's numbers as constants.
             schedules.resolve(
@@ -179,21 +221,66 @@ class StepFunctions:
         self.train(gbs, k)
         return start
 
-    def evaluation(self) -> Any:
-        """The evaluation function (one batch per replica call)."""
-        if self._eval is None:
-            if self.overrides.test_step:
-                step = make_custom_eval_step(self.model, self._eval_keys)
-            else:
-                step = make_eval_step(self.model)
-            self._eval = self.runner.compile_loop(
-                step,
-                lambda: select_logs(self.metrics_result(), self._eval_keys),
-                batches_per_call=1,
-                name="test_function",
-                training=False,
+    def _prepare_until_exhausted(
+        self, source: InputSource, lr_scaling: LRScaling | None
+    ) -> StartUpdates:
+        """``prepare_fit`` for data of unknown length (see there)."""
+        if self.accumulation_steps > 1:
+            raise invalid_argument(
+                "steps_per_epoch",
+                None,
+                f"a positive integer with accumulation_steps={self.accumulation_steps}",
+                note="The data's length is unknown (e.g. filter then batch, or a generator), so "
+                "an epoch's last update could not be planned; pass steps_per_epoch, or give the "
+                "dataset its length with tf.data.experimental.assert_cardinality.",
             )
+        if lr_scaling is not None and lr_scaling.warmup_epochs is not None:
+            raise invalid_argument(
+                "steps_per_epoch",
+                None,
+                "a positive integer with a warmup counted in epochs (warmup_epochs)",
+                note="The data's length is unknown, so an epoch's updates are too; pass "
+                "steps_per_epoch, or count the warmup in updates (warmup_steps).",
+            )
+        if self.schedule is not None:
+            schedules.resolve(
+                self.schedule,
+                lr_scaling,
+                effective_global_batch_size=source.global_batch_size,
+                updates_per_epoch=0,  # unused: no warmup in epochs
+            )
+        self.build(source)
+        gbs = source.global_batch_size
+
+        def start(micro_batches: int, iterator: Any, num_updates: int) -> Any:
+            return self.start(self.train_until_exhausted(gbs), iterator, num_updates)
+
+        return start
+
+    def evaluation(self, *, until_exhausted: bool = False) -> Any:
+        """The evaluation function (one batch per replica call); ``until_exhausted``: the one
+        for data of unknown length, whose logs hold the batches it ran."""
+        if until_exhausted:
+            if self._eval_until_exhausted is None:
+                self._eval_until_exhausted = self._compile_evaluation(until_exhausted=True)
+            return self._eval_until_exhausted
+        if self._eval is None:
+            self._eval = self._compile_evaluation(until_exhausted=False)
         return self._eval
+
+    def _compile_evaluation(self, *, until_exhausted: bool) -> Any:
+        if self.overrides.test_step:
+            step = make_custom_eval_step(self.model, self._eval_keys)
+        else:
+            step = make_eval_step(self.model)
+        return self.runner.compile_loop(
+            step,
+            lambda: select_logs(self.metrics_result(), self._eval_keys),
+            batches_per_call=1,
+            name="test_function",
+            training=False,
+            until_exhausted=until_exhausted,
+        )
 
     def predict(self) -> Any:
         """The predict function: one distributed batch in, all replicas' outputs out."""
@@ -211,9 +298,36 @@ class StepFunctions:
         if self.overrides.train_step:
             return self.runner.run(fn, iterator, num_calls)
         num_replicas = self.runner.strategy.num_replicas_in_sync
-        with _compat.gradients_already_summed(self.model.optimizer, num_replicas=num_replicas):
+        with (
+            _no_loss_named(self.model),
+            _compat.gradients_already_summed(self.model.optimizer, num_replicas=num_replicas),
+        ):
             return self.runner.run(fn, iterator, num_calls)
 
     def run(self, fn: Any, iterator: Any, num_calls: int) -> dict[str, float]:
         """Runs ``fn`` for ``num_calls`` calls and returns its logs as floats."""
         return self.runner.fetch(self.start(fn, iterator, num_calls))
+
+
+#: The start of Keras's error when a step has no loss at all (``Trainer.compute_loss``).
+KERAS_NO_LOSS = "No loss to compute."
+
+
+@contextlib.contextmanager
+def _no_loss_named(model: keras.Model) -> Iterator[None]:
+    """Keras's "No loss to compute" (raised while the first step is traced, before anything
+    runs) as tfdist's error naming ``loss``: compiled without one, as Keras allows for a model
+    whose loss is its own ``add_loss``, the model added none."""
+    try:
+        yield
+    except ValueError as e:
+        if not str(e).startswith(KERAS_NO_LOSS) or model.loss is not None:
+            raise
+        raise invalid_argument(
+            "loss",
+            None,
+            "a Keras loss, its name, or a callable(y_true, y_pred)",
+            note=f"{type(model).__name__} adds no loss of its own (add_loss, weight "
+            "regularisers), so there is nothing to train: pass loss= to the Trainer, or a model "
+            "you compiled with a loss.",
+        ) from None

@@ -1,7 +1,7 @@
-"""The epoch loop of ``Trainer.fit``: epochs, executions, callbacks, step-level backups, SIGTERM.
+"""The epoch loop of ``Trainer.fit``: an epoch's executions, callbacks, step backups, SIGTERM.
 
-:func:`train_epochs` runs the epochs (an iterator per epoch, validation,
-epoch-end backups); :class:`EpochLoop` runs one epoch's executions. It starts
+:func:`tfdist.training.epochs.train_epochs` runs the epochs (an iterator per epoch,
+validation, epoch-end backups); :class:`EpochLoop` runs one epoch's executions. It starts
 updates through one callable, ``start(micro_batches, iterator, num_updates)``,
 as Orbit's Controller calls only ``trainer.train(num_steps)``: it knows
 nothing of the Trainer. It hands each execution's logs to the callbacks in
@@ -18,16 +18,14 @@ import collections
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
 
 from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
-from tfdist.data.inputs import InputSource
-from tfdist.strategies.base import LogsFn, Runner
+from tfdist.strategies.base import STEPS_RUN_KEY, LogsFn, Runner
 from tfdist.training.backup import Backup, Position
-from tfdist.training.callbacks import FitCallbackList, chief_writes_only, for_this_worker
 from tfdist.training.health import Health
 from tfdist.training.preemption import PreemptionWatcher
 
@@ -46,14 +44,14 @@ class EpochPlan:
     """How one ``fit`` cuts its epochs into executions; the same on every worker.
 
     Attributes:
-        steps: Micro-batches per epoch.
+        steps: Micro-batches per epoch; None: until the data is exhausted (one per update).
         accumulation_steps: Micro-batches per optimizer update (``k``).
         steps_per_execution: Micro-batches per call, rounded down to whole
             updates (at least one).
         backup_freq: ``"epoch"`` or updates between step-level backups.
     """
 
-    steps: int
+    steps: int | None
     accumulation_steps: int
     steps_per_execution: int
     backup_freq: int | str = "epoch"
@@ -192,6 +190,8 @@ class EpochLoop:
 
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
         """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
+        if self.plan.steps is None:
+            return self._epoch_until_exhausted(epoch, iterator, first_step)
         k, steps, freq = self.plan.accumulation_steps, self.plan.steps, self.plan.backup_freq
         full_updates, last_window = divmod(steps, k)
         per_call = max(self.plan.steps_per_execution // k, 1)
@@ -222,170 +222,40 @@ class EpochLoop:
             self.logs = self.runner.final_logs(self.logs_fn, self.logs)
         return dict(self.logs)
 
-
-def fit_epochs(
-    plan: EpochPlan,
-    *,
-    runner: Runner,
-    model: keras.Model,
-    callbacks: Sequence[Any],
-    verbose: int,
-    start: StartUpdates,
-    logs_fn: LogsFn,
-    backup: Backup | None,
-    position: Position | None,
-    source: InputSource,
-    epochs: int,
-    initial_epoch: int,
-    repeat: bool,
-    validate: Validate | None,
-    health: Health | None = None,
-) -> None:
-    """One ``fit``'s training from ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
-
-    Args:
-        plan: How epochs are cut into executions.
-        runner: The strategy's runner.
-        model: The compiled model.
-        callbacks: The user's Keras callbacks.
-        verbose: 0 silent, 1 progress bar, 2 one line per epoch (chief only).
-        start: Starts updates (see :data:`StartUpdates`).
-        logs_fn: The logs in cross-replica context.
-        backup: Where backups go, or None.
-        position: Where a restored backup stood, or None.
-        source, epochs, initial_epoch, repeat, validate: As for :func:`train_epochs`.
-        health: The fit's watchdog and straggler report, or None.
-    """
-    with (
-        chief_writes_only(callbacks, is_chief=runner.is_chief, task_label=runner.task_label),
-        PreemptionWatcher(has_backup=backup is not None) as watcher,
-    ):
-        # Made inside chief_writes_only: set_model makes TensorBoard cache its
-        # log paths, which must already be the redirected ones on non-chiefs.
-        callback_list = FitCallbackList(
-            for_this_worker(callbacks, is_chief=runner.is_chief),
-            add_history=True,
-            add_progbar=bool(verbose) and runner.is_chief,
-            verbose=verbose,
-            epochs=epochs,
-            steps=plan.steps,
-            model=model,
-        )
-        runner.expect_batch_logs(callback_list.reads_batch_logs)
-        # SIGTERM: save and exit 75 with a backup, else stop and exit 143.
-        loop = EpochLoop(
-            plan,
-            runner=runner,
-            callbacks=callback_list,
-            start=start,
-            logs_fn=logs_fn,
-            should_stop=lambda: model.stop_training,
-            stop=lambda: setattr(model, "stop_training", True),
-            backup=backup,
-            watcher=watcher,
-            updates=position.updates if position else 0,
-            health=health,
-        )
-        train_epochs(
-            loop,
-            model=model,
-            source=source,
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            repeat=repeat,
-            position=position,
-            validate=validate,
-        )
-
-
-def train_epochs(
-    loop: EpochLoop,
-    *,
-    model: keras.Model,
-    source: InputSource,
-    epochs: int,
-    initial_epoch: int,
-    repeat: bool,
-    position: Position | None,
-    validate: Validate | None = None,
-) -> None:
-    """Runs epochs ``initial_epoch..epochs-1`` with ``loop`` and its callbacks (train begin to end).
-
-    Args:
-        loop: The epoch loop, its callbacks and backup.
-        model: The model (metrics reset per epoch, ``stop_training`` honoured).
-        source: The training input.
-        epochs: Epochs to reach.
-        initial_epoch: The first epoch to run (a resumed position overrides it).
-        repeat: One iterator over the repeated data across epochs (``steps_per_epoch``
-            given, Keras's rule) instead of one pass per epoch.
-        position: Where a restored backup stood, or None.
-        validate: Returns an epoch's validation logs (un-prefixed; empty when
-            that epoch does not validate), calling the callbacks' test hooks;
-            None for no validation.
-    """
-    runner, callbacks, steps = loop.runner, loop.callbacks, loop.plan.steps
-    if position is not None:
-        initial_epoch = position.epoch
-    persistent = None
-    with loop.section("epoch callbacks"):
-        callbacks.on_train_begin()
-    for epoch in range(initial_epoch, epochs):
-        first_step = position.step if position is not None and epoch == position.epoch else 0
-        # Resuming skips the batches already trained on inside tf.data, not by next() calls.
-        with loop.section("input"):
-            if not repeat:  # Keras's fit makes an unused iterator between epochs: so do we
-                source.spare_iterator(epochs_before=epoch - initial_epoch)
-            iterator, persistent = _epoch_iterator(
-                runner, source, epoch, first_step, position, repeat, persistent, steps
+    def _epoch_until_exhausted(
+        self, epoch: int, iterator: Any, first_step: int
+    ) -> dict[str, float]:
+        """One epoch of unknown length: calls until one runs short (the data ran out), as
+        Keras's fit runs such an epoch until its iterator is exhausted. One micro-batch per
+        update; every worker learns the end in the same call (``until_exhausted``)."""
+        per_call, freq = max(self.plan.steps_per_execution, 1), self.plan.backup_freq
+        backing_up = isinstance(freq, int) and self.backup is not None
+        done, calls = first_step, 0
+        stopping = self._vote(epoch, done)
+        while not (stopping and calls):
+            n = 1 if stopping else per_call
+            if backing_up:
+                n = min(n, freq - self.updates % freq)  # a call ends where a backup is due
+            with self.section("callbacks"):
+                self.callbacks.on_train_batch_begin(done)
+            with self.section("update"):
+                logs = dict(self.runner.fetch(self.start(1, iterator, n)))
+            ran = int(logs.pop(STEPS_RUN_KEY))
+            before, self.updates, done, calls = (
+                self.updates,
+                self.updates + ran,
+                done + ran,
+                calls + 1,
             )
-        with loop.section("metrics"):  # a collective on MultiWorkerMirrored
-            model.reset_metrics()
-        with loop.section("epoch callbacks"):
-            callbacks.on_epoch_begin(epoch)
-        epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
-        if validate is not None:  # with the test hooks, as Keras's fit calls evaluate
-            with loop.section("evaluate"):
-                logs = validate(epoch, callbacks)
-            epoch_logs.update({f"val_{name}": v for name, v in logs.items()})
-        with loop.section("epoch callbacks"):
-            callbacks.on_epoch_end(epoch, epoch_logs)
-        if loop.backup is not None:
-            with loop.section("backup"):
-                loop.backup.save(Position(epoch + 1, 0, loop.updates))
-        # Every worker ends here: any worker's stop_training (set in on_epoch_end, say) stops all.
-        with loop.section("vote"):
-            stop = runner.agree(bool(model.stop_training))
-        if stop:
-            model.stop_training = True
-            break
-    # As Keras's fit: with use_ema=True the model ends with the moving averages of its weights.
-    if isinstance(model.optimizer, keras.optimizers.Optimizer):
-        model.optimizer.finalize_variable_values(model.trainable_weights)
-    loop.wait_for_backup()  # on_train_end sees the last backup committed (RayBackup reports it)
-    with loop.section("epoch callbacks"):
-        callbacks.on_train_end(loop.logs)
-
-
-def _epoch_iterator(
-    runner: Runner,
-    source: InputSource,
-    epoch: int,
-    first_step: int,
-    position: Position | None,
-    repeat: bool,
-    persistent: Any,
-    steps: int,
-) -> tuple[Any, Any]:
-    """The epoch's iterator and the persistent one (``repeat``), past the batches trained on."""
-    if repeat:
-        if persistent is None:
-            # One repeated stream from epoch 0: skip every step trained on since.
-            done = epoch * steps + first_step if position is not None else 0
-            persistent = runner.make_iterator(runner.distribute(source.repeated().skipping(done)))
-        iterator = persistent
-    else:
-        iterator = runner.make_iterator(
-            runner.distribute(source.for_epoch(epoch).skipping(first_step))
-        )
-    return iterator, persistent
+            if ran:
+                self.logs = logs
+                with self.section("callbacks"):
+                    self.callbacks.on_train_batch_end(done - 1, logs)
+            if ran < n:
+                break  # the data is exhausted, on every worker at once
+            if backing_up and before // freq != self.updates // freq:
+                self._save(epoch, done)
+            stopping = self._vote(epoch, done)
+        with self.section("update"):
+            self.logs = self.runner.final_logs(self.logs_fn, self.logs)
+        return dict(self.logs)

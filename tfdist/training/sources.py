@@ -28,6 +28,7 @@ from tfdist.strategies.base import Runner
 from tfdist.training import fit_data
 from tfdist.training.fit_arguments import FitArguments
 from tfdist.training.fit_data import is_dataset_like
+from tfdist.training.overrides import Overrides
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,11 @@ def input_source(
     argument: str,
     fallback_global_batch_size: int | None = None,
     shuffle: bool | str = True,
+    targets_where: str | None = None,
 ) -> InputSource:
-    """``data`` as an ``InputSource`` for ``runner``, checked against ``model``'s inputs."""
+    """``data`` as an ``InputSource`` for ``runner``, checked against ``model``'s inputs (and,
+    given ``targets_where``, to carry targets when the model has a loss: :func:`check_targets`).
+    """
     source = as_input(
         data,
         input_context=runner.input_context(),
@@ -53,6 +57,8 @@ def input_source(
         fallback_global_batch_size=fallback_global_batch_size,
         shuffle=shuffle,
     )
+    if targets_where is not None:
+        check_targets(model, source, where=targets_where)
     check_features(model, source.element_spec, argument=argument)
     return source
 
@@ -65,8 +71,9 @@ def fit_sources(
     runner: Runner,
     model: keras.Model,
     build: Callable[[InputSource], None],
-) -> tuple[InputSource, int, InputSource | None]:
-    """``fit``'s training and validation sources and its micro-batches per epoch.
+) -> tuple[InputSource, int | None, InputSource | None]:
+    """``fit``'s training and validation sources and its micro-batches per epoch (None: each
+    epoch runs until the data is exhausted).
 
     Args:
         data: ``x``, ``y`` and ``sample_weight`` packed by :func:`fit_data.keras_data`.
@@ -102,7 +109,17 @@ def fit_sources(
         training=True,
         argument="x",
         shuffle=args.shuffle,
+        targets_where="the elements of x" if is_dataset_like(data) else "the arrays x",
     )
+    if source.in_process and not runner.reads_training_input_here:
+        raise invalid_argument(
+            "x",
+            "a Python generator or keras.utils.PyDataset",
+            "a tf.data.Dataset, a dataset_fn or arrays under strategy 'parameter_server'",
+            note="Its batches come from Python code in this process, and the workers that "
+            "train are other processes, which read their data themselves; build the input "
+            "with tf.data (e.g. a dataset_fn reading files or arrays).",
+        )
     if args.class_weight is not None:
         build(source)
         source = fit_data.weighted_by_class(source, args.class_weight, model)
@@ -121,6 +138,28 @@ def fit_sources(
         )
         check_evaluation_steps("validation_steps", args.validation_steps, val_source)
     return source, steps, val_source
+
+
+def check_targets(model: keras.Model, source: InputSource, *, where: str) -> None:
+    """Data without targets only for a model whose loss is its own (``add_loss``), as in Keras.
+
+    A model compiled with a loss needs targets; Keras would fail inside its first step.
+    ``where`` names the data in the error, e.g. ``"the arrays x"``.
+
+    Raises:
+        ValueError: Naming ``y``, for data without targets and a model with a compiled loss.
+    """
+    spec = source.element_spec
+    has_y = isinstance(spec, tuple) and len(spec) >= 2
+    if has_y or getattr(model, "loss", None) is None or Overrides.of(model).train_step:
+        return
+    raise invalid_argument(
+        "y",
+        None,
+        f"the targets for {where}",
+        note="Pass y with arrays, or (x, y[, sample_weight]) elements in a dataset; only a "
+        "model compiled without a loss (its own add_loss) trains on x alone.",
+    )
 
 
 def validation_source(
@@ -151,8 +190,19 @@ def validation_source(
     )
 
 
-def _steps_per_epoch(steps_per_epoch: int | None, source: InputSource) -> int:
-    """The micro-batches of one epoch: ``steps_per_epoch``, or one pass over ``source``."""
+def runs_until_exhausted(source: InputSource) -> bool:
+    """Whether one pass over ``source`` ends only when its data does: a dataset of global
+    batches (or a generator) of unknown length, which Keras reads until it is exhausted."""
+    if source.dataset is None or source.steps_per_epoch is not None:
+        return False
+    return int(source.dataset.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+
+
+def _steps_per_epoch(steps_per_epoch: int | None, source: InputSource) -> int | None:
+    """The micro-batches of one epoch: ``steps_per_epoch``, or one pass over ``source``;
+    None for a pass of unknown length, run until the data is exhausted, as in Keras."""
+    if steps_per_epoch is None and runs_until_exhausted(source):
+        return None
     steps = steps_per_epoch or source.steps_per_epoch
     if steps_per_epoch and source.steps_per_epoch and steps_per_epoch > source.steps_per_epoch:
         logger.info(
@@ -166,7 +216,11 @@ def _steps_per_epoch(steps_per_epoch: int | None, source: InputSource) -> int:
             "steps_per_epoch",
             None,
             "a positive integer",
-            note="The data's length is unknown (e.g. a repeated dataset).",
+            note="A dataset_fn's pass has an unknown length here: each worker's pipeline could "
+            "end at another step (only datasets of global batches and generators run until "
+            "exhausted)."
+            if source.dataset_fn is not None
+            else "The data never ends (e.g. a repeated dataset or an endless PyDataset).",
         )
     return steps
 
