@@ -927,7 +927,7 @@ CASES = [
         ["train", "--stratgy=mirrored"],
         "flag",
         "'--stratgy=mirrored'",
-        ("a flag tfdist defines", "Did you mean --strategy?"),
+        ("a flag of `tfdist train`", "Did you mean --strategy?"),
     ),
     C(
         "tfdist train --model_dir=<a file>",
@@ -944,6 +944,13 @@ CASES = [
         ("no positional arguments for `tfdist train`",),
     ),
     C("tfdist fly", ["fly"], "command", "'fly'", ("one of: train, launch, bench, manifest",)),
+    C(
+        "tfdist bench --benchmarks=scalin",
+        ["bench", "--benchmarks=scalin"],
+        "benchmarks",
+        "'scalin'",
+        ("one of: accumulation, allreduce, backup",),
+    ),
     C(
         "tfdist launch --workers=2  # no command",
         ["launch", "--workers=2"],

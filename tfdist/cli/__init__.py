@@ -66,7 +66,10 @@ def main(argv: Sequence[str]) -> int:
     """
     if len(argv) < 2 or argv[1] not in COMMANDS:
         received = argv[1] if len(argv) > 1 else None
-        print(error_line("", invalid_argument("command", received, COMMANDS)), file=sys.stderr)
+        error = invalid_argument(
+            "command", received, COMMANDS, note="Run `tfdist --help` for what each one does."
+        )
+        print(error_line("", error), file=sys.stderr)
         return 2
     # Before anything imports TensorFlow, which reads it once. Launched tasks inherit it.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF_CPP_MIN_LOG_LEVEL)

@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from tfdist.cli.flag_definitions import FLAGS
+from tfdist.cli.flag_definitions import FLAGS, IN_PROCESS_BENCHMARKS, LAUNCHING_BENCHMARKS
 from tfdist.config import invalid_argument
+
+
+def _check_benchmarks(names: Sequence[str]) -> None:
+    """Refuses an unknown ``--benchmarks`` name before TensorFlow is imported."""
+    valid = sorted(IN_PROCESS_BENCHMARKS + LAUNCHING_BENCHMARKS)
+    for name in names:
+        if name not in valid:
+            raise invalid_argument("benchmarks", name, valid)
 
 
 def run(args: Sequence[str]) -> int:
@@ -15,6 +23,7 @@ def run(args: Sequence[str]) -> int:
     Returns:
         The exit code, 0.
     """
+    _check_benchmarks(FLAGS.benchmarks)
     from tfdist.bench import runner
 
     def ints(name: str) -> tuple[int, ...] | None:
