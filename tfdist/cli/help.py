@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+from importlib import metadata
 
 from tfdist.cli.flag_definitions import FLAGS, READS
-
-VERSION = "0.1.0"  # tfdist.__version__ (tests/test_cli.py keeps them equal; this loads no TF)
 
 SUMMARIES = {
     "train": "train a Keras model on the embedded digits data (or a named model and dataset)",
@@ -232,7 +231,7 @@ def requested(argv: Sequence[str]) -> str | None:
     if "--" in words:
         words = words[: words.index("--")]
     if "--version" in words:
-        return f"tfdist {VERSION}\n"
+        return f"tfdist {metadata.version('tfdist')}\n"  # the installed package's
     asks = any(w in ("-h", "--help") for w in words)
     positional = [w for w in words if not w.startswith("-")]
     if positional[:1] == ["help"]:
