@@ -937,6 +937,13 @@ CASES = [
         ("a directory, or a path where one can be created",),
     ),
     C(
+        "tfdist train --strategy=parameter_server  # no --steps_per_epoch",
+        ["train", "--strategy=parameter_server"],
+        "steps_per_epoch",
+        "None",
+        ("a positive integer with --strategy=parameter_server", "--steps_per_epoch=25"),
+    ),
+    C(
         "tfdist train extra",
         ["train", "extra"],
         "args",

@@ -79,7 +79,9 @@ def test_cli_errors(args, pattern):
     assert "Traceback" not in proc.stdout
 
 
-@pytest.mark.parametrize("flag", ["--model=vgg", "--dataset=imagenet", "--precision=fp8"])
+@pytest.mark.parametrize(
+    "flag", ["--model=vgg", "--dataset=imagenet", "--precision=fp8", "--strategy=parameter_server"]
+)
 def test_bad_train_flags_fail_before_tensorflow_loads(flag):
     # The flags are checked first, so a typo costs no TensorFlow start-up (seconds).
     code = (
