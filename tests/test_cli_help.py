@@ -138,3 +138,30 @@ def test_a_bad_benchmark_name_is_refused_before_tensorflow_loads():
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Received: benchmarks='scalin'. Expected one of: accumulation" in proc.stderr
     assert "tensorflow loaded: False" in proc.stdout
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_bench_prints_a_summary_table_or_with_json_the_json(as_json, capsys, monkeypatch):
+    import json
+
+    from tfdist import cli
+    from tfdist.bench import runner
+
+    results = {
+        "meta": {"date": "D", "machine": "M", "repeats": 3, "files": ["out.json", "out.png"]},
+        "results": {"accumulation": {"ratio": 0.97, "goal": ">= 0.95"}},
+    }
+    monkeypatch.setattr(runner, "run", lambda *args, **kwargs: results)
+    cli.FLAGS.unparse_flags()
+    try:
+        argv = ["tfdist", "bench", "--benchmarks=accumulation"] + (["--json"] if as_json else [])
+        assert cli.main(cli.parse_flags(argv)) == 0
+    finally:
+        cli.FLAGS.unparse_flags()
+    out = capsys.readouterr().out
+    if as_json:
+        assert json.loads(out) == results
+    else:
+        assert "accumulation  with gradient accumulation / without, examples/s  0.97" in out
+        assert out.rstrip().endswith("wrote out.json\nwrote out.png"), out
+        assert ">= 0.95  yes" in out

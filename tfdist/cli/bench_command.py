@@ -18,7 +18,7 @@ def _check_benchmarks(names: Sequence[str]) -> None:
 
 
 def run(args: Sequence[str]) -> int:
-    """Runs the benchmarks the flags choose and prints their results.
+    """Runs the benchmarks the flags choose; prints a summary table (``--json``: the JSON).
 
     Returns:
         The exit code, 0.
@@ -63,5 +63,10 @@ def run(args: Sequence[str]) -> int:
         quick=FLAGS.quick,
         options=options,
     )
-    print(json.dumps(results, indent=2))
+    if FLAGS.json:
+        print(json.dumps(results, indent=2))
+    else:
+        from tfdist.bench import report
+
+        print(report.summary(results, results["meta"].get("files", ())), end="")
     return 0

@@ -227,6 +227,12 @@ flags.DEFINE_list(
     + ", ".join(LAUNCHING_BENCHMARKS)
     + " (they launch worker processes and take minutes: run only when named).",
 )
+flags.DEFINE_boolean(
+    "json",
+    False,
+    "bench: print the results as JSON on stdout (for scripts) instead of the summary table; "
+    "the --output file is written either way.",
+)
 flags.DEFINE_integer("repeats", 3, "bench: timed repeats per side (the median is reported).")
 flags.DEFINE_boolean(
     "quick",
@@ -356,6 +362,7 @@ READS = {
     "bench": frozenset(
         {
             "benchmarks",
+            "json",
             "repeats",
             "quick",
             "output",

@@ -93,7 +93,7 @@ GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ("Output", ("output",)),
     ),
     "bench": (
-        ("Which and how", ("benchmarks", "repeats", "quick", "output", "preload")),
+        ("Which and how", ("benchmarks", "repeats", "quick", "output", "json", "preload")),
         (
             "scaling",
             ("threads_per_worker", "scaling_workers", "per_worker_batch_size", "hidden_units")
