@@ -302,7 +302,7 @@ def test_quiet_import_drops_only_tensorflows_import_lines(tmp_path):
     """C++ writes to the stderr descriptor: the known import lines go, everything else stays."""
     code = (
         "import os, sys\n"
-        "from tfdist.cli.quiet import IMPORT_NOISE, stderr_without\n"
+        "from tfdist.quiet import IMPORT_NOISE, stderr_without\n"
         "with stderr_without(IMPORT_NOISE):\n"
         "    os.write(2, b'WARNING: All log messages before absl::InitializeLog() is called are "
         "written to STDERR\\n')\n"

@@ -30,7 +30,8 @@ from collections.abc import Sequence
 
 from absl import app
 
-from tfdist.cli import bench_command, launch_command, manifest_command, quiet, train_command
+from tfdist import quiet
+from tfdist.cli import bench_command, launch_command, manifest_command, train_command
 from tfdist.cli.flag_definitions import FLAGS
 from tfdist.cli.usage import (
     COMMANDS,

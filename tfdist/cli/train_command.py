@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.cli import quiet
+from tfdist import quiet
 from tfdist.cli.flag_definitions import ENGINES, FLAGS
 from tfdist.config import GRADIENT_COMPRESSIONS, TrainConfig, invalid_argument
 
