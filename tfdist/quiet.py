@@ -82,13 +82,12 @@ def quiet_tensorflow() -> None:
     ``TF_CPP_MIN_LOG_LEVEL=0`` keeps everything TF prints.
 
     Example:
+        ```python
+        import tfdist
 
-    ```python
-    import tfdist
-
-    tfdist.quiet_tensorflow()  # before anything imports TensorFlow
-    strategy = tfdist.make_strategy("mirrored", num_devices=2)
-    ```
+        tfdist.quiet_tensorflow()  # before anything imports TensorFlow
+        strategy = tfdist.make_strategy("mirrored", num_devices=2)
+        ```
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import_tensorflow()
