@@ -47,7 +47,7 @@ bench: $(STAMP)
 # Runs every notebook top to bottom and stores it with its outputs (plots included);
 # tests/test_notebooks.py checks that the stored outputs are those a run gives.
 notebooks: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tests.notebook_outputs
+	$(PY) -m tests.notebook_outputs
 
 # The documentation site (docs/, mkdocs.yml) into site/; `$(PY) -m mkdocs serve` to browse it.
 docs: $(STAMP)

@@ -7,7 +7,7 @@ from setuptools import find_packages, setup
 setup(
     name="tfdist",
     version="0.1.0",
-    description="One Keras 3 training loop for Mirrored, MultiWorkerMirrored and ParameterServer strategies.",
+    description="One Keras 3 training loop for the OneDevice, Mirrored, MultiWorkerMirrored and ParameterServer strategies.",
     packages=find_packages(include=["tfdist", "tfdist.*"]),
     python_requires=">=3.10",
     install_requires=[

@@ -66,9 +66,12 @@ _ADDRESS = re.compile(r"\b0x[0-9a-f]{6,}")
 
 
 def kernel_env() -> dict[str, str]:
-    """The environment of a first run on a user's machine: quiet TF logs, no cluster."""
+    """The environment of a first run on a user's machine: no TF log level set, no cluster.
+
+    The notebooks quiet TensorFlow themselves (``tfdist.quiet_tensorflow()``), as a user's would.
+    """
     env = dict(os.environ)
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     env.pop("TF_CONFIG", None)  # a stray cluster would turn "auto"/multi-worker code into a hang
     # A user's launches start their own preloaded Python (its import's lines are in the outputs),
     # not one the test session shares (tests/shared_preload.py).

@@ -948,7 +948,7 @@ CASES = [
         ["train", "--stratgy=mirrored"],
         "flag",
         "'--stratgy=mirrored'",
-        ("a flag tfdist defines", "Did you mean --strategy?"),
+        ("a flag of `tfdist train`", "Did you mean --strategy?"),
     ),
     C(
         "tfdist train --model_dir=<a file>",
@@ -958,6 +958,13 @@ CASES = [
         ("a directory, or a path where one can be created",),
     ),
     C(
+        "tfdist train --strategy=parameter_server  # no --steps_per_epoch",
+        ["train", "--strategy=parameter_server"],
+        "steps_per_epoch",
+        "None",
+        ("a positive integer with --strategy=parameter_server", "--steps_per_epoch=25"),
+    ),
+    C(
         "tfdist train extra",
         ["train", "extra"],
         "args",
@@ -965,6 +972,13 @@ CASES = [
         ("no positional arguments for `tfdist train`",),
     ),
     C("tfdist fly", ["fly"], "command", "'fly'", ("one of: train, launch, bench, manifest",)),
+    C(
+        "tfdist bench --benchmarks=scalin",
+        ["bench", "--benchmarks=scalin"],
+        "benchmarks",
+        "'scalin'",
+        ("one of: accumulation, allreduce, backup",),
+    ),
     C(
         "tfdist launch --workers=2  # no command",
         ["launch", "--workers=2"],

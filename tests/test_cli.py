@@ -79,7 +79,9 @@ def test_cli_errors(args, pattern):
     assert "Traceback" not in proc.stdout
 
 
-@pytest.mark.parametrize("flag", ["--model=vgg", "--dataset=imagenet", "--precision=fp8"])
+@pytest.mark.parametrize(
+    "flag", ["--model=vgg", "--dataset=imagenet", "--precision=fp8", "--strategy=parameter_server"]
+)
 def test_bad_train_flags_fail_before_tensorflow_loads(flag):
     # The flags are checked first, so a typo costs no TensorFlow start-up (seconds).
     code = (
@@ -300,7 +302,7 @@ def test_quiet_import_drops_only_tensorflows_import_lines(tmp_path):
     """C++ writes to the stderr descriptor: the known import lines go, everything else stays."""
     code = (
         "import os, sys\n"
-        "from tfdist.cli.quiet import IMPORT_NOISE, stderr_without\n"
+        "from tfdist.quiet import IMPORT_NOISE, stderr_without\n"
         "with stderr_without(IMPORT_NOISE):\n"
         "    os.write(2, b'WARNING: All log messages before absl::InitializeLog() is called are "
         "written to STDERR\\n')\n"

@@ -49,6 +49,13 @@ def test_mkdocs_build_strict(tmp_path):
             f"no entry for tfdist.{name} in the built API page"
         )
     assert "make train" in (site / "index.html").read_text()
+    # Docstrings cross-reference in Markdown, which the site renders: no Sphinx role or
+    # reST literal block is left to show as text; signatures show; no option's check().
+    roles = re.findall(r":(?:mod|func|class|meth|attr|data|exc|obj):(?:<code>|`)[^<`]*", api)
+    assert not roles, f"Sphinx roles shown literally in the API page: {roles}"
+    assert "Example::" not in api
+    assert re.search(r'Trainer</span>\s*<span class="p">\(', api), "no Trainer(...) signature"
+    assert not re.search(r'id="tfdist\.[\w.]+Options\.check"', api)
 
 
 def public_names() -> list[str]:

@@ -240,6 +240,7 @@ LAYERS = {
     "_lazy": set(),
     "config": set(),
     "logs": set(),
+    "quiet": set(),
     "_compat": {"config"},
     "cluster": {"config"},
     "data": {"config", "_compat"},
@@ -247,9 +248,9 @@ LAYERS = {
     "strategies": {"config", "logs", "_compat", "cluster", "data"},
     "training": {"_lazy", "config", "logs", "_compat", "cluster", "data", "models", "strategies"},
     "callbacks": {"training"},
-    "launch": {"_lazy", "config", "logs", "cluster"},
+    "launch": {"_lazy", "config", "logs", "quiet", "cluster"},
     "bench": {"config", "logs", "_compat", "cluster", "data", "models", "strategies", "training"},
-    "cli": {"config"},
+    "cli": {"config", "quiet"},
 }
 
 #: The parts from the bottom up. No import, lazy ones included, reaches a part above its own:
@@ -258,6 +259,7 @@ ORDER = [
     "_lazy",
     "config",
     "logs",
+    "quiet",
     "_compat",
     "cluster",
     "data",

@@ -47,6 +47,42 @@ def test_notebook_is_stored_with_the_outputs_of_a_run(path: Path):
     )
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_stored_outputs_hold_no_stderr_but_in_a_cell_that_shows_a_fault(path: Path):
+    """A reader on a code host sees no red blocks of TensorFlow's or absl's start-up noise.
+
+    The notebooks quiet TensorFlow (``tfdist.quiet_tensorflow()``), ``notebook_launcher``
+    quiets its tasks, and a warning meant for the reader is printed in the cell's text. Only a
+    cell tagged ``fault`` (it kills a task on purpose) shows the launcher's messages as logs.
+    """
+    stderr = _stderr_outside_fault_cells(nbformat.read(path, as_version=4))
+    assert not stderr, f"{path.name}: stderr in stored cells (cell, first line): {stderr}"
+
+
+def _stderr_outside_fault_cells(nb):
+    """(cell index, first line) of each stderr output in a cell not tagged ``fault``."""
+    return [
+        (i, output.text.splitlines()[0] if output.text.strip() else "")
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and "fault" not in cell.metadata.get("tags", [])
+        for output in cell.outputs
+        if output.output_type == "stream" and output.name == "stderr"
+    ]
+
+
+def test_every_notebook_that_measures_ends_in_a_plot():
+    """Each notebook shows its figures as a plot; the last plot comes after its last run."""
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        plots = [
+            i
+            for i, cell in enumerate(nb.cells)
+            for output in cell.get("outputs", [])
+            if "image/png" in output.get("data", {})
+        ]
+        assert plots, f"{path.name} stores no plot"
+
+
 @pytest.mark.notebook
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -55,6 +91,8 @@ def test_notebook_runs(path: Path):
         fresh = execute(path)
     except CellExecutionError as e:
         pytest.fail(f"{path.name} failed:\n{e}", pytrace=False)
+    noise = _stderr_outside_fault_cells(fresh)
+    assert not noise, f"{path.name}: a run now writes to stderr (cell, first line): {noise}"
     stale = differences(nbformat.read(path, as_version=4), fresh)
     assert not stale, (
         f"{path.name}: the stored outputs are not a run's now; `make notebooks`:\n"

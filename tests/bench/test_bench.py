@@ -354,3 +354,41 @@ def test_unknown_benchmark_lists_the_valid_names(tmp_path):
 def test_repeats_must_be_positive():
     with pytest.raises(ValueError, match="Invalid value for argument `repeats`"):
         runner.run(["mfu"], output=None, repeats=0)
+
+
+def test_the_summary_table_shows_every_figure_of_the_json_with_its_goal(quick_run):
+    results, output = quick_run
+    with open(output) as f:
+        written = json.load(f)
+    text = report.summary(written, written["meta"]["files"])
+    lines = text.splitlines()
+    assert written["meta"]["machine"] in lines[0]
+    figures = list(report.figures(written))
+    assert len(figures) == len(list(report.ratios(results))) > 0
+    for figure in figures:
+        row = [
+            line
+            for line in lines
+            if line.startswith(figure["benchmark"] + " ") and f"  {figure['words']}  " in line
+        ]
+        assert len(row) == 1, (figure, text)
+        cells = row[0].split()
+        assert float(f"{figure['value']:.3g}") == float(
+            next(c for c in cells if c.replace(".", "", 1).replace("e-", "").isdigit())
+        )
+        if figure["goal"] is not None:
+            bound = float(figure["goal"].split()[1])
+            met = figure["value"] >= bound if figure["goal"][0] == ">" else figure["value"] <= bound
+            assert f"{figure['goal']}" in row[0] and row[0].endswith("yes" if met else "NO")
+    # Every file written is named, the JSON first; the chart labels its bars in words.
+    assert written["meta"]["files"][0] == output
+    assert all(os.path.exists(p) for p in written["meta"]["files"])
+    assert lines[-len(written["meta"]["files"]) :] == [
+        f"wrote {p}" for p in written["meta"]["files"]
+    ]
+    assert report.describe("trainer_vs_fit", ["ratio"]) == (
+        "Trainer.fit / Keras model.fit, examples/s"
+    )
+    assert report.describe("trainer_vs_fit", ["steps_per_execution_8", "ratio"]).startswith(
+        "steps per execution 8: Trainer.fit"
+    )

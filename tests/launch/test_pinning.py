@@ -69,7 +69,7 @@ def test_pin_false_or_too_few_cpus_pins_nothing_and_says_why(monkeypatch, caplog
     caplog.set_level(logging.INFO, logger="tfdist.launch")
     tasks = [("worker", 0), ("worker", 1)]
     assert pinning.plan_pinning(tasks, pin=False) == {}
-    assert "Not pinning tasks to CPUs: pin=False (--pin=false)" in caplog.text
+    assert "Not pinning tasks to CPUs: pin=False (--pin=false, or launch(pin=False))" in caplog.text
     monkeypatch.setattr(pinning, "launcher_cpus", lambda: [3])
     assert pinning.plan_pinning(tasks, pin=True) == {}
     assert "2 training tasks (chief and workers) do not fit on the 1 CPU(s)" in caplog.text
@@ -123,7 +123,7 @@ def test_pin_false_leaves_every_task_on_every_cpu():
     for k in range(2):
         (report,) = reports[f"worker:{k}"]
         assert report == {"cpus": CPUS, **{v: os.environ.get(v) for v in THREAD_VARS}}
-    assert "Not pinning tasks to CPUs: pin=False (--pin=false)" in proc.stdout
+    assert "Not pinning tasks to CPUs: pin=False (--pin=false, or launch(pin=False))" in proc.stdout
 
 
 @needs_two_cpus

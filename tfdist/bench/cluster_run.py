@@ -116,6 +116,17 @@ class TaskOutput:
         self.log.flush()
 
 
+def _log_self_pinning(spec: Mapping[str, Any]) -> None:
+    """Says what the launcher's "Not pinning" line leaves out: each task pins itself."""
+    logger.info(
+        "bench %s: each task sets its own threads (%s intra-op) and %s, so the launcher "
+        "pins nothing (launch(pin=False))",
+        spec["kind"],
+        spec["threads_per_worker"],
+        "its own cores, when they fit" if spec.get("pin_cores") else "shares every CPU",
+    )
+
+
 def run_tasks(
     spec: Mapping[str, Any],
     *,
@@ -155,6 +166,8 @@ def run_tasks(
     env = task_env(None if default_launch else int(spec["threads_per_worker"]))
     # Tasks forked by a shared interpreter are not this process's children: their CPU is unknown.
     tasks_cpu_known = not (preload and shared_server(sys.executable, preload, env)[0])
+    if not default_launch:
+        _log_self_pinning(spec)
     with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as out_dir:
         spec = {**spec, "out_dir": out_dir, "launcher_pins": default_launch}
         spec_path = os.path.join(out_dir, "spec.json")

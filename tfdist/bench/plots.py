@@ -17,6 +17,12 @@ def _figure(width: float, height: float, columns: int = 1) -> Any:
     return fig, [fig.add_subplot(1, columns, i + 1) for i in range(columns)]
 
 
+def _top(values: Any, floor: float = 1.2) -> float:
+    """An axis's upper limit that holds every value (and ``floor``), with a margin."""
+    finite = [v for v in values if v is not None and v == v]
+    return max([floor, *(1.1 * v for v in finite)])
+
+
 def _save(fig: Any, path: str) -> None:
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -40,7 +46,7 @@ def plot_scaling(result: dict[str, Any], path: str) -> None:
     eff_ax.set_xticks(counts)
     eff_ax.set_xlabel("workers")
     eff_ax.set_ylabel("efficiency  T(N) / (N T(1))")
-    eff_ax.set_ylim(0, 1.2)
+    eff_ax.set_ylim(0, _top(v for by in result.get("efficiency", {}).values() for v in by.values()))
     eff_ax.legend(fontsize=8)
     config = result.get("config", {})
     eff_ax.set_title(
@@ -152,7 +158,7 @@ def plot_stragglers(result: dict[str, Any], path: str) -> None:
         if result.get(key) is not None:
             ratio_ax.axhline(result[key], color="grey", linestyle=style, label=label)
     ratio_ax.set_xticks(range(len(names)), names)
-    ratio_ax.set_ylim(0, 1.2)
+    ratio_ax.set_ylim(0, _top(ratios))
     ratio_ax.set_ylabel("examples/s with straggler / balanced")
     ratio_ax.legend(fontsize=8, loc="lower right")
     _save(fig, path)

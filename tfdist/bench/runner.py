@@ -91,9 +91,19 @@ def _meta(repeats: int, quick: bool) -> dict[str, Any]:
         "logical_cpu_devices": len(tf.config.list_logical_devices("CPU")),
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": _machine(),
         "repeats": repeats,
         "quick": quick,
     }
+
+
+def _machine() -> str:
+    """The CPU model and the flags that decide bf16 speed, e.g. ``AMD EPYC, avx512_bf16``."""
+    from tfdist.bench.bf16_vs_fp32 import cpu_features
+
+    features = cpu_features()
+    flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if features.get(f)]
+    return ", ".join([features.get("model_name") or "unknown CPU", *flags])
 
 
 def _checked_preload(names: Sequence[str], options: dict[str, Any] | None) -> dict[str, Any]:
@@ -194,15 +204,26 @@ def run(
                 busy,
             )
     if output is not None:
-        for name in names:
-            plot = common.plotter(name)
-            if plot is not None:
-                path = f"{os.path.splitext(output)[0]}.{name}.png"
-                results["results"][name]["chart"] = report.write_other_png(
-                    plot, results["results"][name], path
-                )
-        chart = report.write_png(results, os.path.splitext(output)[0] + ".png")
-        results["meta"]["chart"] = chart
-        report.write_json(results, output)
-        logger.info("bench results written to %s%s", output, f" and {chart}" if chart else "")
+        _write(results, names, output)
     return results
+
+
+def _write(results: dict[str, Any], names: Sequence[str], output: str) -> None:
+    """Writes the JSON, the chart of the ratios and each benchmark's own chart; logs each file.
+
+    ``results["meta"]["files"]`` lists every file written, the JSON first.
+    """
+    for name in names:
+        plot = common.plotter(name)
+        if plot is not None:
+            path = f"{os.path.splitext(output)[0]}.{name}.png"
+            results["results"][name]["chart"] = report.write_other_png(
+                plot, results["results"][name], path
+            )
+    chart = report.write_png(results, os.path.splitext(output)[0] + ".png")
+    results["meta"]["chart"] = chart
+    charts = [chart] + [results["results"][n].get("chart") for n in names]
+    results["meta"]["files"] = [output] + [c for c in charts if c]
+    report.write_json(results, output)
+    for path in results["meta"]["files"]:
+        logger.info("bench: wrote %s", path)

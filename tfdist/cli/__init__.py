@@ -30,7 +30,8 @@ from collections.abc import Sequence
 
 from absl import app
 
-from tfdist.cli import bench_command, launch_command, manifest_command, quiet, train_command
+from tfdist import quiet
+from tfdist.cli import bench_command, launch_command, manifest_command, train_command
 from tfdist.cli.flag_definitions import FLAGS
 from tfdist.cli.usage import (
     COMMANDS,
@@ -66,7 +67,10 @@ def main(argv: Sequence[str]) -> int:
     """
     if len(argv) < 2 or argv[1] not in COMMANDS:
         received = argv[1] if len(argv) > 1 else None
-        print(error_line("", invalid_argument("command", received, COMMANDS)), file=sys.stderr)
+        error = invalid_argument(
+            "command", received, COMMANDS, note="Run `tfdist --help` for what each one does."
+        )
+        print(error_line("", error), file=sys.stderr)
         return 2
     # Before anything imports TensorFlow, which reads it once. Launched tasks inherit it.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF_CPP_MIN_LOG_LEVEL)

@@ -5,16 +5,25 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from tfdist.cli.flag_definitions import FLAGS
+from tfdist.cli.flag_definitions import FLAGS, IN_PROCESS_BENCHMARKS, LAUNCHING_BENCHMARKS
 from tfdist.config import invalid_argument
 
 
+def _check_benchmarks(names: Sequence[str]) -> None:
+    """Refuses an unknown ``--benchmarks`` name before TensorFlow is imported."""
+    valid = sorted(IN_PROCESS_BENCHMARKS + LAUNCHING_BENCHMARKS)
+    for name in names:
+        if name not in valid:
+            raise invalid_argument("benchmarks", name, valid)
+
+
 def run(args: Sequence[str]) -> int:
-    """Runs the benchmarks the flags choose and prints their results.
+    """Runs the benchmarks the flags choose; prints a summary table (``--json``: the JSON).
 
     Returns:
         The exit code, 0.
     """
+    _check_benchmarks(FLAGS.benchmarks)
     from tfdist.bench import runner
 
     def ints(name: str) -> tuple[int, ...] | None:
@@ -54,5 +63,10 @@ def run(args: Sequence[str]) -> int:
         quick=FLAGS.quick,
         options=options,
     )
-    print(json.dumps(results, indent=2))
+    if FLAGS.json:
+        print(json.dumps(results, indent=2))
+    else:
+        from tfdist.bench import report
+
+        print(report.summary(results, results["meta"].get("files", ())), end="")
     return 0

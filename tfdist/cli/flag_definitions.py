@@ -14,6 +14,20 @@ FLAGS = flags.FLAGS
 # absl's own flags (--flagfile, --helpfull, logging's), defined before tfdist's.
 _ABSL_FLAGS = frozenset(FLAGS)
 ENGINES = ("local", "ray")  # --engine values, checked by `tfdist train`
+#: ``tfdist bench``'s benchmarks: the in-process ones (run by default), then those that launch
+#: worker processes (run only when named). Named here so that ``--benchmarks`` is checked, and
+#: listed in its help, before TensorFlow loads (tests/test_cli.py keeps them equal to
+#: ``tfdist.bench.runner``'s registry and ``ON_REQUEST``).
+IN_PROCESS_BENCHMARKS = (
+    "accumulation",
+    "backup",
+    "bf16_vs_fp32",
+    "mfu",
+    "parameter_server",
+    "trainer_vs_fit",
+)
+LAUNCHING_BENCHMARKS = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy")
+LAUNCHING_BENCHMARKS += ("first_fit",)
 _DEFAULT = TrainConfig()
 
 # train. Names are plain strings checked by TrainConfig (not DEFINE_enum), so a typo gets the
@@ -204,7 +218,21 @@ flags.DEFINE_string(
     "bench_results/bench.json",
     "bench: where to write the JSON results; manifest: the file to write (stdout when not given).",
 )
-flags.DEFINE_list("benchmarks", [], "bench: which to run (default all).")
+flags.DEFINE_list(
+    "benchmarks",
+    [],
+    "bench: which to run, comma-separated: "
+    + ", ".join(IN_PROCESS_BENCHMARKS)
+    + " (these by default), or "
+    + ", ".join(LAUNCHING_BENCHMARKS)
+    + " (they launch worker processes and take minutes: run only when named).",
+)
+flags.DEFINE_boolean(
+    "json",
+    False,
+    "bench: print the results as JSON on stdout (for scripts) instead of the summary table; "
+    "the --output file is written either way.",
+)
 flags.DEFINE_integer("repeats", 3, "bench: timed repeats per side (the median is reported).")
 flags.DEFINE_boolean(
     "quick",
@@ -334,6 +362,7 @@ READS = {
     "bench": frozenset(
         {
             "benchmarks",
+            "json",
             "repeats",
             "quick",
             "output",

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.cli import quiet
+from tfdist import quiet
 from tfdist.cli.flag_definitions import ENGINES, FLAGS
 from tfdist.config import GRADIENT_COMPRESSIONS, TrainConfig, invalid_argument
 
@@ -76,6 +76,30 @@ def train_config() -> TrainConfig:
     )
 
 
+def _check_parameter_server_steps(config: TrainConfig) -> None:
+    """Refuses parameter_server without ``--steps_per_epoch`` before a cluster starts.
+
+    The Trainer refuses it too, but only after TensorFlow loaded and the in-process cluster's
+    servers started listening. ``--strategy=auto`` counts as parameter_server where TF_CONFIG
+    (or Slurm) describes a cluster with ``ps`` tasks, as ``make_strategy("auto")`` decides.
+    """
+    kind = config.strategy
+    if kind == "auto":
+        from tfdist import cluster
+
+        info = cluster.from_environment()
+        if info is not None and "ps" in info.cluster:
+            kind = "parameter_server"
+    if kind == "parameter_server" and config.steps_per_epoch is None:
+        raise invalid_argument(
+            "steps_per_epoch",
+            None,
+            "a positive integer with --strategy=parameter_server",
+            note="Its workers read their datasets independently and repeat them, so an epoch has "
+            "no natural end: say how many batches make one, e.g. --steps_per_epoch=25.",
+        )
+
+
 def _train_on_this_worker(config: TrainConfig) -> dict[str, Any]:
     """``train.run`` on a Ray worker. Ray pickles this function by reference, so the CLI process
     (which only drives the group) never loads TensorFlow."""
@@ -124,6 +148,7 @@ def run(args: Sequence[str]) -> int:
             max_failures=FLAGS.max_restarts,
         )
     else:
+        _check_parameter_server_steps(config)
         quiet.import_tensorflow()
         from tfdist.launch import train
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
+from tfdist.cli import help as help_text
 from tfdist.cli.flag_definitions import FLAGS, RAY_ONLY_TRAIN_FLAGS, READS, TFDIST_FLAGS
 from tfdist.config import invalid_argument
 
@@ -29,15 +30,21 @@ def error_line(command: str, message: object) -> str:
     return f"tfdist{' ' + command if command else ''}: error: {message}"
 
 
-def flag_error(error: flags.Error) -> str:
-    """Words an absl parsing error like every other bad argument."""
+def flag_error(error: flags.Error, command: str = "") -> str:
+    """Words an absl parsing error like every other bad argument.
+
+    An unknown flag gets a suggestion from ``command``'s own flags only (every tfdist flag
+    when there is no command yet), never one of absl's.
+    """
     if isinstance(error, flags.UnrecognizedFlagError):
-        close = difflib.get_close_matches(error.flagname, list(FLAGS), n=1)
+        own = sorted(READS[command]) if command in READS else sorted(TFDIST_FLAGS)
+        close = difflib.get_close_matches(error.flagname, own, n=1)
+        where = f"tfdist {command} --help" if command else "tfdist --help"
         return str(
             invalid_argument(
                 "flag",
                 error.flagvalue,
-                "a flag tfdist defines (see --helpfull)",
+                f"a flag of `tfdist{' ' + command if command else ''}` (see {where})",
                 note=f"Did you mean --{close[0]}?" if close else "",
             )
         )
@@ -57,14 +64,22 @@ def flag_error(error: flags.Error) -> str:
 def parse_flags(argv: Sequence[str]) -> list[str]:
     """Parses the flags in ``argv`` (absl's ``flags_parser``); exits 2 with one line on a bad flag.
 
+    ``tfdist``, ``-h``/``--help``, ``help [COMMAND]`` and ``--version`` print their text
+    (:mod:`tfdist.cli.help`) and exit 0 before any flag is parsed.
+
     Returns:
         ``argv`` without its flags: ``[program, COMMAND, args after --...]``.
     """
+    text = help_text.requested(argv)
+    if text is not None:
+        sys.stdout.write(text)
+        sys.exit(0)
     try:
         return FLAGS(list(argv))
     except flags.Error as e:
         command = next((a for a in argv[1:] if not a.startswith("-")), "")
-        print(error_line(command if command in COMMANDS else "", flag_error(e)), file=sys.stderr)
+        command = command if command in COMMANDS else ""
+        print(error_line(command, flag_error(e, command)), file=sys.stderr)
         sys.exit(2)
 
 

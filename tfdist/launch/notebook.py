@@ -11,7 +11,9 @@
 The function (and what it refers to) is pickled with cloudpickle, each task of
 a loopback cluster runs it in a fresh process with TF_CONFIG set (the notebook
 kernel itself needs no TensorFlow cluster), their output streams into the
-cell prefixed by task, and the chief's return value comes back. As under
+cell prefixed by task, and the chief's return value comes back. The tasks are quiet as
+``tfdist train`` is: TF_CPP_MIN_LOG_LEVEL=3 unless set, and without the lines TensorFlow's
+import prints on every machine (`tfdist.quiet`). As under
 ``tfdist launch``, the tasks run in a private network namespace that has only
 loopback, and no task outlives the kernel that started it.
 """
@@ -20,15 +22,37 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import cloudpickle
 
 from tfdist.config import check_positive_int
+from tfdist.quiet import IMPORT_NOISE
+
+_PREFIX = re.compile(r"^\[[\w:-]+\] ")  # "[worker:0] ", "[preload] "
+
+
+class _WithoutImportNoise:
+    """The tasks' prefixed lines, less those TensorFlow's import prints on every machine."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        kept = [
+            line
+            for line in text.splitlines(keepends=True)
+            if not IMPORT_NOISE.match(_PREFIX.sub("", line, count=1))
+        ]
+        return self.stream.write("".join(kept))
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def notebook_launcher(
@@ -81,7 +105,10 @@ def notebook_launcher(
     try:
         with open(os.path.join(workdir, "fn.pkl"), "wb") as f:
             cloudpickle.dump((fn, args), f)
-        task_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+        task_env = {**os.environ, **(env or {})}
+        # TF's C++ INFO, WARNING and ERROR lines ("failed call to cuInit" without a GPU) are
+        # not for a notebook's reader, unless the user set the level.
+        task_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         task_env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *sys.path])
         code = launch(
             [sys.executable, "-m", "tfdist.launch._notebook_task", workdir],
@@ -91,7 +118,7 @@ def notebook_launcher(
             max_restarts=max_restarts,
             timeout=timeout,
             env=task_env,
-            output=sys.stdout,
+            output=_WithoutImportNoise(sys.stdout),
             private_network=private_network,
             pin=pin,
             preload=preload,

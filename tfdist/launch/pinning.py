@@ -143,7 +143,7 @@ def plan_pinning(
     """
     cpus = launcher_cpus()
     if not pin:
-        reason = "pin=False (--pin=false)"
+        reason = "pin=False (--pin=false, or launch(pin=False))"
     elif cpus is None:
         reason = "setting CPU affinity needs Linux (os.sched_setaffinity)"
     else:

@@ -43,11 +43,12 @@ def make_strategy(kind: StrategyName | str = "auto", **options: Any) -> tf.distr
     Call it at the start of the program, before other TensorFlow work: virtual
     CPU devices and collective ops must be configured before TF initialises.
 
-    Example::
-
+    Example:
+        ```python
         strategy = tfdist.make_strategy("mirrored", num_devices=2)
         with strategy.scope():
             ...
+        ```
 
     Args:
         kind: One of ``available()``. ``auto`` picks ``multi_worker`` (or

@@ -198,16 +198,17 @@ class BackupAndRestore(keras.callbacks.Callback):
     Keras 3's own ``BackupAndRestore`` resumes at the start of the epoch (the
     batches already done are trained on again), lets every worker write the
     same file, and writes it in place. This one saves the same state as
-    ``Trainer(backup_dir=...)`` (see :mod:`tfdist.training.backup`): on a
+    ``Trainer(backup_dir=...)`` (see `tfdist.training.backup`): on a
     restart, ``fit`` resumes at the epoch *and* batch of the last backup,
     skipping the batches it had already trained on. The other callbacks see
     only the batches trained on, with their indices in the epoch (the
     progress bar of a resumed epoch starts where the backup was taken).
 
-    Example::
-
+    Example:
+        ```python
         backup = tfdist.callbacks.BackupAndRestore("/tmp/backup", save_freq=50)
         model.fit(ds, epochs=5, callbacks=[backup])
+        ```
 
     Given to ``tfdist.Trainer.fit`` instead, it becomes that fit's
     ``tfdist.BackupOptions`` (``save_freq`` then counts optimizer updates),
