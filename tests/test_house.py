@@ -229,6 +229,13 @@ def test_keras_and_tf_internals_only_under_compat():
     assert offenders == []
 
 
+def test_docstrings_cross_reference_in_markdown_not_sphinx_roles():
+    """The docs site renders Markdown: a Sphinx role or a reST ``Example::`` shows as text."""
+    role = re.compile(r":(?:mod|func|class|meth|attr|data|exc|obj):`|^\s*Examples?::$", re.M)
+    offenders = [name for name, path in MODULES.items() if role.search(path.read_text())]
+    assert offenders == []
+
+
 def test_no_tfdist_attributes_on_tf_objects():
     offenders = [str(p.relative_to(ROOT)) for p in MODULES.values() if "._tfdist_" in p.read_text()]
     assert offenders == []

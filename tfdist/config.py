@@ -1,6 +1,6 @@
 """Validated options and the one way tfdist words a bad-argument error.
 
-Every user-facing check in tfdist raises through :func:`invalid_argument`, so
+Every user-facing check in tfdist raises through `invalid_argument`, so
 messages read alike: the argument's name, what was received, what was expected.
 """
 

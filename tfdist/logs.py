@@ -29,7 +29,7 @@ def as_floats(logs: Mapping[str, Any]) -> dict[str, float]:
 
 
 class _Pending:
-    """The stand-in value of a :class:`LazyLogs` key before its value is computed."""
+    """The stand-in value of a `LazyLogs` key before its value is computed."""
 
     def __repr__(self) -> str:
         return "<not computed>"
@@ -82,7 +82,7 @@ class LazyLogs(dict):
 
 
 def _filled(name: str) -> Callable[..., Any]:
-    """``dict``'s method ``name``, on a :class:`LazyLogs` whose values are computed first."""
+    """``dict``'s method ``name``, on a `LazyLogs` whose values are computed first."""
     method = getattr(dict, name)
 
     def filled(self: LazyLogs, *args: Any, **kwargs: Any) -> Any:

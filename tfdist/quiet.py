@@ -5,7 +5,7 @@ All log messages before absl::InitializeLog() ...", oneDNN's "custom operations 
 on a machine without a GPU, "Could not find cuda drivers", twice (two libraries). None is
 actionable on a first run. When the user has not asked for TF's INFO lines, ``tfdist train``
 imports TensorFlow with the process's stderr captured and writes back every line but those;
-:func:`quiet_tensorflow` (``tfdist.quiet_tensorflow()``) does the same in a notebook or a
+`quiet_tensorflow` (``tfdist.quiet_tensorflow()``) does the same in a notebook or a
 script, and ``notebook_launcher`` drops those lines from its tasks' output.
 
 A leaf module: no TensorFlow at import, nothing from tfdist.
@@ -34,7 +34,7 @@ NOISY_LOGGERS = ("absl", "tensorflow", "matplotlib")
 
 
 def quiet_loggers() -> None:
-    """Keeps only WARNING and above of :data:`NOISY_LOGGERS` (the CLI, and each Ray worker)."""
+    """Keeps only WARNING and above of `NOISY_LOGGERS` (the CLI, and each Ray worker)."""
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -76,9 +76,9 @@ def quiet_tensorflow() -> None:
 
     Sets ``TF_CPP_MIN_LOG_LEVEL=3`` unless you set it (TF's C++ INFO, WARNING and ERROR lines,
     e.g. "failed call to cuInit" without a GPU; real failures still raise in Python), imports
-    TensorFlow without the lines its import prints on every machine (:data:`IMPORT_NOISE`),
+    TensorFlow without the lines its import prints on every machine (`IMPORT_NOISE`),
     and keeps only the warnings of TF's, absl's and matplotlib's Python loggers
-    (:data:`NOISY_LOGGERS`; TF logs one INFO line per all-reduce it sets up). Your own
+    (`NOISY_LOGGERS`; TF logs one INFO line per all-reduce it sets up). Your own
     ``TF_CPP_MIN_LOG_LEVEL=0`` keeps everything TF prints.
 
     Example:

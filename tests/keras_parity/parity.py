@@ -140,7 +140,8 @@ def run_trainer(row: Row, strategy: Any) -> Result:
     history = fit_trainer(trainer, fit)
     # An instance row compares the user's own object: it must hold the trained weights.
     trained = model if row.instance else trainer.model
-    return Result(trained.get_weights(), _floats(history.history), trainer, _inference(row, trainer))
+    inference = _inference(row, trainer)
+    return Result(trained.get_weights(), _floats(history.history), trainer, inference)
 
 
 def _inference(row: Row, fitted: Any) -> dict[str, np.ndarray]:

@@ -11,23 +11,23 @@ collectives once its context is initialised.
 
 Modules, by job:
   * ``shims``: the ``Shim`` record (name, reason, probe, patches) and the
-    table-driven :func:`apply_table`; :func:`original` gives back what a shim replaced.
+    table-driven `apply_table`; `original` gives back what a shim replaced.
   * ``multi_worker_fit``: ``symbolic_build`` and ``multi_worker_reduce``, which
     make plain ``model.fit`` work on real MultiWorkerMirrored workers.
   * ``atomic``: ``atomic_assign_add`` (exact counts under asynchronous PS updates).
-  * ``sharded``: the ``ShardedVariable`` shims, and :func:`is_sharded_variable`.
-  * ``optimizer``: :func:`gradients_already_summed` (tfdist all-reduces gradients itself).
+  * ``sharded``: the ``ShardedVariable`` shims, and `is_sharded_variable`.
+  * ``optimizer``: `gradients_already_summed` (tfdist all-reduces gradients itself).
   * ``metric_state``: metric variables as local tensors (exact PS logs).
   * ``scope_moves``: the user's model moved into a strategy scope in place, metrics copied
     into it attribute by attribute, an optimizer's live learning-rate schedule.
   * ``runtime``: the TF runtime's state (started? connected to a cluster?).
   * ``checkpoint``: TF's asynchronous checkpoint writer (its error, its end; a Python
     state it writes from the object itself), for asynchronous backups.
-  * ``inputs``: :func:`plain_iterator`, a plain dataset iterator where a worker has one CPU
+  * ``inputs``: `plain_iterator`, a plain dataset iterator where a worker has one CPU
     replica (TF makes a multi-device one, about 0.17 s per iterator).
   * ``probing``: the recording stand-ins the probes use.
   * ``masks``: a tensor's Keras mask, and the masked terms of Keras's losses with their
-    valid counts (:func:`~tfdist._compat.masks.masked_terms`), for exact masked losses.
+    valid counts (`masked_terms`), for exact masked losses.
 
 Set ``TFDIST_DISABLE_COMPAT=symbolic_build`` (comma separated) to skip a shim,
 e.g. to check whether upstream still needs it.
@@ -75,7 +75,7 @@ from tfdist._compat.sharded import (
 )
 from tfdist._compat.shims import Patch, Shim, apply_table, disabled, in_force, original
 
-#: What :func:`apply` considers, in order (``import tfdist`` applies them once Keras loads).
+#: What `apply` considers, in order (``import tfdist`` applies them once Keras loads).
 SHIM_TABLE: tuple[Shim, ...] = (
     Shim(
         "symbolic_build",
@@ -115,7 +115,7 @@ SHIM_TABLE: tuple[Shim, ...] = (
     ),
 )
 
-#: What :func:`apply_sharded_variable_shims` considers (``make_strategy("parameter_server")``).
+#: What `apply_sharded_variable_shims` considers (``make_strategy("parameter_server")``).
 SHARDED_VARIABLE_SHIM_TABLE: tuple[Shim, ...] = (
     Shim(
         "sharded_gradients",
@@ -137,9 +137,9 @@ SHARDED_VARIABLE_SHIM_TABLE: tuple[Shim, ...] = (
     ),
 )
 
-#: Names of the shims :func:`apply` considers, in order.
+#: Names of the shims `apply` considers, in order.
 SHIMS = tuple(shim.name for shim in SHIM_TABLE)
-#: Names of the shims :func:`apply_sharded_variable_shims` considers, in order.
+#: Names of the shims `apply_sharded_variable_shims` considers, in order.
 SHARDED_VARIABLE_SHIMS = tuple(shim.name for shim in SHARDED_VARIABLE_SHIM_TABLE)
 _BY_NAME = {shim.name: shim for shim in SHIM_TABLE + SHARDED_VARIABLE_SHIM_TABLE}
 
@@ -155,7 +155,7 @@ def needs(name: str) -> bool:
 
 
 def apply() -> list[str]:
-    """Applies each shim of :data:`SHIM_TABLE` whose probe finds the behaviour it fixes. Idempotent.
+    """Applies each shim of `SHIM_TABLE` whose probe finds the behaviour it fixes. Idempotent.
 
     Returns:
         The names of the shims in force.
@@ -164,9 +164,9 @@ def apply() -> list[str]:
 
 
 def apply_sharded_variable_shims() -> list[str]:
-    """Applies the shims of :data:`SHARDED_VARIABLE_SHIM_TABLE` where needed. Idempotent.
+    """Applies the shims of `SHARDED_VARIABLE_SHIM_TABLE` where needed. Idempotent.
 
-    ``make_strategy("parameter_server")`` calls it (with :func:`apply`), so
+    ``make_strategy("parameter_server")`` calls it (with `apply`), so
     partitioned variables work in users' own training loops as well as in the
     Trainer.
 

@@ -11,7 +11,7 @@ files in its own thread. Two things it offers no public API for:
   thread and its host copy of every variable alive until the process exits,
   however many checkpoints are made and dropped.
 
-And one hook it calls: :class:`WrittenFromItself`, a Python state that the
+And one hook it calls: `WrittenFromItself`, a Python state that the
 writer serializes from the object itself.
 """
 
@@ -75,7 +75,7 @@ def take_async_write_error(checkpoint: Any) -> BaseException | None:
 def release_async_writer(checkpoint: Any) -> None:
     """Stops ``checkpoint``'s writer thread and drops its host copies (waits for a write first).
 
-    Take the last write's error before (:func:`take_async_write_error`): a
+    Take the last write's error before (`take_async_write_error`): a
     pending one is raised here.
     """
     helper = _helper(checkpoint)

@@ -8,13 +8,13 @@ forever, and the coordinator's ``join`` and ``fetch`` wait for it. tfdist's
 parameter-server watchdog (``strategies/ps_watchdog.py``) needs three things
 no public API offers, each behind a named function here:
 
-* :func:`watch_calls`: every training call scheduled from then on gets its own
+* `watch_calls`: every training call scheduled from then on gets its own
   cancellation manager and reports its start and end (worker index, function)
   to an observer, which may replace the call's error;
-* :func:`rerun_elsewhere_error`: the error that makes the coordinator put a
+* `rerun_elsewhere_error`: the error that makes the coordinator put a
   cancelled closure back in its queue (another worker runs it) without marking
   the worker failed;
-* :func:`park_worker`: that worker's thread takes no more closures.
+* `park_worker`: that worker's thread takes no more closures.
 
 A call is watched until its outputs reached the coordinator: TF's remote
 function call may return before the worker computed them, and the wait then
@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 
 class CallObserver(Protocol):
-    """What :func:`watch_calls` reports each scheduled call to (called in the worker's thread)."""
+    """What `watch_calls` reports each scheduled call to (called in the worker's thread)."""
 
     def call_started(
         self, worker: int, function: str, cancel: Callable[[BaseException], bool]
@@ -109,7 +109,7 @@ class _PerCallCancellation:
     """Stands in for the closure queue's ``CancellationManager``: one manager per call.
 
     TF calls ``start_cancel`` on it to cancel every closure after an error (and
-    replaces it with a plain manager afterwards; :func:`watch_calls` puts this
+    replaces it with a plain manager afterwards; `watch_calls` puts this
     back), and reads ``is_cancelled``; each call it wraps gets a fresh manager,
     so a closure cancelled on one worker runs again on another.
     """
@@ -180,7 +180,7 @@ class _PerCallCancellation:
 def _canceller(
     manager: Any, returned: threading.Event, closure: Any, queue: Any
 ) -> Callable[[BaseException], bool]:
-    """The ``cancel(error)`` of one call (see :meth:`CallObserver.call_started`)."""
+    """The ``cancel(error)`` of one call (see `CallObserver.call_started`)."""
 
     def cancel(error: BaseException) -> bool:
         if not returned.is_set() or closure is None:
@@ -346,6 +346,6 @@ def park_worker(coordinator: Any, worker: int) -> None:
 
 
 def parked_workers(coordinator: Any) -> frozenset[int]:
-    """The workers :func:`park_worker` parked on ``coordinator``."""
+    """The workers `park_worker` parked on ``coordinator``."""
     hooks = _HOOKS.get(coordinator)
     return frozenset(hooks.parked) if hooks else frozenset()

@@ -7,7 +7,7 @@ epoch of a finite input, and every ``evaluate`` and ``predict``. TF's own input 
 plain path (``iter(dataset)`` on the worker, used by MirroredStrategy's per-replica mode), but
 one_device and MultiWorkerMirrored refuse that mode's options up front. With one replica on
 the host's CPU, the data already sits where the step runs, so the plain path yields the same
-elements in the same order; :func:`plain_iterator` switches a distributed dataset to it by its
+elements in the same order; `plain_iterator` switches a distributed dataset to it by its
 options, before any iterator is made.
 """
 

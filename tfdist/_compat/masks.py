@@ -6,7 +6,7 @@ A Keras mask (``Embedding(mask_zero=True)``, ``Masking``, a recurrent layer with
 A masked term with the ``"sum_over_batch_size"`` (or ``"mean"``) reduction is the
 sum of its weighted values over its **local** valid count (and over the replica
 count, under a strategy); a ``"mean_with_sample_weight"`` term, over its local sum of
-sample weights. :func:`masked_terms` records each such term and that count,
+sample weights. `masked_terms` records each such term and that count,
 so the replica step can weigh it by the count of all replicas and micro-batches.
 """
 
@@ -44,7 +44,7 @@ def with_keras_mask(tensor: Any, mask: Any) -> Any:
 
 @dataclasses.dataclass
 class Recording:
-    """What :func:`masked_terms` saw: the masked mean terms, and how many terms in all."""
+    """What `masked_terms` saw: the masked mean terms, and how many terms in all."""
 
     terms: list[MaskedTerm] = dataclasses.field(default_factory=list)
     calls: int = 0
@@ -89,7 +89,7 @@ _ORIGINAL: list[Any] = []  # Keras's own reduce_weighted_values, once it is wrap
 
 
 def _install() -> None:
-    """Wraps Keras's loss reduction once; the wrapper is Keras's own outside :func:`masked_terms`.
+    """Wraps Keras's loss reduction once; the wrapper is Keras's own outside `masked_terms`.
 
     Installed for good, not per block: replica threads enter and leave their blocks
     interleaved (a thread pauses at each merge_call), so a per-block patch would undo
@@ -149,7 +149,7 @@ def masked_terms(
 def keras_reduces_masked_terms_by_local_count() -> bool:
     """Whether Keras's masked ``sum_over_batch_size`` is the sum over the valid count.
 
-    The behaviour :func:`masked_terms` relies on (its test fails when Keras changes it).
+    The behaviour `masked_terms` relies on (its test fails when Keras changes it).
     """
     import keras
 

@@ -81,7 +81,7 @@ def metric_state_as_tensors(
     """Within this block, ``variables`` (Keras metric variables) read and write local tensors.
 
     Args:
-        variables: Keras variables, e.g. :func:`metric_variables`.
+        variables: Keras variables, e.g. `metric_variables`.
         values: Their starting values; default zeros.
 
     Yields:

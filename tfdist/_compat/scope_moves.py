@@ -7,9 +7,9 @@ tables, constructor arguments a subclass does not list, a learning-rate
 schedule without ``get_config``. So tfdist keeps the objects and re-makes only
 their variables' storage, in the scope, with the same values:
 
-* :func:`move_variables_into_scope`: in place (the user's model: the Trainer
+* `move_variables_into_scope`: in place (the user's model: the Trainer
   trains the very object the user holds).
-* :func:`copy_in_scope`: a deep copy whose variables are new ones made in the
+* `copy_in_scope`: a deep copy whose variables are new ones made in the
   scope (metrics: the user's object keeps its own state).
 
 Keras has no public way to re-make a variable's storage: a Keras variable keeps

@@ -1,8 +1,8 @@
 """The shim machinery: one ``Shim`` record per workaround, applied from a table.
 
 A shim is a probe of upstream behaviour plus the patches that work around it.
-:func:`apply_table` applies a shim only where its probe finds the behaviour,
-saves what each patch replaced (see :func:`original`), and is idempotent.
+`apply_table` applies a shim only where its probe finds the behaviour,
+saves what each patch replaced (see `original`), and is idempotent.
 
 This module imports nothing from Keras or TensorFlow itself: patch targets are
 named by ``"module:Class"`` strings and resolved only when a shim is applied.
@@ -50,7 +50,7 @@ class Shim:
     """One workaround: applied only while ``probe()`` finds the upstream behaviour it fixes.
 
     Attributes:
-        name: What ``TFDIST_DISABLE_COMPAT`` and :func:`original` call it.
+        name: What ``TFDIST_DISABLE_COMPAT`` and `original` call it.
         reason: One line: the upstream behaviour it works around.
         probe: True while upstream still behaves that way (cheap: no tensors, no cluster).
         patches: What it replaces; ``original(name)`` returns the first one's original.
@@ -86,7 +86,7 @@ def apply_table(shims: Sequence[Shim]) -> list[str]:
     """Applies each shim that is not disabled and whose probe finds its behaviour. Idempotent.
 
     A shim already in force is not probed again: its probe would now look at
-    the patched function (probes fall back to :func:`original` for that).
+    the patched function (probes fall back to `original` for that).
 
     Returns:
         The names of these shims in force, in table order.

@@ -4,5 +4,5 @@
     # real worker processes:
     python -m tfdist bench --benchmarks=scaling,allreduce --threads_per_worker=1
 
-See :func:`tfdist.bench.runner.run`; benchmarks register in ``tfdist.bench.common``.
+See `tfdist.bench.runner.run`; benchmarks register in ``tfdist.bench.common``.
 """

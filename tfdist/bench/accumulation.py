@@ -41,7 +41,7 @@ SIDES = {"accumulating": ACCUMULATION_STEPS, "plain": 1}  # side -> accumulation
 def side_trainers(
     strategy: tf.distribute.Strategy, builder: Callable[[], keras.Model]
 ) -> dict[str, Any]:
-    """One Trainer per side of :data:`SIDES`, on the same CNN with the same initial weights."""
+    """One Trainer per side of `SIDES`, on the same CNN with the same initial weights."""
     import tfdist
 
     return {

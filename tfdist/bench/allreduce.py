@@ -67,7 +67,7 @@ def run(**overrides: Any) -> dict[str, Any]:
     """Runs the all-reduce sweep and the loopback limits; returns the results (no file written).
 
     Args:
-        **overrides: Any key of :data:`DEFAULTS`; ``quick=True`` applies :data:`QUICK` first.
+        **overrides: Any key of `DEFAULTS`; ``quick=True`` applies `QUICK` first.
 
     Returns:
         ``{"config", "machine", "series": [{"label", "implementation", "packing", "dtype",
@@ -168,7 +168,7 @@ def headlines(
 
 @common.register("allreduce", plot=plots.plot_allreduce)
 def allreduce(repeats: int, quick: bool) -> dict[str, Any]:
-    """The registered benchmark: :func:`run` with the bench's options (``tfdist bench`` flags)."""
+    """The registered benchmark: `run` with the bench's options (``tfdist bench`` flags)."""
     names = {
         "allreduce_workers": "workers",
         "allreduce_max_bytes": "max_bytes",

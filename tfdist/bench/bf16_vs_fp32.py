@@ -82,7 +82,7 @@ def precision_sides(
     global_batch_size: int,
     steps: int,
 ) -> tuple[dict[str, fits.FitThroughput], dict[str, list[str]]]:
-    """One Trainer side per precision of :data:`PRECISIONS`, and its Dense layers' compute dtypes.
+    """One Trainer side per precision of `PRECISIONS`, and its Dense layers' compute dtypes.
 
     Returns:
         ``(sides, compute_dtypes)``: precision -> its Trainer side, and precision
@@ -150,7 +150,7 @@ def bf16_vs_fp32(repeats: int, quick: bool) -> dict[str, Any]:
         ``float32_step_s``, ``bf16_step_s`` (from median examples/s), ``ratio``
         (float32 / bf16 step time), ``goal``, ``float32_matmul_gflops``,
         ``bf16_matmul_gflops``, ``matmul_speedup_ratio``, ``realised_ratio``,
-        the examples/s of both sides, ``cpu`` (see :func:`cpu_features`), the
+        the examples/s of both sides, ``cpu`` (see `cpu_features`), the
         raw samples and the config.
     """
     strategy, n, iterations, features, hidden, global_batch_size, steps, dataset, build, builder = (

@@ -1,7 +1,7 @@
 """Runs a benchmark's worker program in real processes through ``tfdist launch``; collects results.
 
 The parent (the ``tfdist bench`` process) writes a JSON *spec*, starts one
-process per task with :func:`tfdist.launch.local.launch` (loopback ports, a
+process per task with `tfdist.launch.local.launch` (loopback ports, a
 private network namespace where the kernel allows it), and every task runs
 ``python -m tfdist.bench.workers SPEC``. Each task writes
 ``<out_dir>/<task_type>-<task_id>.json``; the parent reads them back. The

@@ -7,7 +7,7 @@ listed in ``tfdist.bench.runner.BUILTIN_MODULES``::
     @common.register("my_bench")
     def my_bench(repeats: int, quick: bool) -> dict: ...
 
-Strategies are created once per process by :func:`init_strategies`, which the
+Strategies are created once per process by `init_strategies`, which the
 runner calls before any other TensorFlow work (MirroredStrategy on the CPU needs
 virtual devices, which exist only if they are configured before TF initialises).
 
@@ -86,7 +86,7 @@ def plotter(name: str) -> PlotFn | None:
 
 
 def set_options(options: Mapping[str, Any] | None) -> None:
-    """Sets the options benchmarks read with :func:`options`.
+    """Sets the options benchmarks read with `options`.
 
     These are ``tfdist bench`` flags such as ``threads_per_worker``.
     """
@@ -109,7 +109,7 @@ def init_strategies() -> dict[str, tf.distribute.Strategy]:
 
     Returns:
         ``{"mirrored": <MirroredStrategy over 2 CPU devices>, "one_device": <on /cpu:0>}``,
-        plus ``"parameter_server"`` once :func:`strategy` has created it.
+        plus ``"parameter_server"`` once `strategy` has created it.
 
     Raises:
         ValueError: If TensorFlow was initialised with fewer than 2 CPU devices.
@@ -127,7 +127,7 @@ def strategy(kind: str) -> tf.distribute.Strategy:
     """Returns the shared strategy ``kind``: "mirrored", "one_device" or "parameter_server".
 
     The first ``strategy("parameter_server")`` starts an in-process cluster of
-    :data:`PS_WORKERS` workers and :data:`PS_TASKS` ps task
+    `PS_WORKERS` workers and `PS_TASKS` ps task
     (``tfdist.make_strategy("parameter_server", ...)``), after the local
     strategies exist, and caches it.
 

@@ -90,8 +90,8 @@ def run(**overrides: Any) -> dict[str, Any]:
     """Runs the benchmark and returns its results (no file written; see ``tfdist bench``).
 
     Args:
-        **overrides: Any key of :data:`DEFAULTS`, e.g. ``launches=5``, ``fits=8``,
-            ``repeats=5``; ``quick=True`` applies :data:`QUICK` first.
+        **overrides: Any key of `DEFAULTS`, e.g. ``launches=5``, ``fits=8``,
+            ``repeats=5``; ``quick=True`` applies `QUICK` first.
 
     Returns:
         ``{"config", "machine", "launches": [...], "first_fit_seconds",
@@ -305,13 +305,13 @@ def summarise(spec: dict[str, Any], launches: list[dict[str, Any]]) -> dict[str,
     return out
 
 
-# ``tfdist bench`` flag -> option of :func:`run`.
+# ``tfdist bench`` flag -> option of `run`.
 FLAG_OPTIONS = {"first_fit_launches": "launches"}
 
 
 @common.register("first_fit")
 def first_fit(repeats: int, quick: bool) -> dict[str, Any]:
-    """The registered benchmark: :func:`run` with the bench's options (``tfdist bench`` flags)."""
+    """The registered benchmark: `run` with the bench's options (``tfdist bench`` flags)."""
     options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
     options.setdefault("repeats", repeats)
     return run(quick=quick, **options)

@@ -156,7 +156,7 @@ class FitThroughput:
     Only the steps are timed, from the first batch's start to the epoch's end.
     The rest of the call (iterator creation, and destruction, which with
     ``tf.distribute`` datasets can stall for up to seconds on this TF) is kept
-    apart in :attr:`overheads`. The timing callback overrides no
+    apart in `overheads`. The timing callback overrides no
     ``on_*_batch_end`` hook, so it changes nothing in how either loop
     dispatches its steps.
 
@@ -165,7 +165,7 @@ class FitThroughput:
         steps: Batches per call.
         global_batch_size: Examples per batch.
         iterations: Zero-arg callable reading the side's optimizer update
-            count; when given, :attr:`updates` records the updates each call
+            count; when given, `updates` records the updates each call
             made, so that a comparison can show both sides did the same work.
         from_epoch_begin: Start the window at ``on_epoch_begin`` instead of the
             first batch, so that no batch hook changes a tfdist Trainer's
@@ -236,7 +236,7 @@ def fit_sides(
     metrics: Sequence[str] = (),
     steps_per_execution: int = 1,
 ) -> dict[str, FitThroughput]:
-    """The two sides, "trainer" and "keras_fit", each warmed up untimed once (:func:`warm_up`).
+    """The two sides, "trainer" and "keras_fit", each warmed up untimed once (`warm_up`).
 
     Args:
         strategy: The strategy both sides train under.

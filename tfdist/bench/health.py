@@ -78,8 +78,8 @@ def run(**overrides: Any) -> dict[str, Any]:
     """Runs the health benchmark and returns its results (no file written; see ``tfdist bench``).
 
     Args:
-        **overrides: Any key of :data:`DEFAULTS`, e.g. ``steps=200``,
-            ``threads_per_worker=1``; ``quick=True`` applies :data:`QUICK` first.
+        **overrides: Any key of `DEFAULTS`, e.g. ``steps=200``,
+            ``threads_per_worker=1``; ``quick=True`` applies `QUICK` first.
 
     Returns:
         ``{"config", "machine", "sides", "examples_per_s", "ratio", "on_fast_ratio",
@@ -204,13 +204,13 @@ def others_per_sample(tasks: dict[str, Any], lead: str) -> dict[str, list[float 
     return out
 
 
-# ``tfdist bench`` flag -> option of :func:`run`.
+# ``tfdist bench`` flag -> option of `run`.
 FLAG_OPTIONS = {"threads_per_worker": "threads_per_worker"}
 
 
 @common.register("health", plot=plots.plot_health)
 def health(repeats: int, quick: bool) -> dict[str, Any]:
-    """The registered benchmark: :func:`run` with the bench's options (``tfdist bench`` flags)."""
+    """The registered benchmark: `run` with the bench's options (``tfdist bench`` flags)."""
     options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
     options.setdefault("repeats", repeats)
     return run(quick=quick, **options)

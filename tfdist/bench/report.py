@@ -1,6 +1,6 @@
 """Bench results for people and for scripts: a summary table, the JSON file and PNG charts.
 
-Every ratio is shown with words (:func:`describe`): the summary's lines, the chart's bars.
+Every ratio is shown with words (`describe`): the summary's lines, the chart's bars.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def figures(results: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
     Ratios are the finite numbers under keys ``ratio``, ``*_ratio`` or ``*_mfu``, nested
     dicts included (e.g. ``trainer_vs_fit.steps_per_execution_8.ratio``). Each comes with
-    ``benchmark``, ``key`` (the dotted path), ``value``, ``words`` (:func:`describe`) and
+    ``benchmark``, ``key`` (the dotted path), ``value``, ``words`` (`describe`) and
     ``goal``: the benchmark's ``">= x"`` or ``"<= x"`` goal for the figure it is about
     (its top-level ``ratio`` and ``*_mfu``, or a key of its ``goals``), else None.
     """
@@ -138,7 +138,7 @@ def _met(value: float, goal: re.Match) -> bool:
 
 
 def ratios(results: dict[str, Any]) -> Iterator[tuple[str, float, float | None]]:
-    """Yields ``(label, value, goal)`` for every ratio (:func:`figures`); the goal's bound only."""
+    """Yields ``(label, value, goal)`` for every ratio (`figures`); the goal's bound only."""
     for f in figures(results):
         goal = float(f["goal"].split()[1]) if f["goal"] else None
         yield f"{f['benchmark']}.{f['key']}", f["value"], goal

@@ -16,7 +16,7 @@ multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``health``
 
 To add a benchmark, write a module under ``tfdist/bench/`` with a function
 ``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add
-the module to :data:`BUILTIN_MODULES`. Build it from ``timing.alternate`` (and
+the module to `BUILTIN_MODULES`. Build it from ``timing.alternate`` (and
 ``fits.fit_sides`` for Trainer-vs-Keras comparisons); put its headline ratio
 under ``"ratio"`` (or ``"*_ratio"``/``"*_mfu"``), its target under ``"goal"``
 (``">= x"``), and ``samples.max_others_cpu()`` under ``"others_cpu_max"``.
@@ -142,8 +142,8 @@ def run(
 
     Args:
         names: Benchmarks to run, in this order (cluster ones last); default
-            all of :func:`available` but the multi-process ones
-            (:data:`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``, ``health``,
+            all of `available` but the multi-process ones
+            (`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``, ``health``,
             ``time_to_accuracy``, ``first_fit``), which run only when named.
         output: Path of the JSON file (directories are created); a PNG chart of
             the ratios goes next to it. ``None`` writes nothing.

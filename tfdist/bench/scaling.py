@@ -69,10 +69,10 @@ def run(**overrides: Any) -> dict[str, Any]:
     """Runs the scaling benchmark and returns its results (no file written; see ``tfdist bench``).
 
     Args:
-        **overrides: Any key of :data:`DEFAULTS`, e.g. ``workers=(1, 2)``,
+        **overrides: Any key of `DEFAULTS`, e.g. ``workers=(1, 2)``,
             ``threads_per_worker=1``, ``hidden_units=(64,)``, ``steps=10``,
             ``gradient_compression=("none", "bf16")``; ``quick=True`` applies
-            :data:`QUICK` first.
+            `QUICK` first.
 
     Returns:
         ``{"config", "machine", "per_workers": {"1": {...}, "2": {...}}, "efficiency",
@@ -210,7 +210,7 @@ def efficiencies(per_workers: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# ``tfdist bench`` flag -> option of :func:`run`.
+# ``tfdist bench`` flag -> option of `run`.
 FLAG_OPTIONS = {
     "scaling_workers": "workers",
     "threads_per_worker": "threads_per_worker",
@@ -225,7 +225,7 @@ FLAG_OPTIONS = {
 
 @common.register("scaling", plot=plots.plot_scaling)
 def scaling(repeats: int, quick: bool) -> dict[str, Any]:
-    """The registered benchmark: :func:`run` with the bench's options (``tfdist bench`` flags)."""
+    """The registered benchmark: `run` with the bench's options (``tfdist bench`` flags)."""
     options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
     options.setdefault("repeats", repeats)
     return run(quick=quick, **options)

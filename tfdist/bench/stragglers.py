@@ -64,8 +64,8 @@ def run(**overrides: Any) -> dict[str, Any]:
     """Runs the straggler benchmark and returns its results (no file written; see ``tfdist bench``).
 
     Args:
-        **overrides: Any key of :data:`DEFAULTS`, e.g. ``factor=3.0``,
-            ``threads_per_worker=1``, ``steps=20``; ``quick=True`` applies :data:`QUICK` first.
+        **overrides: Any key of `DEFAULTS`, e.g. ``factor=3.0``,
+            ``threads_per_worker=1``, ``steps=20``; ``quick=True`` applies `QUICK` first.
 
     Returns:
         ``{"config", "machine", "injected", "multi_worker", "parameter_server",
@@ -146,13 +146,13 @@ def _result(
     return out
 
 
-# ``tfdist bench`` flag -> option of :func:`run`.
+# ``tfdist bench`` flag -> option of `run`.
 FLAG_OPTIONS = {"straggler_factor": "factor", "threads_per_worker": "threads_per_worker"}
 
 
 @common.register("stragglers", plot=plots.plot_stragglers)
 def stragglers(repeats: int, quick: bool) -> dict[str, Any]:
-    """The registered benchmark: :func:`run` with the bench's options (``tfdist bench`` flags)."""
+    """The registered benchmark: `run` with the bench's options (``tfdist bench`` flags)."""
     options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
     options.setdefault("repeats", repeats)
     return run(quick=quick, **options)

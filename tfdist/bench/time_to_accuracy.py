@@ -90,9 +90,9 @@ def run(**overrides: Any) -> dict[str, Any]:
     """Runs the benchmark and returns its results (no file written; see ``tfdist bench``).
 
     Args:
-        **overrides: Any key of :data:`DEFAULTS`, e.g. ``target_accuracy=0.95``,
+        **overrides: Any key of `DEFAULTS`, e.g. ``target_accuracy=0.95``,
             ``max_epochs=20``, ``threads_per_worker=1``; ``quick=True`` applies
-            :data:`QUICK` first.
+            `QUICK` first.
 
     Returns:
         ``{"config", "machine", "per_workers": {"1": {...}, "2": {...}},
@@ -269,7 +269,7 @@ def summarise(spec: dict[str, Any], per_workers: dict[str, Any]) -> dict[str, An
     return out
 
 
-# ``tfdist bench`` flag -> option of :func:`run`.
+# ``tfdist bench`` flag -> option of `run`.
 FLAG_OPTIONS = {
     "threads_per_worker": "threads_per_worker",
     "per_worker_batch_size": "per_worker_batch_size",
@@ -279,7 +279,7 @@ FLAG_OPTIONS = {
 
 @common.register("time_to_accuracy", plot=plots.plot_time_to_accuracy)
 def time_to_accuracy(repeats: int, quick: bool) -> dict[str, Any]:
-    """The registered benchmark: :func:`run` with the bench's options (``tfdist bench`` flags)."""
+    """The registered benchmark: `run` with the bench's options (``tfdist bench`` flags)."""
     options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
     options.setdefault("repeats", repeats)
     return run(quick=quick, **options)

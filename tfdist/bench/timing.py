@@ -5,7 +5,7 @@ on Linux, the CPU seconds other processes (and the hypervisor) took meanwhile.
 The last says whether the machine was shared during that measurement: on a
 2-core machine ``others_cpu`` near 0 means the figures are clean, near 1 means
 another process took a core. Medians are taken over the clean measurements, and
-:func:`alternate` adds a few rounds when too few were clean.
+`alternate` adds a few rounds when too few were clean.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Timing(NamedTuple):
 
 
 class Stopwatch:
-    """Wall, own-CPU and others'-CPU time between :meth:`start` and :meth:`stop`."""
+    """Wall, own-CPU and others'-CPU time between `start` and `stop`."""
 
     def start(self) -> None:
         self._wall, self._cpu = time.perf_counter(), time.process_time()
@@ -95,8 +95,8 @@ class Samples:
     measurement's Timing took (so a rate can be checked against the time it
     came from); ``cpu_share`` and ``others_cpu`` are this process's and other
     processes' CPU seconds per wall second during each measurement (see
-    :class:`Timing`). A measurement is *clean* when other processes took at
-    most :data:`BUSY_CPU` cores meanwhile (or it is unknown).
+    `Timing`). A measurement is *clean* when other processes took at
+    most `BUSY_CPU` cores meanwhile (or it is unknown).
     """
 
     values: dict[str, list[float]]

@@ -1,6 +1,6 @@
 """What every task of a multi-process benchmark shares: who it is, its threads, its records.
 
-A leaf of the bench's task programs: :mod:`tfdist.bench.workers` (the program
+A leaf of the bench's task programs: `tfdist.bench.workers` (the program
 every task runs) and each worker module (``scaling_worker``, ``allreduce_worker``,
 ...) import it, and it imports none of them, so the task programs form no import circle.
 

@@ -4,14 +4,14 @@
 
 It pins this process's threads (and, where the cores allow, its CPUs) before
 TensorFlow starts, unless the launcher did (a user's default launch,
-``spec["launcher_pins"]``), runs ``spec["kind"]`` (a key of :data:`KINDS`) and
+``spec["launcher_pins"]``), runs ``spec["kind"]`` (a key of `KINDS`) and
 writes its results to ``<out_dir>/<task_type>-<task_id>.json``; their ``threads`` say
 what it pinned, and ``preloaded`` whether it was forked from a preloaded Python
 (``tfdist bench --preload``).
 
-:data:`KINDS` is a leaf table, as ``tfdist.strategies.registry`` is for strategies:
+`KINDS` is a leaf table, as ``tfdist.strategies.registry`` is for strategies:
 a kind's module is imported only in the task that runs it, and the worker modules
-import what they share from :mod:`tfdist.bench.worker_common`, never from here.
+import what they share from `tfdist.bench.worker_common`, never from here.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def resolve(kind: str) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
     """The function that runs tasks of ``kind`` (importing its module).
 
     Raises:
-        ValueError: For a kind not in :data:`KINDS` (Keras-style, listing them).
+        ValueError: For a kind not in `KINDS` (Keras-style, listing them).
         ImportError: If the kind's module fails to import (surfaced as is).
     """
     if kind not in KINDS:

@@ -1,4 +1,4 @@
-"""``tfdist bench``: the benchmarks of :mod:`tfdist.bench`, written as JSON."""
+"""``tfdist bench``: the benchmarks of `tfdist.bench`, written as JSON."""
 
 from __future__ import annotations
 

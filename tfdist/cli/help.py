@@ -56,7 +56,7 @@ EXAMPLES = {
 }
 
 #: Each command's flags in the groups its help shows, in order. Together they are exactly the
-#: flags the command reads (:data:`~tfdist.cli.flag_definitions.READS`; tests/test_cli.py).
+#: flags the command reads (`READS`; tests/test_cli.py).
 GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "train": (
         (

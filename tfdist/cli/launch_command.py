@@ -1,4 +1,4 @@
-"""``tfdist launch [flags] -- COMMAND``: a cluster of processes (:mod:`tfdist.launch.local`)."""
+"""``tfdist launch [flags] -- COMMAND``: a cluster of processes (`tfdist.launch.local`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``tfdist train``: this process trains (one task of ``tfdist launch``), or a Ray Train group does.
 
-The job itself is :mod:`tfdist.launch.train`; it imports TensorFlow, so it loads only here,
+The job itself is `tfdist.launch.train`; it imports TensorFlow, so it loads only here,
 when the command runs.
 """
 

@@ -65,7 +65,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     """Parses the flags in ``argv`` (absl's ``flags_parser``); exits 2 with one line on a bad flag.
 
     ``tfdist``, ``-h``/``--help``, ``help [COMMAND]`` and ``--version`` print their text
-    (:mod:`tfdist.cli.help`) and exit 0 before any flag is parsed.
+    (`tfdist.cli.help`) and exit 0 before any flag is parsed.
 
     Returns:
         ``argv`` without its flags: ``[program, COMMAND, args after --...]``.
@@ -92,7 +92,7 @@ def refuse_flags_not_read(command: str) -> None:
     """Raises on the first tfdist flag given that ``command`` does not read.
 
     A flag that parses and then does nothing would look like it worked, so each
-    command takes only its own (:data:`READS`); ``tfdist train`` takes the Ray
+    command takes only its own (`READS`); ``tfdist train`` takes the Ray
     flags only with ``--engine=ray``.
     """
     given = sorted(name for name in TFDIST_FLAGS if FLAGS[name].present)

@@ -6,17 +6,17 @@ Pure Python (no TensorFlow import), so the launcher and the CLI stay fast::
     if info is not None and info.is_chief:
         ...
 
-Each environment is a :class:`ClusterEnvironment` with a ``detect()``;
-:func:`from_environment` asks them in the order of :data:`ENVIRONMENTS`:
+Each environment is a `ClusterEnvironment` with a ``detect()``;
+`from_environment` asks them in the order of `ENVIRONMENTS`:
 
-* :class:`TFConfigEnvironment` (:mod:`tfdist.cluster.tf_config`): TF_CONFIG, which
+* `TFConfigEnvironment` (`tfdist.cluster.tf_config`): TF_CONFIG, which
   ``tfdist launch`` and Kubernetes jobs (Kubeflow's TFJob, ``tfdist manifest kubernetes``) set;
-* :class:`SlurmEnvironment` (:mod:`tfdist.cluster.slurm`): a Slurm job step that ``srun`` started.
+* `SlurmEnvironment` (`tfdist.cluster.slurm`): a Slurm job step that ``srun`` started.
 
-:mod:`tfdist.cluster.ports` holds addresses, port checks and :func:`make_cluster`, the
+`tfdist.cluster.ports` holds addresses, port checks and `make_cluster`, the
 one-machine (loopback) cluster of ``tfdist launch`` and the in-process parameter-server
 strategy. Every problem raises one ``ValueError`` worded by
-:func:`tfdist.config.invalid_argument`, naming the offending field, e.g.
+`tfdist.config.invalid_argument`, naming the offending field, e.g.
 ``TF_CONFIG.cluster.worker[1]``.
 """
 
@@ -84,7 +84,7 @@ ENVIRONMENTS: tuple[ClusterEnvironment, ...] = (TFConfigEnvironment(), SlurmEnvi
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> ClusterInfo | None:
-    """Reads the cluster from the first of :data:`ENVIRONMENTS` that detects one.
+    """Reads the cluster from the first of `ENVIRONMENTS` that detects one.
 
     That is TF_CONFIG, or else a Slurm job step: a process ``srun`` started
     (SLURM_JOB_ID and SLURM_STEP_ID are set). Not clusters, so None: an
@@ -95,7 +95,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> ClusterInfo | 
         environ: The environment to read; defaults to ``os.environ``.
 
     Returns:
-        The :class:`ClusterInfo`, or None outside a cluster.
+        The `ClusterInfo`, or None outside a cluster.
 
     Raises:
         ValueError: If the variables found are malformed, or this process runs

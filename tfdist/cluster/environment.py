@@ -1,7 +1,7 @@
 """The one interface of cluster environments: each detects itself and builds the cluster.
 
 Modelled on Lightning Fabric's ``ClusterEnvironment.detect()``: the launcher and the strategies do
-not know which scheduler started them; :func:`tfdist.cluster.from_environment` asks each
+not know which scheduler started them; `tfdist.cluster.from_environment` asks each
 environment in turn.
 """
 
@@ -16,10 +16,10 @@ from tfdist.cluster.info import ClusterInfo
 class ClusterEnvironment(abc.ABC):
     """A way a process learns its cluster from its environment variables.
 
-    Implementations: :class:`tfdist.cluster.TFConfigEnvironment` (TF_CONFIG, which Kubernetes
-    jobs and ``tfdist launch`` set) and :class:`tfdist.cluster.SlurmEnvironment` (``srun``).
+    Implementations: `tfdist.cluster.TFConfigEnvironment` (TF_CONFIG, which Kubernetes
+    jobs and ``tfdist launch`` set) and `tfdist.cluster.SlurmEnvironment` (``srun``).
     They read only the mapping they are given (``os.environ`` in practice), import no
-    TensorFlow, and raise one ``ValueError`` worded by :func:`tfdist.config.invalid_argument`
+    TensorFlow, and raise one ``ValueError`` worded by `tfdist.config.invalid_argument`
     for malformed variables.
     """
 
@@ -35,4 +35,4 @@ class ClusterEnvironment(abc.ABC):
 
     @abc.abstractmethod
     def cluster_info(self, environ: Mapping[str, str]) -> ClusterInfo:
-        """The validated cluster and this task; call it only when :meth:`detect` is True."""
+        """The validated cluster and this task; call it only when `detect` is True."""

@@ -1,4 +1,4 @@
-"""What every cluster environment produces (:class:`ClusterInfo`); task labels; the chief rule."""
+"""What every cluster environment produces (`ClusterInfo`); task labels; the chief rule."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class Missing:
         return "<missing>"
 
 
-MISSING = Missing()  # The value :func:`tfdist.config.invalid_argument` reports for an absent key.
+MISSING = Missing()  # The value `tfdist.config.invalid_argument` reports for an absent key.
 
 
 def task_label(task_type: str, task_id: int) -> str:

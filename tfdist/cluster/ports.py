@@ -1,4 +1,4 @@
-"""Addresses, ports and socket checks, and the one-machine cluster builder :func:`make_cluster`."""
+"""Addresses, ports and socket checks, and the one-machine cluster builder `make_cluster`."""
 
 from __future__ import annotations
 

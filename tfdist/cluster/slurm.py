@@ -1,14 +1,14 @@
 """Slurm job steps -> a validated cluster spec and this task (pure Python, no TensorFlow).
 
-:func:`tfdist.cluster.from_environment` asks :class:`SlurmEnvironment` when TF_CONFIG is
+`tfdist.cluster.from_environment` asks `SlurmEnvironment` when TF_CONFIG is
 not set. ``srun`` starts one process per task and sets SLURM_* variables;
-:func:`from_slurm` turns them into the TF_CONFIG-equivalent
-:class:`tfdist.cluster.ClusterInfo`::
+`from_slurm` turns them into the TF_CONFIG-equivalent
+`tfdist.cluster.ClusterInfo`::
 
     srun --ntasks=2 python -m tfdist train --strategy=multi_worker
 
 Each job's tasks listen on a block of ports derived from the job id
-(:func:`slurm_port_base`); a one-node step talks over 127.0.0.1. Roles come by
+(`slurm_port_base`); a one-node step talks over 127.0.0.1. Roles come by
 rank from TFDIST_SLURM_ROLES, which ``tfdist manifest slurm --chief --ps=N``
 exports, else every task is a worker.
 
@@ -19,7 +19,7 @@ if it fit, but:
 * importing it imports TensorFlow, and ``tfdist launch``, ``tfdist manifest`` and the CLI's
   parsing must not (tests/test_cli.py::test_launch_never_imports_tensorflow);
 * it orders hosts with ``sorted()``, so for ``gpu[8-10]`` rank 0 (on gpu8, where Slurm puts
-  it) gets gpu10's address; :func:`from_slurm` keeps Slurm's order, which is the ranks' order;
+  it) gets gpu10's address; `from_slurm` keeps Slurm's order, which is the ranks' order;
 * it sorts task types too, so a role order other than alphabetical is lost; it hands out
   GPUs: by default it runs ``nvidia-smi`` (FileNotFoundError on a CPU node), zero GPUs per
   task fails, it needs GPUs per node >= tasks per node, and it sets CUDA_VISIBLE_DEVICES;
@@ -69,10 +69,10 @@ _SLURM_NEEDS = (
 class SlurmEnvironment(ClusterEnvironment):
     """A Slurm job step: a process ``srun`` started (SLURM_JOB_ID and SLURM_STEP_ID are set).
 
-    Not clusters, so :meth:`detect` is False: no Slurm job, an interactive ``srun --pty``
+    Not clusters, so `detect` is False: no Slurm job, an interactive ``srun --pty``
     shell (SLURM_PTY_PORT is set), and a one-task allocation's batch script or ``salloc``
     shell. A batch script or ``salloc`` shell of several tasks is none of those tasks:
-    :meth:`detect` raises, so that the job does not silently train on one process.
+    `detect` raises, so that the job does not silently train on one process.
     """
 
     name = "Slurm"
@@ -110,14 +110,14 @@ class SlurmEnvironment(ClusterEnvironment):
         return False
 
     def cluster_info(self, environ: Mapping[str, str]) -> ClusterInfo:
-        """The cluster of this job step (see :func:`from_slurm`)."""
+        """The cluster of this job step (see `from_slurm`)."""
         return from_slurm(environ)
 
 
 def slurm_port_base(job_id: int) -> int:
     """The port of the first task on each node of Slurm job ``job_id``.
 
-    Jobs sharing a node get disjoint blocks of :data:`SLURM_PORTS_PER_JOB`
+    Jobs sharing a node get disjoint blocks of `SLURM_PORTS_PER_JOB`
     ports in 10000..32399 (Lightning derives its port from the job id too), so
     they do not collide unless their ids differ by a multiple of 700. A
     requeued job keeps its id, so its next run reuses its ports.
@@ -173,11 +173,11 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
     Args:
         environ: The environment, e.g. ``os.environ``.
         port_base: The port of the first task on each node; by default
-            :func:`slurm_port_base` of SLURM_JOB_ID, so jobs sharing a node
+            `slurm_port_base` of SLURM_JOB_ID, so jobs sharing a node
             do not collide.
 
     Returns:
-        The :class:`ClusterInfo` of task SLURM_PROCID.
+        The `ClusterInfo` of task SLURM_PROCID.
 
     Raises:
         ValueError: If a Slurm variable is missing or malformed, or they disagree.
@@ -198,9 +198,9 @@ def from_slurm(environ: Mapping[str, str], *, port_base: int | None = None) -> C
 def node_tasks(environ: Mapping[str, str]) -> tuple[list[tuple[str, int]], tuple[str, int]]:
     """The tasks of this task's node, in rank order, and this task, as ``(task_type, task_id)``.
 
-    Reads the same variables as :func:`from_slurm` (block distribution: a node's
+    Reads the same variables as `from_slurm` (block distribution: a node's
     tasks have consecutive ranks), so that each task of a node can choose its own
-    CPUs without asking the others (:mod:`tfdist.launch.slurm_pin`).
+    CPUs without asking the others (`tfdist.launch.slurm_pin`).
 
     Raises:
         ValueError: If a Slurm variable is missing or malformed, or they disagree.

@@ -3,7 +3,7 @@
 Why not a library: ``scontrol show hostnames`` needs Slurm's client on the PATH and a process per
 call (and unit tests without Slurm), and TF's ``slurm_cluster_resolver.expand_hostlist`` is not
 public API, imports TensorFlow with it, and rejects names Slurm accepts (``r[1-2]-n[1,3]``,
-``b[2-3]x``); see :mod:`tfdist.cluster.slurm`. Pure Python, no TensorFlow.
+``b[2-3]x``); see `tfdist.cluster.slurm`. Pure Python, no TensorFlow.
 """
 
 from __future__ import annotations

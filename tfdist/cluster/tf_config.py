@@ -1,6 +1,6 @@
-"""TF_CONFIG -> a validated :class:`~tfdist.cluster.ClusterInfo` (pure Python, no TensorFlow).
+"""TF_CONFIG -> a validated `ClusterInfo` (pure Python, no TensorFlow).
 
-Every problem raises one ``ValueError`` worded by :func:`tfdist.config.invalid_argument`, naming
+Every problem raises one ``ValueError`` worded by `tfdist.config.invalid_argument`, naming
 the offending field, e.g. ``TF_CONFIG.cluster.worker[1]``.
 """
 
@@ -33,7 +33,7 @@ class TFConfigEnvironment(ClusterEnvironment):
         return bool(environ.get("TF_CONFIG", "").strip())
 
     def cluster_info(self, environ: Mapping[str, str]) -> ClusterInfo:
-        """Parses and validates TF_CONFIG (see :func:`parse_tf_config`)."""
+        """Parses and validates TF_CONFIG (see `parse_tf_config`)."""
         info = parse_tf_config(environ.get("TF_CONFIG"))
         if info is None:  # Only when detect() was skipped.
             raise invalid_argument(
@@ -51,7 +51,7 @@ def parse_tf_config(raw: str | dict | None) -> ClusterInfo | None:
         raw: The TF_CONFIG JSON string, an already-decoded dict, or None.
 
     Returns:
-        The validated :class:`ClusterInfo`, or None when ``raw`` is None or empty.
+        The validated `ClusterInfo`, or None when ``raw`` is None or empty.
 
     Raises:
         ValueError: If TF_CONFIG is malformed; the message names the bad field.

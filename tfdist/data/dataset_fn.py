@@ -1,7 +1,7 @@
 """``DatasetFn``: a dataset_fn(input_context) of per-replica batches, bound to a global batch size.
 
 Each call with an ``input_context`` builds that pipeline's shard from its
-:class:`Source`:
+`Source`:
 
 * training: shuffled per-replica batches, ``drop_remainder=True``, exactly
   ``steps_per_epoch() * replicas_per_pipeline`` of them on every pipeline, so
@@ -40,7 +40,7 @@ DEFAULT_SHUFFLE_BUFFER_SIZE = 10_000
 
 
 class Source(Protocol):
-    """Where a :class:`DatasetFn`'s examples come from.
+    """Where a `DatasetFn`'s examples come from.
 
     A source may set ``whole_split = True`` when ``examples`` can cheaply give
     every pipeline the whole split (in-memory arrays): training then shuffles
@@ -57,7 +57,7 @@ class Source(Protocol):
 class DatasetFn:
     """A dataset_fn(input_context) -> tf.data.Dataset of PER-REPLICA batches, plus metadata.
 
-    Build one with :func:`tfdist.data.load`, then :meth:`bind` it to a global batch size.
+    Build one with `tfdist.data.load`, then `bind` it to a global batch size.
 
     Attributes:
         name: The dataset name given to ``load``, e.g. ``"digits"``.

@@ -1,6 +1,6 @@
 """The built-in datasets by name, and ``load``: the one entry point to them.
 
-``load`` returns a :class:`~tfdist.data.dataset_fn.DatasetFn`: call
+``load`` returns a `DatasetFn`: call
 ``.bind(global_batch_size=...)``, then hand it to
 ``strategy.distribute_datasets_from_function`` (or the Trainer).
 
@@ -43,7 +43,7 @@ def load(
     global_batch_size: int | None = None,
     **kwargs: Any,
 ) -> DatasetFn:
-    """Returns a :class:`DatasetFn` for a built-in or prepared TFDS dataset.
+    """Returns a `DatasetFn` for a built-in or prepared TFDS dataset.
 
     Args:
         name: ``"digits"`` (scikit-learn's 8x8 digits), ``"synthetic"``

@@ -1,12 +1,12 @@
-"""Normalises what ``Trainer.fit`` receives into one :class:`InputSource`.
+"""Normalises what ``Trainer.fit`` receives into one `InputSource`.
 
 Accepted forms:
-  * a :class:`tfdist.data.DatasetFn` (from ``tfdist.data.load``), bound here to
+  * a `tfdist.data.DatasetFn` (from ``tfdist.data.load``), bound here to
     the global batch size;
   * any ``dataset_fn(input_context)`` callable returning per-replica batches;
   * a ``tf.data.Dataset`` of **global** batches;
   * a Python generator of global batches or a ``keras.utils.PyDataset``
-    (:mod:`tfdist.data.python_inputs`);
+    (`tfdist.data.python_inputs`);
   * a tuple ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)`` of arrays, each an array
     or a nested structure of them (a dict or list per input or output), as
     ``Trainer.fit(x, y, sample_weight=...)`` packs them.
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdist._compat.inputs import static_batch_size
 from tfdist.config import invalid_argument
+from tfdist.data.batch_size import read_batch_size
 from tfdist.data.dataset_fn import DatasetFn
 from tfdist.data.python_inputs import EpochHooks, is_python_input, python_dataset
 from tfdist.data.sharding import check_global_batch_size, replicas_per_pipeline
@@ -122,7 +122,7 @@ class InputSource:
 
 
 def _reseeded(dataset_fn: Any, epoch: int) -> Any:
-    """A DatasetFn reseeded with ``seed + epoch`` (also inside a :class:`_Map`); others as given."""
+    """A DatasetFn reseeded with ``seed + epoch`` (also inside a `_Map`); others as given."""
     if isinstance(dataset_fn, DatasetFn):
         return dataset_fn.bind(
             global_batch_size=dataset_fn.global_batch_size, seed=dataset_fn.seed + epoch
@@ -170,43 +170,6 @@ class _Skip:
         return self.dataset_fn(input_context).skip(
             self.num_steps * replicas_per_pipeline(input_context)
         )
-
-
-def _first_batch_size(ds: tf.data.Dataset, argument: str) -> int:
-    """The batch size of ``ds``, with a clear error when it has none.
-
-    Read off the pipeline's graph when tf.data can (:func:`static_batch_size`: no element is
-    read, so a reshuffling dataset keeps its first order for the first epoch); else off the
-    first element, which makes one iterator: it uses up one order of a dataset that reshuffles
-    each iteration (pass ``global_batch_size`` to avoid it).
-    """
-    size = static_batch_size(ds) if int(ds.cardinality()) != 0 else None  # none: say so below
-    if size is not None:
-        return size
-    logger.info(
-        "`%s`: reading the batch size off the first batch (one iterator: a dataset that "
-        "reshuffles each iteration then starts on its second order); pass global_batch_size "
-        "to skip this.",
-        argument,
-    )
-    for element in ds.take(1):
-        first = tf.nest.flatten(element)[0]
-        if first.shape.rank:
-            return int(first.shape[0])
-        raise invalid_argument(
-            "global_batch_size",
-            None,
-            "a positive integer",
-            note=f"`{argument}` yields unbatched elements (shape {first.shape}), so the batch "
-            "size cannot be read off them; batch the dataset or pass global_batch_size.",
-        )
-    raise invalid_argument(
-        "global_batch_size",
-        None,
-        "a positive integer",
-        note=f"`{argument}` yields no batches, so the batch size cannot be read off it; "
-        "pass global_batch_size (or non-empty data).",
-    )
 
 
 def check_evaluation_steps(name: str, steps: int | None, source: InputSource) -> None:
@@ -277,7 +240,7 @@ def as_input(
     fallback_global_batch_size: int | None = None,
     shuffle: bool | str = True,
 ) -> InputSource:
-    """Builds an :class:`InputSource` from any accepted form of ``data``.
+    """Builds an `InputSource` from any accepted form of ``data``.
 
     Args:
         data: See the module docstring.
@@ -353,7 +316,7 @@ def _dataset_fn_input(
     training: bool,
     argument: str,
 ) -> InputSource:
-    """A :class:`DatasetFn`, bound to the global batch ``gbs`` (required)."""
+    """A `DatasetFn`, bound to the global batch ``gbs`` (required)."""
     if gbs is None:
         raise invalid_argument(
             "global_batch_size",
@@ -374,7 +337,7 @@ def _dataset_input(
     spec = data.element_spec
     first = tf.nest.flatten(spec)[0]
     static = first.shape[0] if first.shape.rank else None
-    gbs = global_batch_size or static or _first_batch_size(data, argument)
+    gbs = global_batch_size or static or read_batch_size(data, argument)
     return InputSource(int(gbs), spec, _finite_cardinality(data), dataset=data)
 
 
@@ -397,7 +360,7 @@ def _callable_input(
     gbs = global_batch_size
     if gbs is None:
         replicas = input_context.num_replicas_in_sync
-        gbs = _first_batch_size(ds, argument) * replicas
+        gbs = read_batch_size(ds, argument) * replicas
         logger.info(
             "`%s` is a dataset_fn and global_batch_size was not given: using %d (its first "
             "per-replica batch times %d replicas).",

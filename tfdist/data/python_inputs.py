@@ -57,7 +57,7 @@ def python_dataset(
     data: Any, *, training: bool, shuffle: bool | str, seed: int, argument: str
 ) -> tuple[tf.data.Dataset, int, int | None, Any]:
     """``data`` as a dataset of global batches, its first batch's size, its batches per pass,
-    and a ``PyDataset``'s epoch hooks (None for a generator): see :class:`EpochHooks`.
+    and a ``PyDataset``'s epoch hooks (None for a generator): see `EpochHooks`.
 
     Raises:
         ValueError: Naming ``argument``, for a generator that yields nothing or something
@@ -130,8 +130,8 @@ class EpochHooks(Protocol):
     """A ``PyDataset``'s ``on_epoch_begin``/``on_epoch_end`` when an epoch is not one pass.
 
     By default they run around each pass, which is each epoch when an epoch reads one pass.
-    With ``steps_per_epoch`` (one stream across the epochs) the loop calls :meth:`per_epoch`
-    once, then :meth:`epoch_begin` and :meth:`epoch_end` around each epoch, as Keras does.
+    With ``steps_per_epoch`` (one stream across the epochs) the loop calls `per_epoch`
+    once, then `epoch_begin` and `epoch_end` around each epoch, as Keras does.
     """
 
     def per_epoch(self) -> None: ...

@@ -73,7 +73,7 @@ def check_global_batch_size(
     ``floor(b / replicas)`` shares, as it splits a partial batch; each example counts once.
 
     Raises:
-        ValueError: As :func:`per_replica_batch_size`, or for a value that is not a positive int.
+        ValueError: As `per_replica_batch_size`, or for a value that is not a positive int.
     """
     if training or per_replica:
         per_replica_batch_size(global_batch_size, num_replicas_in_sync, training=training)

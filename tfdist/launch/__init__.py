@@ -15,7 +15,7 @@ Engines start processes that call tfdist's public API; none reaches into trainin
 
 Importing this package imports no TensorFlow (the launcher only supervises
 processes) and no Ray: ``ray_launcher``, ``ray_fit`` and ``RayBackup`` load
-:mod:`tfdist.launch.ray_engine` / :mod:`tfdist.launch.ray_backup` when first touched.
+`tfdist.launch.ray_engine` / `tfdist.launch.ray_backup` when first touched.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What each task of ``notebook_launcher`` runs: ``python -m tfdist.launch._notebook_task WORKDIR``.
 
-A package-private entry point: only :mod:`tfdist.launch.notebook` starts it, and nothing imports it.
+A package-private entry point: only `tfdist.launch.notebook` starts it, and nothing imports it.
 """
 
 from __future__ import annotations

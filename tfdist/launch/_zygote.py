@@ -2,7 +2,7 @@
 
 Run as ``python -m tfdist.launch._zygote SOCKET MODULE...`` inside the launch's
 sandbox (so that the processes it forks share the tasks' namespaces). It imports
-each MODULE, prints :data:`READY`, and serves a Unix socket. Each task's sandbox
+each MODULE, prints `READY`, and serves a Unix socket. Each task's sandbox
 helper (``_sandbox.py run --zygote=SOCKET``) connects once and sends, with its
 standard input, output and error (SCM_RIGHTS):
 
@@ -11,7 +11,7 @@ standard input, output and error (SCM_RIGHTS):
   after the streams: namespaces the forked child enters (``setns``) before it runs the
   command. A PID namespace takes only the child's own children: this is how an interpreter
   shared by many launches starts each launch's own preloaded interpreter, whose tasks it
-  forks inside that launch's namespaces (see :mod:`tfdist.launch.preload`);
+  forks inside that launch's namespaces (see `tfdist.launch.preload`);
 * then, at any time, lines ``S<signum>``: that signal goes to the task's process group.
 
 The zygote forks; the child takes the helper's streams, directory, environment and

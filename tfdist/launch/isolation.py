@@ -41,7 +41,7 @@ UNAUTHENTICATED = (
 
 
 class Sandbox:
-    """The namespaces one launch's tasks share; :meth:`wrap` runs a task inside them.
+    """The namespaces one launch's tasks share; `wrap` runs a task inside them.
 
     Args:
         private_network: Give the tasks a private network namespace (only
@@ -106,7 +106,7 @@ class Sandbox:
             cpus: The CPUs the task (and all it starts) may run on; all by default.
                 The helper sets them before it starts the task (Linux).
             zygote: The socket of a preloaded interpreter running in this sandbox
-                (:mod:`tfdist.launch.preload`), which then forks the task; None to start
+                (`tfdist.launch.preload`), which then forks the task; None to start
                 ``command`` afresh.
             zygote_outside: The ``zygote`` runs outside this sandbox (one shared by many
                 launches): the helper sends it the sandbox's namespaces, which the forked

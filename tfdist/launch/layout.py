@@ -1,9 +1,9 @@
 """Where a launch's tasks listen: one machine's cluster, or a layout over ``--hosts`` nodes.
 
 Every launcher of a multi-node job computes the same layout from the same
-arguments (:func:`node_cluster`), so the nodes agree on the cluster without
+arguments (`node_cluster`), so the nodes agree on the cluster without
 talking to each other. Addresses other than loopback are refused unless
-allowed (:func:`require_loopback`): TF's gRPC servers are unauthenticated.
+allowed (`require_loopback`): TF's gRPC servers are unauthenticated.
 No TensorFlow is imported here.
 """
 
@@ -63,7 +63,7 @@ def node_cluster(
 
     Returns:
         ``(cluster, local_tasks)``: task type -> every node's ``"host:port"``
-        addresses, and the :class:`~tfdist.launch.tasks.Task` objects this node runs.
+        addresses, and the `Task` objects this node runs.
 
     Raises:
         ValueError: On bad counts, a ``node_rank`` out of range, a ``hosts`` entry

@@ -11,7 +11,7 @@ On several machines, run the same command on each, changing only ``--node_rank``
     tfdist launch --nnodes=2 --node_rank=1 --hosts=h1:2222,h2:2222 --workers=2 \\
         --allow_external -- python train.py
 
-Each launcher computes the whole cluster (see :func:`node_cluster`) and starts
+Each launcher computes the whole cluster (see `node_cluster`) and starts
 only its own node's tasks. Every process gets its own TF_CONFIG and its own
 process group. Their output is merged line by line, each line prefixed
 ``[worker:0] ``. The job succeeds when every chief, worker and evaluator exits
@@ -21,17 +21,17 @@ imported here.
 
 This module only ties the parts together; each lives in its own module:
 
-* :mod:`tfdist.launch.tasks`: a task's name, environment (TF_CONFIG) and result;
-* :mod:`tfdist.launch.layout`: the cluster on one machine, or over ``--hosts`` nodes;
-* :mod:`tfdist.launch.pinning`: each chief and worker task's own CPUs and TF
+* `tfdist.launch.tasks`: a task's name, environment (TF_CONFIG) and result;
+* `tfdist.launch.layout`: the cluster on one machine, or over ``--hosts`` nodes;
+* `tfdist.launch.pinning`: each chief and worker task's own CPUs and TF
   thread pools, where they fit (``--pin=false``: none);
-* :mod:`tfdist.launch.isolation`: the namespaces the tasks run in, and warnings
+* `tfdist.launch.isolation`: the namespaces the tasks run in, and warnings
   where none can be made;
-* :mod:`tfdist.launch.supervisor`: spawning, watching, restarting and stopping them.
+* `tfdist.launch.supervisor`: spawning, watching, restarting and stopping them.
 
 TF's gRPC servers listen on every interface whatever TF_CONFIG says, so a
 single-machine launch runs its tasks in a private network namespace that has
-only loopback (see :mod:`tfdist.launch.isolation`): other hosts cannot reach
+only loopback (see `tfdist.launch.isolation`): other hosts cannot reach
 them. No task outlives the launcher, even one killed with SIGKILL: they share a
 PID namespace that dies with it. Where the kernel does not allow namespaces
 (not root), the launcher says so and names the ports to firewall.
@@ -91,7 +91,7 @@ def launch(
 
     With the defaults (one node, no ``hosts``) every task of a cluster on
     ``host`` runs here. With ``hosts``, the cluster spans ``nnodes`` nodes laid
-    out by :func:`node_cluster`, and only node ``node_rank``'s tasks run here;
+    out by `node_cluster`, and only node ``node_rank``'s tasks run here;
     start one launcher per node with the same arguments but ``node_rank``.
 
     Args:
@@ -110,7 +110,7 @@ def launch(
         env: The base environment of every task; defaults to ``os.environ``.
         output: Where the prefixed output lines go; defaults to ``sys.stdout``.
         timeout: Seconds after which every task is killed, or None.
-        max_restarts: Restarts allowed after failures (see :class:`Supervisor`).
+        max_restarts: Restarts allowed after failures (see `Supervisor`).
             With parameter servers a failed worker is restarted alone, and once
             restarts run out the coordinator goes on with the other workers.
             With ``hosts`` each node restarts only its own tasks.
@@ -126,11 +126,11 @@ def launch(
         pin: Give each chief and worker task of this node its own share of the
             CPUs this launcher may use, and TF thread pools to match (intra-op:
             its CPUs; inter-op: as many, at least 2), whenever they fit (see
-            :mod:`tfdist.launch.pinning`); logged one line per task. Parameter
+            `tfdist.launch.pinning`); logged one line per task. Parameter
             servers and evaluators see every CPU. Restarts keep the same CPUs.
         preload: Modules (e.g. ``("tensorflow", "keras")``) that one Python imports
             before any task starts; every task, restarts included, is then forked from it
-            and starts with them imported (see :mod:`tfdist.launch.preload`). The command
+            and starts with them imported (see `tfdist.launch.preload`). The command
             must be ``PYTHON SCRIPT|-m MODULE|-c CODE [ARGS]``. None or empty: each task
             starts afresh.
 
@@ -197,7 +197,7 @@ def _cluster_here(
     """The whole cluster, this node's tasks, and whether every address is loopback.
 
     ``shape``: the tasks and ports (``workers``, ``ps``, ``chief``, ``evaluator``,
-    ``ports``, ``allow_external``), as :func:`launch` got them.
+    ``ports``, ``allow_external``), as `launch` got them.
     """
     if single_node:
         cluster = single_node_cluster(host, **shape)
@@ -235,7 +235,7 @@ def _supervise(
     timeout: float | None,
     preload: tuple[str, ...],
 ) -> int:
-    """Runs this node's tasks in their sandbox under a :class:`Supervisor`; their exit code."""
+    """Runs this node's tasks in their sandbox under a `Supervisor`; their exit code."""
     # A private network only for a one-machine loopback cluster: tasks of a multi-node (or
     # non-loopback) cluster must reach other hosts.
     with Sandbox(private_network=single_node and loopback and bool(private_network)) as sandbox:

@@ -13,7 +13,7 @@ then fight over both cores. So, by default, the launcher gives each training tas
   at once, and an evaluator runs beside training; both see every CPU;
 * if the training tasks outnumber the CPUs, no task is pinned.
 
-:func:`pin_layout` decides (pure); :func:`plan_pinning` asks the OS for the CPUs,
+`pin_layout` decides (pure); `plan_pinning` asks the OS for the CPUs,
 logs the choice and hands it to the supervisor. The sandbox helper sets a task's
 CPU affinity before it starts the task, so the task and everything it starts
 inherit it, restarts included. The thread counts reach TF through
@@ -102,9 +102,9 @@ def pin_layout(tasks: Sequence[tuple[str, int]], cpus: Sequence[int]) -> dict[st
         cpus: The CPU ids the tasks may use.
 
     Returns:
-        Each task's label (``worker:0``) -> its :class:`Pinning`, or None for a
+        Each task's label (``worker:0``) -> its `Pinning`, or None for a
         task left on every CPU with TF's default pools: parameter servers and
-        evaluators always, every task when :func:`unpinned_reason` says why.
+        evaluators always, every task when `unpinned_reason` says why.
     """
     cpus = sorted(set(cpus))
     layout: dict[str, Pinning | None] = {task_label(t, i): None for t, i in tasks}
@@ -139,7 +139,7 @@ def plan_pinning(
             counts set there are replaced, with a warning.
 
     Returns:
-        Task label -> :class:`Pinning`, for the pinned tasks only.
+        Task label -> `Pinning`, for the pinned tasks only.
     """
     cpus = launcher_cpus()
     if not pin:

@@ -21,13 +21,13 @@ imported here.
 
 **A preloaded interpreter shared by many launches.** Where many launches run one after
 another (a test suite, a notebook), each paying the import again can be avoided: start
-``python -m tfdist.launch.preload SOCKET tensorflow keras`` once (:func:`serve`) and set
+``python -m tfdist.launch.preload SOCKET tensorflow keras`` once (`serve`) and set
 ``TFDIST_PRELOAD_SERVER=SOCKET`` in the launches' environment. Each launch with
 ``preload`` then has that interpreter fork its own preloaded interpreter (in a fraction of
 a second) instead of starting one; that fork enters the launch's network and PID
 namespaces, so its tasks run in them as before. It is used only where the result is the
 same: the same Python, the launch's modules among those it imported, and the same
-:data:`~tfdist.launch._zygote.IMPORT_ENV` variables; otherwise the launch warns why and
+`IMPORT_ENV` variables; otherwise the launch warns why and
 starts its own. The tasks' CPU time then reaches that interpreter, not the launcher
 (``RUSAGE_CHILDREN``).
 """
@@ -143,7 +143,7 @@ def shared_server(
 
 
 class Preloader:
-    """The preloaded interpreter of one launch: started in ``sandbox``, stopped by :meth:`close`.
+    """The preloaded interpreter of one launch: started in ``sandbox``, stopped by `close`.
 
     Args:
         python: The interpreter (the command's first word).
@@ -186,7 +186,7 @@ class Preloader:
         self.wait()
 
     def spawn(self) -> None:
-        """Starts the interpreter, which imports while the caller goes on; :meth:`wait` follows."""
+        """Starts the interpreter, which imports while the caller goes on; `wait` follows."""
         self._started = time.monotonic()
         self._shared, why = shared_server(self.python, self.modules, self.env)
         if why is not None:
@@ -204,7 +204,7 @@ class Preloader:
         )
 
     def wait(self) -> None:
-        """Waits until the interpreter :meth:`spawn` started has imported the modules.
+        """Waits until the interpreter `spawn` started has imported the modules.
 
         Its output goes on to ``output`` from then on.
 

@@ -15,7 +15,7 @@ Ray's ``ray.train.tensorflow.TensorflowTrainer`` starts one actor per worker,
 sets ``TF_CONFIG`` and restarts the whole group after a failure
 (``FailureConfig(max_failures=R)``). This module only starts that trainer
 around a function that uses tfdist's public API; fault tolerance with
-step-exact resumes is :class:`tfdist.launch.ray_backup.RayBackup`, a Keras
+step-exact resumes is `tfdist.launch.ray_backup.RayBackup`, a Keras
 callback that reports tfdist's backups as Ray checkpoints.
 
 Before ``fn`` runs, each worker:
@@ -191,7 +191,7 @@ def _make_results_box(ray: Any) -> Any:
 
 @dataclasses.dataclass
 class RayRun:
-    """What :func:`ray_fit` returns.
+    """What `ray_fit` returns.
 
     Attributes:
         result: Ray's ``ray.train.Result`` (final metrics, latest checkpoint, error).
@@ -223,7 +223,7 @@ def ray_fit(
         num_workers: Ray Train workers (TF ``worker`` tasks; rank 0 is the chief), or a
             pair ``(min, max)`` for Ray Train's elastic training: Ray starts as many as the
             cluster fits, at least ``min``, and resizes the group (a restart) as resources
-            come and go. A :class:`~tfdist.launch.ray_backup.RayBackup` resumes each new group
+            come and go. A `RayBackup` resumes each new group
             at the same update on its world size; keep a global batch that every count divides.
         cpus_per_worker: CPUs Ray reserves per worker; TF's thread pools follow it.
         use_gpu: One GPU per worker.
@@ -238,7 +238,7 @@ def ray_fit(
             GPUs) than the group needs; turn off on an autoscaling cluster.
 
     Returns:
-        A :class:`RayRun`: Ray's ``Result`` and every rank's return value.
+        A `RayRun`: Ray's ``Result`` and every rank's return value.
 
     Raises:
         ImportError: If Ray is not installed (the message says how to install it).
@@ -304,7 +304,7 @@ def ray_launcher(fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
 
     Starts a local loopback Ray cluster (no dashboard) unless Ray is already
     initialised or ``RAY_ADDRESS`` names a cluster. The keyword arguments are
-    :func:`ray_fit`'s, with the same defaults (``num_workers=2``, ...);
+    `ray_fit`'s, with the same defaults (``num_workers=2``, ...);
     ``ray_fit`` also returns Ray's ``Result``.
     """
     return ray_fit(fn, *args, **options).outputs[0]

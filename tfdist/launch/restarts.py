@@ -1,13 +1,13 @@
 """The restart policy of ``tfdist launch``: what happens when a task fails.
 
-Pure bookkeeping, no processes: :class:`RestartPolicy` decides and counts, and
-:class:`tfdist.launch.supervisor.Supervisor` carries the decision out. On a
+Pure bookkeeping, no processes: `RestartPolicy` decides and counts, and
+`tfdist.launch.supervisor.Supervisor` carries the decision out. On a
 task that fails:
 
-* exit code 75 (:data:`~tfdist.config.PREEMPTED_EXIT_CODE`): it saved a backup
+* exit code 75 (`PREEMPTED_EXIT_CODE`): it saved a backup
   on SIGTERM and asks for a restart, which does not count against
   ``max_restarts``;
-* exit code 76 (:data:`~tfdist.config.STUCK_EXIT_CODE`): the watchdog found a
+* exit code 76 (`STUCK_EXIT_CODE`): the watchdog found a
   hang; a failure like any other (below), logged as such;
 * otherwise, while restarts are left: under parameter servers the failed
   worker alone, else the whole group;

@@ -7,11 +7,11 @@ the same cores. So the script ``tfdist manifest slurm`` writes runs each task as
 ``srun ... python -m tfdist.launch.slurm_pin -- COMMAND``. This module:
 
 * reads the task's node and role from the SLURM_* variables, as
-  :func:`tfdist.cluster.from_slurm` does (:func:`tfdist.cluster.slurm.node_tasks`);
+  `tfdist.cluster.from_slurm` does (`tfdist.cluster.slurm.node_tasks`);
 * if Slurm bound the task itself (``SLURM_CPU_BIND_TYPE`` names a binding), keeps the
   CPUs Slurm gave it and sizes TF's pools to them;
 * otherwise splits the CPUs the task may use among the chief and worker tasks of its node,
-  in rank order, as :func:`tfdist.launch.pinning.pin_layout` splits a local launch's;
+  in rank order, as `tfdist.launch.pinning.pin_layout` splits a local launch's;
   parameter servers and evaluators keep every CPU and TF's default pools;
 * sets its CPU affinity and ``TF_NUM_INTRAOP_THREADS``/``TF_NUM_INTEROP_THREADS``, prints
   one line saying what it chose, and replaces itself with ``COMMAND`` (``exec``), which
@@ -53,14 +53,14 @@ def slurm_bound(environ: Mapping[str, str]) -> bool:
 def task_pinning(
     environ: Mapping[str, str], cpus: Sequence[int]
 ) -> tuple[str, Pinning | None, str]:
-    """This Slurm task's label, its :class:`Pinning` (None: every CPU), and why.
+    """This Slurm task's label, its `Pinning` (None: every CPU), and why.
 
     Args:
         environ: The task's environment (SLURM_* as ``srun`` sets them).
         cpus: The CPUs the task may run on (its affinity).
 
     Raises:
-        ValueError: If a Slurm variable is missing or malformed (as :func:`from_slurm` says).
+        ValueError: If a Slurm variable is missing or malformed (as `from_slurm` says).
     """
     tasks, me = node_tasks(environ)
     label = task_label(*me)

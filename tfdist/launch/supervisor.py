@@ -1,13 +1,13 @@
 """Process supervision for ``tfdist launch``: spawn, watch, restart, forward signals, stop.
 
-:class:`Supervisor` runs one process per :class:`~tfdist.launch.tasks.Task`,
+`Supervisor` runs one process per `Task`,
 merges their output line by line (each line prefixed ``[worker:0] ``), and
 decides the job's outcome:
 
 * it succeeds when every chief, worker and evaluator exits 0; parameter
   servers never exit on their own and are stopped once those are done;
 * a failure stops every other task (SIGTERM, then SIGKILL after a grace
-  period), unless the restart policy (:mod:`tfdist.launch.restarts`) takes it back;
+  period), unless the restart policy (`tfdist.launch.restarts`) takes it back;
 * SIGINT/SIGTERM to the launcher are passed on to every task; a second one
   kills at once.
 
@@ -62,11 +62,11 @@ class Supervisor:
             cannot lose a member) the whole group restarts.
         tasks: The tasks to run here; every task of ``cluster`` by default.
             A node of a multi-node job runs only its own
-            (see :func:`tfdist.launch.layout.node_cluster`).
+            (see `tfdist.launch.layout.node_cluster`).
         sandbox: Runs each task inside its namespaces (see
-            :class:`tfdist.launch.isolation.Sandbox`), or None.
+            `tfdist.launch.isolation.Sandbox`), or None.
         pinning: Task label (``worker:0``) -> the CPUs and TF thread pools that
-            task gets, at every start (see :mod:`tfdist.launch.pinning`); the
+            task gets, at every start (see `tfdist.launch.pinning`); the
             sandbox's helper sets the CPUs, so it needs a sandbox.
     """
 
@@ -158,14 +158,14 @@ class Supervisor:
         """Starts every task and waits for the job's outcome.
 
         A failed task is restarted, or given up, or fails the job, as
-        :class:`tfdist.launch.restarts.RestartPolicy` decides.
+        `tfdist.launch.restarts.RestartPolicy` decides.
 
         Args:
             timeout: Seconds after which every task is killed, or None.
 
         Returns:
             0 on success; the failing task's exit code (or 1); 128 + signal number
-            when the launcher was interrupted; :data:`TIMEOUT_RETURNCODE` on timeout.
+            when the launcher was interrupted; `TIMEOUT_RETURNCODE` on timeout.
         """
         handlers = self._install_signal_handlers()
         returncode, reason = 1, "the launcher stopped unexpectedly"

@@ -1,8 +1,8 @@
 """What a launched task is: its name, the command and environment it runs with, how it ended.
 
-Shared by the node layout (:mod:`tfdist.launch.layout`: which tasks run on this
-node), the supervisor (:mod:`tfdist.launch.supervisor`: runs them) and the job
-files (:mod:`tfdist.launch.manifests`: the command every task runs). Pure
+Shared by the node layout (`tfdist.launch.layout`: which tasks run on this
+node), the supervisor (`tfdist.launch.supervisor`: runs them) and the job
+files (`tfdist.launch.manifests`: the command every task runs). Pure
 Python; no TensorFlow is imported here.
 """
 
@@ -66,7 +66,7 @@ class TaskResult:
 
 
 def all_tasks(cluster: Mapping[str, list[str]]) -> list[Task]:
-    """Every task of ``cluster``, in :data:`TASK_ORDER`."""
+    """Every task of ``cluster``, in `TASK_ORDER`."""
     return [Task(t, i) for t in TASK_ORDER for i in range(len(cluster.get(t, [])))]
 
 

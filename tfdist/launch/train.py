@@ -148,7 +148,7 @@ def _make_trainer(config: TrainConfig, strategy: Any, train: Any) -> Any:
 
 
 def _summary(trainer: Any, strategy: Any, history: Any, seconds: float) -> dict[str, Any]:
-    """The run's summary (see :func:`run`) from the fit's history and the trained model."""
+    """The run's summary (see `run`) from the fit's history and the trained model."""
     return {
         "val_accuracy": float(history.history["val_accuracy"][-1]),
         "val_loss": float(history.history["val_loss"][-1]),

@@ -43,7 +43,7 @@ def get(
     """Builds a registered model (in the current strategy scope, if any).
 
     Args:
-        name: One of :func:`available`.
+        name: One of `available`.
         input_shape: Per-example feature shape, without the batch dimension.
         num_classes: Number of output logits.
         **kwargs: Model options, e.g. ``hidden_units`` for "mlp", ``dropout``

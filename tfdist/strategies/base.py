@@ -23,7 +23,7 @@ def graph_function(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]
     ``do_not_convert``): a model's ``call`` and ``train_step`` run as they do
     there, and tfdist's step code is not rewritten at every first trace (that
     rewrite cost 3.4 s of a 4.6 s first 10-step fit). Loops over calls are
-    explicit ``tf.while_loop``s (:func:`repeat`).
+    explicit ``tf.while_loop``s (`repeat`).
     """
     return tf.function(fn, reduce_retracing=True, autograph=False, **options)
 
@@ -50,7 +50,7 @@ def until_exhausted(
 ) -> Callable[..., Any]:
     """``fn(iterator, num_calls)`` for data of unknown length: up to ``num_calls`` calls of
     ``run_step(batch)``, fewer when the data runs out; its logs hold the calls run under
-    :data:`STEPS_RUN_KEY` (see ``Runner.compile_loop``).
+    `STEPS_RUN_KEY` (see ``Runner.compile_loop``).
 
     ``iterator.get_next_as_optional()`` says whether there is a next batch. On TF's
     distributed iterator that "any replica has data" is all-reduced across the workers, so
@@ -176,7 +176,7 @@ class Runner(Protocol):
         early when the data runs out, the end agreed by every replica and worker (TF's
         ``get_next_as_optional``, which hands replicas past the end an empty batch while
         another still has one), and its logs hold the calls it ran under
-        :data:`STEPS_RUN_KEY`. A runner that cannot stop in step on every worker refuses it.
+        `STEPS_RUN_KEY`. A runner that cannot stop in step on every worker refuses it.
         """
 
     def metrics_result(self, model: Any) -> dict[str, tf.Tensor]:

@@ -21,7 +21,7 @@ _IMPLEMENTATIONS = {
 
 
 def resolver_for(info: cluster_lib.ClusterInfo) -> tf.distribute.cluster_resolver.ClusterResolver:
-    """A cluster resolver for a validated :class:`tfdist.cluster.ClusterInfo`."""
+    """A cluster resolver for a validated `tfdist.cluster.ClusterInfo`."""
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(info.cluster),
         task_type=info.task_type,

@@ -11,13 +11,13 @@ it: exact running means, as under the sync strategies.
 What each call costs is kept small, because most calls' logs are never read:
 
 * a call returns **one** float64 vector, its logs then its metric sums
-  (:class:`Packing`). TF's coordinator copies every output of a call to the
+  (`Packing`). TF's coordinator copies every output of a call to the
   coordinator before that worker's thread takes its next call, one remote copy
   per tensor; one vector is one copy. float64 holds every float32 and every
   integer below 2**53 exactly. When no callback reads batch logs, a call
   returns nothing at all (``PSRunner.expect_batch_logs``);
-* the coordinator adds the vectors in order (:class:`RunningLogs`), one NumPy
-  add per call, and hands out each call's logs as a :class:`tfdist.logs.LazyLogs`
+* the coordinator adds the vectors in order (`RunningLogs`), one NumPy
+  add per call, and hands out each call's logs as a `tfdist.logs.LazyLogs`
   that computes the metric results (Keras ops on the coordinator) only when a
   callback or the progress bar reads a value.
 """

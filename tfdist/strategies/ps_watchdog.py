@@ -5,7 +5,7 @@
 From that come
 
 * each worker's completed calls and its rate over the last seconds
-  (:meth:`WorkerWatch.update_counts`, :meth:`WorkerWatch.update_rates`), for a
+  (`WorkerWatch.update_counts`, `WorkerWatch.update_rates`), for a
   straggler report;
 * stuck workers. A worker is stuck when its running call has gone on longer
   than a timeout learned from the calls that finished:

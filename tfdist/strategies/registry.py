@@ -4,7 +4,7 @@ A leaf: it imports no strategy module, and no strategy module imports it, so
 there are no import circles, and a strategy module that fails to import raises
 its ``ImportError`` where the kind is asked for (it does not vanish from the choices).
 
-The names are :data:`tfdist.config.STRATEGY_NAMES`. Every kind but ``auto``
+The names are `tfdist.config.STRATEGY_NAMES`. Every kind but ``auto``
 lives in one module named like it, ``tfdist/strategies/<name>.py``, which defines:
 
 * ``build(**options) -> tf.distribute.Strategy``: its options are the builder's

@@ -1,19 +1,19 @@
 """Where each update's time goes on this worker: input, compute, the wait for the exchange.
 
 Timestamps inside the compiled train loop, so that a slow worker can be told
-from the ones that wait for it (see :mod:`tfdist.training.stragglers`):
+from the ones that wait for it (see `tfdist.training.stragglers`):
 
 * ``input``: from the start of an update to its batches being ready;
 * ``compute``: from there to the local gradients being ready (the
-  :func:`mark` ``"compute"`` that the exchange sets just before its all-reduce);
+  `mark` ``"compute"`` that the exchange sets just before its all-reduce);
 * ``exchange``: from there to the summed gradients (the ``"exchange"`` mark).
   A worker that others wait for spends little here; the others spend the
   difference;
 * ``total``: the wall time of the calls, measured by the runner around them.
 
-A runner records the marks of one replica call with :func:`recording` and
+A runner records the marks of one replica call with `recording` and
 returns them as replica outputs; the loop sums them per call into a vector
-(:data:`FIELDS` but the total) that the runner hands to :meth:`StepClock.add`
+(`FIELDS` but the total) that the runner hands to `StepClock.add`
 with the call's wall time. Without the marks (a model's own ``train_step``)
 ``compute`` and ``exchange`` are NaN: only ``input`` and ``total`` are known.
 Micro-batches accumulated in a symbolic loop are not timed at all.
@@ -44,9 +44,9 @@ def timestamp_after(tensors: Any) -> tf.Tensor:
 
 
 def mark(name: str, tensors: Any) -> None:
-    """In replica context while :func:`recording`: notes when ``tensors`` are ready as ``name``.
+    """In replica context while `recording`: notes when ``tensors`` are ready as ``name``.
 
-    Outside :func:`recording` (an evaluation, a runner without a clock) it does nothing.
+    Outside `recording` (an evaluation, a runner without a clock) it does nothing.
     """
     marks = getattr(_local, "marks", None)
     if marks is not None and name in _MARKS:
@@ -55,7 +55,7 @@ def mark(name: str, tensors: Any) -> None:
 
 @contextlib.contextmanager
 def recording() -> Iterator[dict[str, tf.Tensor]]:
-    """Collects this thread's :func:`mark` calls (one replica's trace) into the yielded dict."""
+    """Collects this thread's `mark` calls (one replica's trace) into the yielded dict."""
     previous = getattr(_local, "marks", None)
     _local.marks = {}
     try:
@@ -75,9 +75,9 @@ def call_clock(
 ) -> tf.Tensor:
     """One update's vector: 1, then seconds of input, compute and exchange.
 
-    ``local_marks`` holds one :func:`replica_marks` vector per local replica;
+    ``local_marks`` holds one `replica_marks` vector per local replica;
     the sections are their mean over this worker's replicas. The wall time of
-    the whole call is added by the runner in Python (see :meth:`StepClock.add`).
+    the whole call is added by the runner in Python (see `StepClock.add`).
     """
     marks = tf.reduce_mean(tf.stack(list(local_marks)), axis=0)
     one = tf.constant(1.0, tf.float64)
@@ -97,7 +97,7 @@ class StepClock:
         self._sums = np.zeros(len(FIELDS))
 
     def add(self, vector: Any) -> None:
-        """Adds one call's :data:`FIELDS` (its :func:`call_clock` sums, then its wall time)."""
+        """Adds one call's `FIELDS` (its `call_clock` sums, then its wall time)."""
         values = np.asarray(vector, dtype=np.float64)
         with self._lock:
             self._sums += values

@@ -2,10 +2,10 @@
 
 A backup is a ``tf.train.Checkpoint`` of the model, the optimizer (its slots,
 ``iterations`` and, under fp16, the loss scale), tfdist's own counters and the
-:class:`Position` (epoch, micro-batches done in it, optimizer updates), so the
+`Position` (epoch, micro-batches done in it, optimizer updates), so the
 weights and the position are written, and committed, together. A save counts
 once ``state.json`` is renamed to name it, so a process killed at any moment
-leaves the previous backup loadable; :mod:`tfdist.training.backup_files`
+leaves the previous backup loadable; `tfdist.training.backup_files`
 describes the files and which filesystems make that commit atomic and durable.
 
 This module is the writer and reader. Only the chief writes ``backup_dir``;
@@ -17,12 +17,12 @@ Asynchronous saves (the Trainer's default): ``save`` copies the values to host
 memory (TF's asynchronous checkpointing) and returns; TF's writer thread
 writes the files and then, as the write's callback, runs the commit (fsyncs,
 ``state.json``, cleanup), while training goes on. One backup is in flight at
-a time: the next ``save``, ``restore``, ``remove`` and :meth:`Backup.wait`
+a time: the next ``save``, ``restore``, ``remove`` and `Backup.wait`
 first wait for its commit and raise its failure. A kill at any moment still
 leaves the previous committed backup.
 
 Every worker of a multi-worker run reads the backup, so ``backup_dir`` must be
-storage they all share; :mod:`tfdist.training.backup_sync` checks
+storage they all share; `tfdist.training.backup_sync` checks
 this and makes every worker resume at the chief's checkpoint.
 
 Security: restoring reads the weight files in ``backup_dir``; point it only at
@@ -125,16 +125,16 @@ class Backup:
     Args:
         backup_dir: The directory (local or any ``tf.io.gfile`` filesystem).
         checkpoint: What to save, e.g. ``tf.train.Checkpoint(model=..., optimizer=...)``
-            (None to only :meth:`read_state`).
+            (None to only `read_state`).
         is_chief: Whether this process writes ``backup_dir``.
         task_label: ``task_type:task_id`` for temporary names and logs.
         keep_backups: How many of the newest backups ``backup_dir`` holds; the
             older ones are deleted once a newer one is committed.
         replicas: ``num_replicas_in_sync`` of this run, recorded in each backup so that a
             resume on another number of replicas says so (None: not recorded).
-        asynchronous: :meth:`save` returns once the values are copied to host
+        asynchronous: `save` returns once the values are copied to host
             memory; the files are written and committed in the background, one
-            backup at a time (see :meth:`save`, :meth:`wait`).
+            backup at a time (see `save`, `wait`).
     """
 
     def __init__(
@@ -194,7 +194,7 @@ class Backup:
 
         With ``sync`` (the runner), the chief's backup wins: every worker
         restores the checkpoint the chief read, once they all see it
-        (:func:`tfdist.training.backup_sync.chief_state`).
+        (`tfdist.training.backup_sync.chief_state`).
 
         Returns:
             Where to resume, or None when ``backup_dir`` holds no backup.
@@ -254,7 +254,7 @@ class Backup:
         First waits for the previous backup's commit (raising its failure, if
         any). Asynchronous: returns once the values are copied to host memory;
         the files are written and committed in TF's writer thread while
-        training goes on (:meth:`wait` waits for that). Synchronous: returns
+        training goes on (`wait` waits for that). Synchronous: returns
         once the backup is committed.
 
         Raises:
@@ -354,7 +354,7 @@ def _release_writer(writer: tf.train.Checkpoint, label: str) -> None:
 
 
 def restore_on_every_worker(backup: Backup | None, sync: Sync) -> Position | None:
-    """Runs :meth:`Backup.restore` on every worker, or on none; every worker calls it.
+    """Runs `Backup.restore` on every worker, or on none; every worker calls it.
 
     A worker without a ``backup_dir`` while others have one would skip the
     collectives of the restore and hang or mismatch them with its first

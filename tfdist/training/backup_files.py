@@ -64,7 +64,7 @@ PROBE_PREFIX = ".tfdist-probe-"  # the chief writes one at restore: is backup_di
 STATE_KEYS = ("number", "checkpoint", "epoch", "step", "updates")
 # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp (the shards of a killed write)
 _CKPT_RE = re.compile(r"^ckpt-(\d+)(?:[._]|$)")
-#: Bench and test hook, not a setting: each :func:`fsync` first sleeps this many milliseconds,
+#: Bench and test hook, not a setting: each `fsync` first sleeps this many milliseconds,
 #: a slow disk (``tfdist bench --benchmarks=backup --slow_fsync_ms=30`` sets it).
 SLOW_FSYNC_ENV = "TFDIST_BACKUP_SLOW_FSYNC_MS"
 
@@ -152,7 +152,7 @@ def commit_state(backup_dir: str, state: dict[str, Any]) -> None:
 class Commit:
     """The commit of one written checkpoint: the write's callback (TF's writer thread if async).
 
-    The chief's points ``state.json`` at the checkpoint (:func:`commit_state`)
+    The chief's points ``state.json`` at the checkpoint (`commit_state`)
     and deletes the checkpoints not in ``keep``; another worker's (``state``
     None) removes its temporary directory ``temp_dir``. ``kill`` is the
     ``kill_before_commit`` test hook: SIGKILL before committing.

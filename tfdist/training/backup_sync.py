@@ -1,8 +1,8 @@
-"""Every worker resumes at the chief's backup: the :class:`Position`, and how workers agree on it.
+"""Every worker resumes at the chief's backup: the `Position`, and how workers agree on it.
 
-Only the chief writes ``backup_dir`` (:mod:`tfdist.training.backup`), but
+Only the chief writes ``backup_dir`` (`tfdist.training.backup`), but
 every worker restores from it, so with several workers it must be storage
-they all share. :func:`chief_state` checks this and hands every worker the
+they all share. `chief_state` checks this and hands every worker the
 chief's committed state: the chief leaves a probe file that every other
 worker must see, and broadcasts the checkpoint number and position it read.
 A worker that does not see the probe or the checkpoint makes every worker

@@ -1,7 +1,7 @@
 """Building the model, its optimizer and its metrics into the strategy scope.
 
 Every variable a distributed step touches must be created inside
-``strategy.scope()``: the model's (see :mod:`tfdist.training.placement`), the
+``strategy.scope()``: the model's (see `tfdist.training.placement`), the
 optimizer's slots and counters, the metrics' totals and the loss-scale
 counters. Users often make the optimizer and metrics outside the scope, so
 they are rebuilt from their configs inside it.
@@ -84,7 +84,7 @@ def _copied(
 
 
 def optimizer_parts(optimizer: Any) -> OptimizerParts:
-    """Takes apart an optimizer or its name (see :class:`OptimizerParts`)."""
+    """Takes apart an optimizer or its name (see `OptimizerParts`)."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         scale = {
             "initial_scale": float(optimizer.initial_scale),
@@ -166,7 +166,7 @@ def _metrics_in_scope(metrics: Any, strategy: tf.distribute.Strategy, model: ker
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
-    """What :func:`compile_in_scope` made.
+    """What `compile_in_scope` made.
 
     Attributes:
         model: The compiled model, its variables in the scope (built later if
@@ -204,7 +204,7 @@ def compile_in_scope(
     """Places ``model`` in ``strategy``'s scope and compiles it with a fresh optimizer and metrics.
 
     A model the user compiled gives its own compile arguments instead (see
-    :mod:`tfdist.training.compiled`); one whose class overrides ``compile`` is
+    `tfdist.training.compiled`); one whose class overrides ``compile`` is
     used as compiled.
 
     Args:

@@ -7,7 +7,7 @@ known file-writing callback (``ModelCheckpoint``, ``TensorBoard``,
 the end of training, and the callbacks that only show or send the logs
 (``ProgbarLogger``, ``RemoteMonitor``) do not run at all.
 
-:class:`FitCallbackList` is the fit's ``CallbackList``: Keras's, except that
+`FitCallbackList` is the fit's ``CallbackList``: Keras's, except that
 batch logs computed on first read (``tfdist.logs.LazyLogs``) reach the
 callbacks unread.
 """

@@ -3,7 +3,7 @@
 ``Trainer(model)`` with a model already ``compile()``d takes its optimizer,
 loss, loss weights and metrics from that compile (copied into the strategy
 scope with every attribute, as when they are given to the Trainer: see
-:mod:`tfdist.training.build`). Giving them to the Trainer as
+`tfdist.training.build`). Giving them to the Trainer as
 well is an error that names the conflict: one place per setting.
 
 A model whose class overrides ``compile`` (a GAN's

@@ -1,8 +1,8 @@
 """The epochs of one ``Trainer.fit``: ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
 
-:func:`fit_epochs` sets up the callbacks and the SIGTERM watcher; :func:`train_epochs` runs
+`fit_epochs` sets up the callbacks and the SIGTERM watcher; `train_epochs` runs
 the epochs (an iterator per epoch, or one across them, validation, epoch-end backups), each
-through :class:`tfdist.training.loop.EpochLoop`.
+through `tfdist.training.loop.EpochLoop`.
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ def fit_epochs(
         model: The compiled model.
         callbacks: The user's Keras callbacks.
         verbose: 0 silent, 1 progress bar, 2 one line per epoch (chief only).
-        start: Starts updates (see :data:`StartUpdates`).
+        start: Starts updates (see `StartUpdates`).
         logs_fn: The logs in cross-replica context.
         backup: Where backups go, or None.
         position: Where a restored backup stood, or None.
-        source, epochs, initial_epoch, repeat, validate: As for :func:`train_epochs`.
+        source, epochs, initial_epoch, repeat, validate: As for `train_epochs`.
         health: The fit's watchdog and straggler report, or None.
     """
     with (

@@ -219,7 +219,7 @@ def sum_counts(counts: tf.Tensor) -> tf.Tensor:
     """A float32 vector of counts summed over all replicas (one small all-reduce), replica context.
 
     Masked loss terms need their global valid counts before their gradients join the
-    exchange (:mod:`tfdist.training.losses`).
+    exchange (`tfdist.training.losses`).
     """
     ctx = tf.distribute.get_replica_context()
     return ctx.all_reduce(tf.distribute.ReduceOp.SUM, counts)

@@ -1,7 +1,7 @@
 """One ``Trainer.fit``, wired in order: data, compiled functions, backups, then the epochs.
 
 The Trainer checks ``fit``'s arguments and picks its ``steps_per_execution``;
-:func:`run_fit` does the rest with the parts it is handed (the compiled
+`run_fit` does the rest with the parts it is handed (the compiled
 functions, the backups), never the Trainer itself.
 """
 
@@ -42,7 +42,7 @@ def run_fit(
         functions: The model's compiled functions on its runner.
         backups: The Trainer's backups (none without ``BackupOptions``).
         data: ``fit``'s ``x``, ``y`` and ``sample_weight``, packed by
-            :func:`tfdist.training.fit_data.keras_data`.
+            `tfdist.training.fit_data.keras_data`.
         validation_data: As for ``Trainer.fit``.
         args: ``fit``'s other arguments, checked.
         lr_scaling: The learning-rate scaling to resolve for this fit's batch.

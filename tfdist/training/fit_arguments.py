@@ -1,6 +1,6 @@
 """The checks of ``Trainer.fit``'s loop arguments, and the ``steps_per_execution`` a fit uses.
 
-Apart from :mod:`tfdist.training.loop`, which runs the epochs: these run once
+Apart from `tfdist.training.loop`, which runs the epochs: these run once
 per ``fit``, before anything is built or traced, so that a bad argument gets
 one clear error naming it.
 """

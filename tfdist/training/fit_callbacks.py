@@ -14,7 +14,7 @@ Trainer cannot honour gets one clear error instead of being ignored:
   ``ModelCheckpoint`` and ``BackupOptions``.
 
 Every other callback (the rest of ``keras.callbacks`` and the user's own) runs
-as in ``model.fit``; :mod:`tfdist.training.callbacks` keeps non-chief outputs
+as in ``model.fit``; `tfdist.training.callbacks` keeps non-chief outputs
 out of the way.
 """
 

@@ -1,11 +1,11 @@
 """Keras's data arguments (``x``, ``y``, ``sample_weight``, ...) into what ``as_input`` takes.
 
-``Trainer.fit``/``evaluate``/``predict`` take Keras's words; :func:`keras_data`
-packs them into the one ``data`` value :func:`tfdist.data.inputs.as_input`
+``Trainer.fit``/``evaluate``/``predict`` take Keras's words; `keras_data`
+packs them into the one ``data`` value `tfdist.data.inputs.as_input`
 reads: a dataset-like ``x`` as it is, arrays as an ``(x, y[, sample_weight])``
 tuple (each part an array or a dict/list of arrays, one per input or output).
-:func:`split_for_validation` is Keras's ``validation_split`` and
-:func:`weighted_by_class` its ``class_weight``, each refusing what Keras refuses.
+`split_for_validation` is Keras's ``validation_split`` and
+`weighted_by_class` its ``class_weight``, each refusing what Keras refuses.
 """
 
 from __future__ import annotations

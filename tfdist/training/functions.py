@@ -47,7 +47,7 @@ class StepFunctions:
         skipped_updates: The loss-scaling skip counter, when loss scaling.
 
     A model's own ``train_step``/``test_step``/``predict_step`` replaces
-    tfdist's replica step of that kind (see :mod:`tfdist.training.overrides`).
+    tfdist's replica step of that kind (see `tfdist.training.overrides`).
     """
 
     def __init__(
@@ -190,9 +190,9 @@ class StepFunctions:
 
         Resolves the learning-rate schedule for this fit's batch, builds the
         model from ``source`` and makes the train function of full updates
-        (traced lazily, but listed in :attr:`train_functions` from now on).
+        (traced lazily, but listed in `train_functions` from now on).
         ``steps=None``: the data's length is unknown, and each epoch runs until it is
-        exhausted (:meth:`train_until_exhausted`), one micro-batch per update.
+        exhausted (`train_until_exhausted`), one micro-batch per update.
 
         Returns:
             ``start(micro_batches, iterator, num_updates)`` for the epoch loop.

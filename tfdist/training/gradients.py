@@ -1,6 +1,6 @@
 """Gradient helpers of the replica step: ``ShardedVariable``-aware gradients, and scaling.
 
-Kept apart from :mod:`tfdist.training.step`, which decides *what* an update
+Kept apart from `tfdist.training.step`, which decides *what* an update
 does; these only turn a tape into one gradient per Keras variable and
 multiply gradients (dense or ``tf.IndexedSlices``) by a factor.
 """

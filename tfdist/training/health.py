@@ -1,18 +1,18 @@
 """A fit's health thread: the progress watchdog and the straggler report, beside the loop.
 
-:class:`Health` runs one daemon thread per task for the length of a fit.
-The loop marks its sections (:meth:`Health.section`); every ``interval`` the
+`Health` runs one daemon thread per task for the length of a fit.
+The loop marks its sections (`Health.section`); every ``interval`` the
 thread
 
 * publishes this task's state (section, update, how long, this worker's
   step sections since last time) to the tasks'
-  :class:`~tfdist.training.board.Board`;
+  `Board`;
 * checks the current section against its learned timeout, and whether
   another task found a hang; on a hang it blames the stuck task, dumps the
   Python stacks of all threads and exits with ``STUCK_EXIT_CODE``
-  (see :mod:`tfdist.training.watchdog`);
+  (see `tfdist.training.watchdog`);
 * on the chief, gathers the workers' step sections into the straggler
-  report (see :mod:`tfdist.training.stragglers`).
+  report (see `tfdist.training.stragglers`).
 """
 
 from __future__ import annotations
@@ -333,7 +333,7 @@ def fit_health(
     callbacks: Sequence[Any],
     has_backup: bool,
 ) -> Health:
-    """The :class:`Health` of one fit; the straggler scalars go beside a TensorBoard's logs."""
+    """The `Health` of one fit; the straggler scalars go beside a TensorBoard's logs."""
     watch = getattr(runner, "watch", None)
     if watch is not None:
         # Parameter servers: the same rule times each worker's calls (none: no stuck workers).

@@ -1,6 +1,6 @@
 """``Trainer.evaluate`` and ``Trainer.predict``, with Keras's arguments, on every strategy.
 
-A mixin of :class:`tfdist.training.trainer.Trainer`: it reads the Trainer's
+A mixin of `tfdist.training.trainer.Trainer`: it reads the Trainer's
 runner, compiled functions, model and ``steps_per_execution``.
 """
 
@@ -43,13 +43,13 @@ class EvaluateAndPredict:
         """Evaluates as ``keras.Model.evaluate``; each example counts once, on every strategy.
 
         Args:
-            x, y, sample_weight: As for :meth:`fit`.
+            x, y, sample_weight: As for `fit`.
             batch_size: Examples per step across all replicas (alias
                 ``global_batch_size``); any size for arrays and a ``tf.data.Dataset``
                 (a batch that does not divide by the replicas is split into shares
                 of ``ceil``/``floor`` its size over them, as Keras takes any batch), a
                 multiple of the replicas for a dataset_fn or ``DatasetFn`` (they batch
-                per replica). Default as for :meth:`fit`; an unbound ``DatasetFn``
+                per replica). Default as for `fit`; an unbound ``DatasetFn``
                 takes the one of this Trainer's first ``fit`` or ``evaluate``.
             verbose: ``"auto"``/1 progress bar, 2 one line, 0 silent (chief only).
             steps: Batches to evaluate; default one pass.
@@ -97,12 +97,12 @@ class EvaluateAndPredict:
         *,
         global_batch_size: int | None = None,
     ) -> Any:
-        """Runs the model on ``x``, distributed like :meth:`evaluate`; outputs in input order.
+        """Runs the model on ``x``, distributed like `evaluate`; outputs in input order.
 
         Args:
             x: Inputs as an array (or dict/list of arrays), an
                 ``(x, y[, sample_weight])`` tuple (``y`` is ignored; single-input
-                models), or any form :meth:`fit` takes.
+                models), or any form `fit` takes.
             batch_size: Examples per batch across all replicas (default 32
                 for arrays; alias ``global_batch_size``): any size for arrays and a
                 ``tf.data.Dataset`` (split unevenly over the replicas, outputs still
@@ -115,7 +115,7 @@ class EvaluateAndPredict:
         Returns:
             The outputs as NumPy arrays (a structure of them for a
             multi-output model), one row per input example, in the order
-            :func:`tfdist.training.evaluation.predict` describes.
+            `tfdist.training.evaluation.predict` describes.
         """
         gbs = check_batch_size(batch_size, global_batch_size)
         verbose = check_verbose(verbose)

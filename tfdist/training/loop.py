@@ -1,7 +1,7 @@
 """The epoch loop of ``Trainer.fit``: an epoch's executions, callbacks, step backups, SIGTERM.
 
-:func:`tfdist.training.epochs.train_epochs` runs the epochs (an iterator per epoch,
-validation, epoch-end backups); :class:`EpochLoop` runs one epoch's executions. It starts
+`tfdist.training.epochs.train_epochs` runs the epochs (an iterator per epoch,
+validation, epoch-end backups); `EpochLoop` runs one epoch's executions. It starts
 updates through one callable, ``start(micro_batches, iterator, num_updates)``,
 as Orbit's Controller calls only ``trainer.train(num_steps)``: it knows
 nothing of the Trainer. It hands each execution's logs to the callbacks in
@@ -64,7 +64,7 @@ class EpochLoop:
         plan: How an epoch is cut into executions.
         runner: Fetches logs, joins scheduled work and votes across workers.
         callbacks: The fit's callbacks, batch hooks called per execution.
-        start: Starts updates (see :data:`StartUpdates`).
+        start: Starts updates (see `StartUpdates`).
         logs_fn: The logs in cross-replica context, for ``runner.final_logs``.
         should_stop: True once a callback asked to stop (``model.stop_training``).
         stop: Makes ``should_stop`` true (another worker's callback asked to stop).
@@ -105,7 +105,7 @@ class EpochLoop:
         self._pending: collections.deque = collections.deque()
 
     def section(self, name: str) -> contextlib.AbstractContextManager:
-        """Marks a section of the fit for the watchdog (see :mod:`tfdist.training.health`)."""
+        """Marks a section of the fit for the watchdog (see `tfdist.training.health`)."""
         if self.health is None:
             return contextlib.nullcontext()
         return self.health.section(name, self.updates)

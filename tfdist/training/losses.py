@@ -5,16 +5,16 @@ with ``"sum_over_batch_size"`` to the sum of its weighted values over the
 **valid** count of the batch it sees. Under a strategy each replica divides by its
 own count, so averaging the replicas (Keras's ``fit``, or a mean weighted by
 examples) is not the mean of one device on the whole batch. Here each masked term
-``j`` is taken apart (:func:`split`): Keras's value ``v_j = S_j / (d_j * N)`` gives
+``j`` is taken apart (`split`): Keras's value ``v_j = S_j / (d_j * N)`` gives
 the local sum ``S_j`` and count ``d_j``, its loss weight ``c_j`` is ``d loss / d v_j``,
 and the rest of the loss (unmasked terms, regularisers) keeps tfdist's weighting by
-examples. The replica step (:mod:`tfdist.training.step`) sums ``S_j``, ``d_j`` and the
+examples. The replica step (`tfdist.training.step`) sums ``S_j``, ``d_j`` and the
 gradients of ``c_j * S_j`` over its micro-batches, adds up the counts of all replicas
 (``D_j``, and the examples ``T``), and adds ``c_j * grad(S_j) / D_j`` to the update: one
 device on the whole batch, exactly (one small all-reduce of the counts per update, for
 masked models only). The ``loss`` log and the per-output ``<name>_loss`` logs are weighed
-the same way (:func:`update_loss_log`, :func:`masked_means`); so is evaluation
-(:func:`log_masked_evaluation`). A ``"mean_with_sample_weight"`` term (divided by its sum
+the same way (`update_loss_log`, `masked_means`); so is evaluation
+(`log_masked_evaluation`). A ``"mean_with_sample_weight"`` term (divided by its sum
 of weights) is taken apart the same way.
 
 Everything else (unmasked terms, sample weights, which Keras's
@@ -62,7 +62,7 @@ class ReplicaLoss:
     Attributes:
         loss: Keras's value (local means over the replica count, plus regularisers).
         recorded: ``(tracker, value)`` of each per-output loss log Keras would update.
-        terms: The masked mean terms (:class:`~tfdist._compat.masks.MaskedTerm`).
+        terms: The masked mean terms (`MaskedTerm`).
         only_masked: Nothing but the masked terms is in ``loss`` (no unmasked term,
             no regulariser, Keras's own ``compute_loss``).
     """
@@ -91,7 +91,7 @@ def replica_loss(
 
 @dataclasses.dataclass
 class Split:
-    """A replica loss taken apart (:func:`split`), in replica context.
+    """A replica loss taken apart (`split`), in replica context.
 
     Attributes:
         rest: The loss without its masked terms (a mean over the replica count).
@@ -165,9 +165,9 @@ class MaskedTermsFound(Exception):
 class MaskedUpdate:
     """One update's masked terms on one replica: their sums, counts and gradients, packed.
 
-    Learned at the first trace (:meth:`learn`): ``M`` terms and the present variables'
+    Learned at the first trace (`learn`): ``M`` terms and the present variables'
     sizes. Each micro-batch packs ``[rest log, d (M), S (M), c*S (M), grad(c*S) (M x P)]``
-    into one float32 vector (:meth:`pack`), which an accumulation loop sums as one loop
+    into one float32 vector (`pack`), which an accumulation loop sums as one loop
     variable whatever ``M`` (an empty vector for a model without masked terms).
     """
 

@@ -12,7 +12,7 @@ The flat keywords ``backup_dir``, ``backup_freq``, ``keep_backup``,
 ``keep_backups``, ``lr_scaling="linear"``, ``base_global_batch_size``,
 ``warmup_steps``, ``warmup_epochs``, ``gradient_compression`` and
 ``bucket_bytes`` stay as shortcuts that fill one field each
-(:data:`SHORTCUTS`); :func:`from_shortcuts` checks them under their own names,
+(`SHORTCUTS`); `from_shortcuts` checks them under their own names,
 so an error names the keyword the user wrote.
 """
 
@@ -61,7 +61,7 @@ class BackupOptions:
     Args:
         dir: Where to keep the backup (model, optimizer, loss scale, counters,
             epoch and position in it); any ``tf.io.gfile`` path. Only the chief
-            writes, with an atomic commit (see :mod:`tfdist.training.backup`
+            writes, with an atomic commit (see `tfdist.training.backup`
             for which filesystems make it so). Every worker restores the
             chief's backup, so with several workers it must be shared storage
             (else a clear error). Restoring loads weight files: use a trusted
@@ -187,7 +187,7 @@ class ExchangeOptions:
             about this many bytes per all-reduce, each started as soon as its
             gradients exist (overlapping the backward pass). The sums are those
             of the single all-reduce. ``None``: one packed all-reduce. See
-            :mod:`tfdist.training.exchange`.
+            `tfdist.training.exchange`.
 
     Raises:
         ValueError: For an unknown compression or a non-positive ``bucket_bytes``.
@@ -246,14 +246,14 @@ def from_shortcuts(cls: type, options: Any, shortcuts: Mapping[str, Any]) -> Any
     """A Trainer option group: ``options`` as given, else an object built from its shortcuts.
 
     Args:
-        cls: :class:`BackupOptions`, :class:`LRScaling` or :class:`ExchangeOptions`.
+        cls: `BackupOptions`, `LRScaling` or `ExchangeOptions`.
         options: The object passed as the group's keyword, or None.
         shortcuts: The group's flat keywords as passed (None: not given).
 
     Returns:
         ``options``, else an object built from the shortcuts given (the
         defaults for the others), or None when none is given and a field is
-        required (a :class:`BackupOptions`'s ``dir``).
+        required (a `BackupOptions`'s ``dir``).
 
     Raises:
         ValueError: For a bad shortcut value (named as the shortcut), for a

@@ -8,11 +8,11 @@ and its ``self.optimizer.apply(...)`` all-reduces the gradients (one all-reduce
 per ``apply``, so one per update for one optimizer; a GAN's two optimizers each
 reduce their own). So N replicas on batch ``b`` give the gradients of one
 replica on ``N * b``, as under Keras's ``fit``; and, unlike Keras's ``fit``, also
-for a masked loss (:func:`globally_counted_masks`).
+for a masked loss (`globally_counted_masks`).
 
 What tfdist adds on top of a user's step must not silently not happen:
 accumulation, 16-bit or bucketed exchange live in tfdist's own step, so they
-are refused with a custom ``train_step`` (:func:`check_custom_train_step`).
+are refused with a custom ``train_step`` (`check_custom_train_step`).
 
 Logs, as Keras's fit makes them: on the sync strategies, the dict the user's
 ``train_step`` returns for the last batch of a call, averaged over the replicas
@@ -22,7 +22,7 @@ runs on one replica, so the logs are the model's metrics (``model.metrics``),
 summed exactly over all steps; there, and for a ``test_step`` on every
 strategy (evaluation counts each example once), each returned key must name a
 metric whose result it is: anything else is a clear error, never a wrong log
-(see :func:`checked_logs`).
+(see `checked_logs`).
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def make_custom_train_update(
             strategies, as Keras's fit does): ``update`` returns the last
             batch's logs. Else (parameter_server) the logs are the model's
             metrics, summed exactly, and the returned keys are checked to be
-            metric results (:func:`checked_logs`).
+            metric results (`checked_logs`).
     """
 
     def update(micro_batches: Sequence[Any]) -> Any:

@@ -3,7 +3,7 @@
 A model whose variables were made outside the scope (built, adapted or compiled
 before the Trainer saw it) is *moved*, not rebuilt: tfdist keeps the very
 object and re-makes only its variables' storage in the scope, with the same
-values (:func:`tfdist._compat.scope_moves.move_variables_into_scope`). So
+values (`tfdist._compat.scope_moves.move_variables_into_scope`). So
 whatever the model holds survives as it is: adapted ``Normalization`` and
 ``Discretization`` state, the vocabularies and lookup tables of
 ``StringLookup``, ``IntegerLookup`` and ``TextVectorization``, a subclassed
@@ -82,7 +82,7 @@ def place_model(
     A model instance is used as the Trainer's model, the same object: an
     unbuilt one (subclassed ones included) is built later, in the scope; one
     with variables made outside the scope is moved into it
-    (:func:`move_into_scope`). A zero-arg builder is called here, under the
+    (`move_into_scope`). A zero-arg builder is called here, under the
     dtype policy already set, and what it returns is moved likewise when it
     was built outside the scope.
     """

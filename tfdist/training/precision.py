@@ -3,7 +3,7 @@
 Mixed precision only pays where the hardware computes in 16 bits natively.
 Elsewhere TF emulates it and training gets *slower*: ``tfdist bench`` measured
 ``mixed_bfloat16`` at 0.77x float32 on an AVX2-only AMD EPYC (bf16 matmul peak
-0.79x fp32), and 1.95x on an AVX512-BF16 CPU. So :func:`resolve_precision`
+0.79x fp32), and 1.95x on an AVX512-BF16 CPU. So `resolve_precision`
 warns (on the chief) when the asked-for policy has no native support, and
 ``precision="auto"`` picks the fastest policy that is exact enough:
 
@@ -140,7 +140,7 @@ _warned: set[tuple[str, str]] = set()  # (precision, device) already warned abou
 
 
 def forget_slow_policy_warnings() -> None:
-    """Lets :func:`resolve_precision` warn again about a slow policy (it warns once per process)."""
+    """Lets `resolve_precision` warn again about a slow policy (it warns once per process)."""
     _warned.clear()
 
 
@@ -152,7 +152,7 @@ def resolve_precision(
     Args:
         precision: A name from ``tfdist.config.PRECISIONS``.
         is_chief: Only the chief logs.
-        support: The device's support; default :func:`device_support` of this machine.
+        support: The device's support; default `device_support` of this machine.
 
     Returns:
         The concrete policy: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.

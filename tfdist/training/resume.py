@@ -1,7 +1,7 @@
 """How the Trainer backs up and resumes: what it checkpoints, where a fit starts again, and cleanup.
 
 The files, the atomic commit and the restore protocol are
-:mod:`tfdist.training.backup`'s; this module only decides, for each ``fit``,
+`tfdist.training.backup`'s; this module only decides, for each ``fit``,
 which ``Backup`` to use (``BackupOptions`` or none), restores it on every
 worker, waits for its last (asynchronous) commit at the end of the fit, and
 removes it after a successful run unless asked to keep it.
@@ -100,7 +100,7 @@ class FitBackups:
 
     @contextlib.contextmanager
     def during(self, backup: Backup | None) -> Iterator[None]:
-        """Around a fit's epochs: :meth:`finish` after success, :meth:`abandon` after a failure.
+        """Around a fit's epochs: `finish` after success, `abandon` after a failure.
 
         So no fit returns or raises with a backup still being written.
         """

@@ -82,7 +82,7 @@ class ScaledWarmup(keras.optimizers.schedules.LearningRateSchedule):
 def schedule_for(learning_rate: Any, options: LRScaling) -> ScaledWarmup:
     """Wraps an optimizer config's ``learning_rate`` (a float or a serialized schedule).
 
-    The multiplier and warmup length stay neutral until :func:`resolve` fills
+    The multiplier and warmup length stay neutral until `resolve` fills
     them in, once ``fit`` knows the batch size and the updates per epoch.
     """
     if isinstance(learning_rate, dict):

@@ -1,6 +1,6 @@
 """Turning ``fit``/``evaluate``/``predict``'s data arguments into checked input sources.
 
-Every input goes through :func:`tfdist.data.inputs.as_input` (which fixes the
+Every input goes through `tfdist.data.inputs.as_input` (which fixes the
 global batch size and how each worker reads its share) and is checked against
 the model's inputs, so that a mismatch fails here with the argument's name,
 not inside a traced step.
@@ -46,7 +46,7 @@ def input_source(
     targets_where: str | None = None,
 ) -> InputSource:
     """``data`` as an ``InputSource`` for ``runner``, checked against ``model``'s inputs (and,
-    given ``targets_where``, to carry targets when the model has a loss: :func:`check_targets`).
+    given ``targets_where``, to carry targets when the model has a loss: `check_targets`).
     """
     source = as_input(
         data,
@@ -76,7 +76,7 @@ def fit_sources(
     epoch runs until the data is exhausted).
 
     Args:
-        data: ``x``, ``y`` and ``sample_weight`` packed by :func:`fit_data.keras_data`.
+        data: ``x``, ``y`` and ``sample_weight`` packed by `fit_data.keras_data`.
         validation_data: As for ``Trainer.fit``.
         args: ``fit``'s other arguments, checked.
         runner, model: Where and what is trained.
@@ -85,7 +85,7 @@ def fit_sources(
     Raises:
         ValueError: If the epoch length is unknown and ``steps_per_epoch`` not
             given, or ``validation_steps`` does not fit the validation data, or
-            a data argument does not fit the data (see :mod:`fit_data`).
+            a data argument does not fit the data (see `fit_data`).
     """
     if args.validation_split:
         if validation_data is not None:

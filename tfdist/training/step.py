@@ -9,7 +9,7 @@ A training *update* runs in replica context on ``k`` micro-batches:
    ``tf.while_loop`` when the runner drives ``TrainUpdate.cross_replica``, so the
    graph does not grow with ``k``);
 4. **one** exchange of the gradients, packed with the example count
-   (optionally bucketed and 16-bit, see :mod:`tfdist.training.exchange`);
+   (optionally bucketed and 16-bit, see `tfdist.training.exchange`);
 5. the gradients are corrected by ``expected / actual`` examples (exactly 1.0
    for full batches, so partial batches are still a true mean);
 6. one ``optimizer.apply`` (the loss-scale optimizer unscales and skips
@@ -24,7 +24,7 @@ count updates. An optimizer's Keras ``gradient_accumulation_steps`` (which
 fails under tf.distribute) is taken over as ``accumulation_steps``.
 
 Masked loss terms (Keras masks, ``ignore_class``) weigh by the valid count of the whole
-update (:mod:`tfdist.training.losses`); gradient helpers: :mod:`tfdist.training.gradients`.
+update (`tfdist.training.losses`); gradient helpers: `tfdist.training.gradients`.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _forward(model: keras.Model, x: Any, training: bool) -> Any:
 
 
 #: The accumulation loop's state: gradient sums, examples, per-output loss sums, and the
-#: masked terms' packed sums (:class:`~tfdist.training.losses.MaskedUpdate`; empty without).
+#: masked terms' packed sums (`MaskedUpdate`; empty without).
 State = tuple[list[tf.Tensor], tf.Tensor, list[tf.Tensor], tf.Tensor]
 
 
@@ -104,10 +104,10 @@ class TrainUpdate:
 
     Call it as ``update(micro_batches)`` in replica context (the micro-batches
     unrolled), or drive it from cross-replica context with
-    :meth:`cross_replica`, which keeps the ``k`` micro-batches in a
+    `cross_replica`, which keeps the ``k`` micro-batches in a
     ``tf.while_loop`` (gradient sums as loop variables), so the graph holds one
     forward and backward pass whatever ``k``. Runners that can call ``next``
-    between replica calls use :meth:`cross_replica`.
+    between replica calls use `cross_replica`.
 
     Args:
         model: A compiled Keras model (its loss, metrics and loss tracker are used).
@@ -120,7 +120,7 @@ class TrainUpdate:
         skipped_updates: With loss scaling, a counter of updates skipped for
             non-finite gradients (the same decision on every replica, since it
             is taken after the all-reduce).
-        bucket_bytes: Bucketed all-reduce (see :mod:`tfdist.training.exchange`).
+        bucket_bytes: Bucketed all-reduce (see `tfdist.training.exchange`).
         gradient_compression: ``"bf16"``, ``"fp16"`` or ``None``.
     """
 
@@ -325,7 +325,7 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
     Each example counts once, exactly as in ``model.evaluate``; empty batches
     (padding that keeps every worker on the same step count) count for nothing.
     A masked loss term is weighed by the batch's global valid count
-    (:mod:`tfdist.training.losses`): its sums leave the cond, and the ``loss``
+    (`tfdist.training.losses`): its sums leave the cond, and the ``loss``
     logs are updated after one all-reduce of the counts, in which every replica
     takes part.
     """

@@ -1,9 +1,9 @@
 """The straggler report: which worker makes the others wait, in which section, at what cost.
 
 Every worker times each update in its train loop (input wait, compute up to
-the exchange, wait for the exchange; see :mod:`tfdist.strategies.step_clock`)
+the exchange, wait for the exchange; see `tfdist.strategies.step_clock`)
 and publishes the sums every ``interval`` seconds. The chief's
-:class:`StragglerReport` turns each round into scores, as NVIDIA's
+`StragglerReport` turns each round into scores, as NVIDIA's
 nvidia-resiliency-ext does for PyTorch:
 
 * **relative**: the worker's own work per update (input + compute) over the
@@ -148,7 +148,7 @@ class StragglerReport:
         """Scores a round once every worker has published new sums since the last one.
 
         Each worker's first sums (tracing, warm-up) are left out, and a round
-        scores the sums of each worker's last :data:`SMOOTHING` windows, so
+        scores the sums of each worker's last `SMOOTHING` windows, so
         that windows the workers cut at slightly different moments compare fairly.
         """
         fresh = {

@@ -4,7 +4,7 @@ The loop decides *when* things happen (epochs, executions, callbacks,
 validation); the runner from ``tfdist.strategies`` decides *how* a step runs on
 its strategy; ``training/step.py`` decides *what* a step does. This module only
 checks the Trainer's arguments and wires the parts (one job per module, listed
-in :mod:`tfdist.training`).
+in `tfdist.training`).
 
 Example (``python -c`` or a script)::
 
@@ -66,7 +66,7 @@ class Trainer(EvaluateAndPredict):
     """Trains a Keras model on any tfdist strategy with one loop.
 
     The three option groups are small checked objects documented in
-    :mod:`tfdist.training.options`; each also has flat shortcut keywords, and
+    `tfdist.training.options`; each also has flat shortcut keywords, and
     a shortcut next to its option object is an error (one place per setting).
 
     Args:
@@ -74,35 +74,35 @@ class Trainer(EvaluateAndPredict):
             strategy scope under ``precision``. A model made outside the scope
             (built, adapted or compiled) is moved into it as the same object,
             so ``trainer.model is model`` and your object holds the trained
-            weights (see :mod:`tfdist.training.placement`).
+            weights (see `tfdist.training.placement`).
         strategy: A ``tf.distribute.Strategy`` (see ``tfdist.make_strategy``);
             default the current strategy.
         optimizer: Name or Keras optimizer, created outside the scope or not;
             default ``"adam"``, or the optimizer of a model already compiled.
         loss: As for ``keras.Model.compile``. A model already compiled brings its
             own ``optimizer``, ``loss``, ``loss_weights`` and ``metrics`` (see
-            :mod:`tfdist.training.compiled`); giving them here too is an error.
+            `tfdist.training.compiled`); giving them here too is an error.
         metrics: As for ``keras.Model.compile`` (a list, or a dict per output);
             aggregated over all replicas. Metric objects are copied into the
             scope with every attribute (your objects are left as they were).
         loss_weights: As for ``keras.Model.compile``: a weight per output's loss.
         weighted_metrics: As for ``keras.Model.compile``: metrics that take sample weights.
         precision: ``float32``, ``mixed_float16``, ``mixed_bfloat16`` or
-            ``auto`` (see :mod:`tfdist.training.precision`); the policy in use
+            ``auto`` (see `tfdist.training.precision`); the policy in use
             is ``trainer.precision``.
         accumulation_steps: ``k`` micro-batches per optimizer update, one
-            all-reduce each (see :mod:`tfdist.training.step`).
+            all-reduce each (see `tfdist.training.step`).
         steps_per_execution: Batches per ``tf.function`` call, or ``"auto"``
-            (see :func:`~tfdist.training.fit_arguments.steps_per_execution_for`);
+            (see `steps_per_execution_for`);
             the value in use is ``trainer.steps_per_execution``.
         backup: Step-exact backups and SIGTERM handling, a ``BackupOptions``.
         lr_scaling: Learning-rate scaling and warmup, an ``LRScaling`` or its
             rule alone (``"linear"``, or ``"none"``: the default).
         exchange: How gradients are all-reduced, an ``ExchangeOptions``.
         watchdog: The progress watchdog of every task, a ``WatchdogOptions``
-            (see :mod:`tfdist.training.watchdog`); None turns it off.
+            (see `tfdist.training.watchdog`); None turns it off.
         stragglers: The straggler report of multi-worker runs, a
-            ``StragglerOptions`` (see :mod:`tfdist.training.stragglers`); None turns it
+            ``StragglerOptions`` (see `tfdist.training.stragglers`); None turns it
             off. On by default: its timestamps cost nothing measurable (docs/scaling.md,
             "Health overhead").
         backup_dir: Shortcut for ``BackupOptions.dir``.
@@ -287,7 +287,7 @@ class Trainer(EvaluateAndPredict):
                 workers, their files go to a temporary directory and the
                 progress bar and ``RemoteMonitor`` do not run). A Keras or
                 tfdist ``BackupAndRestore`` becomes this fit's ``BackupOptions``;
-                see :mod:`tfdist.training.fit_callbacks` for the few refused.
+                see `tfdist.training.fit_callbacks` for the few refused.
             validation_split: Arrays only: the last fraction is held out for
                 validation before shuffling, as in Keras. An error next to
                 ``validation_data`` (Keras would ignore the split).

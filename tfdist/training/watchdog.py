@@ -4,16 +4,16 @@ Every task of a ``Trainer.fit`` goes through the same sections in the same
 order (``startup``, then per call ``update``, ``callbacks``, ``vote``, and
 ``evaluate``/``backup`` where due): the loop runs in lockstep. A section that
 lasts longer than its timeout is a hang. The timeout of a section is learned
-from how long that section took so far in this fit (:class:`LearnedTimeouts`);
+from how long that section took so far in this fit (`LearnedTimeouts`);
 before it has been seen once, it includes tracing or a first save, so it gets
 the large ``first`` allowance.
 
 On a hang each task dumps its Python stacks and says where it is
-(:func:`describe_here`); :func:`blame` reads every task's published state and
+(`describe_here`); `blame` reads every task's published state and
 names the stuck one: the task behind the others in the lockstep sequence, else
 the one running a ``tf.py_function`` (an input pipeline's Python), else one
 that stopped reporting. Then the tasks exit with
-:data:`tfdist.config.STUCK_EXIT_CODE`, which ``tfdist launch``, the Slurm
+`tfdist.config.STUCK_EXIT_CODE`, which ``tfdist launch``, the Slurm
 script and Ray's ``FailureConfig`` treat as a restartable failure. The run
 resumes from its last backup.
 """
@@ -99,7 +99,7 @@ def conclusive(states: Mapping[str, Mapping[str, Any]], stale_after: float, now:
 
 
 def blame(states: Mapping[str, Mapping[str, Any]], *, stale_after: float, now: float) -> str:
-    """Names the stuck task(s) from every task's published state (see :mod:`health`).
+    """Names the stuck task(s) from every task's published state (see `health`).
 
     Args:
         states: Task label -> its last published state (``seq``, ``section``,

@@ -8,8 +8,8 @@ This is what ``tfdist manifest`` runs::
         python train.py
     tfdist manifest kubernetes --kind=indexed-job --workers=4 --image=IMAGE -- python train.py
 
-One module per cluster manager: :mod:`tfdist.launch.manifests.slurm` (an sbatch
-script) and :mod:`tfdist.launch.manifests.kubernetes` (TFJob or Indexed Job
+One module per cluster manager: `tfdist.launch.manifests.slurm` (an sbatch
+script) and `tfdist.launch.manifests.kubernetes` (TFJob or Indexed Job
 YAML). Nothing here talks to a cluster or imports TensorFlow; each function
 returns the text (or dicts) to write.
 """

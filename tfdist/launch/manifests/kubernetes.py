@@ -4,8 +4,8 @@
         python train.py
     tfdist manifest kubernetes --kind=indexed-job --workers=4 --image=IMAGE -- python train.py
 
-Nothing here talks to a cluster or imports TensorFlow: :func:`tfjob` and
-:func:`indexed_job` return the resources as dicts, :func:`kubernetes_manifest`
+Nothing here talks to a cluster or imports TensorFlow: `tfjob` and
+`indexed_job` return the resources as dicts, `kubernetes_manifest`
 their YAML (written by PyYAML's safe dumper, for ``kubectl apply -f``).
 
 How each pod learns its place in the cluster:
@@ -57,7 +57,7 @@ def tfjob(
         name: The TFJob's name, a DNS label.
 
     Returns:
-        The manifest as a dict (see :func:`to_yaml`).
+        The manifest as a dict (see `to_yaml`).
 
     Raises:
         ValueError: On a bad argument.
@@ -104,7 +104,7 @@ def indexed_job(
         name: The Job's and the Service's name, a DNS label.
 
     Returns:
-        ``[service, job]`` as dicts (see :func:`to_yaml`).
+        ``[service, job]`` as dicts (see `to_yaml`).
 
     Raises:
         ValueError: On a bad argument.
@@ -177,7 +177,7 @@ def kubernetes_manifest(
     name: str = "tfdist",
     kind: Literal["tfjob", "indexed-job"] = "tfjob",
 ) -> str:
-    """Returns the YAML of :func:`tfjob` or :func:`indexed_job`.
+    """Returns the YAML of `tfjob` or `indexed_job`.
 
     Args:
         command: The container's command and arguments.

@@ -9,9 +9,9 @@ may get another count. Tasks build the cluster from what they got, and a
 backup resumes on it with the same global batch (docs/launch.md, "Resuming on another
 world size").
 
-Nothing here talks to Slurm or imports TensorFlow; :func:`slurm_script` returns
+Nothing here talks to Slurm or imports TensorFlow; `slurm_script` returns
 the script's text. ``srun`` sets SLURM_* variables in each task and
-:func:`tfdist.cluster.from_slurm` turns them into a cluster (what
+`tfdist.cluster.from_slurm` turns them into a cluster (what
 ``make_strategy`` reads): task SLURM_PROCID is worker SLURM_PROCID, or takes its
 role by rank from TFDIST_SLURM_ROLES (chief, then ps, then workers), and the
 k-th task on a node listens on port ``slurm_port_base(SLURM_JOB_ID) + k``.
@@ -59,7 +59,7 @@ def slurm_script(
     """Returns an sbatch script that runs ``command`` once per Slurm task.
 
     ``srun`` starts the tasks; each builds its cluster from the SLURM_*
-    variables (:func:`tfdist.cluster.from_slurm`). Without ``chief``/``ps``
+    variables (`tfdist.cluster.from_slurm`). Without ``chief``/``ps``
     every task is a MultiWorkerMirrored worker (rank 0 is the chief). With
     them, the script exports ``TFDIST_SLURM_ROLES`` and ranks take roles in
     order: the chief, then the ps, then the workers; the job ends when the
@@ -86,7 +86,7 @@ def slurm_script(
         min_nodes: The fewest nodes to start on (``#SBATCH --nodes=min_nodes-nnodes``),
             or None for exactly ``nnodes``. Each run trains on the nodes Slurm granted,
             ``workers`` tasks on each; MultiWorkerMirrored only (no ``chief``/``ps``).
-        pin: Run each task through :mod:`tfdist.launch.slurm_pin`, which gives each chief
+        pin: Run each task through `tfdist.launch.slurm_pin`, which gives each chief
             and worker of a node its own CPUs and TF thread pools to match (the CPUs Slurm
             bound it to, if it did). False: every task sees every CPU, TF's default pools.
 
@@ -124,7 +124,7 @@ def slurm_script(
 
 
 def _pinned(command: list[str]) -> list[str]:
-    """``command`` run through :mod:`tfdist.launch.slurm_pin`, by the command's own Python if it
+    """``command`` run through `tfdist.launch.slurm_pin`, by the command's own Python if it
     names one, else by the Python writing the script (both must have tfdist)."""
     python = command[0] if os.path.basename(command[0]).startswith("python") else sys.executable
     return [python, "-m", "tfdist.launch.slurm_pin", "--", *command]
