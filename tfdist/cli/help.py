@@ -18,7 +18,7 @@ SUMMARIES = {
     "train": "train a Keras model on the embedded digits data (or a named model and dataset)",
     "launch": "start a cluster of local processes (TF_CONFIG each) running one command",
     "manifest": "write a Slurm batch script or a Kubernetes manifest for a tfdist job",
-    "bench": "measure tfdist side by side with plain Keras and raw TF; results as JSON",
+    "bench": "measure tfdist side by side with plain Keras and raw TF: a table, JSON, charts",
 }
 
 USAGES = {
