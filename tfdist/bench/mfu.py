@@ -189,6 +189,7 @@ def mfu(repeats: int, quick: bool) -> dict[str, Any]:
         "keras_fit_mfu": keras_mfu,
         "mfu_ratio": timing.ratio(trainer_mfu, keras_mfu),
         "goal": ">= 0.60",
+        "goals": {"trainer_mfu": ">= 0.60"},  # the Trainer's; Keras's fit is the reference
         "trainer_examples_per_s": rates["trainer_examples_per_s"],
         "keras_fit_examples_per_s": rates["keras_fit_examples_per_s"],
         "fit_overhead_s": rates["fit_overhead_s"],

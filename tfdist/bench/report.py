@@ -101,8 +101,8 @@ def figures(results: dict[str, Any]) -> Iterator[dict[str, Any]]:
     Ratios are the finite numbers under keys ``ratio``, ``*_ratio`` or ``*_mfu``, nested
     dicts included (e.g. ``trainer_vs_fit.steps_per_execution_8.ratio``). Each comes with
     ``benchmark``, ``key`` (the dotted path), ``value``, ``words`` (`describe`) and
-    ``goal``: the benchmark's ``">= x"`` or ``"<= x"`` goal for the figure it is about
-    (its top-level ``ratio`` and ``*_mfu``, or a key of its ``goals``), else None.
+    ``goal``: the benchmark's ``">= x"`` or ``"<= x"`` goal for the figure it is about: a key
+    of its ``goals`` where it has them, else its top-level ``ratio`` and ``*_mfu``; else None.
     """
 
     def walk(path: list[str], node: dict[str, Any]) -> Iterator[tuple[list[str], float]]:
@@ -119,7 +119,8 @@ def figures(results: dict[str, Any]) -> Iterator[dict[str, Any]]:
         for path, value in walk([], result):
             key = path[-1]
             goal = goals.get(key) if len(path) == 1 else None
-            if goal is None and len(path) == 1 and (key == "ratio" or key.endswith("_mfu")):
+            headline = key == "ratio" or key.endswith("_mfu")
+            if goal is None and not goals and len(path) == 1 and headline:
                 goal = result.get("goal")
             match = _GOAL.match(str(goal or ""))
             yield {
