@@ -154,7 +154,8 @@ def summary(results: dict[str, Any], files: Sequence[str] = ()) -> str:
     rows = [("benchmark", "figure", "value", "goal", "met")]
     for f in figures(results):
         met = "" if f["met"] is None else ("yes" if f["met"] else "NO")
-        rows.append((f["benchmark"], f["words"], f"{f['value']:.3g}", f["goal"] or "", met))
+        value = f"{f['value']:.3f}" if abs(f["value"]) < 100 else f"{f['value']:.4g}"
+        rows.append((f["benchmark"], f["words"], value, f["goal"] or "", met))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [
         f"tfdist bench, {meta.get('date', '')}, {meta.get('machine', '')}, "
