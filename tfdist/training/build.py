@@ -23,7 +23,7 @@ from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
 from tfdist.training.compiled import check_own_compile, compile_plan
 from tfdist.training.options import LRScaling
-from tfdist.training.placement import ModelOrBuilder, place_model
+from tfdist.training.placement import ModelOrBuilder, in_scope_or_refused, place_model
 
 logger = logging.getLogger(__name__)
 
@@ -69,18 +69,16 @@ class OptimizerParts:
 def _copied(
     strategy: tf.distribute.Strategy, optimizer: keras.optimizers.Optimizer
 ) -> keras.optimizers.Optimizer:
-    try:
-        return optimizer_copy_in_scope(strategy, optimizer)
-    except Exception as e:  # noqa: BLE001 - any failure to copy gets the same advice
-        name = type(optimizer).__name__
-        raise invalid_argument(
-            "optimizer",
-            name,
-            "a Keras optimizer that can be copied into the strategy scope",
-            note=f"tfdist could not copy {name} with its variables in the scope ({e}). Make "
-            "and compile the model in a builder, `Trainer(lambda: ..., strategy=...)`, or "
-            "inside `with strategy.scope():`.",
-        ) from e
+    name = type(optimizer).__name__
+    return in_scope_or_refused(
+        lambda: optimizer_copy_in_scope(strategy, optimizer),
+        argument="optimizer",
+        received=name,
+        expected="a Keras optimizer that can be copied into the strategy scope",
+        failed=f"copy {name} with its variables in the scope",
+        fix="Make and compile the model in a builder, `Trainer(lambda: ..., strategy=...)`, or "
+        "inside `with strategy.scope():`.",
+    )
 
 
 def optimizer_parts(optimizer: Any) -> OptimizerParts:
@@ -139,18 +137,16 @@ def _metric_in_scope(metric: Any, strategy: tf.distribute.Strategy, model: keras
     """A ``Metric`` object as a copy with its variables in the scope; names and functions as is."""
     if not isinstance(metric, keras.metrics.Metric):
         return metric
-    try:
-        return copy_in_scope(strategy, metric, keep=model.variables)
-    except Exception as e:  # noqa: BLE001 - any failure to copy gets the same advice
-        name = type(metric).__name__
-        raise invalid_argument(
-            "metrics",
-            name,
-            "Keras metrics that can be copied into the strategy scope",
-            note=f"tfdist could not copy {name} with its variables in the scope ({e}). Pass a "
-            "builder that makes and compiles the model with its metrics, "
-            "`Trainer(lambda: ..., strategy=...)`, or compile it inside `strategy.scope()`.",
-        ) from e
+    name = type(metric).__name__
+    return in_scope_or_refused(
+        lambda: copy_in_scope(strategy, metric, keep=model.variables),
+        argument="metrics",
+        received=name,
+        expected="Keras metrics that can be copied into the strategy scope",
+        failed=f"copy {name} with its variables in the scope",
+        fix="Pass a builder that makes and compiles the model with its metrics, "
+        "`Trainer(lambda: ..., strategy=...)`, or compile it inside `strategy.scope()`.",
+    )
 
 
 def _metrics_in_scope(metrics: Any, strategy: tf.distribute.Strategy, model: keras.Model) -> Any:

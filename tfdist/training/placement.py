@@ -43,6 +43,22 @@ def made_outside(strategy: tf.distribute.Strategy, model: keras.Model) -> bool:
     return bool(outside_scope(strategy, model.variables))
 
 
+def in_scope_or_refused(
+    move: Callable[[], Any], *, argument: str, received: str, expected: str, failed: str, fix: str
+) -> Any:
+    """``move()`` (a user's object moved or copied into the scope), or one clear error.
+
+    Any failure becomes an ``invalid_argument`` for ``argument``: "tfdist could not
+    ``failed`` (the cause)", then ``fix`` (a builder, or making the object in the scope).
+    """
+    try:
+        return move()
+    except Exception as e:  # noqa: BLE001 - any failure to move gets the same advice
+        raise invalid_argument(
+            argument, received, expected, note=f"tfdist could not {failed} ({e}). {fix}"
+        ) from e
+
+
 def move_into_scope(model: keras.Model, strategy: tf.distribute.Strategy) -> keras.Model:
     """Moves ``model``'s variables made outside ``strategy``'s scope into it; returns ``model``.
 
@@ -50,18 +66,16 @@ def move_into_scope(model: keras.Model, strategy: tf.distribute.Strategy) -> ker
     re-made in the scope, with the same values. The model's own compiled functions, traced
     with the old variables, are dropped (Keras makes them again when next needed).
     """
-    try:
-        moved = move_variables_into_scope(strategy, model.variables)
-    except Exception as e:  # noqa: BLE001 - any failure to move gets the same advice
-        name = type(model).__name__
-        raise invalid_argument(
-            "model",
-            name,
-            "a model whose variables can be moved into the strategy scope",
-            note=f"tfdist could not re-make {name}'s variables in the scope ({e}). Pass a "
-            f"zero-arg builder (`model=lambda: make_{name.lower()}()`), which runs in the "
-            "scope, or build the model inside `with strategy.scope():`.",
-        ) from e
+    name = type(model).__name__
+    moved = in_scope_or_refused(
+        lambda: move_variables_into_scope(strategy, model.variables),
+        argument="model",
+        received=name,
+        expected="a model whose variables can be moved into the strategy scope",
+        failed=f"re-make {name}'s variables in the scope",
+        fix=f"Pass a zero-arg builder (`model=lambda: make_{name.lower()}()`), which runs in the "
+        "scope, or build the model inside `with strategy.scope():`.",
+    )
     if moved:
         logger.info(
             "%s's %d variables made outside the strategy scope were moved into it (same values, "
