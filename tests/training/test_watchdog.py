@@ -118,7 +118,7 @@ def _round(report, works, *, step=0.05, exchange=None, window=None):
     report.tick(states)
 
 
-def test_a_slow_worker_is_named_once_per_episode_with_its_section_and_cost(tmp_path):
+def test_a_slow_worker_is_named_once_per_episode_and_again_when_it_slows_further(tmp_path):
     report = StragglerReport(StragglerOptions(), summary_dir=str(tmp_path / "tb"))
     _round(report, [0.01, 0.011])  # warm-up: left out
     for _ in range(3):
@@ -134,6 +134,11 @@ def test_a_slow_worker_is_named_once_per_episode_with_its_section_and_cost(tmp_p
         report.warnings[0],
     ), report.warnings
     assert report.scores["worker:1"]["relative"] == pytest.approx(2.5, rel=0.2)
+    for _ in range(3):  # slower still, in the same episode: its cost doubles, named again
+        _round(report, [0.01, 0.1], step=0.105)
+    assert len(report.warnings) == 2, report.warnings
+    # The first round with a slower window already doubles the cost (smoothed: 50 ms).
+    assert "reads its input in 50 ms against 10 ms per update" in report.warnings[1]
     for _ in range(5):  # the slow windows leave the last three, then two fast rounds confirm
         _round(report, [0.01, 0.01])
     assert not report._episodes  # caught up

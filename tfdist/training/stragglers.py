@@ -13,8 +13,9 @@ nvidia-resiliency-ext does for PyTorch:
 A worker whose relative score reaches ``threshold`` while its extra work costs
 the others at least ``min_wait`` of each step, two rounds in a row, is a straggler
 (each round scores the last three windows; each worker's first, which holds
-its warm-up, is left out). The report warns once per episode, naming the
-worker, its host, the slow section and what it costs everyone, and says when
+its warm-up, is left out). The report warns at an episode's start, naming the
+worker, its host, the slow section and what it costs everyone, warns again if
+that cost doubles (a worker already slow that slows further), and says when
 it catches up. The scores go to TensorBoard scalars
 (under ``summary_dir``) and, with ``log_scores``, to the log every round.
 With ``restart_after``, an episode that lasts that many rounds stops the run
@@ -138,6 +139,7 @@ class StragglerReport:
         self._seen: dict[str, int] = {}
         self._best: dict[str, float] = {}
         self._episodes: dict[str, int] = {}
+        self._warned_cost: dict[str, float] = {}
         self._slow_rounds: dict[str, int] = {}
         self._fast_rounds: dict[str, int] = {}
         self._recent: dict[str, collections.deque] = {}
@@ -207,7 +209,8 @@ class StragglerReport:
         if self._slow_rounds[label] < CONFIRM and not self._episodes.get(label):
             return
         self._episodes[label] = self._episodes.get(label, 0) + 1
-        if self._episodes[label] == 1:
+        if self._episodes[label] == 1 or s["cost"] >= 2 * self._warned_cost[label]:
+            self._warned_cost[label] = s["cost"]
             verb, mine, theirs = _slow_section(label, rounds)
             message = (
                 f"Straggler: {label} on {rounds[label]['host']} {verb} in {mine * 1e3:.0f} ms "
