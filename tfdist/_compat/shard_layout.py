@@ -1,0 +1,40 @@
+"""How a variable is cut into one block per replica for sharded optimizer state (ZeRO).
+
+Public TF only; it sits in ``_compat`` beside the checkpoint trackable that gathers the
+blocks (`tfdist._compat.sharded_state`), which cannot import from ``training``.
+
+A variable of ``size`` elements is flattened, padded with zeros to ``N * S`` elements
+(``S = max(1, ceil(size / N))``) and cut into ``N`` rows: replica ``r`` holds elements
+``r * S`` to ``(r + 1) * S``. The padding stays zero: its gradient is zero, so every built-in
+optimizer leaves it at zero (weight decay of zero is zero).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+
+def shard_size(size: int, num_replicas: int) -> int:
+    """``S``: the elements of each replica's block of a variable of ``size`` elements."""
+    return max(1, math.ceil(size / num_replicas))
+
+
+def blocks(full: tf.Tensor, num_replicas: int) -> tf.Tensor:
+    """``full`` flattened, zero-padded and cut into ``[num_replicas, S]`` rows."""
+    flat = tf.reshape(full, [-1])
+    size = flat.shape.num_elements()
+    width = shard_size(size, num_replicas)
+    return tf.reshape(tf.pad(flat, [[0, num_replicas * width - size]]), [num_replicas, width])
+
+
+def block(full: tf.Tensor, num_replicas: int, replica_id: tf.Tensor) -> tf.Tensor:
+    """Replica ``replica_id``'s ``[S]`` block of ``full``."""
+    return tf.gather(blocks(full, num_replicas), replica_id)
+
+
+def unblock(rows: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:
+    """The ``[N, S]`` (or flat ``[N * S]``) rows back as a tensor of ``shape`` (padding cut)."""
+    size = tf.TensorShape(shape).num_elements()
+    return tf.reshape(tf.reshape(rows, [-1])[:size], shape)
