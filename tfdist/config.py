@@ -211,6 +211,9 @@ LR_SCALINGS = ("none", "linear")
 #: ``tfdist train --gradient_compression``: the gradients' all-reduce dtype ("none": float32). The
 #: Trainer takes ``"bf16"``, ``"fp16"`` or None (``tfdist.training.exchange.COMPRESSIONS``).
 GRADIENT_COMPRESSIONS = ("none", "bf16", "fp16")
+#: ``tfdist train --sharding``: what each replica keeps only its block of ("off": everything
+#: whole). The Trainer takes ``"optimizer"``, ``"gradients"`` or None (ZeRO-1/2).
+SHARDINGS = ("off", "optimizer", "gradients")
 
 
 #: ``tfdist train --watchdog=...``: the ``WatchdogOptions`` fields a flag may set, and their types.
@@ -274,8 +277,9 @@ class TrainConfig:
     by ``tfdist launch --max_restarts`` or a Slurm requeue resumes at the last
     backed-up optimizer update; ``backup_freq`` is a number of updates between
     backups, or None for one per epoch. ``gradient_compression`` (``"bf16"``,
-    ``"fp16"``, or ``"none"``/None: float32) and ``bucket_bytes`` are the
-    Trainer's gradient exchange (``ExchangeOptions``); ``"none"`` is stored as None.
+    ``"fp16"``, or ``"none"``/None: float32), ``bucket_bytes`` and ``sharding``
+    (``"optimizer"``, ``"gradients"``, or ``"off"``/None) are the Trainer's gradient
+    exchange (``ExchangeOptions``); ``"none"`` and ``"off"`` are stored as None.
     """
 
     strategy: str = "mirrored"
@@ -308,6 +312,7 @@ class TrainConfig:
     stragglers: str = ""
     gradient_compression: str | None = None
     bucket_bytes: int | None = None
+    sharding: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("strategy", self.strategy, STRATEGY_NAMES)
@@ -342,6 +347,10 @@ class TrainConfig:
             if self.gradient_compression == "none":
                 object.__setattr__(self, "gradient_compression", None)  # the Trainer's float32
         check_positive_int("bucket_bytes", self.bucket_bytes, allow_none=True)
+        if self.sharding is not None:
+            check_choice("sharding", self.sharding, SHARDINGS)
+            if self.sharding == "off":
+                object.__setattr__(self, "sharding", None)
         parse_options("watchdog", self.watchdog, WATCHDOG_FIELDS)
         stragglers = parse_options("stragglers", self.stragglers, STRAGGLER_FIELDS)
         if stragglers and stragglers.get("restart_after") and not self.backup_dir:

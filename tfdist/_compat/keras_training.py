@@ -16,14 +16,29 @@ import keras
 import tensorflow as tf
 
 
-def symbolic_build(model: keras.Model, data_batch: Any) -> None:
+def symbolic_build(model: keras.Model, data_batch: Any, *, build_optimizer: Any = None) -> None:
     """Builds a compiled model, its metrics and its optimizer from a batch spec, as ``fit`` does.
 
     Call it inside the strategy scope, so that every variable is created there.
+    ``build_optimizer(trainable_variables)``, if given, builds the (unbuilt) optimizer instead
+    of Keras's ``optimizer.build`` (sharded optimizer state builds it on blocks).
     """
-    # Private: public model.build() builds only the layers; this also builds the compiled metrics
-    # and the optimizer's slots, which must be created in the scope before the step is traced.
-    model._symbolic_build(data_batch=data_batch)
+    optimizer = model.optimizer
+    if build_optimizer is not None and optimizer is not None and not optimizer.built:
+
+        def build(variables: Any) -> None:
+            del optimizer.build  # the class's own again, for build_optimizer to call
+            build_optimizer(variables)
+
+        optimizer.build = build
+    try:
+        # Private: public model.build() builds only the layers; this also builds the compiled
+        # metrics and the optimizer's slots, which must be created in the scope before the step
+        # is traced.
+        model._symbolic_build(data_batch=data_batch)
+    finally:
+        if optimizer is not None:
+            optimizer.__dict__.pop("build", None)
 
 
 def loss_tracker(model: keras.Model) -> keras.metrics.Metric:
@@ -103,3 +118,15 @@ def metrics_in_order(model: keras.Model, logs: dict[str, Any]) -> Any:
     """``logs`` as ``model.evaluate`` returns them without ``return_dict``: a list, or one value."""
     # Private: Keras orders evaluate's list by its compiled metrics here, and has no public twin.
     return model._flatten_metrics_in_order(logs)
+
+
+def variable_key(optimizer: keras.optimizers.Optimizer, variable: Any) -> Any:
+    """The key by which ``optimizer`` knows ``variable`` (weight-decay exclusions, slots)."""
+    # Private: Keras keys an optimizer's variables by this function's result only.
+    return optimizer._var_key(variable)
+
+
+def weight_decay_exclusions(optimizer: keras.optimizers.Optimizer) -> set | None:
+    """The keys of the variables excluded from weight decay by object, or None (none given)."""
+    # Private: exclude_from_weight_decay(var_list=...) keeps the variables' keys only here.
+    return getattr(optimizer, "_exclude_from_weight_decay", None)

@@ -281,6 +281,13 @@ flags.DEFINE_integer(
     "overlapping the backward pass (default: one all-reduce). "
     "bench scaling: passed to the Trainer when it takes it.",
 )
+flags.DEFINE_string(
+    "sharding",
+    None,
+    "train: off, optimizer or gradients: each replica keeps only its block of the optimizer "
+    "state (optimizer, ZeRO-1), and of the gradients too (gradients, ZeRO-2); mirrored and "
+    "multi_worker (default off).",
+)
 flags.DEFINE_float(
     "target_accuracy",
     None,
@@ -348,6 +355,7 @@ READS = {
             "stragglers",
             "gradient_compression",
             "bucket_bytes",
+            "sharding",
             "engine",
             "cpus_per_worker",
             "max_restarts",

@@ -75,6 +75,7 @@ GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
             + ("warmup_steps", "warmup_epochs", "accumulation_steps"),
         ),
         ("Speed", ("precision", "steps_per_execution", "gradient_compression", "bucket_bytes")),
+        ("Memory", ("sharding",)),
         (
             "Saving and fault tolerance",
             ("model_dir", "backup_dir", "backup_freq", "watchdog", "stragglers"),

@@ -73,6 +73,7 @@ def train_config() -> TrainConfig:
         stragglers=FLAGS.stragglers,
         gradient_compression=_gradient_compression(),
         bucket_bytes=FLAGS.bucket_bytes,
+        sharding=FLAGS.sharding,
     )
 
 

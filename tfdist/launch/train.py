@@ -66,10 +66,12 @@ def _backup_options(config: TrainConfig) -> dict[str, Any]:
 
 
 def exchange_options(config: TrainConfig) -> dict[str, Any]:
-    """The Trainer's ``gradient_compression`` and ``bucket_bytes`` (None: its defaults)."""
+    """The Trainer's ``gradient_compression``, ``bucket_bytes`` and ``sharding`` (None: its
+    defaults)."""
     return {
         "gradient_compression": config.gradient_compression,
         "bucket_bytes": config.bucket_bytes,
+        "sharding": config.sharding,
     }
 
 

@@ -111,6 +111,8 @@ class Runner(Protocol):
     """Calls that may run ahead of the logs the loop has fetched (0: fetch each)."""
 
     requires_steps_per_epoch: bool
+    #: Why sharded optimizer state (``ExchangeOptions(sharding=...)``) cannot run here, or None.
+    sharding_refusal: str | None
     """Whether ``fit`` needs an explicit ``steps_per_epoch`` on this strategy."""
 
     reads_training_input_here: bool

@@ -110,8 +110,9 @@ class PSRunner:
     watched_sections = ("update", "evaluate")
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
-    #: The workers, other processes, read the training data themselves.
+    #: Workers, other processes, read the training data.
     reads_training_input_here = False
+    sharding_refusal = "parameter_server keeps each variable and its state once, on the ps."
     #: ``steps_per_execution="auto"``: one step per scheduled closure. Calls already overlap
     #: (up to ``max_in_flight``), so per-call costs are not paid step after step.
     auto_steps_per_execution = 1

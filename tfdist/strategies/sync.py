@@ -127,6 +127,17 @@ class SyncRunner:
     #: the replicas (as Keras's fit reduces a train_step's logs under tf.distribute).
     reduces_step_outputs = True
 
+    @property
+    def sharding_refusal(self) -> str | None:
+        """Why ``ExchangeOptions(sharding=...)`` cannot run here, or None (mirrored, MWMS)."""
+        kinds = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if isinstance(self.strategy, kinds):
+            return None
+        return (
+            f"{type(self.strategy).__name__} has one replica: there is nothing to shard the "
+            "optimizer state over. Use a mirrored or multi_worker strategy, or no sharding."
+        )
+
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if training and source.exact and source.dataset_fn is not None:
             # TF syncs every multi-worker get_next of a finite input with an all-reduce of

@@ -22,6 +22,7 @@ from tfdist.config import invalid_argument
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import Runner
 from tfdist.training import schedules
+from tfdist.training.inference_steps import make_eval_step, make_predict_step
 from tfdist.training.loop import StartUpdates
 from tfdist.training.options import ExchangeOptions, LRScaling
 from tfdist.training.overrides import (
@@ -32,7 +33,9 @@ from tfdist.training.overrides import (
     make_custom_train_update,
     select_logs,
 )
-from tfdist.training.step import TrainUpdate, make_eval_step, make_predict_step
+from tfdist.training.sharded_update import ShardedUpdate
+from tfdist.training.sharding import ShardedState, log_replica_bytes, replica_bytes
+from tfdist.training.step import TrainUpdate
 
 
 class StepFunctions:
@@ -67,6 +70,7 @@ class StepFunctions:
         self.schedule = schedule
         self.skipped_updates = skipped_updates
         self.built_for: int | None = None  # the global batch size of the first input built from
+        self.sharded: ShardedState | None = None  # the sharded optimizer state, once built
         self.overrides = Overrides.of(model)
         # The log keys a user's train_step / test_step returns (known once traced).
         self._train_keys: list[str] = []
@@ -89,8 +93,32 @@ class StepFunctions:
                 if self.overrides.train_step and not callable_model(self.model):
                     build_optimizers(self.model)  # e.g. a GAN: no call(), only its parts
                 else:
-                    symbolic_build(self.model, source.element_spec)
+                    symbolic_build(
+                        self.model, source.element_spec, build_optimizer=self._optimizer_builder()
+                    )
             self.built_for = source.global_batch_size
+            if self.sharded is not None:
+                log_replica_bytes(self.replica_bytes(), self.exchange.sharding, self.runner)
+
+    def _optimizer_builder(self) -> Any:
+        """What builds the optimizer: the sharded state's blocks, or Keras's (None)."""
+        if self.exchange.sharding is None:
+            return None
+
+        def build(variables: Any) -> None:
+            self.sharded = ShardedState(self.model, self.runner.strategy, self.exchange.sharding)
+
+        return build
+
+    def replica_bytes(self) -> dict[str, Any]:
+        """Bytes each replica holds, by kind, and the same unsharded (once built)."""
+        return replica_bytes(
+            self.model,
+            num_replicas=self.runner.strategy.num_replicas_in_sync,
+            sharding=self.exchange.sharding,
+            accumulation_steps=self.accumulation_steps,
+            full_shapes=None if self.sharded is None else self.sharded.full_shapes,
+        )
 
     def logs(self, outputs: Mapping[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
         """Metric results plus tfdist's own state, in cross-replica context.
@@ -133,16 +161,7 @@ class StepFunctions:
                 outputs=averaged,
             )
         if key not in self._train:
-            update = TrainUpdate(
-                self.model,
-                self.model.optimizer,
-                global_batch_size=global_batch_size,
-                accumulation_steps=micro_batches,
-                num_replicas=self.runner.strategy.num_replicas_in_sync,
-                skipped_updates=self.skipped_updates,
-                bucket_bytes=self.exchange.bucket_bytes,
-                gradient_compression=self.exchange.compression,
-            )
+            update = self._update(global_batch_size, micro_batches)
             self._train[key] = self.runner.compile_loop(
                 update.__call__,
                 self.logs,
@@ -152,6 +171,20 @@ class StepFunctions:
                 cross_replica=update.cross_replica,
             )
         return self._train[key]
+
+    def _update(self, global_batch_size: int, micro_batches: int) -> TrainUpdate:
+        """The replica step of one update (on sharded optimizer state when so configured)."""
+        arguments = dict(
+            global_batch_size=global_batch_size,
+            accumulation_steps=micro_batches,
+            num_replicas=self.runner.strategy.num_replicas_in_sync,
+            skipped_updates=self.skipped_updates,
+            bucket_bytes=self.exchange.bucket_bytes,
+            gradient_compression=self.exchange.compression,
+        )
+        if self.sharded is not None:
+            return ShardedUpdate(self.model, self.model.optimizer, state=self.sharded, **arguments)
+        return TrainUpdate(self.model, self.model.optimizer, **arguments)
 
     def train_until_exhausted(self, global_batch_size: int) -> Any:
         """The train function for data of unknown length: one batch per update, stopping at its
@@ -163,16 +196,7 @@ class StepFunctions:
                     self.model, self._train_keys, averaged=averaged
                 )
             else:
-                replica_fn = TrainUpdate(
-                    self.model,
-                    self.model.optimizer,
-                    global_batch_size=global_batch_size,
-                    accumulation_steps=1,
-                    num_replicas=self.runner.strategy.num_replicas_in_sync,
-                    skipped_updates=self.skipped_updates,
-                    bucket_bytes=self.exchange.bucket_bytes,
-                    gradient_compression=self.exchange.compression,
-                ).__call__
+                replica_fn = self._update(global_batch_size, 1).__call__
             self._until_exhausted[global_batch_size] = self.runner.compile_loop(
                 replica_fn,
                 self.logs,

@@ -188,13 +188,20 @@ class ExchangeOptions:
             gradients exist (overlapping the backward pass). The sums are those
             of the single all-reduce. ``None``: one packed all-reduce. See
             `tfdist.training.exchange`.
+        sharding: ``"optimizer"`` (ZeRO-1) keeps on each replica the optimizer state
+            of only its ``1/N`` block of every variable; ``"gradients"`` (ZeRO-2) also
+            keeps only its block of the summed gradients (with accumulation, the sum
+            buffer too, reduced every micro-batch). Mirrored and MultiWorkerMirrored
+            only; the weights equal unsharded training's. See `tfdist.training.sharding`.
+            ``None``: every replica holds everything.
 
     Raises:
-        ValueError: For an unknown compression or a non-positive ``bucket_bytes``.
+        ValueError: For an unknown compression or sharding, or a non-positive ``bucket_bytes``.
     """
 
     compression: Compression | None = None
     bucket_bytes: int | None = None
+    sharding: Literal["optimizer", "gradients"] | None = None
 
     def __post_init__(self) -> None:
         self.check(vars(self))
@@ -213,6 +220,15 @@ class ExchangeOptions:
         check_positive_int(
             _named(names, "bucket_bytes"), values.get("bucket_bytes"), allow_none=True
         )
+        sharding = values.get("sharding")
+        if sharding is not None and sharding not in ("optimizer", "gradients"):
+            raise invalid_argument(
+                _named(names, "sharding"),
+                sharding,
+                "one of: optimizer, gradients, None",
+                note="'optimizer' shards the optimizer state over the replicas (ZeRO-1), "
+                "'gradients' the gradients too (ZeRO-2).",
+            )
 
 
 #: The Trainer's flat shortcut keywords: option class, its Trainer keyword, and field -> shortcut.
@@ -237,7 +253,11 @@ SHORTCUTS: dict[type, tuple[str, dict[str, str]]] = {
     ),
     ExchangeOptions: (
         "exchange",
-        {"compression": "gradient_compression", "bucket_bytes": "bucket_bytes"},
+        {
+            "compression": "gradient_compression",
+            "bucket_bytes": "bucket_bytes",
+            "sharding": "sharding",
+        },
     ),
 }
 

@@ -91,6 +91,7 @@ def check_custom_train_step(
     accumulation_steps: int,
     gradient_compression: str | None,
     bucket_bytes: int | None,
+    sharding: str | None = None,
 ) -> None:
     """Refuses tfdist features that live in tfdist's own step when the model has its own.
 
@@ -112,6 +113,7 @@ def check_custom_train_step(
         ("accumulation_steps", accumulation_steps, 1, "gradient accumulation"),
         ("gradient_compression", gradient_compression, None, "the 16-bit gradient exchange"),
         ("bucket_bytes", bucket_bytes, None, "the bucketed gradient exchange"),
+        ("sharding", sharding, None, "sharding the optimizer state over the replicas"),
     ):
         if value != needed:
             raise invalid_argument(

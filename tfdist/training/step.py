@@ -44,8 +44,6 @@ from tfdist.training.losses import (
     MaskedTermsFound,
     MaskedUpdate,
     ReplicaLoss,
-    global_size,
-    log_masked_evaluation,
     output_sums,
     replica_loss,
     split,
@@ -54,7 +52,7 @@ from tfdist.training.losses import (
 )
 
 
-def _batch_size(x: Any) -> tf.Tensor:
+def batch_size_of(x: Any) -> tf.Tensor:
     first = next(t for t in tf.nest.flatten(x) if t is not None)
     return tf.cast(tf.shape(first)[0], tf.float32)
 
@@ -62,15 +60,12 @@ def _batch_size(x: Any) -> tf.Tensor:
 def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
     """Training forward pass that never feeds an empty batch to the model.
 
-    A partial global batch smaller than the replica count leaves some replicas
-    an empty batch, which some kernels (oneDNN convolutions) reject. A cond
-    that skips the step, as evaluation does, is not safe in training (layers
-    such as BatchNormalization update mirrored variables with a merge_call).
-    So an empty batch gets one all-zero example, and the predictions are cut
-    back to the real examples: the loss, gradients and metrics see only those.
-    (The dummy does enter that replica's BatchNormalization batch statistics.)
-    A prediction's Keras mask is cut alike and kept on it, so the loss and the
-    metrics see it as in Keras's own ``train_step``.
+    A partial global batch smaller than the replica count leaves some replicas an empty batch,
+    which some kernels (oneDNN convolutions) reject. A cond that skips the step, as evaluation
+    does, is not safe in training (BatchNormalization updates mirrored variables with a
+    merge_call). So an empty batch gets one all-zero example (it does enter that replica's
+    BatchNormalization statistics), and the predictions, and their Keras masks, are cut back
+    to the real examples: the loss, gradients and metrics see only those, as in Keras.
     """
     n = tf.cast(size, tf.int32)
 
@@ -79,7 +74,7 @@ def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
 
     # A cond only picks the input (no side effects in it), so full batches are not copied.
     inputs = tf.cond(n > 0, lambda: x, lambda: tf.nest.map_structure(one_zero_example, x))
-    y_pred = _forward(model, inputs, training=True)
+    y_pred = forward(model, inputs, training=True)
 
     def cut(t):  # an identity slice for full batches
         mask = keras_mask(t)
@@ -88,38 +83,34 @@ def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
     return tf.nest.map_structure(cut, y_pred)
 
 
-def _forward(model: keras.Model, x: Any, training: bool) -> Any:
+def forward(model: keras.Model, x: Any, training: bool) -> Any:
     if takes_training(model.call):
         return model(x, training=training)
     return model(x)
 
 
-#: The accumulation loop's state: gradient sums, examples, per-output loss sums, and the
-#: masked terms' packed sums (`MaskedUpdate`; empty without).
+#: The accumulation loop's state: gradient sums, examples, per-output loss sums, masked terms.
 State = tuple[list[tf.Tensor], tf.Tensor, list[tf.Tensor], tf.Tensor]
 
 
 class TrainUpdate:
     """One optimizer update on ``k`` micro-batches, in replica context (see the module docstring).
 
-    Call it as ``update(micro_batches)`` in replica context (the micro-batches
-    unrolled), or drive it from cross-replica context with
-    `cross_replica`, which keeps the ``k`` micro-batches in a
-    ``tf.while_loop`` (gradient sums as loop variables), so the graph holds one
-    forward and backward pass whatever ``k``. Runners that can call ``next``
-    between replica calls use `cross_replica`.
+    Call it as ``update(micro_batches)`` in replica context (unrolled), or from cross-replica
+    context with `cross_replica`: the ``k`` micro-batches in a ``tf.while_loop`` (one forward
+    and backward pass in the graph whatever ``k``), for runners that can call ``next`` between
+    replica calls. `exchange` and `update` are what sharded optimizer state replaces
+    (`tfdist.training.sharding`).
 
     Args:
         model: A compiled Keras model (its loss, metrics and loss tracker are used).
-        optimizer: The model's optimizer, possibly a ``LossScaleOptimizer``.
-            It must not all-reduce again: wrap calls in
-            ``tfdist._compat.gradients_already_summed``.
+        optimizer: The model's optimizer, possibly a ``LossScaleOptimizer``. It must not
+            all-reduce again: wrap calls in ``tfdist._compat.gradients_already_summed``.
         global_batch_size: Examples per micro-batch across all replicas.
         accumulation_steps: ``k``, micro-batches per update.
         num_replicas: ``num_replicas_in_sync``.
-        skipped_updates: With loss scaling, a counter of updates skipped for
-            non-finite gradients (the same decision on every replica, since it
-            is taken after the all-reduce).
+        skipped_updates: With loss scaling, a counter of updates skipped for non-finite
+            gradients (the same decision on every replica: it follows the all-reduce).
         bucket_bytes: Bucketed all-reduce (see `tfdist.training.exchange`).
         gradient_compression: ``"bf16"``, ``"fp16"`` or ``None``.
     """
@@ -156,7 +147,7 @@ class TrainUpdate:
         """
         model = self.model
         x, y, sample_weight = unpack_x_y_sample_weight(data)
-        size = _batch_size(x)
+        size = batch_size_of(x)
         # Persistent: a masked term's coefficient and gradient are read from it as well.
         with tf.GradientTape(persistent=True) as tape:
             y_pred = _forward_never_empty(model, x, size)
@@ -203,25 +194,23 @@ class TrainUpdate:
         self.tracked.extend(id(tracker) for tracker, _ in replica.recorded)
         self.masked.learn(replica, [variables[i].shape for i in self.present])
 
-    def apply(self, summed: Sequence[Any], count: tf.Tensor, output_sums: Any, extra: Any) -> None:
-        """One exchange and one optimizer update; ``summed`` holds the present variables' sums.
-
-        ``output_sums``: this replica's per-output loss sums over its ``count`` examples;
-        ``extra``: its masked terms, packed (their gradients join ``summed`` here).
-        """
-        variables = self.model.trainable_variables
+    def apply(
+        self,
+        summed: Sequence[Any],
+        count: tf.Tensor,
+        output_sums: Any,
+        extra: Any,
+        total: tf.Tensor | None = None,
+    ) -> None:
+        """One exchange and one optimizer update; ``summed``: the present variables' sums,
+        ``output_sums``: per-output loss sums, ``extra``: masked terms, packed (`micro_step`);
+        ``total``: the summed count when ``summed`` was exchanged already (ZeRO-2)."""
         masked_logs: dict[int, tf.Tensor] = {}
         if self.masked.terms:
             summed, masked_logs = self.masked.combine(
                 self.model, extra, list(summed), count, expected=self.expected
             )
-        reduced, total = all_reduce_sum(
-            summed,
-            count,
-            num_replicas=self.num_replicas,
-            bucket_bytes=self.bucket_bytes,
-            compression=self.gradient_compression,
-        )
+        reduced, total = self.exchange(summed, count) if total is None else (summed, total)
         # An update is one batch of Keras's with a k-times batch: its per-output means count once.
         means = [
             (tracker, masked_logs.get(id(tracker), tf.math.divide_no_nan(s, count)))
@@ -230,13 +219,28 @@ class TrainUpdate:
         ]
         track_output_losses(means, count, total)
         factor = tf.math.divide_no_nan(tf.constant(self.expected), total)
-        grads: list[Any] = [None] * len(variables)
-        for i, g in zip(self.present, reduced):
-            grads[i] = scale_gradient(g, factor)
+        self.update([scale_gradient(g, factor) for g in reduced])
+
+    def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
+        """The present variables' gradient sums and the example count, summed over replicas."""
+        return all_reduce_sum(
+            summed,
+            count,
+            num_replicas=self.num_replicas,
+            bucket_bytes=self.bucket_bytes,
+            compression=self.gradient_compression,
+        )
+
+    def update(self, grads: Sequence[Any]) -> None:
+        """One optimizer update from the present variables' mean gradients."""
+        variables = self.model.trainable_variables
+        full: list[Any] = [None] * len(variables)
+        for i, g in zip(self.present, grads):
+            full[i] = g
         if self.skipped_updates is not None:
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced])
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
             self.skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
-        self.optimizer.apply(grads, variables)
+        self.optimizer.apply(full, variables)
 
     def __call__(self, micro_batches: Sequence[Any]) -> None:
         """One update on ``micro_batches`` (the loop unrolled), in replica context."""
@@ -317,84 +321,3 @@ class TrainUpdate:
             # The first trace of the body found masked terms: the loop again, with their sums.
             state = loop()
         run(self.finish, (state,))
-
-
-def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
-    """Returns ``step(batches)``: updates the loss tracker and metrics, in replica context.
-
-    Each example counts once, exactly as in ``model.evaluate``; empty batches
-    (padding that keeps every worker on the same step count) count for nothing.
-    A masked loss term is weighed by the batch's global valid count
-    (`tfdist.training.losses`): its sums leave the cond, and the ``loss``
-    logs are updated after one all-reduce of the counts, in which every replica
-    takes part.
-    """
-    masked = MaskedUpdate()  # the loss's masked terms, known once the cond's branch is traced
-
-    def step(batches: Sequence[Any]) -> None:
-        for data in batches:
-            x, y, sample_weight = unpack_x_y_sample_weight(data)
-            size = _batch_size(x)
-            # Outside the cond: every replica takes part in the all-reduce, empty or not.
-            total = global_size(model, size)
-
-            def update_metrics(x=x, y=y, sample_weight=sample_weight, size=size, total=total):
-                # The tape only gives the masked terms' coefficients in the loss (losses.split).
-                with tf.GradientTape(persistent=True) as tape:
-                    y_pred = _forward(model, x, training=False)
-                    replica = replica_loss(model, (x, y, y_pred, sample_weight), training=False)
-                    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-                    parts = split(tape, replica, replicas) if replica.terms else None
-                model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-                masked.learn(replica, [])
-                if parts is None:
-                    loss_tracker(model).update_state(unscale_loss(replica.loss), sample_weight=size)
-                    track_output_losses(replica.recorded, size, total)
-                    return tf.zeros([0])
-                rest_log = unscale_loss(parts.rest) * tf.cast(size, parts.rest.dtype)
-                means = [tf.cast(mean, tf.float32) for _, mean in replica.recorded]
-                return tf.concat(
-                    [masked.pack(parts, rest_log, []), *[tf.reshape(m, [1]) for m in means]], 0
-                )
-
-            # Workers top up their shard with empty batches so that all run the
-            # same number of steps. Some kernels (oneDNN convolutions) reject
-            # empty inputs, so skip them; inference updates no synchronised
-            # variables, so a cond is safe here (it is not in training, where
-            # e.g. a summed counter would need a merge_call).
-            packed = tf.cond(
-                size > 0, update_metrics, lambda: tf.zeros([masked.length + len(masked.recorded)])
-            )
-            if masked.terms:
-                log_masked_evaluation(model, masked, packed, size)
-
-    return step
-
-
-def make_predict_step(model: keras.Model, *, custom: bool = False) -> Callable[[Any], Any]:
-    """Returns ``step(batch)``: the model's outputs on one batch's inputs, in replica context.
-
-    ``y`` and sample weights in the batch are ignored. An empty batch (a
-    replica's share of a partial last batch) gives outputs with zero rows,
-    without running the model on it (some kernels reject empty inputs). With
-    ``custom``, the model's own ``predict_step(data)`` gives the outputs.
-    """
-
-    def outputs(data: Any) -> Any:
-        if custom:
-            return model.predict_step(data)
-        return _forward(model, unpack_x_y_sample_weight(data)[0], training=False)
-
-    def step(data: Any) -> Any:
-        x, _, _ = unpack_x_y_sample_weight(data)
-
-        def one_example():
-            # Only the output structure, dtypes and trailing shapes are used.
-            zeros = tf.nest.map_structure(
-                lambda t: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], axis=0), t.dtype), data
-            )
-            return tf.nest.map_structure(lambda t: t[:0], outputs(zeros))
-
-        return tf.cond(_batch_size(x) > 0, lambda: outputs(data), one_example)
-
-    return step

@@ -50,6 +50,7 @@ from tfdist.training.options import (
 from tfdist.training.overrides import check_custom_train_step
 from tfdist.training.placement import ModelOrBuilder
 from tfdist.training.resume import FitBackups
+from tfdist.training.sharding import check_optimizer, check_sharding
 from tfdist.training.stragglers import DEFAULT_STRAGGLERS, StragglerOptions
 from tfdist.training.watchdog import DEFAULT_WATCHDOG, WatchdogOptions
 
@@ -114,6 +115,9 @@ class Trainer(EvaluateAndPredict):
         warmup_epochs: Shortcut for ``LRScaling.warmup_epochs``.
         gradient_compression: Shortcut for ``ExchangeOptions.compression``.
         bucket_bytes: Shortcut for ``ExchangeOptions.bucket_bytes``.
+        sharding: Shortcut for ``ExchangeOptions.sharding``: ``"optimizer"`` or
+            ``"gradients"`` shards the optimizer state (and the gradients) over the
+            replicas, ZeRO-1/2 (mirrored and multi_worker).
 
     Raises:
         ValueError: For a bad argument, option or shortcut, or a model that
@@ -145,6 +149,7 @@ class Trainer(EvaluateAndPredict):
         warmup_epochs: float | None = None,
         gradient_compression: str | None = None,
         bucket_bytes: int | None = None,
+        sharding: str | None = None,
         watchdog: WatchdogOptions | None = DEFAULT_WATCHDOG,
         stragglers: StragglerOptions | None = DEFAULT_STRAGGLERS,
     ) -> None:
@@ -167,10 +172,12 @@ class Trainer(EvaluateAndPredict):
             warmup_epochs=warmup_epochs,
             gradient_compression=gradient_compression,
             bucket_bytes=bucket_bytes,
+            sharding=sharding,
         )
         self.watchdog, self.stragglers = check_health_options(watchdog, stragglers, self.backup)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
+        check_sharding(self.exchange.sharding, self._runner)
         self.precision = _precision(precision, model, is_chief=self._runner.is_chief)
         compile_arguments = dict(optimizer=optimizer, loss=loss, metrics=metrics)
         compile_arguments.update(loss_weights=loss_weights, weighted_metrics=weighted_metrics)
@@ -202,7 +209,10 @@ class Trainer(EvaluateAndPredict):
             accumulation_steps=self.accumulation_steps,
             gradient_compression=self.exchange.compression,
             bucket_bytes=self.exchange.bucket_bytes,
+            sharding=self.exchange.sharding,
         )
+        if self.exchange.sharding is not None:
+            check_optimizer(self.model.optimizer, self.exchange.sharding)
         if self._steps_per_execution == "auto" and compiled.steps_per_execution:
             # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.
             self._steps_per_execution = self.steps_per_execution = compiled.steps_per_execution
@@ -225,6 +235,15 @@ class Trainer(EvaluateAndPredict):
     def is_chief(self) -> bool:
         """Whether this process is the one that writes logs and checkpoints."""
         return self._runner.is_chief
+
+    @property
+    def replica_bytes(self) -> dict[str, Any] | None:
+        """Bytes each replica holds (parameters, optimizer state, gradient buffers, master
+        shards), from the variables' shapes, and under ``"unsharded"`` the same without
+        sharding; None until the model is built (the first fit)."""
+        if self._functions.built_for is None:
+            return None
+        return self._functions.replica_bytes()
 
     @property
     def runner(self) -> Runner:

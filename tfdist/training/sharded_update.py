@@ -1,0 +1,249 @@
+"""The update on sharded optimizer state (ZeRO-1/2), in replica context: see
+`tfdist.training.sharding` for the design; this module holds its step.
+
+`ShardedUpdate` is `tfdist.training.step.TrainUpdate` with another exchange (each replica
+keeps its block of each summed gradient) and another update (the optimizer on the blocks,
+then an all-gather of the updated blocks into every replica's whole variables).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfdist._compat.shard_layout import block, blocks, shard_size, unblock
+from tfdist.config import invalid_argument
+from tfdist.training.exchange import all_reduce_sum
+from tfdist.training.gradients import scale_gradient
+from tfdist.training.sharding import GATHER_BUCKET_BYTES, ShardedState, elements, inner_optimizer
+from tfdist.training.step import TrainUpdate
+
+_CLIPPING_LOCK = threading.Lock()
+_CLIPPING_OFF: dict[int, list] = {}  # id(optimizer) -> [replica threads inside, saved values]
+
+
+@contextlib.contextmanager
+def _no_clipping(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
+    """The optimizer's norm clipping off while it updates blocks (done before, on whole norms).
+
+    MirroredStrategy traces each replica in a thread of its own: the first replica in turns
+    clipping off, the last one out restores it.
+    """
+    with _CLIPPING_LOCK:
+        entry = _CLIPPING_OFF.setdefault(id(optimizer), [0, None])
+        if entry[0] == 0:
+            entry[1] = optimizer.clipnorm, optimizer.global_clipnorm
+            optimizer.clipnorm = optimizer.global_clipnorm = None
+        entry[0] += 1
+    try:
+        yield
+    finally:
+        with _CLIPPING_LOCK:
+            entry[0] -= 1
+            if entry[0] == 0:
+                optimizer.clipnorm, optimizer.global_clipnorm = entry[1]
+                del _CLIPPING_OFF[id(optimizer)]
+
+
+def _groups(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``tensors`` in order, in runs of one dtype of about ``bucket_bytes``."""
+    groups: list[list[int]] = []
+    size = 0
+    for i, t in enumerate(tensors):
+        if not groups or size >= bucket_bytes or t.dtype != tensors[groups[-1][0]].dtype:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += t.shape.num_elements() * t.dtype.size
+    return groups
+
+
+def _replica_id() -> tf.Tensor:
+    return tf.distribute.get_replica_context().replica_id_in_sync_group
+
+
+def all_gather_blocks(new_blocks: Sequence[tf.Tensor], shapes: Sequence[Any]) -> list[tf.Tensor]:
+    """Every replica's blocks, gathered in buckets, as whole tensors of ``shapes`` (replica ctx)."""
+    ctx = tf.distribute.get_replica_context()
+    out: list[Any] = [None] * len(new_blocks)
+    for group in _groups(new_blocks, GATHER_BUCKET_BYTES):
+        packed = tf.concat([new_blocks[i] for i in group], axis=0)
+        rows = ctx.all_gather(tf.reshape(packed, [1, -1]), axis=0)  # [N, sum of S]
+        widths = [new_blocks[i].shape.num_elements() for i in group]
+        for i, part in zip(group, tf.split(rows, widths, axis=1)):
+            out[i] = unblock(part, shapes[i])
+    return out
+
+
+def _assign_all(strategy: tf.distribute.Strategy, values: Any, *, targets: list) -> None:
+    """Cross-replica: each replica's copy of each ``targets[i]`` takes its ``values[i]``."""
+    for target, value in zip(targets, values):
+        strategy.extended.update(target, lambda var, x: var.assign(x), args=(value,), group=False)
+
+
+class ShardedUpdate(TrainUpdate):
+    """`TrainUpdate` on sharded optimizer state: its exchange and its update (replica context).
+
+    Args:
+        state: The master shards and the optimizer built on them.
+        **kwargs: `TrainUpdate`'s arguments.
+    """
+
+    def __init__(self, *args: Any, state: ShardedState, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state = state
+        inner = inner_optimizer(self.optimizer)
+        # Read once: while replicas trace, `_no_clipping` turns the optimizer's own off.
+        self.clipnorm, self.global_clipnorm = inner.clipnorm, inner.global_clipnorm
+
+    def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
+        """Each replica's blocks of the summed gradients, and the summed count."""
+        n = self.num_replicas
+        if self.state.sharding == "optimizer":
+            reduced, total = super().exchange(summed, count)
+            return [block(g, n, _replica_id()) for g in reduced], total
+        return self.reduce_scatter(summed, count)
+
+    def reduce_scatter(self, grads: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
+        """``grads`` summed over the replicas, each replica keeping its block (ZeRO-2).
+
+        The gradients travel in the block layout, in buckets (`GATHER_BUCKET_BYTES`, or the
+        exchange's ``bucket_bytes``), 16-bit when so configured: one all-reduce per bucket.
+        """
+        n = self.num_replicas
+        rows = [blocks(tf.convert_to_tensor(g), n) for g in grads]  # [N, S] each
+        groups = _groups([r[0] for r in rows], self.bucket_bytes or GATHER_BUCKET_BYTES)
+        packed = [tf.concat([rows[i] for i in group], axis=1) for group in groups]
+        reduced, total = all_reduce_sum(
+            packed,
+            count,
+            num_replicas=n,
+            bucket_bytes=1,  # each packed bucket is its own collective
+            compression=self.gradient_compression,
+        )
+        out: list[Any] = [None] * len(grads)
+        for group, summed in zip(groups, reduced):
+            mine = tf.gather(summed, _replica_id())
+            widths = [rows[i].shape[1] for i in group]
+            for i, piece in zip(group, tf.split(mine, widths)):
+                out[i] = piece
+        return out, total
+
+    def _reduces_each_micro_batch(self) -> bool:
+        return self.state.sharding == "gradients" and self.accumulation_steps > 1
+
+    def __call__(self, micro_batches: Sequence[Any]) -> None:
+        """One update; under ``"gradients"`` each micro-batch is reduced into the blocks' sum."""
+        if not self._reduces_each_micro_batch():
+            super().__call__(micro_batches)
+            return
+        state = self.zeros()
+        for data in micro_batches:
+            state = self.accumulate(data, state)
+        self.finish(state)
+
+    def zeros(self) -> Any:
+        """The accumulation state; under ``"gradients"``: sums of blocks, and the summed count."""
+        if not self._reduces_each_micro_batch():
+            return super().zeros()
+        sums, count, output_sums, _ = super().zeros()
+        n = self.num_replicas
+        shards = [tf.zeros([shard_size(elements(v.shape), n)], v.dtype) for v in sums]
+        return shards, count, tf.constant(0.0), output_sums
+
+    def accumulate(self, data: Any, state: Any) -> Any:
+        """``state`` plus one micro-batch; under ``"gradients"`` reduced into blocks at once."""
+        if not self._reduces_each_micro_batch():
+            return super().accumulate(data, state)
+        sums, count, total, output_sums = state
+        grads, size, losses, packed = self.micro_step(data)
+        if packed.shape[0]:
+            raise invalid_argument(
+                "sharding",
+                "gradients",
+                "'optimizer' or None for a loss with masked terms and accumulation_steps > 1",
+                note="A masked loss weighs each micro-batch by the update's valid count, "
+                "which needs the whole gradients of every micro-batch until the update.",
+            )
+        present = [i for i, g in enumerate(grads) if g is not None]
+        mine, summed = self.reduce_scatter([grads[i] for i in present], size)
+        sums = list(sums)
+        for i, piece in zip(present, mine):
+            sums[i] = sums[i] + tf.cast(piece, sums[i].dtype)
+        return sums, count + size, total + summed, [a + b for a, b in zip(output_sums, losses)]
+
+    def finish(self, state: Any) -> None:
+        """The update from the accumulated ``state``."""
+        if not self._reduces_each_micro_batch():
+            super().finish(state)
+            return
+        sums, count, total, output_sums = tf.nest.map_structure(tf.identity, state)
+        blocks_ = [sums[i] for i in self.present]
+        self.apply(blocks_, count, output_sums, tf.zeros([0]), total=total)
+
+    def update(self, grads: Sequence[Any]) -> None:
+        """The optimizer on this replica's blocks, then the whole variables from every block."""
+        state, n = self.state, self.num_replicas
+        variables = [state.variables[i] for i in self.present]
+        masters = [state.masters[i] for i in self.present]
+        for master, variable in zip(masters, variables):
+            master.assign(block(variable.value, n, _replica_id()))
+        grads = self._whole_tensor_views(list(grads))
+        inner = inner_optimizer(self.optimizer)
+        with _no_clipping(inner):
+            self.optimizer.apply(grads, masters)
+        updated = [tf.convert_to_tensor(m.value) for m in masters]
+        whole = all_gather_blocks(updated, [v.shape for v in variables])
+        targets = [v.value for v in variables]
+        tf.distribute.get_replica_context().merge_call(
+            _assign_all, args=(whole,), kwargs={"targets": targets}
+        )
+
+    def _whole_tensor_views(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        """Norm clipping on the whole tensors' norms, and one finite decision for all replicas.
+
+        One small all-reduce of each block's squared norm (when clipping) and of the count of
+        non-finite blocks (when loss scaling), so that every replica clips and skips alike.
+        """
+        clip = self.clipnorm or self.global_clipnorm
+        scaling = self.skipped_updates is not None
+        if not clip and not scaling:
+            return grads
+        side = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads] if clip else []
+        if scaling:
+            finite_here = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+            side.append(tf.cast(tf.logical_not(finite_here), tf.float32))
+        summed = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, tf.stack(side)
+        )
+        if clip:
+            norms = tf.sqrt(summed[: len(grads)])
+            grads = _clipped(grads, norms, self.clipnorm, self.global_clipnorm, self.optimizer)
+        if scaling:
+            finite = summed[-1] == 0
+            self.skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+            # The loss-scale optimizer checks the blocks it is given: all skip, or none.
+            grads = [tf.where(finite, g, tf.constant(float("nan"), g.dtype)) for g in grads]
+        return grads
+
+
+def _clipped(
+    grads: list, norms: tf.Tensor, clipnorm: float | None, global_clipnorm: float | None, opt: Any
+) -> list:
+    """Keras's ``clipnorm`` / ``global_clipnorm`` on the whole tensors' ``norms``."""
+    scale = getattr(opt, "dynamic_scale", None)  # a loss-scale optimizer clips unscaled values
+    if scale is not None:
+        norms = norms / tf.cast(scale, tf.float32)
+    if clipnorm:
+        clip = tf.constant(float(clipnorm))
+        factors = [clip / tf.maximum(norms[i], clip) for i in range(len(grads))]
+    else:
+        clip = tf.constant(float(global_clipnorm))
+        norm = tf.sqrt(tf.reduce_sum(tf.square(norms)))
+        factors = [clip * tf.minimum(1.0 / norm, 1.0 / clip)] * len(grads)
+    return [scale_gradient(g, f) for g, f in zip(grads, factors)]
