@@ -34,7 +34,7 @@ from tfdist.training.overrides import (
     select_logs,
 )
 from tfdist.training.sharded_update import ShardedUpdate
-from tfdist.training.sharding import ShardedState, log_replica_bytes, replica_bytes
+from tfdist.training.sharding import ShardedState, check_optimizer, log_replica_bytes, replica_bytes
 from tfdist.training.step import TrainUpdate
 
 
@@ -104,6 +104,7 @@ class StepFunctions:
         """What builds the optimizer: the sharded state's blocks, or Keras's (None)."""
         if self.exchange.sharding is None:
             return None
+        check_optimizer(self.model.optimizer, self.exchange.sharding)  # e.g. built since
 
         def build(variables: Any) -> None:
             self.sharded = ShardedState(self.model, self.runner.strategy, self.exchange.sharding)

@@ -55,6 +55,8 @@ _WHOLE_TENSOR = {
     "Adafactor": "factors each matrix's second moment into row and column statistics",
     "Lamb": "scales each tensor's update by its trust ratio (norm of the weights over the update)",
     "Muon": "orthogonalises each weight matrix's update as a whole",
+    "ScheduleFreeAdamW": "starts its momentum from a copy of the whole weights when built",
+    "MultiOptimizer": "routes each variable to an optimizer of its own",
 }
 
 
