@@ -1,8 +1,9 @@
 """A worker program for multi-worker tests: trains a tiny model, saves weights.
 
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODES OUT_DIR``
-with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, keras_fit,
-run one after another. Each task writes OUT_DIR/<mode>-<task>.npz and .json.
+with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, trainer_zero1,
+trainer_zero2_accum, adam_sharded, keras_fit, run one after another. Each task writes
+OUT_DIR/<mode>-<task>.npz and .json.
 """
 
 import json
@@ -23,10 +24,35 @@ modes, out_dir = sys.argv[1].split(","), sys.argv[2]
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 
 
+SHARDING = {"trainer_zero1": "optimizer", "trainer_zero2_accum": "gradients"}
+
+
+def adam_sharded():
+    """Adam unsharded, then sharded (ZeRO-2): prints the largest weight difference."""
+    weights = {}
+    for sharding in (None, "gradients"):
+        trainer = tfdist.Trainer(
+            builder(initial_weights()),
+            strategy=strategy,
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            sharding=sharding,
+        )
+        trainer.fit(dataset(), epochs=1, verbose=0)
+        weights[sharding] = trainer.model.get_weights()
+        if sharding:
+            print("adam_sharded replica_bytes", json.dumps(trainer.replica_bytes))
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(*weights.values()))
+    print("adam_sharded max_gap", gap)
+    return trainer.model, {}
+
+
 def train(mode):
     w0 = initial_weights()
-    if mode in ("trainer", "trainer_accum", "trainer_bucketed"):
-        k = 2 if mode == "trainer_accum" else 1
+    if mode == "adam_sharded":
+        model, history = adam_sharded()
+    elif mode.startswith("trainer"):
+        k = 2 if mode.endswith("_accum") else 1
         # trainer_bucketed: the 4 gradients (12, 96, 32, 192 bytes in reverse order) make 2
         # buckets of >= 100 bytes.
         trainer = tfdist.Trainer(
@@ -37,9 +63,10 @@ def train(mode):
             metrics=["accuracy"],
             accumulation_steps=k,
             bucket_bytes=100 if mode == "trainer_bucketed" else None,
+            sharding=SHARDING.get(mode),
         )
         # k micro-batches of GLOBAL_BATCH // k make one update of GLOBAL_BATCH.
-        history = trainer.fit(dataset(global_batch=GLOBAL_BATCH // k), epochs=2, verbose=0)
+        history = trainer.fit(dataset(global_batch=GLOBAL_BATCH // k), epochs=2, verbose=0).history
         model = trainer.model
         print(mode, "iterations", int(model.optimizer.iterations.numpy()))
         counts = collectives_in_loop_body(trainer.train_functions[(GLOBAL_BATCH // k, k)])
@@ -52,11 +79,11 @@ def train(mode):
                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=["accuracy"],
             )
-        history = model.fit(dataset(), epochs=2, verbose=0)
+        history = model.fit(dataset(), epochs=2, verbose=0).history
     name = f"{mode}-{task['type']}-{task['index']}"
     np.savez(os.path.join(out_dir, name + ".npz"), *model.get_weights())
     with open(os.path.join(out_dir, name + ".json"), "w") as f:
-        json.dump({k: [float(v) for v in vs] for k, vs in history.history.items()}, f)
+        json.dump({k: [float(v) for v in vs] for k, vs in history.items()}, f)
     print(mode, "done", strategy.num_replicas_in_sync)
 
 

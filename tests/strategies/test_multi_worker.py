@@ -40,14 +40,15 @@ def reference_weights():
     return trainer.model.get_weights()
 
 
-MODES = ["trainer", "trainer_accum", "trainer_bucketed", "keras_fit"]
+MODES = ["trainer", "trainer_accum", "trainer_bucketed", "trainer_zero1", "trainer_zero2_accum"]
+MODES += ["keras_fit"]
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """One 2-worker launch runs every mode in turn (one cluster start-up instead of four)."""
     out_dir = tmp_path_factory.mktemp("mwms")
-    return _launch_job(",".join(MODES), out_dir), out_dir
+    return _launch_job(",".join(MODES + ["adam_sharded"]), out_dir), out_dir
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -55,7 +56,9 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
     """Each mode ends where one replica with the whole global batch ends.
 
     trainer_accum makes each update from 2 micro-batches of half the batch;
-    trainer_bucketed all-reduces the gradients in 2 buckets.
+    trainer_bucketed all-reduces the gradients in 2 buckets; trainer_zero1 and
+    trainer_zero2_accum shard the optimizer state (and the gradients, reduced each
+    micro-batch) over the two workers.
     """
     proc, out_dir = launched
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -64,6 +67,7 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
         # 6 updates per epoch, 2 epochs.
         assert f"[worker:0] {mode} iterations 12" in proc.stdout
         # One collective per update; bucketed: one per bucket (CollectiveReduceV2 ops in the graph).
+        # trainer_zero2_accum: one reduce-scatter in the micro-batch loop's body (run k times).
         collectives = 2 if mode == "trainer_bucketed" else 1
         assert f"[worker:0] {mode} gradient_all_reduces_per_update {collectives}" in proc.stdout
     w0, w1 = (_weights(out_dir / f"{mode}-worker-{i}.npz") for i in (0, 1))
@@ -71,8 +75,20 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
         np.testing.assert_array_equal(a, b)  # both workers hold the same model
         np.testing.assert_allclose(a, ref, atol=1e-5, rtol=0)  # 2 workers x b == 1 replica x 2b
     history = json.loads((out_dir / f"{mode}-worker-0.json").read_text())
-    expected = {"loss", "accuracy"} | ({"updates"} if mode == "trainer_accum" else set())
+    expected = {"loss", "accuracy"} | ({"updates"} if mode.endswith("_accum") else set())
     assert set(history) == expected and len(history["loss"]) == 2
+
+
+def test_two_workers_train_adam_sharded_as_unsharded(launched):
+    """Adam with its state and gradients sharded over two workers ends as unsharded (1e-7)."""
+    proc, out_dir = launched
+    lines = [line for line in proc.stdout.splitlines() if "adam_sharded max_gap" in line]
+    assert len(lines) == 2, proc.stdout[-3000:]  # one per worker
+    assert all(float(line.split()[-1]) <= 1e-7 for line in lines), lines
+    held = json.loads(
+        proc.stdout.split("[worker:0] adam_sharded replica_bytes ")[1].splitlines()[0]
+    )
+    assert held["optimizer_state"] < 0.6 * held["unsharded"]["optimizer_state"], held
 
 
 @pytest.mark.parametrize(
