@@ -237,6 +237,20 @@ CASES = [
         ("a positive integer or None",),
     ),
     C(
+        'Trainer(sharding="zero")',
+        lambda e: e.trainer_with(sharding="zero"),
+        "sharding",
+        "'zero'",
+        ("one of: optimizer, gradients, None",),
+    ),
+    C(
+        'Trainer(optimizer=Adafactor(), sharding="optimizer")',
+        lambda e: e.trainer_with(optimizer=keras.optimizers.Adafactor(), sharding="optimizer"),
+        "sharding",
+        "'optimizer'",
+        ("None with Adafactor", "Use an element-wise optimizer"),
+    ),
+    C(
         "Trainer(loss=None).fit(x, y)  # a model without add_loss",
         lambda e: e.trainer_with(loss=None).fit(X, Y, global_batch_size=32, verbose=0),
         "loss",
@@ -916,6 +930,13 @@ CASES = [
         ("one of: auto, float32, mixed_bfloat16, mixed_float16",),
     ),
     C(
+        "tfdist train --sharding=zero",
+        ["train", "--sharding=zero"],
+        "sharding",
+        "'zero'",
+        ("one of: gradients, off, optimizer",),
+    ),
+    C(
         "tfdist train --global_batch_size=0",
         ["train", "--global_batch_size=0"],
         "global_batch_size",
@@ -1115,6 +1136,13 @@ CASES = [
         "steps_per_epoch",
         "None",
         ("a positive integer under strategy 'parameter_server'",),
+    ),
+    C(
+        'Trainer(sharding="optimizer")  # parameter_server',
+        lambda e: e.trainer_with(strategy=e.ps_strategy, sharding="optimizer"),
+        "sharding",
+        "'optimizer'",
+        ("None on this strategy", "parameter_server keeps each variable and its state once"),
     ),
     C(
         "fit(generator, steps_per_epoch=2)  # parameter_server",
