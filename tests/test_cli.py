@@ -170,7 +170,7 @@ def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argume
     from tfdist.config import TrainConfig
     from tfdist.launch.train import exchange_options
 
-    none = {"gradient_compression": None, "bucket_bytes": None}  # the Trainer's defaults
+    none = {"gradient_compression": None, "bucket_bytes": None, "sharding": None}  # the defaults
     assert exchange_options(_train_config()) == none
     assert exchange_options(_train_config("--gradient_compression=none")) == none
     assert TrainConfig(gradient_compression="fp16").gradient_compression == "fp16"
