@@ -47,6 +47,7 @@ parser.add_argument("--no_backup", action="store_true")
 parser.add_argument("--sync_backup", action="store_true", help="BackupOptions(asynchronous=False)")
 parser.add_argument("--slow_input", default="", help="BASE,SLOW: seconds per example")
 parser.add_argument("--slow_from", type=int, default=0)
+parser.add_argument("--sharding", default=None, help="optimizer or gradients (ZeRO-1/2)")
 parser.add_argument("--straggler_interval", type=float, default=0.0)
 parser.add_argument("--straggler_restart_after", type=int, default=None)
 parser.add_argument("--slow_trace", type=float, default=0.0, help="seconds per trace of the model")
@@ -235,6 +236,7 @@ trainer = tfdist.Trainer(
     backup=None
     if args.no_backup
     else tfdist.BackupOptions(args.backup_dir, freq=2, asynchronous=not args.sync_backup),
+    sharding=args.sharding,
     **watchdog_options,
 )
 train = tfdist.data.load("synthetic", num_examples=512)

@@ -50,7 +50,10 @@ def test_worker_death_resumes_at_the_backed_up_update_bitwise(tmp_path, uninterr
     # batch 21 (22 updates done). The chief still saves at 22 (saving needs no
     # collective), then blocks on the next all-reduce until the launcher
     # restarts the group; the work lost per kill is at most backup_freq updates.
-    proc = _launch(tmp_path, tmp_path / "backup", "--die_at=21")
+    # The run shards its optimizer state (SGD's momentum, ZeRO-1): the backup holds each
+    # slot whole, the restarted group gives each worker its block back, and the weights equal
+    # the unsharded uninterrupted run's bitwise.
+    proc = _launch(tmp_path, tmp_path / "backup", "--die_at=21", "--sharding=optimizer")
     assert proc.returncode == 0, launch_report(proc, 4000)
     assert "worker-1 dying after batch 21" in proc.stdout
     assert "restarting the whole group (restart 1 of 1)" in proc.stdout
@@ -69,11 +72,13 @@ def test_worker_death_resumes_at_the_backed_up_update_bitwise(tmp_path, uninterr
 
 def test_a_two_worker_backup_resumes_on_one_worker(tmp_path, uninterrupted_mwms):
     # A lost machine: worker-1 dies after global batch 21 and nothing restarts the group. The
-    # job comes back on one worker (1 replica instead of 2), same global batch of 32.
+    # job comes back on one worker (1 replica instead of 2), same global batch of 32. The two
+    # workers shard their optimizer state and gradients (ZeRO-2); the one resumes unsharded
+    # from the same backup (the slots are saved whole).
     backup = tmp_path / "backup"
     (tmp_path / "two").mkdir()
     (tmp_path / "one").mkdir()
-    died = _launch(tmp_path / "two", backup, "--die_at=21", restarts=0)
+    died = _launch(tmp_path / "two", backup, "--die_at=21", "--sharding=gradients", restarts=0)
     assert died.returncode != 0 and "worker-1 dying after batch 21" in died.stdout
     assert json.loads((backup / "state.json").read_text())["replicas"] == 2
     proc = run_tfdist(

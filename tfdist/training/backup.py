@@ -37,7 +37,7 @@ import logging
 import os
 import tempfile
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import tensorflow as tf
@@ -47,6 +47,7 @@ from tfdist._compat.checkpoint import (
     release_async_writer,
     take_async_write_error,
 )
+from tfdist._compat.sharded_state import consolidated
 from tfdist.training import backup_files
 from tfdist.training.backup_files import PROBE_PREFIX, STATE_FILE, TMP_SUFFIX, checkpoint_name
 from tfdist.training.backup_sync import Position, Sync, agree_on_backup_dir, chief_state
@@ -62,6 +63,9 @@ __all__ = [
     "STATE_FILE",
     "TMP_SUFFIX",
 ]
+
+if TYPE_CHECKING:
+    from tfdist.training.sharding import ShardedState
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +86,22 @@ def check_frequency(name: str, value: Any, unit: str) -> Any:
     return value
 
 
-def checkpoint_for(model: Any, optimizer: Any, **extra: Any) -> tf.train.Checkpoint:
+def checkpoint_for(
+    model: Any,
+    optimizer: Any,
+    *,
+    sharded: ShardedState | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    **extra: Any,
+) -> tf.train.Checkpoint:
     """A checkpoint of the TF variables behind a Keras model and optimizer.
 
     Tracks the model's variables (RNG seed states included), the optimizer's
     (slots, ``iterations``, the loss scale) and ``extra``. TF saves and
     restores these on every strategy, ``ShardedVariable`` included, which the
-    Keras objects themselves do not.
+    Keras objects themselves do not. With ``sharded`` (optimizer state sharded
+    over ``strategy``'s replicas), each sharded slot is saved whole, as an
+    unsharded run saves it (`tfdist._compat.sharded_state`).
     """
 
     def tf_variables(variables):
@@ -96,8 +109,11 @@ def checkpoint_for(model: Any, optimizer: Any, **extra: Any) -> tf.train.Checkpo
         # ...) outside an autocast scope, which is where checkpoints are made.
         return [v.value if isinstance(v, keras.Variable) else v for v in variables]
 
+    optimizer_variables = tf_variables(optimizer.variables)
+    if sharded is not None:
+        optimizer_variables = consolidated(optimizer_variables, sharded.full_shapes, strategy)
     return tf.train.Checkpoint(
-        model=tf_variables(model.variables), optimizer=tf_variables(optimizer.variables), **extra
+        model=tf_variables(model.variables), optimizer=optimizer_variables, **extra
     )
 
 
@@ -151,7 +167,7 @@ class Backup:
         from tfdist.cluster import task_label as label
         from tfdist.config import check_positive_int
 
-        self.backup_dir = backup_dir
+        self.backup_dir = os.fspath(backup_dir)  # a pathlib.Path too
         self.checkpoint = checkpoint
         self.is_chief = is_chief
         self.task_label = task_label or label("chief", 0)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -32,6 +33,8 @@ class FitBackups:
         model: The compiled model (its optimizer is backed up with it).
         runner: The strategy's runner (chief, task label, collectives).
         skipped_updates: The loss-scaling skip counter, backed up when given.
+        sharded: Returns the sharded optimizer state once built (None: not sharded), whose
+            slots the backup saves whole.
     """
 
     def __init__(
@@ -41,12 +44,14 @@ class FitBackups:
         model: keras.Model,
         runner: Runner,
         skipped_updates: tf.Variable | None = None,
+        sharded: Callable[[], Any] = lambda: None,
     ) -> None:
         self.options = options
         self._model = model
         self._runner = runner
         self._extra = {} if skipped_updates is None else {"skipped_updates": skipped_updates}
         self._checkpoint: tf.train.Checkpoint | None = None
+        self._sharded = sharded
         # The last fit's Backup by its options (one entry), shared with for_fit's copies.
         self._opened: dict[BackupOptions, Backup] = {}
 
@@ -70,7 +75,13 @@ class FitBackups:
         if self._checkpoint is None:
             # Made at the first fit, once the model and optimizer are built: a checkpoint tracks the
             # variables that exist when it is made. Later fits reuse it.
-            self._checkpoint = checkpoint_for(self._model, self._model.optimizer, **self._extra)
+            self._checkpoint = checkpoint_for(
+                self._model,
+                self._model.optimizer,
+                sharded=self._sharded(),
+                strategy=self._runner.strategy,
+                **self._extra,
+            )
         if self.options not in self._opened:
             self._opened.clear()
             self._opened[self.options] = Backup(

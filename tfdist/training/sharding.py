@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from tfdist._compat.keras_training import variable_key, weight_decay_exclusions
 from tfdist._compat.shard_layout import shard_size
+from tfdist._compat.sharded_state import save_whole
 from tfdist.config import invalid_argument
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,11 @@ class ShardedState:
             id(slot.value): self.variables[index[id(reference)]].shape for slot, reference in made
         }
         _exclude_alike(inner_optimizer(optimizer), self.variables, self.masters)
+        save_whole(
+            list({id(o): o for o in (optimizer, inner_optimizer(optimizer))}.values()),
+            self.full_shapes,
+            strategy,
+        )
 
 
 def _exclude_alike(optimizer: keras.optimizers.Optimizer, variables: list, masters: list) -> None:

@@ -229,6 +229,7 @@ class Trainer(EvaluateAndPredict):
             model=self.model,
             runner=self._runner,
             skipped_updates=compiled.skipped_updates,
+            sharded=lambda: self._functions.sharded,
         )
 
     @property

@@ -1,0 +1,107 @@
+"""A sharded run's backups and ``.keras`` files hold whole tensors (tfdist/_compat/sharded_state.py).
+
+One sharded run on mirrored x2 (Adam, ZeRO-1) writes a backup after its first epoch. The same
+backup then resumes sharded on 4 replicas, unsharded on 1 and, written asynchronously, sharded
+under ZeRO-2; each run's weights equal an uninterrupted unsharded run's. The backup's keys and
+shapes are an unsharded run's. A kill during a sharded multi-worker run, and a two-worker sharded
+backup resumed on one worker: tests/training/test_backup_faults.py.
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.jobs.common import builder, data, initial_weights
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+W0 = initial_weights()
+XS, YS = data(48)
+
+
+def _trainer(devices, sharding=None, backup=None):
+    return tfdist.Trainer(
+        builder(W0),
+        strategy=tfdist.make_strategy("mirrored", num_devices=devices),
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=LOSS,
+        sharding=sharding,
+        backup=backup,
+    )
+
+
+def _fit(trainer, epochs):
+    trainer.fit(XS, YS, batch_size=16, epochs=epochs, steps_per_epoch=3, verbose=0)
+    return trainer
+
+
+def _gap(a, b):
+    return max(float(np.max(np.abs(p - q))) for p, q in zip(a, b))
+
+
+def _saved(backup_dir):
+    """The optimizer's saved variables in a backup, by checkpoint key."""
+    prefix = str(backup_dir / json.loads((backup_dir / "state.json").read_text())["checkpoint"])
+    return {
+        name: tf.train.load_variable(prefix, name)
+        for name, _ in tf.train.list_variables(prefix)
+        if name.startswith("objects/optimizer/")
+    }
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Unsharded mirrored x2, 2 epochs straight: its weights and optimizer variables."""
+    trainer = _fit(_trainer(2), 2)
+    return trainer.model.get_weights(), [v.numpy() for v in trainer.model.optimizer.variables]
+
+
+def _backup(path, asynchronous=False):
+    return tfdist.BackupOptions(path, keep_after_success=True, asynchronous=asynchronous)
+
+
+def test_a_sharded_backup_is_whole_and_resumes_on_4_replicas_and_unsharded(tmp_path, reference):
+    want, _ = reference
+    sharded_dir, plain_dir = tmp_path / "sharded", tmp_path / "plain"
+    _fit(_trainer(2, "optimizer", _backup(sharded_dir)), 1)
+    _fit(_trainer(2, None, _backup(plain_dir)), 1)
+    sharded, plain = _saved(sharded_dir), _saved(plain_dir)
+    assert sharded.keys() == plain.keys()
+    assert {k: v.shape for k, v in sharded.items()} == {k: v.shape for k, v in plain.items()}
+    assert _gap(sharded.values(), plain.values()) <= 1e-7
+
+    on_four = _fit(_trainer(4, "optimizer", _backup(sharded_dir)), 2)
+    assert _gap(on_four.model.get_weights(), want) <= 1e-6
+    # Back the other way: the 4-replica run's backup, unsharded on one device.
+    on_one = _fit(_trainer(1, None, _backup(sharded_dir)), 2)
+    assert _gap(on_one.model.get_weights(), want) <= 1e-6
+
+
+def test_an_unsharded_asynchronous_backup_resumes_sharded_and_keras_files_are_whole(
+    tmp_path, reference
+):
+    want, want_slots = reference
+    backup = _backup(tmp_path / "b", asynchronous=True)
+    _fit(_trainer(2, None, backup), 1)
+    resumed = _fit(_trainer(2, "gradients", backup), 2)
+    assert _gap(resumed.model.get_weights(), want) <= 1e-7
+    # Its last backup, written sharded and asynchronously, holds the unsharded run's slots.
+    saved = _saved(tmp_path / "b")
+    by_shape = sorted((v for v in saved.values() if v.ndim), key=lambda v: (v.shape, v.sum()))
+    want_by_shape = sorted((v for v in want_slots if v.ndim), key=lambda v: (v.shape, v.sum()))
+    assert _gap(by_shape, want_by_shape) <= 1e-6
+
+    # model.save writes whole slots: load_model gives the unsharded run's optimizer state.
+    path = str(tmp_path / "m.keras")
+    resumed.model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert _gap([v.numpy() for v in loaded.optimizer.variables], want_slots) <= 1e-6
+    # And the sharded optimizer reads the file back, each replica taking its block.
+    held = [v.numpy() for v in resumed.model.optimizer.variables]
+    for v in resumed.model.optimizer.variables[2:]:
+        v.assign(tf.zeros_like(v))
+    resumed.model.load_weights(path)
+    assert _gap([v.numpy() for v in resumed.model.optimizer.variables], held) == 0.0
