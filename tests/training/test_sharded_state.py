@@ -1,4 +1,4 @@
-"""A sharded run's backups and ``.keras`` files hold whole tensors (tfdist/_compat/sharded_state.py).
+"""A sharded run's backups and .keras files hold whole tensors (tfdist/_compat/sharded_state.py).
 
 One sharded run on mirrored x2 (Adam, ZeRO-1) writes a backup after its first epoch. The same
 backup then resumes sharded on 4 replicas, unsharded on 1 and, written asynchronously, sharded
