@@ -30,8 +30,16 @@ def blocks(full: tf.Tensor, num_replicas: int) -> tf.Tensor:
 
 
 def block(full: tf.Tensor, num_replicas: int, replica_id: tf.Tensor) -> tf.Tensor:
-    """Replica ``replica_id``'s ``[S]`` block of ``full``."""
-    return tf.gather(blocks(full, num_replicas), replica_id)
+    """Replica ``replica_id``'s ``[S]`` block of ``full``: a slice of it, zero-padded only
+    past its end (no padded copy of the whole tensor)."""
+    flat = tf.reshape(full, [-1])
+    size = flat.shape.num_elements()
+    width = shard_size(size, num_replicas)
+    start = tf.minimum(tf.cast(replica_id, tf.int64) * width, size)
+    piece = flat[start : start + width]
+    if size == num_replicas * width:
+        return tf.ensure_shape(piece, [width])
+    return tf.ensure_shape(tf.pad(piece, [[0, width - tf.shape(piece, tf.int64)[0]]]), [width])
 
 
 def unblock(rows: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:

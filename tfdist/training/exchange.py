@@ -108,34 +108,40 @@ def decode_count(summed: tf.Tensor, base: int) -> tf.Tensor:
 
 def all_reduce_sum(
     grads: Sequence[tf.Tensor],
-    count: tf.Tensor,
+    count: tf.Tensor | None,
     *,
     num_replicas: int,
     bucket_bytes: int | None = None,
     compression: str | None = None,
-) -> tuple[list[tf.Tensor], tf.Tensor]:
+    clock: bool = True,
+) -> tuple[list[tf.Tensor], tf.Tensor | None]:
     """Sums ``grads`` and ``count`` over all replicas; runs in replica context.
 
     Args:
         grads: Dense local gradient sums (any float dtype; packed as float32).
-        count: The local example count, a float32 scalar.
+        count: The local example count, a float32 scalar (None: no count, none returned).
         num_replicas: ``num_replicas_in_sync``.
         bucket_bytes: About how many bytes of gradients per all-reduce; ``None``
             for one all-reduce of everything.
         compression: ``"bf16"``, ``"fp16"`` or ``None`` (float32).
+        clock: Mark the straggler report's compute and exchange sections (False: a part of
+            an exchange that its caller marks).
 
     Returns:
         The summed gradients (in their own dtypes) and the summed count.
     """
     ctx = tf.distribute.get_replica_context()
-    step_clock.mark("compute", [grads, count])  # the straggler report's sections
+    if clock:
+        step_clock.mark("compute", [grads, count])  # the straggler report's sections
     if num_replicas == 1:
         compression = None
+    side = [] if count is None else [count]
     if bucket_bytes is None and compression is None:
         # The original exchange, bit for bit: the strategy packs the list itself.
-        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(grads) + [count])
-        step_clock.mark("exchange", reduced)
-        return list(reduced[:-1]), reduced[-1]
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(grads) + side)
+        if clock:
+            step_clock.mark("exchange", reduced)
+        return list(reduced[: len(grads)]), (reduced[-1] if side else None)
     out: list[Any] = [None] * len(grads)
     total = None
     for b, indices in enumerate(buckets(grads, bucket_bytes)):
@@ -148,9 +154,10 @@ def all_reduce_sum(
         total = summed if b == 0 else total
         for i, piece in zip(indices, pieces):
             out[i] = piece
-    if total is None:  # no gradients at all
+    if total is None and count is not None:  # no gradients at all
         total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, count)
-    step_clock.mark("exchange", [out, total])
+    if clock:
+        step_clock.mark("exchange", [out, total])
     return out, total
 
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfdist._compat.shard_layout import block, blocks, shard_size, unblock
 from tfdist.config import invalid_argument
+from tfdist.strategies import step_clock
 from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.gradients import scale_gradient
 from tfdist.training.sharding import GATHER_BUCKET_BYTES, ShardedState, elements, inner_optimizer
@@ -50,40 +51,63 @@ def _no_clipping(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
                 del _CLIPPING_OFF[id(optimizer)]
 
 
-def _groups(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> list[list[int]]:
-    """Indices of ``tensors`` in order, in runs of one dtype of about ``bucket_bytes``."""
+def _groups(tensors: Sequence[tf.Tensor], bucket_bytes: int, *, reverse: bool = False) -> list:
+    """Indices of ``tensors`` in runs of one dtype of about ``bucket_bytes``; the last
+    tensors first with ``reverse`` (the order in which backpropagation makes gradients)."""
     groups: list[list[int]] = []
     size = 0
-    for i, t in enumerate(tensors):
-        if not groups or size >= bucket_bytes or t.dtype != tensors[groups[-1][0]].dtype:
+    order = range(len(tensors) - 1, -1, -1) if reverse else range(len(tensors))
+    for i in order:
+        if (
+            not groups
+            or size >= bucket_bytes
+            or _dtype(tensors[i]) != _dtype(tensors[groups[-1][0]])
+        ):
             groups.append([])
             size = 0
         groups[-1].append(i)
-        size += t.shape.num_elements() * t.dtype.size
+        size += tensors[i].shape.num_elements() * _dtype(tensors[i]).size
     return groups
+
+
+def _dtype(tensor: Any) -> tf.DType:
+    return tf.as_dtype(tensor.dtype)
+
+
+def _after(tensors: Sequence[tf.Tensor]) -> Any:
+    """A scope whose ops wait for ``tensors``: one bucket at a time, so that no more than
+    about two buckets' full-size temporaries exist at once."""
+    return tf.control_dependencies(list(tensors))
 
 
 def _replica_id() -> tf.Tensor:
     return tf.distribute.get_replica_context().replica_id_in_sync_group
 
 
-def all_gather_blocks(new_blocks: Sequence[tf.Tensor], shapes: Sequence[Any]) -> list[tf.Tensor]:
-    """Every replica's blocks, gathered in buckets, as whole tensors of ``shapes`` (replica ctx)."""
-    ctx = tf.distribute.get_replica_context()
-    out: list[Any] = [None] * len(new_blocks)
-    for group in _groups(new_blocks, GATHER_BUCKET_BYTES):
-        packed = tf.concat([new_blocks[i] for i in group], axis=0)
-        rows = ctx.all_gather(tf.reshape(packed, [1, -1]), axis=0)  # [N, sum of S]
-        widths = [new_blocks[i].shape.num_elements() for i in group]
-        for i, part in zip(group, tf.split(rows, widths, axis=1)):
-            out[i] = unblock(part, shapes[i])
-    return out
-
-
 def _assign_all(strategy: tf.distribute.Strategy, values: Any, *, targets: list) -> None:
     """Cross-replica: each replica's copy of each ``targets[i]`` takes its ``values[i]``."""
     for target, value in zip(targets, values):
         strategy.extended.update(target, lambda var, x: var.assign(x), args=(value,), group=False)
+
+
+def gather_into(new_blocks: Sequence[tf.Tensor], targets: Sequence[Any]) -> None:
+    """Every replica's blocks, gathered in buckets, written into every replica's copy of
+    ``targets`` (whole variables), one bucket at a time (replica context)."""
+    ctx = tf.distribute.get_replica_context()
+    done: list[tf.Tensor] = []
+    for group in _groups(new_blocks, GATHER_BUCKET_BYTES):
+        with _after(done):
+            packed = tf.concat([new_blocks[i] for i in group], axis=0)
+        rows = ctx.all_gather(tf.reshape(packed, [1, -1]), axis=0)  # [N, sum of S]
+        widths = [new_blocks[i].shape.num_elements() for i in group]
+        whole = [
+            unblock(part, targets[i].shape) for i, part in zip(group, tf.split(rows, widths, 1))
+        ]
+        bucket = [targets[i] for i in group]
+        ctx.merge_call(_assign_all, args=(whole,), kwargs={"targets": bucket})
+        # Reads after the assigns (automatic control dependencies order them): the next bucket
+        # starts once this one's whole tensors are written and freed.
+        done = [tf.reshape(t.read_value(), [-1])[:1] for t in bucket]
 
 
 class ShardedUpdate(TrainUpdate):
@@ -102,11 +126,13 @@ class ShardedUpdate(TrainUpdate):
         self.clipnorm, self.global_clipnorm = inner.clipnorm, inner.global_clipnorm
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
-        """Each replica's blocks of the summed gradients, and the summed count."""
-        n = self.num_replicas
-        if self.state.sharding == "optimizer":
-            reduced, total = super().exchange(summed, count)
-            return [block(g, n, _replica_id()) for g in reduced], total
+        """Each replica's blocks of the summed gradients, and the summed count.
+
+        Both modes exchange in the block layout, one bucket at a time: no replica holds
+        more than about two buckets of summed gradients at once. (``"optimizer"`` differs
+        from ``"gradients"`` under accumulation: it sums whole micro-batch gradients locally
+        and exchanges once per update.)
+        """
         return self.reduce_scatter(summed, count)
 
     def reduce_scatter(self, grads: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
@@ -116,22 +142,34 @@ class ShardedUpdate(TrainUpdate):
         exchange's ``bucket_bytes``), 16-bit when so configured: one all-reduce per bucket.
         """
         n = self.num_replicas
-        rows = [blocks(tf.convert_to_tensor(g), n) for g in grads]  # [N, S] each
-        groups = _groups([r[0] for r in rows], self.bucket_bytes or GATHER_BUCKET_BYTES)
-        packed = [tf.concat([rows[i] for i in group], axis=1) for group in groups]
-        reduced, total = all_reduce_sum(
-            packed,
-            count,
-            num_replicas=n,
-            bucket_bytes=1,  # each packed bucket is its own collective
-            compression=self.gradient_compression,
-        )
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        step_clock.mark("compute", [grads, count])
         out: list[Any] = [None] * len(grads)
-        for group, summed in zip(groups, reduced):
+        total = None
+        last: list[tf.Tensor] = []  # the previous bucket's blocks
+        for b, group in enumerate(
+            _groups(grads, self.bucket_bytes or GATHER_BUCKET_BYTES, reverse=True)
+        ):
+            with _after(last):
+                packed = tf.concat([blocks(grads[i], n) for i in group], axis=1)  # [N, sum S]
+            (summed,), bucket_total = all_reduce_sum(
+                [packed],
+                count if b == 0 else None,  # the count rides in the first bucket
+                num_replicas=n,
+                compression=self.gradient_compression,
+                clock=False,
+            )
+            total = bucket_total if b == 0 else total
             mine = tf.gather(summed, _replica_id())
-            widths = [rows[i].shape[1] for i in group]
+            widths = [shard_size(elements(grads[i].shape), n) for i in group]
             for i, piece in zip(group, tf.split(mine, widths)):
                 out[i] = piece
+            last = [out[i] for i in group]
+        if total is None:  # no gradients at all
+            total = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, count
+            )
+        step_clock.mark("exchange", [out, total])
         return out, total
 
     def _reduces_each_micro_batch(self) -> bool:
@@ -198,11 +236,7 @@ class ShardedUpdate(TrainUpdate):
         with _no_clipping(inner):
             self.optimizer.apply(grads, masters)
         updated = [tf.convert_to_tensor(m.value) for m in masters]
-        whole = all_gather_blocks(updated, [v.shape for v in variables])
-        targets = [v.value for v in variables]
-        tf.distribute.get_replica_context().merge_call(
-            _assign_all, args=(whole,), kwargs={"targets": targets}
-        )
+        gather_into(updated, [v.value for v in variables])
 
     def _whole_tensor_views(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """Norm clipping on the whole tensors' norms, and one finite decision for all replicas.

@@ -5,21 +5,24 @@ optimizer state of only its ``1/N`` block of every trainable variable
 (`tfdist._compat.shard_layout`: flattened, zero-padded, cut in ``N`` rows). An
 update then runs, in replica context:
 
-1. the exchange of today, unchanged (bucketed and 16-bit as configured), and each replica
-   cuts its block out of each summed gradient as soon as it exists;
+1. the gradients are exchanged in the block layout, in buckets (the exchange's
+   ``bucket_bytes``, else about `GATHER_BUCKET_BYTES`; 16-bit when so configured), the
+   last layers' first, one bucket at a time: each replica keeps only the summed row of
+   its blocks (a reduce-scatter, done on CPU as an all-reduce and a slice, the only form
+   of it that ``tf.distribute`` offers), so no replica holds more than about two
+   buckets of summed gradients at once;
 2. the block of each variable is copied into its *master shard* (a per-replica
    variable of ``S`` elements: the optimizer's own variable), and the user's Keras
    optimizer updates the master shards only, with its slots (Adam's moments, momentum)
    sharded alike;
-3. the updated blocks are all-gathered, in buckets of about `GATHER_BUCKET_BYTES`, and
-   written into every replica's copy of the model's variables.
+3. the updated blocks are all-gathered, one bucket at a time, and written into every
+   replica's copy of the model's variables.
 
-``sharding="gradients"`` (ZeRO-2) exchanges each gradient in the block layout
-(each replica keeps only the reduced row of its block: a reduce-scatter, done on
-CPU as an all-reduce and a slice, the only form of it that ``tf.distribute``
-offers), and with accumulation reduces every micro-batch at once into a sum
-buffer of blocks: no replica keeps a full gradient beyond the micro-batch that
-makes it. It costs ``k`` exchanges per update instead of one.
+``sharding="gradients"`` (ZeRO-2) differs under accumulation: it reduces every
+micro-batch at once into a sum buffer of blocks, so no replica keeps a full gradient
+beyond the micro-batch that makes it, at the cost of ``k`` exchanges per update
+instead of one (``"optimizer"`` sums whole micro-batch gradients locally and
+exchanges once per update).
 
 What needs a view of a whole tensor is made right: ``clipnorm`` and
 ``global_clipnorm`` from one small all-reduce of the blocks' squared norms, and a
