@@ -1,13 +1,15 @@
 """A sharded run's backups and .keras files hold whole tensors (tfdist/_compat/sharded_state.py).
 
-One sharded run on mirrored x2 (Adam, ZeRO-1) writes a backup after its first epoch. The same
-backup then resumes sharded on 4 replicas, unsharded on 1 and, written asynchronously, sharded
-under ZeRO-2; each run's weights equal an uninterrupted unsharded run's. The backup's keys and
-shapes are an unsharded run's. A kill during a sharded multi-worker run, and a two-worker sharded
-backup resumed on one worker: tests/training/test_backup_faults.py.
+One sharded run on mirrored x2 (Adam, ZeRO-1) writes a backup after its first epoch. The
+same backup then resumes sharded on 4 replicas and on 1 (where sharding trains unsharded);
+an unsharded asynchronous backup resumes sharded under ZeRO-2. Each run's weights equal an
+uninterrupted unsharded run's, and the backups' keys and shapes are an unsharded run's. A kill
+during a sharded multi-worker run, and a two-worker sharded backup resumed on one worker:
+tests/training/test_backup_faults.py.
 """
 
 import json
+import logging
 
 import keras
 import numpy as np
@@ -63,7 +65,7 @@ def _backup(path, asynchronous=False):
     return tfdist.BackupOptions(path, keep_after_success=True, asynchronous=asynchronous)
 
 
-def test_a_sharded_backup_is_whole_and_resumes_on_4_replicas_and_unsharded(tmp_path, reference):
+def test_a_sharded_backup_is_whole_and_resumes_on_4_replicas_and_on_1(tmp_path, reference, caplog):
     want, _ = reference
     sharded_dir, plain_dir = tmp_path / "sharded", tmp_path / "plain"
     _fit(_trainer(2, "optimizer", _backup(sharded_dir)), 1)
@@ -75,8 +77,12 @@ def test_a_sharded_backup_is_whole_and_resumes_on_4_replicas_and_unsharded(tmp_p
 
     on_four = _fit(_trainer(4, "optimizer", _backup(sharded_dir)), 2)
     assert _gap(on_four.model.get_weights(), want) <= 1e-6
-    # Back the other way: the 4-replica run's backup, unsharded on one device.
-    on_one = _fit(_trainer(1, None, _backup(sharded_dir)), 2)
+    # Back the other way: the 4-replica run's backup on one device, where sharding (which
+    # would only add a master copy of the parameters) trains unsharded, and says so.
+    with caplog.at_level(logging.INFO, logger="tfdist.training.sharding"):
+        on_one = _fit(_trainer(1, "gradients", _backup(sharded_dir)), 2)
+    assert "over 1 replica would hold more, not less" in caplog.text
+    assert on_one.replica_bytes["master_shards"] == 0
     assert _gap(on_one.model.get_weights(), want) <= 1e-6
 
 

@@ -34,7 +34,13 @@ from tfdist.training.overrides import (
     select_logs,
 )
 from tfdist.training.sharded_update import ShardedUpdate
-from tfdist.training.sharding import ShardedState, check_optimizer, log_replica_bytes, replica_bytes
+from tfdist.training.sharding import (
+    ShardedState,
+    check_optimizer,
+    log_one_replica,
+    log_replica_bytes,
+    replica_bytes,
+)
 from tfdist.training.step import TrainUpdate
 
 
@@ -105,6 +111,9 @@ class StepFunctions:
         if self.exchange.sharding is None:
             return None
         check_optimizer(self.model.optimizer, self.exchange.sharding)  # e.g. built since
+        if self.runner.strategy.num_replicas_in_sync == 1:
+            log_one_replica(self.exchange.sharding, self.runner)
+            return None
 
         def build(variables: Any) -> None:
             self.sharded = ShardedState(self.model, self.runner.strategy, self.exchange.sharding)
@@ -116,7 +125,7 @@ class StepFunctions:
         return replica_bytes(
             self.model,
             num_replicas=self.runner.strategy.num_replicas_in_sync,
-            sharding=self.exchange.sharding,
+            sharding=None if self.sharded is None else self.exchange.sharding,
             accumulation_steps=self.accumulation_steps,
             full_shapes=None if self.sharded is None else self.sharded.full_shapes,
         )

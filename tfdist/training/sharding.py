@@ -266,3 +266,15 @@ def log_replica_bytes(held: dict[str, Any], sharding: str, runner: Any) -> None:
         mb(unsharded["gradients"]),
         mb(held["master_shards"]),
     )
+
+
+def log_one_replica(sharding: str, runner: Any) -> None:
+    """Logs (chief) that sharding over one replica trains unsharded: a block is the whole
+    variable, and its master shard would be one more copy of the parameters."""
+    if runner.is_chief:
+        logger.info(
+            "Sharding %r over 1 replica would hold more, not less (each block is a whole "
+            "variable, plus a master copy): training unsharded. Backups are the same format, "
+            "so a sharded run's backup resumes here and this one's resumes sharded.",
+            sharding,
+        )
