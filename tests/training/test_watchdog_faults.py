@@ -5,8 +5,7 @@ resumed from the last backup: a worker blocked in a callback, a worker whose
 input pipeline's ``tf.py_function`` never returns, the chief blocked inside a
 backup save, and a worker frozen with SIGSTOP. Each must be found (by the
 watchdog, or by TF's heartbeats for the frozen one), the group restarted, and
-the run, its optimizer state sharded, must end bitwise equal to an unsharded one that
-never hung. Another launch slows
+the run must end bitwise equal to one that never hung. Another launch slows
 one worker's input pipeline halfway through and checks that the straggler
 report names it, and only then.
 """
@@ -57,15 +56,7 @@ _weights = npz_weights
 def four_hangs(tmp_path_factory):
     out = tmp_path_factory.mktemp("hangs")
     faults = ",".join(f"{kind}:{task}:{update}" for kind, task, update in FAULTS)
-    # Sharded optimizer state (ZeRO-1): each resume hands every worker its block of the
-    # momentum back from the whole slot in the backup; the reference below is unsharded.
-    proc = _launch(
-        out,
-        f"--faults={faults}",
-        f"--watchdog={FLOOR},5",
-        "--sharding=optimizer",
-        restarts=len(FAULTS),
-    )
+    proc = _launch(out, f"--faults={faults}", f"--watchdog={FLOOR},5", restarts=len(FAULTS))
     assert proc.returncode == 0, launch_report(proc, 5000)
     return out, proc.stdout
 

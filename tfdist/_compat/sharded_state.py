@@ -68,10 +68,15 @@ class ConsolidatedShard(trackable.Trackable):
         self.full_shape = tf.TensorShape(full_shape)
         self._strategy = strategy
         self._replica_ids = replica_ids
+        # Traced once and reused by every save (eager gathers would trace one function each).
+        self._gather = tf.function(self._gather_now, autograph=False)
+
+    def _gather_now(self) -> tf.Tensor:
+        return unblock(self._strategy.gather(self.variable, axis=0), self.full_shape)
 
     def whole(self) -> tf.Tensor:
         """The whole tensor: every replica's block, gathered (a collective on every worker)."""
-        return unblock(self._strategy.gather(self.variable, axis=0), self.full_shape)
+        return self._gather()
 
     def assign_whole(self, value: Any) -> Any:
         """Gives each local replica its block of ``value`` (the whole tensor)."""
@@ -143,17 +148,17 @@ def save_whole(optimizers: list, full_shapes: dict[int, Any], strategy: Any) -> 
         ]
 
     for optimizer in optimizers:
+        held = shards_of(optimizer)  # its variables exist: it is built
 
-        def save_own_variables(store: Any, optimizer: Any = optimizer) -> None:
-            for i, v in enumerate(shards_of(optimizer)):
+        def save_own_variables(store: Any, held: list = held) -> None:
+            for i, v in enumerate(held):
                 whole = v.whole() if isinstance(v, ConsolidatedShard) else v
                 store[str(i)] = np.asarray(whole.numpy())
 
-        def load_own_variables(store: Any, optimizer: Any = optimizer) -> None:
-            held = shards_of(optimizer)
+        def load_own_variables(store: Any, held: list = held, name: str = optimizer.name) -> None:
             if len(store.keys()) != len(held):
                 raise ValueError(
-                    f"Cannot load the state of optimizer {optimizer.name!r}: Received: "
+                    f"Cannot load the state of optimizer {name!r}: Received: "
                     f"{len(store.keys())} saved variables. Expected: {len(held)}, as this "
                     "optimizer holds (the file was saved from another optimizer or model)."
                 )
