@@ -112,7 +112,10 @@ def measure(spec: dict[str, Any], strategy: tf.distribute.Strategy) -> dict[str,
     dataset = make_dataset(spec, global_batch_size)
     memory = {"before": memory_now()}
     trainer = make_trainer(spec, strategy)
-    fit = lambda **kw: trainer.fit(dataset, global_batch_size=global_batch_size, **kw)  # noqa: E731
+
+    def fit(**kw: Any) -> Any:
+        return trainer.fit(dataset, global_batch_size=global_batch_size, shuffle=False, **kw)
+
     fit(epochs=1, steps_per_epoch=int(spec["warmup_steps"]), verbose=0)
     memory["after_warmup"] = memory_now()
     if memory["after_warmup"]["allocator_peak"] is not None:
