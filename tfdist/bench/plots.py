@@ -319,7 +319,7 @@ def plot_memory(result: dict[str, Any], path: str) -> None:
     for ax, ylabel in (
         (held_ax, "MiB per replica, from the variables' shapes"),
         (mem_ax, "MiB, the worker with the most"),
-        (rate_ax, "examples/s (median)"),
+        (rate_ax, "examples/s, all workers (median)"),
     ):
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(ylabel)
