@@ -181,6 +181,10 @@ def summarise_launch(launched: dict[str, Any]) -> dict[str, Any]:
             for t in tasks.values()
         )
     ]
+    held = lead["replica_bytes"]
+    # What a replica keeps from step to step (the gradients are made and freed by each step).
+    kept = held["parameters"] + held["optimizer_state"] + held["master_shards"]
+    peak = None if None in whole_peaks else max(whole_peaks)
     return {
         "num_workers": len(tasks),
         "global_batch_size": lead["global_batch_size"],
@@ -192,10 +196,13 @@ def summarise_launch(launched: dict[str, Any]) -> dict[str, Any]:
         "examples_per_s_samples": rates,
         "others_cpu": others,
         "updates_per_worker": {t: r["updates"] for t, r in tasks.items()},
-        "replica_bytes": lead["replica_bytes"],
+        "replica_bytes": held,
+        "kept_bytes": kept,
         "optimizer_variables": {t: r["optimizer_variables"] for t, r in tasks.items()},
         "worst_worker": {
-            "allocator_peak": None if None in whole_peaks else max(whole_peaks),
+            "allocator_peak": peak,
+            # The step's own: gradients, the exchange's buffers, the update's temporaries.
+            "allocator_peak_above_kept": None if peak is None else peak - kept,
             "allocator_steps_peak": _worst(tasks, "after_steps", "allocator_peak"),
             "allocator_current": _worst(tasks, "after_steps", "allocator_current"),
             "rss_peak": _worst(tasks, "after_steps", "rss_peak"),
@@ -237,7 +244,8 @@ def versus(base: dict[str, Any], entry: dict[str, Any]) -> dict[str, float]:
         "examples_per_s": timing.ratio(entry[rate], base[rate]),
         "examples_per_s_quiet": quiet,
     }
-    for key in ("allocator_peak", "allocator_current", "allocator_steps_peak", "rss_peak"):
+    readings = ("allocator_peak", "allocator_current", "allocator_steps_peak", "rss_peak")
+    for key in (*readings, "allocator_peak_above_kept"):
         a, b = entry["worst_worker"][key], base["worst_worker"][key]
         out[key] = math.nan if a is None or b is None else timing.ratio(a, b)
     return out
