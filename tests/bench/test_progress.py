@@ -49,6 +49,12 @@ def test_only_the_lead_task_reports(monkeypatch, capsys, task, cluster, lead):
     assert bool(capsys.readouterr().err) is lead
 
 
+def test_a_worker_program_run_in_process_reports_as_the_lead(monkeypatch, capsys):
+    monkeypatch.delenv("TF_CONFIG", raising=False)  # e.g. tests/bench/test_memory.py's worker
+    worker_common.report_progress("steps 1/1")
+    assert capsys.readouterr().err == worker_common.PROGRESS_MARK + "steps 1/1\n"
+
+
 def test_the_parent_logs_progress_lines_and_keeps_every_line_in_the_log(caplog):
     log = io.StringIO()
     output = cluster_run.TaskOutput(log, "scaling (2 worker(s), 0 ps)")

@@ -157,6 +157,7 @@ def test_multi_process_benchmarks_run_only_when_named():
         "health",
         "time_to_accuracy",
         "first_fit",
+        "memory",
     }
 
 

@@ -272,3 +272,68 @@ def plot_time_to_accuracy(result: dict[str, Any], path: str) -> None:
     epoch_ax.set_title("1 worker: one_device; 2 workers: multi_worker (loopback)", fontsize=9)
     time_ax.legend(fontsize=7, loc="lower right")
     _save(fig, path)
+
+
+# memory: the replica's bytes by kind, stacked; the allocator and RSS per worker; examples/s.
+MEMORY_KINDS = {
+    "parameters": "tab:blue",
+    "optimizer_state": "tab:orange",
+    "gradients": "tab:green",
+    "master_shards": "tab:purple",
+}
+MEMORY_READINGS = (
+    ("allocator_current", "allocator, after the steps"),
+    ("allocator_peak", "allocator peak, whole run"),
+    ("rss_peak", "peak RSS"),
+)
+
+
+def plot_memory(result: dict[str, Any], path: str) -> None:
+    """Per worker count and mode: left, the bytes a replica holds by kind (from the shapes);
+    middle, the TF allocator's current and peak and the peak RSS of the worker with the most;
+    right, examples/s (the median over the quiet fits, or over all when none was quiet)."""
+    fig, (held_ax, mem_ax, rate_ax) = _figure(15, 4.8, columns=3)
+    launches = [
+        (f"{n}w {mode}", entry)
+        for n, entries in sorted(result.get("per_workers", {}).items(), key=lambda i: int(i[0]))
+        for mode, entry in entries.items()
+    ]
+    labels = [label for label, _ in launches]
+    mib = float(1 << 20)
+    for x, (_, entry) in enumerate(launches):
+        bottom = 0.0
+        for kind, color in MEMORY_KINDS.items():
+            value = (entry.get("replica_bytes") or {}).get(kind, 0) / mib
+            held_ax.bar(x, value, bottom=bottom, color=color, label=kind if x == 0 else None)
+            bottom += value
+        for i, (key, words) in enumerate(MEMORY_READINGS):
+            value = (entry["worst_worker"].get(key) or 0) / mib
+            mem_ax.bar(
+                x + (i - 1) * 0.27,
+                value,
+                width=0.25,
+                color=f"C{i}",
+                label=words if x == 0 else None,
+            )
+        rate = entry.get("quiet_examples_per_s") or entry.get("examples_per_s") or 0.0
+        rate_ax.bar(x, rate, color="tab:grey")
+    for ax, ylabel in (
+        (held_ax, "MiB per replica, from the variables' shapes"),
+        (mem_ax, "MiB, the worker with the most"),
+        (rate_ax, "examples/s, all workers (median, quiet fits)"),
+    ):
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(ylabel)
+    held_ax.legend(fontsize=7)
+    mem_ax.legend(fontsize=7)
+    config = result.get("config", {})
+    held_ax.set_title(
+        f"MLP, {config.get('parameters', 0) / 1e6:.1f}M parameters, Adam, multi_worker", fontsize=9
+    )
+    mem_ax.set_title("TF CPU allocator and RSS per worker", fontsize=9)
+    rate_ax.set_title(
+        f"{config.get('per_worker_batch_size')} examples/worker/step, "
+        f"{config.get('threads_per_worker')} thread(s)/worker",
+        fontsize=9,
+    )
+    _save(fig, path)

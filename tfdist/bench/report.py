@@ -103,11 +103,12 @@ def figures(results: dict[str, Any]) -> Iterator[dict[str, Any]]:
     ``benchmark``, ``key`` (the dotted path), ``value``, ``words`` (`describe`) and
     ``goal``: the benchmark's ``">= x"`` or ``"<= x"`` goal for the figure it is about: a key
     of its ``goals`` where it has them, else its top-level ``ratio`` and ``*_mfu``; else None.
+    A benchmark may word its own top-level ratios: ``result["words"][key]`` (else `describe`).
     """
 
     def walk(path: list[str], node: dict[str, Any]) -> Iterator[tuple[list[str], float]]:
         for key, value in node.items():
-            if isinstance(value, dict) and key not in ("config", "samples", "goals"):
+            if isinstance(value, dict) and key not in ("config", "samples", "goals", "words"):
                 yield from walk([*path, key], value)
             elif (
                 _RATIO_KEY.search(key) and isinstance(value, (int, float)) and math.isfinite(value)
@@ -116,6 +117,7 @@ def figures(results: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
     for name, result in results.get("results", {}).items():
         goals = dict(result.get("goals") or {})
+        own_words = dict(result.get("words") or {})
         for path, value in walk([], result):
             key = path[-1]
             goal = goals.get(key) if len(path) == 1 else None
@@ -127,7 +129,7 @@ def figures(results: dict[str, Any]) -> Iterator[dict[str, Any]]:
                 "benchmark": name,
                 "key": ".".join(path),
                 "value": value,
-                "words": describe(name, path),
+                "words": (own_words.get(key) if len(path) == 1 else None) or describe(name, path),
                 "goal": f"{match.group(1)} {match.group(2)}" if match else None,
                 "met": _met(value, match) if match else None,
             }

@@ -11,7 +11,7 @@ absolute numbers are secondary. Results go to a JSON file and, when matplotlib
 is installed, a PNG bar chart of the ratios next to it (and a benchmark's own
 figure, registered with ``plot=``, as ``<output>.<name>.png``). The
 multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``health``,
-``time_to_accuracy``, ``first_fit``) start their own worker processes with
+``time_to_accuracy``, ``first_fit``, ``memory``) start their own worker processes with
 ``tfdist launch`` and run only when named.
 
 To add a benchmark, write a module under ``tfdist/bench/`` with a function
@@ -54,9 +54,18 @@ BUILTIN_MODULES = (
     "tfdist.bench.health",
     "tfdist.bench.time_to_accuracy",
     "tfdist.bench.first_fit",
+    "tfdist.bench.memory",
 )
 # Benchmarks that start their own worker processes and take minutes: run only when named.
-ON_REQUEST = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy", "first_fit")
+ON_REQUEST = (
+    "scaling",
+    "allreduce",
+    "stragglers",
+    "health",
+    "time_to_accuracy",
+    "first_fit",
+    "memory",
+)
 
 
 def _load_builtins() -> None:
@@ -144,7 +153,7 @@ def run(
         names: Benchmarks to run, in this order (cluster ones last); default
             all of `available` but the multi-process ones
             (`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``, ``health``,
-            ``time_to_accuracy``, ``first_fit``), which run only when named.
+            ``time_to_accuracy``, ``first_fit``, ``memory``), which run only when named.
         output: Path of the JSON file (directories are created); a PNG chart of
             the ratios goes next to it. ``None`` writes nothing.
         repeats: Timed measurements per side (a few more when other processes

@@ -33,7 +33,10 @@ def task() -> tuple[str, int]:
 
 
 def is_lead_task() -> bool:
-    """Whether this task reports progress: the chief, or worker 0 in a cluster without one."""
+    """Whether this task reports progress: the chief, or worker 0 in a cluster without one (or
+    this process, outside a cluster: a worker program run in-process)."""
+    if "TF_CONFIG" not in os.environ:
+        return True
     cluster = json.loads(os.environ["TF_CONFIG"]).get("cluster", {})
     task_type, task_id = task()
     if "chief" in cluster:

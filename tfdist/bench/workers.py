@@ -41,6 +41,7 @@ KINDS: dict[str, str] = {
     "health": "tfdist.bench.health_worker:run_mwms",
     "time_to_accuracy": "tfdist.bench.time_to_accuracy_worker:run",
     "first_fit": "tfdist.bench.first_fit_worker:run",
+    "memory": "tfdist.bench.memory_worker:run",
 }
 
 

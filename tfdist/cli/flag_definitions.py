@@ -27,7 +27,7 @@ IN_PROCESS_BENCHMARKS = (
     "trainer_vs_fit",
 )
 LAUNCHING_BENCHMARKS = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy")
-LAUNCHING_BENCHMARKS += ("first_fit",)
+LAUNCHING_BENCHMARKS += ("first_fit", "memory")
 _DEFAULT = TrainConfig()
 
 # train. Names are plain strings checked by TrainConfig (not DEFINE_enum), so a typo gets the
@@ -242,8 +242,8 @@ flags.DEFINE_boolean(
 flags.DEFINE_integer(
     "threads_per_worker",
     None,
-    "bench scaling, allreduce, stragglers, health, time_to_accuracy: intra-op threads of each "
-    "worker process (default: cores / most workers).",
+    "bench scaling, allreduce, stragglers, health, time_to_accuracy, memory: intra-op threads "
+    "of each worker process (default: cores / most workers).",
 )
 flags.DEFINE_list(
     "scaling_workers",

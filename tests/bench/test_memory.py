@@ -1,0 +1,248 @@
+"""``tfdist bench --benchmarks=memory``, in-process and cheap: no worker process is launched.
+
+The worker's measurement runs on the mirrored strategy (2 virtual devices) at a tiny size;
+the launch summaries, ratios, goals, table rows and chart are built from made-up worker
+results, so each figure can be checked against the numbers it comes from. Nothing here
+asserts speed or a memory saving: the bench measures those.
+"""
+
+import math
+
+import pytest
+
+import tfdist
+from tests.bench.checks import assert_machine_is_this_one
+from tfdist.bench import common, memory, memory_worker, plots, report, runner
+
+MIB = 1 << 20
+TINY = {
+    # The allocator counts tensors of 256 KiB and more: a 256x1024 kernel (1 MiB) and its blocks.
+    "input_dim": 256,
+    "hidden_units": [1024],
+    "num_classes": 10,
+    "per_worker_batch_size": 8,
+    "warmup_steps": 1,
+    "steps": 2,
+    "repeats": 1,
+    "learning_rate": 1e-3,
+    "seed": 0,
+}
+
+
+def test_the_worker_measures_each_mode_and_saves_its_weights(tmp_path):
+    strategy = tfdist.make_strategy("mirrored", num_devices=2)
+    results = {}
+    for mode in ("unsharded", "optimizer"):
+        spec = {**TINY, "sharding": memory.MODES[mode], "weights_path": str(tmp_path / f"2-{mode}")}
+        results[mode] = memory_worker.measure(spec, strategy)
+    params = 256 * 1024 + 1024 + 1024 * 10 + 10
+    for mode, result in results.items():
+        assert result["sharding"] == memory.MODES[mode] and result["num_replicas"] == 2
+        assert result["parameters"] == params and result["global_batch_size"] == 16
+        assert result["updates"] == [TINY["steps"]] and len(result["seconds"]) == 1
+        assert result["seconds"][0] > 0 and len(result["records"]["steps"]) == 1
+        readings = result["memory"]
+        assert set(readings) == {"before", "after_warmup", "after_steps"}
+        # The 1 MiB kernel, its Adam moments (or their blocks) and gradient: counted.
+        assert readings["after_steps"]["allocator_current"] >= MIB
+        for reading in readings.values():
+            assert reading["allocator_peak"] >= reading["allocator_current"] >= 0
+            assert reading["rss_peak"] >= reading["rss"] > 0
+    plain, sharded = (results[m] for m in ("unsharded", "optimizer"))
+    # Adam's two moments per variable: whole, or this replica's blocks (half, plus padding).
+    assert plain["optimizer_variables"]["slots"] == 2 * params * 4
+    assert sharded["optimizer_variables"]["slots"] == 2 * sharded["replica_bytes"]["master_shards"]
+    assert plain["replica_bytes"]["optimizer_state"] == 2 * params * 4 + 12  # iterations, lr
+    assert sharded["replica_bytes"]["unsharded"] == plain["replica_bytes"]["unsharded"]
+    # Sharding changes where the state lives, not the training: the same final weights.
+    assert memory.weight_gaps(str(tmp_path), 2) == {"optimizer": pytest.approx(0.0, abs=1e-7)}
+
+
+def _task(mode, worker, *, peak, steps_peak, current, rss_peak, seconds, n=2):
+    """A worker's result as ``memory_worker.measure`` returns it, with made-up figures."""
+    whole, blocks = 4000, 2000 if n == 2 else 4000  # trainable bytes; this replica's blocks
+    sharded = mode != "unsharded"
+    slots = 2 * (blocks if sharded else whole)
+
+    def reading(peak_bytes, current_bytes):
+        return {
+            "allocator_current": current_bytes,
+            "allocator_peak": peak_bytes,
+            "rss": rss_peak - 1,
+            "rss_peak": rss_peak,
+        }
+
+    return {
+        "steps": 4,
+        "global_batch_size": 8 * n,
+        "seconds": list(seconds),
+        "updates": [4] * len(seconds),
+        "parameters": 1000,
+        "replica_bytes": {
+            "parameters": whole,
+            "optimizer_state": slots + 12,
+            "gradients": blocks if mode == "gradients" else whole,
+            "master_shards": blocks if sharded else 0,
+        },
+        "optimizer_variables": {"slots": slots, "scalars": 12},
+        "memory": {
+            "before": reading(0, 0),
+            "after_warmup": reading(peak, current),
+            "after_steps": reading(steps_peak, current),
+        },
+        "weights_digest": "same" if worker == 0 or mode != "gradients" else "other",
+        "records": {
+            "steps": [{"seconds": s, "cpu_seconds": s, "busy_cpu_seconds": None} for s in seconds]
+        },
+        "threads": {"intra_op_threads": 1},
+    }
+
+
+# Worker 1 is the one with the most memory; each mode's peak and examples/s made up.
+FIGURES = {
+    "unsharded": dict(peak=20000, steps_peak=18000, current=12000, rss_peak=80000, seconds=[1, 2]),
+    "optimizer": dict(peak=16000, steps_peak=14000, current=10000, rss_peak=60000, seconds=[1, 1]),
+    "gradients": dict(peak=14000, steps_peak=14000, current=9000, rss_peak=72000, seconds=[2, 2]),
+}
+
+
+def _launched(mode, n):
+    tasks = {}
+    for i in range(n):
+        figures = dict(FIGURES[mode])
+        if i == 1:  # the worker with the most
+            figures.update(peak=figures["peak"] + 2000, current=figures["current"] + 200)
+        tasks[f"worker-{i}"] = _task(mode, i, n=n, **figures)
+    return {"tasks": tasks, "launch_seconds": 30.0, "others_cpu": 0.1}
+
+
+@pytest.fixture(scope="module")
+def summary():
+    per_workers = {
+        str(n): {mode: memory.summarise_launch(_launched(mode, n)) for mode in memory.MODES}
+        for n in (1, 2)
+    }
+    spec = {**memory.DEFAULTS, "threads_per_worker": 1, "workers": [1, 2]}
+    gaps = {"1": {"optimizer": 0.0, "gradients": 0.0}, "2": {"optimizer": 0.0, "gradients": 3e-8}}
+    return memory.summarise(spec, per_workers, gaps)
+
+
+def test_launch_summaries_take_the_worker_with_the_most_and_the_median_rate(summary):
+    entry = summary["per_workers"]["2"]["unsharded"]
+    # Examples/s over the timed fits (4 steps of 16 examples in 1 s and 2 s), the median.
+    assert entry["examples_per_s_samples"] == [64.0, 32.0] and entry["examples_per_s"] == 48.0
+    assert entry["step_s"] == pytest.approx(1.5 / 4)
+    # The whole run's peak (warm-up and build included) and the rest on the worker with the most.
+    assert entry["worst_worker"] == {
+        "allocator_peak": 22000,
+        # What stays from step to step: the parameters and Adam's slots and scalars.
+        "allocator_peak_above_kept": 22000 - (4000 + 8012),
+        "allocator_steps_peak": 18000,
+        "allocator_current": 12200,
+        "rss_peak": 80000,
+        "rss": 79999,
+    }
+    assert entry["updates_per_worker"] == {"worker-0": [4, 4], "worker-1": [4, 4]}
+    assert summary["workers_agree"]["2"] == {
+        "unsharded": True,
+        "optimizer": True,
+        "gradients": False,
+    }
+    assert summary["weights_identical"]["2"] == {"optimizer": True, "gradients": False}
+    assert summary["max_weight_gap"]["2"]["gradients"] == 3e-8
+    assert_machine_is_this_one(summary["machine"])
+
+
+def test_ratios_against_unsharded_and_their_goals_at_the_most_workers(summary):
+    two = summary["versus_unsharded"]["2"]["optimizer"]
+    assert two["allocator_peak"] == pytest.approx(18000 / 22000)
+    assert two["allocator_steps_peak"] == pytest.approx(14000 / 18000)
+    assert two["allocator_current"] == pytest.approx(10200 / 12200)
+    assert two["rss_peak"] == pytest.approx(60000 / 80000)
+    assert two["examples_per_s"] == pytest.approx(64.0 / 48.0)
+    assert two["optimizer_state"] == pytest.approx(4012 / 8012)
+    kept = summary["per_workers"]["2"]["optimizer"]["kept_bytes"]
+    assert kept == 4000 + 4012 + 2000  # the master shards too
+    assert two["allocator_peak_above_kept"] == pytest.approx((18000 - kept) / (22000 - 12012))
+    assert summary["optimizer_2w_allocator_peak_ratio"] == two["allocator_peak"]
+    # Goals at 2 workers only; the state's bound: Adam's slots cut to the blocks, scalars whole.
+    bound = math.ceil((8000 * 2000 / 4000 + 12) / 8012 * 1e6) / 1e6
+    assert summary["goals"] == {
+        f"{mode}_2w_{figure}_ratio": goal
+        for mode in ("optimizer", "gradients")
+        for figure, goal in (
+            ("optimizer_state", f"<= {bound}"),
+            ("allocator_peak", "<= 0.75"),
+            ("examples_per_s", ">= 0.95"),
+        )
+    }
+    # At 1 worker: the peak and examples/s only, without goals.
+    one = {k for k in summary if k.endswith("_ratio") and "_1w_" in k}
+    assert one == {
+        f"{m}_1w_{f}_ratio"
+        for m in ("optimizer", "gradients")
+        for f in ("allocator_peak", "examples_per_s")
+    }
+
+
+def test_examples_per_s_ratio_counts_quiet_fits_only_when_both_launches_had_some(summary):
+    base, entry = (dict(summary["per_workers"]["2"][m]) for m in ("unsharded", "optimizer"))
+    base.update(examples_per_s=40.0, quiet_examples_per_s=50.0)
+    entry.update(examples_per_s=30.0, quiet_examples_per_s=45.0)
+    figures = memory.versus(base, entry)
+    assert figures["examples_per_s"] == pytest.approx(0.9) and figures["examples_per_s_quiet"]
+    entry["quiet_examples_per_s"] = None  # every fit of this launch was disturbed: all of both
+    figures = memory.versus(base, entry)
+    assert figures["examples_per_s"] == pytest.approx(0.75)
+    assert figures["examples_per_s_quiet"] is False
+
+
+def test_the_summary_table_words_each_ratio_and_says_whether_its_goal_is_met(summary):
+    rows = {f["key"]: f for f in report.figures({"results": {"memory": summary}})}
+    assert len(rows) == 2 * (len(memory.FIGURES) + 2)  # two modes; 6 figures at 2 workers, 2 at 1
+    peak = rows["optimizer_2w_allocator_peak_ratio"]
+    assert (
+        peak["words"]
+        == "optimizer / unsharded, 2 worker(s): TF allocator peak per worker (whole run)"
+    )
+    assert (peak["goal"], peak["met"]) == ("<= 0.75", False)  # 18000 / 22000 = 0.82
+    assert rows["gradients_2w_allocator_peak_ratio"]["met"] is True  # 16000 / 22000
+    assert rows["optimizer_2w_examples_per_s_ratio"]["met"] is True
+    assert rows["gradients_2w_examples_per_s_ratio"]["met"] is False  # 32 / 48
+    assert rows["optimizer_2w_optimizer_state_ratio"]["met"] is True
+    assert rows["optimizer_1w_allocator_peak_ratio"]["goal"] is None
+    table = report.summary({"meta": {}, "results": {"memory": summary}})
+    assert "gradients / unsharded, 2 worker(s): examples/s" in table and "NO" in table
+
+
+def test_the_memory_chart_is_a_png(summary, tmp_path):
+    path = str(tmp_path / "bench.memory.png")
+    assert report.write_other_png(plots.plot_memory, summary, path) == path
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "options, argument",
+    [
+        ({"workers": (0, 2)}, "workers"),
+        ({"hidden_units": ()}, "hidden_units"),
+        ({"learning_rate": 0}, "learning_rate"),
+        ({"steps": 0}, "steps"),
+        ({"threads_per_worker": 0}, "threads_per_worker"),
+        ({"zero_stage": 3}, "option"),
+    ],
+)
+def test_bad_options_get_one_clear_error(options, argument):
+    with pytest.raises(ValueError, match=rf"Invalid value for argument `{argument}`. Received: "):
+        memory.run(**options)
+
+
+def test_the_flag_reaches_the_benchmark_and_it_runs_only_when_named():
+    common.set_options({"threads_per_worker": 0})
+    try:
+        with pytest.raises(ValueError, match="`threads_per_worker`"):
+            common.registry()["memory"](1, True)
+    finally:
+        common.set_options(None)
+    assert "memory" in runner.ON_REQUEST and "memory" in runner.available()
