@@ -121,6 +121,31 @@ def test_weight_decay_exclusions_by_object_and_by_name_follow_the_blocks():
     assert gap <= 1e-7, gap
 
 
+def test_weight_constraints_apply_to_the_whole_tensors_as_keras_applies_them():
+    # MaxNorm reads each column's norm across rows that different replicas' blocks hold.
+    def build():
+        model = builder(W0)()
+        model.layers[0].kernel.constraint = keras.constraints.MaxNorm(0.3)
+        model.layers[1].bias.constraint = keras.constraints.NonNeg()
+        return model
+
+    def fit(sharding):
+        trainer = tfdist.Trainer(
+            build,
+            strategy=tfdist.make_strategy("mirrored", num_devices=2),
+            optimizer=keras.optimizers.SGD(0.5),
+            loss=LOSS,
+            sharding=sharding,
+        )
+        trainer.fit(*data(48), batch_size=16, epochs=1, steps_per_epoch=3, verbose=0)
+        return trainer
+
+    plain, sharded = fit(None), fit("gradients")
+    kernel = sharded.model.layers[0].kernel.numpy()
+    assert np.max(np.linalg.norm(kernel, axis=0)) <= 0.3 + 1e-6
+    assert _gap(plain, sharded) <= 1e-7
+
+
 def test_each_replica_holds_its_block_of_the_optimizer_state_and_the_log_says_so(caplog):
     with caplog.at_level(logging.INFO, logger="tfdist"):
         trainer = _fit(keras.optimizers.Adam(0.01), "gradients", k=2)
@@ -173,6 +198,10 @@ def test_sharding_refused_where_there_is_nothing_to_shard_or_tfdist_does_not_ste
             loss=LOSS,
             sharding="gradients",
         )
+    overwritten = tfdist.Trainer(builder(W0), strategy=mirrored, loss=LOSS, sharding="optimizer")
+    overwritten.model.layers[1].bias.overwrite_with_gradient = True  # as float8 scales are
+    with pytest.raises(ValueError, match="sharding.*take their gradient as their new value"):
+        overwritten.fit(*data(16), batch_size=16, verbose=0)
     trainer = tfdist.Trainer(builder(W0), strategy=mirrored, loss=LOSS, sharding="optimizer")
     with mirrored.scope():  # whole-tensor state, e.g. from a Keras fit
         trainer.model.optimizer.build(trainer.model.trainable_variables)

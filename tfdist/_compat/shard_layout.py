@@ -38,7 +38,9 @@ def block(full: tf.Tensor, num_replicas: int, replica_id: tf.Tensor) -> tf.Tenso
     start = tf.minimum(tf.cast(replica_id, tf.int64) * width, size)
     piece = flat[start : start + width]
     if size == num_replicas * width:
-        return tf.ensure_shape(piece, [width])
+        # A copy: a slice may share the whole tensor's buffer, which whatever the block is
+        # assigned to (a master shard) would then keep alive in full.
+        return tf.ensure_shape(tf.raw_ops.DeepCopy(x=piece), [width])
     return tf.ensure_shape(tf.pad(piece, [[0, width - tf.shape(piece, tf.int64)[0]]]), [width])
 
 

@@ -90,9 +90,13 @@ def _assign_all(strategy: tf.distribute.Strategy, values: Any, *, targets: list)
         strategy.extended.update(target, lambda var, x: var.assign(x), args=(value,), group=False)
 
 
-def gather_into(new_blocks: Sequence[tf.Tensor], targets: Sequence[Any]) -> None:
+def gather_into(
+    new_blocks: Sequence[tf.Tensor], targets: Sequence[Any], constraints: Sequence[Any]
+) -> None:
     """Every replica's blocks, gathered in buckets, written into every replica's copy of
-    ``targets`` (whole variables), one bucket at a time (replica context)."""
+    ``targets`` (whole variables), one bucket at a time (replica context). A Keras
+    ``constraint`` (``constraints[i]``, or None) applies to the whole tensor, as Keras's
+    optimizer applies it after an update."""
     ctx = tf.distribute.get_replica_context()
     done: list[tf.Tensor] = []
     for group in _groups(new_blocks, GATHER_BUCKET_BYTES):
@@ -103,6 +107,7 @@ def gather_into(new_blocks: Sequence[tf.Tensor], targets: Sequence[Any]) -> None
         whole = [
             unblock(part, targets[i].shape) for i, part in zip(group, tf.split(rows, widths, 1))
         ]
+        whole = [w if constraints[i] is None else constraints[i](w) for i, w in zip(group, whole)]
         bucket = [targets[i] for i in group]
         ctx.merge_call(_assign_all, args=(whole,), kwargs={"targets": bucket})
         # Reads after the assigns (automatic control dependencies order them): the next bucket
@@ -229,14 +234,19 @@ class ShardedUpdate(TrainUpdate):
         state, n = self.state, self.num_replicas
         variables = [state.variables[i] for i in self.present]
         masters = [state.masters[i] for i in self.present]
+        copied: list[tf.Tensor] = []
         for master, variable in zip(masters, variables):
-            master.assign(block(variable.value, n, _replica_id()))
+            # From the whole variable, which a callback, a restore or a constraint may have
+            # changed; one block after the other, so that their copies do not pile up.
+            with _after(copied):
+                copied = [block(variable.value, n, _replica_id())]
+            master.assign(copied[0])
         grads = self._whole_tensor_views(list(grads))
         inner = inner_optimizer(self.optimizer)
         with _no_clipping(inner):
             self.optimizer.apply(grads, masters)
         updated = [tf.convert_to_tensor(m.value) for m in masters]
-        gather_into(updated, [v.value for v in variables])
+        gather_into(updated, [v.value for v in variables], [v.constraint for v in variables])
 
     def _whole_tensor_views(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """Norm clipping on the whole tensors' norms, and one finite decision for all replicas.

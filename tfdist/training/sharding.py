@@ -156,6 +156,15 @@ class ShardedState:
         self.sharding = sharding
         self.num_replicas = strategy.num_replicas_in_sync
         self.variables = list(model.trainable_variables)
+        overwritten = [v.path for v in self.variables if getattr(v, "overwrite_with_gradient", 0)]
+        if overwritten:
+            raise invalid_argument(
+                "sharding",
+                sharding,
+                "None for a model whose variables take their gradient as their new value",
+                note=f"{overwritten} set overwrite_with_gradient (e.g. float8 scales): the "
+                "optimizer skips them, and their blocks would not make them whole.",
+            )
         made: list[tuple[Any, Any]] = []
         with strategy.scope():
             with tf.variable_creator_scope(_per_replica):
