@@ -12,7 +12,7 @@ import pytest
 
 import tfdist
 from tests.bench.checks import assert_machine_is_this_one
-from tfdist.bench import common, memory, memory_worker, plots, report, runner
+from tfdist.bench import common, memory, memory_cap, memory_worker, plots, report, runner
 
 MIB = 1 << 20
 TINY = {
@@ -231,11 +231,42 @@ def test_the_memory_chart_is_a_png(summary, tmp_path):
         ({"steps": 0}, "steps"),
         ({"threads_per_worker": 0}, "threads_per_worker"),
         ({"zero_stage": 3}, "option"),
+        ({"cap": "yes"}, "cap"),
     ],
 )
 def test_bad_options_get_one_clear_error(options, argument):
     with pytest.raises(ValueError, match=rf"Invalid value for argument `{argument}`. Received: "):
         memory.run(**options)
+
+
+def test_the_cap_is_unsharded_peak_and_each_launch_trains_or_runs_out_of_memory(
+    summary, monkeypatch
+):
+    per_workers = summary["per_workers"]
+    assert memory_cap.cap_of(per_workers) == (2, int((20000 + 2000) // 2**20))
+    assert memory_cap.cap_env(500) == {
+        "TF_CPU_ALLOCATOR_USE_BFC": "true",
+        "TF_CPU_BFC_MEM_LIMIT_IN_MB": "500",
+    }
+    assert memory_cap.outcome(None) == "trained"
+    oom = RuntimeError("bench tasks exited 1: ResourceExhaustedError: OOM when allocating")
+    assert memory_cap.outcome(oom) == "out of memory"
+    with pytest.raises(RuntimeError, match="port in use"):
+        memory_cap.outcome(RuntimeError("port in use"))
+
+    calls = []
+
+    def run_tasks(spec, *, workers, extra_env, preload):
+        calls.append((spec["sharding"], workers, extra_env, preload))
+        if spec["sharding"] is None:
+            raise oom
+
+    monkeypatch.setattr(memory_cap.cluster_run, "run_tasks", run_tasks)
+    shown = memory_cap.demonstrate({"kind": "memory"}, per_workers)
+    assert [c[0] for c in calls] == [None, "gradients"] and not any(c[3] for c in calls)
+    assert shown["cap"]["outcomes"] == {"unsharded": "out of memory", "gradients": "trained"}
+    assert shown["cap_shown_ratio"] == 1.0 and shown["goals"] == {"cap_shown_ratio": ">= 1"}
+    assert "unsharded out of memory, gradients trained" in shown["words"]["cap_shown_ratio"]
 
 
 def test_the_flag_reaches_the_benchmark_and_it_runs_only_when_named():

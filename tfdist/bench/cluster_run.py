@@ -135,6 +135,8 @@ def run_tasks(
     chief: bool = False,
     timeout: float = 900.0,
     default_launch: bool = False,
+    extra_env: Mapping[str, str] | None = None,
+    preload: bool = True,
 ) -> dict[str, Any]:
     """Launches the tasks on ``spec`` and returns their results.
 
@@ -150,6 +152,9 @@ def run_tasks(
             launcher pins each training task to its own cores and sizes its TF
             thread pools (``tfdist.launch.pinning``), no thread variables are set
             here, and the tasks leave their threads alone (``spec["launcher_pins"]``).
+        extra_env: Variables added to the tasks' environment.
+        preload: Fork the tasks from the bench's preloaded interpreter where it has one;
+            False starts each afresh (for variables TF reads when it starts).
 
     Returns:
         ``{"tasks": {"worker-0": {...}, ...}, "launch_seconds": s, "others_cpu": c}``
@@ -162,10 +167,13 @@ def run_tasks(
     from tfdist.launch.local import launch
     from tfdist.launch.preload import shared_server
 
-    preload = common.options().get("preload", ())
-    env = task_env(None if default_launch else int(spec["threads_per_worker"]))
+    preloaded = common.options().get("preload", ()) if preload else ()
+    env = {
+        **task_env(None if default_launch else int(spec["threads_per_worker"])),
+        **(extra_env or {}),
+    }
     # Tasks forked by a shared interpreter are not this process's children: their CPU is unknown.
-    tasks_cpu_known = not (preload and shared_server(sys.executable, preload, env)[0])
+    tasks_cpu_known = not (preloaded and shared_server(sys.executable, preloaded, env)[0])
     if not default_launch:
         _log_self_pinning(spec)
     with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as out_dir:
@@ -188,7 +196,7 @@ def run_tasks(
                 timeout=timeout,
                 # Else each task pins itself as its spec says (worker_common.pin_threads).
                 pin=default_launch,
-                preload=preload,
+                preload=preloaded,
             )
         took = watch.stop()
         children = _children_cpu_seconds() - children
