@@ -16,11 +16,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist._compat.shard_layout import block, blocks, shard_size, unblock
+from tfdist._compat.shard_layout import block, shard_size
 from tfdist.config import invalid_argument
-from tfdist.strategies import step_clock
-from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.gradients import scale_gradient
+from tfdist.training.sharded_exchange import gather_into, reduce_scatter
 from tfdist.training.sharding import GATHER_BUCKET_BYTES, ShardedState, elements, inner_optimizer
 from tfdist.training.step import TrainUpdate
 
@@ -51,68 +50,12 @@ def _no_clipping(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
                 del _CLIPPING_OFF[id(optimizer)]
 
 
-def _groups(tensors: Sequence[tf.Tensor], bucket_bytes: int, *, reverse: bool = False) -> list:
-    """Indices of ``tensors`` in runs of one dtype of about ``bucket_bytes``; the last
-    tensors first with ``reverse`` (the order in which backpropagation makes gradients)."""
-    groups: list[list[int]] = []
-    size = 0
-    order = range(len(tensors) - 1, -1, -1) if reverse else range(len(tensors))
-    for i in order:
-        if (
-            not groups
-            or size >= bucket_bytes
-            or _dtype(tensors[i]) != _dtype(tensors[groups[-1][0]])
-        ):
-            groups.append([])
-            size = 0
-        groups[-1].append(i)
-        size += tensors[i].shape.num_elements() * _dtype(tensors[i]).size
-    return groups
-
-
-def _dtype(tensor: Any) -> tf.DType:
-    return tf.as_dtype(tensor.dtype)
-
-
 def _after(tensors: Sequence[tf.Tensor]) -> Any:
-    """A scope whose ops wait for ``tensors``: one bucket at a time, so that no more than
-    about two buckets' full-size temporaries exist at once."""
     return tf.control_dependencies(list(tensors))
 
 
 def _replica_id() -> tf.Tensor:
     return tf.distribute.get_replica_context().replica_id_in_sync_group
-
-
-def _assign_all(strategy: tf.distribute.Strategy, values: Any, *, targets: list) -> None:
-    """Cross-replica: each replica's copy of each ``targets[i]`` takes its ``values[i]``."""
-    for target, value in zip(targets, values):
-        strategy.extended.update(target, lambda var, x: var.assign(x), args=(value,), group=False)
-
-
-def gather_into(
-    new_blocks: Sequence[tf.Tensor], targets: Sequence[Any], constraints: Sequence[Any]
-) -> None:
-    """Every replica's blocks, gathered in buckets, written into every replica's copy of
-    ``targets`` (whole variables), one bucket at a time (replica context). A Keras
-    ``constraint`` (``constraints[i]``, or None) applies to the whole tensor, as Keras's
-    optimizer applies it after an update."""
-    ctx = tf.distribute.get_replica_context()
-    done: list[tf.Tensor] = []
-    for group in _groups(new_blocks, GATHER_BUCKET_BYTES):
-        with _after(done):
-            packed = tf.concat([new_blocks[i] for i in group], axis=0)
-        rows = ctx.all_gather(tf.reshape(packed, [1, -1]), axis=0)  # [N, sum of S]
-        widths = [new_blocks[i].shape.num_elements() for i in group]
-        whole = [
-            unblock(part, targets[i].shape) for i, part in zip(group, tf.split(rows, widths, 1))
-        ]
-        whole = [w if constraints[i] is None else constraints[i](w) for i, w in zip(group, whole)]
-        bucket = [targets[i] for i in group]
-        ctx.merge_call(_assign_all, args=(whole,), kwargs={"targets": bucket})
-        # Reads after the assigns (automatic control dependencies order them): the next bucket
-        # starts once this one's whole tensors are written and freed.
-        done = [tf.reshape(t.read_value(), [-1])[:1] for t in bucket]
 
 
 class ShardedUpdate(TrainUpdate):
@@ -141,41 +84,15 @@ class ShardedUpdate(TrainUpdate):
         return self.reduce_scatter(summed, count)
 
     def reduce_scatter(self, grads: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
-        """``grads`` summed over the replicas, each replica keeping its block (ZeRO-2).
-
-        The gradients travel in the block layout, in buckets (`GATHER_BUCKET_BYTES`, or the
-        exchange's ``bucket_bytes``), 16-bit when so configured: one all-reduce per bucket.
-        """
-        n = self.num_replicas
-        grads = [tf.convert_to_tensor(g) for g in grads]
-        step_clock.mark("compute", [grads, count])
-        out: list[Any] = [None] * len(grads)
-        total = None
-        last: list[tf.Tensor] = []  # the previous bucket's blocks
-        for b, group in enumerate(
-            _groups(grads, self.bucket_bytes or GATHER_BUCKET_BYTES, reverse=True)
-        ):
-            with _after(last):
-                packed = tf.concat([blocks(grads[i], n) for i in group], axis=1)  # [N, sum S]
-            (summed,), bucket_total = all_reduce_sum(
-                [packed],
-                count if b == 0 else None,  # the count rides in the first bucket
-                num_replicas=n,
-                compression=self.gradient_compression,
-                clock=False,
-            )
-            total = bucket_total if b == 0 else total
-            mine = tf.gather(summed, _replica_id())
-            widths = [shard_size(elements(grads[i].shape), n) for i in group]
-            for i, piece in zip(group, tf.split(mine, widths)):
-                out[i] = piece
-            last = [out[i] for i in group]
-        if total is None:  # no gradients at all
-            total = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, count
-            )
-        step_clock.mark("exchange", [out, total])
-        return out, total
+        """``grads`` summed over the replicas, each replica keeping its block (ZeRO-2), in
+        buckets of about the exchange's ``bucket_bytes`` (else `GATHER_BUCKET_BYTES`)."""
+        return reduce_scatter(
+            grads,
+            count,
+            num_replicas=self.num_replicas,
+            bucket_bytes=self.bucket_bytes or GATHER_BUCKET_BYTES,
+            compression=self.gradient_compression,
+        )
 
     def _reduces_each_micro_batch(self) -> bool:
         return self.state.sharding == "gradients" and self.accumulation_steps > 1
@@ -246,7 +163,13 @@ class ShardedUpdate(TrainUpdate):
         with _no_clipping(inner):
             self.optimizer.apply(grads, masters)
         updated = [tf.convert_to_tensor(m.value) for m in masters]
-        gather_into(updated, [v.value for v in variables], [v.constraint for v in variables])
+        gather_into(
+            updated,
+            [v.value for v in variables],
+            [v.constraint for v in variables],
+            num_replicas=n,
+            bucket_bytes=GATHER_BUCKET_BYTES,
+        )
 
     def _whole_tensor_views(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """Norm clipping on the whole tensors' norms, and one finite decision for all replicas.
