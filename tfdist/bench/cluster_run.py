@@ -201,11 +201,7 @@ def run_tasks(
         took = watch.stop()
         children = _children_cpu_seconds() - children
         if code != 0:
-            with open(log_path) as f:
-                tail = "".join(f.readlines()[-40:])
-            raise RuntimeError(
-                f"bench tasks ({spec['kind']}, {workers} workers, {ps} ps) exited {code}:\n{tail}"
-            )
+            _raise_failed(spec, workers, ps, code, log_path)
         tasks = read_results(out_dir)
     others = (
         (took.others_cpu_seconds - children) / took.seconds
@@ -217,6 +213,15 @@ def run_tasks(
         "launch_seconds": round(took.seconds, 2),
         "others_cpu": None if others is None else round(max(others, 0.0), 2),
     }
+
+
+def _raise_failed(spec: Mapping[str, Any], workers: int, ps: int, code: int, log: str) -> None:
+    """A failed launch: its exit code and the last 40 lines of the tasks' output."""
+    with open(log) as f:
+        tail = "".join(f.readlines()[-40:])
+    raise RuntimeError(
+        f"bench tasks ({spec['kind']}, {workers} workers, {ps} ps) exited {code}:\n{tail}"
+    )
 
 
 def machine() -> dict[str, Any]:

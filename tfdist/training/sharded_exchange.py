@@ -11,6 +11,7 @@ the gather about one variable's whole value, beside what the step itself holds.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,16 +32,19 @@ def plan(
     bucket_bytes: int,
     *,
     reverse: bool = False,
+    align: Sequence[int] | None = None,
 ) -> list[list[Chunk]]:
     """Buckets of chunks of ``[rows, widths[i]]`` tensors, each bucket of one dtype and at
-    most about ``bucket_bytes`` (a chunk is at least one column); the last tensors first
-    with ``reverse`` (the order in which backpropagation makes gradients)."""
+    most about ``bucket_bytes`` (a chunk is at least one column, or ``align[i]`` columns, a
+    multiple of which each chunk starts at); the last tensors first with ``reverse`` (the
+    order in which backpropagation makes gradients)."""
     buckets: list[list[Chunk]] = []
     size, dtype = 0, None
     order = range(len(widths) - 1, -1, -1) if reverse else range(len(widths))
     for i in order:
         item = tf.as_dtype(dtypes[i]).size * rows
-        step = max(1, bucket_bytes // item)
+        unit = align[i] if align else 1
+        step = max(unit, bucket_bytes // item // unit * unit)
         for start in range(0, widths[i], step):
             end = min(widths[i], start + step)
             nbytes = (end - start) * item
@@ -124,6 +128,41 @@ def _assign_all(strategy: tf.distribute.Strategy, values: Any, *, targets: list)
         strategy.extended.update(target, lambda var, x: var.assign(x), args=(value,), group=False)
 
 
+def row_length(shape: Any, width: int) -> int:
+    """Elements per row of a tensor of ``shape`` whose ``[S]`` blocks (``S = width``) start
+    on row boundaries, so that a chunk of whole rows is written in place; else 0."""
+    shape = tf.TensorShape(shape)
+    if shape.rank == 0:
+        return 0
+    length = shape[1:].num_elements()
+    return length if length and width % length == 0 else 0
+
+
+def _slices(chunk: Chunk, part: tf.Tensor, shape: Any, width: int, length: int, n: int) -> list:
+    """``((first row, end row), value)`` of the whole tensor that each replica's row of
+    ``part`` (a gathered ``[N, end - start]`` chunk) is, padding left out."""
+    i, start, end = chunk
+    shape = tf.TensorShape(shape)
+    out = []
+    for r in range(n):
+        first, last = r * width + start, min(r * width + end, shape.num_elements())
+        if first < last:
+            value = tf.reshape(part[r, : last - first], [(last - first) // length, *shape[1:]])
+            out.append(((first // length, last // length), value))
+    return out
+
+
+def _assign_rows(
+    strategy: tf.distribute.Strategy, values: Any, *, targets: list, ranges: list
+) -> None:
+    """Cross-replica: rows ``ranges[k]`` (``(first, end)``) of each replica's copy of
+    ``targets[k]`` take ``values[k]``, in place."""
+    for target, (first, end), value in zip(targets, ranges, values):
+        strategy.extended.update(
+            target, lambda var, x, a=first, b=end: var[a:b].assign(x), args=(value,), group=False
+        )
+
+
 def gather_into(
     new_blocks: Sequence[tf.Tensor],
     targets: Sequence[Any],
@@ -133,34 +172,54 @@ def gather_into(
     bucket_bytes: int,
 ) -> None:
     """Every replica's ``[S]`` blocks, all-gathered bucket by bucket, written into every
-    replica's copy of ``targets`` (whole variables) as each is complete (replica context).
-    A Keras ``constraint`` (``constraints[i]``, or None) applies to the whole tensor, as
-    Keras's optimizer applies it after an update."""
+    replica's copy of ``targets`` (whole variables) (replica context): chunk by chunk in
+    place where the blocks start on rows, else whole once complete. A Keras ``constraint``
+    (``constraints[i]``, or None) applies to the whole tensor, as Keras's optimizer applies
+    it after an update."""
     ctx = tf.distribute.get_replica_context()
     widths = [b.shape.num_elements() for b in new_blocks]
+    lengths = [
+        0 if c is not None else row_length(t.shape, w)
+        for t, w, c in zip(targets, widths, constraints)
+    ]
     parts: list[list[tf.Tensor]] = [[] for _ in new_blocks]
     done: list[tf.Tensor] = []
-    buckets = plan(widths, [b.dtype for b in new_blocks], num_replicas, bucket_bytes)
+    dtypes = [b.dtype for b in new_blocks]
+    buckets = plan(widths, dtypes, num_replicas, bucket_bytes, align=[n or 1 for n in lengths])
     for bucket in buckets:
         with _after(done):
             packed = _joined([_columns(new_blocks[i], s, e, widths[i], 0) for i, s, e in bucket], 0)
         rows = ctx.all_gather(tf.reshape(packed, [1, -1]), axis=0)  # [N, sum of the chunks]
         split = tf.split(rows, [e - s for _, s, e in bucket], axis=1) if len(bucket) > 1 else [rows]
-        complete = []
-        for (i, _, end), part in zip(bucket, split):
+        in_place, complete = [], []
+        for chunk, part in zip(bucket, split):
+            i = chunk[0]
+            if lengths[i]:
+                in_place += [
+                    (targets[i], s)
+                    for s in _slices(
+                        chunk, part, targets[i].shape, widths[i], lengths[i], num_replicas
+                    )
+                ]
+                continue
             parts[i].append(part)
-            if end == widths[i]:
+            if chunk[2] == widths[i]:
                 complete.append(i)
-        done = split
+        written = [t for t, _ in in_place]
+        if in_place:
+            assign = functools.partial(_assign_rows, ranges=[s[0] for _, s in in_place])
+            ctx.merge_call(assign, args=([s[1] for _, s in in_place],), kwargs={"targets": written})
         if complete:
             whole = [unblock(_joined(parts[i], 1), targets[i].shape) for i in complete]
             whole = [
                 w if constraints[i] is None else constraints[i](w) for i, w in zip(complete, whole)
             ]
-            written = [targets[i] for i in complete]
-            ctx.merge_call(_assign_all, args=(whole,), kwargs={"targets": written})
-            # Reads after the assigns (automatic control dependencies order them): the next
-            # bucket starts once these whole tensors are written and freed.
-            done = [tf.reshape(t.read_value(), [-1])[:1] for t in written]
+            written += [targets[i] for i in complete]
+            ctx.merge_call(
+                _assign_all, args=(whole,), kwargs={"targets": [targets[i] for i in complete]}
+            )
             for i in complete:
                 parts[i] = []
+        # Reads after the assigns (automatic control dependencies order them): the next
+        # bucket starts once these are written and their values freed.
+        done = [tf.reshape(t.read_value(), [-1])[:1] for t in written] or split
