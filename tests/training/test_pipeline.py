@@ -1,0 +1,267 @@
+"""Pipeline stages (issue 35): exact against plain Keras on one device, stages placed on their
+devices, evaluate and predict through the stages, and the refusals.
+
+Everything runs in this process on the logical CPU devices of tests/conftest.py; each trainer
+trains a few steps of a small MLP. Exactness, with SGD in float32: gradients to 5e-7 (one
+update with learning rate 1 is the gradient), weights after further updates to 1e-6.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist.training.pipeline import PipelineOptions, resolve_devices
+from tfdist.training.pipeline_update import PipelineUpdate
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(76, 8)).astype("float32")  # 32 + 32 + 12: a partial last batch
+Y = RNG.integers(0, 3, size=76)
+SPLIT = ["d1", "d2"]  # three stages: d1 | d2 | d3, out
+
+
+def mlp(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="tanh", name="d1")(inputs)
+    h = keras.layers.Dense(16, activation="tanh", name="d2", kernel_regularizer="l2")(h)
+    h = keras.layers.Dense(16, activation="tanh", name="d3")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+
+def keras_reference(steps: int, epochs: int) -> tuple[keras.Model, list, dict]:
+    """Plain Keras on one device: one SGD(1.0) step, then ``epochs`` at 0.1 (the pipeline's
+    schedule in `pipelined`)."""
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=LOSS, metrics=["accuracy"])
+    w0 = model.get_weights()
+    model.fit(X[:32], Y[:32], batch_size=32, epochs=steps, verbose=0, shuffle=False)
+    grads = [a - b for a, b in zip(w0, model.get_weights())]
+    model.optimizer.learning_rate.assign(0.1)
+    history = model.fit(X, Y, batch_size=32, epochs=epochs, verbose=0, shuffle=False)
+    return model, grads, history.history
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return keras_reference(1, 2)
+
+
+def pipelined(micro_batches: int, **options) -> tuple[tfdist.Trainer, list, dict]:
+    trainer = tfdist.Trainer(
+        mlp,
+        optimizer=keras.optimizers.SGD(1.0),
+        loss=LOSS,
+        metrics=["accuracy"],
+        pipeline=PipelineOptions(split_at=SPLIT, micro_batches=micro_batches, **options),
+    )
+    w0 = trainer.model.get_weights()
+    trainer.fit(X[:32], Y[:32], batch_size=32, epochs=1, verbose=0, shuffle=False)
+    grads = [a - b for a, b in zip(w0, trainer.model.get_weights())]
+    trainer.model.optimizer.learning_rate.assign(0.1)
+    history = trainer.fit(X, Y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    return trainer, grads, history.history
+
+
+def max_diff(a: list, b: list) -> float:
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def eight():
+    """M=8: the last batch of 12 goes as 2, 2, 2, 2, 1, 1, 1, 1."""
+    return pipelined(8)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2, 4, 8])
+def test_equals_keras_on_one_device(micro_batches, reference, eight):
+    ref_model, ref_grads, ref_history = reference
+    trainer, grads, history = eight if micro_batches == 8 else pipelined(micro_batches)
+    assert max_diff(grads, ref_grads) <= 5e-7
+    assert max_diff(trainer.model.get_weights(), ref_model.get_weights()) <= 1e-6
+    assert history.keys() == ref_history.keys()
+    assert history["accuracy"] == ref_history["accuracy"]
+    np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=1e-6)
+
+
+def test_evaluate_and_predict_go_through_the_stages(reference, eight):
+    ref_model, trainer = reference[0], eight[0]
+    got = trainer.evaluate(X, Y, batch_size=32, verbose=0, return_dict=True)
+    want = ref_model.evaluate(X, Y, batch_size=32, verbose=0, return_dict=True)
+    assert got.keys() == want.keys()
+    assert got["accuracy"] == want["accuracy"]
+    assert abs(got["loss"] - want["loss"]) <= 1e-6
+    predicted = trainer.predict(X, batch_size=32, verbose=0)
+    assert max_diff([predicted], [ref_model.predict(X, batch_size=32, verbose=0)]) <= 1e-6
+    stages = trainer.stages
+    assert [s.device[-5:] for s in stages] == ["CPU:0", "CPU:1", "CPU:2"]
+
+
+def test_stages_and_adam_slots_live_on_their_devices():
+    """A Sequential built by the first fit (no Input), on devices given in reverse order."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.layers.Dense(8, name=n) for n in ("a", "b", "c")] + [keras.layers.Dense(3, name="d")]
+    )
+    devices = ["/device:CPU:3", "/device:CPU:2", "/device:CPU:1"]
+    trainer = tfdist.Trainer(
+        model,
+        optimizer="adam",
+        loss=LOSS,
+        pipeline=PipelineOptions(split_at=["a", "c"], micro_batches=2, devices=devices),
+    )
+    trainer.fit(X[:32], Y[:32], batch_size=16, epochs=1, verbose=0)
+    stage = {"a": 0, "b": 1, "c": 1, "d": 2}
+    for v in model.variables:
+        assert v.value.device.endswith(devices[stage[v.path.split("/")[-2]]][-5:]), v.path
+    slots = [v for v in model.optimizer.variables if v.path.endswith(("_momentum", "_velocity"))]
+    assert len(slots) == 2 * len(model.trainable_variables)
+    for slot in slots:
+        layer = slot.path.split("/")[-1].split("_")[1]
+        assert slot.value.device.endswith(devices[stage[layer]][-5:]), slot.path
+
+
+def test_backward_runs_on_each_stages_device():
+    """Every MatMul of the step, forward and backward, asks for its stage's device."""
+    trainer = tfdist.Trainer(
+        mlp, optimizer="sgd", loss=LOSS, pipeline=PipelineOptions(SPLIT, micro_batches=2)
+    )
+    trainer.evaluate(X[:4], Y[:4], verbose=0)  # builds the model and its stages
+    update = PipelineUpdate(
+        trainer.model,
+        trainer.model.optimizer,
+        stages=trainer.stages,
+        micro_batches=2,
+        global_batch_size=32,
+        accumulation_steps=1,
+        num_replicas=1,
+    )
+    spec = (tf.TensorSpec([32, 8]), tf.TensorSpec([32], tf.int64))
+    graph = (
+        tf.function(lambda x, y: update.micro_step((x, y))[0]).get_concrete_function(*spec).graph
+    )
+    devices = [op.device[-5:] for op in graph.get_operations() if op.type == "MatMul"]
+    # Per micro-batch: stage 0 has d1 (forward, kernel gradient); stage 1 d2 (forward, kernel
+    # and input gradients); stage 2 d3 and out (forward, kernel and input gradients each).
+    assert sorted(devices) == sorted(["CPU:0"] * 4 + ["CPU:1"] * 6 + ["CPU:2"] * 12)
+
+
+def test_default_devices_are_the_logical_cpus():
+    assert [d[-5:] for d in resolve_devices(PipelineOptions(SPLIT))] == ["CPU:0", "CPU:1", "CPU:2"]
+
+
+# --- refusals: one clear error each ------------------------------------------------------------
+
+
+def refused(match: str, make, **fit) -> None:
+    with pytest.raises(ValueError, match=match) as info:
+        trainer = make()
+        trainer.fit(X[:32], Y[:32], verbose=0, **fit)
+    assert type(info.value) is ValueError and "\n" not in str(info.value)
+
+
+def trainer_with(model=mlp, **options):
+    return lambda: tfdist.Trainer(
+        model, loss=LOSS, pipeline=PipelineOptions(**{"split_at": SPLIT, **options})
+    )
+
+
+def with_batch_norm() -> keras.Model:
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(8, name="d1")(inputs)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+
+def test_refuses_a_layer_the_model_does_not_have():
+    refused(
+        r"`split_at`. Received: split_at=\['d1', 'nope'\].*'nope' is not one of them",
+        trainer_with(split_at=["d1", "nope"]),
+    )
+
+
+def test_refuses_a_cut_that_a_skip_connection_crosses():
+    def skip() -> keras.Model:
+        inputs = keras.Input((8,))
+        h = keras.layers.Dense(8, name="d1")(inputs)
+        h = keras.layers.Add(name="add")([h, inputs])
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    refused(r"`split_at`.*every path from inputs to outputs", trainer_with(skip, split_at=["d1"]))
+
+
+def test_refuses_batch_norm_over_micro_batches_unless_accepted():
+    refused(
+        r"`micro_batches`. Received: micro_batches=2.*allow_batch_norm=True",
+        trainer_with(with_batch_norm, split_at=["d1"], micro_batches=2),
+    )
+    trainer_with(with_batch_norm, split_at=["d1"], micro_batches=2, allow_batch_norm=True)()
+    trainer_with(with_batch_norm, split_at=["d1"], micro_batches=1)()
+
+
+def test_refuses_a_custom_train_step():
+    class Own(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    def own() -> keras.Model:
+        inputs = keras.Input((8,))
+        h = keras.layers.Dense(8, name="d1")(inputs)
+        return Own(inputs, keras.layers.Dense(3, name="out")(h))
+
+    refused(
+        r"`pipeline`.*None for a model with its own train_step", trainer_with(own, split_at=["d1"])
+    )
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_refuses_a_strategy(kind):
+    strategy = tfdist.make_strategy(kind)
+    refused(
+        r"`strategy`.*None \(the default strategy\) with pipeline=",
+        lambda: tfdist.Trainer(mlp, strategy=strategy, loss=LOSS, pipeline=PipelineOptions(SPLIT)),
+    )
+
+
+def test_refuses_sharding():
+    refused(
+        r"`sharding`. Received: sharding='optimizer'. Expected None with pipeline=",
+        lambda: tfdist.Trainer(
+            mlp, loss=LOSS, sharding="optimizer", pipeline=PipelineOptions(SPLIT)
+        ),
+    )
+
+
+def test_refuses_a_global_batch_micro_batches_do_not_divide():
+    refused(
+        r"`global_batch_size`. Received: global_batch_size=30. Expected a multiple of "
+        r"micro_batches=4, e.g. 28 or 32",
+        trainer_with(micro_batches=4),
+        batch_size=30,
+    )
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(split_at=[]), r"`split_at`. Received: split_at=\[\]"),
+        (dict(split_at=["a", "a"]), r"`split_at`.*each once"),
+        (dict(split_at=["a"], micro_batches=0), r"`micro_batches`. Received: micro_batches=0"),
+        (dict(split_at=["a"], devices=["/cpu:0"]), r"`devices`.*a list of 2 device names"),
+        (dict(split_at=["a"], allow_batch_norm=1), r"`allow_batch_norm`.*True or False"),
+    ],
+)
+def test_options_are_checked_when_made(options, match):
+    with pytest.raises(ValueError, match=match):
+        PipelineOptions(**options)
+
+
+def test_refuses_devices_this_process_does_not_have():
+    with pytest.raises(ValueError, match=r"`devices`.*'/device:CPU:9' is not one of them"):
+        resolve_devices(PipelineOptions(["a"], devices=["/device:CPU:0", "/device:CPU:9"]))
+    with pytest.raises(ValueError, match=r"`devices`. Received: devices=None. Expected 5 devices"):
+        resolve_devices(PipelineOptions(["a", "b", "c", "d"]))
