@@ -265,3 +265,135 @@ def test_refuses_devices_this_process_does_not_have():
         resolve_devices(PipelineOptions(["a"], devices=["/device:CPU:0", "/device:CPU:9"]))
     with pytest.raises(ValueError, match=r"`devices`. Received: devices=None. Expected 5 devices"):
         resolve_devices(PipelineOptions(["a", "b", "c", "d"]))
+
+
+# --- the rest of Keras's fit: callbacks, validation, accumulation, several inputs and outputs ---
+
+
+class Record(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append(("batch", batch, dict(logs)))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(("epoch", epoch, dict(logs)))
+
+
+def assert_same_logs(got: list, want: list) -> None:
+    assert [(kind, i, sorted(logs)) for kind, i, logs in got] == [
+        (kind, i, sorted(logs)) for kind, i, logs in want
+    ]
+    for (_, _, a), (_, _, b) in zip(got, want):
+        for key in b:
+            assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(b[key])), (key, a[key], b[key])
+
+
+def test_callbacks_and_validation_see_keras_logs():
+    fit = dict(batch_size=32, epochs=2, verbose=0, shuffle=False, validation_data=(X[:40], Y[:40]))
+    ours, theirs = Record(), Record()
+    trainer = tfdist.Trainer(
+        mlp,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=LOSS,
+        metrics=["accuracy"],
+        pipeline=PipelineOptions(SPLIT, micro_batches=4),
+    )
+    history = trainer.fit(X, Y, callbacks=[ours], **fit)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS, metrics=["accuracy"])
+    want = model.fit(X, Y, callbacks=[theirs], **fit)
+    assert_same_logs(ours.seen, theirs.seen)
+    assert history.history.keys() == want.history.keys()
+    assert trainer.steps_per_execution == 1  # batch hooks: every update seen
+
+
+def test_accumulation_is_more_micro_batches():
+    """2 updates' worth of batches accumulated: Keras's update on their 64 examples at once."""
+    trainer = tfdist.Trainer(
+        mlp,
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=LOSS,
+        accumulation_steps=2,
+        pipeline=PipelineOptions(SPLIT, micro_batches=2),
+    )
+    trainer.fit(X[:64], Y[:64], batch_size=32, epochs=1, verbose=0, shuffle=False)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    model.fit(X[:64], Y[:64], batch_size=64, epochs=1, verbose=0, shuffle=False)
+    assert max_diff(trainer.model.get_weights(), model.get_weights()) <= 1e-6
+
+
+def two_in_two_out() -> keras.Model:
+    keras.utils.set_random_seed(2)
+    a, b = keras.Input((8,), name="a"), keras.Input((4,), name="b")
+    h = keras.layers.Concatenate(name="join")([a, b])
+    h = keras.layers.Dense(16, activation="relu", name="d1")(h)
+    h = keras.layers.Dense(16, activation="relu", name="d2")(h)
+    outputs = {
+        "cls": keras.layers.Dense(3, name="cls")(h),
+        "reg": keras.layers.Dense(1, name="reg")(h),
+    }
+    return keras.Model({"a": a, "b": b}, outputs)
+
+
+def test_several_inputs_and_outputs():
+    inputs = {"a": X[:64], "b": X[:64, :4] * 2}
+    targets = {"cls": Y[:64], "reg": X[:64, :1]}
+    compiled = dict(loss={"cls": LOSS, "reg": "mse"}, metrics={"cls": ["accuracy"]})
+    trainer = tfdist.Trainer(
+        two_in_two_out,
+        optimizer=keras.optimizers.SGD(0.1),
+        pipeline=PipelineOptions(["join", "d1"], micro_batches=4),
+        **compiled,
+    )
+    got = trainer.fit(inputs, targets, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    model = two_in_two_out()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), **compiled)
+    want = model.fit(inputs, targets, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    assert max_diff(trainer.model.get_weights(), model.get_weights()) <= 1e-6
+    assert got.history.keys() == want.history.keys()
+    for key, values in want.history.items():
+        np.testing.assert_allclose(got.history[key], values, rtol=1e-6, err_msg=key)
+    predicted = trainer.predict(inputs, batch_size=32, verbose=0)
+    assert (
+        max_diff([predicted["reg"]], [model.predict(inputs, batch_size=32, verbose=0)["reg"]])
+        <= 1e-6
+    )
+
+
+def test_refuses_a_cut_that_a_keras_mask_crosses():
+    def masked() -> keras.Model:
+        inputs = keras.Input((6,), dtype="int32")
+        h = keras.layers.Embedding(5, 4, mask_zero=True, name="emb")(inputs)
+        h = keras.layers.LSTM(4, name="lstm")(h)
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    refused(
+        r"`split_at`.*layers whose output carries no Keras mask.*'emb' passes a mask on",
+        trainer_with(masked, split_at=["emb"]),
+    )
+    trainer_with(masked, split_at=["lstm"])()  # after the layer that consumes it
+
+
+def test_refuses_masked_loss_terms():
+    trainer = tfdist.Trainer(
+        mlp,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+        pipeline=PipelineOptions(SPLIT),
+    )
+    refused(r"`pipeline`.*None for a loss with masked terms", lambda: trainer)
+
+
+def test_refuses_activity_regularizers():
+    def regularised() -> keras.Model:
+        inputs = keras.Input((8,))
+        h = keras.layers.Dense(8, name="d1", activity_regularizer="l2")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    refused(
+        r"`pipeline`.*None for a model with activity regularizers.*d1",
+        trainer_with(regularised, split_at=["d1"]),
+    )

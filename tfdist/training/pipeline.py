@@ -28,6 +28,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfdist._compat.masks import keras_mask
 from tfdist._compat.runtime import is_default_strategy
 from tfdist._compat.scope_moves import move_variables_to_device
 from tfdist.config import check_positive_int, invalid_argument
@@ -199,6 +200,15 @@ def check_pipeline_model(options: PipelineOptions | None, model: Any) -> list[st
             "pipeline's schedule is tfdist's own step.",
         )
     check_batch_norm(model, options)
+    regularised = [x.name for x in _all_layers(model) if getattr(x, "activity_regularizer", None)]
+    if regularised:
+        raise invalid_argument(
+            "pipeline",
+            options,
+            "None for a model with activity regularizers",
+            note=f"{', '.join(regularised[:3])}: an activity loss made inside a stage does not "
+            "reach its gradients yet. Use a weight regularizer, or no pipeline.",
+        )
     if model.built:
         cut(model, options.split_at)  # names and the cut checked before anything trains
     return resolve_devices(options)
@@ -285,6 +295,14 @@ def cut(model: keras.Model, split_at: Sequence[str]) -> list[keras.Model]:
                 list(split_at),
                 "top-level layers of the model in its order, each called once with one output",
                 note=f"{name!r} is not.",
+            )
+        if keras_mask(tensor) is not None:
+            raise invalid_argument(
+                "split_at",
+                list(split_at),
+                "layers whose output carries no Keras mask",
+                note=f"{name!r} passes a mask on (e.g. Embedding(mask_zero=True)), which the "
+                "next stage would not see; cut after the layer that consumes it.",
             )
         if any(tensor is t for t in tf.nest.flatten(outputs)):
             raise invalid_argument(
