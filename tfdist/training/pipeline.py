@@ -22,6 +22,7 @@ the default one (mirrored, multi_worker, parameter_server, one_device); a global
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from tfdist._compat.runtime import is_default_strategy
 from tfdist._compat.scope_moves import move_variables_to_device
 from tfdist.config import check_positive_int, invalid_argument
 from tfdist.training.overrides import overridden
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,16 +347,19 @@ def _check_disjoint(stages: list[keras.Model], split_at: Sequence[str]) -> None:
                 )
 
 
+def _described(stage: Stage) -> str:
+    names = [x.name for x in stage.model.layers if not isinstance(x, keras.layers.InputLayer)]
+    size = sum(v.value.shape.num_elements() * v.value.dtype.size for v in stage.model.variables)
+    shown = f"{size / 2**20:.1f} MB" if size >= 2**20 else f"{size / 2**10:.1f} kB"
+    return f"{names[0]}..{names[-1]} on {stage.device} ({shown} of variables)"
+
+
 def place_stages(model: keras.Model, options: PipelineOptions, devices: list[str]) -> list[Stage]:
     """Cuts the built ``model`` and makes each stage's variables on its device (same values)."""
     stages = [Stage(m, d) for m, d in zip(cut(model, options.split_at), devices)]
     for stage in stages:
         move_variables_to_device(stage.model.variables, stage.device)
+    logger.info("Pipeline of %d stages: %s.", len(stages), "; ".join(map(_described, stages)))
     # Keras's own compiled functions, if any, traced the old variables.
     model.train_function = model.test_function = model.predict_function = None
     return stages
-
-
-def stage_devices(stages: Sequence[Stage]) -> dict[str, str]:
-    """Each variable's path and the device it lives on (for logs and tests)."""
-    return {v.path: v.value.device for s in stages for v in s.model.variables}

@@ -194,11 +194,3 @@ def _masked_refusal() -> ValueError:
         note="Their weights depend on the valid count of the whole update, which the "
         "pipeline's micro-batches do not carry yet.",
     )
-
-
-def stage_of(stages: Sequence[Stage], variable: keras.Variable) -> int | None:
-    """The index of the stage holding ``variable``, or None."""
-    for k, stage in enumerate(stages):
-        if any(v is variable for v in stage.model.variables):
-            return k
-    return None
