@@ -258,3 +258,25 @@ def test_several_inputs_and_outputs():
         max_diff([predicted["reg"]], [model.predict(inputs, batch_size=32, verbose=0)["reg"]])
         <= 1e-6
     )
+
+
+def test_evaluate_keeps_a_mask_made_in_the_last_stage():
+    """Keras masks reaching the outputs are concatenated with the micro-batches' outputs."""
+
+    def masked() -> keras.Model:
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input((6, 2))
+        h = keras.layers.Activation("linear", name="lin")(inputs)
+        h = keras.layers.Masking(0.0, name="mask")(h)
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    x = RNG.normal(size=(64, 6, 2)).astype("float32")
+    x[:, 4:], x[::3, 1:] = 0, 0
+    y = RNG.integers(0, 3, size=(64, 6))
+    trainer = tfdist.Trainer(
+        masked, loss=LOSS, metrics=["accuracy"], pipeline=PipelineOptions(["lin"], micro_batches=4)
+    )
+    model = masked()
+    model.compile(loss=LOSS, metrics=["accuracy"])
+    got = trainer.evaluate(x, y, batch_size=32, verbose=0)
+    np.testing.assert_allclose(got, model.evaluate(x, y, batch_size=32, verbose=0), rtol=1e-6)

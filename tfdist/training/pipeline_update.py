@@ -23,6 +23,7 @@ import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
 from tfdist._compat.keras_training import loss_tracker, unscale_loss
+from tfdist._compat.masks import keras_mask, with_keras_mask
 from tfdist.config import invalid_argument
 from tfdist.training.losses import output_sums, replica_loss
 from tfdist.training.pipeline import PipelineOptions, Stage, check_global_batch, place_stages
@@ -54,7 +55,16 @@ def pipeline_forward(stages: Sequence[Stage], micro_batches: int, x: Any, traini
         outputs.append(piece)
     if len(outputs) == 1:
         return outputs[0]
-    return tf.nest.map_structure(lambda *t: tf.concat(t, axis=0), *outputs)
+    return tf.nest.map_structure(_concat, *outputs)
+
+
+def _concat(*pieces: tf.Tensor) -> tf.Tensor:
+    """The pieces of one output in one tensor, with their Keras masks (if any) likewise."""
+    whole = tf.concat(pieces, axis=0)
+    masks = [keras_mask(p) for p in pieces]
+    if any(m is None for m in masks):
+        return whole
+    return with_keras_mask(whole, tf.concat(masks, axis=0))
 
 
 class PipelineUpdate(TrainUpdate):
