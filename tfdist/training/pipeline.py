@@ -118,11 +118,15 @@ def _local_names(kind: str) -> list[str]:
 
 def _known(device: str) -> bool:
     """Whether ``device`` names a logical device of this process (other jobs: not checked)."""
-    spec = tf.DeviceSpec.from_string(device)
-    if spec.job not in (None, "localhost") or spec.device_type is None:
-        return spec.job not in (None, "localhost")
-    names = _local_names(spec.device_type.upper())
-    return (spec.device_index or 0) < len(names)
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except ValueError:
+        return False
+    if spec.job not in (None, "localhost"):
+        return True  # another task's device: placed (and checked) by TF
+    if spec.device_type is None:
+        return False
+    return (spec.device_index or 0) < len(_local_names(spec.device_type.upper()))
 
 
 def resolve_devices(options: PipelineOptions) -> list[str]:
