@@ -280,3 +280,20 @@ def test_evaluate_keeps_a_mask_made_in_the_last_stage():
     model.compile(loss=LOSS, metrics=["accuracy"])
     got = trainer.evaluate(x, y, batch_size=32, verbose=0)
     np.testing.assert_allclose(got, model.evaluate(x, y, batch_size=32, verbose=0), rtol=1e-6)
+
+
+def test_sample_weights():
+    weights = RNG.uniform(0.0, 2.0, size=64).astype("float32")
+    fit = dict(sample_weight=weights, batch_size=32, epochs=1, verbose=0, shuffle=False)
+    trainer = tfdist.Trainer(
+        mlp,
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=LOSS,
+        pipeline=PipelineOptions(SPLIT, micro_batches=4),
+    )
+    got = trainer.fit(X[:64], Y[:64], **fit)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    want = model.fit(X[:64], Y[:64], **fit)
+    assert max_diff(trainer.model.get_weights(), model.get_weights()) <= 1e-6
+    np.testing.assert_allclose(got.history["loss"], want.history["loss"], rtol=1e-6)
