@@ -62,6 +62,24 @@ def two_outputs() -> keras.Model:
     return keras.Model(inputs, outputs)
 
 
+def with_batch_norm() -> keras.Model:
+    inputs = keras.Input((8, 8, 1))
+    hidden = keras.layers.Dense(8, name="dense_0")(keras.layers.Flatten()(inputs))
+    hidden = keras.layers.BatchNormalization(name="bn")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(10, name="logits")(hidden))
+
+
+class OwnStep(keras.Model):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def own_train_step() -> keras.Model:
+    inputs = keras.Input((8, 8, 1))
+    hidden = keras.layers.Dense(8, name="dense_0")(keras.layers.Flatten()(inputs))
+    return OwnStep(inputs, keras.layers.Dense(10, name="logits")(hidden))
+
+
 class Endless(keras.utils.PyDataset):
     """A PyDataset without end (``num_batches`` None)."""
 
@@ -249,6 +267,73 @@ CASES = [
         "sharding",
         "'optimizer'",
         ("None with Adafactor", "Use an element-wise optimizer"),
+    ),
+    C(
+        "Trainer(pipeline=PipelineOptions(split_at=['dense_1']))",
+        lambda e: e.trainer_with(strategy=None, pipeline=tfdist.PipelineOptions(["dense_1"])),
+        "split_at",
+        "['dense_1']",
+        ("names of layers of", "dense_0", "'dense_1' is not one of them"),
+    ),
+    C(
+        "PipelineOptions(split_at=['dense_0'], micro_batches=0)",
+        lambda e: tfdist.PipelineOptions(["dense_0"], micro_batches=0),
+        "micro_batches",
+        "0",
+        ("a positive integer",),
+    ),
+    C(
+        "PipelineOptions(split_at=['dense_0'], devices=['/cpu:0'])",
+        lambda e: tfdist.PipelineOptions(["dense_0"], devices=["/cpu:0"]),
+        "devices",
+        "['/cpu:0']",
+        ("None or a list of 2 device names, one per stage",),
+    ),
+    C(
+        "Trainer(pipeline=PipelineOptions(..., micro_batches=2))  # BatchNormalization",
+        lambda e: e.trainer_with(
+            strategy=None,
+            model=with_batch_norm,
+            pipeline=tfdist.PipelineOptions(["dense_0"], micro_batches=2),
+        ),
+        "micro_batches",
+        "2",
+        ("1 for a model with BatchNormalization (bn)", "allow_batch_norm=True"),
+    ),
+    C(
+        "Trainer(pipeline=...)  # a model with its own train_step",
+        lambda e: e.trainer_with(
+            strategy=None, model=own_train_step, pipeline=tfdist.PipelineOptions(["dense_0"])
+        ),
+        "pipeline",
+        "PipelineOptions(split_at=('dense_0',), micro_batches=1, devices=None, "
+        "allow_batch_norm=False)",
+        ("None for a model with its own train_step",),
+    ),
+    C(
+        "Trainer(strategy=mirrored, pipeline=...)",
+        lambda e: e.trainer_with(pipeline=tfdist.PipelineOptions(["dense_0"])),
+        "strategy",
+        "'MirroredStrategy'",
+        ("None (the default strategy) with pipeline=",),
+    ),
+    C(
+        'Trainer(sharding="optimizer", pipeline=...)',
+        lambda e: e.trainer_with(
+            strategy=None, sharding="optimizer", pipeline=tfdist.PipelineOptions(["dense_0"])
+        ),
+        "sharding",
+        "'optimizer'",
+        ("None with pipeline=",),
+    ),
+    C(
+        "fit(x, y, batch_size=30)  # pipeline, micro_batches=4",
+        lambda e: e.trainer_with(
+            strategy=None, pipeline=tfdist.PipelineOptions(["dense_0"], micro_batches=4)
+        ).fit(X, Y, batch_size=30, verbose=0),
+        "global_batch_size",
+        "30",
+        ("a multiple of micro_batches=4, e.g. 28 or 32",),
     ),
     C(
         "Trainer(loss=None).fit(x, y)  # a model without add_loss",
@@ -1143,6 +1228,15 @@ CASES = [
         "sharding",
         "'optimizer'",
         ("None on this strategy", "parameter_server keeps each variable and its state once"),
+    ),
+    C(
+        "Trainer(pipeline=...)  # parameter_server",
+        lambda e: e.trainer_with(
+            strategy=e.ps_strategy, pipeline=tfdist.PipelineOptions(["dense_0"])
+        ),
+        "strategy",
+        "'ParameterServerStrategyV2'",
+        ("None (the default strategy) with pipeline=",),
     ),
     C(
         "fit(generator, steps_per_epoch=2)  # parameter_server",

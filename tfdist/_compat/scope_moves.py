@@ -70,6 +70,23 @@ def move_variables_into_scope(strategy: tf.distribute.Strategy, variables: Itera
     return len(moving)
 
 
+def move_variables_to_device(variables: Iterable[Any], device: str) -> int:
+    """Re-makes each Keras variable's storage on ``device``, same value, same object.
+
+    For pipeline stages, outside any strategy scope but the default one (a strategy's scope
+    would override the device). The optimizer's slots, made later, follow their variables.
+
+    Returns:
+        How many variables were moved.
+    """
+    moving = [v for v in variables if getattr(v, "_value", None) is not None]
+    values = [v.numpy() for v in moving]  # read before any is replaced (tied weights)
+    with tf.device(device):
+        for v, value in zip(moving, values):
+            _remake(v, value)
+    return len(moving)
+
+
 def copy_in_scope(strategy: tf.distribute.Strategy, obj: Any, keep: Iterable[Any] = ()) -> Any:
     """A deep copy of ``obj`` (e.g. a metric) whose Keras variables are new ones in the scope.
 

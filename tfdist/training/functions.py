@@ -33,6 +33,7 @@ from tfdist.training.overrides import (
     make_custom_train_update,
     select_logs,
 )
+from tfdist.training.pipeline_update import Pipeline
 from tfdist.training.sharded_update import ShardedUpdate
 from tfdist.training.sharding import (
     ShardedState,
@@ -54,6 +55,7 @@ class StepFunctions:
         exchange: How gradients are all-reduced, or None for the default.
         schedule: The learning-rate schedule when scaling or warmup is on.
         skipped_updates: The loss-scaling skip counter, when loss scaling.
+        pipeline: The model's pipeline stages (`tfdist.training.pipeline`), or None.
 
     A model's own ``train_step``/``test_step``/``predict_step`` replaces
     tfdist's replica step of that kind (see `tfdist.training.overrides`).
@@ -68,8 +70,10 @@ class StepFunctions:
         exchange: ExchangeOptions | None = None,
         schedule: schedules.ScaledWarmup | None = None,
         skipped_updates: tf.Variable | None = None,
+        pipeline: Pipeline | None = None,
     ) -> None:
         self.model = model
+        self.pipeline = pipeline
         self.runner = runner
         self.accumulation_steps = accumulation_steps
         self.exchange = exchange or ExchangeOptions()
@@ -102,12 +106,17 @@ class StepFunctions:
                     symbolic_build(
                         self.model, source.element_spec, build_optimizer=self._optimizer_builder()
                     )
+            if self.pipeline is not None:  # placed already, unless the optimizer was built
+                self.pipeline.place(self.model)
             self.built_for = source.global_batch_size
             if self.sharded is not None:
                 log_replica_bytes(self.replica_bytes(), self.exchange.sharding, self.runner)
 
     def _optimizer_builder(self) -> Any:
-        """What builds the optimizer: the sharded state's blocks, or Keras's (None)."""
+        """What builds the optimizer: the sharded state's blocks, the pipeline's stages placed
+        first (the slots follow their variables), or Keras's (None)."""
+        if self.pipeline is not None:
+            return self.pipeline.optimizer_builder(self.model)
         if self.exchange.sharding is None:
             return None
         check_optimizer(self.model.optimizer, self.exchange.sharding)  # e.g. built since
@@ -192,6 +201,8 @@ class StepFunctions:
             bucket_bytes=self.exchange.bucket_bytes,
             gradient_compression=self.exchange.compression,
         )
+        if self.pipeline is not None:
+            return self.pipeline.update(self.model, **arguments)
         if self.sharded is not None:
             return ShardedUpdate(self.model, self.model.optimizer, state=self.sharded, **arguments)
         return TrainUpdate(self.model, self.model.optimizer, **arguments)
@@ -236,6 +247,8 @@ class StepFunctions:
                 ``accumulation_steps > 1`` or a warmup counted in epochs.
         """
         k = self.accumulation_steps
+        if self.pipeline is not None:
+            self.pipeline.check_batch(source.global_batch_size)
         if steps is None:
             return self._prepare_until_exhausted(source, lr_scaling)
         if self.schedule is not None:
@@ -306,7 +319,7 @@ class StepFunctions:
         if self.overrides.test_step:
             step = make_custom_eval_step(self.model, self._eval_keys)
         else:
-            step = make_eval_step(self.model)
+            step = make_eval_step(self.model, forward_fn=self._forward_fn())
         return self.runner.compile_loop(
             step,
             lambda: select_logs(self.metrics_result(), self._eval_keys),
@@ -319,10 +332,18 @@ class StepFunctions:
     def predict(self) -> Any:
         """The predict function: one distributed batch in, all replicas' outputs out."""
         if self._predict is None:
+            if self.pipeline is not None:  # predict builds only the layers (before any fit)
+                self.pipeline.place(self.model)
             self._predict = self.runner.compile_predict(
-                make_predict_step(self.model, custom=self.overrides.predict_step)
+                make_predict_step(
+                    self.model, custom=self.overrides.predict_step, forward_fn=self._forward_fn()
+                )
             )
         return self._predict
+
+    def _forward_fn(self) -> Any:
+        """Inference's forward pass: through the pipeline's stages, or None (the model's)."""
+        return None if self.pipeline is None else self.pipeline.forward_fn()
 
     def start(self, fn: Any, iterator: Any, num_calls: int) -> Any:
         """Starts ``fn`` for ``num_calls`` calls through the runner; returns its logs handle."""

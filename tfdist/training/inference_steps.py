@@ -25,7 +25,9 @@ from tfdist.training.losses import (
 from tfdist.training.step import batch_size_of, forward
 
 
-def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
+def make_eval_step(
+    model: keras.Model, *, forward_fn: Callable[..., Any] | None = None
+) -> Callable[[Sequence[Any]], None]:
     """Returns ``step(batches)``: updates the loss tracker and metrics, in replica context.
 
     Each example counts once, exactly as in ``model.evaluate``; empty batches
@@ -33,8 +35,9 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
     A masked loss term is weighed by the batch's global valid count
     (`tfdist.training.losses`): its sums leave the cond, and the ``loss``
     logs are updated after one all-reduce of the counts, in which every replica
-    takes part.
+    takes part. ``forward_fn(x, training)``: another forward pass (a pipeline's stages).
     """
+    run = forward_fn or (lambda x, training: forward(model, x, training=training))
     masked = MaskedUpdate()  # the loss's masked terms, known once the cond's branch is traced
 
     def step(batches: Sequence[Any]) -> None:
@@ -47,7 +50,7 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
             def update_metrics(x=x, y=y, sample_weight=sample_weight, size=size, total=total):
                 # The tape only gives the masked terms' coefficients in the loss (losses.split).
                 with tf.GradientTape(persistent=True) as tape:
-                    y_pred = forward(model, x, training=False)
+                    y_pred = run(x, training=False)
                     replica = replica_loss(model, (x, y, y_pred, sample_weight), training=False)
                     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
                     parts = split(tape, replica, replicas) if replica.terms else None
@@ -77,19 +80,23 @@ def make_eval_step(model: keras.Model) -> Callable[[Sequence[Any]], None]:
     return step
 
 
-def make_predict_step(model: keras.Model, *, custom: bool = False) -> Callable[[Any], Any]:
+def make_predict_step(
+    model: keras.Model, *, custom: bool = False, forward_fn: Callable[..., Any] | None = None
+) -> Callable[[Any], Any]:
     """Returns ``step(batch)``: the model's outputs on one batch's inputs, in replica context.
 
     ``y`` and sample weights in the batch are ignored. An empty batch (a
     replica's share of a partial last batch) gives outputs with zero rows,
     without running the model on it (some kernels reject empty inputs). With
-    ``custom``, the model's own ``predict_step(data)`` gives the outputs.
+    ``custom``, the model's own ``predict_step(data)`` gives the outputs;
+    ``forward_fn(x, training)``: another forward pass (a pipeline's stages).
     """
+    run = forward_fn or (lambda x, training: forward(model, x, training=training))
 
     def outputs(data: Any) -> Any:
         if custom:
             return model.predict_step(data)
-        return forward(model, unpack_x_y_sample_weight(data)[0], training=False)
+        return run(unpack_x_y_sample_weight(data)[0], training=False)
 
     def step(data: Any) -> Any:
         x, _, _ = unpack_x_y_sample_weight(data)

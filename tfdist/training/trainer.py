@@ -48,6 +48,8 @@ from tfdist.training.options import (
     trainer_options,
 )
 from tfdist.training.overrides import check_custom_train_step
+from tfdist.training.pipeline import PipelineOptions, check_pipeline_model, check_pipeline_options
+from tfdist.training.pipeline_update import Pipeline
 from tfdist.training.placement import ModelOrBuilder
 from tfdist.training.resume import FitBackups
 from tfdist.training.sharding import check_optimizer, check_sharding
@@ -118,6 +120,8 @@ class Trainer(EvaluateAndPredict):
         sharding: Shortcut for ``ExchangeOptions.sharding``: ``"optimizer"`` or
             ``"gradients"`` shards the optimizer state (and the gradients) over the
             replicas, ZeRO-1/2 (mirrored and multi_worker).
+        pipeline: Model parallelism: the model cut into stages on devices, trained with the
+            GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline`).
 
     Raises:
         ValueError: For a bad argument, option or shortcut, or a model that
@@ -152,6 +156,7 @@ class Trainer(EvaluateAndPredict):
         sharding: str | None = None,
         watchdog: WatchdogOptions | None = DEFAULT_WATCHDOG,
         stragglers: StragglerOptions | None = DEFAULT_STRAGGLERS,
+        pipeline: PipelineOptions | None = None,
     ) -> None:
         # Every argument is checked here, once, before anything is built.
         precision_lib.check_precision(precision)
@@ -177,6 +182,7 @@ class Trainer(EvaluateAndPredict):
         self.watchdog, self.stragglers = check_health_options(watchdog, stragglers, self.backup)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
+        self.pipeline = check_pipeline_options(pipeline, self.strategy, self.exchange.sharding)
         check_sharding(self.exchange.sharding, self._runner)
         self.precision = _precision(precision, model, is_chief=self._runner.is_chief)
         compile_arguments = dict(optimizer=optimizer, loss=loss, metrics=metrics)
@@ -213,6 +219,7 @@ class Trainer(EvaluateAndPredict):
         )
         if self.exchange.sharding is not None:
             check_optimizer(self.model.optimizer, self.exchange.sharding)
+        devices = check_pipeline_model(self.pipeline, self.model)
         if self._steps_per_execution == "auto" and compiled.steps_per_execution:
             # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.
             self._steps_per_execution = self.steps_per_execution = compiled.steps_per_execution
@@ -223,6 +230,7 @@ class Trainer(EvaluateAndPredict):
             exchange=self.exchange,
             schedule=compiled.schedule,
             skipped_updates=compiled.skipped_updates,
+            pipeline=None if devices is None else Pipeline(self.pipeline, devices),
         )
         self._backups = FitBackups(
             self.backup,
@@ -245,6 +253,12 @@ class Trainer(EvaluateAndPredict):
         if self._functions.built_for is None:
             return None
         return self._functions.replica_bytes()
+
+    @property
+    def stages(self) -> list[Any] | None:
+        """With ``pipeline=``: the stages once the model is built (each ``.model``, a sub-model
+        sharing the model's layers, and ``.device``); else None."""
+        return None if self._functions.pipeline is None else self._functions.pipeline.stages
 
     @property
     def runner(self) -> Runner:

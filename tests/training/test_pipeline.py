@@ -1,0 +1,299 @@
+"""Pipeline stages (issue 35): exact against plain Keras on one device, stages placed on their
+devices, evaluate and predict through the stages (the refusals: test_pipeline_refusals.py).
+
+Everything runs in this process on the logical CPU devices of tests/conftest.py; each trainer
+trains a few steps of a small MLP. Exactness, with SGD in float32: gradients to 5e-7 (one
+update with learning rate 1 is the gradient), weights after further updates to 1e-6.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist.training.pipeline import PipelineOptions, resolve_devices
+from tfdist.training.pipeline_update import PipelineUpdate
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(76, 8)).astype("float32")  # 32 + 32 + 12: a partial last batch
+Y = RNG.integers(0, 3, size=76)
+SPLIT = ["d1", "d2"]  # three stages: d1 | d2 | d3, out
+
+
+def mlp(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="tanh", name="d1")(inputs)
+    h = keras.layers.Dense(16, activation="tanh", name="d2", kernel_regularizer="l2")(h)
+    h = keras.layers.Dense(16, activation="tanh", name="d3")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+
+def keras_reference(steps: int, epochs: int) -> tuple[keras.Model, list, dict]:
+    """Plain Keras on one device: one SGD(1.0) step, then ``epochs`` at 0.1 (the pipeline's
+    schedule in `pipelined`)."""
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=LOSS, metrics=["accuracy"])
+    w0 = model.get_weights()
+    model.fit(X[:32], Y[:32], batch_size=32, epochs=steps, verbose=0, shuffle=False)
+    grads = [a - b for a, b in zip(w0, model.get_weights())]
+    model.optimizer.learning_rate.assign(0.1)
+    history = model.fit(X, Y, batch_size=32, epochs=epochs, verbose=0, shuffle=False)
+    return model, grads, history.history
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return keras_reference(1, 2)
+
+
+def pipelined(micro_batches: int, **options) -> tuple[tfdist.Trainer, list, dict]:
+    trainer = tfdist.Trainer(
+        mlp,
+        optimizer=keras.optimizers.SGD(1.0),
+        loss=LOSS,
+        metrics=["accuracy"],
+        pipeline=PipelineOptions(split_at=SPLIT, micro_batches=micro_batches, **options),
+    )
+    w0 = trainer.model.get_weights()
+    trainer.fit(X[:32], Y[:32], batch_size=32, epochs=1, verbose=0, shuffle=False)
+    grads = [a - b for a, b in zip(w0, trainer.model.get_weights())]
+    trainer.model.optimizer.learning_rate.assign(0.1)
+    history = trainer.fit(X, Y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    return trainer, grads, history.history
+
+
+def max_diff(a: list, b: list) -> float:
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def eight():
+    """M=8: the last batch of 12 goes as 2, 2, 2, 2, 1, 1, 1, 1."""
+    return pipelined(8)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2, 4, 8])
+def test_equals_keras_on_one_device(micro_batches, reference, eight):
+    ref_model, ref_grads, ref_history = reference
+    trainer, grads, history = eight if micro_batches == 8 else pipelined(micro_batches)
+    assert max_diff(grads, ref_grads) <= 5e-7
+    assert max_diff(trainer.model.get_weights(), ref_model.get_weights()) <= 1e-6
+    assert history.keys() == ref_history.keys()
+    assert history["accuracy"] == ref_history["accuracy"]
+    np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=1e-6)
+
+
+def test_evaluate_and_predict_go_through_the_stages(reference, eight):
+    ref_model, trainer = reference[0], eight[0]
+    got = trainer.evaluate(X, Y, batch_size=32, verbose=0, return_dict=True)
+    want = ref_model.evaluate(X, Y, batch_size=32, verbose=0, return_dict=True)
+    assert got.keys() == want.keys()
+    assert got["accuracy"] == want["accuracy"]
+    assert abs(got["loss"] - want["loss"]) <= 1e-6
+    predicted = trainer.predict(X, batch_size=32, verbose=0)
+    assert max_diff([predicted], [ref_model.predict(X, batch_size=32, verbose=0)]) <= 1e-6
+    stages = trainer.stages
+    assert [s.device[-5:] for s in stages] == ["CPU:0", "CPU:1", "CPU:2"]
+
+
+def test_stages_and_adam_slots_live_on_their_devices():
+    """A Sequential built by the first fit (no Input), on devices given in reverse order."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.layers.Dense(8, name=n) for n in ("a", "b", "c")] + [keras.layers.Dense(3, name="d")]
+    )
+    devices = ["/device:CPU:3", "/device:CPU:2", "/device:CPU:1"]
+    trainer = tfdist.Trainer(
+        model,
+        optimizer="adam",
+        loss=LOSS,
+        pipeline=PipelineOptions(split_at=["a", "c"], micro_batches=2, devices=devices),
+    )
+    trainer.fit(X[:32], Y[:32], batch_size=16, epochs=1, verbose=0)
+    stage = {"a": 0, "b": 1, "c": 1, "d": 2}
+    for v in model.variables:
+        assert v.value.device.endswith(devices[stage[v.path.split("/")[-2]]][-5:]), v.path
+    slots = [v for v in model.optimizer.variables if v.path.endswith(("_momentum", "_velocity"))]
+    assert len(slots) == 2 * len(model.trainable_variables)
+    for slot in slots:
+        layer = slot.path.split("/")[-1].split("_")[1]
+        assert slot.value.device.endswith(devices[stage[layer]][-5:]), slot.path
+
+
+def test_backward_runs_on_each_stages_device():
+    """Every MatMul of the step, forward and backward, asks for its stage's device, and no
+    control edge serialises the stages."""
+    trainer = tfdist.Trainer(
+        mlp, optimizer="sgd", loss=LOSS, pipeline=PipelineOptions(SPLIT, micro_batches=2)
+    )
+    trainer.evaluate(X[:4], Y[:4], verbose=0)  # builds the model and its stages
+    update = PipelineUpdate(
+        trainer.model,
+        trainer.model.optimizer,
+        stages=trainer.stages,
+        micro_batches=2,
+        global_batch_size=32,
+        accumulation_steps=1,
+        num_replicas=1,
+    )
+    spec = (tf.TensorSpec([32, 8]), tf.TensorSpec([32], tf.int64))
+    graph = (
+        tf.function(lambda x, y: update.micro_step((x, y))[0]).get_concrete_function(*spec).graph
+    )
+    devices = [op.device[-5:] for op in graph.get_operations() if op.type == "MatMul"]
+    # Per micro-batch: stage 0 has d1 (forward, kernel gradient); stage 1 d2 (forward, kernel
+    # and input gradients); stage 2 d3 and out (forward, kernel and input gradients each).
+    assert sorted(devices) == sorted(["CPU:0"] * 4 + ["CPU:1"] * 6 + ["CPU:2"] * 12)
+    # No automatic control dependency ties one stage's ops to another's: they can overlap.
+    crossing = [
+        (c.name, op.name)
+        for op in graph.get_operations()
+        for c in op.control_inputs
+        if c.device and op.device and c.device != op.device
+    ]
+    assert not crossing
+
+
+def test_default_devices_are_the_logical_cpus():
+    assert [d[-5:] for d in resolve_devices(PipelineOptions(SPLIT))] == ["CPU:0", "CPU:1", "CPU:2"]
+
+
+# --- the rest of Keras's fit: callbacks, validation, accumulation, several inputs and outputs ---
+
+
+class Record(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append(("batch", batch, dict(logs)))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(("epoch", epoch, dict(logs)))
+
+
+def assert_same_logs(got: list, want: list) -> None:
+    assert [(kind, i, sorted(logs)) for kind, i, logs in got] == [
+        (kind, i, sorted(logs)) for kind, i, logs in want
+    ]
+    for (_, _, a), (_, _, b) in zip(got, want):
+        for key in b:
+            assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(b[key])), (key, a[key], b[key])
+
+
+def test_callbacks_and_validation_see_keras_logs():
+    fit = dict(batch_size=32, epochs=2, verbose=0, shuffle=False, validation_data=(X[:40], Y[:40]))
+    ours, theirs = Record(), Record()
+    trainer = tfdist.Trainer(
+        mlp,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=LOSS,
+        metrics=["accuracy"],
+        pipeline=PipelineOptions(SPLIT, micro_batches=4),
+    )
+    history = trainer.fit(X, Y, callbacks=[ours], **fit)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS, metrics=["accuracy"])
+    want = model.fit(X, Y, callbacks=[theirs], **fit)
+    assert_same_logs(ours.seen, theirs.seen)
+    assert history.history.keys() == want.history.keys()
+    assert trainer.steps_per_execution == 1  # batch hooks: every update seen
+
+
+def test_accumulation_is_more_micro_batches():
+    """2 updates' worth of batches accumulated: Keras's update on their 64 examples at once."""
+    trainer = tfdist.Trainer(
+        mlp,
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=LOSS,
+        accumulation_steps=2,
+        pipeline=PipelineOptions(SPLIT, micro_batches=2),
+    )
+    trainer.fit(X[:64], Y[:64], batch_size=32, epochs=1, verbose=0, shuffle=False)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    model.fit(X[:64], Y[:64], batch_size=64, epochs=1, verbose=0, shuffle=False)
+    assert max_diff(trainer.model.get_weights(), model.get_weights()) <= 1e-6
+
+
+def two_in_two_out() -> keras.Model:
+    keras.utils.set_random_seed(2)
+    a, b = keras.Input((8,), name="a"), keras.Input((4,), name="b")
+    h = keras.layers.Concatenate(name="join")([a, b])
+    h = keras.layers.Dense(16, activation="relu", name="d1")(h)
+    h = keras.layers.Dense(16, activation="relu", name="d2")(h)
+    outputs = {
+        "cls": keras.layers.Dense(3, name="cls")(h),
+        "reg": keras.layers.Dense(1, name="reg")(h),
+    }
+    return keras.Model({"a": a, "b": b}, outputs)
+
+
+def test_several_inputs_and_outputs():
+    inputs = {"a": X[:64], "b": X[:64, :4] * 2}
+    targets = {"cls": Y[:64], "reg": X[:64, :1]}
+    compiled = dict(loss={"cls": LOSS, "reg": "mse"}, metrics={"cls": ["accuracy"]})
+    trainer = tfdist.Trainer(
+        two_in_two_out,
+        optimizer=keras.optimizers.SGD(0.1),
+        pipeline=PipelineOptions(["join", "d1"], micro_batches=4),
+        **compiled,
+    )
+    got = trainer.fit(inputs, targets, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    model = two_in_two_out()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), **compiled)
+    want = model.fit(inputs, targets, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    assert max_diff(trainer.model.get_weights(), model.get_weights()) <= 1e-6
+    assert got.history.keys() == want.history.keys()
+    for key, values in want.history.items():
+        np.testing.assert_allclose(got.history[key], values, rtol=1e-6, err_msg=key)
+    predicted = trainer.predict(inputs, batch_size=32, verbose=0)
+    assert (
+        max_diff([predicted["reg"]], [model.predict(inputs, batch_size=32, verbose=0)["reg"]])
+        <= 1e-6
+    )
+
+
+def test_evaluate_keeps_a_mask_made_in_the_last_stage():
+    """Keras masks reaching the outputs are concatenated with the micro-batches' outputs."""
+
+    def masked() -> keras.Model:
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input((6, 2))
+        h = keras.layers.Activation("linear", name="lin")(inputs)
+        h = keras.layers.Masking(0.0, name="mask")(h)
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    x = RNG.normal(size=(64, 6, 2)).astype("float32")
+    x[:, 4:], x[::3, 1:] = 0, 0
+    y = RNG.integers(0, 3, size=(64, 6))
+    trainer = tfdist.Trainer(
+        masked, loss=LOSS, metrics=["accuracy"], pipeline=PipelineOptions(["lin"], micro_batches=4)
+    )
+    model = masked()
+    model.compile(loss=LOSS, metrics=["accuracy"])
+    got = trainer.evaluate(x, y, batch_size=32, verbose=0)
+    np.testing.assert_allclose(got, model.evaluate(x, y, batch_size=32, verbose=0), rtol=1e-6)
+
+
+def test_sample_weights():
+    weights = RNG.uniform(0.0, 2.0, size=64).astype("float32")
+    fit = dict(sample_weight=weights, batch_size=32, epochs=1, verbose=0, shuffle=False)
+    trainer = tfdist.Trainer(
+        mlp,
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=LOSS,
+        pipeline=PipelineOptions(SPLIT, micro_batches=4),
+    )
+    got = trainer.fit(X[:64], Y[:64], **fit)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    want = model.fit(X[:64], Y[:64], **fit)
+    assert max_diff(trainer.model.get_weights(), model.get_weights()) <= 1e-6
+    np.testing.assert_allclose(got.history["loss"], want.history["loss"], rtol=1e-6)

@@ -1,0 +1,158 @@
+"""Pipeline stages' refusals (issue 35): one clear error each, naming the argument.
+
+Nothing here trains beyond a first trace; the models are `tests.training.test_pipeline`'s.
+"""
+
+from __future__ import annotations
+
+import keras
+import pytest
+
+import tfdist
+from tests.training.test_pipeline import LOSS, SPLIT, X, Y, mlp
+from tfdist.training.pipeline import PipelineOptions, resolve_devices
+
+
+def refused(match: str, make, **fit) -> None:
+    with pytest.raises(ValueError, match=match) as info:
+        trainer = make()
+        trainer.fit(X[:32], Y[:32], verbose=0, **fit)
+    assert type(info.value) is ValueError and "\n" not in str(info.value)
+
+
+def trainer_with(model=mlp, **options):
+    return lambda: tfdist.Trainer(
+        model, loss=LOSS, pipeline=PipelineOptions(**{"split_at": SPLIT, **options})
+    )
+
+
+def with_batch_norm() -> keras.Model:
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(8, name="d1")(inputs)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+
+def test_refuses_a_layer_the_model_does_not_have():
+    refused(
+        r"`split_at`. Received: split_at=\['d1', 'nope'\].*'nope' is not one of them",
+        trainer_with(split_at=["d1", "nope"]),
+    )
+
+
+def test_refuses_a_cut_that_a_skip_connection_crosses():
+    def skip() -> keras.Model:
+        inputs = keras.Input((8,))
+        h = keras.layers.Dense(8, name="d1")(inputs)
+        h = keras.layers.Add(name="add")([h, inputs])
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    refused(r"`split_at`.*every path from inputs to outputs", trainer_with(skip, split_at=["d1"]))
+
+
+def test_refuses_batch_norm_over_micro_batches_unless_accepted():
+    refused(
+        r"`micro_batches`. Received: micro_batches=2.*allow_batch_norm=True",
+        trainer_with(with_batch_norm, split_at=["d1"], micro_batches=2),
+    )
+    trainer_with(with_batch_norm, split_at=["d1"], micro_batches=2, allow_batch_norm=True)()
+    trainer_with(with_batch_norm, split_at=["d1"], micro_batches=1)()
+
+
+def test_refuses_a_custom_train_step():
+    class Own(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    def own() -> keras.Model:
+        inputs = keras.Input((8,))
+        h = keras.layers.Dense(8, name="d1")(inputs)
+        return Own(inputs, keras.layers.Dense(3, name="out")(h))
+
+    refused(
+        r"`pipeline`.*None for a model with its own train_step", trainer_with(own, split_at=["d1"])
+    )
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_refuses_a_strategy(kind):
+    strategy = tfdist.make_strategy(kind)
+    refused(
+        r"`strategy`.*None \(the default strategy\) with pipeline=",
+        lambda: tfdist.Trainer(mlp, strategy=strategy, loss=LOSS, pipeline=PipelineOptions(SPLIT)),
+    )
+
+
+def test_refuses_sharding():
+    refused(
+        r"`sharding`. Received: sharding='optimizer'. Expected None with pipeline=",
+        lambda: tfdist.Trainer(
+            mlp, loss=LOSS, sharding="optimizer", pipeline=PipelineOptions(SPLIT)
+        ),
+    )
+
+
+def test_refuses_a_global_batch_micro_batches_do_not_divide():
+    refused(
+        r"`global_batch_size`. Received: global_batch_size=30. Expected a multiple of "
+        r"micro_batches=4, e.g. 28 or 32",
+        trainer_with(micro_batches=4),
+        batch_size=30,
+    )
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(split_at=[]), r"`split_at`. Received: split_at=\[\]"),
+        (dict(split_at=["a", "a"]), r"`split_at`.*each once"),
+        (dict(split_at=["a"], micro_batches=0), r"`micro_batches`. Received: micro_batches=0"),
+        (dict(split_at=["a"], devices=["/cpu:0"]), r"`devices`.*a list of 2 device names"),
+        (dict(split_at=["a"], allow_batch_norm=1), r"`allow_batch_norm`.*True or False"),
+    ],
+)
+def test_options_are_checked_when_made(options, match):
+    with pytest.raises(ValueError, match=match):
+        PipelineOptions(**options)
+
+
+def test_refuses_devices_this_process_does_not_have():
+    with pytest.raises(ValueError, match=r"`devices`.*'/device:CPU:9' is not one of them"):
+        resolve_devices(PipelineOptions(["a"], devices=["/device:CPU:0", "/device:CPU:9"]))
+    with pytest.raises(ValueError, match=r"`devices`. Received: devices=None. Expected 5 devices"):
+        resolve_devices(PipelineOptions(["a", "b", "c", "d"]))
+
+
+def test_refuses_a_cut_that_a_keras_mask_crosses():
+    def masked() -> keras.Model:
+        inputs = keras.Input((6,), dtype="int32")
+        h = keras.layers.Embedding(5, 4, mask_zero=True, name="emb")(inputs)
+        h = keras.layers.LSTM(4, name="lstm")(h)
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    refused(
+        r"`split_at`.*layers whose output carries no Keras mask.*'emb' passes a mask on",
+        trainer_with(masked, split_at=["emb"]),
+    )
+    trainer_with(masked, split_at=["lstm"])()  # after the layer that consumes it
+
+
+def test_refuses_masked_loss_terms():
+    trainer = tfdist.Trainer(
+        mlp,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+        pipeline=PipelineOptions(SPLIT),
+    )
+    refused(r"`pipeline`.*None for a loss with masked terms", lambda: trainer)
+
+
+def test_refuses_activity_regularizers():
+    def regularised() -> keras.Model:
+        inputs = keras.Input((8,))
+        h = keras.layers.Dense(8, name="d1", activity_regularizer="l2")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    refused(
+        r"`pipeline`.*None for a model with activity regularizers.*d1",
+        trainer_with(regularised, split_at=["d1"]),
+    )

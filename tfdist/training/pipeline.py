@@ -1,0 +1,369 @@
+"""Model parallelism by pipeline stages in one process: options, devices, the cut, refusals.
+
+``Trainer(..., pipeline=tfdist.PipelineOptions(split_at=["block_2"], micro_batches=8))``
+cuts a ``Sequential`` or functional Keras model at the named layers: stage ``k`` holds the
+layers after split ``k-1`` up to and including split ``k``, and lives on device ``k``
+(its variables, and the optimizer's slots for them, are made there). Each update splits the
+global batch into ``micro_batches`` and runs the GPipe schedule in one ``tf.function``
+(`tfdist.training.pipeline_update`): every micro-batch forward stage by stage, then backward
+stage by stage, each stage's backward under its own device, gradients summed over the
+micro-batches (the mean over the global batch, as Keras's), one optimizer update. TF's
+dataflow executor overlaps stage ``k`` of micro-batch ``i`` with stage ``k-1`` of micro-batch
+``i+1``. ``evaluate`` and ``predict`` run through the same stages.
+
+Refused, one clear error each (`check_pipeline`, `cut`): a name in ``split_at`` the model does
+not have, or a cut that a skip connection crosses; ``BatchNormalization`` with
+``micro_batches > 1`` (its statistics would be per micro-batch) unless
+``allow_batch_norm=True``; a model's own ``train_step``; ``sharding=``; a strategy other than
+the default one (mirrored, multi_worker, parameter_server, one_device); a global batch that
+``micro_batches`` does not divide (`check_global_batch`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfdist._compat.masks import keras_mask
+from tfdist._compat.runtime import is_default_strategy
+from tfdist._compat.scope_moves import move_variables_to_device
+from tfdist.config import check_positive_int, invalid_argument
+from tfdist.training.overrides import overridden
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOptions:
+    """Pipeline stages over devices (model parallelism, GPipe schedule), checked when made.
+
+    Args:
+        split_at: Names of the layers after which the model is cut, in the model's order (a
+            single name for two stages). Stage ``k`` ends with layer ``split_at[k]``; the last
+            stage ends with the model's outputs.
+        micro_batches: ``M``, the micro-batches each global batch is split into. The idle
+            share of each device (the bubble) is ``(K-1)/(M+K-1)`` for ``K`` stages.
+        devices: One device per stage, e.g. ``["/device:GPU:0", "/device:GPU:1"]``. Default:
+            the host's first ``K`` GPUs, else (no GPU) its first ``K`` logical CPU devices.
+        allow_batch_norm: Accept ``BatchNormalization`` with ``micro_batches > 1``: its batch
+            statistics are then those of each micro-batch, not of the global batch.
+
+    Raises:
+        ValueError: For an empty or non-string ``split_at`` or a repeated name, a non-positive
+            ``micro_batches``, ``devices`` not one string per stage, or a non-bool
+            ``allow_batch_norm``.
+    """
+
+    split_at: Sequence[str]
+    micro_batches: int = 1
+    devices: Sequence[str] | None = None
+    allow_batch_norm: bool = False
+
+    def __post_init__(self) -> None:
+        split_at = (self.split_at,) if isinstance(self.split_at, str) else self.split_at
+        if (
+            not isinstance(split_at, (list, tuple))
+            or not split_at
+            or not all(isinstance(n, str) and n for n in split_at)
+        ):
+            raise invalid_argument("split_at", self.split_at, "a non-empty list of layer names")
+        if len(set(split_at)) != len(split_at):
+            raise invalid_argument("split_at", self.split_at, "layer names, each once")
+        object.__setattr__(self, "split_at", tuple(split_at))
+        check_positive_int("micro_batches", self.micro_batches)
+        if self.devices is not None:
+            devices = self.devices
+            stages = len(split_at) + 1
+            if (
+                not isinstance(devices, (list, tuple))
+                or len(devices) != stages
+                or not all(isinstance(d, str) and d for d in devices)
+            ):
+                raise invalid_argument(
+                    "devices",
+                    devices,
+                    f"None or a list of {stages} device names, one per stage "
+                    f"({len(split_at)} split(s) in split_at)",
+                )
+            object.__setattr__(self, "devices", tuple(devices))
+        if not isinstance(self.allow_batch_norm, bool):
+            raise invalid_argument("allow_batch_norm", self.allow_batch_norm, "True or False")
+
+    @property
+    def num_stages(self) -> int:
+        """``K``: one more than the splits."""
+        return len(self.split_at) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage: a functional sub-model sharing the model's layers, and its device."""
+
+    model: keras.Model
+    device: str
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        return self.model.trainable_variables
+
+
+def _local_names(kind: str) -> list[str]:
+    return [d.name for d in tf.config.list_logical_devices(kind)]
+
+
+def _known(device: str) -> bool:
+    """Whether ``device`` names a logical device of this process (other jobs: not checked)."""
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except ValueError:
+        return False
+    if spec.job not in (None, "localhost"):
+        return True  # another task's device: placed (and checked) by TF
+    if spec.device_type is None:
+        return False
+    return (spec.device_index or 0) < len(_local_names(spec.device_type.upper()))
+
+
+def resolve_devices(options: PipelineOptions) -> list[str]:
+    """The device of each stage: as given (checked), else the host's GPUs or logical CPUs."""
+    k = options.num_stages
+    if options.devices is not None:
+        for device in options.devices:
+            if not _known(device):
+                raise invalid_argument(
+                    "devices",
+                    list(options.devices),
+                    "devices of this process: "
+                    + ", ".join(_local_names("GPU") + _local_names("CPU")),
+                    note=f"{device!r} is not one of them.",
+                )
+        return list(options.devices)
+    gpus, cpus = _local_names("GPU"), _local_names("CPU")
+    if len(gpus) >= k:
+        return gpus[:k]
+    if not gpus and len(cpus) >= k:
+        return cpus[:k]
+    raise invalid_argument(
+        "devices",
+        None,
+        f"{k} devices, one per stage",
+        note=f"This process has {len(gpus)} GPU(s) and {len(cpus)} logical CPU device(s). Pass "
+        "devices=[...] (stages may share a device), or split the CPU with "
+        "tf.config.set_logical_device_configuration before TensorFlow initialises.",
+    )
+
+
+def _all_layers(layer: Any) -> list[Any]:
+    found = []
+    for sub in getattr(layer, "layers", []) or []:
+        found.append(sub)
+        found.extend(_all_layers(sub))
+    return found
+
+
+def check_pipeline_options(
+    options: Any, strategy: Any, sharding: str | None
+) -> PipelineOptions | None:
+    """The Trainer's refusals of ``pipeline=`` before the model is made; returns ``options``."""
+    if options is None:
+        return None
+    if not isinstance(options, PipelineOptions):
+        raise invalid_argument("pipeline", options, "a tfdist.PipelineOptions or None")
+    if not is_default_strategy(strategy):
+        raise invalid_argument(
+            "strategy",
+            type(strategy).__name__,
+            "None (the default strategy) with pipeline=",
+            note="Pipeline stages place each stage's variables on its own device, which a "
+            "strategy's scope overrides; data parallelism over pipelines is not built yet.",
+        )
+    if sharding is not None:
+        raise invalid_argument(
+            "sharding",
+            sharding,
+            "None with pipeline=",
+            note="Sharded optimizer state splits over replicas; a pipeline has one replica "
+            "whose stages each hold their own variables' optimizer state already.",
+        )
+    return options
+
+
+def check_pipeline_model(options: PipelineOptions | None, model: Any) -> list[str] | None:
+    """The refusals that need the compiled model; returns each stage's device (None: no
+    pipeline)."""
+    if options is None:
+        return None
+    if overridden(model, "train_step"):
+        raise invalid_argument(
+            "pipeline",
+            options,
+            "None for a model with its own train_step",
+            note=f"{type(model).__name__}.train_step would run the whole model as one; the "
+            "pipeline's schedule is tfdist's own step.",
+        )
+    check_batch_norm(model, options)
+    regularised = [x.name for x in _all_layers(model) if getattr(x, "activity_regularizer", None)]
+    if regularised:
+        raise invalid_argument(
+            "pipeline",
+            options,
+            "None for a model with activity regularizers",
+            note=f"{', '.join(regularised[:3])}: an activity loss made inside a stage does not "
+            "reach its gradients yet. Use a weight regularizer, or no pipeline.",
+        )
+    if model.built:
+        cut(model, options.split_at)  # names and the cut checked before anything trains
+    return resolve_devices(options)
+
+
+def check_batch_norm(model: keras.Model, options: PipelineOptions) -> None:
+    """Refuses BatchNormalization with ``micro_batches > 1`` unless accepted."""
+    if options.micro_batches == 1 or options.allow_batch_norm:
+        return
+    batch_norm = keras.layers.BatchNormalization
+    norms = [x.name for x in _all_layers(model) if isinstance(x, batch_norm)]
+    if norms:
+        raise invalid_argument(
+            "micro_batches",
+            options.micro_batches,
+            f"1 for a model with BatchNormalization ({', '.join(norms[:3])})",
+            note="Its statistics would be those of each micro-batch, not of the global batch. "
+            "Pass PipelineOptions(allow_batch_norm=True) to accept that.",
+        )
+
+
+def check_global_batch(global_batch_size: int, options: PipelineOptions) -> None:
+    """Refuses a global batch that ``micro_batches`` does not divide."""
+    m = options.micro_batches
+    if global_batch_size % m:
+        lower = max(m, global_batch_size - global_batch_size % m)
+        raise invalid_argument(
+            "global_batch_size",
+            global_batch_size,
+            f"a multiple of micro_batches={m}, e.g. {lower} or {lower + m}",
+            note="Each global batch is split into micro_batches equal micro-batches "
+            "(batch_size is the same argument).",
+        )
+
+
+def _layer_or_refused(model: keras.Model, name: str, split_at: Sequence[str]) -> Any:
+    try:
+        return model.get_layer(name)
+    except ValueError:
+        names = [layer.name for layer in model.layers]
+        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        raise invalid_argument(
+            "split_at",
+            list(split_at),
+            f"names of layers of {model.name!r}: {shown}",
+            note=f"{name!r} is not one of them.",
+        ) from None
+
+
+def _symbolic(model: keras.Model, split_at: Sequence[str]) -> tuple[Any, Any]:
+    """The model's symbolic input and output structures (Sequential or functional)."""
+    try:
+        return model.input, model.output
+    except (AttributeError, ValueError):
+        pass
+    try:  # a Sequential built without an Input (by the first fit) has only the lists
+        if isinstance(model, keras.Sequential) and model.inputs and model.outputs:
+            return model.inputs[0], model.outputs[0]
+    except (AttributeError, ValueError):
+        pass
+    raise invalid_argument(
+        "pipeline",
+        f"PipelineOptions(split_at={list(split_at)})",
+        "None for a model that is not a Sequential or functional keras.Model",
+        note=f"{type(model).__name__} has no layer graph to cut at named layers.",
+    )
+
+
+def cut(model: keras.Model, split_at: Sequence[str]) -> list[keras.Model]:
+    """The built ``model`` as functional sub-models sharing its layers, one per stage."""
+    inputs, outputs = _symbolic(model, split_at)
+    order = {id(layer): i for i, layer in enumerate(model.layers)}
+    bounds, last = [inputs], -1
+    for name in split_at:
+        layer = _layer_or_refused(model, name, split_at)
+        position = order.get(id(layer), -1)
+        try:
+            tensor = layer.output
+        except (AttributeError, ValueError):
+            tensor = None
+        if position <= last or not isinstance(tensor, keras.KerasTensor):
+            raise invalid_argument(
+                "split_at",
+                list(split_at),
+                "top-level layers of the model in its order, each called once with one output",
+                note=f"{name!r} is not.",
+            )
+        if keras_mask(tensor) is not None:
+            raise invalid_argument(
+                "split_at",
+                list(split_at),
+                "layers whose output carries no Keras mask",
+                note=f"{name!r} passes a mask on (e.g. Embedding(mask_zero=True)), which the "
+                "next stage would not see; cut after the layer that consumes it.",
+            )
+        if any(tensor is t for t in tf.nest.flatten(outputs)):
+            raise invalid_argument(
+                "split_at",
+                list(split_at),
+                "layers before the model's output layer",
+                note=f"The last stage would be empty after {name!r}.",
+            )
+        bounds.append(tensor)
+        last = position
+    bounds.append(outputs)
+    stages = []
+    for k in range(len(bounds) - 1):
+        try:
+            stages.append(keras.Model(bounds[k], bounds[k + 1], name=f"{model.name}_stage_{k}"))
+        except ValueError as e:
+            raise invalid_argument(
+                "split_at",
+                list(split_at),
+                "cuts that every path from inputs to outputs crosses",
+                note=f"Stage {k} could not be cut out ({e}); a skip connection across a cut "
+                "cannot be split there.",
+            ) from None
+    _check_disjoint(stages, split_at)
+    return stages
+
+
+def _check_disjoint(stages: list[keras.Model], split_at: Sequence[str]) -> None:
+    """Refuses a variable in two stages (a layer shared across a cut)."""
+    seen: dict[int, int] = {}
+    for k, stage in enumerate(stages):
+        for v in stage.variables:
+            if seen.setdefault(id(v), k) != k:
+                raise invalid_argument(
+                    "split_at",
+                    list(split_at),
+                    "cuts that no shared layer crosses",
+                    note=f"Variable {v.path} is used by stages {seen[id(v)]} and {k}.",
+                )
+
+
+def _described(stage: Stage) -> str:
+    names = [x.name for x in stage.model.layers if not isinstance(x, keras.layers.InputLayer)]
+    size = sum(v.value.shape.num_elements() * v.value.dtype.size for v in stage.model.variables)
+    shown = f"{size / 2**20:.1f} MB" if size >= 2**20 else f"{size / 2**10:.1f} kB"
+    return f"{names[0]}..{names[-1]} on {stage.device} ({shown} of variables)"
+
+
+def place_stages(model: keras.Model, options: PipelineOptions, devices: list[str]) -> list[Stage]:
+    """Cuts the built ``model`` and makes each stage's variables on its device (same values)."""
+    stages = [Stage(m, d) for m, d in zip(cut(model, options.split_at), devices)]
+    for stage in stages:
+        move_variables_to_device(stage.model.variables, stage.device)
+    logger.info("Pipeline of %d stages: %s.", len(stages), "; ".join(map(_described, stages)))
+    # Keras's own compiled functions, if any, traced the old variables.
+    model.train_function = model.test_function = model.predict_function = None
+    return stages

@@ -1,0 +1,206 @@
+"""The pipeline's replica step: the GPipe schedule over stages (`tfdist.training.pipeline`).
+
+`PipelineUpdate` is `tfdist.training.step.TrainUpdate` whose `micro_step` runs one global
+batch as ``M`` micro-batches through the stages: every micro-batch forward, stage by stage
+under each stage's device, Keras's loss on the last stage; then, last micro-batch first, each
+stage's backward under its own device, ``tape.gradient(h, variables, output_gradients=dh)``.
+All of it is in the one ``tf.function`` of the train step, so TF's dataflow executor runs the
+stages of different micro-batches at once. Each micro-batch's loss is normalised by the
+update's global batch, so the summed gradients are those of Keras's mean over the global batch;
+the rest (exchange, update, logs, accumulation) is `TrainUpdate`'s.
+
+Weight regularisers are differentiated on the last stage (their gradients join each
+variable's own). Masked loss terms (Keras masks, ``ignore_class``) are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.utils import unpack_x_y_sample_weight
+
+from tfdist._compat.keras_training import loss_tracker, unscale_loss
+from tfdist._compat.masks import keras_mask, with_keras_mask
+from tfdist.config import invalid_argument
+from tfdist.training.losses import output_sums, replica_loss
+from tfdist.training.pipeline import PipelineOptions, Stage, check_global_batch, place_stages
+from tfdist.training.step import TrainUpdate, batch_size_of, forward
+
+
+def split_batch(data: Any, parts: int) -> list[Any]:
+    """``data`` cut along its first axis into ``parts`` pieces (the first ones one larger when
+    ``parts`` does not divide the batch: a partial last batch)."""
+    if parts == 1:
+        return [data]
+    n = tf.shape(next(t for t in tf.nest.flatten(data) if t is not None))[0]
+    sizes = n // parts + tf.cast(tf.range(parts) < n % parts, n.dtype)
+
+    def pieces(t: Any) -> Any:
+        return [None] * parts if t is None else tf.split(t, sizes, num=parts)
+
+    flat = [pieces(t) for t in tf.nest.flatten(data)]
+    return [tf.nest.pack_sequence_as(data, [f[i] for f in flat]) for i in range(parts)]
+
+
+def pipeline_forward(stages: Sequence[Stage], micro_batches: int, x: Any, training: bool) -> Any:
+    """The model's outputs on ``x`` through the stages, ``micro_batches`` at a time (inference)."""
+    outputs = []
+    for piece in split_batch(x, micro_batches):
+        for stage in stages:
+            with tf.device(stage.device):
+                piece = forward(stage.model, piece, training=training)
+        outputs.append(piece)
+    if len(outputs) == 1:
+        return outputs[0]
+    return tf.nest.map_structure(_concat, *outputs)
+
+
+def _concat(*pieces: tf.Tensor) -> tf.Tensor:
+    """The pieces of one output in one tensor, with their Keras masks (if any) likewise."""
+    whole = tf.concat(pieces, axis=0)
+    masks = [keras_mask(p) for p in pieces]
+    if any(m is None for m in masks):
+        return whole
+    return with_keras_mask(whole, tf.concat(masks, axis=0))
+
+
+class PipelineUpdate(TrainUpdate):
+    """`TrainUpdate` whose micro-step is the GPipe schedule over ``stages`` (replica context).
+
+    Args:
+        stages: The model's stages, each on its device.
+        micro_batches: ``M``, pieces of each global batch.
+        **kwargs: `TrainUpdate`'s arguments.
+    """
+
+    def __init__(
+        self, *args: Any, stages: Sequence[Stage], micro_batches: int, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.stages = list(stages)
+        self.micro_batches = micro_batches
+        self.index = {id(v): i for i, v in enumerate(self.model.trainable_variables)}
+
+    def _forward(self, data: Any) -> tuple[list[Any], Any, tf.Tensor, Any]:
+        """One micro-batch forward; ``(tapes and boundaries, replica loss, size, objective)``."""
+        model, last = self.model, self.stages[-1]
+        x, y, sample_weight = unpack_x_y_sample_weight(data)
+        size = batch_size_of(x)
+        records, h = [], x
+        for k, stage in enumerate(self.stages):
+            with tf.device(stage.device), tf.GradientTape() as tape:
+                if k > 0:
+                    tape.watch(h)
+                out = forward(stage.model, h, training=True)
+                if stage is last:
+                    replica = replica_loss(model, (x, y, out, sample_weight), training=True)
+                    if replica.terms:
+                        raise _masked_refusal()
+                    scale = tf.cast(size * self.num_replicas / self.expected, replica.loss.dtype)
+                    objective = self.optimizer.scale_loss(replica.loss * scale)
+            records.append((tape, h if k > 0 else None, out))
+            h = out
+        with tf.device(last.device):
+            loss_tracker(model).update_state(unscale_loss(replica.loss), sample_weight=size)
+            model.compute_metrics(x, y, h, sample_weight=sample_weight)
+        return records, replica, size, objective
+
+    def _backward(self, records: list[Any], objective: tf.Tensor, grads: list[Any]) -> None:
+        """One micro-batch backward, stage by stage under each stage's device, into ``grads``."""
+        variables = self.model.trainable_variables
+        dh = None
+        for k in reversed(range(len(self.stages))):
+            stage, (tape, h_in, out) = self.stages[k], records[k]
+            with tf.device(stage.device):
+                if k == len(self.stages) - 1:
+                    # Every variable: the others' weight regularisers are part of this loss.
+                    sources, own = list(variables), list(variables)
+                    got = tape.gradient(objective, sources + [h_in])
+                else:
+                    own = stage.trainable_variables
+                    got = tape.gradient(out, own + ([h_in] if k > 0 else []), output_gradients=dh)
+                for v, g in zip(own, got):
+                    if g is not None:
+                        i = self.index[id(v)]
+                        g = tf.convert_to_tensor(g)
+                        grads[i] = g if grads[i] is None else grads[i] + g
+                dh = got[-1] if k > 0 else None
+                if k > 0 and dh is None:
+                    return  # the stages before do not reach the loss
+
+    def micro_step(self, data: Any) -> tuple[list[Any], tf.Tensor, list[tf.Tensor], tf.Tensor]:
+        """One global batch as ``M`` micro-batches through the stages; `TrainUpdate`'s contract."""
+        passes = [self._forward(piece) for piece in split_batch(data, self.micro_batches)]
+        grads: list[Any] = [None] * len(self.model.trainable_variables)
+        for records, _, _, objective in reversed(passes):  # GPipe drains the last one first
+            self._backward(records, objective, grads)
+        if not self.present:
+            self._learn(passes[0][1], grads, [])
+        variables = self.model.trainable_variables
+        for i in self.present:
+            if grads[i] is None:
+                grads[i] = tf.zeros(variables[i].shape, variables[i].dtype)
+        size = tf.add_n([p[2] for p in passes])
+        sums = [output_sums(self.model, replica, n) for _, replica, n, _ in passes]
+        return grads, size, [tf.add_n(list(s)) for s in zip(*sums)], tf.zeros([0])
+
+
+class Pipeline:
+    """A model's pipeline for `tfdist.training.functions.StepFunctions`: its options, devices
+    and, once the model is built, its stages.
+
+    Args:
+        options: As given to the Trainer.
+        devices: One per stage (`tfdist.training.pipeline.resolve_devices`).
+    """
+
+    def __init__(self, options: PipelineOptions, devices: list[str]) -> None:
+        self.options = options
+        self.devices = devices
+        self.stages: list[Stage] | None = None
+
+    def place(self, model: keras.Model) -> None:
+        """Cuts the built ``model`` and places its stages, once."""
+        if self.stages is None:
+            self.stages = place_stages(model, self.options, self.devices)
+
+    def optimizer_builder(self, model: keras.Model) -> Any:
+        """Builds the optimizer after the stages are placed (its slots follow their variables)."""
+
+        def build(variables: Any) -> None:
+            self.place(model)
+            model.optimizer.build(variables)
+
+        return build
+
+    def check_batch(self, global_batch_size: int) -> None:
+        check_global_batch(global_batch_size, self.options)
+
+    def update(self, model: keras.Model, **arguments: Any) -> PipelineUpdate:
+        """The replica step of one update (`PipelineUpdate`)."""
+        assert self.stages is not None, "the model is built before its step"
+        return PipelineUpdate(
+            model,
+            model.optimizer,
+            stages=self.stages,
+            micro_batches=self.options.micro_batches,
+            **arguments,
+        )
+
+    def forward_fn(self) -> Any:
+        """Inference's forward pass ``fn(x, training)`` through the stages."""
+        stages, m = self.stages, self.options.micro_batches
+        return lambda x, training: pipeline_forward(stages, m, x, training)
+
+
+def _masked_refusal() -> ValueError:
+    return invalid_argument(
+        "pipeline",
+        "PipelineOptions(...)",
+        "None for a loss with masked terms (Keras masks, ignore_class)",
+        note="Their weights depend on the valid count of the whole update, which the "
+        "pipeline's micro-batches do not carry yet.",
+    )
