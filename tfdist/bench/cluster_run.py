@@ -216,9 +216,12 @@ def run_tasks(
 
 
 def _raise_failed(spec: Mapping[str, Any], workers: int, ps: int, code: int, log: str) -> None:
-    """A failed launch: its exit code and the last 40 lines of the tasks' output."""
+    """A failed launch: its exit code, any out-of-memory lines (a task that ran out is often
+    not the last to report) and the last 40 lines of the tasks' output."""
     with open(log) as f:
-        tail = "".join(f.readlines()[-40:])
+        lines = f.readlines()
+    oom = [line for line in lines if "OOM when allocating" in line][:2]
+    tail = "".join(oom + lines[-40:])
     raise RuntimeError(
         f"bench tasks ({spec['kind']}, {workers} workers, {ps} ps) exited {code}:\n{tail}"
     )
