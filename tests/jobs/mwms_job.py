@@ -2,8 +2,12 @@
 
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODES OUT_DIR``
 with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, trainer_zero1,
-trainer_zero2_accum, adam_sharded, keras_fit, run one after another. Each task writes
-OUT_DIR/<mode>-<task>.npz and .json.
+trainer_zero2_accum, trainer_pipeline, adam_sharded, keras_fit, run one after another. Each task
+writes OUT_DIR/<mode>-<task>.npz and .json.
+
+The strategy leaves each worker a second logical CPU device (``stage_devices=2``): one replica
+per worker on CPU:0, as without it, and a device for trainer_pipeline's second stage (the hybrid:
+data parallel over the two workers x two pipeline stages in each).
 """
 
 import json
@@ -12,7 +16,7 @@ import sys
 
 import tfdist
 
-strategy = tfdist.make_strategy("multi_worker")
+strategy = tfdist.make_strategy("multi_worker", stage_devices=2)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -53,10 +57,16 @@ def train(mode):
         model, history = adam_sharded()
     elif mode.startswith("trainer"):
         k = 2 if mode.endswith("_accum") else 1
+        # trainer_pipeline: the model made here (its layer names known), cut after its first
+        # layer, each worker's 8 examples in 2 micro-batches.
+        model = builder(w0)() if mode == "trainer_pipeline" else builder(w0)
+        pipeline = None
+        if mode == "trainer_pipeline":
+            pipeline = tfdist.PipelineOptions([model.layers[0].name], micro_batches=2)
         # trainer_bucketed: the 4 gradients (12, 96, 32, 192 bytes in reverse order) make 2
         # buckets of >= 100 bytes.
         trainer = tfdist.Trainer(
-            builder(w0),
+            model,
             strategy=strategy,
             optimizer=keras.optimizers.SGD(0.1),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -64,6 +74,7 @@ def train(mode):
             accumulation_steps=k,
             bucket_bytes=100 if mode == "trainer_bucketed" else None,
             sharding=SHARDING.get(mode),
+            pipeline=pipeline,
         )
         # k micro-batches of GLOBAL_BATCH // k make one update of GLOBAL_BATCH.
         history = trainer.fit(dataset(global_batch=GLOBAL_BATCH // k), epochs=2, verbose=0).history
@@ -71,6 +82,10 @@ def train(mode):
         print(mode, "iterations", int(model.optimizer.iterations.numpy()))
         counts = collectives_in_loop_body(trainer.train_functions[(GLOBAL_BATCH // k, k)])
         print(mode, "gradient_all_reduces_per_update", counts["float"])
+        if pipeline is not None:
+            stages = [[v.value.device for v in s.model.variables] for s in trainer.stages]
+            print(mode, "stage_devices", json.dumps(stages))
+            print(mode, "evaluate", json.dumps(trainer.evaluate(dataset(), verbose=0)))
     else:
         with strategy.scope():
             model = builder(w0)()

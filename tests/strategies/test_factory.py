@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist import config
-from tfdist.strategies import factory, registry
+from tfdist import cluster, config
+from tfdist.strategies import factory, multi_worker, registry
 
 
 def test_available_names():
@@ -118,6 +118,26 @@ def test_communication_errors():
         ValueError, match="argument `communication`. Received: communication='nccl'.*without GPUs"
     ):
         tfdist.make_strategy("multi_worker", communication="nccl")
+
+
+def test_stage_devices_errors():
+    tf.constant(1.0)  # TF is initialised with the 4 devices of tests/conftest.py
+    with pytest.raises(ValueError, match="argument `stage_devices`. Received: stage_devices=0"):
+        tfdist.make_strategy("multi_worker", stage_devices=0)
+    with pytest.raises(
+        ValueError, match="argument `stage_devices`. Received: stage_devices=8. Expected at most 4"
+    ):
+        tfdist.make_strategy("multi_worker", stage_devices=8)
+
+
+def test_a_multi_worker_cluster_resolver_names_the_gpus_of_each_replica():
+    """MultiWorkerMirroredStrategy reads each worker's GPUs from its resolver; one without them
+    would train a GPU host's workers on their CPUs."""
+    info = cluster.ClusterInfo(
+        cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_id=0
+    )
+    assert multi_worker.resolver_for(info, 2).num_accelerators() == {"GPU": 2}
+    assert multi_worker.resolver_for(info).num_accelerators() == {}  # as parameter_server's
 
 
 @pytest.mark.parametrize(

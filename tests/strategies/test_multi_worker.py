@@ -41,7 +41,7 @@ def reference_weights():
 
 
 MODES = ["trainer", "trainer_accum", "trainer_bucketed", "trainer_zero1", "trainer_zero2_accum"]
-MODES += ["keras_fit"]
+MODES += ["trainer_pipeline", "keras_fit"]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,8 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
     trainer_accum makes each update from 2 micro-batches of half the batch;
     trainer_bucketed all-reduces the gradients in 2 buckets; trainer_zero1 and
     trainer_zero2_accum shard the optimizer state (and the gradients, reduced each
-    micro-batch) over the two workers.
+    micro-batch) over the two workers; trainer_pipeline is the hybrid: 2 workers x 2 pipeline
+    stages (each worker's CPU:0 and CPU:1), 2 micro-batches, to 1e-6 of one replica.
     """
     proc, out_dir = launched
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -73,7 +74,8 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
     w0, w1 = (_weights(out_dir / f"{mode}-worker-{i}.npz") for i in (0, 1))
     for a, b, ref in zip(w0, w1, reference_weights):
         np.testing.assert_array_equal(a, b)  # both workers hold the same model
-        np.testing.assert_allclose(a, ref, atol=1e-5, rtol=0)  # 2 workers x b == 1 replica x 2b
+        # 2 workers x b == 1 replica x 2b
+        np.testing.assert_allclose(a, ref, atol=1e-6 if "pipeline" in mode else 1e-5, rtol=0)
     history = json.loads((out_dir / f"{mode}-worker-0.json").read_text())
     expected = {"loss", "accuracy"} | ({"updates"} if mode.endswith("_accum") else set())
     assert set(history) == expected and len(history["loss"]) == 2
@@ -89,6 +91,24 @@ def test_two_workers_train_adam_sharded_as_unsharded(launched):
         proc.stdout.split("[worker:0] adam_sharded replica_bytes ")[1].splitlines()[0]
     )
     assert held["optimizer_state"] < 0.6 * held["unsharded"]["optimizer_state"], held
+
+
+def test_hybrid_keeps_each_stage_on_its_workers_own_device(launched):
+    """The hybrid's stage k lives on each worker's CPU:k; its evaluate runs through the stages
+    and gives both workers the same numbers."""
+    proc, _ = launched
+    for task in (0, 1):
+        line = proc.stdout.split(f"[worker:{task}] trainer_pipeline stage_devices ")[1]
+        stages = json.loads(line.splitlines()[0])
+        assert [{d.split("/", 3)[-1] for d in stage} for stage in stages] == [
+            {f"task:{task}/device:CPU:0"},
+            {f"task:{task}/device:CPU:1"},
+        ], stages
+    evaluations = [
+        proc.stdout.split(f"[worker:{task}] trainer_pipeline evaluate ")[1].splitlines()[0]
+        for task in (0, 1)
+    ]
+    assert evaluations[0] == evaluations[1]
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,8 @@ Nothing here trains beyond a first trace; the models are `tests.training.test_pi
 
 from __future__ import annotations
 
+import types
+
 import keras
 import pytest
 import tensorflow as tf
@@ -79,9 +81,33 @@ def test_refuses_a_custom_train_step():
 def test_refuses_a_strategy(kind):
     strategy = tfdist.make_strategy(kind)
     refused(
-        r"`strategy`.*None \(the default strategy\) with pipeline=",
+        r"`strategy`.*None \(the default strategy: all stages in this process\) or a "
+        r"MultiWorkerMirroredStrategy",
         lambda: tfdist.Trainer(mlp, strategy=strategy, loss=LOSS, pipeline=PipelineOptions(SPLIT)),
     )
+
+
+def test_refuses_a_multi_worker_strategy_of_several_replicas_per_worker():
+    # A MultiWorkerMirroredStrategy that took 2 GPUs per worker, without a cluster to start.
+    strategy = object.__new__(tf.distribute.MultiWorkerMirroredStrategy)
+    strategy._extended = types.SimpleNamespace(worker_devices=("/gpu:0", "/gpu:1"))
+    refused(
+        r"`strategy`. Received: strategy='MultiWorkerMirroredStrategy with 2 replicas per "
+        r"worker'. Expected one replica per worker.*stage_devices=K",
+        lambda: tfdist.Trainer(mlp, strategy=strategy, loss=LOSS, pipeline=PipelineOptions(SPLIT)),
+    )
+
+
+def test_the_hybrids_stages_are_each_workers_own_devices():
+    worker = "/job:worker/replica:0/task:1/device:CPU:0"
+    options = PipelineOptions(["a"], devices=["/device:CPU:0", "/cpu:1"])
+    assert resolve_devices(options, worker_device=worker) == [
+        "/job:worker/replica:0/task:1/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:1",
+    ]
+    other = PipelineOptions(["a"], devices=["/job:worker/task:0/device:CPU:0", "/cpu:1"])
+    with pytest.raises(ValueError, match=r"`devices`.*devices of this worker \(worker task 1\)"):
+        resolve_devices(other, worker_device=worker)
 
 
 def test_refuses_sharding():

@@ -70,21 +70,66 @@ def move_variables_into_scope(strategy: tf.distribute.Strategy, variables: Itera
     return len(moving)
 
 
-def move_variables_to_device(variables: Iterable[Any], device: str) -> int:
+def move_variables_to_device(
+    variables: Iterable[Any], device: str, strategy: tf.distribute.Strategy | None = None
+) -> int:
     """Re-makes each Keras variable's storage on ``device``, same value, same object.
 
-    For pipeline stages, outside any strategy scope but the default one (a strategy's scope
-    would override the device). The optimizer's slots, made later, follow their variables.
+    For pipeline stages. Without ``strategy`` (the default one), each becomes a plain variable
+    on ``device``: a strategy's scope would override the device. With a
+    ``MultiWorkerMirroredStrategy`` of one replica per worker (the hybrid), each becomes a
+    mirrored variable of that strategy whose one component lives on ``device``, so that the
+    strategy's updates and backups treat it as any other. The optimizer's slots, made later,
+    follow their variables.
 
     Returns:
         How many variables were moved.
     """
     moving = [v for v in variables if getattr(v, "_value", None) is not None]
     values = [v.numpy() for v in moving]  # read before any is replaced (tied weights)
-    with tf.device(device):
+    if strategy is None:
+        with tf.device(device):
+            for v, value in zip(moving, values):
+                _remake(v, value)
+        return len(moving)
+    with strategy.scope(), tf.variable_creator_scope(_colocated_creator(device)):
         for v, value in zip(moving, values):
             _remake(v, value)
+            _check_placed(strategy, v, device)
     return len(moving)
+
+
+def _check_placed(strategy: tf.distribute.Strategy, variable: Any, device: str) -> None:
+    """Fails loudly if TF's creator no longer reads ``colocate_with`` as this module expects."""
+    placed = [c.device for c in strategy.experimental_local_results(variable.value)]
+    want = tf.DeviceSpec.from_string(device)
+    if len(placed) != 1 or tf.DeviceSpec.from_string(placed[0]).make_merged_spec(want) != (
+        tf.DeviceSpec.from_string(placed[0])
+    ):
+        raise RuntimeError(
+            f"tfdist could not make {variable.path} on {device} under "
+            f"{type(strategy).__name__} (tensorflow {tf.__version__}): its components are on "
+            f"{placed}. Update tfdist/_compat/scope_moves.py."
+        )
+
+
+class _OneDevice:
+    """What a mirrored strategy's variable creator reads from ``colocate_with``: the devices of
+    the components to make (private ``_devices``, as a distributed variable has)."""
+
+    def __init__(self, device: str) -> None:
+        self._devices = (device,)
+
+
+def _colocated_creator(device: str) -> Any:
+    # MirroredStrategy's creator (which MultiWorkerMirroredStrategy inherits) makes one component
+    # per device of ``colocate_with._devices``; `colocate_vars_with` would check that it is one of
+    # the strategy's variables, so the keyword is set directly.
+    def creator(next_creator: Any, **kwargs: Any) -> Any:
+        kwargs["colocate_with"] = _OneDevice(device)
+        return next_creator(**kwargs)
+
+    return creator
 
 
 def copy_in_scope(strategy: tf.distribute.Strategy, obj: Any, keep: Iterable[Any] = ()) -> Any:

@@ -12,10 +12,10 @@ from tfdist.strategies.sync import SyncRunner
 logger = logging.getLogger(__name__)
 
 
-def ensure_cpu_devices(num_devices: int) -> None:
+def ensure_cpu_devices(num_devices: int, argument: str = "num_devices") -> None:
     """Splits the CPU into ``num_devices`` virtual devices if it has fewer.
 
-    Must run before TensorFlow initialises its devices.
+    Must run before TensorFlow initialises its devices. ``argument``: the name errors give.
 
     Raises:
         ValueError: If TF is already initialised with fewer CPU devices.
@@ -31,7 +31,7 @@ def ensure_cpu_devices(num_devices: int) -> None:
         )
     except RuntimeError as e:
         raise invalid_argument(
-            "num_devices",
+            argument,
             num_devices,
             f"at most {have}, the CPU devices TensorFlow already initialised",
             note="Virtual CPU devices can only be created before TensorFlow initialises: "

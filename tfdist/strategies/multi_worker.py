@@ -8,7 +8,8 @@ from typing import Literal
 import tensorflow as tf
 
 from tfdist import cluster as cluster_lib
-from tfdist.config import check_choice, invalid_argument
+from tfdist.config import check_choice, check_positive_int, invalid_argument
+from tfdist.strategies.mirrored import ensure_cpu_devices
 from tfdist.strategies.sync import SyncRunner
 
 logger = logging.getLogger(__name__)
@@ -20,14 +21,37 @@ _IMPLEMENTATIONS = {
 }
 
 
-def resolver_for(info: cluster_lib.ClusterInfo) -> tf.distribute.cluster_resolver.ClusterResolver:
-    """A cluster resolver for a validated `tfdist.cluster.ClusterInfo`."""
+def resolver_for(
+    info: cluster_lib.ClusterInfo, num_gpus: int | None = None
+) -> tf.distribute.cluster_resolver.ClusterResolver:
+    """A cluster resolver for a validated `tfdist.cluster.ClusterInfo`.
+
+    ``num_gpus``: the GPUs each worker's replicas use, which MultiWorkerMirroredStrategy reads
+    from the resolver (a ``SimpleClusterResolver`` without them says none: CPU only).
+    """
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(info.cluster),
         task_type=info.task_type,
         task_id=info.task_id,
         rpc_layer=info.rpc_layer or "grpc",
+        num_accelerators=None if num_gpus is None else {"GPU": num_gpus},
     )
+
+
+def _host_gpus() -> int:
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def _ready_stage_devices(stage_devices: int | None) -> int | None:
+    """For the hybrid (pipeline stages): the GPUs one replica per worker uses (1), after
+    splitting a GPU-less host's CPU into ``stage_devices`` logical devices (then None)."""
+    if stage_devices is None:
+        return None
+    check_positive_int("stage_devices", stage_devices)
+    if _host_gpus():
+        return 1
+    ensure_cpu_devices(stage_devices, argument="stage_devices")
+    return None
 
 
 def check_own_port(info: cluster_lib.ClusterInfo) -> None:
@@ -48,7 +72,9 @@ def matches(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
-def build(communication: Literal["auto", "ring", "nccl"] = "auto") -> tf.distribute.Strategy:
+def build(
+    communication: Literal["auto", "ring", "nccl"] = "auto", stage_devices: int | None = None
+) -> tf.distribute.Strategy:
     """Builds a MultiWorkerMirroredStrategy for the cluster in TF_CONFIG (or Slurm).
 
     Every worker runs the same program; call this first in it. Without a
@@ -57,23 +83,37 @@ def build(communication: Literal["auto", "ring", "nccl"] = "auto") -> tf.distrib
     Args:
         communication: Collective implementation: ``auto`` (NCCL on GPUs, ring
             otherwise), ``ring`` or ``nccl`` (GPUs only).
+        stage_devices: For pipeline stages in each worker (``Trainer(pipeline=...)``, the
+            hybrid): the devices each worker's stages need. One replica per worker: on a host
+            with GPUs it uses GPU:0 (the stages take GPU:0..K-1); on a CPU-only host the CPU is
+            split into ``stage_devices`` logical devices (before TensorFlow initialises), of
+            which the replica uses CPU:0. Default None: every local GPU is a replica.
 
     Raises:
         ValueError: For a malformed TF_CONFIG, a cluster with ``ps`` tasks,
-            ``nccl`` without GPUs, or a port already in use.
+            ``nccl`` without GPUs, a port already in use, or a non-positive ``stage_devices``
+            (or one TensorFlow's initialised CPU devices cannot give).
     """
     check_choice("communication", communication, _IMPLEMENTATIONS)
     if communication == "nccl" and not tf.config.list_physical_devices("GPU"):
         raise invalid_argument(
             "communication", communication, "'auto' or 'ring' on a machine without GPUs"
         )
+    num_gpus = _ready_stage_devices(stage_devices)
     info = cluster_lib.from_environment()
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=_IMPLEMENTATIONS[communication]
     )
     if info is None:
         logger.info("No TF_CONFIG or Slurm cluster: multi_worker runs this process alone")
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        resolver = None
+        if num_gpus is not None:
+            resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                tf.train.ClusterSpec({}), num_accelerators={"GPU": num_gpus}
+            )
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
     if "ps" in info.cluster:
         raise invalid_argument(
             "strategy",
@@ -83,5 +123,6 @@ def build(communication: Literal["auto", "ring", "nccl"] = "auto") -> tf.distrib
         )
     check_own_port(info)
     return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver_for(info), communication_options=options
+        cluster_resolver=resolver_for(info, _host_gpus() if num_gpus is None else num_gpus),
+        communication_options=options,
     )

@@ -1,22 +1,23 @@
-"""Model parallelism by pipeline stages in one process: options, devices, the cut, refusals.
+"""Model parallelism by pipeline stages: options, devices, the cut, the stages' placement.
 
 ``Trainer(..., pipeline=tfdist.PipelineOptions(split_at=["block_2"], micro_batches=8))``
 cuts a ``Sequential`` or functional Keras model at the named layers: stage ``k`` holds the
 layers after split ``k-1`` up to and including split ``k``, and lives on device ``k``
 (its variables, and the optimizer's slots for them, are made there). Each update splits the
-global batch into ``micro_batches`` and runs the GPipe schedule in one ``tf.function``
+replica's batch into ``micro_batches`` and runs the GPipe schedule in one ``tf.function``
 (`tfdist.training.pipeline_update`): every micro-batch forward stage by stage, then backward
 stage by stage, each stage's backward under its own device, gradients summed over the
 micro-batches (the mean over the global batch, as Keras's), one optimizer update. TF's
 dataflow executor overlaps stage ``k`` of micro-batch ``i`` with stage ``k-1`` of micro-batch
 ``i+1``. ``evaluate`` and ``predict`` run through the same stages.
 
-Refused, one clear error each (`check_pipeline`, `cut`): a name in ``split_at`` the model does
-not have, or a cut that a skip connection crosses; ``BatchNormalization`` with
-``micro_batches > 1`` (its statistics would be per micro-batch) unless
-``allow_batch_norm=True``; a model's own ``train_step``; ``sharding=``; a strategy other than
-the default one (mirrored, multi_worker, parameter_server, one_device); a global batch that
-``micro_batches`` does not divide (`check_global_batch`).
+Under the default strategy all stages are in this process. Under a MultiWorkerMirroredStrategy
+with one replica per worker (the hybrid), each worker's replica is such a pipeline over the
+worker's own devices; its stage variables are that strategy's mirrored variables, so the
+gradients are all-reduced over the workers and every worker applies the same update.
+
+Refused, one clear error each: `cut`'s (a name in ``split_at`` the model does not have, a cut
+that a skip connection or a mask crosses) and `tfdist.training.pipeline_checks`'s.
 """
 
 from __future__ import annotations
@@ -30,10 +31,8 @@ import keras
 import tensorflow as tf
 
 from tfdist._compat.masks import keras_mask
-from tfdist._compat.runtime import is_default_strategy
 from tfdist._compat.scope_moves import move_variables_to_device
 from tfdist.config import check_positive_int, invalid_argument
-from tfdist.training.overrides import overridden
 
 logger = logging.getLogger(__name__)
 
@@ -129,20 +128,32 @@ def _known(device: str) -> bool:
     return (spec.device_index or 0) < len(_local_names(spec.device_type.upper()))
 
 
-def resolve_devices(options: PipelineOptions) -> list[str]:
-    """The device of each stage: as given (checked), else the host's GPUs or logical CPUs."""
+def resolve_devices(options: PipelineOptions, worker_device: str | None = None) -> list[str]:
+    """The device of each stage: as given (checked), else the host's GPUs or logical CPUs.
+
+    ``worker_device``: the hybrid's replica device (``/job:worker/replica:0/task:I/...``); each
+    stage's device is then this worker's device of that name.
+    """
+    devices = _local_devices(options) if options.devices is None else _given_devices(options)
+    if worker_device is None:
+        return devices
+    return [_on_worker(d, worker_device, options) for d in devices]
+
+
+def _given_devices(options: PipelineOptions) -> list[str]:
+    for device in options.devices or ():
+        if not _known(device):
+            raise invalid_argument(
+                "devices",
+                list(options.devices or ()),
+                "devices of this process: " + ", ".join(_local_names("GPU") + _local_names("CPU")),
+                note=f"{device!r} is not one of them.",
+            )
+    return list(options.devices or ())
+
+
+def _local_devices(options: PipelineOptions) -> list[str]:
     k = options.num_stages
-    if options.devices is not None:
-        for device in options.devices:
-            if not _known(device):
-                raise invalid_argument(
-                    "devices",
-                    list(options.devices),
-                    "devices of this process: "
-                    + ", ".join(_local_names("GPU") + _local_names("CPU")),
-                    note=f"{device!r} is not one of them.",
-                )
-        return list(options.devices)
     gpus, cpus = _local_names("GPU"), _local_names("CPU")
     if len(gpus) >= k:
         return gpus[:k]
@@ -154,101 +165,25 @@ def resolve_devices(options: PipelineOptions) -> list[str]:
         f"{k} devices, one per stage",
         note=f"This process has {len(gpus)} GPU(s) and {len(cpus)} logical CPU device(s). Pass "
         "devices=[...] (stages may share a device), or split the CPU with "
-        "tf.config.set_logical_device_configuration before TensorFlow initialises.",
+        "tf.config.set_logical_device_configuration before TensorFlow initialises "
+        '(tfdist.make_strategy("multi_worker", stage_devices=K) does it for the hybrid).',
     )
 
 
-def _all_layers(layer: Any) -> list[Any]:
-    found = []
-    for sub in getattr(layer, "layers", []) or []:
-        found.append(sub)
-        found.extend(_all_layers(sub))
-    return found
-
-
-def check_pipeline_options(
-    options: Any, strategy: Any, sharding: str | None
-) -> PipelineOptions | None:
-    """The Trainer's refusals of ``pipeline=`` before the model is made; returns ``options``."""
-    if options is None:
-        return None
-    if not isinstance(options, PipelineOptions):
-        raise invalid_argument("pipeline", options, "a tfdist.PipelineOptions or None")
-    if not is_default_strategy(strategy):
+def _on_worker(device: str, worker_device: str, options: PipelineOptions) -> str:
+    """``device`` (this process's) as a full name on the hybrid's worker."""
+    worker = tf.DeviceSpec.from_string(worker_device)
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.job in (None, "localhost"):
+        spec = spec.replace(job=None, replica=None, task=None)
+    if (spec.job, spec.task) not in ((None, None), (worker.job, worker.task)):
         raise invalid_argument(
-            "strategy",
-            type(strategy).__name__,
-            "None (the default strategy) with pipeline=",
-            note="Pipeline stages place each stage's variables on its own device, which a "
-            "strategy's scope overrides; data parallelism over pipelines is not built yet.",
+            "devices",
+            list(options.devices or ()),
+            f"devices of this worker ({worker.job} task {worker.task}) with multi_worker",
+            note=f"{device!r} is another task's; in the hybrid each worker's stages are its own.",
         )
-    if sharding is not None:
-        raise invalid_argument(
-            "sharding",
-            sharding,
-            "None with pipeline=",
-            note="Sharded optimizer state splits over replicas; a pipeline has one replica "
-            "whose stages each hold their own variables' optimizer state already.",
-        )
-    return options
-
-
-def check_pipeline_model(options: PipelineOptions | None, model: Any) -> list[str] | None:
-    """The refusals that need the compiled model; returns each stage's device (None: no
-    pipeline)."""
-    if options is None:
-        return None
-    if overridden(model, "train_step"):
-        raise invalid_argument(
-            "pipeline",
-            options,
-            "None for a model with its own train_step",
-            note=f"{type(model).__name__}.train_step would run the whole model as one; the "
-            "pipeline's schedule is tfdist's own step.",
-        )
-    check_batch_norm(model, options)
-    regularised = [x.name for x in _all_layers(model) if getattr(x, "activity_regularizer", None)]
-    if regularised:
-        raise invalid_argument(
-            "pipeline",
-            options,
-            "None for a model with activity regularizers",
-            note=f"{', '.join(regularised[:3])}: an activity loss made inside a stage does not "
-            "reach its gradients yet. Use a weight regularizer, or no pipeline.",
-        )
-    if model.built:
-        cut(model, options.split_at)  # names and the cut checked before anything trains
-    return resolve_devices(options)
-
-
-def check_batch_norm(model: keras.Model, options: PipelineOptions) -> None:
-    """Refuses BatchNormalization with ``micro_batches > 1`` unless accepted."""
-    if options.micro_batches == 1 or options.allow_batch_norm:
-        return
-    batch_norm = keras.layers.BatchNormalization
-    norms = [x.name for x in _all_layers(model) if isinstance(x, batch_norm)]
-    if norms:
-        raise invalid_argument(
-            "micro_batches",
-            options.micro_batches,
-            f"1 for a model with BatchNormalization ({', '.join(norms[:3])})",
-            note="Its statistics would be those of each micro-batch, not of the global batch. "
-            "Pass PipelineOptions(allow_batch_norm=True) to accept that.",
-        )
-
-
-def check_global_batch(global_batch_size: int, options: PipelineOptions) -> None:
-    """Refuses a global batch that ``micro_batches`` does not divide."""
-    m = options.micro_batches
-    if global_batch_size % m:
-        lower = max(m, global_batch_size - global_batch_size % m)
-        raise invalid_argument(
-            "global_batch_size",
-            global_batch_size,
-            f"a multiple of micro_batches={m}, e.g. {lower} or {lower + m}",
-            note="Each global batch is split into micro_batches equal micro-batches "
-            "(batch_size is the same argument).",
-        )
+    return worker.make_merged_spec(spec).to_string()
 
 
 def _layer_or_refused(model: keras.Model, name: str, split_at: Sequence[str]) -> Any:
@@ -358,11 +293,17 @@ def _described(stage: Stage) -> str:
     return f"{names[0]}..{names[-1]} on {stage.device} ({shown} of variables)"
 
 
-def place_stages(model: keras.Model, options: PipelineOptions, devices: list[str]) -> list[Stage]:
-    """Cuts the built ``model`` and makes each stage's variables on its device (same values)."""
+def place_stages(
+    model: keras.Model, options: PipelineOptions, devices: list[str], strategy: Any = None
+) -> list[Stage]:
+    """Cuts the built ``model`` and makes each stage's variables on its device (same values).
+
+    ``strategy``: the hybrid's MultiWorkerMirroredStrategy, whose mirrored variables each stage's
+    become (one component, on the stage's device); None for plain variables (one process).
+    """
     stages = [Stage(m, d) for m, d in zip(cut(model, options.split_at), devices)]
     for stage in stages:
-        move_variables_to_device(stage.model.variables, stage.device)
+        move_variables_to_device(stage.model.variables, stage.device, strategy)
     logger.info("Pipeline of %d stages: %s.", len(stages), "; ".join(map(_described, stages)))
     # Keras's own compiled functions, if any, traced the old variables.
     model.train_function = model.test_function = model.predict_function = None

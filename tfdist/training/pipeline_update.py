@@ -25,9 +25,14 @@ from keras.utils import unpack_x_y_sample_weight
 from tfdist._compat.keras_training import loss_tracker, unscale_loss
 from tfdist._compat.masks import keras_mask, with_keras_mask
 from tfdist.config import invalid_argument
+from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.losses import output_sums, replica_loss
-from tfdist.training.pipeline import PipelineOptions, Stage, check_global_batch, place_stages
+from tfdist.training.pipeline import PipelineOptions, Stage, place_stages
+from tfdist.training.pipeline_checks import check_global_batch, is_hybrid
 from tfdist.training.step import TrainUpdate, batch_size_of, forward
+
+#: ``bucket_bytes`` that make every gradient one bucket (`tfdist.training.exchange.buckets`).
+ONE_BUCKET = 2**62
 
 
 def split_batch(data: Any, parts: int) -> list[Any]:
@@ -131,6 +136,16 @@ class PipelineUpdate(TrainUpdate):
                 if k > 0 and dh is None:
                     return  # the stages before do not reach the loss
 
+    def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
+        """`TrainUpdate.exchange`; over the hybrid's workers, the stages' gradients (on several
+        devices, which the strategy would reduce one collective each) go in one float32 buffer
+        and one all-reduce unless buckets or compression are asked for."""
+        if self.num_replicas > 1 and self.bucket_bytes is None and not self.gradient_compression:
+            return all_reduce_sum(
+                summed, count, num_replicas=self.num_replicas, bucket_bytes=ONE_BUCKET
+            )
+        return super().exchange(summed, count)
+
     def micro_step(self, data: Any) -> tuple[list[Any], tf.Tensor, list[tf.Tensor], tf.Tensor]:
         """One global batch as ``M`` micro-batches through the stages; `TrainUpdate`'s contract."""
         passes = [self._forward(piece) for piece in split_batch(data, self.micro_batches)]
@@ -155,17 +170,21 @@ class Pipeline:
     Args:
         options: As given to the Trainer.
         devices: One per stage (`tfdist.training.pipeline.resolve_devices`).
+        strategy: The Trainer's strategy: the default one, or the hybrid's
+            MultiWorkerMirroredStrategy (one replica per worker).
     """
 
-    def __init__(self, options: PipelineOptions, devices: list[str]) -> None:
+    def __init__(self, options: PipelineOptions, devices: list[str], strategy: Any) -> None:
         self.options = options
         self.devices = devices
+        self.strategy = strategy
         self.stages: list[Stage] | None = None
 
     def place(self, model: keras.Model) -> None:
         """Cuts the built ``model`` and places its stages, once."""
         if self.stages is None:
-            self.stages = place_stages(model, self.options, self.devices)
+            hybrid = self.strategy if is_hybrid(self.strategy) else None
+            self.stages = place_stages(model, self.options, self.devices, hybrid)
 
     def optimizer_builder(self, model: keras.Model) -> Any:
         """Builds the optimizer after the stages are placed (its slots follow their variables)."""
@@ -177,7 +196,7 @@ class Pipeline:
         return build
 
     def check_batch(self, global_batch_size: int) -> None:
-        check_global_batch(global_batch_size, self.options)
+        check_global_batch(global_batch_size, self.options, self.strategy.num_replicas_in_sync)
 
     def update(self, model: keras.Model, **arguments: Any) -> PipelineUpdate:
         """The replica step of one update (`PipelineUpdate`)."""

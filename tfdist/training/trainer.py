@@ -48,7 +48,8 @@ from tfdist.training.options import (
     trainer_options,
 )
 from tfdist.training.overrides import check_custom_train_step
-from tfdist.training.pipeline import PipelineOptions, check_pipeline_model, check_pipeline_options
+from tfdist.training.pipeline import PipelineOptions
+from tfdist.training.pipeline_checks import check_pipeline_model, check_pipeline_options
 from tfdist.training.pipeline_update import Pipeline
 from tfdist.training.placement import ModelOrBuilder
 from tfdist.training.resume import FitBackups
@@ -121,7 +122,8 @@ class Trainer(EvaluateAndPredict):
             ``"gradients"`` shards the optimizer state (and the gradients) over the
             replicas, ZeRO-1/2 (mirrored and multi_worker).
         pipeline: Model parallelism: the model cut into stages on devices, trained with the
-            GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline`).
+            GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline`); under the
+            default strategy, or ``multi_worker`` made with ``stage_devices=K`` (the hybrid).
 
     Raises:
         ValueError: For a bad argument, option or shortcut, or a model that
@@ -219,7 +221,7 @@ class Trainer(EvaluateAndPredict):
         )
         if self.exchange.sharding is not None:
             check_optimizer(self.model.optimizer, self.exchange.sharding)
-        devices = check_pipeline_model(self.pipeline, self.model)
+        devices = check_pipeline_model(self.pipeline, self.model, self.strategy)
         if self._steps_per_execution == "auto" and compiled.steps_per_execution:
             # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.
             self._steps_per_execution = self.steps_per_execution = compiled.steps_per_execution
@@ -230,7 +232,7 @@ class Trainer(EvaluateAndPredict):
             exchange=self.exchange,
             schedule=compiled.schedule,
             skipped_updates=compiled.skipped_updates,
-            pipeline=None if devices is None else Pipeline(self.pipeline, devices),
+            pipeline=None if devices is None else Pipeline(self.pipeline, devices, self.strategy),
         )
         self._backups = FitBackups(
             self.backup,
