@@ -2,8 +2,8 @@
 
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODES OUT_DIR``
 with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, trainer_zero1,
-trainer_zero2_accum, trainer_pipeline, adam_sharded, keras_fit, run one after another. Each task
-writes OUT_DIR/<mode>-<task>.npz and .json.
+trainer_zero2_accum, trainer_pipeline, trainer_pipeline_zero2_accum, adam_sharded, keras_fit, run
+one after another. Each task writes OUT_DIR/<mode>-<task>.npz and .json.
 
 The strategy leaves each worker a second logical CPU device (``stage_devices=2``): one replica
 per worker on CPU:0, as without it, and a device for trainer_pipeline's second stage (the hybrid:
@@ -29,6 +29,7 @@ task = json.loads(os.environ["TF_CONFIG"])["task"]
 
 
 SHARDING = {"trainer_zero1": "optimizer", "trainer_zero2_accum": "gradients"}
+SHARDING["trainer_pipeline_zero2_accum"] = "gradients"
 
 
 def adam_sharded():
@@ -59,9 +60,10 @@ def train(mode):
         k = 2 if mode.endswith("_accum") else 1
         # trainer_pipeline: the model made here (its layer names known), cut after its first
         # layer, each worker's 8 examples in 2 micro-batches.
-        model = builder(w0)() if mode == "trainer_pipeline" else builder(w0)
+        piped = mode.startswith("trainer_pipeline")
+        model = builder(w0)() if piped else builder(w0)
         pipeline = None
-        if mode == "trainer_pipeline":
+        if piped:
             pipeline = tfdist.PipelineOptions([model.layers[0].name], micro_batches=2)
         # trainer_bucketed: the 4 gradients (12, 96, 32, 192 bytes in reverse order) make 2
         # buckets of >= 100 bytes.
@@ -85,6 +87,9 @@ def train(mode):
         if pipeline is not None:
             stages = [[v.value.device for v in s.model.variables] for s in trainer.stages]
             print(mode, "stage_devices", json.dumps(stages))
+            if SHARDING.get(mode):  # each master shard next to its variable
+                masters = trainer._functions.sharded.masters
+                print(mode, "master_devices", json.dumps([m.value.device for m in masters]))
             print(mode, "evaluate", json.dumps(trainer.evaluate(dataset(), verbose=0)))
     else:
         with strategy.scope():

@@ -41,7 +41,7 @@ def reference_weights():
 
 
 MODES = ["trainer", "trainer_accum", "trainer_bucketed", "trainer_zero1", "trainer_zero2_accum"]
-MODES += ["trainer_pipeline", "keras_fit"]
+MODES += ["trainer_pipeline", "trainer_pipeline_zero2_accum", "keras_fit"]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,9 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
     trainer_bucketed all-reduces the gradients in 2 buckets; trainer_zero1 and
     trainer_zero2_accum shard the optimizer state (and the gradients, reduced each
     micro-batch) over the two workers; trainer_pipeline is the hybrid: 2 workers x 2 pipeline
-    stages (each worker's CPU:0 and CPU:1), 2 micro-batches, to 1e-6 of one replica.
+    stages (each worker's CPU:0 and CPU:1), 2 micro-batches, to 1e-6 of one replica, and
+    trainer_pipeline_zero2_accum the same with its gradients and optimizer state sharded over
+    the workers and 2 accumulated batches per update.
     """
     proc, out_dir = launched
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -109,6 +111,10 @@ def test_hybrid_keeps_each_stage_on_its_workers_own_device(launched):
         for task in (0, 1)
     ]
     assert evaluations[0] == evaluations[1]
+    # Sharded: each master shard (and its slots) on its stage's device, not the replica's.
+    line = proc.stdout.split("[worker:1] trainer_pipeline_zero2_accum master_devices ")[1]
+    masters = json.loads(line.splitlines()[0])
+    assert [m.rsplit("/", 1)[-1] for m in masters] == ["device:CPU:0"] * 2 + ["device:CPU:1"] * 2
 
 
 @pytest.mark.parametrize(

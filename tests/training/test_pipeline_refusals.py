@@ -112,7 +112,8 @@ def test_the_hybrids_stages_are_each_workers_own_devices():
 
 def test_refuses_sharding():
     refused(
-        r"`sharding`. Received: sharding='optimizer'. Expected None with pipeline=",
+        r"`sharding`. Received: sharding='optimizer'. Expected None with pipeline= under the "
+        r"default strategy",
         lambda: tfdist.Trainer(
             mlp, loss=LOSS, sharding="optimizer", pipeline=PipelineOptions(SPLIT)
         ),

@@ -113,19 +113,26 @@ class StepFunctions:
                 log_replica_bytes(self.replica_bytes(), self.exchange.sharding, self.runner)
 
     def _optimizer_builder(self) -> Any:
-        """What builds the optimizer: the sharded state's blocks, the pipeline's stages placed
-        first (the slots follow their variables), or Keras's (None)."""
-        if self.pipeline is not None:
-            return self.pipeline.optimizer_builder(self.model)
+        """What builds the optimizer: the pipeline's stages placed first (the slots follow their
+        variables), then the sharded state's blocks (on each variable's devices), else Keras's
+        (None)."""
+        pipeline = self.pipeline
         if self.exchange.sharding is None:
-            return None
+            return None if pipeline is None else pipeline.optimizer_builder(self.model)
         check_optimizer(self.model.optimizer, self.exchange.sharding)  # e.g. built since
         if self.runner.strategy.num_replicas_in_sync == 1:
             log_one_replica(self.exchange.sharding, self.runner)
-            return None
+            return None if pipeline is None else pipeline.optimizer_builder(self.model)
 
         def build(variables: Any) -> None:
-            self.sharded = ShardedState(self.model, self.runner.strategy, self.exchange.sharding)
+            if pipeline is not None:
+                pipeline.place(self.model)
+            self.sharded = ShardedState(
+                self.model,
+                self.runner.strategy,
+                self.exchange.sharding,
+                colocate=pipeline is not None,
+            )
 
         return build
 
@@ -202,7 +209,7 @@ class StepFunctions:
             gradient_compression=self.exchange.compression,
         )
         if self.pipeline is not None:
-            return self.pipeline.update(self.model, **arguments)
+            return self.pipeline.update(self.model, sharded=self.sharded, **arguments)
         if self.sharded is not None:
             return ShardedUpdate(self.model, self.model.optimizer, state=self.sharded, **arguments)
         return TrainUpdate(self.model, self.model.optimizer, **arguments)

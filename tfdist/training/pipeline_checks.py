@@ -62,14 +62,15 @@ def check_pipeline_options(
             note='Make it with tfdist.make_strategy("multi_worker", stage_devices=K), which '
             "leaves one device per worker to the replica and the others to the stages.",
         )
-    if sharding is not None:
+    if sharding is not None and not is_hybrid(strategy):
         raise invalid_argument(
             "sharding",
             sharding,
-            "None with pipeline=",
-            note="Sharded optimizer state splits each variable over the replicas' devices; a "
-            "pipeline's stages each hold their own variables' optimizer state on their own "
-            "device already. Both at once are not built.",
+            "None with pipeline= under the default strategy",
+            note="Sharded optimizer state splits each variable over the replicas; a pipeline in "
+            "one process has one replica, whose stages each hold their own variables' "
+            "optimizer state on their own device already. The hybrid (multi_worker) shards it "
+            "over the workers.",
         )
     return options
 

@@ -29,6 +29,8 @@ from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.losses import output_sums, replica_loss
 from tfdist.training.pipeline import PipelineOptions, Stage, place_stages
 from tfdist.training.pipeline_checks import check_global_batch, is_hybrid
+from tfdist.training.sharded_update import ShardedUpdate
+from tfdist.training.sharding import ShardedState
 from tfdist.training.step import TrainUpdate, batch_size_of, forward
 
 #: ``bucket_bytes`` that make every gradient one bucket (`tfdist.training.exchange.buckets`).
@@ -163,6 +165,12 @@ class PipelineUpdate(TrainUpdate):
         return grads, size, [tf.add_n(list(s)) for s in zip(*sums)], tf.zeros([0])
 
 
+class ShardedPipelineUpdate(ShardedUpdate, PipelineUpdate):
+    """The hybrid on sharded optimizer state: `PipelineUpdate`'s micro-step (the stages), and
+    `ShardedUpdate`'s exchange and update (each worker keeps and updates its block of each
+    stage's variables, on that stage's device; then the blocks are all-gathered)."""
+
+
 class Pipeline:
     """A model's pipeline for `tfdist.training.functions.StepFunctions`: its options, devices
     and, once the model is built, its stages.
@@ -198,14 +206,21 @@ class Pipeline:
     def check_batch(self, global_batch_size: int) -> None:
         check_global_batch(global_batch_size, self.options, self.strategy.num_replicas_in_sync)
 
-    def update(self, model: keras.Model, **arguments: Any) -> PipelineUpdate:
-        """The replica step of one update (`PipelineUpdate`)."""
+    def update(
+        self, model: keras.Model, sharded: ShardedState | None = None, **arguments: Any
+    ) -> PipelineUpdate:
+        """The replica step of one update (`PipelineUpdate`; on the ``sharded`` optimizer state,
+        if any, `ShardedPipelineUpdate`)."""
         assert self.stages is not None, "the model is built before its step"
-        return PipelineUpdate(
+        kind, more = PipelineUpdate, {}
+        if sharded is not None:
+            kind, more = ShardedPipelineUpdate, {"state": sharded}
+        return kind(
             model,
             model.optimizer,
             stages=self.stages,
             micro_batches=self.options.micro_batches,
+            **more,
             **arguments,
         )
 

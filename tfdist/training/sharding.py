@@ -135,6 +135,19 @@ def _slots_per_replica(optimizer: keras.optimizers.Optimizer, made: list) -> Ite
         del optimizer.add_variable_from_reference
 
 
+def _master(variable: Any, strategy: tf.distribute.Strategy, colocate: bool) -> Any:
+    """A per-replica variable of one block of ``variable`` (in ``strategy``'s scope)."""
+    n = strategy.num_replicas_in_sync
+    where = strategy.extended.colocate_vars_with(variable.value) if colocate else None
+    with where or contextlib.nullcontext(), tf.variable_creator_scope(_per_replica):
+        return keras.Variable(
+            tf.zeros([shard_size(elements(variable.shape), n)], variable.dtype),
+            dtype=variable.dtype,
+            trainable=False,
+            name=variable.name,
+        )
+
+
 class ShardedState:
     """The master shards of a model's trainable variables and the optimizer built on them.
 
@@ -142,6 +155,8 @@ class ShardedState:
         model: The compiled model, its variables in the strategy's scope.
         strategy: A mirrored or MultiWorkerMirrored strategy.
         sharding: ``"optimizer"`` or ``"gradients"``.
+        colocate: Make each master shard on its variable's devices (pipeline stages, whose
+            variables each live on their stage's device) rather than the replicas'.
 
     Attributes:
         variables: The model's trainable variables, in order.
@@ -150,7 +165,14 @@ class ShardedState:
             the whole tensor (what a backup saves).
     """
 
-    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, sharding: str):
+    def __init__(
+        self,
+        model: keras.Model,
+        strategy: tf.distribute.Strategy,
+        sharding: str,
+        *,
+        colocate: bool = False,
+    ):
         optimizer = model.optimizer
         check_optimizer(optimizer, sharding)
         self.sharding = sharding
@@ -167,16 +189,7 @@ class ShardedState:
             )
         made: list[tuple[Any, Any]] = []
         with strategy.scope():
-            with tf.variable_creator_scope(_per_replica):
-                self.masters = [
-                    keras.Variable(
-                        tf.zeros([shard_size(elements(v.shape), self.num_replicas)], v.dtype),
-                        dtype=v.dtype,
-                        trainable=False,
-                        name=v.name,
-                    )
-                    for v in self.variables
-                ]
+            self.masters = [_master(v, strategy, colocate) for v in self.variables]
             with _slots_per_replica(inner_optimizer(optimizer), made):
                 optimizer.build(self.masters)
         index = {id(m): i for i, m in enumerate(self.masters)}
