@@ -55,7 +55,8 @@ def make_strategy(kind: StrategyName | str = "auto", **options: Any) -> tf.distr
             ``parameter_server`` when the cluster has ``ps`` tasks) if TF_CONFIG
             or Slurm describes a cluster, else ``mirrored`` over local devices.
         **options: Options of that strategy's builder, e.g. ``num_devices`` for
-            mirrored, ``communication`` for multi_worker.
+            mirrored, ``communication`` and ``stage_devices`` (pipeline stages in each
+            worker) for multi_worker.
 
     Returns:
         A real ``tf.distribute.Strategy``; ``with strategy.scope():`` works.
