@@ -24,6 +24,7 @@ import re
 import socket
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,13 @@ class Endless(keras.utils.PyDataset):
 
     def __getitem__(self, index):
         return X[:32], Y[:32]
+
+
+def two_replicas_per_worker() -> tf.distribute.Strategy:
+    """A MultiWorkerMirroredStrategy as one of two GPUs per worker looks (no cluster started)."""
+    strategy = object.__new__(tf.distribute.MultiWorkerMirroredStrategy)
+    strategy._extended = types.SimpleNamespace(worker_devices=("/gpu:0", "/gpu:1"))
+    return strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,16 +323,57 @@ CASES = [
         lambda e: e.trainer_with(pipeline=tfdist.PipelineOptions(["dense_0"])),
         "strategy",
         "'MirroredStrategy'",
-        ("None (the default strategy) with pipeline=",),
+        ("None (the default strategy: all stages in this process) or a MultiWorkerMirrored",),
     ),
     C(
-        'Trainer(sharding="optimizer", pipeline=...)',
+        "Trainer(strategy=multi_worker, pipeline=...)  # 2 GPUs per worker",
+        lambda e: e.trainer_with(
+            strategy=two_replicas_per_worker(), pipeline=tfdist.PipelineOptions(["dense_0"])
+        ),
+        "strategy",
+        "'MultiWorkerMirroredStrategy with 2 replicas per worker'",
+        ("one replica per worker with pipeline=", 'make_strategy("multi_worker", stage_devices=K)'),
+    ),
+    C(
+        'make_strategy("multi_worker", stage_devices=0)',
+        lambda e: tfdist.make_strategy("multi_worker", stage_devices=0),
+        "stage_devices",
+        "0",
+        ("a positive integer",),
+    ),
+    C(
+        "tfdist.stage_tasks()  # no cluster",
+        lambda e: e.monkeypatch.delenv("TF_CONFIG", raising=False) or tfdist.stage_tasks(),
+        "TF_CONFIG",
+        "None",
+        ("a cluster of one task per pipeline stage", "tfdist launch --workers=K"),
+    ),
+    C(
+        "tfdist.stage_tasks()  # a cluster with ps tasks",
+        lambda e: (
+            e.monkeypatch.setenv(
+                "TF_CONFIG",
+                json.dumps(
+                    {
+                        "cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
+                        "task": {"type": "worker", "index": 0},
+                    }
+                ),
+            )
+            or tfdist.stage_tasks()
+        ),
+        "TF_CONFIG",
+        "'a cluster with ps tasks'",
+        ("chief and worker tasks only, one per pipeline stage",),
+    ),
+    C(
+        'Trainer(sharding="optimizer", pipeline=...)  # default strategy',
         lambda e: e.trainer_with(
             strategy=None, sharding="optimizer", pipeline=tfdist.PipelineOptions(["dense_0"])
         ),
         "sharding",
         "'optimizer'",
-        ("None with pipeline=",),
+        ("None with pipeline= under the default strategy",),
     ),
     C(
         "fit(x, y, batch_size=30)  # pipeline, micro_batches=4",
@@ -333,7 +382,7 @@ CASES = [
         ).fit(X, Y, batch_size=30, verbose=0),
         "global_batch_size",
         "30",
-        ("a multiple of micro_batches=4, e.g. 28 or 32",),
+        ("a multiple of micro_batches=4, e.g. 28 or 32",),  # hybrid: x replicas
     ),
     C(
         "Trainer(loss=None).fit(x, y)  # a model without add_loss",
@@ -1236,7 +1285,7 @@ CASES = [
         ),
         "strategy",
         "'ParameterServerStrategyV2'",
-        ("None (the default strategy) with pipeline=",),
+        ("None (the default strategy: all stages in this process) or a MultiWorkerMirrored",),
     ),
     C(
         "fit(generator, steps_per_epoch=2)  # parameter_server",
