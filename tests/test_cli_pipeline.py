@@ -154,9 +154,10 @@ def test_a_killed_pipeline_run_resumes_bitwise(tmp_path, uninterrupted):
 
     Backup 3 (after update 6 of epoch 1's 8) is SIGKILLed between its checkpoint write and its
     commit, so the last committed backup is backup 2, at update 4. The kill is seen at once
-    (the process is gone: exit -9); a restart loses at most ``backup_freq`` = 2 updates' work
-    plus the one being saved (here updates 5 and 6), which it trains again from the backup,
-    mid-epoch, with the same batches: the final weights digest equals the uninterrupted run's.
+    (the process is gone: exit -9). A restart resumes at the last committed backup, so it
+    trains again at most ``backup_freq`` = 2 updates, plus any trained while the next backup
+    was still being written in the background (here exactly updates 5 and 6), mid-epoch, on
+    the same batches: the final weights digest equals the uninterrupted run's.
     """
     backup = tmp_path / "backup"
     hook = {"TFDIST_BACKUP_TEST_HOOK": "kill_before_commit:3"}
