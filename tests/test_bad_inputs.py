@@ -1120,6 +1120,27 @@ CASES = [
         ("a positive integer with --strategy=parameter_server", "--steps_per_epoch=25"),
     ),
     C(
+        "tfdist train --pipeline=split_at=conv_1 --strategy=mirrored",
+        ["train", "--pipeline=split_at=conv_1", "--strategy=mirrored"],
+        "strategy",
+        "'mirrored'",
+        ("no --strategy with --pipeline", "TensorFlow's default strategy"),
+    ),
+    C(
+        "tfdist train --pipeline=split_at=conv_1,micro=4",
+        ["train", "--pipeline=split_at=conv_1,micro=4"],
+        "pipeline",
+        "'split_at=conv_1,micro=4'",
+        ("'off' or key=value pairs of: split_at, micro_batches, devices, allow_batch_norm",),
+    ),
+    C(
+        "tfdist train --pipeline=split_at=conv_9  # the cnn has no conv_9",
+        ["train", "--pipeline=split_at=conv_9", "--epochs=1", "--verbose=0"],
+        "split_at",
+        "['conv_9']",
+        ("names of layers of 'cnn': inputs, conv_0, conv_1, pool",),
+    ),
+    C(
         "tfdist train extra",
         ["train", "extra"],
         "args",

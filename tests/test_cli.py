@@ -80,7 +80,9 @@ def test_cli_errors(args, pattern):
 
 
 @pytest.mark.parametrize(
-    "flag", ["--model=vgg", "--dataset=imagenet", "--precision=fp8", "--strategy=parameter_server"]
+    "flag",
+    ["--model=vgg", "--dataset=imagenet", "--precision=fp8", "--strategy=parameter_server"]
+    + ["--pipeline=split_at=a+a"],
 )
 def test_bad_train_flags_fail_before_tensorflow_loads(flag):
     # The flags are checked first, so a typo costs no TensorFlow start-up (seconds).

@@ -338,6 +338,17 @@ def test_upstream_still_makes_a_multi_device_iterator_for_one_cpu_replica():
         )
 
 
+def test_the_default_strategy_is_not_one_cpu_replica_and_has_no_worker_devices():
+    # A pipeline trains under the default strategy: its distributed datasets are plain datasets
+    # already, and asking it for worker_devices raises (what one_cpu_replica guards against).
+    strategy = tf.distribute.get_strategy()
+    with pytest.raises(RuntimeError, match="worker_devices"):
+        strategy.extended.worker_devices  # noqa: B018
+    assert not _compat.one_cpu_replica(strategy)
+    fn = tfdist.data.load("digits", split="train", seed=0).bind(global_batch_size=64)
+    assert isinstance(strategy.distribute_datasets_from_function(fn), tf.data.Dataset)
+
+
 def test_plain_iterator_gives_the_same_batches_in_the_same_order():
     strategy = tfdist.make_strategy("one_device")
     assert _compat.one_cpu_replica(strategy)

@@ -233,9 +233,14 @@ STRAGGLER_FIELDS = {
     "log_scores": bool,
     "restart_after": int,
 }
+#: ``tfdist train --pipeline=...``: the ``PipelineOptions`` fields a flag may set (``split_at``
+#: and ``devices`` join several values with ``+``: commas separate the pairs).
+PIPELINE_FIELDS = {"split_at": str, "micro_batches": int, "devices": str, "allow_batch_norm": bool}
 
 
-def parse_options(name: str, text: str, fields: dict[str, type]) -> dict[str, Any] | None:
+def parse_options(
+    name: str, text: str, fields: dict[str, type], *, on: bool = True
+) -> dict[str, Any] | None:
     """An option flag's text as keyword arguments: ``"off"`` is None, ``"on"`` or ``""`` ``{}``.
 
     Args:
@@ -243,15 +248,19 @@ def parse_options(name: str, text: str, fields: dict[str, type]) -> dict[str, An
         text: ``"off"``, ``""``, or ``key=value`` pairs separated by commas
             (``"floor=60,factor=5"``; booleans are ``true``/``false``).
         fields: The keys allowed, with their types.
+        on: Whether ``"on"`` (every default) is a value; False where a key has no default.
     """
     if text == "off":
         return None
+    switch = "'off', 'on', or" if on else "'off' or"
+    expected = f"{switch} key=value pairs of: {', '.join(fields)}"
+    if text == "on" and not on:
+        raise invalid_argument(name, text, expected)
     kwargs: dict[str, Any] = {}
     if text == "on":
         return kwargs
     for pair in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = pair.partition("=")
-        expected = f"'off', 'on', or key=value pairs of: {', '.join(fields)}"
         if key not in fields or not value:
             raise invalid_argument(name, text, expected)
         kind = fields[key]
@@ -268,6 +277,19 @@ def parse_options(name: str, text: str, fields: dict[str, type]) -> dict[str, An
     return kwargs
 
 
+def _check_strategy(config: TrainConfig) -> None:
+    """A strategy by name; with a pipeline, None (TF's default strategy) and no sharding."""
+    if config.pipeline in ("", "off"):
+        check_choice("strategy", config.strategy, STRATEGY_NAMES)
+    elif config.strategy is not None or config.sharding is not None:
+        name = "strategy" if config.strategy is not None else "sharding"
+        expected = (
+            "None with pipeline (`tfdist train`: no --strategy or --sharding with --pipeline)"
+        )
+        note = "A pipeline trains in one process under TensorFlow's default strategy."
+        raise invalid_argument(name, getattr(config, name), expected, note=note)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Options of one ``tfdist train`` job, validated once on construction.
@@ -280,9 +302,11 @@ class TrainConfig:
     ``"fp16"``, or ``"none"``/None: float32), ``bucket_bytes`` and ``sharding``
     (``"optimizer"``, ``"gradients"``, or ``"off"``/None) are the Trainer's gradient
     exchange (``ExchangeOptions``); ``"none"`` and ``"off"`` are stored as None.
+    ``pipeline`` (``PIPELINE_FIELDS`` as ``key=value`` pairs, ``""``/``"off"``: none) cuts the
+    model into stages, one process under TF's default strategy: ``strategy`` is then None.
     """
 
-    strategy: str = "mirrored"
+    strategy: str | None = "mirrored"
     num_devices: int | None = 2
     communication: str = "auto"
     num_workers: int | None = None
@@ -313,9 +337,9 @@ class TrainConfig:
     gradient_compression: str | None = None
     bucket_bytes: int | None = None
     sharding: str | None = None
+    pipeline: str = ""
 
     def __post_init__(self) -> None:
-        check_choice("strategy", self.strategy, STRATEGY_NAMES)
         check_positive_int("num_devices", self.num_devices, allow_none=True)
         check_choice("communication", self.communication, COMMUNICATIONS)
         for name in ("num_workers", "num_ps", "min_shard_bytes"):
@@ -351,6 +375,8 @@ class TrainConfig:
             check_choice("sharding", self.sharding, SHARDINGS)
             if self.sharding == "off":
                 object.__setattr__(self, "sharding", None)
+        parse_options("pipeline", self.pipeline or "off", PIPELINE_FIELDS, on=False)
+        _check_strategy(self)
         parse_options("watchdog", self.watchdog, WATCHDOG_FIELDS)
         stragglers = parse_options("stragglers", self.stragglers, STRAGGLER_FIELDS)
         if stragglers and stragglers.get("restart_after") and not self.backup_dir:

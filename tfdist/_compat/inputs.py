@@ -17,9 +17,13 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist._compat.runtime import is_default_strategy
+
 
 def one_cpu_replica(strategy: tf.distribute.Strategy) -> bool:
     """Whether this worker's only replica runs on a CPU (one_device, MWMS on CPUs)."""
+    if is_default_strategy(strategy):
+        return False  # no worker_devices; its distributed datasets are plain datasets already
     devices = strategy.extended.worker_devices
     return len(devices) == 1 and tf.DeviceSpec.from_string(devices[0]).device_type == "CPU"
 

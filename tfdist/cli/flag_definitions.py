@@ -288,6 +288,15 @@ flags.DEFINE_string(
     "state (optimizer, ZeRO-1), and of the gradients too (gradients, ZeRO-2); mirrored and "
     "multi_worker (default off).",
 )
+flags.DEFINE_string(
+    "pipeline",
+    "",
+    "train: model parallelism, the model cut into pipeline stages in this one process (TF's "
+    "default strategy: no --strategy), off or key=value pairs: split_at=NAME or NAME+NAME+... "
+    "(stage k ends with layer NAME k), micro_batches=M, devices=D0+D1+... (default: GPUs, else "
+    "one logical CPU device per stage), allow_batch_norm=true; e.g. "
+    "split_at=conv_1,micro_batches=4 (default off).",
+)
 flags.DEFINE_float(
     "target_accuracy",
     None,
@@ -324,42 +333,13 @@ _LAUNCH_LAYOUT = frozenset({"workers", "ps", "chief", "max_restarts", "nnodes"})
 #: refused, not ignored (tests/test_house.py checks these sets against the commands' code).
 READS = {
     "train": frozenset(
-        {
-            "strategy",
-            "num_devices",
-            "communication",
-            "num_workers",
-            "num_ps",
-            "min_shard_bytes",
-            "model",
-            "dataset",
-            "data_dir",
-            "epochs",
-            "global_batch_size",
-            "steps_per_epoch",
-            "precision",
-            "steps_per_execution",
-            "accumulation_steps",
-            "optimizer",
-            "learning_rate",
-            "lr_scaling",
-            "base_global_batch_size",
-            "warmup_steps",
-            "warmup_epochs",
-            "model_dir",
-            "backup_dir",
-            "backup_freq",
-            "seed",
-            "verbose",
-            "watchdog",
-            "stragglers",
-            "gradient_compression",
-            "bucket_bytes",
-            "sharding",
-            "engine",
-            "cpus_per_worker",
-            "max_restarts",
-        }
+        ("strategy", "num_devices", "communication", "num_workers", "num_ps", "min_shard_bytes")
+        + ("model", "dataset", "data_dir", "epochs", "global_batch_size", "steps_per_epoch")
+        + ("precision", "steps_per_execution", "accumulation_steps", "optimizer", "learning_rate")
+        + ("lr_scaling", "base_global_batch_size", "warmup_steps", "warmup_epochs", "model_dir")
+        + ("backup_dir", "backup_freq", "seed", "verbose", "watchdog", "stragglers")
+        + ("gradient_compression", "bucket_bytes", "sharding", "pipeline", "engine")
+        + ("cpus_per_worker", "max_restarts")
     ),
     "launch": _LAUNCH_LAYOUT
     | {"evaluator", "host", "hosts", "node_rank", "allow_external", "private_network", "pin"}

@@ -34,6 +34,7 @@ EXAMPLES = {
         "tfdist train --strategy=one_device --epochs=3",
         "tfdist launch --workers=2 -- tfdist train --strategy=multi_worker",
         "tfdist train --engine=ray --num_workers=2 --epochs=5",
+        "tfdist train --pipeline=split_at=conv_1,micro_batches=4   # 2 stages, 1 process",
     ),
     "launch": (
         "tfdist launch --workers=2 -- tfdist train --strategy=multi_worker",
@@ -76,6 +77,7 @@ GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ),
         ("Speed", ("precision", "steps_per_execution", "gradient_compression", "bucket_bytes")),
         ("Memory", ("sharding",)),
+        ("Model parallelism", ("pipeline",)),
         (
             "Saving and fault tolerance",
             ("model_dir", "backup_dir", "backup_freq", "watchdog", "stragglers"),

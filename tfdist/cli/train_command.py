@@ -40,10 +40,36 @@ def _gradient_compression() -> str | None:
     return values[0]
 
 
+#: The flags that choose or shape a strategy: none of them goes with ``--pipeline``.
+STRATEGY_FLAGS = ("strategy", "num_devices", "communication", "num_workers", "num_ps")
+STRATEGY_FLAGS += ("min_shard_bytes",)
+
+
+def _strategy() -> str | None:
+    """``--strategy``; None (TF's default strategy) for ``--pipeline`` without a strategy flag.
+
+    A pipeline trains in one process with the stages on its devices, which a strategy's scope
+    would override, so any flag of the strategy group is refused with it, by name.
+    """
+    if FLAGS.pipeline in ("", "off"):
+        return FLAGS.strategy
+    for name in STRATEGY_FLAGS:
+        if FLAGS[name].present:
+            raise invalid_argument(
+                name,
+                FLAGS[name].value,
+                f"no --{name} with --pipeline",
+                note="A pipeline trains in one process under TensorFlow's default strategy, "
+                "each stage on its own device; pipelines under a data-parallel strategy are not "
+                "built yet.",
+            )
+    return None
+
+
 def train_config() -> TrainConfig:
     """The ``TrainConfig`` the parsed flags describe (checked by ``TrainConfig`` itself)."""
     return TrainConfig(
-        strategy=FLAGS.strategy,
+        strategy=_strategy(),
         num_devices=FLAGS.num_devices,
         communication=FLAGS.communication,
         num_workers=FLAGS.num_workers,
@@ -74,7 +100,27 @@ def train_config() -> TrainConfig:
         gradient_compression=_gradient_compression(),
         bucket_bytes=FLAGS.bucket_bytes,
         sharding=FLAGS.sharding,
+        pipeline=FLAGS.pipeline,
     )
+
+
+def _check_pipeline(config: TrainConfig) -> None:
+    """Refuses ``--pipeline`` in a cluster (TF_CONFIG or Slurm) and checks its pairs, before
+    TensorFlow loads; the layer names are checked by the Trainer once the model is made."""
+    if not config.pipeline or config.pipeline == "off":
+        return
+    from tfdist import cluster
+    from tfdist.launch.pipeline_flag import pipeline_options
+
+    if cluster.from_environment() is not None:
+        raise invalid_argument(
+            "pipeline",
+            config.pipeline,
+            "off in a task of a cluster (TF_CONFIG or Slurm describes one)",
+            note="A pipeline trains in one process; data parallelism over pipelines "
+            "(multi_worker) is not built yet.",
+        )
+    pipeline_options(config)
 
 
 def _check_parameter_server_steps(config: TrainConfig) -> None:
@@ -129,6 +175,13 @@ def run(args: Sequence[str]) -> int:
     # The flags are checked before TensorFlow loads (seconds), so a bad one fails at once.
     config = train_config()
     if FLAGS.engine == "ray":
+        if FLAGS.pipeline not in ("", "off"):
+            raise invalid_argument(
+                "pipeline",
+                FLAGS.pipeline,
+                "off with --engine=ray",
+                note="Ray Train runs multi_worker groups; a pipeline trains in one process.",
+            )
         if FLAGS.strategy != "multi_worker" and FLAGS["strategy"].present:
             raise invalid_argument(
                 "strategy",
@@ -150,6 +203,7 @@ def run(args: Sequence[str]) -> int:
         )
     else:
         _check_parameter_server_steps(config)
+        _check_pipeline(config)
         quiet.import_tensorflow()
         from tfdist.launch import train
 

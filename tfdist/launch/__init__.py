@@ -11,7 +11,7 @@ Engines start processes that call tfdist's public API; none reaches into trainin
 * ``manifests/``: ``tfdist manifest``: ``slurm.py`` (sbatch) and ``kubernetes.py`` (YAML);
 * ``ray_engine.py``, ``ray_backup.py``: Ray Train as the engine;
 * ``train.py``: the ``tfdist train`` job (the ``tfdist`` command itself is
-  ``tfdist/cli/``, above this package).
+  ``tfdist/cli/``, above this package); ``pipeline_flag.py``: its ``--pipeline``.
 
 Importing this package imports no TensorFlow (the launcher only supervises
 processes) and no Ray: ``ray_launcher``, ``ray_fit`` and ``RayBackup`` load

@@ -3,8 +3,10 @@
 Run it with ``make train``, ``tfdist train --strategy=mirrored --num_devices=2``,
 or on a local cluster with
 ``tfdist launch --workers=2 -- tfdist train --strategy=multi_worker``.
-With ``--backup_dir=DIR [--backup_freq=N]`` a restarted run resumes at the last
-backed-up update, e.g. under Slurm with requeue on preemption::
+With ``--pipeline=split_at=conv_1,micro_batches=4`` the model is cut into pipeline stages
+in this one process (TF's default strategy), each stage on a GPU, else on a logical CPU
+device made here. With ``--backup_dir=DIR [--backup_freq=N]`` a restarted run resumes at
+the last backed-up update, e.g. under Slurm with requeue on preemption::
 
     tfdist manifest slurm --ntasks=2 --max_restarts=3 --output=job.sbatch -- \
         tfdist train --strategy=multi_worker --backup_dir=$HOME/run/backup --backup_freq=50
@@ -21,6 +23,7 @@ import time
 from typing import Any
 
 from tfdist.config import STRAGGLER_FIELDS, WATCHDOG_FIELDS, TrainConfig, parse_options
+from tfdist.launch.pipeline_flag import pipeline_options, stage_cpu_devices
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +94,16 @@ def run(config: TrainConfig) -> dict[str, Any]:
     """
     # Only tfdist's public names: the job is what a user's script would be. The strategy comes
     # first, before other TF work (virtual devices and collectives must be set up before TF starts).
+    import tensorflow as tf
+
     import tfdist
 
-    strategy = tfdist.make_strategy(config.strategy, **_strategy_options(config))
+    pipeline = pipeline_options(config)
+    if pipeline is not None:  # TF's default strategy; the stages' devices
+        stage_cpu_devices(pipeline)
+        strategy = tf.distribute.get_strategy()
+    else:
+        strategy = tfdist.make_strategy(config.strategy, **_strategy_options(config))
 
     import keras
 
@@ -102,7 +112,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     keras.utils.set_random_seed(config.seed)
     train = data.load(config.dataset, split="train", data_dir=config.data_dir, seed=config.seed)
     val = data.load(config.dataset, split="validation", data_dir=config.data_dir, seed=config.seed)
-    trainer = _make_trainer(config, strategy, train)
+    trainer = _make_trainer(config, strategy, train, pipeline)
     start = time.perf_counter()
     history = trainer.fit(
         train,
@@ -118,8 +128,11 @@ def run(config: TrainConfig) -> dict[str, Any]:
     return _summary(trainer, strategy, history, seconds)
 
 
-def _make_trainer(config: TrainConfig, strategy: Any, train: Any) -> Any:
-    """The Trainer of ``config.model`` for the ``train`` dataset, under ``strategy``."""
+def _make_trainer(
+    config: TrainConfig, strategy: Any, train: Any, pipeline: dict[str, Any] | None
+) -> Any:
+    """The Trainer of ``config.model`` for the ``train`` dataset, under ``strategy``, with the
+    ``pipeline``'s stages (`pipeline_options`) if any."""
     import keras
 
     import tfdist
@@ -146,6 +159,7 @@ def _make_trainer(config: TrainConfig, strategy: Any, train: Any) -> Any:
         **_backup_options(config),
         **exchange_options(config),
         **health_options(config),
+        pipeline=None if pipeline is None else tfdist.PipelineOptions(**pipeline),
     )
 
 
