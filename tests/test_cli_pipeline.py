@@ -62,13 +62,18 @@ def test_the_flag_becomes_pipeline_options_under_the_default_strategy():
     [
         (
             [PIPELINE, "--strategy=mirrored"],
-            "`strategy`. Received: strategy='mirrored'. Expected no --strategy with --pipeline.",
+            "`strategy`. Received: strategy='mirrored'. Expected no --strategy with --pipeline "
+            "(only --strategy=multi_worker, the hybrid).",
         ),
         ([PIPELINE, "--num_devices=3"], "`num_devices`. Received: num_devices=3. Expected no "),
         (
+            [PIPELINE, "--strategy=multi_worker", "--num_ps=1"],
+            "`num_ps`. Received: num_ps=1. Expected no --num_ps with --pipeline.",
+        ),
+        (
             [PIPELINE, "--sharding=optimizer"],
-            "`sharding`. Received: sharding='optimizer'. Expected None with pipeline (`tfdist "
-            "train`: no --strategy or --sharding with --pipeline).",
+            "`sharding`. Received: sharding='optimizer'. Expected None with pipeline in one "
+            "process (one replica: nothing to shard over).",
         ),
         (
             ["--pipeline=split_at=conv_1,micro=4"],
@@ -106,6 +111,26 @@ def test_a_pipeline_in_a_cluster_is_refused(monkeypatch, capsys):
     )
     code, err = run_cli_in_process(["train", PIPELINE], capsys)
     assert code == 2 and "Expected off in a task of a cluster (TF_CONFIG or Slurm" in err, err
+    assert "unless with --strategy=multi_worker" in err
+
+
+def test_the_hybrid_is_multi_worker_with_a_pipeline(monkeypatch):
+    """``--strategy=multi_worker`` (and its ``--communication``, ``--sharding``) go with
+    ``--pipeline``, in a cluster too; the real run is in tests/strategies/test_multi_worker.py."""
+    from tfdist.cli.train_command import check_pipeline
+
+    flags = (PIPELINE, "--strategy=multi_worker", "--communication=ring", "--sharding=gradients")
+    config = _train_config(*flags)
+    assert (config.strategy, config.communication, config.sharding) == (
+        "multi_worker",
+        "ring",
+        "gradients",
+    )
+    cluster = {"worker": ["localhost:1", "localhost:2"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+    )
+    check_pipeline(config)  # no refusal
 
 
 def test_a_layer_the_model_lacks_is_one_line(capsys):

@@ -278,16 +278,16 @@ def parse_options(
 
 
 def _check_strategy(config: TrainConfig) -> None:
-    """A strategy by name; with a pipeline, None (TF's default strategy) and no sharding."""
-    if config.pipeline in ("", "off"):
+    """A strategy by name; with a pipeline, None (TF's default strategy) without sharding, or
+    ``multi_worker`` (the hybrid)."""
+    if config.pipeline in ("", "off") or config.strategy == "multi_worker":
         check_choice("strategy", config.strategy, STRATEGY_NAMES)
-    elif config.strategy is not None or config.sharding is not None:
-        name = "strategy" if config.strategy is not None else "sharding"
-        expected = (
-            "None with pipeline (`tfdist train`: no --strategy or --sharding with --pipeline)"
-        )
-        note = "A pipeline trains in one process under TensorFlow's default strategy."
-        raise invalid_argument(name, getattr(config, name), expected, note=note)
+    elif config.strategy is not None:
+        expected = "None (one process) or 'multi_worker' (the hybrid) with pipeline"
+        raise invalid_argument("strategy", config.strategy, expected)
+    elif config.sharding is not None:
+        expected = "None with pipeline in one process (one replica: nothing to shard over)"
+        raise invalid_argument("sharding", config.sharding, expected)
 
 
 @dataclasses.dataclass(frozen=True)

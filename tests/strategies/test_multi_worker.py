@@ -129,6 +129,8 @@ def test_upstream_keras_still_needs_the_shim(shim, symptom, tmp_path):
 
 
 def test_cli_train_under_launch():
+    """``tfdist train --strategy=multi_worker`` under ``tfdist launch``, as the hybrid: each of
+    the 2 workers runs the default cnn as 3 pipeline stages on its own logical CPU devices."""
     proc = run_tfdist(
         "launch",
         "--workers=2",
@@ -138,6 +140,7 @@ def test_cli_train_under_launch():
         "tfdist",
         "train",
         "--strategy=multi_worker",
+        "--pipeline=split_at=conv_1+dense,micro_batches=2",
         "--epochs=4",
         "--global_batch_size=64",
         "--verbose=0",
@@ -148,6 +151,8 @@ def test_cli_train_under_launch():
     accuracy = float(lines[0].split("val_accuracy=")[1].split()[0])
     assert accuracy >= 0.9
     assert "replicas=2" in lines[0]
+    stages = [line for line in proc.stdout.splitlines() if "Pipeline of 3 stages" in line]
+    assert any("task:0/device:CPU:2" in line for line in stages), stages
 
 
 def test_port_in_use_is_a_clear_error(monkeypatch):

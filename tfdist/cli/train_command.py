@@ -40,30 +40,35 @@ def _gradient_compression() -> str | None:
     return values[0]
 
 
-#: The flags that choose or shape a strategy: none of them goes with ``--pipeline``.
+#: The flags that choose or shape a strategy: with ``--pipeline`` only ``--strategy=multi_worker``
+#: (the hybrid) and its ``--communication`` go.
 STRATEGY_FLAGS = ("strategy", "num_devices", "communication", "num_workers", "num_ps")
 STRATEGY_FLAGS += ("min_shard_bytes",)
+HYBRID_FLAGS = ("strategy", "communication")
 
 
 def _strategy() -> str | None:
     """``--strategy``; None (TF's default strategy) for ``--pipeline`` without a strategy flag.
 
     A pipeline trains in one process with the stages on its devices, which a strategy's scope
-    would override, so any flag of the strategy group is refused with it, by name.
+    would override, or, with ``--strategy=multi_worker``, in each worker of the cluster (the
+    hybrid); any other flag of the strategy group is refused with it, by name.
     """
     if FLAGS.pipeline in ("", "off"):
         return FLAGS.strategy
+    hybrid = FLAGS["strategy"].present and FLAGS.strategy == "multi_worker"
     for name in STRATEGY_FLAGS:
-        if FLAGS[name].present:
+        if FLAGS[name].present and not (hybrid and name in HYBRID_FLAGS):
             raise invalid_argument(
                 name,
                 FLAGS[name].value,
-                f"no --{name} with --pipeline",
+                f"no --{name} with --pipeline"
+                + (" (only --strategy=multi_worker, the hybrid)" if name == "strategy" else ""),
                 note="A pipeline trains in one process under TensorFlow's default strategy, "
-                "each stage on its own device; pipelines under a data-parallel strategy are not "
-                "built yet.",
+                "each stage on its own device, or with --strategy=multi_worker in each worker "
+                "of a cluster (data parallel over the workers x stages in each).",
             )
-    return None
+    return "multi_worker" if hybrid else None
 
 
 def train_config() -> TrainConfig:
@@ -104,7 +109,7 @@ def train_config() -> TrainConfig:
     )
 
 
-def _check_pipeline(config: TrainConfig) -> None:
+def check_pipeline(config: TrainConfig) -> None:
     """Refuses ``--pipeline`` in a cluster (TF_CONFIG or Slurm) and checks its pairs, before
     TensorFlow loads; the layer names are checked by the Trainer once the model is made."""
     if not config.pipeline or config.pipeline == "off":
@@ -112,13 +117,14 @@ def _check_pipeline(config: TrainConfig) -> None:
     from tfdist import cluster
     from tfdist.launch.pipeline_flag import pipeline_options
 
-    if cluster.from_environment() is not None:
+    if cluster.from_environment() is not None and config.strategy != "multi_worker":
         raise invalid_argument(
             "pipeline",
             config.pipeline,
-            "off in a task of a cluster (TF_CONFIG or Slurm describes one)",
-            note="A pipeline trains in one process; data parallelism over pipelines "
-            "(multi_worker) is not built yet.",
+            "off in a task of a cluster (TF_CONFIG or Slurm describes one), unless with "
+            "--strategy=multi_worker",
+            note="Without a strategy a pipeline trains in one process; with "
+            "--strategy=multi_worker each worker of the cluster runs one (the hybrid).",
         )
     pipeline_options(config)
 
@@ -203,7 +209,7 @@ def run(args: Sequence[str]) -> int:
         )
     else:
         _check_parameter_server_steps(config)
-        _check_pipeline(config)
+        check_pipeline(config)
         quiet.import_tensorflow()
         from tfdist.launch import train
 

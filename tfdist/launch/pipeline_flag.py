@@ -3,7 +3,8 @@ stages' logical CPU devices.
 
 ``--pipeline=split_at=conv_1,micro_batches=4`` cuts the model after layer ``conv_1`` into two
 stages trained with the GPipe schedule over 4 micro-batches (`tfdist.training.pipeline`), in one
-process under TensorFlow's default strategy. Several split names (and ``devices``) are joined by
+process under TensorFlow's default strategy, or with ``--strategy=multi_worker`` in each worker of
+a cluster (the hybrid). Several split names (and ``devices``) are joined by
 ``+``, since commas separate the pairs: ``split_at=conv_0+dense``. Importing this module loads
 no TensorFlow, so that ``tfdist train`` checks the flag before TensorFlow starts.
 """
@@ -52,14 +53,18 @@ def pipeline_options(config: TrainConfig) -> dict[str, Any] | None:
     return kwargs
 
 
-def stage_cpu_devices(options: dict[str, Any]) -> None:
+def stage_cpu_devices(options: dict[str, Any]) -> int:
     """Splits the CPU into one logical device per stage (or up to the highest CPU named in
-    ``devices``) on a host without GPUs; must run before TensorFlow initialises its devices."""
+    ``devices``) on a host without GPUs; must run before TensorFlow initialises its devices.
+
+    Returns:
+        The devices the stages need (``stage_devices`` for the hybrid's strategy).
+    """
     import tensorflow as tf
 
-    if tf.config.list_physical_devices("GPU"):
-        return
     wanted = len(options["split_at"]) + 1
+    if tf.config.list_physical_devices("GPU"):
+        return wanted
     for name in options.get("devices") or []:
         try:
             spec = tf.DeviceSpec.from_string(name)
@@ -70,7 +75,7 @@ def stage_cpu_devices(options: dict[str, Any]) -> None:
     cpu = tf.config.list_physical_devices("CPU")[0]
     have = len(tf.config.get_logical_device_configuration(cpu) or [None])
     if wanted <= have:
-        return
+        return wanted
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * wanted
@@ -84,3 +89,4 @@ def stage_cpu_devices(options: dict[str, Any]) -> None:
             "pipeline first in the process, or pass devices= that exist.",
         ) from e
     logger.info("Split the CPU into %d logical devices, one per pipeline stage", wanted)
+    return wanted

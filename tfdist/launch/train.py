@@ -99,7 +99,12 @@ def run(config: TrainConfig) -> dict[str, Any]:
     import tfdist
 
     pipeline = pipeline_options(config)
-    if pipeline is not None:  # TF's default strategy; the stages' devices
+    if pipeline is not None and config.strategy == "multi_worker":  # the hybrid
+        stages = stage_cpu_devices(pipeline)
+        strategy = tfdist.make_strategy(
+            "multi_worker", communication=config.communication, stage_devices=stages
+        )
+    elif pipeline is not None:  # TF's default strategy; the stages' devices
         stage_cpu_devices(pipeline)
         strategy = tf.distribute.get_strategy()
     else:
