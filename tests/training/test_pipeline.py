@@ -285,6 +285,48 @@ def test_evaluate_keeps_a_mask_made_in_the_last_stage():
     np.testing.assert_allclose(got, model.evaluate(x, y, batch_size=32, verbose=0), rtol=1e-6)
 
 
+def _masked_sequences() -> keras.Model:
+    """Padded steps stay zero through stage 0 (no bias), and stage 1 masks them."""
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6, 2))
+    h = keras.layers.Dense(4, use_bias=False, name="lin")(inputs)
+    h = keras.layers.Masking(0.0, name="mask")(h)
+    h = keras.layers.Dense(4, activation="tanh", name="hid")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+
+@pytest.mark.parametrize("kind", ["keras_mask", "ignore_class", "accumulated"])
+def test_masked_loss_terms_train_as_one_device_on_the_whole_batch(kind):
+    """A Keras mask reaching the loss (made in the last stage), or ``ignore_class``: each term
+    weighed by its valid count over the whole update, not per micro-batch, so 4 micro-batches
+    of uneven valid counts equal plain Keras on the whole batch (SGD, float32); accumulated:
+    2 batches of 16 per update against Keras's batches of 32."""
+    x = RNG.normal(size=(64, 6, 2)).astype("float32")
+    x[:, 4:], x[::3, 1:] = 0, 0  # uneven valid steps across the micro-batches
+    y = RNG.integers(0, 3, size=(64, 6))
+    loss = LOSS
+    if kind == "ignore_class":
+        y[::5, 2:] = -1
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)
+    fit = dict(batch_size=32, epochs=2, verbose=0, shuffle=False)
+    k = 2 if kind == "accumulated" else 1
+    trainer = tfdist.Trainer(
+        _masked_sequences,
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=loss,
+        metrics=["accuracy"],
+        accumulation_steps=k,
+        pipeline=PipelineOptions(["lin"], micro_batches=4),
+    )
+    got = trainer.fit(x, y, **{**fit, "batch_size": 32 // k}).history
+    model = _masked_sequences()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss, metrics=["accuracy"])
+    want = model.fit(x, y, **fit).history
+    assert max_diff(trainer.model.get_weights(), model.get_weights()) <= 1e-6
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
 def test_sample_weights():
     weights = RNG.uniform(0.0, 2.0, size=64).astype("float32")
     fit = dict(sample_weight=weights, batch_size=32, epochs=1, verbose=0, shuffle=False)

@@ -168,15 +168,6 @@ def test_refuses_a_cut_that_a_keras_mask_crosses():
     trainer_with(masked, split_at=["lstm"])()  # after the layer that consumes it
 
 
-def test_refuses_masked_loss_terms():
-    trainer = tfdist.Trainer(
-        mlp,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
-        pipeline=PipelineOptions(SPLIT),
-    )
-    refused(r"`pipeline`.*None for a loss with masked terms", lambda: trainer)
-
-
 def test_refuses_activity_regularizers():
     def regularised() -> keras.Model:
         inputs = keras.Input((8,))

@@ -10,11 +10,15 @@ update's global batch, so the summed gradients are those of Keras's mean over th
 the rest (exchange, update, logs, accumulation) is `TrainUpdate`'s.
 
 Weight regularisers are differentiated on the last stage (their gradients join each
-variable's own). Masked loss terms (Keras masks, ``ignore_class``) are refused.
+variable's own). Masked loss terms (Keras masks reaching the loss, ``ignore_class``) are taken
+apart as `TrainUpdate` takes them (`tfdist.training.losses`): each term's ``c_j * S_j`` has a
+backward pass of its own through the stages, and the update weighs it by the term's valid count
+over the whole update (all micro-batches, all replicas), as one device on the whole batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,9 +28,8 @@ from keras.utils import unpack_x_y_sample_weight
 
 from tfdist._compat.keras_training import loss_tracker, unscale_loss
 from tfdist._compat.masks import keras_mask, with_keras_mask
-from tfdist.config import invalid_argument
 from tfdist.training.exchange import all_reduce_sum
-from tfdist.training.losses import output_sums, replica_loss
+from tfdist.training.losses import MaskedUpdate, Split, output_sums, replica_loss, split
 from tfdist.training.pipeline import PipelineOptions, Stage, place_stages
 from tfdist.training.pipeline_checks import check_global_batch, is_hybrid
 from tfdist.training.sharded_update import ShardedUpdate
@@ -91,32 +94,41 @@ class PipelineUpdate(TrainUpdate):
         self.micro_batches = micro_batches
         self.index = {id(v): i for i, v in enumerate(self.model.trainable_variables)}
 
-    def _forward(self, data: Any) -> tuple[list[Any], Any, tf.Tensor, Any]:
-        """One micro-batch forward; ``(tapes and boundaries, replica loss, size, objective)``."""
+    def _forward(self, data: Any) -> Pass:
+        """One micro-batch forward through the stages, Keras's loss on the last one."""
         model, last = self.model, self.stages[-1]
         x, y, sample_weight = unpack_x_y_sample_weight(data)
         size = batch_size_of(x)
         records, h = [], x
         for k, stage in enumerate(self.stages):
-            with tf.device(stage.device), tf.GradientTape() as tape:
+            # Persistent: a masked term's coefficient and gradients are read from it as well.
+            with tf.device(stage.device), tf.GradientTape(persistent=True) as tape:
                 if k > 0:
                     tape.watch(h)
                 out = forward(stage.model, h, training=True)
                 if stage is last:
                     replica = replica_loss(model, (x, y, out, sample_weight), training=True)
-                    if replica.terms:
-                        raise _masked_refusal()
-                    scale = tf.cast(size * self.num_replicas / self.expected, replica.loss.dtype)
-                    objective = self.optimizer.scale_loss(replica.loss * scale)
+                    parts = split(tape, replica, self.num_replicas) if replica.terms else None
+                    rest = replica.loss if parts is None else parts.rest
+                    scale = tf.cast(size * self.num_replicas / self.expected, rest.dtype)
+                    # The rest of the loss first, then each masked term's ``c_j * S_j``.
+                    objectives = [self.optimizer.scale_loss(rest * scale)]
+                    if parts is not None:
+                        objectives += [
+                            self.optimizer.scale_loss(c * s) for c, s in parts.weighted()
+                        ]
             records.append((tape, h if k > 0 else None, out))
             h = out
         with tf.device(last.device):
-            loss_tracker(model).update_state(unscale_loss(replica.loss), sample_weight=size)
+            if parts is None:
+                loss_tracker(model).update_state(unscale_loss(replica.loss), sample_weight=size)
             model.compute_metrics(x, y, h, sample_weight=sample_weight)
-        return records, replica, size, objective
+        rest_log = unscale_loss(rest) * tf.cast(size, rest.dtype)
+        return Pass(records, replica, size, objectives, parts, rest_log)
 
     def _backward(self, records: list[Any], objective: tf.Tensor, grads: list[Any]) -> None:
-        """One micro-batch backward, stage by stage under each stage's device, into ``grads``."""
+        """One objective of one micro-batch backward, stage by stage under each stage's device,
+        added into ``grads``."""
         variables = self.model.trainable_variables
         dh = None
         for k in reversed(range(len(self.stages))):
@@ -149,20 +161,53 @@ class PipelineUpdate(TrainUpdate):
         return super().exchange(summed, count)
 
     def micro_step(self, data: Any) -> tuple[list[Any], tf.Tensor, list[tf.Tensor], tf.Tensor]:
-        """One global batch as ``M`` micro-batches through the stages; `TrainUpdate`'s contract."""
+        """One global batch as ``M`` micro-batches through the stages; `TrainUpdate`'s contract
+        (masked terms' sums, counts and gradients packed as `MaskedUpdate` packs them)."""
         passes = [self._forward(piece) for piece in split_batch(data, self.micro_batches)]
-        grads: list[Any] = [None] * len(self.model.trainable_variables)
-        for records, _, _, objective in reversed(passes):  # GPipe drains the last one first
-            self._backward(records, objective, grads)
-        if not self.present:
-            self._learn(passes[0][1], grads, [])
         variables = self.model.trainable_variables
+        grads: list[Any] = [None] * len(variables)
+        terms = len(passes[0].objectives) - 1
+        term_grads: list[list[Any]] = [[None] * len(variables) for _ in range(terms)]
+        per_pass: list[list[list[Any]]] = []
+        for p in reversed(passes):  # GPipe drains the last one first
+            self._backward(p.records, p.objectives[0], grads)
+            mine = [[None] * len(variables) for _ in range(terms)]
+            for j, objective in enumerate(p.objectives[1:]):
+                self._backward(p.records, objective, mine[j])
+            per_pass.insert(0, mine)
+            term_grads = [[_plus(a, b) for a, b in zip(t, m)] for t, m in zip(term_grads, mine)]
+        if not self.present:
+            self._learn(passes[0].replica, grads, term_grads)
         for i in self.present:
             if grads[i] is None:
                 grads[i] = tf.zeros(variables[i].shape, variables[i].dtype)
-        size = tf.add_n([p[2] for p in passes])
-        sums = [output_sums(self.model, replica, n) for _, replica, n, _ in passes]
-        return grads, size, [tf.add_n(list(s)) for s in zip(*sums)], tf.zeros([0])
+        extra = tf.zeros([0])
+        for p, mine in zip(passes, per_pass):
+            present = [[g[i] for i in self.present] for g in mine]
+            extra = MaskedUpdate.add(extra, self.masked.pack(p.parts, p.rest_log, present))
+        size = tf.add_n([p.size for p in passes])
+        sums = [output_sums(self.model, p.replica, p.size) for p in passes]
+        return grads, size, [tf.add_n(list(s)) for s in zip(*sums)], extra
+
+
+def _plus(a: Any, b: Any) -> Any:
+    if a is None or b is None:
+        return b if a is None else a
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+@dataclasses.dataclass
+class Pass:
+    """One micro-batch's forward: each stage's ``(tape, input, output)``, Keras's loss, the
+    example count, the objectives to differentiate (the loss's rest, then each masked term's
+    ``c_j * S_j``, loss-scaled), the masked terms taken apart, and the rest's log sum."""
+
+    records: list[Any]
+    replica: Any
+    size: tf.Tensor
+    objectives: list[tf.Tensor]
+    parts: Split | None
+    rest_log: tf.Tensor
 
 
 class ShardedPipelineUpdate(ShardedUpdate, PipelineUpdate):
@@ -228,13 +273,3 @@ class Pipeline:
         """Inference's forward pass ``fn(x, training)`` through the stages."""
         stages, m = self.stages, self.options.micro_batches
         return lambda x, training: pipeline_forward(stages, m, x, training)
-
-
-def _masked_refusal() -> ValueError:
-    return invalid_argument(
-        "pipeline",
-        "PipelineOptions(...)",
-        "None for a loss with masked terms (Keras masks, ignore_class)",
-        note="Their weights depend on the valid count of the whole update, which the "
-        "pipeline's micro-batches do not carry yet.",
-    )
