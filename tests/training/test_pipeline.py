@@ -327,6 +327,33 @@ def test_masked_loss_terms_train_as_one_device_on_the_whole_batch(kind):
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
 
 
+def test_activity_regularizers_in_every_stage_train_as_keras():
+    """An activity loss made in stage 0 or 1 reaches that stage's gradients (its coefficient
+    read from the last stage's loss), with 4 micro-batches: plain Keras on one device (SGD)."""
+
+    def regularised() -> keras.Model:
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((8,))
+        h = keras.layers.Dense(16, activation="tanh", name="d1", activity_regularizer="l2")(inputs)
+        h = keras.layers.Dense(16, activation="tanh", name="d2", activity_regularizer="l1")(h)
+        h = keras.layers.Dense(16, activation="tanh", name="d3", activity_regularizer="l2")(h)
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    fit = dict(batch_size=32, epochs=2, verbose=0, shuffle=False)
+    trainer = tfdist.Trainer(
+        regularised,
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=LOSS,
+        pipeline=PipelineOptions(SPLIT, micro_batches=4),
+    )
+    got = trainer.fit(X[:64], Y[:64], **fit).history
+    model = regularised()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    want = model.fit(X[:64], Y[:64], **fit).history
+    assert max_diff(trainer.model.get_weights(), model.get_weights()) <= 1e-6
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+
+
 def test_sample_weights():
     weights = RNG.uniform(0.0, 2.0, size=64).astype("float32")
     fit = dict(sample_weight=weights, batch_size=32, epochs=1, verbose=0, shuffle=False)

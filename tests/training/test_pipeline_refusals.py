@@ -166,15 +166,3 @@ def test_refuses_a_cut_that_a_keras_mask_crosses():
         trainer_with(masked, split_at=["emb"]),
     )
     trainer_with(masked, split_at=["lstm"])()  # after the layer that consumes it
-
-
-def test_refuses_activity_regularizers():
-    def regularised() -> keras.Model:
-        inputs = keras.Input((8,))
-        h = keras.layers.Dense(8, name="d1", activity_regularizer="l2")(inputs)
-        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
-
-    refused(
-        r"`pipeline`.*None for a model with activity regularizers.*d1",
-        trainer_with(regularised, split_at=["d1"]),
-    )

@@ -130,3 +130,28 @@ def weight_decay_exclusions(optimizer: keras.optimizers.Optimizer) -> set | None
     """The keys of the variables excluded from weight decay by object, or None (none given)."""
     # Private: exclude_from_weight_decay(var_list=...) keeps the variables' keys only here.
     return getattr(optimizer, "_exclude_from_weight_decay", None)
+
+
+def activity_losses(model: keras.Model) -> list[tf.Tensor]:
+    """The loss tensors the layers of ``model`` added in its last call (activity regularizers,
+    ``add_loss`` in ``call``), without the weight regularizers' (made afresh on each read).
+
+    Keras keeps them in each layer's private ``_losses`` (what ``model.losses`` lists first).
+
+    Raises:
+        RuntimeError: If a layer with an activity regularizer has no ``_losses`` any more: its
+            loss's gradient would be lost without a word.
+    """
+    found: list[tf.Tensor] = []
+    for layer in [model, *model._flatten_layers(include_self=False)]:
+        own = getattr(layer, "_losses", None)
+        if own is None:
+            if getattr(layer, "activity_regularizer", None) is not None:
+                raise RuntimeError(
+                    f"tfdist cannot read the activity loss of {layer.name} (keras "
+                    f"{keras.__version__}): Layer._losses is gone. Update "
+                    "tfdist/_compat/keras_training.py."
+                )
+            continue
+        found.extend(own)
+    return found

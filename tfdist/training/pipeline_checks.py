@@ -2,7 +2,7 @@
 
 `check_pipeline_options` runs before the model is made (the strategy, ``sharding=``);
 `check_pipeline_model` once it is compiled (its own ``train_step``, BatchNormalization,
-activity regularizers, the cut, the devices); `check_global_batch` for each fit's batch.
+the cut, the devices); `check_global_batch` for each fit's batch.
 
 The strategies a pipeline runs under: the default one (all stages in this process), and
 ``multi_worker`` with one replica per worker (the hybrid: data parallel over the workers, each
@@ -91,15 +91,6 @@ def check_pipeline_model(
             "pipeline's schedule is tfdist's own step.",
         )
     check_batch_norm(model, options)
-    regularised = [x.name for x in _all_layers(model) if getattr(x, "activity_regularizer", None)]
-    if regularised:
-        raise invalid_argument(
-            "pipeline",
-            options,
-            "None for a model with activity regularizers",
-            note=f"{', '.join(regularised[:3])}: an activity loss made inside a stage does not "
-            "reach its gradients yet. Use a weight regularizer, or no pipeline.",
-        )
     if model.built:
         cut(model, options.split_at)  # names and the cut checked before anything trains
     worker = strategy.extended.worker_devices[0] if is_hybrid(strategy) else None

@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.keras_training import loss_tracker, unscale_loss
+from tfdist._compat.keras_training import activity_losses, loss_tracker, unscale_loss
 from tfdist._compat.masks import keras_mask, with_keras_mask
 from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.losses import MaskedUpdate, Split, output_sums, replica_loss, split
@@ -99,14 +99,18 @@ class PipelineUpdate(TrainUpdate):
         model, last = self.model, self.stages[-1]
         x, y, sample_weight = unpack_x_y_sample_weight(data)
         size = batch_size_of(x)
-        records, h = [], x
+        records, h, earlier = [], x, []
         for k, stage in enumerate(self.stages):
             # Persistent: a masked term's coefficient and gradients are read from it as well.
             with tf.device(stage.device), tf.GradientTape(persistent=True) as tape:
                 if k > 0:
                     tape.watch(h)
                 out = forward(stage.model, h, training=True)
+                # Activity losses made here: the last stage's loss reads them, and gives each its
+                # coefficient (``d objective / d loss``) for this stage's backward.
+                acts = activity_losses(stage.model) if stage is not last else []
                 if stage is last:
+                    tape.watch(earlier)
                     replica = replica_loss(model, (x, y, out, sample_weight), training=True)
                     parts = split(tape, replica, self.num_replicas) if replica.terms else None
                     rest = replica.loss if parts is None else parts.rest
@@ -117,7 +121,8 @@ class PipelineUpdate(TrainUpdate):
                         objectives += [
                             self.optimizer.scale_loss(c * s) for c, s in parts.weighted()
                         ]
-            records.append((tape, h if k > 0 else None, out))
+            records.append((tape, h if k > 0 else None, out, acts))
+            earlier.extend(acts)
             h = out
         with tf.device(last.device):
             if parts is None:
@@ -128,27 +133,40 @@ class PipelineUpdate(TrainUpdate):
 
     def _backward(self, records: list[Any], objective: tf.Tensor, grads: list[Any]) -> None:
         """One objective of one micro-batch backward, stage by stage under each stage's device,
-        added into ``grads``."""
+        added into ``grads``; each stage's activity losses with their coefficients."""
         variables = self.model.trainable_variables
-        dh = None
+        dh, coefficients = None, []
         for k in reversed(range(len(self.stages))):
-            stage, (tape, h_in, out) = self.stages[k], records[k]
+            stage, (tape, h_in, out, acts) = self.stages[k], records[k]
             with tf.device(stage.device):
                 if k == len(self.stages) - 1:
                     # Every variable: the others' weight regularisers are part of this loss.
-                    sources, own = list(variables), list(variables)
-                    got = tape.gradient(objective, sources + [h_in])
+                    earlier = [a for record in records[:-1] for a in record[3]]
+                    own = list(variables)
+                    got = tape.gradient(objective, own + [h_in] + earlier)
+                    coefficients = got[len(own) + 1 :]
+                    got = got[: len(own) + 1]
                 else:
                     own = stage.trainable_variables
-                    got = tape.gradient(out, own + ([h_in] if k > 0 else []), output_gradients=dh)
+                    cut = len(coefficients) - len(acts)  # this stage's are the last ones
+                    mine, coefficients = coefficients[cut:], coefficients[:cut]
+                    targets = [(out, dh)] + [(a, c) for a, c in zip(acts, mine) if c is not None]
+                    targets = [(t, g) for t, g in targets if g is not None]
+                    if not targets:
+                        return  # neither this stage nor those before reach the loss
+                    sources = own + ([h_in] if k > 0 else [None])
+                    got = tape.gradient(
+                        [t for t, _ in targets],
+                        [x for x in sources if x is not None],
+                        output_gradients=[g for _, g in targets],
+                    )
+                    got = got + ([] if k > 0 else [None])
                 for v, g in zip(own, got):
                     if g is not None:
                         i = self.index[id(v)]
                         g = tf.convert_to_tensor(g)
                         grads[i] = g if grads[i] is None else grads[i] + g
                 dh = got[-1] if k > 0 else None
-                if k > 0 and dh is None:
-                    return  # the stages before do not reach the loss
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
         """`TrainUpdate.exchange`; over the hybrid's workers, the stages' gradients (on several
