@@ -354,6 +354,25 @@ def test_activity_regularizers_in_every_stage_train_as_keras():
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
 
 
+def test_split_at_auto_cuts_by_parameter_bytes():
+    """``split_at="auto"``: the cuts that make the heaviest stage lightest (d1 | d2 | d3, out:
+    144, 272 and 323 floats), trained exactly as the same cuts by name."""
+    auto = tfdist.Trainer(
+        mlp, optimizer="sgd", loss=LOSS, pipeline=PipelineOptions("auto", stages=3, micro_batches=2)
+    )
+    named = tfdist.Trainer(
+        mlp, optimizer="sgd", loss=LOSS, pipeline=PipelineOptions(SPLIT, micro_batches=2)
+    )
+    for trainer in (auto, named):
+        trainer.fit(X[:64], Y[:64], batch_size=32, epochs=1, verbose=0, shuffle=False)
+    assert [[x.name for x in s.model.layers[1:]] for s in auto.stages] == [
+        ["d1"],
+        ["d2"],
+        ["d3", "out"],
+    ]
+    assert max_diff(auto.model.get_weights(), named.model.get_weights()) == 0.0
+
+
 def test_sample_weights():
     weights = RNG.uniform(0.0, 2.0, size=64).astype("float32")
     fit = dict(sample_weight=weights, batch_size=32, epochs=1, verbose=0, shuffle=False)

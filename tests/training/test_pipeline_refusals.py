@@ -166,3 +166,15 @@ def test_refuses_a_cut_that_a_keras_mask_crosses():
         trainer_with(masked, split_at=["emb"]),
     )
     trainer_with(masked, split_at=["lstm"])()  # after the layer that consumes it
+
+
+def test_split_at_auto_needs_a_stage_count_and_enough_places_to_cut():
+    with pytest.raises(ValueError, match=r"`stages`. Received: stages=None. Expected an integer"):
+        PipelineOptions("auto")
+    with pytest.raises(ValueError, match=r"`stages`. Received: stages=3. Expected None or 2"):
+        PipelineOptions(["d1"], stages=3)
+    refused(
+        r"`split_at`. Received: split_at='auto'. Expected a model with at least 4 places to cut "
+        r"for stages=5.*only after \['d1', 'd2', 'd3'\]",
+        trainer_with(split_at="auto", stages=5),
+    )

@@ -293,9 +293,9 @@ flags.DEFINE_string(
     "",
     "train: model parallelism, the model cut into pipeline stages in this one process (TF's "
     "default strategy: no --strategy) or, with --strategy=multi_worker, in each worker; off or "
-    "key=value pairs: split_at=NAME or NAME+NAME+... "
-    "(stage k ends with layer NAME k), micro_batches=M, devices=D0+D1+... (default: GPUs, else "
-    "one logical CPU device per stage), allow_batch_norm=true; e.g. "
+    "key=value pairs: split_at=NAME or NAME+NAME+... (stage k ends with layer NAME k) or auto "
+    "with stages=K, micro_batches=M, devices=D0+D1+... (default: GPUs, else one logical CPU "
+    "device per stage), allow_batch_norm=true; e.g. "
     "split_at=conv_1,micro_batches=4 (default off).",
 )
 flags.DEFINE_float(

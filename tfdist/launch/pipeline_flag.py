@@ -5,7 +5,8 @@ stages' logical CPU devices.
 stages trained with the GPipe schedule over 4 micro-batches (`tfdist.training.pipeline`), in one
 process under TensorFlow's default strategy, or with ``--strategy=multi_worker`` in each worker of
 a cluster (the hybrid). Several split names (and ``devices``) are joined by
-``+``, since commas separate the pairs: ``split_at=conv_0+dense``. Importing this module loads
+``+``, since commas separate the pairs: ``split_at=conv_0+dense``; ``split_at=auto,stages=K`` lets
+tfdist choose ``K - 1`` cuts by parameter bytes. Importing this module loads
 no TensorFlow, so that ``tfdist train`` checks the flag before TensorFlow starts.
 """
 
@@ -31,9 +32,17 @@ def pipeline_options(config: TrainConfig) -> dict[str, Any] | None:
         return None
     kwargs.update({k: kwargs[k].split("+") for k in ("split_at", "devices") if k in kwargs})
     names = kwargs.get("split_at", [""])
-    if not all(names) or len(set(names)) < len(names):
+    if names == ["auto"]:
+        kwargs["split_at"] = "auto"
+        if kwargs.get("stages", 0) < 2:
+            raise invalid_argument("pipeline", text, "stages=K (at least 2) with split_at=auto")
+        names = [""] * (kwargs["stages"] - 1)  # the count of cuts; tfdist chooses them
+    elif not all(names) or len(set(names)) < len(names) or "stages" in kwargs:
         raise invalid_argument(
-            "pipeline", text, "split_at=NAME or split_at=NAME+NAME+..., distinct layer names"
+            "pipeline",
+            text,
+            "split_at=NAME or split_at=NAME+NAME+..., distinct layer names (or split_at=auto "
+            "with stages=K)",
         )
     if kwargs.setdefault("micro_batches", 1) < 1:
         raise invalid_argument("pipeline", text, "micro_batches= to be a positive integer")
@@ -62,7 +71,7 @@ def stage_cpu_devices(options: dict[str, Any]) -> int:
     """
     import tensorflow as tf
 
-    wanted = len(options["split_at"]) + 1
+    wanted = options.get("stages") or len(options["split_at"]) + 1
     if tf.config.list_physical_devices("GPU"):
         return wanted
     for name in options.get("devices") or []:

@@ -37,6 +37,10 @@ from tfdist.config import check_positive_int, invalid_argument
 logger = logging.getLogger(__name__)
 
 
+#: ``split_at`` that asks tfdist to choose the cuts (`tfdist.training.pipeline_balance`).
+AUTO = "auto"
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineOptions:
     """Pipeline stages over devices (model parallelism, GPipe schedule), checked when made.
@@ -44,58 +48,92 @@ class PipelineOptions:
     Args:
         split_at: Names of the layers after which the model is cut, in the model's order (a
             single name for two stages). Stage ``k`` ends with layer ``split_at[k]``; the last
-            stage ends with the model's outputs.
+            stage ends with the model's outputs. ``"auto"``: tfdist cuts the model into
+            ``stages`` (or ``len(devices)``) stages of about equal parameter bytes.
         micro_batches: ``M``, the micro-batches each global batch is split into. The idle
             share of each device (the bubble) is ``(K-1)/(M+K-1)`` for ``K`` stages.
         devices: One device per stage, e.g. ``["/device:GPU:0", "/device:GPU:1"]``. Default:
             the host's first ``K`` GPUs, else (no GPU) its first ``K`` logical CPU devices.
         allow_batch_norm: Accept ``BatchNormalization`` with ``micro_batches > 1``: its batch
             statistics are then those of each micro-batch, not of the global batch.
+        stages: ``K``, with ``split_at="auto"`` (default: one per device in ``devices``).
 
     Raises:
         ValueError: For an empty or non-string ``split_at`` or a repeated name, a non-positive
-            ``micro_batches``, ``devices`` not one string per stage, or a non-bool
-            ``allow_batch_norm``.
+            ``micro_batches``, ``devices`` not one string per stage, a non-bool
+            ``allow_batch_norm``, or ``stages`` that is not at least 2 with ``"auto"`` (nor
+            ``len(split_at) + 1`` with names).
     """
 
-    split_at: Sequence[str]
+    split_at: Sequence[str] | str
     micro_batches: int = 1
     devices: Sequence[str] | None = None
     allow_batch_norm: bool = False
+    stages: int | None = None
 
     def __post_init__(self) -> None:
+        if self.split_at == AUTO:
+            stages = self._auto_stages()
+        else:
+            stages = self._named_stages()
+        check_positive_int("micro_batches", self.micro_batches)
+        if self.devices is not None:
+            devices = self.devices
+            if (
+                not isinstance(devices, (list, tuple))
+                or len(devices) != stages
+                or not all(isinstance(d, str) and d for d in devices)
+            ):
+                splits = "auto" if self.split_at == AUTO else len(self.split_at)
+                raise invalid_argument(
+                    "devices",
+                    devices,
+                    f"None or a list of {stages} device names, one per stage "
+                    f"({splits} split(s) in split_at)",
+                )
+            object.__setattr__(self, "devices", tuple(devices))
+        if not isinstance(self.allow_batch_norm, bool):
+            raise invalid_argument("allow_batch_norm", self.allow_batch_norm, "True or False")
+
+    def _named_stages(self) -> int:
         split_at = (self.split_at,) if isinstance(self.split_at, str) else self.split_at
         if (
             not isinstance(split_at, (list, tuple))
             or not split_at
             or not all(isinstance(n, str) and n for n in split_at)
         ):
-            raise invalid_argument("split_at", self.split_at, "a non-empty list of layer names")
+            raise invalid_argument(
+                "split_at", self.split_at, "a non-empty list of layer names, or 'auto'"
+            )
         if len(set(split_at)) != len(split_at):
             raise invalid_argument("split_at", self.split_at, "layer names, each once")
         object.__setattr__(self, "split_at", tuple(split_at))
-        check_positive_int("micro_batches", self.micro_batches)
-        if self.devices is not None:
-            devices = self.devices
-            stages = len(split_at) + 1
-            if (
-                not isinstance(devices, (list, tuple))
-                or len(devices) != stages
-                or not all(isinstance(d, str) and d for d in devices)
-            ):
-                raise invalid_argument(
-                    "devices",
-                    devices,
-                    f"None or a list of {stages} device names, one per stage "
-                    f"({len(split_at)} split(s) in split_at)",
-                )
-            object.__setattr__(self, "devices", tuple(devices))
-        if not isinstance(self.allow_batch_norm, bool):
-            raise invalid_argument("allow_batch_norm", self.allow_batch_norm, "True or False")
+        if self.stages is not None and self.stages != len(split_at) + 1:
+            raise invalid_argument(
+                "stages",
+                self.stages,
+                f"None or {len(split_at) + 1} (one more than the names in split_at)",
+            )
+        return len(split_at) + 1
+
+    def _auto_stages(self) -> int:
+        stages = self.stages
+        if stages is None and isinstance(self.devices, (list, tuple)):
+            stages = len(self.devices)
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 2:
+            raise invalid_argument(
+                "stages",
+                self.stages,
+                "an integer of at least 2 with split_at='auto' (or devices=, one per stage)",
+            )
+        object.__setattr__(self, "stages", stages)
+        return stages
 
     @property
     def num_stages(self) -> int:
-        """``K``: one more than the splits."""
+        """``K``: one more than the splits (``stages`` with ``"auto"``)."""
+        if self.split_at == AUTO:
+            return int(self.stages or 0)
         return len(self.split_at) + 1
 
 
@@ -286,6 +324,15 @@ def _check_disjoint(stages: list[keras.Model], split_at: Sequence[str]) -> None:
                 )
 
 
+def split_names(model: keras.Model, options: PipelineOptions) -> list[str]:
+    """The layers to cut after: as given, or with ``"auto"`` chosen by parameter bytes."""
+    if options.split_at != AUTO:
+        return list(options.split_at)
+    from tfdist.training.pipeline_balance import balanced_split
+
+    return balanced_split(model, options.num_stages, cut)
+
+
 def _described(stage: Stage) -> str:
     names = [x.name for x in stage.model.layers if not isinstance(x, keras.layers.InputLayer)]
     size = sum(v.value.shape.num_elements() * v.value.dtype.size for v in stage.model.variables)
@@ -301,7 +348,8 @@ def place_stages(
     ``strategy``: the hybrid's MultiWorkerMirroredStrategy, whose mirrored variables each stage's
     become (one component, on the stage's device); None for plain variables (one process).
     """
-    stages = [Stage(m, d) for m, d in zip(cut(model, options.split_at), devices)]
+    names = split_names(model, options)
+    stages = [Stage(m, d) for m, d in zip(cut(model, names), devices)]
     for stage in stages:
         move_variables_to_device(stage.model.variables, stage.device, strategy)
     logger.info("Pipeline of %d stages: %s.", len(stages), "; ".join(map(_described, stages)))

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfdist._compat.runtime import is_default_strategy
 from tfdist.config import invalid_argument
 from tfdist.training.overrides import overridden
-from tfdist.training.pipeline import PipelineOptions, cut, resolve_devices
+from tfdist.training.pipeline import PipelineOptions, cut, resolve_devices, split_names
 
 
 def _all_layers(layer: Any) -> list[Any]:
@@ -92,7 +92,7 @@ def check_pipeline_model(
         )
     check_batch_norm(model, options)
     if model.built:
-        cut(model, options.split_at)  # names and the cut checked before anything trains
+        cut(model, split_names(model, options))  # the cut checked before anything trains
     worker = strategy.extended.worker_devices[0] if is_hybrid(strategy) else None
     return resolve_devices(options, worker_device=worker)
 
