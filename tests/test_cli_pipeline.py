@@ -52,8 +52,13 @@ def test_the_flag_becomes_pipeline_options_under_the_default_strategy():
         "micro_batches": 1,
         "devices": ["/cpu:1", "/cpu:0"],
     }
-    config = _train_config("--pipeline=split_at=auto,stages=3,micro_batches=2")
-    assert pipeline_options(config) == {"split_at": "auto", "stages": 3, "micro_batches": 2}
+    config = _train_config("--pipeline=split_at=auto,stages=3,micro_batches=2,schedule=1f1b")
+    assert pipeline_options(config) == {
+        "split_at": "auto",
+        "stages": 3,
+        "micro_batches": 2,
+        "schedule": "1f1b",
+    }
     for off in ((), ("--pipeline=off",)):  # the default: no pipeline, the mirrored default
         config = _train_config(*off)
         assert pipeline_options(config) is None and config.strategy == "mirrored"
@@ -80,11 +85,13 @@ def test_the_flag_becomes_pipeline_options_under_the_default_strategy():
         (
             ["--pipeline=split_at=conv_1,micro=4"],
             "`pipeline`. Received: pipeline='split_at=conv_1,micro=4'. Expected 'off' or "
-            "key=value pairs of: split_at, micro_batches, devices, allow_batch_norm, stages.",
+            "key=value pairs of: split_at, micro_batches, devices, allow_batch_norm, stages, "
+            "schedule.",
         ),
         (["--pipeline=on"], "`pipeline`. Received: pipeline='on'. Expected 'off' or key=value"),
         (["--pipeline=micro_batches=4"], "Expected split_at=NAME or split_at=NAME+NAME+..."),
         (["--pipeline=split_at=auto"], "Expected stages=K (at least 2) with split_at=auto."),
+        (["--pipeline=split_at=a,schedule=1b1f"], "Expected schedule=gpipe or schedule=1f1b."),
         (["--pipeline=split_at=a,stages=2"], "(or split_at=auto with stages=K)"),
         (["--pipeline=split_at=a+a"], "Expected split_at=NAME or split_at=NAME+NAME+..."),
         (["--pipeline=split_at=a,micro_batches=x"], "Expected micro_batches= to be an integer."),

@@ -236,7 +236,7 @@ STRAGGLER_FIELDS = {
 #: ``tfdist train --pipeline=...``: the ``PipelineOptions`` fields a flag may set (``split_at``
 #: and ``devices`` join several values with ``+``: commas separate the pairs).
 PIPELINE_FIELDS = {"split_at": str, "micro_batches": int, "devices": str, "allow_batch_norm": bool}
-PIPELINE_FIELDS["stages"] = int  # with split_at=auto
+PIPELINE_FIELDS.update(stages=int, schedule=str)  # stages: with split_at=auto
 
 
 def parse_options(

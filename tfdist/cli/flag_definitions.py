@@ -295,7 +295,7 @@ flags.DEFINE_string(
     "default strategy: no --strategy) or, with --strategy=multi_worker, in each worker; off or "
     "key=value pairs: split_at=NAME or NAME+NAME+... (stage k ends with layer NAME k) or auto "
     "with stages=K, micro_batches=M, devices=D0+D1+... (default: GPUs, else one logical CPU "
-    "device per stage), allow_batch_norm=true; e.g. "
+    "device per stage), allow_batch_norm=true, schedule=gpipe|1f1b; e.g. "
     "split_at=conv_1,micro_batches=4 (default off).",
 )
 flags.DEFINE_float(

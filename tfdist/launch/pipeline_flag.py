@@ -44,6 +44,8 @@ def pipeline_options(config: TrainConfig) -> dict[str, Any] | None:
             "split_at=NAME or split_at=NAME+NAME+..., distinct layer names (or split_at=auto "
             "with stages=K)",
         )
+    if kwargs.get("schedule", "gpipe") not in ("gpipe", "1f1b"):
+        raise invalid_argument("pipeline", text, "schedule=gpipe or schedule=1f1b")
     if kwargs.setdefault("micro_batches", 1) < 1:
         raise invalid_argument("pipeline", text, "micro_batches= to be a positive integer")
     if len(kwargs.get("devices", names + [""])) != len(names) + 1:

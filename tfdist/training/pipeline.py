@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from tfdist._compat.masks import keras_mask
 from tfdist._compat.scope_moves import move_variables_to_device
-from tfdist.config import check_positive_int, invalid_argument
+from tfdist.config import check_choice, check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,9 @@ class PipelineOptions:
         allow_batch_norm: Accept ``BatchNormalization`` with ``micro_batches > 1``: its batch
             statistics are then those of each micro-batch, not of the global batch.
         stages: ``K``, with ``split_at="auto"`` (default: one per device in ``devices``).
+        schedule: ``"gpipe"`` (every forward, then every backward: activations of all ``M``
+            micro-batches held) or ``"1f1b"`` (one forward, one backward in turn: at most ``K``
+            micro-batches' activations per stage); the same bubble and the same weights.
 
     Raises:
         ValueError: For an empty or non-string ``split_at`` or a repeated name, a non-positive
@@ -70,8 +73,10 @@ class PipelineOptions:
     devices: Sequence[str] | None = None
     allow_batch_norm: bool = False
     stages: int | None = None
+    schedule: str = "gpipe"
 
     def __post_init__(self) -> None:
+        check_choice("schedule", self.schedule, ("gpipe", "1f1b"))
         if self.split_at == AUTO:
             stages = self._auto_stages()
         else:

@@ -18,23 +18,21 @@ over the whole update (all micro-batches, all replicas), as one device on the wh
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
-from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.keras_training import activity_losses, loss_tracker, unscale_loss
 from tfdist._compat.masks import keras_mask, with_keras_mask
 from tfdist.training.exchange import all_reduce_sum
-from tfdist.training.losses import MaskedUpdate, Split, output_sums, replica_loss, split
+from tfdist.training.losses import MaskedUpdate, output_sums
 from tfdist.training.pipeline import PipelineOptions, Stage, place_stages
 from tfdist.training.pipeline_checks import check_global_batch, is_hybrid
+from tfdist.training.pipeline_schedule import Schedule
 from tfdist.training.sharded_update import ShardedUpdate
 from tfdist.training.sharding import ShardedState
-from tfdist.training.step import TrainUpdate, batch_size_of, forward
+from tfdist.training.step import TrainUpdate, forward
 
 #: ``bucket_bytes`` that make every gradient one bucket (`tfdist.training.exchange.buckets`).
 ONE_BUCKET = 2**62
@@ -87,86 +85,18 @@ class PipelineUpdate(TrainUpdate):
     """
 
     def __init__(
-        self, *args: Any, stages: Sequence[Stage], micro_batches: int, **kwargs: Any
+        self,
+        *args: Any,
+        stages: Sequence[Stage],
+        micro_batches: int,
+        schedule: str = "gpipe",
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.stages = list(stages)
         self.micro_batches = micro_batches
+        self.schedule = schedule
         self.index = {id(v): i for i, v in enumerate(self.model.trainable_variables)}
-
-    def _forward(self, data: Any) -> Pass:
-        """One micro-batch forward through the stages, Keras's loss on the last one."""
-        model, last = self.model, self.stages[-1]
-        x, y, sample_weight = unpack_x_y_sample_weight(data)
-        size = batch_size_of(x)
-        records, h, earlier = [], x, []
-        for k, stage in enumerate(self.stages):
-            # Persistent: a masked term's coefficient and gradients are read from it as well.
-            with tf.device(stage.device), tf.GradientTape(persistent=True) as tape:
-                if k > 0:
-                    tape.watch(h)
-                out = forward(stage.model, h, training=True)
-                # Activity losses made here: the last stage's loss reads them, and gives each its
-                # coefficient (``d objective / d loss``) for this stage's backward.
-                acts = activity_losses(stage.model) if stage is not last else []
-                if stage is last:
-                    tape.watch(earlier)
-                    replica = replica_loss(model, (x, y, out, sample_weight), training=True)
-                    parts = split(tape, replica, self.num_replicas) if replica.terms else None
-                    rest = replica.loss if parts is None else parts.rest
-                    scale = tf.cast(size * self.num_replicas / self.expected, rest.dtype)
-                    # The rest of the loss first, then each masked term's ``c_j * S_j``.
-                    objectives = [self.optimizer.scale_loss(rest * scale)]
-                    if parts is not None:
-                        objectives += [
-                            self.optimizer.scale_loss(c * s) for c, s in parts.weighted()
-                        ]
-            records.append((tape, h if k > 0 else None, out, acts))
-            earlier.extend(acts)
-            h = out
-        with tf.device(last.device):
-            if parts is None:
-                loss_tracker(model).update_state(unscale_loss(replica.loss), sample_weight=size)
-            model.compute_metrics(x, y, h, sample_weight=sample_weight)
-        rest_log = unscale_loss(rest) * tf.cast(size, rest.dtype)
-        return Pass(records, replica, size, objectives, parts, rest_log)
-
-    def _backward(self, records: list[Any], objective: tf.Tensor, grads: list[Any]) -> None:
-        """One objective of one micro-batch backward, stage by stage under each stage's device,
-        added into ``grads``; each stage's activity losses with their coefficients."""
-        variables = self.model.trainable_variables
-        dh, coefficients = None, []
-        for k in reversed(range(len(self.stages))):
-            stage, (tape, h_in, out, acts) = self.stages[k], records[k]
-            with tf.device(stage.device):
-                if k == len(self.stages) - 1:
-                    # Every variable: the others' weight regularisers are part of this loss.
-                    earlier = [a for record in records[:-1] for a in record[3]]
-                    own = list(variables)
-                    got = tape.gradient(objective, own + [h_in] + earlier)
-                    coefficients = got[len(own) + 1 :]
-                    got = got[: len(own) + 1]
-                else:
-                    own = stage.trainable_variables
-                    cut = len(coefficients) - len(acts)  # this stage's are the last ones
-                    mine, coefficients = coefficients[cut:], coefficients[:cut]
-                    targets = [(out, dh)] + [(a, c) for a, c in zip(acts, mine) if c is not None]
-                    targets = [(t, g) for t, g in targets if g is not None]
-                    if not targets:
-                        return  # neither this stage nor those before reach the loss
-                    sources = own + ([h_in] if k > 0 else [None])
-                    got = tape.gradient(
-                        [t for t, _ in targets],
-                        [x for x in sources if x is not None],
-                        output_gradients=[g for _, g in targets],
-                    )
-                    got = got + ([] if k > 0 else [None])
-                for v, g in zip(own, got):
-                    if g is not None:
-                        i = self.index[id(v)]
-                        g = tf.convert_to_tensor(g)
-                        grads[i] = g if grads[i] is None else grads[i] + g
-                dh = got[-1] if k > 0 else None
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
         """`TrainUpdate.exchange`; over the hybrid's workers, the stages' gradients (on several
@@ -179,32 +109,29 @@ class PipelineUpdate(TrainUpdate):
         return super().exchange(summed, count)
 
     def micro_step(self, data: Any) -> tuple[list[Any], tf.Tensor, list[tf.Tensor], tf.Tensor]:
-        """One global batch as ``M`` micro-batches through the stages; `TrainUpdate`'s contract
-        (masked terms' sums, counts and gradients packed as `MaskedUpdate` packs them)."""
-        passes = [self._forward(piece) for piece in split_batch(data, self.micro_batches)]
-        variables = self.model.trainable_variables
-        grads: list[Any] = [None] * len(variables)
-        terms = len(passes[0].objectives) - 1
-        term_grads: list[list[Any]] = [[None] * len(variables) for _ in range(terms)]
-        per_pass: list[list[list[Any]]] = []
-        for p in reversed(passes):  # GPipe drains the last one first
-            self._backward(p.records, p.objectives[0], grads)
-            mine = [[None] * len(variables) for _ in range(terms)]
-            for j, objective in enumerate(p.objectives[1:]):
-                self._backward(p.records, objective, mine[j])
-            per_pass.insert(0, mine)
-            term_grads = [[_plus(a, b) for a, b in zip(t, m)] for t, m in zip(term_grads, mine)]
+        """One global batch as ``M`` micro-batches through the stages, in the schedule's order
+        (`tfdist.training.pipeline_schedule`); `TrainUpdate`'s contract (masked terms' sums,
+        counts and gradients packed as `MaskedUpdate` packs them)."""
+        pieces = split_batch(data, self.micro_batches)
+        schedule = Schedule(self, pieces, self.schedule)
+        batches = schedule.build()
+        grads, variables = schedule.grads, self.model.trainable_variables
+        term_grads = [[None] * len(variables) for _ in batches[0].objectives[1:]]
+        for batch in batches:
+            term_grads = [
+                [_plus(a, b) for a, b in zip(t, m)] for t, m in zip(term_grads, batch.term_grads)
+            ]
         if not self.present:
-            self._learn(passes[0].replica, grads, term_grads)
+            self._learn(batches[0].replica, grads, term_grads)
         for i in self.present:
             if grads[i] is None:
                 grads[i] = tf.zeros(variables[i].shape, variables[i].dtype)
         extra = tf.zeros([0])
-        for p, mine in zip(passes, per_pass):
-            present = [[g[i] for i in self.present] for g in mine]
-            extra = MaskedUpdate.add(extra, self.masked.pack(p.parts, p.rest_log, present))
-        size = tf.add_n([p.size for p in passes])
-        sums = [output_sums(self.model, p.replica, p.size) for p in passes]
+        for batch in batches:
+            present = [[g[i] for i in self.present] for g in batch.term_grads]
+            extra = MaskedUpdate.add(extra, self.masked.pack(batch.parts, batch.rest_log, present))
+        size = tf.add_n([b.size for b in batches])
+        sums = [output_sums(self.model, b.replica, b.size) for b in batches]
         return grads, size, [tf.add_n(list(s)) for s in zip(*sums)], extra
 
 
@@ -212,20 +139,6 @@ def _plus(a: Any, b: Any) -> Any:
     if a is None or b is None:
         return b if a is None else a
     return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
-
-
-@dataclasses.dataclass
-class Pass:
-    """One micro-batch's forward: each stage's ``(tape, input, output)``, Keras's loss, the
-    example count, the objectives to differentiate (the loss's rest, then each masked term's
-    ``c_j * S_j``, loss-scaled), the masked terms taken apart, and the rest's log sum."""
-
-    records: list[Any]
-    replica: Any
-    size: tf.Tensor
-    objectives: list[tf.Tensor]
-    parts: Split | None
-    rest_log: tf.Tensor
 
 
 class ShardedPipelineUpdate(ShardedUpdate, PipelineUpdate):
@@ -283,6 +196,7 @@ class Pipeline:
             model.optimizer,
             stages=self.stages,
             micro_batches=self.options.micro_batches,
+            schedule=self.options.schedule,
             **more,
             **arguments,
         )
