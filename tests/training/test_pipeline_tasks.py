@@ -6,6 +6,7 @@ worker 1 ends on its own once the chief is gone. The refusals run in this proces
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -14,6 +15,9 @@ import tfdist
 from tests.helpers import PRELOAD, REPO, run_tfdist
 
 JOB = os.path.join(REPO, "tests", "jobs", "stage_tasks_job.py")
+CAPPED = os.path.join(REPO, "tests", "jobs", "capped_stages_job.py")
+#: Each process's CPU allocations capped (TF's BFC allocator with a limit, read at start-up).
+CAP_MIB = 205
 
 
 def _line(stdout, key):
@@ -40,6 +44,30 @@ def test_a_stage_on_another_process_trains_as_one_device(tmp_path):
     for key in piped:
         assert piped[key] == pytest.approx(local[key], abs=1e-6)
     assert "[worker:0] resumed True 12 {}" in proc.stdout  # restored at the end: nothing to do
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_model_too_big_for_one_process_trains_as_stages_in_two():
+    """Under a cap of 205 MiB per process, a 16.8M-parameter Adam model runs out of memory in
+    one process (it needs 230-260 MiB here) and trains as 2 stages in 2 processes (1F1B; each
+    needed 170-185 MiB). Fresh processes: the cap is read when TF makes its allocator."""
+    env = {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(CAP_MIB)}
+    one = subprocess.run(
+        [sys.executable, CAPPED, "single"],
+        cwd=REPO,
+        env={**os.environ, **env, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # Out of memory: TF raises ResourceExhaustedError, or (once in 6 runs here) its capped
+    # allocator crashes the process with SIGSEGV instead.
+    out_of_memory = "OOM when allocating" in one.stdout + one.stderr or one.returncode == -11
+    assert one.returncode != 0 and out_of_memory, one.stdout[-2000:] + one.stderr[-2000:]
+    two = run_tfdist("launch", "--workers=2", "--", sys.executable, CAPPED, "stages", env=env)
+    assert two.returncode == 0, two.stdout[-3000:]
+    assert "[worker:0] trained stages 4" in two.stdout
 
 
 @pytest.mark.parametrize(

@@ -74,3 +74,34 @@ def gradients_already_summed(
         for opt in targets:
             if HOOK in vars(opt):
                 object.__delattr__(opt, HOOK)
+
+
+@contextlib.contextmanager
+def updates_on_variable_devices(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
+    """Within this block (while tracing), each variable's update runs on that variable's device.
+
+    Under TF's default strategy Keras's optimizer runs every variable's ``update_step`` on the
+    current device, so a pipeline stage's variables and slots would be read to, and written
+    from, the first stage's device (another process's, with ``stage_tasks``). A strategy's own
+    ``extended.update`` places them; the default strategy's does not. The public per-variable
+    ``update_step`` is wrapped on this optimizer (and a loss-scale optimizer's inner one) only.
+    """
+    targets = [optimizer]
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        targets.append(inner)
+    for opt in targets:
+        original = opt.update_step
+
+        def on_device(gradient: Any, variable: Any, learning_rate: Any, _step: Any = original):
+            device = getattr(variable, "device", None) or getattr(variable.value, "device", None)
+            with tf.device(device):
+                return _step(gradient, variable, learning_rate)
+
+        object.__setattr__(opt, "update_step", on_device)  # skips Keras's attribute tracking
+    try:
+        yield
+    finally:
+        for opt in targets:
+            if "update_step" in vars(opt):
+                object.__delattr__(opt, "update_step")

@@ -3,7 +3,7 @@
 `Schedule` builds, in the one train ``tf.function``, each stage's forward (``F``) and backward
 (``B``) of each micro-batch, in each stage's own order (`stage_order`):
 
-* ``"gpipe"``: every forward, then every backward (the last micro-batch first). Nothing orders
+* ``"gpipe"``: every forward, then every backward (in the same order). Nothing orders
   a stage's operations but their data, so TF's dataflow executor runs them as soon as they can;
   every micro-batch's activations are held until its backward: memory ``O(M)``.
 * ``"1f1b"`` (PipeDream-flush): stage ``k`` of ``K`` runs ``K-1-k`` forwards, then one forward
@@ -39,7 +39,9 @@ def stage_order(schedule: str, stage: int, stages: int, micro_batches: int) -> l
     """Stage ``stage``'s operations in order: ``("F", i)`` and ``("B", i)``."""
     m = micro_batches
     if schedule == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
+        # Backwards in the order their forwards end, as each micro-batch's gradients are added
+        # to the sum in this order: a sum waiting on the last micro-batch would hold them all.
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
     warmup = min(stages - 1 - stage, m)
     order = [("F", i) for i in range(warmup)]
     for i in range(m - warmup):

@@ -2,7 +2,7 @@
 
 `PipelineUpdate` is `tfdist.training.step.TrainUpdate` whose `micro_step` runs one global
 batch as ``M`` micro-batches through the stages: every micro-batch forward, stage by stage
-under each stage's device, Keras's loss on the last stage; then, last micro-batch first, each
+under each stage's device, Keras's loss on the last stage; then, micro-batch by micro-batch, each
 stage's backward under its own device, ``tape.gradient(h, variables, output_gradients=dh)``.
 All of it is in the one ``tf.function`` of the train step, so TF's dataflow executor runs the
 stages of different micro-batches at once. Each micro-batch's loss is normalised by the
@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 
 from tfdist._compat.masks import keras_mask, with_keras_mask
+from tfdist._compat.optimizer import updates_on_variable_devices
 from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.losses import MaskedUpdate, output_sums
 from tfdist.training.pipeline import PipelineOptions, Stage, place_stages
@@ -99,14 +100,23 @@ class PipelineUpdate(TrainUpdate):
         self.index = {id(v): i for i, v in enumerate(self.model.trainable_variables)}
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
-        """`TrainUpdate.exchange`; over the hybrid's workers, the stages' gradients (on several
+        """`TrainUpdate.exchange`; none for one replica (an all-reduce would copy every stage's
+        gradients to one device); over the hybrid's workers, the stages' gradients (on several
         devices, which the strategy would reduce one collective each) go in one float32 buffer
         and one all-reduce unless buckets or compression are asked for."""
-        if self.num_replicas > 1 and self.bucket_bytes is None and not self.gradient_compression:
+        if self.num_replicas == 1:  # nothing to exchange: each gradient stays on its device
+            return list(summed), count
+        if self.bucket_bytes is None and not self.gradient_compression:
             return all_reduce_sum(
                 summed, count, num_replicas=self.num_replicas, bucket_bytes=ONE_BUCKET
             )
         return super().exchange(summed, count)
+
+    def update(self, grads: Sequence[Any]) -> None:
+        """`TrainUpdate.update`, each variable's update on its stage's device (the default
+        strategy places none; the hybrid's strategy does it already)."""
+        with updates_on_variable_devices(self.optimizer):
+            super().update(grads)
 
     def micro_step(self, data: Any) -> tuple[list[Any], tf.Tensor, list[tf.Tensor], tf.Tensor]:
         """One global batch as ``M`` micro-batches through the stages, in the schedule's order

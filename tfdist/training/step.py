@@ -219,7 +219,11 @@ class TrainUpdate:
         ]
         track_output_losses(means, count, total)
         factor = tf.math.divide_no_nan(tf.constant(self.expected), total)
-        self.update([scale_gradient(g, factor) for g in reduced])
+        scaled = []
+        for g in reduced:  # where each gradient is (a pipeline stage's device)
+            with tf.device(getattr(g, "device", None) or None):
+                scaled.append(scale_gradient(g, factor))
+        self.update(scaled)
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
         """The present variables' gradient sums and the example count, summed over replicas."""
