@@ -315,7 +315,7 @@ CASES = [
         ),
         "pipeline",
         "PipelineOptions(split_at=('dense_0',), micro_batches=1, devices=None, "
-        "allow_batch_norm=False, stages=None)",
+        "allow_batch_norm=False, stages=None, schedule='gpipe')",
         ("None for a model with its own train_step",),
     ),
     C(
