@@ -93,7 +93,7 @@ def test_the_mlp_is_cut_into_equal_stages(layers, stages, split):
     [
         ({"stages": 1}, r"`stages`. Received: stages=1. Expected 2 to 8"),
         ({"hidden_units": (64,)}, r"`stages`. Received: stages=2. Expected 2 to 1"),
-        ({"micro_batches": (3,)}, r"`global_batch_size`. Received: global_batch_size=256"),
+        ({"micro_batches": (3,)}, r"`global_batch_size`. Received: global_batch_size=512"),
         ({"micro_batches": ()}, r"`micro_batches`. Received: micro_batches=\(\)"),
         ({"micro_batches": (0,)}, r"`micro_batches`. Received: micro_batches=0"),
         ({"steps": 0}, r"`steps`. Received: steps=0"),
@@ -108,7 +108,9 @@ def test_bad_options_are_refused_before_any_process_starts(overrides, message):
 
 def test_the_sides_differ_in_devices_and_threads_only():
     specs = pipeline.side_specs({**pipeline.DEFAULTS, "stages": 2})
-    pipe, one = specs["pipeline"], specs["one_device"]
+    pipe, one, threads = specs["pipeline"], specs["one_device"], specs["one_device_threads"]
+    assert (threads["devices"], threads["inter_op_threads"]) == (1, 2)
+    assert threads["stage_devices"] == one["stage_devices"]
     assert pipe["split_at"] == one["split_at"] == ["dense_3"]
     assert (pipe["devices"], pipe["inter_op_threads"]) == (2, 2)
     assert pipe["stage_devices"] == ["/device:CPU:0", "/device:CPU:1"]
@@ -173,15 +175,21 @@ def _built(m):
 
 
 def _entry(m, pipe_rates, one_rates, bubbles, busy=None):
-    """One ``M`` as `pipeline.measure` returns it, with made-up rates and profiled bubbles."""
+    """One ``M`` as `pipeline.measure` returns it, with made-up rates and profiled bubbles (one
+    device with the pipeline's threads: 1.6 times one device of one thread)."""
     busy = busy or [0.0] * len(pipe_rates)
+    values = {
+        "pipeline": pipe_rates,
+        "one_device": one_rates,
+        "one_device_threads": [1.6 * r for r in one_rates],
+    }
     return {
-        "built": {"pipeline": _built(m), "one_device": _built(m)},
+        "built": {side: _built(m) for side in values},
         "samples": {
-            "values": {"pipeline": pipe_rates, "one_device": one_rates},
-            "cpu_share": {"pipeline": [2.0] * len(pipe_rates), "one_device": [1.0] * 3},
-            "others_cpu": {"pipeline": busy, "one_device": [0.0] * len(one_rates)},
-            "seconds": {"pipeline": [1.0] * len(pipe_rates), "one_device": [1.0] * 3},
+            "values": values,
+            "cpu_share": {side: [1.0] * len(v) for side, v in values.items()},
+            "others_cpu": {side: busy if side == "pipeline" else [0.0] * 3 for side in values},
+            "seconds": {side: [1.0] * len(v) for side, v in values.items()},
         },
         "profiles": [{"bubble": b, "stage_bubble": 0.5, "ops": [10, 10]} for b in bubbles],
     }
@@ -204,6 +212,7 @@ def test_each_micro_batch_count_has_its_rates_speedup_and_bubbles(summary):
     assert one["sides"]["pipeline"]["quiet_fits"] == 2 and one["sides"]["pipeline"]["fits"] == 3
     assert one["sides"]["one_device"]["step_s"] == pytest.approx(256 / 1000)
     assert one["speedup"] == pytest.approx(1.05)
+    assert one["versus_same_threads"] == pytest.approx(1.05 / 1.6)
     assert one["bubble"]["computed"] == 0.5 and one["bubble"]["profiled"] == pytest.approx(0.45)
     assert one["bubble"]["from_step_times"] == pytest.approx(1 - 1.05 / 2)
     eight = summary["per_micro_batches"]["8"]["bubble"]
@@ -216,8 +225,10 @@ def test_the_table_shows_the_goals_and_whether_they_are_met(summary):
     rows = {f["key"]: f for f in report.figures({"results": {"pipeline": summary}})}
     assert set(rows) == {
         "m1_throughput_ratio",
+        "m1_same_threads_ratio",
         "m1_bubble_ratio",
         "m8_throughput_ratio",
+        "m8_same_threads_ratio",
         "m8_bubble_ratio",
         "parameter_share_ratio",
     }
@@ -227,6 +238,7 @@ def test_the_table_shows_the_goals_and_whether_they_are_met(summary):
         False,
     )
     assert rows["m1_throughput_ratio"]["goal"] is None  # the goal is at M=8 only
+    assert rows["m8_same_threads_ratio"]["goal"] is None
     # 2200 of 4000 bytes: 1.1 of a half; the bound is a half plus the largest layer (500).
     share = rows["parameter_share_ratio"]
     assert (share["value"], share["goal"], share["met"]) == (1.1, "<= 1.25", True)

@@ -11,7 +11,9 @@ threads and devices are set before TensorFlow starts and their measurements alte
 * ``pipeline``: ``K`` logical CPU devices, one stage on each, one intra-op thread and ``K``
   inter-op threads (``K`` ops at once, one thread each: a thread per device);
 * ``one_device``: the same Trainer, model, batch and ``M``, every stage on ``CPU:0``, one
-  intra-op and one inter-op thread (one op at a time: one device of one thread).
+  intra-op and one inter-op thread (one op at a time: one device of one thread);
+* ``one_device_threads``: as ``one_device`` but with ``K`` inter-op threads, the pipeline's
+  threads without its devices: what placing the stages on devices adds on a CPU.
 
 Per M, after a warm-up: ``repeats`` timed fits of ``steps`` steps on each side, alternated
 (`tfdist.bench.timing.alternate`, medians over the fits during which other processes took
@@ -20,7 +22,7 @@ profiler (`tfdist.bench.pipeline_trace`). Reported:
 
 * parameter bytes per device: at most 1/K of the model plus its largest layer (goal);
 * examples/s and seconds per step of each side; pipeline / one device (goal at M=8, K=2:
-  >= 1.3);
+  >= 1.3); pipeline / one device with the same threads (no goal);
 * the bubble: computed ``(K-1)/(M+K-1)``; measured from the profile (the median: the
   threads' idle share, and each stage's, `tfdist.bench.pipeline_trace`); and
   ``1 - speedup / K`` from the step times.
@@ -51,9 +53,9 @@ DEFAULTS: dict[str, Any] = {
     "input_dim": 1024,
     "hidden_units": (1024,) * 8,
     "num_classes": 10,
-    "global_batch_size": 256,
+    "global_batch_size": 512,
     "warmup_steps": 2,
-    "steps": 10,
+    "steps": 15,
     "repeats": 3,
     "profiles": 3,
     "learning_rate": 1e-3,
@@ -72,7 +74,7 @@ QUICK: dict[str, Any] = {
 }
 #: The issue's goals: throughput at `GOAL_MICRO_BATCHES` micro-batches and 2 stages.
 RATE_GOAL, GOAL_MICRO_BATCHES = ">= 1.3", 8
-SIDES = ("pipeline", "one_device")
+SIDES = ("pipeline", "one_device", "one_device_threads")
 
 
 def split_points(hidden_layers: int, stages: int) -> list[str]:
@@ -136,6 +138,12 @@ def side_specs(options: dict[str, Any]) -> dict[str, dict[str, Any]]:
             **spec,
             "devices": 1,
             "inter_op_threads": 1,
+            "stage_devices": ["/device:CPU:0"] * k,
+        },
+        "one_device_threads": {
+            **spec,
+            "devices": 1,
+            "inter_op_threads": k,
             "stage_devices": ["/device:CPU:0"] * k,
         },
     }
@@ -280,9 +288,8 @@ def micro_batch_figures(entry: dict[str, Any], m: int, stages: int) -> dict[str,
             "quiet_fits": len(samples.clean(side)),
             "fits": len(samples.values[side]),
         }
-    speedup = timing.ratio(
-        sides["pipeline"]["examples_per_s"], sides["one_device"]["examples_per_s"]
-    )
+    rate = sides["pipeline"]["examples_per_s"]
+    speedup = timing.ratio(rate, sides["one_device"]["examples_per_s"])
 
     def profiled(key: str) -> float:
         values = [p.get(key) for p in entry["profiles"]]
@@ -291,6 +298,7 @@ def micro_batch_figures(entry: dict[str, Any], m: int, stages: int) -> dict[str,
     return {
         "sides": sides,
         "speedup": speedup,
+        "versus_same_threads": timing.ratio(rate, sides["one_device_threads"]["examples_per_s"]),
         "bubble": {
             "computed": pipeline_trace.computed_bubble(stages, m),
             "profiled": profiled("bubble"),
@@ -323,6 +331,9 @@ def summarise(spec: dict[str, Any], per_m: dict[str, Any]) -> dict[str, Any]:
         out["words"][rate] = f"M={m}: {k} stages on {k} devices / one device, examples/s"
         if m == GOAL_MICRO_BATCHES and k == 2:
             out["goals"][rate] = RATE_GOAL
+        same = f"m{m}_same_threads_ratio"
+        out[same] = figures["versus_same_threads"]
+        out["words"][same] = f"M={m}: pipeline / one device with the same {k} threads, examples/s"
         bubble = f"m{m}_bubble_ratio"
         out[bubble] = figures["bubble"]["profiled"]
         out["words"][bubble] = (

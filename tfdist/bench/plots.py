@@ -345,7 +345,8 @@ def plot_pipeline(result: dict[str, Any], path: str) -> None:
     fig, (rate_ax, bubble_ax) = _figure(11, 4.2, columns=2)
     entries = sorted(result.get("per_micro_batches", {}).items(), key=lambda i: int(i[0]))
     ms = [int(m) for m, _ in entries]
-    for side, color in (("pipeline", "tab:blue"), ("one_device", "tab:grey")):
+    colors = {"pipeline": "tab:blue", "one_device": "tab:grey", "one_device_threads": "tab:green"}
+    for side, color in colors.items():
         rate_ax.plot(
             ms,
             [e["sides"][side]["examples_per_s"] for _, e in entries],
