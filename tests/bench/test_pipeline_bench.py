@@ -257,3 +257,9 @@ def test_the_chart_is_drawn(summary, tmp_path):
 def test_pipeline_is_registered_and_runs_only_when_named():
     assert "pipeline" in runner.available() and "pipeline" in runner.ON_REQUEST
     assert "pipeline" in flag_definitions.LAUNCHING_BENCHMARKS
+
+
+def test_preload_is_refused_for_the_pipeline_alone():
+    # Its processes are its own, not started through tfdist launch: nothing to preload into.
+    with pytest.raises(ValueError, match=r"`preload`.*The ones that do: scaling, .*memory\."):
+        runner.run(["pipeline"], output=None, options={"preload": ("tensorflow",)})

@@ -68,6 +68,9 @@ ON_REQUEST = (
     "memory",
     "pipeline",
 )
+# Of those, the ones that start their processes themselves, not through ``tfdist launch``: a
+# ``preload`` option does nothing for them.
+OWN_PROCESSES = ("pipeline",)
 
 
 def _load_builtins() -> None:
@@ -123,13 +126,14 @@ def _checked_preload(names: Sequence[str], options: dict[str, Any] | None) -> di
 
     options = dict(options or {})
     preload = check_preload(options.get("preload"), [sys.executable, "-m", WORKER_MODULE])
-    if preload and not any(n in ON_REQUEST for n in names):
+    launching = [n for n in ON_REQUEST if n not in OWN_PROCESSES]
+    if preload and not any(n in launching for n in names):
         raise invalid_argument(
             "preload",
             ",".join(preload),
             "no modules: none of the benchmarks run "
             f"({', '.join(names)}) starts processes to preload them into",
-            note=f"The ones that do: {', '.join(ON_REQUEST)}.",
+            note=f"The ones that do: {', '.join(launching)}.",
         )
     options["preload"] = preload or None
     return options
