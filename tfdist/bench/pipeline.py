@@ -39,6 +39,7 @@ import math
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import Any
 
 from tfdist.bench import cluster_run, common, pipeline_trace, plots, timing
@@ -154,6 +155,11 @@ class Worker:
 
     Its stderr (TF's logs and anything it prints) goes to a temporary file, whose tail a
     failure shows.
+
+    Args:
+        side: The side's name, for messages.
+        spec: The side's spec (`side_specs`), sent first.
+        timeout: Seconds after which a command without a reply kills the process.
     """
 
     def __init__(self, side: str, spec: dict[str, Any], timeout: float = 600.0) -> None:
@@ -171,6 +177,7 @@ class Worker:
         self.ready = self.read()
 
     def send(self, message: dict[str, Any]) -> None:
+        """Writes one command (or the spec) on the process's stdin."""
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(message) + "\n")
         self.process.stdin.flush()
@@ -178,16 +185,22 @@ class Worker:
     def read(self) -> dict[str, Any]:
         """The next reply; raises RuntimeError with the log's tail if the worker failed."""
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith(REPLY):
-                reply = json.loads(line[len(REPLY) :])
-                if "error" in reply:
-                    self._failed(reply["error"])
-                return reply
-        self._failed("it exited without a reply")
+        watchdog = threading.Timer(self.timeout, self.process.kill)
+        watchdog.start()
+        try:
+            for line in self.process.stdout:
+                if line.startswith(REPLY):
+                    reply = json.loads(line[len(REPLY) :])
+                    if "error" in reply:
+                        self._failed(reply["error"])
+                    return reply
+        finally:
+            watchdog.cancel()
+        self._failed(f"it exited without a reply (killed after {self.timeout:.0f} s without one?)")
         raise AssertionError("unreachable")
 
     def ask(self, op: str, **arguments: Any) -> dict[str, Any]:
+        """Sends command ``op`` and returns its reply."""
         self.send({"op": op, **arguments})
         return self.read()
 
@@ -216,7 +229,7 @@ def _timed(worker: Worker) -> tuple[float, timing.Timing]:
 
 
 def measure(workers: dict[str, Worker], options: dict[str, Any], m: int) -> dict[str, Any]:
-    """One ``M``: both sides built (at once), alternated, then the pipeline profiled."""
+    """One ``M``: every side built (at once), their fits alternated, the pipeline profiled."""
     for worker in workers.values():
         worker.send({"op": "build", "micro_batches": m})
     built = {side: worker.read() for side, worker in workers.items()}
@@ -237,8 +250,9 @@ def run(**overrides: Any) -> dict[str, Any]:
 
     Returns:
         ``{"config", "machine", "per_micro_batches": {"1": {...}, ...}, "parameter_bytes",
-        "parameter_share_ratio", "m<M>_throughput_ratio", "m<M>_bubble_ratio", "goals",
-        "words", "others_cpu_max"}``: see docs/benchmarks.md, "Pipeline stages".
+        "parameter_share_ratio", "m<M>_throughput_ratio", "m<M>_same_threads_ratio",
+        "m<M>_bubble_ratio", "goals", "words", "others_cpu_max"}``: see docs/benchmarks.md,
+        "Pipeline stages".
 
     Raises:
         ValueError: For a bad option (Keras-style message naming it).

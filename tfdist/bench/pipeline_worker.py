@@ -78,9 +78,11 @@ class Side:
         self.trainer: Any = None
 
     def fit(self, **kwargs: Any) -> Any:
+        """The Trainer's ``fit`` on the side's synthetic batches."""
         return self.trainer.fit(self.dataset, global_batch_size=self.batch, shuffle=False, **kwargs)
 
     def build(self, micro_batches: int) -> dict[str, Any]:
+        """A new Trainer with ``micro_batches``, warmed up; the bytes on each device."""
         import keras
 
         import tfdist
@@ -114,6 +116,7 @@ class Side:
         }
 
     def time(self) -> dict[str, Any]:
+        """One timed fit of ``steps`` steps: examples/s, its seconds, whose CPU."""
         from tfdist.bench import fits
 
         optimizer = self.trainer.model.optimizer
@@ -135,6 +138,7 @@ class Side:
         }
 
     def profile(self) -> dict[str, Any]:
+        """One step under TF's profiler: the bubble of its trace."""
         from tfdist.bench import pipeline_trace
 
         events = pipeline_trace.profile(lambda: self.fit(epochs=1, steps_per_epoch=1, verbose=0))
