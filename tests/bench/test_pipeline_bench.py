@@ -263,3 +263,11 @@ def test_preload_is_refused_for_the_pipeline_alone():
     # Its processes are its own, not started through tfdist launch: nothing to preload into.
     with pytest.raises(ValueError, match=r"`preload`.*The ones that do: scaling, .*memory\."):
         runner.run(["pipeline"], output=None, options={"preload": ("tensorflow",)})
+
+
+def test_a_ratio_without_a_quiet_fit_on_a_side_says_so():
+    spec = pipeline.side_specs(dict(pipeline.DEFAULTS))["pipeline"]
+    loud = _entry(8, [1000.0] * 3, [1000.0] * 3, [0.1], busy=[1.0] * 3)
+    words = pipeline.summarise(spec, {"8": loud})["words"]
+    assert words["m8_throughput_ratio"].endswith("examples/s (no quiet fit: pipeline)")
+    assert words["m8_same_threads_ratio"].endswith("(no quiet fit: pipeline)")

@@ -326,6 +326,12 @@ def micro_batch_figures(entry: dict[str, Any], m: int, stages: int) -> dict[str,
     }
 
 
+def noisy(figures: dict[str, Any], sides: tuple[str, ...]) -> str:
+    """Words that flag a ratio whose side had no quiet fit (other processes took a core)."""
+    loud = [side for side in sides if not figures["sides"][side]["quiet_fits"]]
+    return f" (no quiet fit: {', '.join(loud)})" if loud else ""
+
+
 def summarise(spec: dict[str, Any], per_m: dict[str, Any]) -> dict[str, Any]:
     """The config, the machine, each ``M``'s figures, the table's ratios, goals and words."""
     k = len(spec["split_at"]) + 1
@@ -342,12 +348,17 @@ def summarise(spec: dict[str, Any], per_m: dict[str, Any]) -> dict[str, Any]:
         others += [o for side in SIDES for o in per_m[key]["samples"]["others_cpu"][side]]
         rate = f"m{m}_throughput_ratio"
         out[rate] = figures["speedup"]
-        out["words"][rate] = f"M={m}: {k} stages on {k} devices / one device, examples/s"
+        out["words"][rate] = f"M={m}: {k} stages on {k} devices / one device, examples/s" + (
+            noisy(figures, ("pipeline", "one_device"))
+        )
         if m == GOAL_MICRO_BATCHES and k == 2:
             out["goals"][rate] = RATE_GOAL
         same = f"m{m}_same_threads_ratio"
         out[same] = figures["versus_same_threads"]
-        out["words"][same] = f"M={m}: pipeline / one device with the same {k} threads, examples/s"
+        out["words"][same] = (
+            f"M={m}: pipeline / one device with the same {k} threads, examples/s"
+            + noisy(figures, ("pipeline", "one_device_threads"))
+        )
         bubble = f"m{m}_bubble_ratio"
         out[bubble] = figures["bubble"]["profiled"]
         out["words"][bubble] = (
