@@ -4,7 +4,7 @@
 
 An MLP of equal Dense layers (1024 wide, 8 hidden, synthetic data, a fixed seed) with Adam,
 trained by the Trainer with ``pipeline=PipelineOptions(split_at, micro_batches=M)`` for
-M = 1, 2, 4, 8, cut into ``stages`` stages of equal size. Two processes
+M = 1, 2, 4, 8, cut into ``stages`` stages of equal size. Three processes, one per side
 (`tfdist.bench.pipeline_worker`), started once and kept for the whole run, so that their
 threads and devices are set before TensorFlow starts and their measurements alternate:
 

@@ -12,7 +12,7 @@ is installed, a PNG bar chart of the ratios next to it (and a benchmark's own
 figure, registered with ``plot=``, as ``<output>.<name>.png``). The
 multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``health``,
 ``time_to_accuracy``, ``first_fit``, ``memory``) start their own worker processes with
-``tfdist launch``, ``pipeline`` its two processes itself; they run only when named.
+``tfdist launch``, ``pipeline`` its three processes itself; they run only when named.
 
 To add a benchmark, write a module under ``tfdist/bench/`` with a function
 ``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add
