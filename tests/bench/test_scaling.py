@@ -158,6 +158,7 @@ def test_multi_process_benchmarks_run_only_when_named():
         "time_to_accuracy",
         "first_fit",
         "memory",
+        "pipeline",
     }
 
 

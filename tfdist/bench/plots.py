@@ -337,3 +337,48 @@ def plot_memory(result: dict[str, Any], path: str) -> None:
         fontsize=9,
     )
     _save(fig, path)
+
+
+def plot_pipeline(result: dict[str, Any], path: str) -> None:
+    """Against micro-batches M: left, examples/s of the pipeline and of one device (medians,
+    dots: every fit); right, the bubble computed, from the profile and from step times."""
+    fig, (rate_ax, bubble_ax) = _figure(11, 4.2, columns=2)
+    entries = sorted(result.get("per_micro_batches", {}).items(), key=lambda i: int(i[0]))
+    ms = [int(m) for m, _ in entries]
+    colors = {"pipeline": "tab:blue", "one_device": "tab:grey", "one_device_threads": "tab:green"}
+    for side, color in colors.items():
+        rate_ax.plot(
+            ms,
+            [e["sides"][side]["examples_per_s"] for _, e in entries],
+            "o-",
+            color=color,
+            label=side,
+        )
+        for m, (_, e) in zip(ms, entries):
+            values = e.get("samples", {}).get("values", {}).get(side, [])
+            rate_ax.plot([m] * len(values), values, ".", color=color, alpha=0.5)
+    for key, style, label in (
+        ("computed", "k--", "computed (K-1)/(M+K-1)"),
+        ("profiled", "o-", "profile: threads idle"),
+        ("profiled_per_stage", "^-", "profile: stages idle"),
+        ("from_step_times", "s:", "1 - speed-up / K"),
+    ):
+        bubble_ax.plot(ms, [e["bubble"][key] for _, e in entries], style, label=label)
+    config = result.get("config", {})
+    for ax in (rate_ax, bubble_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ms, [str(m) for m in ms])
+        ax.set_xlabel("micro-batches M")
+        ax.legend(fontsize=8)
+    rate_ax.set_ylabel("examples/s")
+    rate_ax.set_title(
+        f"MLP {config.get('input_dim')}-{len(config.get('hidden_units', []))}x"
+        f"{(config.get('hidden_units') or [0])[0]}, batch {config.get('global_batch_size')}, "
+        f"{len(config.get('split_at', [])) + 1} stages, 1 thread per device",
+        fontsize=9,
+    )
+    bubble_ax.set_ylabel("bubble (idle share of a device)")
+    bubble_ax.set_ylim(
+        bottom=min([0.0, *(e["bubble"]["from_step_times"] or 0 for _, e in entries)])
+    )
+    _save(fig, path)

@@ -12,7 +12,7 @@ is installed, a PNG bar chart of the ratios next to it (and a benchmark's own
 figure, registered with ``plot=``, as ``<output>.<name>.png``). The
 multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``health``,
 ``time_to_accuracy``, ``first_fit``, ``memory``) start their own worker processes with
-``tfdist launch`` and run only when named.
+``tfdist launch``, ``pipeline`` its three processes itself; they run only when named.
 
 To add a benchmark, write a module under ``tfdist/bench/`` with a function
 ``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add
@@ -55,6 +55,7 @@ BUILTIN_MODULES = (
     "tfdist.bench.time_to_accuracy",
     "tfdist.bench.first_fit",
     "tfdist.bench.memory",
+    "tfdist.bench.pipeline",
 )
 # Benchmarks that start their own worker processes and take minutes: run only when named.
 ON_REQUEST = (
@@ -65,7 +66,11 @@ ON_REQUEST = (
     "time_to_accuracy",
     "first_fit",
     "memory",
+    "pipeline",
 )
+# Of those, the ones that start their processes themselves, not through ``tfdist launch``: a
+# ``preload`` option does nothing for them.
+OWN_PROCESSES = ("pipeline",)
 
 
 def _load_builtins() -> None:
@@ -121,13 +126,14 @@ def _checked_preload(names: Sequence[str], options: dict[str, Any] | None) -> di
 
     options = dict(options or {})
     preload = check_preload(options.get("preload"), [sys.executable, "-m", WORKER_MODULE])
-    if preload and not any(n in ON_REQUEST for n in names):
+    launching = [n for n in ON_REQUEST if n not in OWN_PROCESSES]
+    if preload and not any(n in launching for n in names):
         raise invalid_argument(
             "preload",
             ",".join(preload),
             "no modules: none of the benchmarks run "
             f"({', '.join(names)}) starts processes to preload them into",
-            note=f"The ones that do: {', '.join(ON_REQUEST)}.",
+            note=f"The ones that do: {', '.join(launching)}.",
         )
     options["preload"] = preload or None
     return options
@@ -153,7 +159,8 @@ def run(
         names: Benchmarks to run, in this order (cluster ones last); default
             all of `available` but the multi-process ones
             (`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``, ``health``,
-            ``time_to_accuracy``, ``first_fit``, ``memory``), which run only when named.
+            ``time_to_accuracy``, ``first_fit``, ``memory``, ``pipeline``), which run only
+            when named.
         output: Path of the JSON file (directories are created); a PNG chart of
             the ratios goes next to it. ``None`` writes nothing.
         repeats: Timed measurements per side (a few more when other processes

@@ -27,7 +27,7 @@ IN_PROCESS_BENCHMARKS = (
     "trainer_vs_fit",
 )
 LAUNCHING_BENCHMARKS = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy")
-LAUNCHING_BENCHMARKS += ("first_fit", "memory")
+LAUNCHING_BENCHMARKS += ("first_fit", "memory", "pipeline")
 _DEFAULT = TrainConfig()
 
 # train. Names are plain strings checked by TrainConfig (not DEFINE_enum), so a typo gets the
