@@ -148,11 +148,15 @@ def test_compressed_training_stays_close_to_float32(
     np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], atol=tolerance)
 
 
-def test_compression_with_one_replica_changes_nothing():
+def test_compression_with_one_replica_changes_nothing_and_says_so(caplog):
     reference, _ = _fit(num_devices=1)
-    trainer, _ = _fit(num_devices=1, gradient_compression="fp16")
+    with caplog.at_level("WARNING", logger="tfdist.training.exchange"):
+        trainer, _ = _fit(num_devices=1, gradient_compression="fp16", bucket_bytes=1024)
     for a, b in zip(reference.model.get_weights(), trainer.model.get_weights()):
         np.testing.assert_array_equal(a, b)
+    said = [r.getMessage() for r in caplog.records if "1 replica in sync" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "gradient_compression='fp16' and bucket_bytes=1024" in said[0]
 
 
 @pytest.mark.parametrize("magnitude", [1e9, 1e-9])

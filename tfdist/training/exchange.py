@@ -30,11 +30,13 @@ gradients (dense float tensors) and the local example count:
   infinities reach the loss-scale optimizer, which skips that update. bf16 has
   float32's range and needs no scaling.
 
-With one replica there is nothing to exchange: compression is not applied.
+With one replica there is nothing to exchange: compression and buckets are not applied,
+and the chief logs that once (`log_nothing_to_exchange`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -49,6 +51,24 @@ _WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
 _FP16_TARGET = 2.0**14  # the scaled sum stays below 2**15 < 65504
 _BF16_EXACT = 256  # bf16 (8 significant bits) holds every integer up to 2**8 exactly
 _COUNT_BITS = 24  # float32 holds every integer up to 2**24 exactly: the count's range
+
+logger = logging.getLogger(__name__)
+
+
+def log_nothing_to_exchange(compression: str | None, bucket_bytes: int | None, runner: Any) -> None:
+    """Logs (chief) that ``gradient_compression``/``bucket_bytes`` do nothing with one replica
+    in sync: no gradient is all-reduced, so none is compressed or bucketed."""
+    asked = [
+        f"{name}={value!r}"
+        for name, value in (("gradient_compression", compression), ("bucket_bytes", bucket_bytes))
+        if value is not None
+    ]
+    if asked and runner.is_chief and runner.strategy.num_replicas_in_sync == 1:
+        logger.warning(
+            "%s shape the all-reduce between replicas; this strategy has 1 replica in sync, "
+            "so no gradient is exchanged and the gradients stay as computed.",
+            " and ".join(asked),
+        )
 
 
 def buckets(grads: Sequence[tf.Tensor], bucket_bytes: int | None) -> list[list[int]]:

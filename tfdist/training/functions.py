@@ -22,6 +22,7 @@ from tfdist.config import invalid_argument
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import Runner
 from tfdist.training import schedules
+from tfdist.training.exchange import log_nothing_to_exchange
 from tfdist.training.inference_steps import make_eval_step, make_predict_step
 from tfdist.training.loop import StartUpdates
 from tfdist.training.options import ExchangeOptions, LRScaling
@@ -109,6 +110,9 @@ class StepFunctions:
             if self.pipeline is not None:  # placed already, unless the optimizer was built
                 self.pipeline.place(self.model)
             self.built_for = source.global_batch_size
+            log_nothing_to_exchange(
+                self.exchange.compression, self.exchange.bucket_bytes, self.runner
+            )
             if self.sharded is not None:
                 log_replica_bytes(self.replica_bytes(), self.exchange.sharding, self.runner)
 
