@@ -217,14 +217,8 @@ SHARDINGS = ("off", "optimizer", "gradients")
 
 
 #: ``tfdist train --watchdog=...``: the ``WatchdogOptions`` fields a flag may set, and their types.
-WATCHDOG_FIELDS = {
-    "factor": float,
-    "floor": float,
-    "ceiling": float,
-    "first": float,
-    "exit": bool,
-    "poll": float,
-}
+WATCHDOG_FIELDS = {"factor": float, "floor": float, "ceiling": float, "first": float}
+WATCHDOG_FIELDS.update(exit=bool, poll=float)
 #: ``tfdist train --stragglers=...``: the ``StragglerOptions`` fields a flag may set.
 STRAGGLER_FIELDS = {
     "interval": float,
@@ -237,6 +231,8 @@ STRAGGLER_FIELDS = {
 #: and ``devices`` join several values with ``+``: commas separate the pairs).
 PIPELINE_FIELDS = {"split_at": str, "micro_batches": int, "devices": str, "allow_batch_norm": bool}
 PIPELINE_FIELDS.update(stages=int, schedule=str)  # stages: with split_at=auto
+#: ``tfdist train --balance=...``: the ``BalanceOptions`` fields a flag may set.
+BALANCE_FIELDS = {"window": int, "floor": float, "hysteresis": float, "min_gain": float}
 
 
 def parse_options(
@@ -305,6 +301,7 @@ class TrainConfig:
     exchange (``ExchangeOptions``); ``"none"`` and ``"off"`` are stored as None.
     ``pipeline`` (``PIPELINE_FIELDS`` as ``key=value`` pairs, ``""``/``"off"``: none) cuts the
     model into stages, one process under TF's default strategy: ``strategy`` is then None.
+    ``balance`` (``"on"``, ``BALANCE_FIELDS`` pairs, or ``""``/``"off"``) is the Trainer's.
     """
 
     strategy: str | None = "mirrored"
@@ -339,6 +336,7 @@ class TrainConfig:
     bucket_bytes: int | None = None
     sharding: str | None = None
     pipeline: str = ""
+    balance: str = ""
 
     def __post_init__(self) -> None:
         check_positive_int("num_devices", self.num_devices, allow_none=True)
@@ -379,6 +377,15 @@ class TrainConfig:
         parse_options("pipeline", self.pipeline or "off", PIPELINE_FIELDS, on=False)
         _check_strategy(self)
         parse_options("watchdog", self.watchdog, WATCHDOG_FIELDS)
+        if parse_options("balance", self.balance or "off", BALANCE_FIELDS) is not None:
+            if self.strategy not in ("multi_worker", "auto") or self.pipeline not in ("", "off"):
+                raise invalid_argument(
+                    "balance",
+                    self.balance,
+                    f"off with --strategy={self.strategy} --pipeline={self.pipeline or 'off'}",
+                    note="It splits each global batch between the workers of "
+                    "--strategy=multi_worker by their speed (not with a pipeline).",
+                )
         stragglers = parse_options("stragglers", self.stragglers, STRAGGLER_FIELDS)
         if stragglers and stragglers.get("restart_after") and not self.backup_dir:
             raise invalid_argument(

@@ -2,7 +2,8 @@
 
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODES OUT_DIR``
 with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, trainer_zero1,
-trainer_zero2_accum, trainer_pipeline, trainer_pipeline_zero2_accum, adam_sharded, keras_fit, run
+trainer_zero2_accum, trainer_pipeline, trainer_pipeline_zero2_accum, trainer_balanced,
+trainer_balanced_zero2_accum, adam_sharded, keras_fit, run
 one after another. Each task writes OUT_DIR/<mode>-<task>.npz and .json.
 
 The strategy leaves each worker a second logical CPU device (``stage_devices=2``): one replica
@@ -30,6 +31,13 @@ task = json.loads(os.environ["TF_CONFIG"])["task"]
 
 SHARDING = {"trainer_zero1": "optimizer", "trainer_zero2_accum": "gradients"}
 SHARDING["trainer_pipeline_zero2_accum"] = "gradients"
+SHARDING["trainer_balanced_zero2_accum"] = "gradients"
+# Splits of each global batch of 16 (8 per micro-batch with accumulation), changed mid-epoch
+# (6 updates an epoch): worker:0 takes 4, then 12, then 1, then the even 8.
+BALANCE = {
+    "trainer_balanced": ((0, (4, 12)), (2, (12, 4)), (5, (1, 15)), (9, (8, 8))),
+    "trainer_balanced_zero2_accum": ((0, (2, 6)), (3, (7, 1)), (8, (4, 4))),
+}
 
 
 def adam_sharded():
@@ -77,6 +85,8 @@ def train(mode):
             bucket_bytes=100 if mode == "trainer_bucketed" else None,
             sharding=SHARDING.get(mode),
             pipeline=pipeline,
+            balance=tfdist.BalanceOptions(splits=BALANCE[mode]) if mode in BALANCE else False,
+            steps_per_execution=1 if mode in BALANCE else "auto",
         )
         # k micro-batches of GLOBAL_BATCH // k make one update of GLOBAL_BATCH.
         history = trainer.fit(dataset(global_batch=GLOBAL_BATCH // k), epochs=2, verbose=0).history

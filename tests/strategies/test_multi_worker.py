@@ -42,6 +42,7 @@ def reference_weights():
 
 MODES = ["trainer", "trainer_accum", "trainer_bucketed", "trainer_zero1", "trainer_zero2_accum"]
 MODES += ["trainer_pipeline", "trainer_pipeline_zero2_accum", "keras_fit"]
+MODES += ["trainer_balanced", "trainer_balanced_zero2_accum"]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,9 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
     micro-batch) over the two workers; trainer_pipeline is the hybrid: 2 workers x 2 pipeline
     stages (each worker's CPU:0 and CPU:1), 2 micro-batches, to 1e-6 of one replica, and
     trainer_pipeline_zero2_accum the same with its gradients and optimizer state sharded over
-    the workers and 2 accumulated batches per update.
+    the workers and 2 accumulated batches per update. trainer_balanced and
+    trainer_balanced_zero2_accum split each global batch unevenly (balance=), the split changed
+    mid-epoch 3 and 2 times (each a "Balance:" line of the chief's).
     """
     proc, out_dir = launched
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -71,8 +74,15 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
         assert f"[worker:0] {mode} iterations 12" in proc.stdout
         # One collective per update; bucketed: one per bucket (CollectiveReduceV2 ops in the graph).
         # trainer_zero2_accum: one reduce-scatter in the micro-batch loop's body (run k times).
-        collectives = 2 if mode == "trainer_bucketed" else 1
+        # trainer_balanced_zero2_accum: the 2 micro-batches unrolled, one reduce-scatter each.
+        collectives = 2 if mode in ("trainer_bucketed", "trainer_balanced_zero2_accum") else 1
         assert f"[worker:0] {mode} gradient_all_reduces_per_update {collectives}" in proc.stdout
+    if "balanced" in mode:
+        batch = 16 if mode == "trainer_balanced" else 8  # 8 a micro-batch with accumulation
+        lines = proc.stdout.splitlines()
+        splits = [line for line in lines if f"of every global batch of {batch} (" in line]
+        assert len(splits) == (4 if batch == 16 else 3), splits
+        assert all(line.startswith("[worker:0] Balance:") for line in splits), splits
     w0, w1 = (_weights(out_dir / f"{mode}-worker-{i}.npz") for i in (0, 1))
     for a, b, ref in zip(w0, w1, reference_weights):
         np.testing.assert_array_equal(a, b)  # both workers hold the same model

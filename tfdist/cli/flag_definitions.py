@@ -327,6 +327,13 @@ flags.DEFINE_float(
 )
 
 
+flags.DEFINE_string(
+    "balance",
+    "",
+    "train: multi_worker only: each worker's share of every global batch follows its measured "
+    "speed (the global batch and the update stay the same); off (default), on, or "
+    "BalanceOptions fields as key=value pairs, e.g. window=64,floor=0.2.",
+)
 #: Every flag tfdist defines (absl's own, such as --flagfile, are left out).
 TFDIST_FLAGS = frozenset(FLAGS) - _ABSL_FLAGS
 _LAUNCH_LAYOUT = frozenset({"workers", "ps", "chief", "max_restarts", "nnodes"})
@@ -340,7 +347,7 @@ READS = {
         + ("lr_scaling", "base_global_batch_size", "warmup_steps", "warmup_epochs", "model_dir")
         + ("backup_dir", "backup_freq", "seed", "verbose", "watchdog", "stragglers")
         + ("gradient_compression", "bucket_bytes", "sharding", "pipeline", "engine")
-        + ("cpus_per_worker", "max_restarts")
+        + ("cpus_per_worker", "max_restarts", "balance")
     ),
     "launch": _LAUNCH_LAYOUT
     | {"evaluator", "host", "hosts", "node_rank", "allow_external", "private_network", "pin"}

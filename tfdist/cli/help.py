@@ -76,6 +76,7 @@ GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
             + ("warmup_steps", "warmup_epochs", "accumulation_steps"),
         ),
         ("Speed", ("precision", "steps_per_execution", "gradient_compression", "bucket_bytes")),
+        ("Load balancing", ("balance",)),
         ("Memory", ("sharding",)),
         ("Model parallelism", ("pipeline",)),
         (

@@ -106,6 +106,7 @@ def train_config() -> TrainConfig:
         bucket_bytes=FLAGS.bucket_bytes,
         sharding=FLAGS.sharding,
         pipeline=FLAGS.pipeline,
+        balance=FLAGS.balance,
     )
 
 

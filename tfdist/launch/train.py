@@ -22,7 +22,13 @@ import tempfile
 import time
 from typing import Any
 
-from tfdist.config import STRAGGLER_FIELDS, WATCHDOG_FIELDS, TrainConfig, parse_options
+from tfdist.config import (
+    BALANCE_FIELDS,
+    STRAGGLER_FIELDS,
+    WATCHDOG_FIELDS,
+    TrainConfig,
+    parse_options,
+)
 from tfdist.launch.pipeline_flag import pipeline_options, stage_cpu_devices
 
 logger = logging.getLogger(__name__)
@@ -58,6 +64,14 @@ def health_options(config: TrainConfig) -> dict[str, Any]:
             kwargs = parse_options(name, text, fields)
             options[name] = None if kwargs is None else kind(**kwargs)
     return options
+
+
+def balance_options(config: TrainConfig) -> Any:
+    """The Trainer's ``balance`` from ``--balance`` (False: off)."""
+    from tfdist.training.balance import BalanceOptions
+
+    kwargs = parse_options("balance", config.balance or "off", BALANCE_FIELDS)
+    return False if kwargs is None else BalanceOptions(**kwargs)
 
 
 def _backup_options(config: TrainConfig) -> dict[str, Any]:
@@ -165,6 +179,7 @@ def _make_trainer(
         **exchange_options(config),
         **health_options(config),
         pipeline=None if pipeline is None else tfdist.PipelineOptions(**pipeline),
+        balance=balance_options(config),
     )
 
 

@@ -113,6 +113,9 @@ class Runner(Protocol):
     requires_steps_per_epoch: bool
     #: Why sharded optimizer state (``ExchangeOptions(sharding=...)``) cannot run here, or None.
     sharding_refusal: str | None
+    #: Why balanced batches (``Trainer(balance=...)``) cannot run here, or None; where they can,
+    #: the runner has ``enable_balance()`` (`tfdist.strategies.balanced_split`).
+    balance_refusal: str | None
     """Whether ``fit`` needs an explicit ``steps_per_epoch`` on this strategy."""
 
     reads_training_input_here: bool

@@ -110,9 +110,9 @@ class PSRunner:
     watched_sections = ("update", "evaluate")
     #: Workers repeat their datasets independently, so an epoch has no natural end.
     requires_steps_per_epoch = True
-    #: Workers, other processes, read the training data.
-    reads_training_input_here = False
+    reads_training_input_here = False  # workers, other processes, read the training data
     sharding_refusal = "parameter_server keeps each variable and its state once, on the ps."
+    balance_refusal = "parameter_server balances by nature: a slow worker takes fewer steps."
     #: ``steps_per_execution="auto"``: one step per scheduled closure. Calls already overlap
     #: (up to ``max_in_flight``), so per-call costs are not paid step after step.
     auto_steps_per_execution = 1

@@ -19,6 +19,7 @@ from tfdist.cluster import task_label
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies import step_clock
+from tfdist.strategies.balanced_split import BalancedSplit
 from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
 from tfdist.strategies.base import until_exhausted as until_exhausted_loop
 
@@ -82,6 +83,8 @@ class SyncRunner:
         self._broadcast = None
         #: Per-update sections on this worker (enabled by the straggler report).
         self.step_clock = step_clock.StepClock()
+        #: Each worker's share of every global batch, once `enable_balance` made it.
+        self.balanced: BalancedSplit | None = None
         self._started = 0.0
 
     @property
@@ -138,6 +141,25 @@ class SyncRunner:
             "optimizer state over. Use a mirrored or multi_worker strategy, or no sharding."
         )
 
+    @property
+    def balance_refusal(self) -> str | None:
+        """Why ``Trainer(balance=...)`` cannot run here, or None (multi_worker)."""
+        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return None
+        return (
+            f"{type(self.strategy).__name__} runs every replica in this one process, whose "
+            "clock cannot tell one replica's speed from another's: balance splits the global "
+            "batch between the workers of a multi_worker strategy."
+        )
+
+    def enable_balance(self) -> BalancedSplit:
+        """Trains on balanced shares of every global batch from now on (multi_worker)."""
+        if self.balanced is None:
+            local = len(self.strategy.extended.worker_devices)
+            workers = self.strategy.num_replicas_in_sync // local
+            self.balanced = BalancedSplit(self.strategy, workers, local)
+        return self.balanced
+
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if training and source.exact and source.dataset_fn is not None:
             # TF syncs every multi-worker get_next of a finite input with an all-reduce of
@@ -145,6 +167,8 @@ class SyncRunner:
             # the others'. An exact source cannot run dry, and the loop takes exactly an epoch's
             # steps: an endless stream drops that all-reduce, and each worker's wait is its own.
             source = source.repeated()
+        if training and self.balanced is not None:
+            return self.balanced.distribute(source)  # every worker reads whole global batches
         if source.dataset_fn is not None:
             distributed = self.strategy.distribute_datasets_from_function(source.dataset_fn)
             # One CPU replica here: a plain iterator, not TF's multi-device one (0.17 s each).
@@ -209,8 +233,11 @@ class SyncRunner:
                 lambda batch: strategy.run(replica_fn, args=([batch],)), logs_fn, name
             )
         drive = cross_replica
+        if training and self.balanced is not None:  # each replica on its share, timed
+            replica_fn, drive = self.balanced.sliced(replica_fn), None
         # Micro-batches accumulated in the step's own symbolic loop are not timed.
-        timed = training and self.step_clock.enabled and (drive is None or batches_per_call == 1)
+        clocked = self.step_clock.enabled or self.balanced is not None
+        timed = training and clocked and (drive is None or batches_per_call == 1)
 
         def call(iterator):
             """One replica call: (its outputs, its clock vector or None)."""
@@ -301,7 +328,11 @@ class SyncRunner:
             logs = dict(logs)
             sections = logs.pop(CLOCK_KEY).numpy()
             # Calls run one at a time (max_in_flight=0): start to fetch is the call's wall time.
-            self.step_clock.add([*sections, time.perf_counter() - self._started])
+            vector = [*sections, time.perf_counter() - self._started]
+            if self.step_clock.enabled:
+                self.step_clock.add(vector)
+            if self.balanced is not None:
+                self.balanced.clock.add(vector)
         return as_floats(logs)
 
     def join(self) -> None:

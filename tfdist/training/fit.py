@@ -12,10 +12,11 @@ from typing import Any
 import keras
 
 from tfdist.training import evaluation
+from tfdist.training.balance import BalanceOptions, balanced_start
 from tfdist.training.epochs import fit_epochs
 from tfdist.training.fit_arguments import FitArguments
 from tfdist.training.functions import StepFunctions
-from tfdist.training.health import fit_health
+from tfdist.training.health import fit_health, tensorboard_dir
 from tfdist.training.loop import EpochPlan
 from tfdist.training.options import LRScaling
 from tfdist.training.resume import FitBackups
@@ -35,6 +36,7 @@ def run_fit(
     steps_per_execution: int,
     watchdog: WatchdogOptions | None = None,
     stragglers: StragglerOptions | None = None,
+    balance: BalanceOptions | None = None,
 ) -> keras.callbacks.History:
     """Trains ``functions.model`` as ``Trainer.fit`` says, its arguments already checked.
 
@@ -49,6 +51,7 @@ def run_fit(
         steps_per_execution: Micro-batches per call, resolved for this fit.
         watchdog: The progress watchdog's options, or None for none.
         stragglers: The straggler report's options, or None for none.
+        balance: Balanced batches' options (`tfdist.training.balance`), or None for none.
 
     Returns:
         The model's ``History``.
@@ -67,6 +70,14 @@ def run_fit(
                 data, validation_data, args, runner=runner, model=model, build=functions.build
             )
             start = functions.prepare_fit(source, steps=steps, lr_scaling=lr_scaling)
+            start, _ = balanced_start(
+                start,
+                balance,
+                runner,
+                global_batch_size=source.global_batch_size,
+                steps=steps,
+                summary_dir=tensorboard_dir(args.callbacks),
+            )
             model.stop_training = False
             backup = backups.open()
             position = backups.restore(backup)  # every worker: the chief's position

@@ -325,6 +325,16 @@ def _flush() -> None:
     sys.stderr.flush()
 
 
+def tensorboard_dir(callbacks: Sequence[Any]) -> str | None:
+    """The ``log_dir`` of the fit's ``TensorBoard`` callback, or None without one."""
+    found = None
+    for callback in callbacks:
+        log_dir = getattr(callback, "log_dir", None)
+        if type(callback).__name__ == "TensorBoard" and log_dir:
+            found = str(log_dir)
+    return found
+
+
 def fit_health(
     runner: Any,
     *,
@@ -339,11 +349,8 @@ def fit_health(
         # Parameter servers: the same rule times each worker's calls (none: no stuck workers).
         watch.checking = watchdog is not None
         watch.timeouts = watchdog or watch.timeouts
-    summary_dir = None
-    for callback in callbacks:
-        log_dir = getattr(callback, "log_dir", None)
-        if type(callback).__name__ == "TensorBoard" and log_dir:
-            summary_dir = os.path.join(str(log_dir), "stragglers")
+    log_dir = tensorboard_dir(callbacks)
+    summary_dir = None if log_dir is None else os.path.join(log_dir, "stragglers")
     return Health(
         runner,
         runner.loop_tasks,

@@ -32,6 +32,7 @@ from tfdist.strategies.base import Runner
 from tfdist.strategies.factory import runner_for
 from tfdist.training import precision as precision_lib
 from tfdist.training import schedules
+from tfdist.training.balance import BalanceOptions, balance_options, enable_balance
 from tfdist.training.build import check_loss, compile_in_scope
 from tfdist.training.fit import run_fit
 from tfdist.training.fit_arguments import check_fit_arguments, steps_per_execution_for
@@ -124,6 +125,8 @@ class Trainer(EvaluateAndPredict):
         pipeline: Model parallelism: the model cut into stages on devices, trained with the
             GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline`); under the
             default strategy, or ``multi_worker`` made with ``stage_devices=K`` (the hybrid).
+        balance: ``True`` or a ``BalanceOptions``: on ``multi_worker``, each worker's share of
+            every global batch follows its measured speed (see `tfdist.training.balance`).
 
     Raises:
         ValueError: For a bad argument, option or shortcut, or a model that
@@ -159,11 +162,11 @@ class Trainer(EvaluateAndPredict):
         watchdog: WatchdogOptions | None = DEFAULT_WATCHDOG,
         stragglers: StragglerOptions | None = DEFAULT_STRAGGLERS,
         pipeline: PipelineOptions | None = None,
+        balance: bool | BalanceOptions = False,
     ) -> None:
         # Every argument is checked here, once, before anything is built.
         precision_lib.check_precision(precision)
         check_positive_int("accumulation_steps", accumulation_steps)
-        check_steps_per_execution(steps_per_execution)
         check_loss(loss)
         # The option groups, from objects or shortcuts (backup: None without a directory).
         self.backup, self.lr_scaling, self.exchange = trainer_options(
@@ -182,10 +185,10 @@ class Trainer(EvaluateAndPredict):
             sharding=sharding,
         )
         self.watchdog, self.stragglers = check_health_options(watchdog, stragglers, self.backup)
+        self.balance = balance_options(balance)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
         self.pipeline = check_pipeline_options(pipeline, self.strategy, self.exchange.sharding)
-        check_sharding(self.exchange.sharding, self._runner)
         self.precision = _precision(precision, model, is_chief=self._runner.is_chief)
         compile_arguments = dict(optimizer=optimizer, loss=loss, metrics=metrics)
         compile_arguments.update(loss_weights=loss_weights, weighted_metrics=weighted_metrics)
@@ -199,6 +202,8 @@ class Trainer(EvaluateAndPredict):
         steps_per_execution: int | Literal["auto"],
     ) -> None:
         """The model compiled in the strategy's scope, its step functions and its backups."""
+        check_steps_per_execution(steps_per_execution)  # the last checks, before any build
+        check_sharding(self.exchange.sharding, self._runner)
         self._steps_per_execution = steps_per_execution  # as given: "auto" is resolved by each fit
         self.steps_per_execution = steps_per_execution
         _compat.apply()
@@ -222,6 +227,7 @@ class Trainer(EvaluateAndPredict):
         if self.exchange.sharding is not None:
             check_optimizer(self.model.optimizer, self.exchange.sharding)
         devices = check_pipeline_model(self.pipeline, self.model, self.strategy)
+        self.balance = enable_balance(self.balance, self._runner, self.model, self.pipeline)
         if self._steps_per_execution == "auto" and compiled.steps_per_execution:
             # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.
             self._steps_per_execution = self.steps_per_execution = compiled.steps_per_execution
@@ -387,4 +393,5 @@ class Trainer(EvaluateAndPredict):
             steps_per_execution=self.steps_per_execution,
             watchdog=self.watchdog,
             stragglers=self.stragglers,
+            balance=self.balance,
         )
