@@ -3,7 +3,7 @@
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODES OUT_DIR``
 with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, trainer_zero1,
 trainer_zero2_accum, trainer_pipeline, trainer_pipeline_zero2_accum, trainer_balanced,
-trainer_balanced_zero2_accum, adam_sharded, keras_fit, run
+trainer_balanced_zero2_accum, trainer_balanced_bf16, adam_sharded, keras_fit, run
 one after another. Each task writes OUT_DIR/<mode>-<task>.npz and .json.
 
 The strategy leaves each worker a second logical CPU device (``stage_devices=2``): one replica
@@ -37,6 +37,7 @@ SHARDING["trainer_balanced_zero2_accum"] = "gradients"
 BALANCE = {
     "trainer_balanced": ((0, (4, 12)), (2, (12, 4)), (5, (1, 15)), (9, (8, 8))),
     "trainer_balanced_zero2_accum": ((0, (2, 6)), (3, (7, 1)), (8, (4, 4))),
+    "trainer_balanced_bf16": ((0, (3, 13)), (4, (13, 3))),
 }
 
 
@@ -83,6 +84,7 @@ def train(mode):
             metrics=["accuracy"],
             accumulation_steps=k,
             bucket_bytes=100 if mode == "trainer_bucketed" else None,
+            gradient_compression="bf16" if mode.endswith("_bf16") else None,
             sharding=SHARDING.get(mode),
             pipeline=pipeline,
             balance=tfdist.BalanceOptions(splits=BALANCE[mode]) if mode in BALANCE else False,
