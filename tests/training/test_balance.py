@@ -138,14 +138,7 @@ def test_data_of_unknown_length_is_refused():
     runner = _Runner(balance_refusal=None, loop_tasks=["worker:0", "worker:1"], is_chief=True)
     runner.enable_balance()
     with pytest.raises(ValueError, match="`steps_per_epoch`.*a positive integer with balance="):
-        balanced_start(
-            None,
-            tfdist.BalanceOptions(),
-            runner,
-            global_batch_size=64,
-            steps=None,
-            summary_dir=None,
-        )
+        balanced_start(None, tfdist.BalanceOptions(), runner, None, None, [], None)
 
 
 def test_a_fixed_split_must_fit_the_global_batch():

@@ -30,8 +30,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.config import check_positive_int, check_positive_number, invalid_argument
+from tfdist.config import check_positive_int, invalid_argument
 from tfdist.training.balance_control import Decision, SplitController, windows_from
+from tfdist.training.health import tensorboard_dir
 from tfdist.training.overrides import Overrides
 
 logger = logging.getLogger(__name__)
@@ -49,8 +50,9 @@ class BalanceOptions:
             the even split for an uneven split to stay (else back to even, and wait 2, 4, 8,
             ... windows).
         splits: Fixed splits instead of measured ones: ``((update, (examples per worker,
-            ...)), ...)``, each taken at the first call from that update on (for experiments
-            and tests; each must sum to the global batch).
+            ...)), ...)``, each taken at the first call from that update of the fit on (a
+            resumed fit counts from its backup's position); for experiments and tests, each
+            summing to the global batch.
     """
 
     window: int = 32
@@ -124,10 +126,18 @@ class Balancer:
         runner: A runner after ``enable_balance()``.
         global_batch_size: This fit's global batch.
         summary_dir: Where the chief writes the ``balance/`` scalars, or None.
+        updates: Updates made before this fit's first call (a resumed fit's position), the
+            clock of fixed ``splits``.
     """
 
     def __init__(
-        self, options: BalanceOptions, runner: Any, global_batch_size: int, summary_dir: Any
+        self,
+        options: BalanceOptions,
+        runner: Any,
+        global_batch_size: int,
+        summary_dir: Any,
+        *,
+        updates: int = 0,
     ) -> None:
         self.options = options
         self.runner = runner
@@ -142,7 +152,7 @@ class Balancer:
             min_gain=options.min_gain,
         )
         self.global_batch_size = global_batch_size
-        self.updates = 0  # in this fit
+        self.updates = updates  # in this fit, from a resumed fit's position
         self._since = 0
         self._pending = list(options.splits or ())
         self._writer: Any = None
@@ -239,14 +249,16 @@ def balanced_start(
     start: Any,
     options: BalanceOptions | None,
     runner: Any,
-    *,
-    global_batch_size: int,
+    source: Any,
     steps: int | None,
-    summary_dir: Any,
-) -> tuple[Any, Balancer | None]:
-    """``start`` with balancing when ``options`` (see `Balancer`), and the balancer."""
+    callbacks: Sequence[Any],
+    position: Any,
+) -> Any:
+    """``start`` with balancing when ``options`` (see `Balancer`) for a fit of ``source``
+    with ``steps`` per epoch (None: unknown), its ``callbacks`` (a ``TensorBoard`` gets the
+    scalars) and the backup ``position`` it resumes from (or None)."""
     if options is None:
-        return start, None
+        return start
     if steps is None:
         raise invalid_argument(
             "steps_per_epoch",
@@ -256,6 +268,8 @@ def balanced_start(
             "of updates ends; pass steps_per_epoch, or give the dataset its length with "
             "tf.data.experimental.assert_cardinality.",
         )
-    check_positive_number("global_batch_size", global_batch_size)
-    balancer = Balancer(options, runner, global_batch_size, summary_dir)
-    return balancer.wrap(start), balancer
+    updates = 0 if position is None else position.updates
+    balancer = Balancer(
+        options, runner, source.global_batch_size, tensorboard_dir(callbacks), updates=updates
+    )
+    return balancer.wrap(start)

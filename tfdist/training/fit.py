@@ -16,7 +16,7 @@ from tfdist.training.balance import BalanceOptions, balanced_start
 from tfdist.training.epochs import fit_epochs
 from tfdist.training.fit_arguments import FitArguments
 from tfdist.training.functions import StepFunctions
-from tfdist.training.health import fit_health, tensorboard_dir
+from tfdist.training.health import fit_health
 from tfdist.training.loop import EpochPlan
 from tfdist.training.options import LRScaling
 from tfdist.training.resume import FitBackups
@@ -70,17 +70,10 @@ def run_fit(
                 data, validation_data, args, runner=runner, model=model, build=functions.build
             )
             start = functions.prepare_fit(source, steps=steps, lr_scaling=lr_scaling)
-            start, _ = balanced_start(
-                start,
-                balance,
-                runner,
-                global_batch_size=source.global_batch_size,
-                steps=steps,
-                summary_dir=tensorboard_dir(args.callbacks),
-            )
             model.stop_training = False
             backup = backups.open()
             position = backups.restore(backup)  # every worker: the chief's position
+            start = balanced_start(start, balance, runner, source, steps, args.callbacks, position)
         freq = backups.options.freq if backups.options else "epoch"
         plan = EpochPlan(steps, functions.accumulation_steps, steps_per_execution, freq)
         # The loop sees only `start` and `functions.logs`, never the Trainer.
