@@ -3,7 +3,7 @@
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODES OUT_DIR``
 with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, trainer_zero1,
 trainer_zero2_accum, trainer_pipeline, trainer_pipeline_zero2_accum, trainer_balanced,
-trainer_balanced_zero2_accum, trainer_balanced_bf16, adam_sharded, keras_fit, run
+trainer_balanced_zero2_accum, trainer_balanced_bf16, balanced_resume, adam_sharded, keras_fit, run
 one after another. Each task writes OUT_DIR/<mode>-<task>.npz and .json.
 
 The strategy leaves each worker a second logical CPU device (``stage_devices=2``): one replica
@@ -61,10 +61,44 @@ def adam_sharded():
     return trainer.model, {}
 
 
+def balanced_resume(w0):
+    """Forced splits, a crash after update 7 with a backup every 2 updates, then a new Trainer
+    that resumes from update 6: the splits follow the backup's position."""
+    backup_dir = os.path.join(out_dir, "balanced_resume_backup")  # both workers: one disk
+    splits = ((0, (5, 11)), (5, (11, 5)), (9, (2, 14)))
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.optimizer.iterations.numpy() == 7:
+                raise RuntimeError("simulated crash")
+
+    for crash in (True, False):
+        trainer = tfdist.Trainer(
+            builder(w0),
+            strategy=strategy,
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            balance=tfdist.BalanceOptions(splits=splits),
+            steps_per_execution=1,
+            backup_dir=backup_dir,
+            backup_freq=2,
+        )
+        try:
+            history = trainer.fit(
+                dataset(), epochs=2, verbose=0, callbacks=[Crash()] if crash else None
+            )
+        except RuntimeError:
+            print("balanced_resume crashed at", int(trainer.model.optimizer.iterations.numpy()))
+    return trainer.model, history.history
+
+
 def train(mode):
     w0 = initial_weights()
     if mode == "adam_sharded":
         model, history = adam_sharded()
+    elif mode == "balanced_resume":
+        model, history = balanced_resume(w0)
     elif mode.startswith("trainer"):
         k = 2 if mode.endswith("_accum") else 1
         # trainer_pipeline: the model made here (its layer names known), cut after its first

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import sys
 
@@ -55,7 +56,7 @@ BALANCED = {
 def launched(tmp_path_factory):
     """One 2-worker launch runs every mode in turn (one cluster start-up instead of four)."""
     out_dir = tmp_path_factory.mktemp("mwms")
-    return _launch_job(",".join(MODES + ["adam_sharded"]), out_dir), out_dir
+    return _launch_job(",".join(MODES + ["balanced_resume", "adam_sharded"]), out_dir), out_dir
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -99,6 +100,22 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
     history = json.loads((out_dir / f"{mode}-worker-0.json").read_text())
     expected = {"loss", "accuracy"} | ({"updates"} if mode.endswith("_accum") else set())
     assert set(history) == expected and len(history["loss"]) == 2
+
+
+def test_a_balanced_run_resumes_its_splits_from_the_backup(launched, reference_weights):
+    """Forced splits, a crash after update 7 (backups every 2), a new Trainer resumes from
+    update 6 with the split due there (11 of 16 on worker:0), then the next: one device's
+    weights to 1e-5."""
+    proc, out_dir = launched
+    assert "[worker:0] balanced_resume crashed at 7" in proc.stdout, proc.stdout[-3000:]
+    assert "[worker:1] balanced_resume done 2" in proc.stdout
+    said = proc.stdout.split("Resumed from update 6", 1)[1].split("balanced_resume done")[0]
+    splits = re.findall(r"\[worker:0\].*Balance: worker:0 takes (\d+), worker:1 takes (\d+)", said)
+    assert splits == [("11", "5"), ("2", "14")], said
+    for worker in (0, 1):
+        weights = _weights(out_dir / f"balanced_resume-worker-{worker}.npz")
+        for a, ref in zip(weights, reference_weights):
+            np.testing.assert_allclose(a, ref, atol=1e-5, rtol=0)
 
 
 def test_two_workers_train_adam_sharded_as_unsharded(launched):

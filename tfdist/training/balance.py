@@ -191,9 +191,10 @@ class Balancer:
         """Takes a scheduled split, or after a full window every worker's clock and the
         controller's decision (one all-reduce, at the same update on every worker)."""
         if self.options.splits is not None:
-            while self._pending and self._pending[0][0] <= self.updates:
-                _, shares = self._pending.pop(0)
-                self._apply(Decision(list(shares), "fixed", [], 0.0, None))
+            due = [shares for update, shares in self._pending if update <= self.updates]
+            if due:  # the last one due (a resumed fit may be past several)
+                self._pending = self._pending[len(due) :]
+                self._apply(Decision(list(due[-1]), "fixed", [], 0.0, None))
             return
         if self._since < self.options.window:
             return
