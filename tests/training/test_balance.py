@@ -161,3 +161,27 @@ def test_mirrored_is_refused_by_its_runner():
             balance=True,
         )
     assert tf.distribute.has_strategy() is False
+
+
+def test_each_new_split_is_logged_and_written_as_scalars(tmp_path, caplog):
+    from tfdist.strategies.step_clock import StepClock
+    from tfdist.training.balance_control import Decision
+
+    split = types.SimpleNamespace(
+        workers=2, local_replicas=1, clock=StepClock(), set=lambda s: None
+    )
+    runner = _Runner(balanced=split, loop_tasks=["worker:0", "worker:1"], is_chief=True)
+    balancer = Balancer(tfdist.BalanceOptions(), runner, 256, str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="tfdist.training.balance"):
+        balancer._apply(Decision([168, 88], "balance", [1000.0, 520.0], 0.01, None))
+        balancer._apply(Decision([128, 128], "even", [1000.0, 990.0], 0.012, 0.011))
+    assert (
+        "Balance: worker:0 takes 168, worker:1 takes 88 of every global batch of 256 "
+        "(worker:0 computes at 1.00x, worker:1 computes at 0.52x the fastest's rate)."
+    ) in caplog.text
+    assert "back to the even split" in caplog.text and "12.0 ms per update" in caplog.text
+    tags = set()
+    for path in (tmp_path / "balance").iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            tags.update(v.tag for v in event.summary.value)
+    assert {"balance/share/worker_1", "balance/examples_per_second/worker_0"} <= tags
