@@ -10,7 +10,7 @@ same process, alternating between them, and reports medians and their ratio;
 absolute numbers are secondary. Results go to a JSON file and, when matplotlib
 is installed, a PNG bar chart of the ratios next to it (and a benchmark's own
 figure, registered with ``plot=``, as ``<output>.<name>.png``). The
-multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``health``,
+multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``balance``, ``health``,
 ``time_to_accuracy``, ``first_fit``, ``memory``) start their own worker processes with
 ``tfdist launch``, ``pipeline`` its three processes itself; they run only when named.
 
@@ -51,6 +51,7 @@ BUILTIN_MODULES = (
     "tfdist.bench.scaling",
     "tfdist.bench.allreduce",
     "tfdist.bench.stragglers",
+    "tfdist.bench.balance",
     "tfdist.bench.health",
     "tfdist.bench.time_to_accuracy",
     "tfdist.bench.first_fit",
@@ -62,6 +63,7 @@ ON_REQUEST = (
     "scaling",
     "allreduce",
     "stragglers",
+    "balance",
     "health",
     "time_to_accuracy",
     "first_fit",
@@ -158,7 +160,7 @@ def run(
     Args:
         names: Benchmarks to run, in this order (cluster ones last); default
             all of `available` but the multi-process ones
-            (`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``, ``health``,
+            (`ON_REQUEST`: ``scaling``, ``allreduce``, ``stragglers``, ``balance``, ``health``,
             ``time_to_accuracy``, ``first_fit``, ``memory``, ``pipeline``), which run only
             when named.
         output: Path of the JSON file (directories are created); a PNG chart of

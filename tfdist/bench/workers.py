@@ -38,6 +38,8 @@ KINDS: dict[str, str] = {
     "allreduce": "tfdist.bench.allreduce_worker:run",
     "stragglers": "tfdist.bench.straggler_worker:run_mwms",
     "stragglers_ps": "tfdist.bench.straggler_worker:run_ps",
+    "balance": "tfdist.bench.balance_worker:run_mwms",
+    "balance_ps": "tfdist.bench.balance_worker:run_ps",
     "health": "tfdist.bench.health_worker:run_mwms",
     "time_to_accuracy": "tfdist.bench.time_to_accuracy_worker:run",
     "first_fit": "tfdist.bench.first_fit_worker:run",

@@ -51,6 +51,7 @@ def run(args: Sequence[str]) -> int:
         "allreduce_workers": FLAGS.allreduce_workers,
         "allreduce_max_bytes": FLAGS.allreduce_max_bytes,
         "straggler_factor": FLAGS.straggler_factor,
+        "balance_sides": None if FLAGS.balance_sides is None else tuple(FLAGS.balance_sides),
         "target_accuracy": FLAGS.target_accuracy,
         "slow_fsync_ms": FLAGS.slow_fsync_ms,
         "first_fit_launches": FLAGS.first_fit_launches,

@@ -27,7 +27,7 @@ IN_PROCESS_BENCHMARKS = (
     "trainer_vs_fit",
 )
 LAUNCHING_BENCHMARKS = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy")
-LAUNCHING_BENCHMARKS += ("first_fit", "memory", "pipeline")
+LAUNCHING_BENCHMARKS += ("first_fit", "memory", "pipeline", "balance")
 _DEFAULT = TrainConfig()
 
 # train. Names are plain strings checked by TrainConfig (not DEFINE_enum), so a typo gets the
@@ -325,6 +325,12 @@ flags.DEFINE_float(
     "bench stragglers: worker 1 sleeps before each batch so that its step takes about this many "
     "times as long (default 2).",
 )
+flags.DEFINE_list(
+    "balance_sides",
+    None,
+    "bench balance: the sides to launch, from even, balanced, parameter_server, even_pair, "
+    "balanced_pair (default all; even and balanced are required).",
+)
 
 
 flags.DEFINE_string(
@@ -372,6 +378,7 @@ READS = {
             "allreduce_workers",
             "slow_fsync_ms",
             "straggler_factor",
+            "balance_sides",
             "target_accuracy",
             "scaling_workers",
             "hidden_units",

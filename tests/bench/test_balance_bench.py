@@ -1,0 +1,171 @@
+"""``tfdist bench --benchmarks=balance``: its pure parts, no process launched.
+
+The ideal, the per-epoch rows (step time, shares from the chief's ``Balance:`` lines, the
+other processes' CPU), the steady-state summary and its ratios, the plot, and the refusals
+of the options and of the ``--balance_sides`` flag. The launch itself is run by hand
+(docs/benchmarks.md); the suite's budget has no room for another multi-process launch.
+"""
+
+import math
+
+import pytest
+
+from tfdist.bench import balance, common
+from tfdist.bench.balance_plot import plot_balance
+
+LINE = (
+    "Balance: worker:0 takes 83, worker:1 takes 45 of every global batch of 128 "
+    "(worker:0 computes at 1.00x, worker:1 computes at 0.54x the fastest's rate)."
+)
+BACK = (
+    "Balance: back to the even split (worker:0 takes 64, worker:1 takes 64 of 128): under the "
+    "balanced split the slowest worker still computed 9.0 ms per update, against 9.1 ms even"
+)
+
+
+def test_a_split_is_parsed_from_the_chiefs_lines():
+    assert balance.parse_split(LINE) == {"worker:0": 83, "worker:1": 45}
+    assert balance.parse_split(BACK) == {"worker:0": 64, "worker:1": 64}
+    assert balance.parse_split("Straggler: worker:1 takes 2x") is None
+    assert balance.parse_split("Balance: nothing to split") is None
+
+
+def test_the_split_in_effect_is_the_last_before_the_time_else_even():
+    even = {"worker:0": 64, "worker:1": 64}
+    splits = [{"t": 2.0, "line": LINE}, {"t": 5.0, "line": BACK}]
+    assert balance.shares_at(splits, 1.0, even) == even
+    assert balance.shares_at(splits, 2.0, even) == {"worker:0": 83, "worker:1": 45}
+    assert balance.shares_at(splits, 4.9, even) == {"worker:0": 83, "worker:1": 45}
+    assert balance.shares_at(splits, 9.0, even) == even
+
+
+def _epochs(times, cpu_per_s, hog_per_s=0.0, busy_per_s=None):
+    return [
+        {
+            "t": t,
+            "cpu": cpu_per_s * t,
+            "hog_cpu": hog_per_s * t,
+            "busy_cpu": None if busy_per_s is None else busy_per_s * t,
+        }
+        for t in times
+    ]
+
+
+def test_epoch_rows_give_step_time_shares_and_the_others_cpu():
+    times = [10.0, 12.0, 13.0, 14.0]  # the fit's start, then 3 epochs
+    tasks = {
+        "worker-0": {
+            "epochs": _epochs(times, 1.0, busy_per_s=2.5),
+            "splits": [{"t": 2.5, "line": LINE}],
+        },
+        "worker-1": {"epochs": _epochs(times, 0.5, hog_per_s=0.5)},
+    }
+    rows = balance.epoch_rows(tasks, "worker-0", steps_per_epoch=4, global_batch_size=128)
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert [r["end_s"] for r in rows] == [2.0, 3.0, 4.0]
+    assert [r["step_s"] for r in rows] == pytest.approx([0.5, 0.25, 0.25])
+    assert rows[0]["shares"] == {"worker:0": 64, "worker:1": 64}
+    assert rows[2]["shares"] == {"worker:0": 83, "worker:1": 45}
+    # 2.5 busy cores less 1 (worker 0) + 0.5 (worker 1) + 0.5 (its hog): 0.5 other.
+    assert [r["others_cpu"] for r in rows] == pytest.approx([0.5] * 3)
+
+
+def test_others_cpu_is_unknown_under_ps_or_for_too_short_an_epoch():
+    ps = {"chief-0": {"epochs": _epochs([0.0, 1.0], 0.1, busy_per_s=2.0)}}
+    rows = balance.epoch_rows(ps, "chief-0", steps_per_epoch=1, global_batch_size=2)
+    assert rows[0]["others_cpu"] is None  # the serving workers recorded nothing
+    short = [0.0, balance.MIN_SECONDS_FOR_OTHERS / 2]
+    tasks = {f"worker-{i}": {"epochs": _epochs(short, 1.0, busy_per_s=2.0)} for i in range(2)}
+    rows = balance.epoch_rows(tasks, "worker-0", steps_per_epoch=1, global_batch_size=2)
+    assert rows[0]["others_cpu"] is None
+
+
+def test_steady_skips_the_settling_epochs_and_busy_ones():
+    rows = [
+        {"epoch": 1, "step_s": 9.0, "others_cpu": 0.0},  # settling
+        {"epoch": 2, "step_s": 1.0, "others_cpu": 0.1},
+        {"epoch": 3, "step_s": 5.0, "others_cpu": 0.9},  # busy
+        {"epoch": 4, "step_s": 2.0, "others_cpu": None},  # unknown counts as clean
+    ]
+    got = balance.steady(rows, settle=1)
+    assert got["step_s"] == pytest.approx(1.5)
+    assert (got["epochs_used"], got["epochs_clean"], got["others_cpu_max"]) == (2, 2, 0.9)
+    every_busy = [dict(r, others_cpu=1.0) for r in rows]
+    assert balance.steady(every_busy, settle=1)["step_s"] == pytest.approx(2.0)  # then all
+
+
+def test_the_ideal_is_the_global_batch_over_the_summed_rates():
+    got = balance.ideal({"worker-0": 1000.0, "worker-1": 500.0}, 300)
+    assert got["step_s"] == pytest.approx(0.2) and got["examples_per_s"] == 1500.0
+    assert math.isnan(balance.ideal({"worker-0": 0.0}, 300)["step_s"])
+
+
+def test_the_summary_gives_medians_and_ratios_to_the_ideal():
+    sides = {
+        "even": [{"step_s": 0.30}, {"step_s": 0.32}, {"step_s": 0.40}],
+        "balanced": [{"step_s": 0.22}],
+        "parameter_server": [{"step_s": 0.25}],
+        "even_pair": [{"step_s": 0.10}],
+        "balanced_pair": [{"step_s": 0.11}],
+    }
+    rates = {"worker-0": [1000.0, 900.0, 1100.0], "worker-1": [500.0]}
+    got = balance.summary(sides, rates, 300)
+    assert got["ideal"]["step_s"] == pytest.approx(0.2)
+    assert got["sides"]["even"]["step_s"] == pytest.approx(0.32)
+    assert got["sides"]["even"]["examples_per_s"] == pytest.approx(300 / 0.32)
+    assert got["even_ratio"] == pytest.approx(1.6)
+    assert got["balanced_ratio"] == pytest.approx(1.1)
+    assert got["parameter_server_ratio"] == pytest.approx(1.25)
+    assert got["pair_ratio"] == pytest.approx(1.1)
+    assert got["balanced_speedup"] == pytest.approx(0.32 / 0.22)
+    assert set(got["goals"]) == {"balanced_ratio", "pair_ratio"}
+    assert "pair_ratio" not in balance.summary(
+        {k: sides[k] for k in ("even", "balanced")}, rates, 300
+    )
+
+
+def test_the_plot_is_drawn(tmp_path):
+    rows = [
+        {"epoch": 1, "end_s": 1.0, "step_s": 0.3, "shares": {"worker:0": 64, "worker:1": 64}},
+        {"epoch": 2, "end_s": 2.0, "step_s": 0.2, "shares": {"worker:0": 83, "worker:1": 45}},
+    ]
+    result = {
+        "sides": {"even": {"step_s": 0.3, "epochs": [rows]}, "balanced": {"step_s": 0.2}},
+        "ideal": {"step_s": 0.18, "worker_examples_per_s": {"worker-0": 2.0, "worker-1": 1.0}},
+        "config": {"global_batch_size": 128, "hog_worker": 1},
+    }
+    result["sides"]["balanced"]["epochs"] = [rows]
+    path = tmp_path / "balance.png"
+    plot_balance(result, str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "sides, match",
+    [
+        (("even", "balanced", "fastest"), "Received: balance_sides=.fastest."),
+        (("even", "parameter_server"), "including even and balanced"),
+        (("even", "balanced", "even"), "distinct side names"),
+    ],
+)
+def test_bad_sides_are_refused(sides, match):
+    with pytest.raises(ValueError, match=match):
+        balance.run(sides=sides)
+
+
+def test_the_flag_reaches_the_benchmark_and_bad_options_are_refused():
+    assert balance.check_sides("even, balanced,even_pair") == ("even", "balanced", "even_pair")
+    common.set_options({"balance_sides": ("even",)})
+    try:
+        with pytest.raises(ValueError, match="`balance_sides`"):
+            common.registry()["balance"](1, True)
+    finally:
+        common.set_options(None)
+    with pytest.raises(ValueError, match="`global_batch_size`"):
+        balance.run(global_batch_size=63)
+    with pytest.raises(ValueError, match="`settle_epochs`"):
+        balance.run(settle_epochs=12)
+    with pytest.raises(ValueError, match="`window`"):
+        balance.run(window=0)
+    with pytest.raises(ValueError, match="Received: option=.hog."):
+        balance.run(hog=True)
