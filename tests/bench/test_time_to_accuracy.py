@@ -238,13 +238,13 @@ def test_each_task_has_its_own_settings_unless_an_option_sets_every_tasks():
     )
     assert (patterns["model"], patterns["per_worker_batch_size"], patterns["target_accuracy"]) == (
         "convnet",
-        32,
+        16,
         0.99,
     )
-    given = {**options, "per_worker_batch_size": 16, "target_accuracy": 0.9, "max_epochs": 3}
+    given = {**options, "per_worker_batch_size": 8, "target_accuracy": 0.9, "max_epochs": 3}
     for task in task_specs(given, quick=True):
         assert (task["per_worker_batch_size"], task["target_accuracy"], task["max_epochs"]) == (
-            16,
+            8,
             0.9,
             3,
         )

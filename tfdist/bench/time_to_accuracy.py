@@ -11,8 +11,8 @@ evaluating on the validation split after every epoch, Adam at 2e-3 (as ``tfdist 
   per update. Too small for the exchange to pay: the honest counter-example.
 * ``patterns``: the ``convnet`` (66k parameters, 0.15 GFLOP per example forward and backward)
   on ``tfdist.data.load("patterns")`` (4,096 generated 32x32x3 training images, 1,024 to
-  validate: noise, and the class's motif at a random place) to 0.99, 32 examples per worker
-  per update: compute-bound, a 265 KB gradient exchange against about 80 ms of compute.
+  validate: noise, and the class's motif at a random place) to 0.99, 16 examples per worker
+  per update: compute-bound, a 265 KB gradient exchange against about 40 ms of compute.
 
 ``--per_worker_batch_size`` and ``--target_accuracy`` set every task's, when given. Two
 launches of real processes through ``tfdist launch`` (as ``scaling`` starts them), each task
