@@ -858,7 +858,7 @@ CASES = [
         lambda e: tfdist.data.load("imagenet"),
         "dataset",
         "'imagenet'",
-        ("one of: digits, synthetic, tfds:NAME",),
+        ("one of: digits, patterns, synthetic, tfds:NAME",),
     ),
     C(
         "data.load('digits', split='trian')",
@@ -893,7 +893,7 @@ CASES = [
         lambda e: tfdist.models.get("vgg"),
         "model",
         "'vgg'",
-        ("one of: cnn, mlp, resnet, transformer",),
+        ("one of: cnn, convnet, mlp, resnet, transformer",),
     ),
     C(
         "models.get('mlp', num_blocks=3)",
@@ -1203,6 +1203,13 @@ CASES = [
         "benchmarks",
         "'scalin'",
         ("one of: accumulation, allreduce, backup",),
+    ),
+    C(
+        "tfdist bench --benchmarks=time_to_accuracy --time_to_accuracy_tasks=digits,imagenet",
+        ["bench", "--benchmarks=time_to_accuracy", "--time_to_accuracy_tasks=digits,imagenet"],
+        "time_to_accuracy_tasks",
+        "'digits,imagenet'",
+        ("one or more of: digits, patterns, comma-separated", "Unknown: 'imagenet'"),
     ),
     C(
         "tfdist launch --workers=2  # no command",

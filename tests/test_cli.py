@@ -196,6 +196,43 @@ def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argume
         _train_config("--gradient_compression=")  # an empty list: not one value either
 
 
+def test_bench_time_to_accuracy_tasks_reach_the_benchmark_or_are_refused(monkeypatch, capsys):
+    from tfdist.bench import runner, time_to_accuracy_tasks
+    from tfdist.cli.flag_definitions import TIME_TO_ACCURACY_TASKS
+
+    # The names the CLI checks before TensorFlow loads are the benchmark's tasks.
+    assert TIME_TO_ACCURACY_TASKS == tuple(time_to_accuracy_tasks.TASKS) == ("digits", "patterns")
+    given = []
+
+    def run(names, **kwargs):
+        given.append(kwargs["options"]["time_to_accuracy_tasks"])
+        return {"meta": {}, "results": {}}
+
+    monkeypatch.setattr(runner, "run", run)
+    bench = ["bench", "--benchmarks=time_to_accuracy"]
+    for flag in ([], ["--time_to_accuracy_tasks=patterns,digits,patterns"]):
+        code, err = run_cli_in_process(bench + flag, capsys)
+        assert code == 0, err
+    assert given == [None, ("patterns", "digits")]  # None: the benchmark's default, both
+    for value, received, unknown in (
+        ("", "''", ""),
+        ("digits,imagenet", "'digits,imagenet'", "'imagenet'"),
+    ):
+        code, err = run_cli_in_process(bench + [f"--time_to_accuracy_tasks={value}"], capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith(
+            "tfdist bench: error: Invalid value for argument `time_to_accuracy_tasks`. "
+            f"Received: time_to_accuracy_tasks={received}. "
+            "Expected one or more of: digits, patterns, comma-separated."
+        ), err
+        assert (f"Unknown: {unknown}." in err) is bool(unknown), err
+        # The benchmark's own check (from Python) refuses it in the same words.
+        with pytest.raises(ValueError) as refused:
+            time_to_accuracy_tasks.check_tasks(value.split(",") if value else [])
+        assert err.strip() == f"tfdist bench: error: {refused.value}"
+    assert len(given) == 2  # refused before the benchmark ran
+
+
 def test_manifest_slurm_writes_the_script(tmp_path):
     out = tmp_path / "job.sbatch"
     proc = run_tfdist(

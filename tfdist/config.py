@@ -136,7 +136,7 @@ def check_directory(name: str, value: Any, *, allow_none: bool = True) -> Any:
 StrategyName = Literal["auto", "one_device", "mirrored", "multi_worker", "parameter_server"]
 STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 #: The one list of model names (``tfdist.models.get``'s keys), here for the same reason.
-ModelName = Literal["mlp", "cnn", "resnet", "transformer"]
+ModelName = Literal["mlp", "cnn", "convnet", "resnet", "transformer"]
 MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
 
 
@@ -196,7 +196,7 @@ class WatchdogOptions:
         return min(self.poll, self.floor / 4)
 
 
-DATASET_NAMES = ("digits", "synthetic", "tfds:NAME")
+DATASET_NAMES = ("digits", "patterns", "synthetic", "tfds:NAME")
 TFDS_PREFIX = "tfds:"
 
 

@@ -1,14 +1,14 @@
-"""The digits-CNN benchmarks at a tiny size, real processes: correctness only.
+"""The time-to-accuracy and first-fit benchmarks at a tiny size, real processes: correctness only.
 
 ``tfdist bench --benchmarks=time_to_accuracy,first_fit --quick``, one run that the
 module's tests share (the suite is CPU-bound: one runner, one module).
 
-time_to_accuracy: one process on one_device and 2 MWMS workers, each LR rule once:
-every side saw the same examples per epoch from the same per-worker batch; the two
-workers saw the same accuracies; each fit stopped at the first epoch that reached the
-target (or ran every epoch); the times, rates, medians and ratios follow from the
-recorded points; the *linear* side really trained at the scaled, warmed-up rate and
-*none* at the base rate.
+time_to_accuracy: one process on one_device and 2 MWMS workers, running the "patterns" task
+(the convnet on tiny generated images; ``--time_to_accuracy_tasks=patterns``), each LR rule
+once: every side saw the same examples per epoch from the same per-worker batch; the two
+workers saw the same accuracies; each fit stopped at the first epoch that reached the task's
+target (or ran every epoch); the times, rates, medians and ratios follow from the recorded points;
+the *linear* side really trained at the scaled, warmed-up rate and *none* at the base rate.
 
 first_fit: one default 2-worker launch (the launcher pins the workers): every fit (the
 Trainer's, then Keras's own `model.fit`'s as the reference) and
@@ -28,134 +28,162 @@ from tfdist.bench import common, first_fit, runner, time_to_accuracy
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 RULES = ("none", "linear")
+# One task, to keep the launch cheap: the compute-bound one, at a tiny size. The digits task
+# runs the same code on `tfdist train`'s default model and data (tests/test_cli.py runs those).
+TASKS = ("patterns",)
 
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     output = str(tmp_path_factory.mktemp("bench") / "bench.json")
-    options = {"threads_per_worker": 1, "preload": PRELOAD}
+    options = {"threads_per_worker": 1, "preload": PRELOAD, "time_to_accuracy_tasks": TASKS}
     results = runner.run(
         ["time_to_accuracy", "first_fit"], quick=True, output=output, repeats=1, options=options
     )
     return results, output
 
 
-def _runs(result):
-    for n, entry in result["per_workers"].items():
+def _runs(task):
+    for n, entry in task["per_workers"].items():
         for rule in RULES:
             for run in entry["sides"][rule]["runs"]:
                 yield n, entry, rule, run
 
 
-def test_every_side_saw_the_same_examples_per_epoch(bench_run):
+def _tasks(bench_run):
     result = bench_run[0]["results"]["time_to_accuracy"]
-    config = result["config"]
-    b = config["per_worker_batch_size"]
-    assert config["threads_per_worker"] == 1 and config["repeats"] == 1
-    one, two = result["per_workers"]["1"], result["per_workers"]["2"]
-    assert (one["strategy"], one["num_workers"], one["global_batch_size"]) == ("one_device", 1, b)
-    assert (two["strategy"], two["num_workers"], two["global_batch_size"]) == (
-        "multi_worker",
-        2,
-        2 * b,
+    assert tuple(result["tasks"]) == TASKS == tuple(result["config"]["tasks"])
+    return result, result["tasks"].items()
+
+
+def test_every_side_saw_the_same_examples_per_epoch(bench_run):
+    result, tasks = _tasks(bench_run)
+    assert result["config"]["threads_per_worker"] == 1 and result["config"]["repeats"] == 1
+    for name, task in tasks:
+        config = task["config"]
+        b = config["per_worker_batch_size"]
+        assert (config["dataset"], config["model"]) == {
+            "digits": ("digits", "cnn"),
+            "patterns": ("patterns", "convnet"),
+        }[name]
+        one, two = task["per_workers"]["1"], task["per_workers"]["2"]
+        assert (one["strategy"], one["num_workers"], one["global_batch_size"]) == (
+            "one_device",
+            1,
+            b,
+        )
+        assert (two["strategy"], two["num_workers"], two["global_batch_size"]) == (
+            "multi_worker",
+            2,
+            2 * b,
+        )
+        for entry in (one, two):
+            gbs = entry["global_batch_size"]
+            assert entry["updates_per_epoch"] == entry["train_examples"] // gbs
+            assert entry["examples_per_epoch"] == entry["updates_per_epoch"] * gbs
+            assert all(t["intra_op_threads"] == 1 for t in entry["threads"].values())
+            assert all(t["preloaded"] for t in entry["threads"].values())
+        # Both train splits divide into whole batches of 32 and 64 alike.
+        assert one["examples_per_epoch"] == two["examples_per_epoch"]
+        assert one["parameters"] == two["parameters"] > 0
+        assert two["chief"] == ["worker-0"] and set(two["threads"]) == {"worker-0", "worker-1"}
+        for n, entry, rule, run in _runs(task):
+            curve = run["curve"]
+            assert [p["epoch"] for p in curve] == list(range(1, len(curve) + 1))
+            # Optimizer updates counted after each epoch: whole epochs of the global batch.
+            assert [p["updates"] for p in curve] == [
+                p["epoch"] * entry["updates_per_epoch"] for p in curve
+            ], (name, n, rule)
+            assert 1 <= run["epochs_run"] == len(curve) <= config["max_epochs"]
+        for rule in RULES:
+            per_worker = two["sides"][rule]["val_accuracy_per_worker"]
+            assert per_worker["worker-0"] == per_worker["worker-1"], (name, rule)
+
+
+def _check_fit(run, entry, target, max_epochs):
+    curve = run["curve"]
+    hits = [p for p in curve if p["val_accuracy"] >= target]
+    assert run["reached"] is bool(hits)
+    if hits:
+        # It stopped at the first epoch at the target.
+        assert hits[0] == curve[-1]
+        assert run["epochs_to_target"] == run["epochs_run"] == curve[-1]["epoch"]
+        assert run["seconds_to_target"] == curve[-1]["seconds"]
+        assert run["wall_seconds_to_target"] == curve[-1]["wall_seconds"]
+        assert run["updates_to_target"] == curve[-1]["updates"]
+        assert run["examples_to_target"] == curve[-1]["epoch"] * entry["examples_per_epoch"]
+    else:
+        assert run["epochs_run"] == max_epochs
+        assert run["seconds_to_target"] is None and run["epochs_to_target"] is None
+    seconds = [p["seconds"] for p in curve]
+    assert seconds == sorted(seconds) and seconds[0] > 0
+    # The clock leaves validation out: wall minus training seconds is the validation time.
+    assert curve[-1]["wall_seconds"] - curve[-1]["seconds"] == pytest.approx(run["eval_seconds"])
+    assert run["eval_seconds"] > 0 and run["fit_seconds"] >= curve[-1]["wall_seconds"]
+    assert run["examples_per_s"] == pytest.approx(
+        run["epochs_run"] * entry["examples_per_epoch"] / curve[-1]["seconds"]
     )
-    for entry in (one, two):
-        gbs = entry["global_batch_size"]
-        assert entry["updates_per_epoch"] == entry["train_examples"] // gbs
-        assert entry["examples_per_epoch"] == entry["updates_per_epoch"] * gbs
-        assert all(t["intra_op_threads"] == 1 for t in entry["threads"].values())
-        assert all(t["preloaded"] for t in entry["threads"].values())
-    # The digits' train split divides into whole batches of 32 and 64 alike.
-    assert one["examples_per_epoch"] == two["examples_per_epoch"]
-    assert two["chief"] == ["worker-0"] and set(two["threads"]) == {"worker-0", "worker-1"}
-    for n, entry, rule, run in _runs(result):
-        curve = run["curve"]
-        assert [p["epoch"] for p in curve] == list(range(1, len(curve) + 1))
-        # Optimizer updates counted after each epoch: whole epochs of the global batch.
-        assert [p["updates"] for p in curve] == [
-            p["epoch"] * entry["updates_per_epoch"] for p in curve
-        ], (n, rule)
-        assert 1 <= run["epochs_run"] == len(curve) <= config["max_epochs"]
-    for rule in RULES:
-        per_worker = two["sides"][rule]["val_accuracy_per_worker"]
-        assert per_worker["worker-0"] == per_worker["worker-1"], rule
+    if len(curve) > 1:  # after the first epoch (which traces the functions)
+        assert run["steady_examples_per_s"] == pytest.approx(
+            (len(curve) - 1)
+            * entry["examples_per_epoch"]
+            / (curve[-1]["seconds"] - curve[0]["seconds"])
+        )
+    else:
+        assert run["steady_examples_per_s"] is None
+    assert run["final_val_accuracy"] == curve[-1]["val_accuracy"]
+    assert run["best_val_accuracy"] == max(p["val_accuracy"] for p in curve)
 
 
 def test_each_fit_stopped_at_the_target_and_the_figures_follow(bench_run):
-    result = bench_run[0]["results"]["time_to_accuracy"]
-    target, max_epochs = result["config"]["target_accuracy"], result["config"]["max_epochs"]
-    for _n, entry, _rule, run in _runs(result):
-        curve = run["curve"]
-        hits = [p for p in curve if p["val_accuracy"] >= target]
-        assert run["reached"] is bool(hits)
-        if hits:
-            # It stopped at the first epoch at the target.
-            assert hits[0] == curve[-1]
-            assert run["epochs_to_target"] == run["epochs_run"] == curve[-1]["epoch"]
-            assert run["seconds_to_target"] == curve[-1]["seconds"]
-            assert run["wall_seconds_to_target"] == curve[-1]["wall_seconds"]
-            assert run["updates_to_target"] == curve[-1]["updates"]
-            assert run["examples_to_target"] == curve[-1]["epoch"] * entry["examples_per_epoch"]
-        else:
-            assert run["epochs_run"] == max_epochs
-            assert run["seconds_to_target"] is None and run["epochs_to_target"] is None
-        seconds = [p["seconds"] for p in curve]
-        assert seconds == sorted(seconds) and seconds[0] > 0
-        # The clock leaves validation out: wall minus training seconds is the validation time.
-        assert curve[-1]["wall_seconds"] - curve[-1]["seconds"] == pytest.approx(
-            run["eval_seconds"]
-        )
-        assert run["eval_seconds"] > 0 and run["fit_seconds"] >= curve[-1]["wall_seconds"]
-        assert run["examples_per_s"] == pytest.approx(
-            run["epochs_run"] * entry["examples_per_epoch"] / curve[-1]["seconds"]
-        )
-        if len(curve) > 1:  # after the first epoch (which traces the functions)
-            assert run["steady_examples_per_s"] == pytest.approx(
-                (len(curve) - 1)
-                * entry["examples_per_epoch"]
-                / (curve[-1]["seconds"] - curve[0]["seconds"])
-            )
-        else:
-            assert run["steady_examples_per_s"] is None
-        assert run["final_val_accuracy"] == curve[-1]["val_accuracy"]
-        assert run["best_val_accuracy"] == max(p["val_accuracy"] for p in curve)
-    for n, entry in result["per_workers"].items():
-        for rule in RULES:
-            side = entry["sides"][rule]
-            runs = side["runs"]
-            assert side["reached"] is all(r["reached"] for r in runs)
-            assert len(side["others_cpu"]) == len(runs)
-            # Medians over the runs other processes left alone (<= 0.25 cores), else over all.
-            clean = [r for r, o in zip(runs, side["others_cpu"]) if o is None or o <= 0.25]
-            assert side["clean_runs"] == len(clean)
-            used = clean or runs
-            expected = (
-                statistics.median(r["seconds_to_target"] for r in used) if side["reached"] else None
-            )
-            assert side["seconds_to_target"] == expected
-            assert result["seconds_to_target"][n][rule] == expected
-    for rule, label in (("none", "no_scaling"), ("linear", "linear_scaling")):
-        one, two = (result["seconds_to_target"][n][rule] for n in ("1", "2"))
-        ratio = result[f"{label}_time_ratio"]
-        assert ratio == (None if one is None or two is None else pytest.approx(two / one))
+    result, tasks = _tasks(bench_run)
+    for name, task in tasks:
+        target, max_epochs = task["config"]["target_accuracy"], task["config"]["max_epochs"]
+        for _n, entry, _rule, run in _runs(task):
+            _check_fit(run, entry, target, max_epochs)
+        for n, entry in task["per_workers"].items():
+            for rule in RULES:
+                side = entry["sides"][rule]
+                runs = side["runs"]
+                assert side["reached"] is all(r["reached"] for r in runs)
+                assert len(side["others_cpu"]) == len(runs)
+                # Medians over the runs other processes left alone (<= 0.25 cores), else all.
+                clean = [r for r, o in zip(runs, side["others_cpu"]) if o is None or o <= 0.25]
+                assert side["clean_runs"] == len(clean)
+                used = clean or runs
+                expected = (
+                    statistics.median(r["seconds_to_target"] for r in used)
+                    if side["reached"]
+                    else None
+                )
+                assert side["seconds_to_target"] == expected
+                assert task["seconds_to_target"][n][rule] == expected
+        for rule, label in (("none", "no_scaling"), ("linear", "linear_scaling")):
+            one, two = (task["seconds_to_target"][n][rule] for n in ("1", "2"))
+            key = f"{name}_{label}_time_ratio"
+            assert result[key] == (None if one is None or two is None else pytest.approx(two / one))
+            assert result["words"][key].startswith(f"{name}: 2 / 1 workers, time to accuracy")
+            # The goal is the compute-bound task's; digits is the counter-example.
+            assert result["goals"].get(key) == ("<= 0.6" if name == "patterns" else None)
 
 
 def test_the_linear_side_trained_at_the_scaled_warmed_up_rate(bench_run):
-    result = bench_run[0]["results"]["time_to_accuracy"]
+    result, tasks = _tasks(bench_run)
     config = result["config"]
     base = config["learning_rate"]
-    for n, entry, rule, run in _runs(result):
-        workers = entry["num_workers"]
-        # LRScaling("linear", base_global_batch_size=<per-worker batch>): x workers after warmup,
-        # ramped linearly from the base rate over warmup_epochs epochs of updates.
-        warmup = round(config["warmup_epochs"] * entry["updates_per_epoch"])
-        for p in run["curve"]:
-            if rule == "none":
-                expected = base
-            else:
-                done = min(p["updates"] / warmup, 1.0) if warmup else 1.0
-                expected = base * (1 + (workers - 1) * done)
-            assert p["learning_rate"] == pytest.approx(expected, rel=1e-5), (n, rule, p)
+    for name, task in tasks:
+        for n, entry, rule, run in _runs(task):
+            workers = entry["num_workers"]
+            # LRScaling("linear", base_global_batch_size=<per-worker batch>): x workers after
+            # warmup, ramped linearly from the base rate over warmup_epochs epochs of updates.
+            warmup = round(config["warmup_epochs"] * entry["updates_per_epoch"])
+            for p in run["curve"]:
+                if rule == "none":
+                    expected = base
+                else:
+                    done = min(p["updates"] / warmup, 1.0) if warmup else 1.0
+                    expected = base * (1 + (workers - 1) * done)
+                assert p["learning_rate"] == pytest.approx(expected, rel=1e-5), (name, n, rule, p)
 
 
 def test_results_and_png_are_written(bench_run):
@@ -175,14 +203,53 @@ def test_bad_time_to_accuracy_options_get_one_clear_error():
         time_to_accuracy.run(optimizer="adamm")
     with pytest.raises(ValueError, match=r"Invalid value for argument `option`"):
         time_to_accuracy.run(target=0.9)
-    # The flag reaches the benchmark under its flag name.
-    common.set_options({"target_accuracy": 0.0})
-    try:
-        with pytest.raises(ValueError, match="`target_accuracy`"):
-            common.registry()["time_to_accuracy"](1, True)
-    finally:
-        common.set_options(None)
+    for tasks, received in (
+        ("imagenet", "'imagenet'"),
+        ((), "''"),
+        (["patterns", 3], "'patterns,3'"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"^Invalid value for argument `time_to_accuracy_tasks`. "
+            rf"Received: time_to_accuracy_tasks={received}. "
+            r"Expected one or more of: digits, patterns, comma-separated.",
+        ):
+            time_to_accuracy.run(tasks=tasks)
+    # The flags reach the benchmark under their flag names.
+    for flag, value in (("target_accuracy", 0.0), ("time_to_accuracy_tasks", ("mnist",))):
+        common.set_options({flag: value})
+        try:
+            with pytest.raises(ValueError, match=f"`{flag}`"):
+                common.registry()["time_to_accuracy"](1, True)
+        finally:
+            common.set_options(None)
     assert "time_to_accuracy" in runner.ON_REQUEST and "time_to_accuracy" in runner.available()
+
+
+def test_each_task_has_its_own_settings_unless_an_option_sets_every_tasks():
+    from tfdist.bench.time_to_accuracy_tasks import task_specs
+
+    options = dict(time_to_accuracy.DEFAULTS)
+    digits, patterns = task_specs(options, quick=False)
+    assert (digits["model"], digits["per_worker_batch_size"], digits["target_accuracy"]) == (
+        "cnn",
+        64,
+        0.97,
+    )
+    assert (patterns["model"], patterns["per_worker_batch_size"], patterns["target_accuracy"]) == (
+        "convnet",
+        16,
+        0.99,
+    )
+    given = {**options, "per_worker_batch_size": 8, "target_accuracy": 0.9, "max_epochs": 3}
+    for task in task_specs(given, quick=True):
+        assert (task["per_worker_batch_size"], task["target_accuracy"], task["max_epochs"]) == (
+            8,
+            0.9,
+            3,
+        )
+    (only,) = task_specs({**options, "tasks": ("patterns",)}, quick=False)
+    assert only["name"] == "patterns" and only["train_data"] == {"num_examples": 4096}
 
 
 def _first_fit(bench_run):

@@ -287,7 +287,7 @@ def test_unknown_dataset_split_and_kwargs():
         load("mnist")
     assert str(e.value) == (
         "Invalid value for argument `dataset`. Received: dataset='mnist'. "
-        "Expected one of: digits, synthetic, tfds:NAME."
+        "Expected one of: digits, patterns, synthetic, tfds:NAME."
     )
     with pytest.raises(ValueError, match="Expected one of: train, validation, test, all"):
         load("digits", split="trian")
@@ -299,6 +299,43 @@ def test_unknown_dataset_split_and_kwargs():
         load("digits", num_classes=3)
     with pytest.raises(ValueError, match="argument `colour`"):
         load("synthetic", colour="red")
+    with pytest.raises(ValueError, match=r"input_shape=\(32, 32\).*for dataset 'patterns'"):
+        load("patterns", input_shape=(32, 32))
+    with pytest.raises(ValueError, match="argument `num_examples`"):
+        load("patterns", num_examples=0)
+
+
+def _patterns(split, n):
+    fn = load("patterns", split=split, num_examples=n, training=False, global_batch_size=n)
+    ((x, y),) = list(fn())
+    return x.numpy(), y.numpy()
+
+
+def test_patterns_are_deterministic_and_their_class_is_the_motif_anywhere_in_the_image():
+    fn = load("patterns", global_batch_size=32)
+    assert (fn.input_shape, fn.num_classes, fn.num_examples) == ((32, 32, 3), 10, 4096)
+    x, y = _patterns("validation", 200)
+    assert x.shape == (200, 32, 32, 3) and x.dtype == np.float32 and y.dtype == np.int32
+    assert set(y) == set(range(10))
+    again = _patterns("validation", 200)
+    np.testing.assert_array_equal(again[0], x)  # deterministic: fixed seeds, no download
+    np.testing.assert_array_equal(again[1], y)
+    xt, yt = _patterns("train", 1000)
+    assert not set(rows(xt)) & set(rows(x))  # different seeds per split
+    # Separable: the best match of each class's motif, over every place, names the class ...
+    motifs = tfdist.data.arrays.pattern_motifs((32, 32, 3), 10)
+    m = motifs.shape[1]
+    places = 32 - m + 1
+    match = np.zeros((len(x), places, places, 10))
+    for i in range(m):
+        for j in range(m):
+            match += x[:, i : i + places, j : j + places, :] @ motifs[:, i, j, :].T
+    assert np.mean(match.max(axis=(1, 2)).argmax(-1) == y) > 0.95
+    # ... but not where it is: the nearest class mean of the pixels (a linear rule) is near
+    # chance (0.1).
+    means = np.stack([xt[yt == k].mean(0) for k in range(10)])
+    nearest = ((x[:, None] - means[None]) ** 2).sum(axis=(2, 3, 4)).argmin(1)
+    assert np.mean(nearest == y) < 0.3
 
 
 # --- tfds ------------------------------------------------------------------------------------

@@ -18,11 +18,11 @@ def dtype_policy(request):
 
 
 def test_available():
-    assert tfdist.models.available() == ("cnn", "mlp", "resnet", "transformer")
+    assert tfdist.models.available() == ("cnn", "convnet", "mlp", "resnet", "transformer")
     assert set(tfdist.models.available()) == set(tfdist.config.MODEL_NAMES)  # the CLI's list
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet", "transformer"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "convnet", "resnet", "transformer"])
 def test_builds_and_outputs_float32_logits(name, dtype_policy):
     model = tfdist.models.get(name, input_shape=(8, 8, 1), num_classes=10)
     assert isinstance(model, keras.Model) and model.name == name
@@ -59,6 +59,13 @@ def test_other_shapes_and_options():
         sum(isinstance(layer, keras.layers.MultiHeadAttention) for layer in transformer.layers) == 1
     )
     assert transformer.output_shape == (None, 10)
+    # Its parameters do not grow with the image (a global max-pool, no Dense over space).
+    small, large = (
+        tfdist.models.get("convnet", input_shape=(side, side, 3), filters=(8, 16))
+        for side in (16, 64)
+    )
+    assert small.count_params() == large.count_params()
+    assert large.output_shape == (None, 10)
 
 
 def test_unknown_name_and_options():
@@ -66,7 +73,7 @@ def test_unknown_name_and_options():
         tfdist.models.get("vgg")
     assert str(e.value) == (
         "Invalid value for argument `model`. Received: model='vgg'. "
-        "Expected one of: cnn, mlp, resnet, transformer."
+        "Expected one of: cnn, convnet, mlp, resnet, transformer."
     )
     with pytest.raises(
         ValueError,
@@ -79,6 +86,9 @@ def test_unknown_name_and_options():
         tfdist.models.get("transformer", d_model=30)
     with pytest.raises(ValueError, match="argument `num_classes`"):
         tfdist.models.get("cnn", num_classes=0)
+    for filters in ((), 32, (32, 0)):
+        with pytest.raises(ValueError, match="`filters`.*a non-empty sequence of positive ints"):
+            tfdist.models.get("convnet", filters=filters)
 
 
 def test_cnn_learns_digits():

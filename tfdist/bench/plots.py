@@ -8,13 +8,13 @@ from typing import Any
 PART_COLORS = {"compute": "tab:blue", "exchange": "tab:orange", "input": "tab:green"}
 
 
-def _figure(width: float, height: float, columns: int = 1) -> Any:
+def _figure(width: float, height: float, columns: int = 1, rows: int = 1) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
-    return fig, [fig.add_subplot(1, columns, i + 1) for i in range(columns)]
+    return fig, [fig.add_subplot(rows, columns, i + 1) for i in range(rows * columns)]
 
 
 def _top(values: Any, floor: float = 1.2) -> float:
@@ -207,9 +207,9 @@ TTA_STYLES = {"none": ("-", "."), "linear": ("--", "^")}
 TTA_NAMES = {"none": "no scaling", "linear": "linear scaling + warmup"}
 
 
-def _tta_runs(result: dict[str, Any]) -> Any:
-    """Yields ``(workers, rule, repeat index, run)`` for every fit of a time_to_accuracy result."""
-    for n, entry in sorted(result.get("per_workers", {}).items()):
+def _tta_runs(task: dict[str, Any]) -> Any:
+    """Yields ``(workers, rule, repeat index, run)`` for every fit of a time_to_accuracy task."""
+    for n, entry in sorted(task.get("per_workers", {}).items()):
         for rule, side in entry.get("sides", {}).items():
             for i, run in enumerate(side.get("runs", [])):
                 yield n, rule, i, run
@@ -242,17 +242,12 @@ def _draw_tta_curve(time_ax: Any, epoch_ax: Any, n: str, rule: str, i: int, run:
         )
 
 
-def plot_time_to_accuracy(result: dict[str, Any], path: str) -> None:
-    """Validation accuracy against training seconds (left) and epochs (right), one line per side.
-
-    Colour: the worker count; line style: the LR rule; every repeat drawn (the first one solid).
-    The target is the red line; a circle marks where each fit first reached it.
-    """
-    fig, (time_ax, epoch_ax) = _figure(12, 4.5, columns=2)
-    config = result.get("config", {})
+def _draw_tta_task(time_ax: Any, epoch_ax: Any, name: str, task: dict[str, Any], lr: Any) -> None:
+    """One benchmark task's row: every fit against seconds (left) and epochs (right)."""
+    config = task.get("config", {})
     target = config.get("target_accuracy")
     lowest = 1.0
-    for n, rule, i, run in _tta_runs(result):
+    for n, rule, i, run in _tta_runs(task):
         _draw_tta_curve(time_ax, epoch_ax, n, rule, i, run)
         lowest = min([lowest, *(p["val_accuracy"] for p in run.get("curve", []))])
     for ax in (time_ax, epoch_ax):
@@ -264,13 +259,30 @@ def plot_time_to_accuracy(result: dict[str, Any], path: str) -> None:
     epoch_ax.set_xlabel("epochs (the same examples on every side)")
     epoch_ax.xaxis.get_major_locator().set_params(integer=True)
     time_ax.set_title(
-        f"digits CNN, {config.get('per_worker_batch_size')} examples/worker/step, "
-        f"{config.get('optimizer')} lr={config.get('learning_rate')}, "
-        f"{config.get('threads_per_worker')} thread(s)/worker",
+        f"{name}: {config.get('model')} on {config.get('dataset')}, "
+        f"{config.get('per_worker_batch_size')} examples/worker/step, lr={lr}",
         fontsize=9,
     )
-    epoch_ax.set_title("1 worker: one_device; 2 workers: multi_worker (loopback)", fontsize=9)
     time_ax.legend(fontsize=7, loc="lower right")
+
+
+def plot_time_to_accuracy(result: dict[str, Any], path: str) -> None:
+    """Per task, validation accuracy against training seconds (left) and epochs (right).
+
+    Colour: the worker count; line style: the LR rule; every repeat drawn (the first one solid).
+    The target is the red line; a circle marks where each fit first reached it.
+    """
+    tasks = result.get("tasks", {})
+    fig, axes = _figure(12, 4.5 * max(1, len(tasks)), columns=2, rows=max(1, len(tasks)))
+    config = result.get("config", {})
+    for row, (name, task) in enumerate(tasks.items()):
+        time_ax, epoch_ax = axes[2 * row], axes[2 * row + 1]
+        _draw_tta_task(time_ax, epoch_ax, name, task, config.get("learning_rate"))
+        epoch_ax.set_title(
+            f"1 worker: one_device; 2 workers: multi_worker (loopback); "
+            f"{config.get('optimizer')}, {config.get('threads_per_worker')} thread(s)/worker",
+            fontsize=9,
+        )
     _save(fig, path)
 
 

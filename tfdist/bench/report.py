@@ -48,9 +48,6 @@ WORDS = {
     ("health", "on_fast_ratio"): "on with fast checks / off, examples/s",
     ("first_fit", "ratio"): "Trainer / raw TF loop, steady examples/s",
     ("first_fit", "first_to_steady_ratio"): "first fit / a steady fit, seconds",
-    ("time_to_accuracy", "no_scaling_time_ratio"): "2 / 1 workers, time to accuracy, no LR scaling",
-    ("time_to_accuracy", "linear_scaling_time_ratio"): "2 / 1 workers, time to accuracy, "
-    "linear LR scaling + warmup",
 }
 _SUFFIXES = (
     ("_efficiency_ratio", "{} scaling efficiency at the most workers"),

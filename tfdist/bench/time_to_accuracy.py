@@ -2,12 +2,22 @@
 
     tfdist bench --benchmarks=time_to_accuracy --threads_per_worker=1 --repeats=3
 
-The digits CNN (``tfdist train``'s default model and data: ``tfdist.models.get("cnn")``
-on scikit-learn's 8x8 digits, Adam at 2e-3 as ``tfdist train`` uses) is trained until
-its validation accuracy reaches ``target_accuracy`` (0.97), or ``max_epochs`` have run
-("not reached"), evaluating on the validation split after every epoch. Two launches of
-real processes through ``tfdist launch`` (as ``scaling`` starts them), each task with
-``threads_per_worker`` threads on its own core (weak scaling: 2 workers have 2 cores):
+Two benchmark tasks (``--time_to_accuracy_tasks``, both by default), each trained until its
+validation accuracy reaches its target, or its ``max_epochs`` have run ("not reached"),
+evaluating on the validation split after every epoch, Adam at 2e-3 (as ``tfdist train``):
+
+* ``digits``: the digits CNN (``tfdist train``'s default model and data:
+  ``tfdist.models.get("cnn")`` on scikit-learn's 8x8 digits) to 0.97, 64 examples per worker
+  per update. Too small for the exchange to pay: the honest counter-example.
+* ``patterns``: the ``convnet`` (66k parameters, 0.15 GFLOP per example forward and backward)
+  on ``tfdist.data.load("patterns")`` (4,096 generated 32x32x3 training images, 1,024 to
+  validate: noise, and the class's motif at a random place) to 0.99, 16 examples per worker
+  per update: compute-bound, a 265 KB gradient exchange against about 40 ms of compute.
+
+``--per_worker_batch_size`` and ``--target_accuracy`` set every task's, when given. Two
+launches of real processes through ``tfdist launch`` (as ``scaling`` starts them), each task
+with ``threads_per_worker`` threads on its own core (weak scaling: 2 workers have 2 cores),
+each running every benchmark task in turn:
 
 * 1 worker: one process on ``one_device`` (what one would run on one machine without a
   cluster; no collectives);
@@ -21,14 +31,14 @@ rate over the first epoch; on 1 worker the same schedule as *none*).
 
 The clock runs from the ``fit`` call (the Trainer's set-up and tracing included, the
 process start and the strategy's creation not; each process first runs one untimed
-one-epoch fit, so that its one-time costs land on no side) and leaves out the time spent
-in validation; ``wall_seconds_to_target`` includes it. Each side runs ``repeats`` times
-(``--repeats``; the rules alternate in each launch), and its medians are over the runs
+one-epoch fit of each task, so that its one-time costs land on no side) and leaves out the
+time spent in validation; ``wall_seconds_to_target`` includes it. Each side runs ``repeats``
+times (``--repeats``; the rules alternate in each launch), and its medians are over the runs
 during which other processes took at most ``timing.BUSY_CPU`` cores, or over all of them
-when none was that quiet. Reported per side: seconds, epochs, updates and examples to the
-target, examples/s, the final and best validation accuracy and every epoch's point; per
-LR rule the ratio of 2-worker to 1-worker seconds to the target (below 1: two workers got
-there sooner).
+when none was that quiet. Reported per task and side: seconds, epochs, updates and examples
+to the target, examples/s, the final and best validation accuracy and every epoch's point;
+per task and LR rule the ratio of 2-worker to 1-worker seconds to the target (below 1: two
+workers got there sooner; the goal for ``patterns``: at most 0.6).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import logging
 from typing import Any
 
 from tfdist.bench import cluster_run, common, health, plots, timing
+from tfdist.bench.time_to_accuracy_tasks import GOALS, TASK_OPTIONS, TASKS, check_tasks, task_specs
 from tfdist.bench.time_to_accuracy_worker import RULES
 from tfdist.config import OPTIMIZER_NAMES, check_choice, invalid_argument
 
@@ -44,14 +55,15 @@ logger = logging.getLogger(__name__)
 
 #: Worker count -> the strategy its launch trains on.
 STRATEGIES = {1: "one_device", 2: "multi_worker"}
-#: How the JSON and the docs name each rule's side; a key ``<label>_time_ratio`` per rule.
+#: How the JSON and the docs name each rule's side; a key ``<task>_<label>_time_ratio`` per rule.
 RULE_LABELS = {"none": "no_scaling", "linear": "linear_scaling"}
 DEFAULTS: dict[str, Any] = {
+    "tasks": tuple(TASKS),
     "threads_per_worker": None,
-    # tfdist train's default global batch, on one worker.
-    "per_worker_batch_size": 64,
-    "target_accuracy": 0.97,
-    "max_epochs": 40,
+    # None: each task's own (`TASKS`); a value: every task's.
+    "per_worker_batch_size": None,
+    "target_accuracy": None,
+    "max_epochs": None,
     "repeats": 3,
     "optimizer": "adam",
     "learning_rate": 2e-3,
@@ -59,21 +71,19 @@ DEFAULTS: dict[str, Any] = {
     "steps_per_execution": 1,
     "seed": 0,
 }
-# --quick and tests: every process real, a low target and few epochs (the figures mean little).
-QUICK: dict[str, Any] = {
-    "per_worker_batch_size": 32,
-    "target_accuracy": 0.6,
-    "max_epochs": 2,
-    "repeats": 1,
-}
+# --quick and tests: every process real, tiny data, a low target, few epochs (the figures mean
+# little; see `QUICK_TASKS`).
+QUICK: dict[str, Any] = {"repeats": 1}
 
 
 def _check(options: dict[str, Any]) -> None:
-    cluster_run.check_task_options(
-        options, ("per_worker_batch_size", "max_epochs", "repeats", "steps_per_execution")
-    )
+    options["tasks"] = check_tasks(options["tasks"])
+    counts = ("per_worker_batch_size", "max_epochs", "repeats", "steps_per_execution")
+    cluster_run.check_task_options(options, [k for k in counts if options[k] is not None])
     target = options["target_accuracy"]
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
+    if target is not None and (
+        isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1
+    ):
         raise invalid_argument("target_accuracy", target, "a number in (0, 1]")
     for key in ("learning_rate", "warmup_epochs"):
         value = options[key]
@@ -90,41 +100,42 @@ def run(**overrides: Any) -> dict[str, Any]:
     """Runs the benchmark and returns its results (no file written; see ``tfdist bench``).
 
     Args:
-        **overrides: Any key of `DEFAULTS`, e.g. ``target_accuracy=0.95``,
-            ``max_epochs=20``, ``threads_per_worker=1``; ``quick=True`` applies
-            `QUICK` first.
+        **overrides: Any key of `DEFAULTS`, e.g. ``tasks=("patterns",)``,
+            ``target_accuracy=0.95``, ``max_epochs=20``, ``threads_per_worker=1``;
+            ``quick=True`` applies `QUICK` and `QUICK_TASKS` first.
 
     Returns:
-        ``{"config", "machine", "per_workers": {"1": {...}, "2": {...}},
-        "seconds_to_target", "no_scaling_time_ratio", "linear_scaling_time_ratio", ...}``:
-        see docs/scaling.md, "Time to accuracy".
+        ``{"config", "machine", "tasks": {name: {"config", "per_workers": {"1": {...},
+        "2": {...}}, "seconds_to_target"}}, "<task>_no_scaling_time_ratio",
+        "<task>_linear_scaling_time_ratio", "goals", ...}``: see docs/scaling.md,
+        "Time to accuracy".
 
     Raises:
         ValueError: For a bad option (Keras-style message naming it).
         RuntimeError: If a worker process failed.
     """
+    quick = bool(overrides.get("quick", False))
     options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
     _check(options)
     threads = options["threads_per_worker"] or cluster_run.default_threads(max(STRATEGIES))
     spec = {
-        **options,
-        "target_accuracy": float(options["target_accuracy"]),
+        **{k: v for k, v in options.items() if k not in TASK_OPTIONS},
+        "tasks": task_specs(options, quick),
         "learning_rate": float(options["learning_rate"]),
         "warmup_epochs": float(options["warmup_epochs"]),
         "threads_per_worker": threads,
         "kind": "time_to_accuracy",
         "pin_cores": True,
     }
-    per_workers: dict[str, Any] = {}
+    launches: dict[str, Any] = {}
     for n, strategy in STRATEGIES.items():
         logger.info(
             "bench time_to_accuracy: %d worker(s) on %s, %d thread(s) each", n, strategy, threads
         )
-        launched = cluster_run.run_tasks(
+        launches[str(n)] = cluster_run.run_tasks(
             {**spec, "strategy": strategy, "num_pinned_tasks": n}, workers=n
         )
-        per_workers[str(n)] = summarise_launch(launched, spec["target_accuracy"])
-    return summarise(spec, per_workers)
+    return summarise(spec, launches)
 
 
 def run_summary(run: dict[str, Any], target: float, examples_per_epoch: int) -> dict[str, Any]:
@@ -200,68 +211,97 @@ def side_summary(
     return out
 
 
-def summarise_launch(launched: dict[str, Any], target: float) -> dict[str, Any]:
-    """Both rules' sides of one launch (worker-0's clock), and every task's accuracies."""
-    tasks = launched["tasks"]
-    lead = tasks["worker-0"]
+def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+    """One benchmark task's sides in one launch (worker-0's clock), and every task's accuracies."""
+    name, target = task["name"], task["target_accuracy"]
+    processes = launched["tasks"]
+    lead_process = processes["worker-0"]
+    lead = lead_process["tasks"][name]
     examples = lead["examples_per_epoch"]
-    others = health.others_per_sample(tasks, "worker-0")
+    others = health.others_per_sample(processes, "worker-0")
     sides = {}
     for rule in RULES:
         runs = lead["runs"][rule]
-        sides[rule] = side_summary(runs, target, examples, others.get(rule, [None] * len(runs)))
-        # Every task's accuracy after each epoch of each fit: the same on every worker.
+        busy = others.get(f"{name}/{rule}", [None] * len(runs))
+        sides[rule] = side_summary(runs, target, examples, busy)
+        # Every process's accuracy after each epoch of each fit: the same on every worker.
         sides[rule]["val_accuracy_per_worker"] = {
-            t: [[p["val_accuracy"] for p in r["points"]] for r in task["runs"][rule]]
-            for t, task in tasks.items()
+            t: [
+                [p["val_accuracy"] for p in r["points"]]
+                for r in process["tasks"][name]["runs"][rule]
+            ]
+            for t, process in processes.items()
         }
     return {
-        "strategy": lead["strategy"],
-        "num_workers": lead["num_workers"],
-        "global_batch_size": lead["global_batch_size"],
-        "updates_per_epoch": lead["updates_per_epoch"],
-        "examples_per_epoch": examples,
-        "train_examples": lead["train_examples"],
-        "validation_examples": lead["validation_examples"],
-        "untimed_first_fit_seconds": lead["untimed_first_fit_seconds"],
+        "strategy": lead_process["strategy"],
+        "num_workers": lead_process["num_workers"],
+        **{
+            k: lead[k]
+            for k in (
+                "global_batch_size",
+                "updates_per_epoch",
+                "examples_per_epoch",
+                "train_examples",
+                "validation_examples",
+                "untimed_first_fit_seconds",
+                "parameters",
+            )
+        },
         "sides": sides,
-        "chief": [t for t, task in tasks.items() if task.get("is_chief")],
-        "threads": {t: task["threads"] for t, task in tasks.items()},
+        "chief": [t for t, process in processes.items() if process.get("is_chief")],
+        "threads": {t: process["threads"] for t, process in processes.items()},
         "others_cpu_whole_launch": launched["others_cpu"],
         "launch_seconds": launched["launch_seconds"],
     }
 
 
-def summarise(spec: dict[str, Any], per_workers: dict[str, Any]) -> dict[str, Any]:
-    """The config, the machine, the sides and the 2-worker / 1-worker ratio of each rule."""
-    base = spec["per_worker_batch_size"]
-    out: dict[str, Any] = {
-        "config": {
-            **{k: v for k, v in spec.items() if k not in ("kind", "pin_cores")},
-            "model": "cnn",
-            "dataset": "digits",
-            "strategies": {str(n): s for n, s in STRATEGIES.items()},
-            "clock": "seconds from the fit call, validation time excluded",
-            "rules": {
-                "none": "the base learning rate, no warmup",
-                "linear": f"LRScaling('linear', base_global_batch_size={base}, "
-                f"warmup_epochs={spec['warmup_epochs']})",
-            },
-        },
-        "machine": cluster_run.machine(),
+def summarise_task(task: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
+    """One benchmark task: its settings, its sides per worker count, its seconds to the target."""
+    per_workers = {n: summarise_launch(launched, task) for n, launched in launches.items()}
+    return {
+        "config": {k: v for k, v in task.items() if k != "name"},
         "per_workers": per_workers,
         "seconds_to_target": {
             n: {rule: entry["sides"][rule]["seconds_to_target"] for rule in RULES}
             for n, entry in per_workers.items()
         },
     }
-    one, two = per_workers["1"]["sides"], per_workers["2"]["sides"]
-    for rule in RULES:
-        a, b = two[rule]["seconds_to_target"], one[rule]["seconds_to_target"]
-        out[f"{RULE_LABELS[rule]}_time_ratio"] = None if a is None or b is None else a / b
+
+
+def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
+    """The config, the machine, each task's sides and its 2-worker / 1-worker ratio per rule."""
+    tasks = {task["name"]: summarise_task(task, launches) for task in spec["tasks"]}
+    out: dict[str, Any] = {
+        "config": {
+            **{k: v for k, v in spec.items() if k not in ("kind", "pin_cores", "tasks")},
+            "tasks": list(tasks),
+            "strategies": {str(n): s for n, s in STRATEGIES.items()},
+            "clock": "seconds from the fit call, validation time excluded",
+            "rules": {
+                "none": "the base learning rate, no warmup",
+                "linear": "LRScaling('linear', base_global_batch_size=<per-worker batch>, "
+                f"warmup_epochs={spec['warmup_epochs']})",
+            },
+        },
+        "machine": cluster_run.machine(),
+        "tasks": tasks,
+        "goals": {},
+        "words": {},
+    }
+    for name, task in tasks.items():
+        for rule in RULES:
+            a, b = (task["seconds_to_target"][n][rule] for n in ("2", "1"))
+            key = f"{name}_{RULE_LABELS[rule]}_time_ratio"
+            out[key] = None if a is None or b is None else a / b
+            out["words"][key] = f"{name}: 2 / 1 workers, time to accuracy, " + (
+                "no LR scaling" if rule == "none" else "linear LR scaling + warmup"
+            )
+            if GOALS[name]:
+                out["goals"][key] = GOALS[name]
     out["others_cpu_max"] = timing.nanmax(
         v
-        for entry in per_workers.values()
+        for task in tasks.values()
+        for entry in task["per_workers"].values()
         for side in entry["sides"].values()
         for v in side["others_cpu"]
         if v is not None
@@ -274,6 +314,7 @@ FLAG_OPTIONS = {
     "threads_per_worker": "threads_per_worker",
     "per_worker_batch_size": "per_worker_batch_size",
     "target_accuracy": "target_accuracy",
+    "time_to_accuracy_tasks": "tasks",
 }
 
 

@@ -2,11 +2,12 @@
 
 See ``tfdist.bench.time_to_accuracy``. One launch per worker count: 1 task on
 ``one_device``, or 2 tasks on ``multi_worker`` (MultiWorkerMirroredStrategy
-over loopback). Every task builds, for each LR rule, a fresh ``tfdist.Trainer``
-on the digits CNN (``tfdist.models.get("cnn")`` and ``tfdist.data.load("digits")``,
-as ``tfdist train`` builds them), from the same initial weights under the same
-seed, and fits it with validation on the "validation" split after every epoch
-until the validation accuracy reaches the target or ``max_epochs`` have run:
+over loopback). Every task runs the spec's benchmark tasks in order (``spec["tasks"]``:
+"digits", the digits CNN on scikit-learn's 8x8 digits as ``tfdist train`` builds them;
+"patterns", the ``convnet`` on generated 32x32x3 images). For each, and each LR rule, it
+builds a fresh ``tfdist.Trainer`` on the task's model and data, from the same initial weights
+under the same seed, and fits it with validation on the "validation" split after every epoch
+until the validation accuracy reaches the task's target or its ``max_epochs`` have run:
 
 * ``none``: the base learning rate, no warmup (the per-worker batch is fixed, so
   2 workers train on a global batch twice as large at the same rate);
@@ -14,10 +15,10 @@ until the validation accuracy reaches the target or ``max_epochs`` have run:
   warmup_epochs=...)``: the rate times global batch / per-worker batch (1 on one
   worker, 2 on two), ramped linearly from the base rate over the warmup.
 
-One untimed fit of one epoch (a throwaway Trainer) runs first, so that what a
-process pays once (the collectives' group set-up, kernel caches) does not land
-on whichever rule runs first; each timed fit still traces its own functions.
-With ``repeats`` > 1 the rules alternate (``none linear``, ``linear none``, ...).
+Before each benchmark task's timed fits, one untimed fit of one epoch (a throwaway Trainer),
+so that what a process pays once (the collectives' group set-up, kernel caches) does not land
+on whichever rule runs first; each timed fit still traces its own functions. With
+``repeats`` > 1 the rules alternate (``none linear``, ``linear none``, ...).
 """
 
 from __future__ import annotations
@@ -79,21 +80,23 @@ class AccuracyClock(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def scaling_options(rule: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """The Trainer keywords of LR rule ``rule`` (``"none"``: the Trainer's default)."""
+def scaling_options(rule: str, task: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer keywords of LR rule ``rule`` for ``task`` (``"none"``: the Trainer's default)."""
     if rule == "none":
         return {}
     return {
         "lr_scaling": tfdist.LRScaling(
             "linear",
-            base_global_batch_size=int(spec["per_worker_batch_size"]),
+            base_global_batch_size=int(task["per_worker_batch_size"]),
             warmup_epochs=float(spec["warmup_epochs"]),
         )
     }
 
 
-def _trainer(strategy: Any, builder: Any, spec: dict[str, Any], rule: str) -> Any:
-    keras.utils.set_random_seed(int(spec["seed"]))  # the dropout layer's seed, as on every side
+def _trainer(
+    strategy: Any, builder: Any, task: dict[str, Any], spec: dict[str, Any], rule: str
+) -> Any:
+    keras.utils.set_random_seed(int(spec["seed"]))  # a dropout layer's seed, as on every side
     optimizer = keras.optimizers.get(
         {"class_name": spec["optimizer"], "config": {"learning_rate": spec["learning_rate"]}}
     )
@@ -104,39 +107,33 @@ def _trainer(strategy: Any, builder: Any, spec: dict[str, Any], rule: str) -> An
         loss=fits.logits_loss(),
         metrics=["accuracy"],
         steps_per_execution=int(spec["steps_per_execution"]),
-        **scaling_options(rule, spec),
+        **scaling_options(rule, task, spec),
     )
 
 
 def fit_to_target(
-    strategy: Any,
-    builder: Any,
-    data: tuple[Any, Any, int],
-    spec: dict[str, Any],
-    rule: str,
-    recorder: Recorder,
+    trainer: Any, data: tuple[Any, Any, int], task: dict[str, Any], rule: str, recorder: Recorder
 ) -> dict[str, Any]:
-    """One timed fit of rule ``rule`` from the initial weights; its per-epoch points.
+    """One timed fit of ``trainer`` (rule ``rule``, fresh weights); its per-epoch points.
 
     Args:
         data: The train and validation ``DatasetFn``\\ s and the global batch size.
     """
     train, val, global_batch_size = data
-    trainer = _trainer(strategy, builder, spec, rule)
-    clock = AccuracyClock(float(spec["target_accuracy"]))
+    clock = AccuracyClock(float(task["target_accuracy"]))
 
     def fit() -> None:
         clock.start = time.perf_counter()
         trainer.fit(
             train,
-            epochs=int(spec["max_epochs"]),
+            epochs=int(task["max_epochs"]),
             global_batch_size=global_batch_size,
             validation_data=val,
             callbacks=[clock],
             verbose=0,
         )
 
-    _, took = recorder.measure(rule, fit)
+    _, took = recorder.measure(f"{task['name']}/{rule}", fit)
     return {
         "points": clock.points,
         "eval_seconds": clock.eval_seconds,
@@ -145,43 +142,58 @@ def fit_to_target(
     }
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
-    """Fits every rule ``repeats`` times on this task; returns the per-epoch points of each fit."""
-    strategy = tfdist.make_strategy(spec["strategy"])
-    workers = strategy.num_replicas_in_sync
-    gbs = int(spec["per_worker_batch_size"]) * workers
+def run_task(
+    strategy: Any, task: dict[str, Any], spec: dict[str, Any], recorder: Recorder
+) -> dict[str, Any]:
+    """One benchmark task on this process: the untimed fit, then every rule ``repeats`` times."""
+    gbs = int(task["per_worker_batch_size"]) * strategy.num_replicas_in_sync
     seed = int(spec["seed"])
     # Unbound, with fit's global_batch_size, as ``tfdist train`` passes them.
-    train = tfdist.data.load("digits", split="train", seed=seed)
-    val = tfdist.data.load("digits", split="validation", seed=seed)
+    train = tfdist.data.load(task["dataset"], split="train", seed=seed, **task["train_data"])
+    val = tfdist.data.load(
+        task["dataset"], split="validation", seed=seed, **task["validation_data"]
+    )
     updates_per_epoch = train.bind(global_batch_size=gbs).steps_per_epoch()
     builder = fits.seeded(
         lambda: tfdist.models.get(
-            "cnn", input_shape=train.input_shape, num_classes=train.num_classes
+            task["model"],
+            input_shape=train.input_shape,
+            num_classes=train.num_classes,
+            **task["model_options"],
         ),
         seed,
     )
-    warm = _trainer(strategy, builder, spec, "none")
+    warm = _trainer(strategy, builder, task, spec, "none")
     start = time.perf_counter()
     warm.fit(train, epochs=1, global_batch_size=gbs, validation_data=val, verbose=0)
     warmup_seconds = time.perf_counter() - start
-    recorder = Recorder()
     runs: dict[str, list[dict[str, Any]]] = {rule: [] for rule in RULES}
     for r in range(int(spec["repeats"])):
         for rule in ORDERS[r % 2]:
-            runs[rule].append(
-                fit_to_target(strategy, builder, (train, val, gbs), spec, rule, recorder)
-            )
+            trainer = _trainer(strategy, builder, task, spec, rule)
+            runs[rule].append(fit_to_target(trainer, (train, val, gbs), task, rule, recorder))
     return {
-        "strategy": spec["strategy"],
-        "num_workers": workers,
         "global_batch_size": gbs,
         "updates_per_epoch": updates_per_epoch,
         "examples_per_epoch": updates_per_epoch * gbs,
         "train_examples": train.num_examples,
         "validation_examples": val.num_examples,
         "untimed_first_fit_seconds": warmup_seconds,
+        "parameters": int(warm.model.count_params()),
         "runs": runs,
-        "records": recorder.records,
         "is_chief": warm.is_chief,
+    }
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Runs every benchmark task of the spec on this task; returns each one's per-epoch points."""
+    strategy = tfdist.make_strategy(spec["strategy"])
+    recorder = Recorder()
+    tasks = {task["name"]: run_task(strategy, task, spec, recorder) for task in spec["tasks"]}
+    return {
+        "strategy": spec["strategy"],
+        "num_workers": strategy.num_replicas_in_sync,
+        "tasks": tasks,
+        "records": recorder.records,
+        "is_chief": all(t["is_chief"] for t in tasks.values()),
     }

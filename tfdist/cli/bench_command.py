@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from tfdist.cli.flag_definitions import FLAGS, IN_PROCESS_BENCHMARKS, LAUNCHING_BENCHMARKS
+from tfdist.cli.flag_definitions import (
+    FLAGS,
+    IN_PROCESS_BENCHMARKS,
+    LAUNCHING_BENCHMARKS,
+    TIME_TO_ACCURACY_TASKS,
+)
 from tfdist.config import invalid_argument
 
 
@@ -17,6 +22,22 @@ def _check_benchmarks(names: Sequence[str]) -> None:
             raise invalid_argument("benchmarks", name, valid)
 
 
+def _check_tasks(names: Sequence[str]) -> tuple[str, ...]:
+    """``--time_to_accuracy_tasks``, each name once, checked before TensorFlow is imported.
+
+    The same refusal as ``tfdist.bench.time_to_accuracy_tasks.check_tasks``.
+    """
+    unknown = [n for n in names if n not in TIME_TO_ACCURACY_TASKS]
+    if not names or unknown:
+        raise invalid_argument(
+            "time_to_accuracy_tasks",
+            ",".join(names),
+            f"one or more of: {', '.join(TIME_TO_ACCURACY_TASKS)}, comma-separated",
+            note=f"Unknown: {', '.join(map(repr, unknown))}." if unknown else "",
+        )
+    return tuple(dict.fromkeys(names))
+
+
 def run(args: Sequence[str]) -> int:
     """Runs the benchmarks the flags choose; prints a summary table (``--json``: the JSON).
 
@@ -24,6 +45,8 @@ def run(args: Sequence[str]) -> int:
         The exit code, 0.
     """
     _check_benchmarks(FLAGS.benchmarks)
+    tasks = FLAGS.time_to_accuracy_tasks
+    tasks = None if tasks is None else _check_tasks(tasks)
     from tfdist.bench import runner
 
     def ints(name: str) -> tuple[int, ...] | None:
@@ -53,6 +76,7 @@ def run(args: Sequence[str]) -> int:
         "straggler_factor": FLAGS.straggler_factor,
         "balance_sides": None if FLAGS.balance_sides is None else tuple(FLAGS.balance_sides),
         "target_accuracy": FLAGS.target_accuracy,
+        "time_to_accuracy_tasks": tasks,
         "slow_fsync_ms": FLAGS.slow_fsync_ms,
         "first_fit_launches": FLAGS.first_fit_launches,
         "preload": tuple(FLAGS.preload) or None,

@@ -107,7 +107,8 @@ GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         (
             "The other benchmarks",
             ("allreduce_workers", "allreduce_max_bytes", "slow_fsync_ms", "straggler_factor")
-            + ("target_accuracy", "first_fit_launches", "balance_sides"),
+            + ("target_accuracy", "time_to_accuracy_tasks", "first_fit_launches")
+            + ("balance_sides",),
         ),
     ),
 }

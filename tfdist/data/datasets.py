@@ -8,12 +8,12 @@ Where each job lives:
 
 * ``tfdist.data.dataset_fn``: ``DatasetFn``, the sharding and batching every
   dataset shares (training and evaluation batches, the batch counts);
-* ``tfdist.data.arrays``: the in-memory datasets, "digits" and "synthetic";
+* ``tfdist.data.arrays``: the in-memory datasets, "digits", "synthetic" and "patterns";
 * ``tfdist.data.tfds_source``: prepared TFDS datasets, "tfds:NAME";
 * here: the names, and checking each dataset's keyword options.
 
 Nothing is downloaded at run time: "digits" ships with scikit-learn,
-"synthetic" is generated, and "tfds:NAME" must already be prepared in
+"synthetic" and "patterns" are generated, and "tfds:NAME" must already be prepared in
 ``data_dir``.
 """
 
@@ -47,17 +47,19 @@ def load(
 
     Args:
         name: ``"digits"`` (scikit-learn's 8x8 digits), ``"synthetic"``
-            (seeded Gaussian inputs, linearly separable labels) or
+            (seeded Gaussian inputs, linearly separable labels), ``"patterns"`` (seeded
+            32x32x3 noise images holding their class's motif at a random place) or
             ``"tfds:NAME"`` (a TFDS dataset already prepared in ``data_dir``).
         split: digits: train, validation, test (= validation), all.
-            synthetic: train, validation, test (= validation). tfds: any split
+            synthetic, patterns: train, validation, test (= validation). tfds: any split
             of the builder; "validation" falls back to "test" if absent.
         data_dir: TFDS data directory (tfds only; None = TFDS default).
         seed: Shuffle seed.
         training: Mode; ``None`` means training iff ``split`` starts with "train".
         global_batch_size: If given, the result is already bound.
         **kwargs: synthetic: ``input_shape=(8, 8, 1)``, ``num_classes=10``,
-            ``num_examples=1024``. tfds: ``shuffle_buffer_size=10000``.
+            ``num_examples=1024``. patterns: ``input_shape=(32, 32, 3)``,
+            ``num_classes=10``, ``num_examples=4096``. tfds: ``shuffle_buffer_size=10000``.
 
     Raises:
         ValueError: Unknown dataset, split or keyword argument, or a TFDS dataset
@@ -73,6 +75,9 @@ def load(
     elif name == "synthetic":
         _check_kwargs(name, kwargs, ("input_shape", "num_classes", "num_examples"))
         fn = arrays.load_synthetic(split, **kwargs)
+    elif name == "patterns":
+        _check_kwargs(name, kwargs, ("input_shape", "num_classes", "num_examples"))
+        fn = arrays.load_patterns(split, **kwargs)
     elif is_tfds_name(name):
         _check_kwargs(name, kwargs, ("shuffle_buffer_size",))
         fn = tfds_source.load_tfds(name, split, data_dir, **kwargs)

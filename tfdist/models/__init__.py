@@ -18,11 +18,12 @@ from typing import Any
 import keras
 
 from tfdist.config import ModelName, check_positive_int, invalid_argument
-from tfdist.models import cnn, mlp, resnet, transformer
+from tfdist.models import cnn, convnet, mlp, resnet, transformer
 
 _BUILDERS: dict[str, Callable[..., keras.Model]] = {
     "mlp": mlp.build,
     "cnn": cnn.build,
+    "convnet": convnet.build,
     "resnet": resnet.build,
     "transformer": transformer.build,
 }
@@ -47,7 +48,7 @@ def get(
         input_shape: Per-example feature shape, without the batch dimension.
         num_classes: Number of output logits.
         **kwargs: Model options, e.g. ``hidden_units`` for "mlp", ``dropout``
-            for "cnn", ``num_blocks`` for "resnet", ``num_layers`` for
+            for "cnn", ``filters`` for "convnet", ``num_blocks`` for "resnet", ``num_layers`` for
             "transformer".
 
     Returns:
