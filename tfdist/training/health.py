@@ -4,8 +4,9 @@
 The loop marks its sections (`Health.section`); every ``interval`` the
 thread
 
-* publishes this task's state (section, update, how long, this worker's
-  step sections since last time) to the tasks'
+* publishes this task's state (section, update, how long, and this
+  worker's last window of step sections, cut at the same wall-clock moments on
+  every task and kept in each state until the next one) to the tasks'
   `Board`;
 * checks the current section against its learned timeout, and whether
   another task found a hang; on a hang it blames the stuck task, dumps the
@@ -108,8 +109,8 @@ class Health:
         )
         self._current: tuple[str, int, int, float] | None = None
         self._seq = 0
-        self._window = 0
-        self._last_clock = time.monotonic()
+        self._slot = self._clock_slot()
+        self._last_window: dict[str, float] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._main = threading.get_ident()
@@ -198,10 +199,15 @@ class Health:
         """Publishes this task's state, scores the stragglers, checks for a hang."""
         now = time.monotonic()
         state = self._state(now)
-        if self.clock is not None and now - self._last_clock >= self.straggler_options.interval:
-            self._window += 1
-            self._last_clock = now
-            state["clock"] = {"window": self._window, **self.clock.take()}
+        if self.clock is not None:
+            slot = self._clock_slot()
+            if slot != self._slot:
+                self._slot = slot
+                self._last_window = {"window": slot, **self.clock.take()}
+            # In every state until the next window: a state without it, published a round
+            # later, would hide it from the chief, which scores only once it has every worker's.
+            if self._last_window is not None:
+                state["clock"] = self._last_window
         self.board.put(f"task/{self.label}", state)
         if self.report is not None:
             self.report.tick(self.board.states())
@@ -210,6 +216,12 @@ class Health:
             self._report_rates()
         if self.watchdog is not None and not self._fired:
             self._check(now)
+
+    def _clock_slot(self) -> int:
+        """The straggler window under way: wall-clock slots of ``interval`` seconds, the same
+        on every task (threads that drift apart would cut their windows at other moments)."""
+        interval = self.straggler_options.interval if self.straggler_options else 1e9
+        return int(time.time() // interval)
 
     def _check(self, now: float) -> None:
         # 100 ms: under load a store round trip takes more than a millisecond, and a missed

@@ -2,25 +2,33 @@
 
 Every worker times each update in its train loop (input wait, compute up to
 the exchange, wait for the exchange; see `tfdist.strategies.step_clock`)
-and publishes the sums every ``interval`` seconds. The chief's
-`StragglerReport` turns each round into scores, as NVIDIA's
-nvidia-resiliency-ext does for PyTorch:
+and publishes the sums of each window of ``interval`` seconds (wall-clock
+windows, the same on every worker). The chief's `StragglerReport` turns each
+round into scores, as NVIDIA's nvidia-resiliency-ext does for PyTorch. A
+worker's **work** per update is its input wait and its compute up to the
+exchange: what the others wait for in the exchange. Its scores:
 
-* **relative**: the worker's own work per update (input + compute) over the
-  fastest worker's;
-* **individual**: the same over the worker's own best round so far.
+* **relative**: its work over the others' (their median);
+* **individual**: its work over its own usual work, the median of its last
+  `BASELINE_ROUNDS` rounds outside an episode (after `MIN_BASELINE` rounds;
+  1 before). This one sees a worker that slows down while another one is
+  always slower (the chief, say, with its callbacks and logs).
 
-A worker whose relative score reaches ``threshold`` while its extra work costs
-the others at least ``min_wait`` of each step, two rounds in a row, is a straggler
-(each round scores the last three windows; each worker's first, which holds
-its warm-up, is left out). The report warns at an episode's start, naming the
-worker, its host, the slow section and what it costs everyone, warns again if
-that cost doubles (a worker already slow that slows further), and says when
-it catches up. The scores go to TensorBoard scalars
-(under ``summary_dir``) and, with ``log_scores``, to the log every round.
-With ``restart_after``, an episode that lasts that many rounds stops the run
-as a SIGTERM would: every worker saves a backup and exits with code 75, so
-that the scheduler restarts the job, without that node where it can.
+A worker whose relative or individual score reaches ``threshold`` while it
+costs the others at least ``min_wait`` of each step (its work beyond the
+others', over the step), two rounds in a row, is a straggler (each round
+scores the last three windows; each worker's first, which holds its warm-up,
+is left out). Its episode lasts until two rounds in a row fall below half of
+that (scores under ``1 + (threshold - 1) / 2`` or a cost under ``min_wait / 2``),
+so that a noisy neighbour that slows it by turns is one episode. The report
+warns at an episode's start, naming the worker, its host, the slow section and
+what it costs everyone, warns again if that cost doubles (a worker already slow
+that slows further), and says when it catches up. The scores go to
+TensorBoard scalars (under ``summary_dir``) and, with ``log_scores``, to the
+log every round. With ``restart_after``, an episode that lasts that many
+rounds stops the run as a SIGTERM would: every worker saves a backup and exits
+with code 75, so that the scheduler restarts the job, without that node where
+it can.
 """
 
 from __future__ import annotations
@@ -49,11 +57,11 @@ class StragglerOptions:
 
     Attributes:
         interval: Seconds between rounds (each worker's sums since the last one).
-        threshold: Relative score (work per update over the fastest worker's)
-            from which a worker counts as slow.
+        threshold: Score (work per update over the others', or over its own
+            usual) from which a worker counts as slow.
         min_wait: Fraction of each step the others must lose to it, for it to
-            count: its work per update beyond the fastest worker's, over the
-            step time (a ratio of tiny times costs nothing and is not reported).
+            count: its work per update beyond the others', over the step time
+            (a ratio of tiny times costs nothing and is not reported).
         log_scores: Also log every worker's scores each round (INFO).
         restart_after: Stop the run for a restart once an episode lasts this
             many rounds (needs a backup); None never stops.
@@ -79,13 +87,22 @@ class StragglerOptions:
 CONFIRM = 2
 #: Windows per worker summed into each round's scores.
 SMOOTHING = 3
+#: A worker's usual work per update: the median of its last this many rounds outside an episode.
+BASELINE_ROUNDS = 12
+#: Rounds outside an episode before the individual score counts (1 until then).
+MIN_BASELINE = 3
 
 #: The Trainer's default straggler report.
 DEFAULT_STRAGGLERS = StragglerOptions()
 
 
 def per_update(clock: Mapping[str, float]) -> dict[str, float] | None:
-    """A round's sums as seconds per update (None for a round without updates)."""
+    """A round's sums as seconds per update (None for a round without updates).
+
+    Adds ``work`` (input + compute: what the worker does itself before the
+    exchange, timed in its graph, with no wait for another worker in it) and
+    ``wait_fraction`` (the share of the step spent in the exchange).
+    """
     updates = clock.get("updates", 0.0)
     if not updates or updates <= 0:
         return None
@@ -126,7 +143,7 @@ class StragglerReport:
         summary_dir: Where to write TensorBoard scalars, or None.
 
     Attributes:
-        scores: Worker label -> its last ``{"relative", "individual", "wait_fraction"}``.
+        scores: Worker label -> its last ``{"relative", "individual", "cost", ...}``.
         stop_requested: Set once an episode lasted ``options.restart_after`` rounds.
     """
 
@@ -137,7 +154,7 @@ class StragglerReport:
         self.stop_requested = False
         self.warnings: list[str] = []
         self._seen: dict[str, int] = {}
-        self._best: dict[str, float] = {}
+        self._usual: dict[str, collections.deque] = {}
         self._episodes: dict[str, int] = {}
         self._warned_cost: dict[str, float] = {}
         self._slow_rounds: dict[str, int] = {}
@@ -175,34 +192,51 @@ class StragglerReport:
             self.score({label: {**r, "host": fresh[label]["host"]} for label, r in rounds.items()})
 
     def score(self, rounds: Mapping[str, dict[str, Any]]) -> None:
-        """Scores one round: worker label -> its seconds per update and ``host``."""
+        """Scores one round: worker label -> its seconds per update (`per_update`) and ``host``."""
         self._rounds += 1
-        fastest = min(r["work"] for r in rounds.values())
         for label, r in rounds.items():
-            self._best[label] = min(self._best.get(label, math.inf), r["work"])
-            others = [o["wait_fraction"] for other, o in rounds.items() if other != label]
+            others = statistics.median(o["work"] for other, o in rounds.items() if other != label)
+            usual = self._usual.get(label, ())
+            baseline = statistics.median(usual) if len(usual) >= MIN_BASELINE else 0.0
             self.scores[label] = {
-                "relative": r["work"] / fastest if fastest > 0 else 1.0,
-                "individual": r["work"] / self._best[label] if self._best[label] > 0 else 1.0,
+                "relative": r["work"] / others if others > 0 else 1.0,
+                "individual": r["work"] / baseline if baseline > 0 else 1.0,
                 "wait_fraction": r["wait_fraction"],
-                "others_wait": sum(others) / len(others),
-                # What the others lose to it: its work beyond the fastest worker's, per step.
-                "cost": (r["work"] - fastest) / r["total"] if r["total"] > 0 else 0.0,
+                # What the others lose to it: its work beyond theirs, per step.
+                "cost": max(r["work"] - others, 0.0) / r["total"] if r["total"] > 0 else 0.0,
                 **{f"{k}_ms": r[k] * 1e3 for k in ("input", "compute", "exchange", "total")},
             }
         for label in sorted(rounds):
             self._episode(label, rounds)
+            if not self._episodes.get(label) and not self._slow_rounds.get(label):
+                # Its usual work: rounds in which it was not slow, so that an episode (and the
+                # round before it) does not become the baseline it is measured against.
+                self._usual.setdefault(label, collections.deque(maxlen=BASELINE_ROUNDS))
+                self._usual[label].append(rounds[label]["work"])
         self._publish()
+
+    def _is_slow(self, label: str) -> bool:
+        """Whether ``label``'s last scores count as slow; in an episode, at half the bar."""
+        s, o = self.scores[label], self.options
+        score = max(s["relative"], s["individual"])
+        if self._episodes.get(label):
+            return score >= 1 + (o.threshold - 1) / 2 and s["cost"] >= o.min_wait / 2
+        return score >= o.threshold and s["cost"] >= o.min_wait
 
     def _episode(self, label: str, rounds: Mapping[str, dict[str, Any]]) -> None:
         """Counts ``label``'s slow rounds; an episode starts and ends after CONFIRM rounds."""
         s, o = self.scores[label], self.options
-        slow = s["relative"] >= o.threshold and s["cost"] >= o.min_wait
-        if not slow:
+        if not self._is_slow(label):
             self._slow_rounds[label] = 0
             self._fast_rounds[label] = self._fast_rounds.get(label, 0) + 1
             if self._fast_rounds[label] >= CONFIRM and self._episodes.pop(label, 0):
-                logger.warning("Straggler: %s caught up (score %.2f).", label, s["relative"])
+                logger.warning(
+                    "Straggler: %s caught up (score %.2f against the others, %.2f against its "
+                    "usual).",
+                    label,
+                    s["relative"],
+                    s["individual"],
+                )
             return
         self._fast_rounds[label] = 0
         self._slow_rounds[label] = self._slow_rounds.get(label, 0) + 1
@@ -211,15 +245,7 @@ class StragglerReport:
         self._episodes[label] = self._episodes.get(label, 0) + 1
         if self._episodes[label] == 1 or s["cost"] >= 2 * self._warned_cost[label]:
             self._warned_cost[label] = s["cost"]
-            verb, mine, theirs = _slow_section(label, rounds)
-            message = (
-                f"Straggler: {label} on {rounds[label]['host']} {verb} in {mine * 1e3:.0f} ms "
-                f"against {theirs * 1e3:.0f} ms per update; the others wait "
-                f"{s['others_wait']:.0%} of each step for it (score {s['relative']:.2f} against "
-                f"the fastest worker, {s['individual']:.2f} against its own best)."
-            )
-            self.warnings.append(message)
-            logger.warning(message)
+            self._warn(label, rounds)
         if o.restart_after is not None and self._episodes[label] >= o.restart_after:
             if not self.stop_requested:
                 logger.warning(
@@ -233,13 +259,26 @@ class StragglerReport:
                 )
             self.stop_requested = True
 
+    def _warn(self, label: str, rounds: Mapping[str, dict[str, Any]]) -> None:
+        s = self.scores[label]
+        verb, mine, theirs = _slow_section(label, rounds)
+        message = (
+            f"Straggler: {label} on {rounds[label]['host']} {verb} in {mine * 1e3:.0f} ms "
+            f"against {theirs * 1e3:.0f} ms per update; the others wait "
+            f"{s['cost']:.0%} of each step for it (score {s['relative']:.2f} against the "
+            f"others, {s['individual']:.2f} against its usual)."
+        )
+        self.warnings.append(message)
+        logger.warning(message)
+
     def _publish(self) -> None:
         if self.options.log_scores:
             logger.info(
                 "Straggler scores: %s",
                 "; ".join(
                     f"{label} relative {s['relative']:.2f}, individual {s['individual']:.2f}, "
-                    f"waits {s['wait_fraction']:.0%} (ms per update: input {s['input_ms']:.1f}, "
+                    f"costs the others {s['cost']:.0%}, waits {s['wait_fraction']:.0%} "
+                    f"(ms per update: input {s['input_ms']:.1f}, "
                     f"compute {s['compute_ms']:.1f}, exchange {s['exchange_ms']:.1f}, "
                     f"step {s['total_ms']:.1f})"
                     for label, s in sorted(self.scores.items())
@@ -253,6 +292,6 @@ class StragglerReport:
             self._writer = tf.summary.create_file_writer(self.summary_dir)
         with self._writer.as_default(step=self._rounds):
             for label, s in self.scores.items():
-                for name in ("relative", "individual", "wait_fraction"):
+                for name in ("relative", "individual", "cost", "wait_fraction"):
                     tf.summary.scalar(f"stragglers/{name}/{label.replace(':', '_')}", s[name])
         self._writer.flush()
