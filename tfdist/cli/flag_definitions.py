@@ -28,8 +28,7 @@ IN_PROCESS_BENCHMARKS = (
 )
 LAUNCHING_BENCHMARKS = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy")
 LAUNCHING_BENCHMARKS += ("first_fit", "memory", "pipeline", "balance")
-#: ``--benchmarks=time_to_accuracy``'s tasks (``--time_to_accuracy_tasks``), here for the same
-#: reason (tests/test_cli.py keeps them equal to ``tfdist.bench.time_to_accuracy_tasks.TASKS``).
+#: ``--time_to_accuracy_tasks`` (tests/test_cli.py: equal to ``time_to_accuracy_tasks.TASKS``).
 TIME_TO_ACCURACY_TASKS = ("digits", "patterns")
 _DEFAULT = TrainConfig()
 
@@ -342,8 +341,6 @@ flags.DEFINE_list(
     "bench balance: the sides to launch, from even, balanced, parameter_server, even_pair, "
     "balanced_pair (default all; even and balanced are required).",
 )
-
-
 flags.DEFINE_string(
     "balance",
     "",
