@@ -159,6 +159,7 @@ def test_multi_process_benchmarks_run_only_when_named():
         "first_fit",
         "memory",
         "pipeline",
+        "balance",
     }
 
 
