@@ -13,6 +13,7 @@ from typing import Any
 import keras
 
 from tfdist.data.inputs import InputSource
+from tfdist.data.release import release
 from tfdist.strategies.base import LogsFn, Runner
 from tfdist.training.backup import Backup, Position
 from tfdist.training.callbacks import FitCallbackList, chief_writes_only, for_this_worker
@@ -148,6 +149,10 @@ def train_epochs(
         with loop.section("epoch callbacks"):
             callbacks.on_epoch_begin(epoch)
         epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
+        if not repeat and runner.reads_training_input_here:
+            # Deleting it waits for tf.data's autotuning (seconds): not on this thread.
+            release(iterator)
+        iterator = None
         if hooks is not None:
             hooks.epoch_end()
         if validate is not None:  # with the test hooks, as Keras's fit calls evaluate
@@ -165,6 +170,9 @@ def train_epochs(
         if stop:
             model.stop_training = True
             break
+    if persistent is not None and runner.reads_training_input_here:
+        release(persistent)  # the one stream of every epoch (see above)
+        persistent = None
     # As Keras's fit: with use_ema=True the model ends with the moving averages of its weights.
     if isinstance(model.optimizer, keras.optimizers.Optimizer):
         model.optimizer.finalize_variable_values(model.trainable_weights)
