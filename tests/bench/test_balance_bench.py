@@ -169,3 +169,41 @@ def test_the_flag_reaches_the_benchmark_and_bad_options_are_refused():
         balance.run(window=0)
     with pytest.raises(ValueError, match="Received: option=.hog."):
         balance.run(hog=True)
+    with pytest.raises(ValueError, match="Received: model='resnet'. Expected one of"):
+        balance.run(model="resnet")
+    with pytest.raises(ValueError, match="Received: latency_ms=0. Expected a positive number"):
+        balance.run(latency_ms=0)
+
+
+def test_the_latency_sides_and_the_overhead_are_summarised():
+    sides = {
+        "even": [{"step_s": 0.30}],
+        "balanced": [{"step_s": 0.24}],
+        "even_pair": [{"step_s": 0.12}],
+        "balanced_pair": [{"step_s": 0.12}],
+        "even_latency": [{"step_s": 0.20}],
+        "balanced_latency": [{"step_s": 0.19}],
+    }
+    # Worker 0 computes half the global batch of 300 in 0.1 s: the even pair's 0.12 s leaves
+    # 0.02 s of exchange and step overhead, which the second ideal adds.
+    got = balance.summary(sides, {"worker-0": [1500.0], "worker-1": [500.0]}, 300)
+    assert got["latency_ratio"] == pytest.approx(0.95)
+    assert got["goals"]["latency_ratio"] == "<= 1.05"
+    assert got["ideal"]["overhead_s"] == pytest.approx(0.02)
+    assert got["ideal"]["step_s_with_overhead"] == pytest.approx(0.15 + 0.02)
+    assert got["balanced_ratio_with_overhead"] == pytest.approx(0.24 / 0.17)
+    assert balance.SIDES["even_latency"] == ("balance", False, "latency")
+
+
+def test_the_delay_layer_waits_and_passes_its_input_on():
+    import time
+
+    import numpy as np
+
+    from tfdist.bench.balance_worker import Delay
+
+    x = np.ones((2, 3), "float32")
+    np.testing.assert_array_equal(np.asarray(Delay(0.0)(x)), x)  # no delay: no op added
+    started = time.perf_counter()
+    np.testing.assert_array_equal(np.asarray(Delay(0.05)(x)), x)
+    assert time.perf_counter() - started >= 0.05

@@ -5,6 +5,9 @@ neighbour, a Python busy loop pinned to this task's own CPUs (``os.sched_getaffi
 which leaves it about half its core; the loop ends when the task does (it polls its
 parent's pid, so it cannot outlive a parameter-server worker that the launcher kills).
 
+On the latency sides worker 1 instead sleeps ``spec["latency_s"]`` in every forward pass
+(a `Delay` before the model: a worker that waits rather than computes).
+
 Then, under MultiWorkerMirrored, each worker measures its own compute rate alone-ish: a
 local copy of the model (no strategy, no all-reduce) trains ``rate_steps`` steps of half
 the global batch, both workers at once, the hog running (examples/s: the ideal's inputs).
@@ -86,15 +89,54 @@ def process_cpu_seconds(pid: int | None) -> float:
         return 0.0
 
 
-def build_model(spec: dict[str, Any]) -> keras.Model:
-    """The compute-bound MLP every side trains."""
-    return tfdist.models.get(
-        "mlp",
-        input_shape=(spec["input_dim"],),
-        num_classes=spec["num_classes"],
-        hidden_units=tuple(spec["hidden_units"]),
-        dropout=0.0,
-    )
+class Delay(keras.layers.Layer):
+    """Sleeps ``seconds`` in every forward pass, then passes its input on: a worker that
+    waits (a lock, a device, a remote call) rather than computes. 0: nothing at all."""
+
+    def __init__(self, seconds: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seconds = float(seconds)
+
+    def call(self, x: Any) -> Any:
+        if not self.seconds:
+            return x
+        seconds = self.seconds
+        done = tf.py_function(lambda: time.sleep(seconds) or np.float32(0), [], tf.float32)
+        with tf.control_dependencies([done]):
+            return tf.identity(x)
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+
+def input_shape(spec: dict[str, Any]) -> tuple[int, ...]:
+    """One example's shape: ``(input_dim,)`` for the mlp, ``(size, size, 3)`` for the convnet."""
+    if spec.get("model", "mlp") == "convnet":
+        return (int(spec["image_size"]), int(spec["image_size"]), 3)
+    return (int(spec["input_dim"]),)
+
+
+def build_model(spec: dict[str, Any], delay_s: float = 0.0) -> keras.Model:
+    """The compute-bound model every side trains (``spec["model"]``), behind a `Delay` of
+    ``delay_s`` (the same layers and variables on every worker, delayed or not)."""
+    shape = input_shape(spec)
+    if spec.get("model", "mlp") == "convnet":
+        base = tfdist.models.get(
+            "convnet",
+            input_shape=shape,
+            num_classes=spec["num_classes"],
+            filters=tuple(spec["filters"]),
+        )
+    else:
+        base = tfdist.models.get(
+            "mlp",
+            input_shape=shape,
+            num_classes=spec["num_classes"],
+            hidden_units=tuple(spec["hidden_units"]),
+            dropout=0.0,
+        )
+    inputs = keras.Input(shape)
+    return keras.Model(inputs, base(Delay(delay_s, name="delay")(inputs)), name="balance_model")
 
 
 def dataset_fn(spec: dict[str, Any]) -> Any:
@@ -104,7 +146,7 @@ def dataset_fn(spec: dict[str, Any]) -> Any:
     def make(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         rng = np.random.default_rng(0)
         n = g * NUM_BATCHES
-        x = rng.normal(size=(n, spec["input_dim"])).astype("float32")
+        x = rng.normal(size=(n, *input_shape(spec))).astype("float32")
         y = rng.integers(0, spec["num_classes"], size=(n,)).astype("int32")
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(
             input_context.num_input_pipelines, input_context.input_pipeline_id
@@ -122,7 +164,7 @@ def local_rate(spec: dict[str, Any]) -> float:
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     n = int(spec["global_batch_size"]) // 2
     rng = np.random.default_rng(1)
-    x = tf.constant(rng.normal(size=(n, spec["input_dim"])).astype("float32"))
+    x = tf.constant(rng.normal(size=(n, *input_shape(spec))).astype("float32"))
     y = tf.constant(rng.integers(0, spec["num_classes"], size=(n,)).astype("int32"))
 
     @tf.function
@@ -187,8 +229,9 @@ def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> d
     balance: Any = False
     if spec["balance"]:
         balance = tfdist.BalanceOptions(window=int(spec["window"]))
+    delay = float(spec.get("latency_s", 0.0)) if _is_slowed(spec) else 0.0
     trainer = tfdist.Trainer(
-        fits.seeded(lambda: build_model(spec)),
+        fits.seeded(lambda: build_model(spec, delay)),
         strategy=strategy,
         steps_per_execution=int(spec["steps_per_execution"]),
         optimizer=keras.optimizers.SGD(spec["learning_rate"]),
@@ -218,9 +261,14 @@ def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> d
     }
 
 
-def _hog_if_mine(spec: dict[str, Any]) -> Any:
+def _is_slowed(spec: dict[str, Any]) -> bool:
+    """Whether this task is the worker that the side slows (the hog's, or the delayed one)."""
     task_type, task_id = task()
-    if spec["hog"] and task_type == "worker" and task_id == int(spec["hog_worker"]):
+    return task_type == "worker" and task_id == int(spec["hog_worker"])
+
+
+def _hog_if_mine(spec: dict[str, Any]) -> Any:
+    if spec["hog"] and _is_slowed(spec):
         return start_hog(os.sched_getaffinity(0))
     return None
 

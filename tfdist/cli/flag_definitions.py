@@ -339,7 +339,7 @@ flags.DEFINE_list(
     "balance_sides",
     None,
     "bench balance: the sides to launch, from even, balanced, parameter_server, even_pair, "
-    "balanced_pair (default all; even and balanced are required).",
+    "balanced_pair, even_latency, balanced_latency (default all; even, balanced required).",
 )
 flags.DEFINE_string(
     "balance",
