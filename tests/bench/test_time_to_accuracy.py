@@ -201,6 +201,8 @@ def test_bad_time_to_accuracy_options_get_one_clear_error():
         time_to_accuracy.run(max_epochs=0)
     with pytest.raises(ValueError, match=r"Invalid value for argument `optimizer`"):
         time_to_accuracy.run(optimizer="adamm")
+    with pytest.raises(ValueError, match=r"steps_per_execution=0. Expected a positive integer"):
+        time_to_accuracy.run(steps_per_execution=0)
     with pytest.raises(ValueError, match=r"Invalid value for argument `option`"):
         time_to_accuracy.run(target=0.9)
     for tasks, received in (
@@ -238,7 +240,7 @@ def test_each_task_has_its_own_settings_unless_an_option_sets_every_tasks():
     )
     assert (patterns["model"], patterns["per_worker_batch_size"], patterns["target_accuracy"]) == (
         "convnet",
-        16,
+        64,
         0.99,
     )
     given = {**options, "per_worker_batch_size": 8, "target_accuracy": 0.9, "max_epochs": 3}

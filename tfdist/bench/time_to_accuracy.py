@@ -11,8 +11,8 @@ evaluating on the validation split after every epoch, Adam at 2e-3 (as ``tfdist 
   per update. Too small for the exchange to pay: the honest counter-example.
 * ``patterns``: the ``convnet`` (66k parameters, 0.15 GFLOP per example forward and backward)
   on ``tfdist.data.load("patterns")`` (4,096 generated 32x32x3 training images, 1,024 to
-  validate: noise, and the class's motif at a random place) to 0.99, 16 examples per worker
-  per update: compute-bound, a 265 KB gradient exchange against about 40 ms of compute.
+  validate: noise, and the class's motif at a random place) to 0.99, 64 examples per worker
+  per update: compute-bound, a 265 KB gradient exchange against 75-80 ms of compute.
 
 ``--per_worker_batch_size`` and ``--target_accuracy`` set every task's, when given. Two
 launches of real processes through ``tfdist launch`` (as ``scaling`` starts them), each task
@@ -49,7 +49,7 @@ from typing import Any
 from tfdist.bench import cluster_run, common, health, plots, timing
 from tfdist.bench.time_to_accuracy_tasks import GOALS, TASK_OPTIONS, TASKS, check_tasks, task_specs
 from tfdist.bench.time_to_accuracy_worker import RULES
-from tfdist.config import OPTIMIZER_NAMES, check_choice, invalid_argument
+from tfdist.config import OPTIMIZER_NAMES, check_choice, check_steps_per_execution, invalid_argument
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ DEFAULTS: dict[str, Any] = {
     "optimizer": "adam",
     "learning_rate": 2e-3,
     "warmup_epochs": 1.0,
-    "steps_per_execution": 1,
+    # The Trainer's default, as `tfdist train` runs: 32 batches per call on these strategies.
+    "steps_per_execution": "auto",
     "seed": 0,
 }
 # --quick and tests: every process real, tiny data, a low target, few epochs (the figures mean
@@ -78,8 +79,9 @@ QUICK: dict[str, Any] = {"repeats": 1}
 
 def _check(options: dict[str, Any]) -> None:
     options["tasks"] = check_tasks(options["tasks"])
-    counts = ("per_worker_batch_size", "max_epochs", "repeats", "steps_per_execution")
+    counts = ("per_worker_batch_size", "max_epochs", "repeats")
     cluster_run.check_task_options(options, [k for k in counts if options[k] is not None])
+    check_steps_per_execution(options["steps_per_execution"])
     target = options["target_accuracy"]
     if target is not None and (
         isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1

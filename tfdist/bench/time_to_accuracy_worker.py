@@ -106,7 +106,7 @@ def _trainer(
         optimizer=optimizer,
         loss=fits.logits_loss(),
         metrics=["accuracy"],
-        steps_per_execution=int(spec["steps_per_execution"]),
+        steps_per_execution=spec["steps_per_execution"],
         **scaling_options(rule, task, spec),
     )
 
