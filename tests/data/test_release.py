@@ -43,6 +43,18 @@ def test_release_returns_at_once_and_drain_waits_for_the_drop():
     assert releaser.drain(timeout=0.0)  # nothing left: at once
 
 
+def test_the_thread_waits_for_the_caller_to_let_go():
+    releaser = release_module.Releaser()
+    SlowToDrop.dropped_on = []
+    kept = SlowToDrop(0.0)
+    releaser.release(kept)
+    time.sleep(0.05)
+    assert SlowToDrop.dropped_on == []  # the caller still holds it
+    del kept
+    assert releaser.drain(timeout=5.0)
+    assert SlowToDrop.dropped_on == ["tfdist-release"]
+
+
 def test_each_epochs_iterator_is_handed_over_and_dropped(monkeypatch):
     handed: list[weakref.ref] = []
 

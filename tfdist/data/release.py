@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import atexit
 import collections
+import sys
 import threading
+import time
 from typing import Any
 
 #: How long the exit waits at most for the iterators still being let go of.
 DRAIN_SECONDS = 60.0
+#: How long the thread waits for the caller to let go of its own reference to an object.
+HANDOVER_SECONDS = 1.0
 
 
 class Releaser:
@@ -34,7 +38,9 @@ class Releaser:
         self._thread: threading.Thread | None = None
 
     def release(self, obj: Any) -> None:
-        """Drops ``obj`` on the thread; the caller must hold no other reference to it."""
+        """Drops ``obj`` on the thread once the caller has let go of it too (its last other
+        reference, a local name say, within `HANDOVER_SECONDS`; after that it is dropped
+        anyway, and the deletion happens wherever that last reference goes)."""
         with self._cond:
             self._items.append(obj)
             if self._thread is None or not self._thread.is_alive():
@@ -53,6 +59,10 @@ class Releaser:
                     self._cond.wait()
                 item = self._items.popleft()
                 self._busy = True
+            deadline = time.monotonic() + HANDOVER_SECONDS
+            # Ours (``item``) and getrefcount's own: then the caller's is gone.
+            while sys.getrefcount(item) > 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
             del item  # the slow part, outside the lock
 
     def drain(self, timeout: float | None = None) -> bool:

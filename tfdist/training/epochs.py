@@ -123,7 +123,7 @@ def train_epochs(
             that epoch does not validate), calling the callbacks' test hooks;
             None for no validation.
     """
-    runner, callbacks, steps = loop.runner, loop.callbacks, loop.plan.steps
+    runner, callbacks = loop.runner, loop.callbacks
     if position is not None:
         initial_epoch = position.epoch
     persistent = None
@@ -137,22 +137,9 @@ def train_epochs(
         first_step = position.step if position is not None and epoch == position.epoch else 0
         if hooks is not None:
             hooks.epoch_begin()
-        # Resuming skips the batches already trained on inside tf.data, not by next() calls.
-        with loop.section("input"):
-            if not repeat:  # Keras's fit makes an unused iterator between epochs: so do we
-                source.spare_iterator(epochs_before=epoch - initial_epoch)
-            iterator, persistent = _epoch_iterator(
-                runner, source, epoch, first_step, position, repeat, persistent, steps
-            )
-        with loop.section("metrics"):  # a collective on MultiWorkerMirrored
-            model.reset_metrics()
-        with loop.section("epoch callbacks"):
-            callbacks.on_epoch_begin(epoch)
-        epoch_logs = loop.epoch(epoch, iterator, first_step=first_step)
-        if not repeat and runner.reads_training_input_here:
-            # Deleting it waits for tf.data's autotuning (seconds): not on this thread.
-            release(iterator)
-        iterator = None
+        epoch_logs, persistent = _train_epoch(
+            loop, model, source, epoch, first_step, initial_epoch, position, repeat, persistent
+        )
         if hooks is not None:
             hooks.epoch_end()
         if validate is not None:  # with the test hooks, as Keras's fit calls evaluate
@@ -171,14 +158,46 @@ def train_epochs(
             model.stop_training = True
             break
     if persistent is not None and runner.reads_training_input_here:
-        release(persistent)  # the one stream of every epoch (see above)
-        persistent = None
+        release(persistent)  # the one stream of every epoch (see `_train_epoch`)
+    persistent = None
     # As Keras's fit: with use_ema=True the model ends with the moving averages of its weights.
     if isinstance(model.optimizer, keras.optimizers.Optimizer):
         model.optimizer.finalize_variable_values(model.trainable_weights)
     loop.wait_for_backup()  # on_train_end sees the last backup committed (RayBackup reports it)
     with loop.section("epoch callbacks"):
         callbacks.on_train_end(loop.logs)
+
+
+def _train_epoch(
+    loop: EpochLoop,
+    model: keras.Model,
+    source: InputSource,
+    epoch: int,
+    first_step: int,
+    initial_epoch: int,
+    position: Position | None,
+    repeat: bool,
+    persistent: Any,
+) -> tuple[dict[str, float], Any]:
+    """One epoch's updates, from ``first_step``: its logs, and the persistent iterator."""
+    runner = loop.runner
+    # Resuming skips the batches already trained on inside tf.data, not by next() calls.
+    with loop.section("input"):
+        if not repeat:  # Keras's fit makes an unused iterator between epochs: so do we
+            source.spare_iterator(epochs_before=epoch - initial_epoch)
+        iterator, persistent = _epoch_iterator(
+            runner, source, epoch, first_step, position, repeat, persistent, loop.plan.steps
+        )
+    with loop.section("metrics"):  # a collective on MultiWorkerMirrored
+        model.reset_metrics()
+    with loop.section("epoch callbacks"):
+        loop.callbacks.on_epoch_begin(epoch)
+    logs = loop.epoch(epoch, iterator, first_step=first_step)
+    if not repeat and runner.reads_training_input_here:
+        # Deleting it waits for tf.data's autotuning, seconds after a long epoch: another
+        # thread does, once this one has returned (`tfdist.data.release`).
+        release(iterator)
+    return logs, persistent
 
 
 def _epoch_iterator(
