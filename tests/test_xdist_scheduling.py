@@ -43,3 +43,29 @@ def test_a_crashed_worker_is_replaced_and_the_run_ends(tmp_path):
     assert "FAILED test_b.py::test_crash" in out, out
     passed = [line for line in out.splitlines() if line.startswith("PASSED ")]
     assert len(passed) == 8, out  # every other test ran once
+
+
+class _DeadWorker:
+    """A worker whose channel is closed: it died before xdist noticed."""
+
+    shutting_down = False
+
+    def send_runtest_some(self, indexes):
+        raise OSError("cannot send (already closed?)")
+
+
+def test_work_sent_to_a_worker_that_just_died_goes_back_on_the_queue():
+    from collections import OrderedDict
+
+    from tests.xdist_scheduling import Scheduling
+
+    dead = _DeadWorker()
+    scheduling = Scheduling.__new__(Scheduling)  # no pytest config: only the queue matters
+    scheduling.workqueue = OrderedDict({"test_c.py": {"test_c.py::test_only": False}})
+    done = {"test_b.py::test_1": True, "test_b.py::test_crash": False}
+    scheduling.assigned_work = {dead: {"test_b.py": done}}
+    scheduling.registered_collections = {dead: ["test_b.py::test_1", "test_c.py::test_only"]}
+    scheduling._assign_work_unit(dead)  # no OSError: the unit stays with the dead worker
+    assert list(scheduling.assigned_work[dead]) == ["test_b.py", "test_c.py"]
+    assert scheduling.remove_node(dead) == "test_b.py::test_crash"
+    assert list(scheduling.workqueue) == ["test_c.py"]  # back on the queue, to run elsewhere

@@ -13,6 +13,12 @@
     not (xdist has reported it failed; run again, it would crash the next worker too);
   - a worker runs a test only once it holds the next one, or is told to stop. A replacement
     given a one-test module would wait forever. It gets a second unit here.
+
+* A worker can die between finishing a test and xdist noticing: its last "test complete"
+  message still arrives, and sending it more work raises ``OSError: cannot send (already
+  closed?)``, which xdist turns into an INTERNALERROR that ends the run (seen once in CI, on a
+  loaded machine). The unit stays assigned to that worker, and `remove_node` puts it back on
+  the queue when xdist reports the crash.
 """
 
 from xdist.scheduler import LoadScopeScheduling
@@ -29,7 +35,10 @@ class Scheduling(LoadScopeScheduling):
         for scope in reversed(self.first):
             if scope in self.workqueue:
                 self.workqueue.move_to_end(scope, last=False)
-        super()._assign_work_unit(node)
+        try:
+            super()._assign_work_unit(node)
+        except OSError:  # the worker died before xdist saw it: see the module docstring
+            pass
 
     def remove_node(self, node) -> str | None:
         """As xdist's, but finished modules stay off the queue and the crashed test is not rerun."""
