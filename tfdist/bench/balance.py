@@ -44,7 +44,7 @@ from typing import Any
 
 from tfdist.bench import cluster_run, common, timing
 from tfdist.bench.balance_plot import plot_balance
-from tfdist.config import invalid_argument
+from tfdist.config import check_choice, invalid_argument
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ SIDES: dict[str, tuple[str, bool, str | None]] = {
 }
 REQUIRED_SIDES = ("even", "balanced")
 #: The models a side can train: the convnet is compute-bound (66k parameters, a 265 KB
-#: exchange against about 2.5 ms of compute per 32x32 example on one core); the MLP's
+#: exchange against 1.2-2.5 ms of compute per 32x32 example on one core); the MLP's
 #: exchange (1.6M parameters, 6.4 MB) is a fifth of its step on loopback.
 MODELS = ("convnet", "mlp")
 DEFAULTS: dict[str, Any] = {
@@ -125,8 +125,7 @@ def check_sides(sides: Any) -> tuple[str, ...]:
 
 def _check(options: dict[str, Any]) -> None:
     cluster_run.check_task_options(options, COUNTS)
-    if options["model"] not in MODELS:
-        raise invalid_argument("model", options["model"], MODELS)
+    check_choice("model", options["model"], MODELS)
     latency = options["latency_ms"]
     if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not latency > 0:
         raise invalid_argument("latency_ms", latency, "a positive number of milliseconds")

@@ -256,7 +256,7 @@ flags.DEFINE_integer(
     "per_worker_batch_size",
     None,
     "bench scaling: examples per worker per step (default 256); "
-    "bench time_to_accuracy: the same (default: each task's own, digits 64, patterns 16).",
+    "bench time_to_accuracy: the same (default: each task's own, 64).",
 )
 flags.DEFINE_list(
     "hidden_units", None, "bench scaling: the MLP's hidden widths (default 1024,1024,1024)."
