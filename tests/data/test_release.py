@@ -5,6 +5,8 @@ Trainer hands each finished epoch's iterator (and a fit's one repeated stream) t
 instead, so the next epoch does not wait. What it saves is measured in docs/benchmarks.md.
 """
 
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -18,15 +20,18 @@ from tfdist.training import epochs
 
 
 class SlowToDrop:
-    """Takes ``seconds`` to delete, and notes which thread deleted it."""
+    """Takes ``seconds`` to delete; notes which thread deleted it, and when it began and ended."""
 
     dropped_on: list[str] = []
+    spans: list[tuple[float, float]] = []
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
     def __del__(self) -> None:
+        began = time.perf_counter()
         time.sleep(self.seconds)
+        SlowToDrop.spans.append((began, time.perf_counter()))
         SlowToDrop.dropped_on.append(threading.current_thread().name)
 
 
@@ -41,6 +46,40 @@ def test_release_returns_at_once_and_drain_waits_for_the_drop():
     assert releaser.drain(timeout=5.0)
     assert SlowToDrop.dropped_on == ["tfdist-release", "tfdist-release"]
     assert releaser.drain(timeout=0.0)  # nothing left: at once
+
+
+def test_objects_handed_over_together_are_dropped_side_by_side():
+    releaser = release_module.Releaser()
+    SlowToDrop.spans = []
+    for _ in range(3):
+        releaser.release(SlowToDrop(0.3))
+    assert releaser.drain(timeout=10.0)
+    assert len(SlowToDrop.spans) == 3
+    # Every deletion began before any ended: none waited for another.
+    assert max(b for b, _ in SlowToDrop.spans) < min(e for _, e in SlowToDrop.spans)
+
+
+def test_the_exit_waits_for_a_deletion_in_progress(tmp_path):
+    """A daemon thread must not come back from a deletion while the interpreter finalises
+    (inside TensorFlow that aborts the process), so the exit waits for it."""
+    done = tmp_path / "dropped"
+    code = f"""
+import importlib.util, time
+spec = importlib.util.spec_from_file_location("release", {release_module.__file__!r})
+release = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(release)
+
+class Slow:
+    def __del__(self):
+        time.sleep(0.5)
+        open({str(done)!r}, "w").close()
+
+release.release(Slow())
+time.sleep(0.1)  # the thread has it
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert done.exists()
 
 
 def test_the_thread_waits_for_the_caller_to_let_go():

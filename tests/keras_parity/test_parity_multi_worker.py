@@ -19,6 +19,7 @@ import pytest
 from tests.helpers import PRELOAD, REPO, run_tfdist
 from tests.keras_parity.parity import assert_same, load_result, rows_on
 from tests.keras_parity.rows import ROWS
+from tests.keras_parity.rows_balance import SPLITS
 
 JOB = os.path.join(REPO, "tests", "jobs", "parity_job.py")
 WORKERS = ("worker-0", "worker-1")
@@ -83,3 +84,16 @@ def test_trainer_on_two_workers_matches_keras(row, launched, keras_reference):
     for a, b in zip(results[0].weights, results[1].weights):
         np.testing.assert_array_equal(a, b)  # both workers hold the same model
     assert results[0].history == results[1].history
+
+
+def test_balanced_rows_change_their_split_within_each_epoch(launched):
+    """The balanced rows (``rows_balance.py``) train on every forced split, as the chief says."""
+    _, stdout, _ = launched
+    rows = [r for r in ROWS if "balance" in r.trainer]
+    assert rows
+    for _, (a, b) in SPLITS:
+        said = f"Balance: worker:0 takes {a}, worker:1 takes {b} of every global batch of 16"
+        lines = [line for line in stdout.splitlines() if said in line]
+        # Each balanced row's fit takes each split once, the chief alone logging it.
+        assert len(lines) == len(rows), (said, lines)
+        assert all(line.startswith("[worker:0]") for line in lines)
