@@ -93,6 +93,18 @@ def test_options_and_argument():
     assert options.splits == ((0, (8, 8)), (5, (4, 12)))
 
 
+def test_auto_steps_per_execution_runs_at_most_a_window_per_call():
+    """A balanced run decides between calls: "auto" must not run more updates than a window."""
+    from tfdist.training.fit_arguments import steps_per_execution_for
+
+    runner = types.SimpleNamespace(auto_steps_per_execution=32)
+    small, large = tfdist.BalanceOptions(window=8), tfdist.BalanceOptions(window=64)
+    assert steps_per_execution_for("auto", [], runner=runner, balance=small) == 8
+    assert steps_per_execution_for("auto", [], runner=runner, balance=large) == 32
+    assert steps_per_execution_for("auto", [], runner=runner) == 32
+    assert steps_per_execution_for(16, [], runner=runner, balance=small) == 16  # as given
+
+
 class _Runner(types.SimpleNamespace):
     """What `enable_balance` asks of a runner, without a cluster."""
 

@@ -43,7 +43,10 @@ class BalanceOptions:
     """How a multi_worker run splits each global batch between its workers.
 
     Attributes:
-        window: Updates between decisions (each worker's clock summed over them).
+        window: Updates between decisions (each worker's clock summed over them). A
+            decision falls between ``tf.function`` calls, at the first after ``window``
+            updates: ``steps_per_execution="auto"`` runs at most ``window`` updates per call,
+            a larger explicit ``steps_per_execution`` makes the window that many updates.
         floor: No worker's share falls below this fraction of the even share.
         hysteresis: Least predicted cut of an update's compute time for a new split.
         min_gain: Least measured cut of the slowest worker's compute time per update against

@@ -381,7 +381,7 @@ class Trainer(EvaluateAndPredict):
         )
         args = dataclasses.replace(args, callbacks=resolved.callbacks)
         self.steps_per_execution = steps_per_execution_for(
-            self._steps_per_execution, args.callbacks, runner=self._runner
+            self._steps_per_execution, args.callbacks, runner=self._runner, balance=self.balance
         )
         return run_fit(
             self._functions,
