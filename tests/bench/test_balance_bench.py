@@ -207,3 +207,21 @@ def test_the_delay_layer_waits_and_passes_its_input_on():
     started = time.perf_counter()
     np.testing.assert_array_equal(np.asarray(Delay(0.05)(x)), x)
     assert time.perf_counter() - started >= 0.05
+
+
+def test_the_hogs_pid_is_found_at_once_and_its_cpu_read():
+    """The hog's CPU counts as its worker's own; read right after its start, it was missed."""
+    import os
+    import time
+
+    from tfdist.bench import balance_worker
+
+    hog = balance_worker.start_hog(os.sched_getaffinity(0))
+    try:
+        pid = balance_worker.host_pid(hog)
+        assert pid is not None
+        before = balance_worker.process_cpu_seconds(pid)
+        time.sleep(0.3)
+        assert balance_worker.process_cpu_seconds(pid) > before
+    finally:
+        balance_worker.stop_hog(hog)

@@ -23,6 +23,7 @@ import statistics
 
 import pytest
 
+import tfdist
 from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
 from tfdist.bench import common, first_fit, runner, time_to_accuracy
 
@@ -226,6 +227,34 @@ def test_bad_time_to_accuracy_options_get_one_clear_error():
         finally:
             common.set_options(None)
     assert "time_to_accuracy" in runner.ON_REQUEST and "time_to_accuracy" in runner.available()
+    with pytest.raises(ValueError, match=r"`uneven_pair`. Received: uneven_pair='yes'"):
+        time_to_accuracy.run(uneven_pair="yes")
+    with pytest.raises(ValueError, match=r"Invalid value for argument `balance_window`"):
+        time_to_accuracy.run(balance_window=0)
+
+
+def test_the_uneven_pair_trains_the_linear_rule_even_and_balanced():
+    """Its sides' Trainer options, and its ratios (the real launch: ``tfdist bench``)."""
+    from tfdist.bench import time_to_accuracy_worker as worker
+
+    spec, task = {"balance_window": 8, "warmup_epochs": 1.0}, {"per_worker_batch_size": 64}
+    assert worker.rules_of({"uneven": True}) == ("even", "balanced")
+    assert worker.rules_of({}) == RULES
+    linear = worker.scaling_options("linear", task, spec)["lr_scaling"]
+    for side, balance in (("even", False), ("balanced", tfdist.BalanceOptions(window=8))):
+        options = worker.scaling_options(side, task, spec)
+        assert options["balance"] == balance and options["steps_per_execution"] == 8
+        assert vars(options["lr_scaling"]) == vars(linear)
+    out = {"words": {}}
+    seconds = {"1": {"linear": 20.0}, "2_uneven": {"even": 16.0, "balanced": 12.0}}
+    time_to_accuracy.uneven_ratios(out, "patterns", seconds)
+    assert out["patterns_uneven_even_time_ratio"] == 0.8
+    assert out["patterns_uneven_balanced_time_ratio"] == 0.6
+    assert out["patterns_uneven_balanced_speedup"] == pytest.approx(16 / 12)
+    seconds["2_uneven"]["balanced"] = None  # not reached
+    time_to_accuracy.uneven_ratios(out, "patterns", seconds)
+    assert out["patterns_uneven_balanced_time_ratio"] is None
+    assert out["patterns_uneven_balanced_speedup"] is None
 
 
 def test_each_task_has_its_own_settings_unless_an_option_sets_every_tasks():

@@ -53,10 +53,19 @@ def start_hog(cpus: Any) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
-def host_pid(child: subprocess.Popen) -> int | None:
+def host_pid(child: subprocess.Popen, wait_s: float = 2.0) -> int | None:
     """``child``'s pid as ``/proc`` numbers it (a task in its own pid namespace sees another
-    number in ``child.pid``): the child of this process whose command line is ``child``'s."""
-    wanted = "\0".join(child.args).encode()
+    number in ``child.pid``): the child of this process whose command line is ``child``'s,
+    looked for until it has one (a child just started may not have exec'd yet) or ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pid = _child_with_args("\0".join(child.args).encode())
+        if pid is not None or time.monotonic() >= deadline:
+            return pid
+        time.sleep(0.02)
+
+
+def _child_with_args(wanted: bytes) -> int | None:
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
@@ -229,7 +238,7 @@ def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> d
     balance: Any = False
     if spec["balance"]:
         balance = tfdist.BalanceOptions(window=int(spec["window"]))
-    delay = float(spec.get("latency_s", 0.0)) if _is_slowed(spec) else 0.0
+    delay = float(spec.get("latency_s", 0.0)) if is_slowed(spec) else 0.0
     trainer = tfdist.Trainer(
         fits.seeded(lambda: build_model(spec, delay)),
         strategy=strategy,
@@ -261,19 +270,19 @@ def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> d
     }
 
 
-def _is_slowed(spec: dict[str, Any]) -> bool:
+def is_slowed(spec: dict[str, Any]) -> bool:
     """Whether this task is the worker that the side slows (the hog's, or the delayed one)."""
     task_type, task_id = task()
     return task_type == "worker" and task_id == int(spec["hog_worker"])
 
 
 def _hog_if_mine(spec: dict[str, Any]) -> Any:
-    if spec["hog"] and _is_slowed(spec):
+    if spec["hog"] and is_slowed(spec):
         return start_hog(os.sched_getaffinity(0))
     return None
 
 
-def _stop(hog: Any) -> None:
+def stop_hog(hog: Any) -> None:
     if hog is not None:
         hog.kill()
         hog.wait()
@@ -288,7 +297,7 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
         report_progress(f"local rate {rate:.0f} examples/s")
         result = train(strategy, spec, hog)
     finally:
-        _stop(hog)
+        stop_hog(hog)
     return {**result, "local_examples_per_s": rate, "hog": hog is not None}
 
 
@@ -299,4 +308,4 @@ def run_ps(spec: dict[str, Any]) -> dict[str, Any] | None:
         strategy = tfdist.make_strategy("parameter_server")
         return {**train(strategy, {**spec, "balance": False}, None), "hog": spec["hog"]}
     finally:
-        _stop(hog)
+        stop_hog(hog)

@@ -201,10 +201,13 @@ def plot_health(result: dict[str, Any], path: str) -> None:
     _save(fig, path)
 
 
-# time_to_accuracy: colour per worker count, line style and marker per LR rule.
-TTA_COLORS = {"1": "tab:blue", "2": "tab:orange"}
-TTA_STYLES = {"none": ("-", "."), "linear": ("--", "^")}
-TTA_NAMES = {"none": "no scaling", "linear": "linear scaling + warmup"}
+# time_to_accuracy: colour per launch, line style and marker per LR rule (or split).
+TTA_COLORS = {"1": "tab:blue", "2": "tab:orange", "2_uneven": "tab:green"}
+TTA_STYLES = {"none": ("-", "."), "linear": ("--", "^"), "even": ("--", "^")}
+TTA_STYLES["balanced"] = ("-", "s")
+TTA_NAMES = {"1": "1 worker", "2": "2 workers", "2_uneven": "2 workers, a hog on worker 1"}
+TTA_NAMES.update(none="no scaling", linear="linear scaling + warmup")
+TTA_NAMES.update(even="linear scaling, even split", balanced="linear scaling, balanced")
 
 
 def _tta_runs(task: dict[str, Any]) -> Any:
@@ -224,9 +227,7 @@ def _draw_tta_curve(time_ax: Any, epoch_ax: Any, n: str, rule: str, i: int, run:
         "marker": marker,
         "color": TTA_COLORS.get(n, "tab:grey"),
         "alpha": 1.0 if i == 0 else 0.35,
-        "label": f"{n} worker{'s' if n != '1' else ''}, {TTA_NAMES.get(rule, rule)}"
-        if i == 0
-        else None,
+        "label": f"{TTA_NAMES.get(n, n)}, {TTA_NAMES.get(rule, rule)}" if i == 0 else None,
     }
     accuracy = [p["val_accuracy"] for p in curve]
     time_ax.plot([p["seconds"] for p in curve], accuracy, **style)

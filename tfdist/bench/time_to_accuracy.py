@@ -23,7 +23,13 @@ each running every benchmark task in turn:
   cluster; no collectives);
 * 2 workers: two processes on ``multi_worker`` (MultiWorkerMirrored over loopback).
 
-Each with two LR rules (``tfdist.bench.time_to_accuracy_worker``), the same per-worker
+* the uneven pair (``uneven_pair=True``, the default; not with ``quick``): two processes on
+  ``multi_worker`` again, worker 1 sharing its core with a CPU hog (a noisy neighbour), the
+  linear rule on the even split (``even``) and balanced (``balanced``,
+  ``Trainer(balance=BalanceOptions(window=balance_window))``), both at ``balance_window``
+  updates per call.
+
+The first two with two LR rules (``tfdist.bench.time_to_accuracy_worker``), the same per-worker
 batch, seed and initial weights: *none* (the same rate; the 2-worker global batch is
 twice as large) and *linear* (``LRScaling("linear", base_global_batch_size=<per-worker
 batch>, warmup_epochs=1)``: the rate times the number of workers, ramped from the base
@@ -38,7 +44,8 @@ during which other processes took at most ``timing.BUSY_CPU`` cores, or over all
 when none was that quiet. Reported per task and side: seconds, epochs, updates and examples
 to the target, examples/s, the final and best validation accuracy and every epoch's point;
 per task and LR rule the ratio of 2-worker to 1-worker seconds to the target (below 1: two
-workers got there sooner; the goal for ``patterns``: at most 0.6).
+workers got there sooner; the goal for ``patterns``: at most 0.6); on the uneven pair each
+side's seconds over 1 worker's with the linear rule, and even over balanced.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from typing import Any
 
 from tfdist.bench import cluster_run, common, health, plots, timing
 from tfdist.bench.time_to_accuracy_tasks import GOALS, TASK_OPTIONS, TASKS, check_tasks, task_specs
-from tfdist.bench.time_to_accuracy_worker import RULES
+from tfdist.bench.time_to_accuracy_worker import RULES, UNEVEN_RULES
 from tfdist.config import OPTIMIZER_NAMES, check_choice, check_steps_per_execution, invalid_argument
 
 logger = logging.getLogger(__name__)
@@ -71,15 +78,20 @@ DEFAULTS: dict[str, Any] = {
     # The Trainer's default, as `tfdist train` runs: 32 batches per call on these strategies.
     "steps_per_execution": "auto",
     "seed": 0,
+    # A third launch: 2 workers, a CPU hog on worker 1, the even split against balanced.
+    "uneven_pair": True,
+    "balance_window": 8,
 }
 # --quick and tests: every process real, tiny data, a low target, few epochs (the figures mean
 # little; see `QUICK_TASKS`).
-QUICK: dict[str, Any] = {"repeats": 1}
+QUICK: dict[str, Any] = {"repeats": 1, "uneven_pair": False}
+#: The uneven pair's launch, beside the worker counts' "1" and "2".
+UNEVEN = "2_uneven"
 
 
 def _check(options: dict[str, Any]) -> None:
     options["tasks"] = check_tasks(options["tasks"])
-    counts = ("per_worker_batch_size", "max_epochs", "repeats")
+    counts = ("per_worker_batch_size", "max_epochs", "repeats", "balance_window")
     cluster_run.check_task_options(options, [k for k in counts if options[k] is not None])
     check_steps_per_execution(options["steps_per_execution"])
     target = options["target_accuracy"]
@@ -96,6 +108,8 @@ def _check(options: dict[str, Any]) -> None:
     check_choice("optimizer", options["optimizer"], OPTIMIZER_NAMES)
     if isinstance(options["seed"], bool) or not isinstance(options["seed"], int):
         raise invalid_argument("seed", options["seed"], "an integer")
+    if not isinstance(options["uneven_pair"], bool):
+        raise invalid_argument("uneven_pair", options["uneven_pair"], "True or False")
 
 
 def run(**overrides: Any) -> dict[str, Any]:
@@ -137,6 +151,10 @@ def run(**overrides: Any) -> dict[str, Any]:
         launches[str(n)] = cluster_run.run_tasks(
             {**spec, "strategy": strategy, "num_pinned_tasks": n}, workers=n
         )
+    if spec["uneven_pair"]:
+        logger.info("bench time_to_accuracy: 2 workers, a CPU hog on worker 1, even and balanced")
+        uneven = {**spec, "strategy": "multi_worker", "num_pinned_tasks": 2, "uneven": True}
+        launches[UNEVEN] = cluster_run.run_tasks({**uneven, "hog_worker": 1}, workers=2)
     return summarise(spec, launches)
 
 
@@ -222,8 +240,7 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
     examples = lead["examples_per_epoch"]
     others = health.others_per_sample(processes, "worker-0")
     sides = {}
-    for rule in RULES:
-        runs = lead["runs"][rule]
+    for rule, runs in lead["runs"].items():
         busy = others.get(f"{name}/{rule}", [None] * len(runs))
         sides[rule] = side_summary(runs, target, examples, busy)
         # Every process's accuracy after each epoch of each fit: the same on every worker.
@@ -264,7 +281,7 @@ def summarise_task(task: dict[str, Any], launches: dict[str, Any]) -> dict[str, 
         "config": {k: v for k, v in task.items() if k != "name"},
         "per_workers": per_workers,
         "seconds_to_target": {
-            n: {rule: entry["sides"][rule]["seconds_to_target"] for rule in RULES}
+            n: {rule: side["seconds_to_target"] for rule, side in entry["sides"].items()}
             for n, entry in per_workers.items()
         },
     }
@@ -300,6 +317,8 @@ def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
             )
             if GOALS[name]:
                 out["goals"][key] = GOALS[name]
+        if UNEVEN in task["seconds_to_target"]:
+            uneven_ratios(out, name, task["seconds_to_target"])
     out["others_cpu_max"] = timing.nanmax(
         v
         for task in tasks.values()
@@ -309,6 +328,23 @@ def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
         if v is not None
     )
     return out
+
+
+def uneven_ratios(out: dict[str, Any], name: str, seconds: dict[str, Any]) -> None:
+    """The uneven pair's ratios of task ``name`` into ``out``: each side's seconds to the
+    target over 1 worker's (linear rule), and even over balanced (above 1: balance paid)."""
+    base, uneven = seconds["1"]["linear"], seconds[UNEVEN]
+    ratio = lambda a, b: None if a is None or b is None else a / b  # noqa: E731
+    for side in UNEVEN_RULES:
+        key = f"{name}_uneven_{side}_time_ratio"
+        out[key] = ratio(uneven[side], base)
+        out["words"][key] = (
+            f"{name}: 2 workers, a CPU hog on worker 1, {side} split / 1 worker, time to "
+            "accuracy, linear LR scaling + warmup"
+        )
+    key = f"{name}_uneven_balanced_speedup"
+    out[key] = ratio(uneven["even"], uneven["balanced"])
+    out["words"][key] = f"{name}: 2 workers, a CPU hog on worker 1: even / balanced seconds"
 
 
 # ``tfdist bench`` flag -> option of `run`.

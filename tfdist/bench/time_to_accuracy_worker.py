@@ -15,6 +15,13 @@ until the validation accuracy reaches the task's target or its ``max_epochs`` ha
   warmup_epochs=...)``: the rate times global batch / per-worker batch (1 on one
   worker, 2 on two), ramped linearly from the base rate over the warmup.
 
+The uneven pair (``spec["uneven"]``, a third launch of 2 workers): worker 1 first starts a
+CPU hog pinned to its own core (``tfdist.bench.balance_worker.start_hog``, a noisy neighbour
+that leaves it about half its core), and the sides are ``even`` and ``balanced``, both with
+the linear rule and ``spec["balance_window"]`` updates per call, ``balanced`` with
+``Trainer(balance=BalanceOptions(window=spec["balance_window"]))``. The hog's CPU counts as
+its worker's own in the records, so that it does not mark every fit as disturbed.
+
 Before each benchmark task's timed fits, one untimed fit of one epoch (a throwaway Trainer),
 so that what a process pays once (the collectives' group set-up, kernel caches) does not land
 on whichever rule runs first; each timed fit still traces its own functions. With
@@ -23,18 +30,24 @@ on whichever rule runs first; each timed fit still traces its own functions. Wit
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import keras
 
 import tfdist
-from tfdist.bench import fits
+from tfdist.bench import balance_worker, fits
 from tfdist.bench.worker_common import Recorder
 
 RULES = ("none", "linear")
-#: The order of even and odd repeats.
-ORDERS = (RULES, RULES[::-1])
+#: The uneven pair's sides: the linear rule on the even split, and balanced.
+UNEVEN_RULES = ("even", "balanced")
+
+
+def rules_of(spec: dict[str, Any]) -> tuple[str, ...]:
+    """The sides a launch runs: the LR rules, or on the uneven pair even and balanced."""
+    return UNEVEN_RULES if spec.get("uneven") else RULES
 
 
 class AccuracyClock(keras.callbacks.Callback):
@@ -84,6 +97,14 @@ def scaling_options(rule: str, task: dict[str, Any], spec: dict[str, Any]) -> di
     """The Trainer keywords of LR rule ``rule`` for ``task`` (``"none"``: the Trainer's default)."""
     if rule == "none":
         return {}
+    if rule in UNEVEN_RULES:  # the uneven pair: the linear rule, the split even or balanced
+        window = int(spec["balance_window"])
+        balance = tfdist.BalanceOptions(window=window) if rule == "balanced" else False
+        return {
+            **scaling_options("linear", task, spec),
+            "balance": balance,
+            "steps_per_execution": window,
+        }
     return {
         "lr_scaling": tfdist.LRScaling(
             "linear",
@@ -100,24 +121,31 @@ def _trainer(
     optimizer = keras.optimizers.get(
         {"class_name": spec["optimizer"], "config": {"learning_rate": spec["learning_rate"]}}
     )
+    options = {"steps_per_execution": spec["steps_per_execution"]}
+    options.update(scaling_options(rule, task, spec))
     return tfdist.Trainer(
         builder,
         strategy=strategy,
         optimizer=optimizer,
         loss=fits.logits_loss(),
         metrics=["accuracy"],
-        steps_per_execution=spec["steps_per_execution"],
-        **scaling_options(rule, task, spec),
+        **options,
     )
 
 
 def fit_to_target(
-    trainer: Any, data: tuple[Any, Any, int], task: dict[str, Any], rule: str, recorder: Recorder
+    trainer: Any,
+    data: tuple[Any, Any, int],
+    task: dict[str, Any],
+    rule: str,
+    recorder: Recorder,
+    hog_pid: int | None = None,
 ) -> dict[str, Any]:
     """One timed fit of ``trainer`` (rule ``rule``, fresh weights); its per-epoch points.
 
     Args:
         data: The train and validation ``DatasetFn``\\ s and the global batch size.
+        hog_pid: This task's hog, whose CPU in the fit counts as the task's own.
     """
     train, val, global_batch_size = data
     clock = AccuracyClock(float(task["target_accuracy"]))
@@ -133,7 +161,10 @@ def fit_to_target(
             verbose=0,
         )
 
+    hog_before = balance_worker.process_cpu_seconds(hog_pid)
     _, took = recorder.measure(f"{task['name']}/{rule}", fit)
+    hog_cpu = balance_worker.process_cpu_seconds(hog_pid) - hog_before
+    recorder.records[f"{task['name']}/{rule}"][-1]["cpu_seconds"] += hog_cpu
     return {
         "points": clock.points,
         "eval_seconds": clock.eval_seconds,
@@ -143,7 +174,11 @@ def fit_to_target(
 
 
 def run_task(
-    strategy: Any, task: dict[str, Any], spec: dict[str, Any], recorder: Recorder
+    strategy: Any,
+    task: dict[str, Any],
+    spec: dict[str, Any],
+    recorder: Recorder,
+    hog_pid: int | None = None,
 ) -> dict[str, Any]:
     """One benchmark task on this process: the untimed fit, then every rule ``repeats`` times."""
     gbs = int(task["per_worker_batch_size"]) * strategy.num_replicas_in_sync
@@ -163,15 +198,18 @@ def run_task(
         ),
         seed,
     )
-    warm = _trainer(strategy, builder, task, spec, "none")
+    rules = rules_of(spec)
+    warm = _trainer(strategy, builder, task, spec, rules[0])
     start = time.perf_counter()
     warm.fit(train, epochs=1, global_batch_size=gbs, validation_data=val, verbose=0)
     warmup_seconds = time.perf_counter() - start
-    runs: dict[str, list[dict[str, Any]]] = {rule: [] for rule in RULES}
+    runs: dict[str, list[dict[str, Any]]] = {rule: [] for rule in rules}
     for r in range(int(spec["repeats"])):
-        for rule in ORDERS[r % 2]:
+        for rule in rules if r % 2 == 0 else rules[::-1]:
             trainer = _trainer(strategy, builder, task, spec, rule)
-            runs[rule].append(fit_to_target(trainer, (train, val, gbs), task, rule, recorder))
+            runs[rule].append(
+                fit_to_target(trainer, (train, val, gbs), task, rule, recorder, hog_pid)
+            )
     return {
         "global_batch_size": gbs,
         "updates_per_epoch": updates_per_epoch,
@@ -189,11 +227,19 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs every benchmark task of the spec on this task; returns each one's per-epoch points."""
     strategy = tfdist.make_strategy(spec["strategy"])
     recorder = Recorder()
-    tasks = {task["name"]: run_task(strategy, task, spec, recorder) for task in spec["tasks"]}
+    hog = None
+    if spec.get("uneven") and balance_worker.is_slowed(spec):
+        hog = balance_worker.start_hog(os.sched_getaffinity(0))
+    try:
+        pid = None if hog is None else balance_worker.host_pid(hog)
+        tasks = {t["name"]: run_task(strategy, t, spec, recorder, pid) for t in spec["tasks"]}
+    finally:
+        balance_worker.stop_hog(hog)
     return {
         "strategy": spec["strategy"],
         "num_workers": strategy.num_replicas_in_sync,
         "tasks": tasks,
         "records": recorder.records,
         "is_chief": all(t["is_chief"] for t in tasks.values()),
+        "hog": hog is not None,
     }
