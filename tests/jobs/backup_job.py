@@ -51,6 +51,9 @@ parser.add_argument("--sharding", default=None, help="optimizer or gradients (Ze
 parser.add_argument("--straggler_interval", type=float, default=0.0)
 parser.add_argument("--straggler_restart_after", type=int, default=None)
 parser.add_argument("--slow_trace", type=float, default=0.0, help="seconds per trace of the model")
+parser.add_argument(
+    "--balance", action="store_true", help="fixed uneven splits of each global batch of 32"
+)
 parser.add_argument("--slow_saves", default="", help="SECONDS,N: the first N saves take that long")
 args = parser.parse_args()
 
@@ -237,6 +240,10 @@ trainer = tfdist.Trainer(
     if args.no_backup
     else tfdist.BackupOptions(args.backup_dir, freq=2, asynchronous=not args.sync_backup),
     sharding=args.sharding,
+    # Worker 0's share changes at updates 0, 9 and 30 (one worker: nothing to balance).
+    balance=tfdist.BalanceOptions(splits=((0, (10, 22)), (9, (22, 10)), (30, (6, 26))))
+    if args.balance
+    else False,
     **watchdog_options,
 )
 train = tfdist.data.load("synthetic", num_examples=512)

@@ -73,19 +73,24 @@ def test_worker_death_resumes_at_the_backed_up_update_bitwise(tmp_path, uninterr
 def test_a_two_worker_backup_resumes_on_one_worker(tmp_path, uninterrupted_mwms):
     # A lost machine: worker-1 dies after global batch 21 and nothing restarts the group. The
     # job comes back on one worker (1 replica instead of 2), same global batch of 32. The two
-    # workers shard their optimizer state and gradients (ZeRO-2); the one resumes unsharded
-    # from the same backup (the slots are saved whole).
+    # workers shard their optimizer state and gradients (ZeRO-2) and split each global batch
+    # unevenly (balance=, forced splits: 10/22, then 22/10 from update 9); the one resumes
+    # unsharded from the same backup (the slots are saved whole), with nothing to balance.
     backup = tmp_path / "backup"
     (tmp_path / "two").mkdir()
     (tmp_path / "one").mkdir()
-    died = _launch(tmp_path / "two", backup, "--die_at=21", "--sharding=gradients", restarts=0)
+    died = _launch(
+        tmp_path / "two", backup, "--die_at=21", "--sharding=gradients", "--balance", restarts=0
+    )
     assert died.returncode != 0 and "worker-1 dying after batch 21" in died.stdout
+    assert "worker:0 takes 22, worker:1 takes 10 of every global batch of 32" in died.stdout
     assert json.loads((backup / "state.json").read_text())["replicas"] == 2
     proc = run_tfdist(
         "launch", "--workers=1", PRELOAD, "--", sys.executable, JOB, "multi_worker",
-        str(tmp_path / "one"), str(backup), timeout=300,
+        str(tmp_path / "one"), str(backup), "--balance", timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, launch_report(proc, 3000)
+    assert "balance: one worker, nothing to balance" in proc.stdout
     assert "written on 2 replicas and resumes on 1, at the same global step" in proc.stdout
     assert json.loads((tmp_path / "one" / "worker-0.json").read_text())["iterations"] == 48
     updates = int(re.search(r"\((\d+) updates done\)", proc.stdout).group(1))

@@ -109,7 +109,8 @@ class _Runner(types.SimpleNamespace):
     """What `enable_balance` asks of a runner, without a cluster."""
 
     def enable_balance(self):
-        self.balanced = types.SimpleNamespace(workers=2, local_replicas=1)
+        clock = types.SimpleNamespace(enabled=True)
+        self.balanced = types.SimpleNamespace(workers=2, local_replicas=1, clock=clock)
         return self.balanced
 
 
@@ -137,6 +138,20 @@ def test_refusals_a_runner_cannot_tell(model, pipeline, fragment):
     runner = _Runner(balance_refusal=None, loop_tasks=["worker:0", "worker:1"], is_chief=True)
     with pytest.raises(ValueError, match=f"Invalid value for argument `balance`.*{fragment}"):
         enable_balance(tfdist.BalanceOptions(), runner, model(), pipeline)
+
+
+def test_measured_balance_under_op_determinism_is_refused_fixed_splits_are_not(monkeypatch):
+    from tfdist import _compat
+
+    monkeypatch.setattr(_compat, "op_determinism_enabled", lambda: True)
+    runner = _Runner(balance_refusal=None, loop_tasks=["worker:0", "worker:1"], is_chief=True)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match=r"`balance`.*forbids tf.timestamp.*splits=") as e:
+        enable_balance(tfdist.BalanceOptions(), runner, model, None)
+    assert str(e.value).count("Invalid value") == 1
+    fixed = tfdist.BalanceOptions(splits=((0, (4, 12)),))
+    assert enable_balance(fixed, runner, model, None) is fixed
+    assert runner.balanced.clock.enabled is False  # fixed splits: nothing timed
 
 
 def test_one_worker_has_nothing_to_balance(caplog):

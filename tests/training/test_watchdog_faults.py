@@ -311,7 +311,7 @@ def test_a_worker_beside_a_noisy_neighbour_is_named_while_it_runs():
     another test's workers: seen, worker:0 computing in 5.4 against 2.2 ms under a
     benchmark's two workers, and rightly named). So: an episode of worker:1 already
     under way must last while the hog runs, and worker:0 must not be named while it
-    runs, when the others wait for worker:1.
+    runs once worker:1 is named, when the others wait for worker:1.
     """
     proc, out = _start_noisy_neighbour_run()
     hogs = []
@@ -361,4 +361,8 @@ def test_a_worker_beside_a_noisy_neighbour_is_named_while_it_runs():
         assert named[0] - started < HOG_SECONDS, scores
     else:  # already named before the hog: the episode must not have ended meanwhile
         assert _in_episode_at(lines, "worker:1", stopped), scores[-6000:]
-    assert not _named(lines, "worker:0", started, stopped), scores
+    # Until the hog bites, worker:0 may still be named for a slowness of its own (seen in CI:
+    # computing in 6.1 against worker:1's 3.9 ms under the suite's load, named 1.5 s before
+    # worker:1 was); once worker:1 is named, the others wait for it, and worker:0 must not be.
+    biting = named[0] if named else started
+    assert not _named(lines, "worker:0", biting, stopped), scores

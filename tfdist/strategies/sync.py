@@ -236,7 +236,9 @@ class SyncRunner:
         if training and self.balanced is not None:  # each replica on its share, timed
             replica_fn, drive = self.balanced.sliced(replica_fn), None
         # Micro-batches accumulated in the step's own symbolic loop are not timed.
-        clocked = self.step_clock.enabled or self.balanced is not None
+        clocked = self.step_clock.enabled or (
+            self.balanced is not None and self.balanced.clock.enabled
+        )
         timed = training and clocked and (drive is None or batches_per_call == 1)
 
         def call(iterator):

@@ -30,6 +30,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from tfdist import _compat
 from tfdist.config import check_positive_int, invalid_argument
 from tfdist.training.balance_control import Decision, SplitController, windows_from
 from tfdist.training.health import tensorboard_dir
@@ -111,13 +112,20 @@ def enable_balance(
         )
     if refusal is None and pipeline is not None:
         refusal = "A pipeline cuts each replica's batch into equal micro-batches."
+    if refusal is None and options.splits is None and _compat.op_determinism_enabled():
+        refusal = (
+            "Op determinism (tf.config.experimental.enable_op_determinism) forbids "
+            "tf.timestamp, which a balanced run measures its workers with. Turn determinism "
+            "off, or give fixed splits: BalanceOptions(splits=...)."
+        )
     if refusal:
         raise invalid_argument("balance", options, "False on this Trainer", note=refusal)
     if len(runner.loop_tasks) < 2:
         if runner.is_chief:
             logger.warning("balance: one worker, nothing to balance; training on the even split.")
         return None
-    runner.enable_balance()
+    # Fixed splits need no clock: nothing timed (and so no tf.timestamp) in the train loop.
+    runner.enable_balance().clock.enabled = options.splits is None
     return options
 
 
