@@ -158,5 +158,6 @@ def test_every_worker_stuck_at_once_ends_the_fit_with_a_clear_error():
         ended = time.monotonic()
     assert "Restart the job" in str(err.value)
     assert any("stopping the fit" in message for message, _, _ in warnings.seen), warnings.seen
-    # Bound: the floor after the first hang, plus polling (1 s) and scheduling slack.
-    assert FLOOR <= ended - hang.started <= FLOOR + 5.0, ended - hang.started
+    # Bound: the floor after the first hang, plus polling (1 s) and scheduling slack: 8 s of it,
+    # since a CI run on 2 busy cores took 6.3 s past the floor to cancel the closures.
+    assert FLOOR <= ended - hang.started <= FLOOR + 8.0, ended - hang.started
