@@ -8,67 +8,31 @@ The splits are forced (``BalanceOptions(splits=)``), one update per call, and ch
 updates 1 and 3 (the accumulating row makes 4 updates in all, the others 8 or 12).
 """
 
-import keras
+import dataclasses
 
-from tests.keras_parity.parity import Row
-from tests.keras_parity.rows_basic import mlp, sgd_compile
-from tests.keras_parity.rows_fit_arguments import fit_with
-from tests.keras_parity.rows_masks import (
-    cross_entropy,
-    dense_model,
-    sgd,
-    token_fit,
-    tokens_model,
-    two_outputs_compile,
-    two_outputs_dataset,
-    zero_weights_fit,
-)
+from tests.keras_parity import rows_fit_arguments, rows_masks
 from tfdist import BalanceOptions
 
 #: Forced splits of each global batch of 16 (and of each micro-batch of 16 with accumulation):
 #: (update, (worker 0's examples, worker 1's)). tests/keras_parity/test_parity_multi_worker.py
 #: checks that the chief logged each of them.
 SPLITS = ((0, (5, 11)), (1, (13, 3)), (3, (1, 15)))
+#: The rows trained again on the forced splits, as ``balance_<name>``.
+BASES = (
+    "masks_embedding_mask_zero",
+    "masks_two_outputs_accumulation",
+    "masks_zero_sample_weights",
+    "arrays_class_weight",
+)
 
 
-def balanced(**extra):
-    return dict(balance=BalanceOptions(splits=SPLITS), steps_per_execution=1, **extra)
+def balanced(row):
+    """``row`` on multi_worker with the forced splits, one update per call."""
+    trainer = {**row.trainer, "balance": BalanceOptions(splits=SPLITS), "steps_per_execution": 1}
+    return dataclasses.replace(
+        row, name=f"balance_{row.name}", trainer=trainer, strategies=("multi_worker",)
+    )
 
 
-MULTI_WORKER = ("multi_worker",)
-ROWS = [
-    Row(
-        "balance_masks_embedding_mask_zero",
-        tokens_model(),
-        sgd(cross_entropy(), metrics=["sparse_categorical_accuracy"]),
-        token_fit(validation=True),
-        trainer=balanced(),
-        strategies=MULTI_WORKER,
-    ),
-    Row(
-        "balance_masks_two_outputs_accumulation",
-        tokens_model(outputs=2),
-        two_outputs_compile,
-        two_outputs_dataset(16),
-        trainer=balanced(accumulation_steps=2),
-        keras_fit=two_outputs_dataset(32),
-        history_keys=("loss", "out0_loss", "out1_loss"),
-        strategies=MULTI_WORKER,
-    ),
-    Row(
-        "balance_zero_sample_weights",
-        dense_model,
-        sgd(lambda: keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")),
-        zero_weights_fit,
-        trainer=balanced(),
-        strategies=MULTI_WORKER,
-    ),
-    Row(
-        "balance_class_weight",
-        mlp,
-        sgd_compile,
-        fit_with(class_weight={0: 2.0, 1: 0.5}),
-        trainer=balanced(),
-        strategies=MULTI_WORKER,
-    ),
-]
+_BY_NAME = {r.name: r for r in rows_masks.ROWS + rows_fit_arguments.ROWS}
+ROWS = [balanced(_BY_NAME[name]) for name in BASES]
