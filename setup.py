@@ -23,7 +23,9 @@ setup(
     ],
     extras_require={
         "ray": ["ray[train]>=2.60,<3"],
-        "test": ["ray[train]>=2.60,<3", "ruff>=0.6", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "pyyaml>=6", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8",
+        "test": ["ray[train]>=2.60,<3",
+                 # KerasHub's GPT-2, BERT and Llama, built from their constructors (no download).
+                 "keras-hub>=0.32,<1", "tensorflow-text==2.21.*", "ruff>=0.6", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "pyyaml>=6", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8",
                  # The documentation site (tests/test_docs.py builds it with mkdocs build --strict).
                  "mkdocs>=1.6.1,<2", "mkdocstrings[python]>=1.0.8,<2", "mkdocstrings-python>=2.0.11,<3"],
         "notebooks": ["jupyter", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6", "matplotlib>=3.8"],
