@@ -5,11 +5,13 @@ same backup then resumes sharded on 4 replicas and on 1 (where sharding trains u
 an unsharded asynchronous backup resumes sharded under ZeRO-2. Each run's weights equal an
 uninterrupted unsharded run's, and the backups' keys and shapes are an unsharded run's. A kill
 during a sharded multi-worker run, and a two-worker sharded backup resumed on one worker:
-tests/training/test_backup_faults.py.
+tests/training/test_backup_faults.py. A weights-only file loads into a sharded Trainer with
+Keras's warning.
 """
 
 import json
 import logging
+import warnings
 
 import keras
 import numpy as np
@@ -111,3 +113,35 @@ def test_an_unsharded_asynchronous_backup_resumes_sharded_and_keras_files_are_wh
         v.assign(tf.zeros_like(v))
     resumed.model.load_weights(path)
     assert _gap([v.numpy() for v in resumed.model.optimizer.variables], held) == 0.0
+
+
+def _load_recording_warnings(model, path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.load_weights(path)
+    return [str(w.message) for w in caught]
+
+
+def test_a_weights_only_file_loads_into_a_sharded_trainer_with_keras_warning(tmp_path):
+    # An uncompiled model saves no optimizer state: Keras warns that it skips the optimizer's
+    # variables and loads the weights; a sharded Trainer's optimizer does the same.
+    path = str(tmp_path / "w.weights.h5")
+    saved = builder()()
+    saved.save_weights(path)
+    plain = builder(W0)()
+    plain.compile(optimizer=keras.optimizers.Adam(0.01, name="adam"), loss=LOSS)
+    plain.fit(XS, YS, batch_size=16, epochs=1, steps_per_epoch=1, verbose=0)
+    want = _load_recording_warnings(plain, path)
+
+    trainer = tfdist.Trainer(
+        builder(W0),
+        strategy=tfdist.make_strategy("mirrored", num_devices=2),
+        optimizer=keras.optimizers.Adam(0.01, name="adam"),
+        loss=LOSS,
+        sharding="optimizer",
+    )
+    trainer.fit(XS, YS, batch_size=16, epochs=1, steps_per_epoch=1, verbose=0)
+    assert _load_recording_warnings(trainer.model, path) == want
+    assert [m for m in want if m.startswith("Skipping variable loading for optimizer 'adam'")]
+    assert _gap(trainer.model.get_weights(), saved.get_weights()) == 0.0
+    assert _gap(plain.get_weights(), saved.get_weights()) == 0.0

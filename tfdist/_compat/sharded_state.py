@@ -15,7 +15,9 @@ variable silently saves one replica's block, and Keras's
   checkpoints.
 - `save_whole` makes the optimizer's ``save_own_variables`` and
   ``load_own_variables`` (``model.save``, ``keras.saving.load_model``,
-  ``load_weights``) write and read the whole tensors alike.
+  ``load_weights``) write and read the whole tensors alike. A file with another count of
+  optimizer variables (a weights-only file holds none) loads the model's weights and skips the
+  optimizer's with Keras's own warning, as plain Keras does.
 
 Saving all-gathers: on a multi-worker run every worker saves (as tfdist's
 backups and ``tfdist train`` do), or the chief waits for the others.
@@ -26,6 +28,7 @@ and ``_copy_trackable_to_cpu`` (TF 2.21).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -134,6 +137,20 @@ def consolidated(
     ]
 
 
+def _skip_loading(name: str, held: int, saved: int) -> None:
+    """Warns as Keras's ``Optimizer.load_own_variables`` does when a file holds another count of
+    optimizer variables (a weights-only file holds none), and loads nothing into the optimizer:
+    the model's weights still load."""
+    msg = (
+        f"Skipping variable loading for optimizer '{name}', "
+        f"because it has {held} variables whereas "
+        f"the saved optimizer has {saved} variables. "
+    )
+    if held == 0:
+        msg += "This is likely because the optimizer has not been called/built yet."
+    warnings.warn(msg, stacklevel=3)
+
+
 def save_whole(optimizers: list, full_shapes: dict[int, Any], strategy: Any) -> None:
     """Makes each optimizer's ``save_own_variables`` / ``load_own_variables`` (``.keras``
     files, ``load_weights``) write and read sharded slots as whole tensors."""
@@ -157,11 +174,8 @@ def save_whole(optimizers: list, full_shapes: dict[int, Any], strategy: Any) -> 
 
         def load_own_variables(store: Any, held: list = held, name: str = optimizer.name) -> None:
             if len(store.keys()) != len(held):
-                raise ValueError(
-                    f"Cannot load the state of optimizer {name!r}: Received: "
-                    f"{len(store.keys())} saved variables. Expected: {len(held)}, as this "
-                    "optimizer holds (the file was saved from another optimizer or model)."
-                )
+                _skip_loading(name, len(held), len(store.keys()))
+                return
             for i, v in enumerate(held):
                 if isinstance(v, ConsolidatedShard):
                     v.assign_whole(store[str(i)])
