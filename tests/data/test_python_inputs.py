@@ -1,5 +1,6 @@
-"""Python inputs as Keras's TF backend reads them: a generator's peeked batches chained back, a
-``PyDataset``'s passes, hooks, seeded shuffling and parallel readers (no training here)."""
+"""Python inputs as Keras's TF backend reads them: a generator's peeked batches chained back (and
+the batch Keras reads ahead of an evaluation's last, lost), a ``PyDataset``'s passes, hooks,
+seeded shuffling and parallel readers (no training here)."""
 
 import keras
 import numpy as np
@@ -48,6 +49,15 @@ def test_python_inputs_read_as_keras_reads_them():
     assert (first, steps, hooks) == (BATCH, None, None)
     assert ds.element_spec[0].shape.as_list() == [None, 1]  # a partial last batch fits
     assert ids(ds) == whole
+    assert ids(ds) == whole[:2]
+
+    # Evaluated 3 batches at a time (validation_steps=3): each pass reads one batch more, lost
+    # with it, as Keras's prefetch buffer does; the third pass finds the generator exhausted.
+    ds, *_ = python_dataset(
+        generator(), training=False, shuffle=False, seed=0, argument="x", steps=3
+    )
+    assert ids(ds) == whole[:3]
+    assert ids(ds) == [*whole[:2], whole[4]]
     assert ids(ds) == whole[:2]
 
     # A PyDataset: on_epoch_end once when made (Keras's reset), then begin/end around each pass.

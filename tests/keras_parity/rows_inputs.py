@@ -1,6 +1,7 @@
 """Parity rows for the inputs Keras's ``fit`` takes besides arrays and datasets of known length.
 
-A Python generator (with ``steps_per_epoch``, and as ``validation_data``), a
+A Python generator (with ``steps_per_epoch``, and as ``validation_data``, with and without
+``validation_steps``), a
 ``keras.utils.PyDataset`` (read by threads, and by processes, its ``on_epoch_begin`` and
 ``on_epoch_end`` called), a dataset of unknown length (``filter`` then ``batch``: each epoch runs
 until it is exhausted), and a model whose only loss is ``add_loss``, fit without ``y``.
@@ -10,6 +11,8 @@ Rows leave out parameter_server where the Trainer refuses the input there: a gen
 ``PyDataset`` cannot be read by the parameter-server workers (other processes), and an epoch of
 unknown length needs ``steps_per_epoch`` there (see ``test_bad_inputs.py``).
 """
+
+import time
 
 import keras
 import numpy as np
@@ -38,6 +41,36 @@ def generator_steps_per_epoch_validation():
     # Validation runs until the generator is exhausted; epoch 2's reads only the 2 batches
     # peeked for the spec, chained in front again, as in Keras.
     return dict(x=endless(x, y), steps_per_epoch=3, validation_data=batches(vx, vy), epochs=2)
+
+
+class PauseAfterValidationBatches(keras.callbacks.Callback):
+    """A pause after each validation batch, so the generator refills Keras's prefetch buffer.
+
+    ``prefetch(AUTOTUNE)`` starts one batch deep and doubles its depth when the model finds it
+    empty, so how many batches Keras reads ahead (and loses with each validation's iterator)
+    depends on timing. With the pause it stays one batch deep, as it usually is.
+    """
+
+    def on_test_batch_end(self, batch, logs=None):
+        time.sleep(0.03)
+
+
+def generator_validation_steps():
+    x, y, _ = arrays()
+    vx, vy, _ = arrays(seed=1)  # a cycle of 6 batches
+    # 4 of them per validation: the 2 peeked for the spec, chained in front again each time,
+    # then the cycle goes on, one batch past the last validation's (Keras's read-ahead): the
+    # second epoch validates batches 0, 1, 5, 0; the first and third 0, 1, 2, 3.
+    return dict(
+        x=x,
+        y=y,
+        batch_size=BATCH,
+        epochs=3,
+        shuffle=False,
+        validation_data=endless(vx, vy),
+        validation_steps=4,
+        callbacks=[PauseAfterValidationBatches()],
+    )
 
 
 class Batches(keras.utils.PyDataset):
@@ -133,6 +166,8 @@ ROWS = [
         generator_steps_per_epoch_validation,
         strategies=SYNC,
     ),
+    # Training on arrays: parameter_server evaluates the generator on its coordinator.
+    Row("generator_validation_steps", mlp, sgd_compile, generator_validation_steps),
     Row("py_dataset_threads", mlp, sgd_compile, py_dataset_threads, strategies=SYNC),
     Row(
         "py_dataset_processes_steps_per_epoch",

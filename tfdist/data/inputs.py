@@ -239,6 +239,7 @@ def as_input(
     argument: str = "x",
     fallback_global_batch_size: int | None = None,
     shuffle: bool | str = True,
+    steps: int | None = None,
 ) -> InputSource:
     """Builds an `InputSource` from any accepted form of ``data``.
 
@@ -257,6 +258,9 @@ def as_input(
         shuffle: For training arrays, as Keras's ``fit``: ``True`` reshuffles
             every epoch (seeded), ``False`` keeps the order, ``"batch"``
             keeps the batches in order and shuffles inside each.
+        steps: For evaluation data, the batches each pass reads (``validation_steps``,
+            ``evaluate``'s ``steps``): a Python generator is read as Keras reads it then
+            (`tfdist.data.python_inputs.python_dataset`).
 
     Raises:
         ValueError: For an unsupported type, a missing or indivisible global
@@ -277,12 +281,12 @@ def as_input(
         return _dataset_input(data, global_batch_size, argument=argument)
 
     if is_python_input(data):
-        ds, first_batch_size, steps, hooks = python_dataset(
-            data, training=training, shuffle=shuffle, seed=seed, argument=argument
+        ds, first_batch_size, num_batches, hooks = python_dataset(
+            data, training=training, shuffle=shuffle, seed=seed, argument=argument, steps=steps
         )
         gbs = global_batch_size or first_batch_size
         return InputSource(
-            gbs, ds.element_spec, steps, dataset=ds, in_process=True, epoch_hooks=hooks
+            gbs, ds.element_spec, num_batches, dataset=ds, in_process=True, epoch_hooks=hooks
         )
 
     if callable(data):

@@ -7,7 +7,10 @@ process, as Keras's TF backend reads them (``GeneratorDataAdapter``, ``PyDataset
   ``NUM_BATCHES_FOR_TENSOR_SPEC``) and chained back in front of the rest, as Keras does, so no
   batch is lost; each new pass (a new iterator) chains those two again with what the
   generator still holds. Its length is unknown: an epoch runs until it is exhausted, unless
-  ``steps_per_epoch`` is given (then one stream runs across the epochs, as in Keras);
+  ``steps_per_epoch`` is given (then one stream runs across the epochs, as in Keras). An
+  evaluation of ``steps`` batches (``validation_steps``) reads one batch more, lost with its
+  pass, as Keras's prefetch buffer does, so the next evaluation validates the batches Keras's
+  does;
 * a ``PyDataset``: one pass per iterator over ``range(len(ds))`` (reordered with a seeded
   permutation per pass when training with ``shuffle=True``; Keras draws its order from
   Python's ``random``), read by Keras's own enqueuer when ``workers > 1`` or
@@ -41,6 +44,7 @@ from tfdist.config import invalid_argument
 
 logger = logging.getLogger(__name__)
 NUM_PEEKED = 2  # Keras's NUM_BATCHES_FOR_TENSOR_SPEC
+_END = object()  # a generator's end, for next(iterator, _END)
 
 
 def is_python_input(data: Any) -> bool:
@@ -54,10 +58,19 @@ def kind_of(data: Any) -> str:
 
 
 def python_dataset(
-    data: Any, *, training: bool, shuffle: bool | str, seed: int, argument: str
+    data: Any,
+    *,
+    training: bool,
+    shuffle: bool | str,
+    seed: int,
+    argument: str,
+    steps: int | None = None,
 ) -> tuple[tf.data.Dataset, int, int | None, Any]:
     """``data`` as a dataset of global batches, its first batch's size, its batches per pass,
     and a ``PyDataset``'s epoch hooks (None for a generator): see `EpochHooks`.
+
+    ``steps``: the batches each evaluation pass reads (``validation_steps``, ``evaluate``'s
+    ``steps``); a generator's pass then ends after them (see `_Rechained`).
 
     Raises:
         ValueError: Naming ``argument``, for a generator that yields nothing or something
@@ -75,7 +88,7 @@ def python_dataset(
         steps, hooks = reader.num_batches, reader
     else:
         peeked, rest = _peek(data, argument)
-        reader = _Rechained(peeked, rest)
+        reader = _Rechained(peeked, rest, per_pass=None if training else steps)
         steps, hooks = None, None
     spec = _spec(peeked, argument)
     ds = tf.data.Dataset.from_generator(reader, output_signature=spec)
@@ -107,10 +120,17 @@ class _Rechained:
 
     Each call (a new iterator: a new epoch without ``steps_per_epoch``, or a new evaluation)
     chains the peeked batches again with what the generator has left, as Keras does.
+
+    With ``per_pass`` (an evaluation of that many batches) a pass yields at most ``per_pass``
+    batches and reads one more, which is lost with the pass: Keras reads the pass through
+    ``prefetch(AUTOTUNE)``, whose buffer holds one batch ahead when the evaluation stops, and
+    drops it with the iterator (``GeneratorDataAdapter``; each evaluation makes a new one). So
+    the next evaluation goes on one batch further, as Keras's does. (Keras's buffer may grow to
+    hold two when its consumer outpaces the generator; one is its usual depth.)
     """
 
-    def __init__(self, peeked: list[Any], rest: Iterator[Any]) -> None:
-        self.peeked, self.rest = peeked, rest
+    def __init__(self, peeked: list[Any], rest: Iterator[Any], per_pass: int | None) -> None:
+        self.peeked, self.rest, self.per_pass = peeked, rest, per_pass
         self.exhausted = False
 
     def __call__(self) -> Iterator[Any]:
@@ -121,9 +141,21 @@ class _Rechained:
                 "or give steps_per_epoch (validation_steps) within what it yields.",
                 len(self.peeked),
             )
-        for batch in itertools.chain(self.peeked, self.rest):
+        chain = itertools.chain(self.peeked, self.rest)
+        if self.per_pass is None:
+            for batch in chain:
+                yield _as_tuples(batch)
+            self.exhausted = True
+            return
+        # Read one batch ahead before yielding, so the batch after the pass's last is read
+        # however far the pipeline that consumes the pass prefetches.
+        ahead = next(chain, _END)
+        for _ in range(self.per_pass):
+            if ahead is _END:
+                break
+            batch, ahead = ahead, next(chain, _END)
             yield _as_tuples(batch)
-        self.exhausted = True
+        self.exhausted = ahead is _END
 
 
 class EpochHooks(Protocol):

@@ -44,9 +44,11 @@ def input_source(
     fallback_global_batch_size: int | None = None,
     shuffle: bool | str = True,
     targets_where: str | None = None,
+    steps: int | None = None,
 ) -> InputSource:
     """``data`` as an ``InputSource`` for ``runner``, checked against ``model``'s inputs (and,
-    given ``targets_where``, to carry targets when the model has a loss: `check_targets`).
+    given ``targets_where``, to carry targets when the model has a loss: `check_targets`);
+    ``steps``: an evaluation's batches per pass (`tfdist.data.inputs.as_input`).
     """
     source = as_input(
         data,
@@ -56,6 +58,7 @@ def input_source(
         argument=argument,
         fallback_global_batch_size=fallback_global_batch_size,
         shuffle=shuffle,
+        steps=steps,
     )
     if targets_where is not None:
         check_targets(model, source, where=targets_where)
@@ -135,6 +138,7 @@ def fit_sources(
             global_batch_size=args.global_batch_size or source.global_batch_size,
             training=False,
             argument="validation_data",
+            steps=args.validation_steps,
         )
         check_evaluation_steps("validation_steps", args.validation_steps, val_source)
     return source, steps, val_source
@@ -187,6 +191,7 @@ def validation_source(
         global_batch_size=args.validation_batch_size,
         training=False,
         argument="validation_data",
+        steps=args.validation_steps,
     )
 
 
@@ -242,6 +247,7 @@ def evaluate_source(
         training=False,
         argument="x",
         fallback_global_batch_size=fallback_global_batch_size,
+        steps=steps,
     )
     check_evaluation_steps("steps", steps, source)
     return source
