@@ -554,6 +554,13 @@ CASES = [
         ("a positive integer or None",),
     ),
     C(
+        "ExchangeOptions(sparse='sparse')",
+        lambda e: tfdist.ExchangeOptions(sparse="sparse"),
+        "sparse",
+        "'sparse'",
+        ("one of: auto, dense",),
+    ),
+    C(
         "Trainer(backup=BackupOptions('dir'), backup_freq=5)",
         lambda e: e.trainer_with(backup=tfdist.BackupOptions(str(e.tmp_path)), backup_freq=5),
         "backup_freq",

@@ -31,6 +31,7 @@ MODEL_FEATURES = (
     "multi-input model",
     "multi-output model",
     "masked model",
+    "embedding (sparse gradients)",
     "model built outside the scope",
     "adapted preprocessing layers",
     "metric objects",

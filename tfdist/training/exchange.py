@@ -32,6 +32,13 @@ gradients (dense float tensors) and the local example count:
 
 With one replica there is nothing to exchange: compression and buckets are not applied,
 and the chief logs that once (`log_nothing_to_exchange`).
+
+**Sparse gradients** (``tf.IndexedSlices``, as an ``Embedding`` lookup gives them) are not
+summed but gathered (`gather_slices`): every replica's rows, in replica order, duplicates kept,
+exactly the slices one device computes on the whole global batch. Keras's optimizers treat
+duplicate rows nonlinearly (Adam squares each row before duplicates are summed), so summing
+them first would change the weights. They travel in their own dtype, outside the buckets and
+compression; `sparse_bytes` counts what they send.
 """
 
 from __future__ import annotations
@@ -126,8 +133,48 @@ def decode_count(summed: tf.Tensor, base: int) -> tf.Tensor:
     return tf.cast(tf.reduce_sum(tf.cast(summed, tf.float64) * powers), tf.float32)
 
 
+def gather_slices(slices: tf.IndexedSlices, num_replicas: int | None = None) -> tf.IndexedSlices:
+    """Every replica's rows of ``slices``, concatenated in replica order; replica context.
+
+    Indices and values are all-gathered (replicas may hold different numbers of rows);
+    duplicate rows are kept, so the result is the ``tf.IndexedSlices`` that one device
+    computes on the whole global batch.
+    """
+    ctx = tf.distribute.get_replica_context()
+    n = ctx.num_replicas_in_sync if num_replicas is None else num_replicas
+    if n == 1:
+        return slices
+    return _gather_rows(ctx, slices)
+
+
+def _gather_rows(ctx: tf.distribute.ReplicaContext, slices: tf.IndexedSlices) -> tf.IndexedSlices:
+    """All-gather of rows of uneven counts: the counts first, then rows padded to the largest."""
+    values, indices = slices.values, tf.cast(slices.indices, tf.int64)
+    rows = tf.shape(indices, tf.int64)[0]
+    counts = ctx.all_gather(tf.reshape(rows, [1]), axis=0)  # [N]
+    longest = tf.reduce_max(counts)
+    pad = longest - rows
+    padded_values = tf.pad(values, [[0, pad]] + [[0, 0]] * (values.shape.rank - 1))
+    gathered_values = ctx.all_gather(padded_values, axis=0)  # [N * longest, ...]
+    gathered_indices = ctx.all_gather(tf.pad(indices, [[0, pad]]), axis=0)
+    keep = tf.reshape(tf.sequence_mask(counts, longest), [-1])
+    return tf.IndexedSlices(
+        tf.boolean_mask(gathered_values, keep),
+        tf.cast(tf.boolean_mask(gathered_indices, keep), slices.indices.dtype),
+        slices.dense_shape,
+    )
+
+
+def sparse_bytes(slices: tf.IndexedSlices) -> tf.Tensor:
+    """Bytes one replica sends of ``slices`` in `gather_slices`: its rows' values and indices
+    (int64) and its row count, a float32 scalar."""
+    rows = tf.cast(tf.shape(slices.indices)[0], tf.float32)
+    width = tf.cast(tf.reduce_prod(tf.shape(slices.values)[1:]), tf.float32)
+    return rows * (width * slices.values.dtype.size + 8.0) + 8.0
+
+
 def all_reduce_sum(
-    grads: Sequence[tf.Tensor],
+    grads: Sequence[Any],
     count: tf.Tensor | None,
     *,
     num_replicas: int,
@@ -138,7 +185,8 @@ def all_reduce_sum(
     """Sums ``grads`` and ``count`` over all replicas; runs in replica context.
 
     Args:
-        grads: Dense local gradient sums (any float dtype; packed as float32).
+        grads: Local gradient sums (any float dtype; packed as float32); a
+            ``tf.IndexedSlices`` entry is gathered (`gather_slices`), not summed.
         count: The local example count, a float32 scalar (None: no count, none returned).
         num_replicas: ``num_replicas_in_sync``.
         bucket_bytes: About how many bytes of gradients per all-reduce; ``None``
@@ -150,6 +198,8 @@ def all_reduce_sum(
     Returns:
         The summed gradients (in their own dtypes) and the summed count.
     """
+    if any(isinstance(g, tf.IndexedSlices) for g in grads):
+        return _with_slices(grads, count, num_replicas, bucket_bytes, compression, clock)
     ctx = tf.distribute.get_replica_context()
     if clock:
         step_clock.mark("compute", [grads, count])  # the straggler report's sections
@@ -179,6 +229,41 @@ def all_reduce_sum(
     if clock:
         step_clock.mark("exchange", [out, total])
     return out, total
+
+
+def _with_slices(
+    grads: Sequence[Any],
+    count: tf.Tensor | None,
+    num_replicas: int,
+    bucket_bytes: int | None,
+    compression: str | None,
+    clock: bool,
+) -> tuple[list[Any], tf.Tensor | None]:
+    """`all_reduce_sum` of dense gradients beside gathered ``tf.IndexedSlices`` ones."""
+    sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+    dense = [i for i in range(len(grads)) if i not in sparse]
+    if clock:
+        step_clock.mark("compute", [[_values(g) for g in grads], count])
+    summed, total = all_reduce_sum(
+        [grads[i] for i in dense],
+        count,
+        num_replicas=num_replicas,
+        bucket_bytes=bucket_bytes,
+        compression=compression,
+        clock=False,
+    )
+    out: list[Any] = [None] * len(grads)
+    for i, g in zip(dense, summed):
+        out[i] = g
+    for i in sparse:
+        out[i] = gather_slices(grads[i], num_replicas)
+    if clock:
+        step_clock.mark("exchange", [[_values(g) for g in out], total])
+    return out, total
+
+
+def _values(g: Any) -> Any:
+    return g.values if isinstance(g, tf.IndexedSlices) else g
 
 
 def _reduce_float32(

@@ -211,6 +211,7 @@ class StepFunctions:
             skipped_updates=self.skipped_updates,
             bucket_bytes=self.exchange.bucket_bytes,
             gradient_compression=self.exchange.compression,
+            sparse_as_dense=self.exchange.sparse == "dense",
         )
         if self.pipeline is not None:
             return self.pipeline.update(self.model, sharded=self.sharded, **arguments)

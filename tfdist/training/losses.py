@@ -177,8 +177,9 @@ class MaskedUpdate:
         self.trackers: dict[int, int] = {}
         self.recorded: list[keras.metrics.Metric] = []  # the per-output trackers Keras updated
 
-    def learn(self, replica: ReplicaLoss, shapes: list[tf.TensorShape]) -> None:
-        """Records, at the first trace, the masked terms and the present variables' shapes."""
+    def learn(self, replica: ReplicaLoss, shapes: list[tf.TensorShape | None]) -> None:
+        """Records, at the first trace, the masked terms and the present variables' shapes
+        (None: a sparse gradient, whose terms' rows ride in its ``tf.IndexedSlices``)."""
         self.terms = len(replica.terms)
         self.shapes = list(shapes)
         self.trackers = output_trackers_of_terms(replica)
@@ -186,8 +187,8 @@ class MaskedUpdate:
 
     @property
     def size(self) -> int:
-        """Elements of the present variables' gradients."""
-        return sum(s.num_elements() for s in self.shapes)
+        """Elements of the present variables' dense gradients."""
+        return sum(s.num_elements() for s in self.shapes if s is not None)
 
     @property
     def length(self) -> int:
@@ -211,6 +212,7 @@ class MaskedUpdate:
                     [-1],
                 )
                 for g, shape in zip(term_grads, self.shapes)
+                if shape is not None
             )
         return tf.reshape(tf.concat(flat, axis=0), [1 + 3 * self.terms + len(grads) * self.size])
 
@@ -231,12 +233,13 @@ class MaskedUpdate:
             vector[1 + m : 1 + 2 * m],
             vector[1 + 2 * m : 1 + 3 * m],
         )
-        sizes = [s.num_elements() for s in self.shapes]
+        shapes = [s for s in self.shapes if s is not None]
+        sizes = [s.num_elements() for s in shapes]
         pieces = tf.split(vector[1 + 3 * m :], sizes * m) if sizes else []
         grads = [
             [
                 tf.reshape(p, s)
-                for p, s in zip(pieces[j * len(sizes) : (j + 1) * len(sizes)], self.shapes)
+                for p, s in zip(pieces[j * len(sizes) : (j + 1) * len(sizes)], shapes)
             ]
             for j in range(m)
         ]
@@ -264,13 +267,51 @@ class MaskedUpdate:
         rest_log, counts, sums, weighted, grads = self.unpack(vector)
         totals = sum_counts(tf.stack([count, *counts]))
         total, global_counts = totals[0], tf.unstack(totals[1:])
+        ratios = [tf.math.divide_no_nan(total, d * expected) for d in global_counts]
+        dense = [k for k, s in enumerate(summed) if not isinstance(s, tf.IndexedSlices)]
         out = list(summed)
-        for term_grads, d in zip(grads, global_counts):
-            ratio = tf.math.divide_no_nan(total, d * expected)
-            out = [s + tf.cast(g * ratio, s.dtype) for s, g in zip(out, term_grads)]
+        for term_grads, ratio in zip(grads, ratios):
+            for k, g in zip(dense, term_grads):
+                out[k] = out[k] + tf.cast(g * ratio, out[k].dtype)
+        for k in range(len(out)):
+            if k not in dense:
+                out[k] = _collapse_term_rows(out[k], ratios)
         update_loss_log(model, rest_log, weighted, global_counts, count, total)
         means = masked_means(count, total, sums, global_counts)
         return out, {tracker: means[j] for tracker, j in self.trackers.items()}
+
+
+def stack_term_rows(grads: list[Any], term_grads: list[list[Any]], present: list[int]) -> None:
+    """In place: each present sparse ``grads[i]`` with its masked terms' rows stacked beside its
+    own (values ``[rows, 1 + M, ...]``), and the terms' entries taken out (replica context).
+
+    One lookup's rows of the loss's rest and of each term share their indices (one gather's
+    gradient), so the update can weigh each term by its global count (`MaskedUpdate.combine`)
+    and add the rows, giving the rows Keras's single gradient has.
+    """
+    for i in present:
+        parts = [grads[i], *(t[i] for t in term_grads)]
+        if not any(isinstance(p, tf.IndexedSlices) for p in parts):
+            continue
+        base = next(p for p in parts if isinstance(p, tf.IndexedSlices))
+        values = []
+        for p in parts:
+            if p is None:
+                values.append(tf.zeros_like(base.values))
+                continue
+            tf.debugging.assert_equal(p.indices, base.indices, "a masked term's rows differ")
+            values.append(p.values)
+        grads[i] = tf.IndexedSlices(tf.stack(values, axis=1), base.indices, base.dense_shape)
+        for t in term_grads:
+            t[i] = None
+
+
+def _collapse_term_rows(rows: tf.IndexedSlices, ratios: list[tf.Tensor]) -> tf.IndexedSlices:
+    """`stack_term_rows`' rows as one gradient: the rest's rows plus each term's, weighed."""
+    values = rows.values[:, 0]
+    for j, ratio in enumerate(ratios):
+        values = values + rows.values[:, 1 + j] * tf.cast(ratio, values.dtype)
+    return tf.IndexedSlices(values, rows.indices, rows.dense_shape)
 
 
 def update_loss_log(

@@ -194,14 +194,25 @@ class ExchangeOptions:
             buffer too, reduced every micro-batch). Mirrored and MultiWorkerMirrored
             only; the weights equal unsharded training's. See `tfdist.training.sharding`.
             ``None``: every replica holds everything.
+        sparse: How sparse gradients (an ``Embedding`` lookup's ``tf.IndexedSlices``) travel.
+            ``"auto"``: as rows, gathered from every replica (indices and values, duplicates
+            kept), so the optimizer gets the slices Keras's ``fit`` on one device hands it:
+            Adam and the other optimizers that square a gradient treat duplicate rows as Keras
+            does. It sends fewer bytes than the dense gradient while a batch touches few rows
+            of a large vocabulary. ``"dense"``: summed into a dense gradient first and
+            all-reduced with the others (Horovod's ``sparse_as_dense``): cheaper when batches
+            touch most rows, the same weights with SGD, other weights with Adam (duplicate rows
+            summed before they are squared).
 
     Raises:
-        ValueError: For an unknown compression or sharding, or a non-positive ``bucket_bytes``.
+        ValueError: For an unknown compression, sharding or sparse mode, or a non-positive
+            ``bucket_bytes``.
     """
 
     compression: Compression | None = None
     bucket_bytes: int | None = None
     sharding: Literal["optimizer", "gradients"] | None = None
+    sparse: Literal["auto", "dense"] = "auto"
 
     def __post_init__(self) -> None:
         self.check(vars(self))
@@ -228,6 +239,14 @@ class ExchangeOptions:
                 "one of: optimizer, gradients, None",
                 note="'optimizer' shards the optimizer state over the replicas (ZeRO-1), "
                 "'gradients' the gradients too (ZeRO-2).",
+            )
+        if values.get("sparse", "auto") not in ("auto", "dense"):
+            raise invalid_argument(
+                _named(names, "sparse"),
+                values["sparse"],
+                "one of: auto, dense",
+                note="'auto' gathers an embedding's gradient rows as Keras hands them; "
+                "'dense' sums them into a dense gradient first.",
             )
 
 

@@ -39,7 +39,13 @@ from keras.utils import unpack_x_y_sample_weight
 from tfdist._compat.keras_training import loss_tracker, output_loss_trackers, unscale_loss
 from tfdist._compat.masks import keras_mask, with_keras_mask
 from tfdist.training.exchange import all_reduce_sum
-from tfdist.training.gradients import scale_gradient, sharded_gradients
+from tfdist.training.gradients import (
+    SparseGradientsFound,
+    add_gradients,
+    dense_part,
+    scale_gradient,
+    sharded_gradients,
+)
 from tfdist.training.losses import (
     MaskedTermsFound,
     MaskedUpdate,
@@ -47,6 +53,7 @@ from tfdist.training.losses import (
     output_sums,
     replica_loss,
     split,
+    stack_term_rows,
     takes_training,
     track_output_losses,
 )
@@ -113,6 +120,8 @@ class TrainUpdate:
             gradients (the same decision on every replica: it follows the all-reduce).
         bucket_bytes: Bucketed all-reduce (see `tfdist.training.exchange`).
         gradient_compression: ``"bf16"``, ``"fp16"`` or ``None``.
+        sparse_as_dense: Sum sparse gradients into dense ones before the exchange
+            (``ExchangeOptions(sparse="dense")``); else their rows are gathered.
     """
 
     def __init__(
@@ -126,8 +135,10 @@ class TrainUpdate:
         skipped_updates: tf.Variable | None = None,
         bucket_bytes: int | None = None,
         gradient_compression: str | None = None,
+        sparse_as_dense: bool = False,
     ) -> None:
         self.model = model
+        self.sparse_as_dense = sparse_as_dense
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps
         self.num_replicas = num_replicas
@@ -173,6 +184,8 @@ class TrainUpdate:
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if not self.present:
             self._learn(replica, grads, term_grads)
+        if term_grads:
+            stack_term_rows(grads, term_grads, self.present)
         # A variable with only a masked term's gradient still has a (zero) sum of its own.
         for i in self.present:
             if grads[i] is None:
@@ -192,7 +205,14 @@ class TrainUpdate:
             if g is not None or any(t[i] is not None for t in term_grads)
         )
         self.tracked.extend(id(tracker) for tracker, _ in replica.recorded)
-        self.masked.learn(replica, [variables[i].shape for i in self.present])
+        sparse = [
+            any(isinstance(g[i], tf.IndexedSlices) for g in [grads, *term_grads])
+            for i in self.present
+        ]
+        # A sparse variable's masked terms ride in its rows (`stack_term_rows`), not the pack.
+        self.masked.learn(
+            replica, [None if s else variables[i].shape for i, s in zip(self.present, sparse)]
+        )
 
     def apply(
         self,
@@ -210,6 +230,8 @@ class TrainUpdate:
             summed, masked_logs = self.masked.combine(
                 self.model, extra, list(summed), count, expected=self.expected
             )
+        if self.sparse_as_dense and total is None:
+            summed = [tf.convert_to_tensor(g) for g in summed]
         reduced, total = self.exchange(summed, count) if total is None else (summed, total)
         # An update is one batch of Keras's with a k-times batch: its per-output means count once.
         means = [
@@ -242,7 +264,7 @@ class TrainUpdate:
         for i, g in zip(self.present, grads):
             full[i] = g
         if self.skipped_updates is not None:
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(dense_part(g))) for g in grads])
             self.skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
         self.optimizer.apply(full, variables)
 
@@ -255,10 +277,10 @@ class TrainUpdate:
         for data in micro_batches:
             grads, size, losses, packed = self.micro_step(data)
             if summed is None:
-                summed = [tf.convert_to_tensor(grads[i]) for i in self.present]
+                summed = [grads[i] for i in self.present]
                 output_sums = losses
             else:
-                summed = [a + tf.convert_to_tensor(grads[i]) for a, i in zip(summed, self.present)]
+                summed = [add_gradients(a, grads[i]) for a, i in zip(summed, self.present)]
                 output_sums = [a + b for a, b in zip(output_sums, losses)]
             count += size
             extra = MaskedUpdate.add(extra, packed)
@@ -280,6 +302,8 @@ class TrainUpdate:
         """``state`` plus one micro-batch's gradients, examples and loss sums."""
         sums, count, output_sums, extra = state
         grads, size, losses, packed = self.micro_step(data)
+        if any(isinstance(g, tf.IndexedSlices) for g in grads):
+            raise SparseGradientsFound()  # rows of unknown count: cross_replica unrolls
         if packed.shape[0] != extra.shape[0]:
             raise MaskedTermsFound()  # the loop's state lacks their sums: cross_replica retraces
         return (
@@ -320,8 +344,14 @@ class TrainUpdate:
             )[1]
 
         try:
-            state = loop()
-        except MaskedTermsFound:
-            # The first trace of the body found masked terms: the loop again, with their sums.
-            state = loop()
+            try:
+                state = loop()
+            except MaskedTermsFound:
+                # The first trace of the body found masked terms: the loop again, with their sums.
+                state = loop()
+        except SparseGradientsFound:
+            # Sparse gradients keep every micro-batch's rows (Keras's optimizers treat duplicate
+            # rows nonlinearly), a number a loop variable cannot hold: the micro-batches unrolled.
+            run(self.__call__, ([next_batch() for _ in range(self.accumulation_steps)],))
+            return
         run(self.finish, (state,))
