@@ -79,6 +79,7 @@ def reduce_scatter(
     grads: Sequence[Any],
     count: tf.Tensor,
     *,
+    shapes: Sequence[Any],
     num_replicas: int,
     bucket_bytes: int,
     compression: str | None,
@@ -87,12 +88,14 @@ def reduce_scatter(
     and ``count`` summed (it rides in the first bucket); replica context.
 
     One all-reduce per bucket (on CPU a reduce-scatter is an all-reduce and a slice, the
-    only form of it that ``tf.distribute`` offers), 16-bit with ``compression``.
+    only form of it that ``tf.distribute`` offers), 16-bit with ``compression``. The block
+    layout comes from ``shapes`` (each gradient's variable's shape): a gradient's own static
+    shape may be partly unknown (a ``Dense`` kernel's on 3-D input is ``(None, units)``).
     """
     n = num_replicas
-    grads = [tf.convert_to_tensor(g) for g in grads]
+    grads = [tf.ensure_shape(tf.convert_to_tensor(g), s) for g, s in zip(grads, shapes)]
     step_clock.mark("compute", [grads, count])  # the straggler report's sections
-    widths = [shard_size(g.shape.num_elements(), n) for g in grads]
+    widths = [shard_size(elements(s), n) for s in shapes]
     layouts: dict[int, tf.Tensor] = {}
     pieces: list[list[tf.Tensor]] = [[] for _ in grads]
     total, last = None, []
@@ -120,6 +123,11 @@ def reduce_scatter(
     out = [_joined(p, 0) for p in pieces]
     step_clock.mark("exchange", [out, total])
     return out, total
+
+
+def elements(shape: Any) -> int:
+    """The number of elements of a fully known ``shape``."""
+    return tf.TensorShape(shape).num_elements()
 
 
 def _assign_all(strategy: tf.distribute.Strategy, values: Any, *, targets: list) -> None:

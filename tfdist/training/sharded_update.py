@@ -84,11 +84,13 @@ class ShardedUpdate(TrainUpdate):
         return self.reduce_scatter(summed, count)
 
     def reduce_scatter(self, grads: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
-        """``grads`` summed over the replicas, each replica keeping its block (ZeRO-2), in
-        buckets of about the exchange's ``bucket_bytes`` (else `GATHER_BUCKET_BYTES`)."""
+        """``grads`` (the present variables') summed over the replicas, each replica keeping its
+        block (ZeRO-2), in buckets of about the exchange's ``bucket_bytes`` (else
+        `GATHER_BUCKET_BYTES`); the blocks are laid out by the variables' shapes."""
         return reduce_scatter(
             grads,
             count,
+            shapes=[self.state.variables[i].shape for i in self.present],
             num_replicas=self.num_replicas,
             bucket_bytes=self.bucket_bytes or GATHER_BUCKET_BYTES,
             compression=self.gradient_compression,
@@ -130,10 +132,9 @@ class ShardedUpdate(TrainUpdate):
                 note="A masked loss weighs each micro-batch by the update's valid count, "
                 "which needs the whole gradients of every micro-batch until the update.",
             )
-        present = [i for i, g in enumerate(grads) if g is not None]
-        mine, summed = self.reduce_scatter([grads[i] for i in present], size)
+        mine, summed = self.reduce_scatter([grads[i] for i in self.present], size)
         sums = list(sums)
-        for i, piece in zip(present, mine):
+        for i, piece in zip(self.present, mine):
             sums[i] = sums[i] + tf.cast(piece, sums[i].dtype)
         return sums, count + size, total + summed, [a + b for a, b in zip(output_sums, losses)]
 
