@@ -129,19 +129,34 @@ def fit_sources(
     steps = _steps_per_epoch(args.steps_per_epoch, source)
     val_source = None
     if validation_data is not None:
-        val_source = validation_source(validation_data, args, runner=runner, model=model)
-        # Validation batches default to the training ones, as in Keras.
-        val_source = val_source or input_source(
-            validation_data,
-            runner=runner,
-            model=model,
-            global_batch_size=args.global_batch_size or source.global_batch_size,
-            training=False,
-            argument="validation_data",
-            steps=args.validation_steps,
+        val_source = _validation_input(
+            validation_data, args, runner=runner, model=model, training_source=source
         )
-        check_evaluation_steps("validation_steps", args.validation_steps, val_source)
     return source, steps, val_source
+
+
+def _validation_input(
+    validation_data: Any,
+    args: FitArguments,
+    *,
+    runner: Runner,
+    model: keras.Model,
+    training_source: InputSource,
+) -> InputSource:
+    """``fit``'s validation source, batched by ``validation_batch_size`` or else as the training
+    data is (as in Keras), read for ``validation_steps`` (checked against it)."""
+    val_source = validation_source(validation_data, args, runner=runner, model=model)
+    val_source = val_source or input_source(
+        validation_data,
+        runner=runner,
+        model=model,
+        global_batch_size=args.global_batch_size or training_source.global_batch_size,
+        training=False,
+        argument="validation_data",
+        steps=args.validation_steps,
+    )
+    check_evaluation_steps("validation_steps", args.validation_steps, val_source)
+    return val_source
 
 
 def check_targets(model: keras.Model, source: InputSource, *, where: str) -> None:
