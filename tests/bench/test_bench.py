@@ -36,6 +36,7 @@ MFU_KEYS = {
     "config",
 }
 ALL = {"trainer_vs_fit", "mfu", "accumulation", "bf16_vs_fp32", "backup", "parameter_server"}
+ALL |= {"sparse_exchange"}
 
 
 def _positive_finite(value):
@@ -391,3 +392,14 @@ def test_the_summary_table_shows_every_figure_of_the_json_with_its_goal(quick_ru
     assert report.describe("trainer_vs_fit", ["steps_per_execution_8", "ratio"]).startswith(
         "steps per execution 8: Trainer.fit"
     )
+
+
+def test_sparse_exchange_sends_rows_and_keeps_the_weights(quick_run):
+    """An embedding's rows gathered send a tenth of its dense gradient's bytes or less (a
+    batch touches 2% of 32k rows), and SGD gives the dense exchange's weights."""
+    result = quick_run[0]["results"]["sparse_exchange"]
+    sent = result["bytes_per_update"]
+    assert 0 < sent["rows"] <= 0.10 * sent["dense"]
+    assert result["bytes_ratio"] == pytest.approx(sent["rows"] / sent["dense"])
+    assert result["max_weight_difference"] < 1e-5
+    _check_samples(result["samples"], "rows", work=8 * 64)

@@ -57,6 +57,7 @@ BUILTIN_MODULES = (
     "tfdist.bench.first_fit",
     "tfdist.bench.memory",
     "tfdist.bench.pipeline",
+    "tfdist.bench.sparse_exchange",
 )
 # Benchmarks that start their own worker processes and take minutes: run only when named.
 ON_REQUEST = (

@@ -24,6 +24,7 @@ IN_PROCESS_BENCHMARKS = (
     "bf16_vs_fp32",
     "mfu",
     "parameter_server",
+    "sparse_exchange",
     "trainer_vs_fit",
 )
 LAUNCHING_BENCHMARKS = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy")
