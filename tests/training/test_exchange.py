@@ -1,5 +1,7 @@
 """The gradient exchange (bucketed, 16-bit; tfdist/training/exchange.py), per-call costs of fit."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -352,3 +354,45 @@ def test_bf16_exchange_carries_an_odd_count_exactly_in_one_collective(all_reduce
     assert [len(all_reduce_calls.of_replica(r)) for r in (0, 1)] == [1, 1]  # no side all-reduce
     got = strategy.experimental_local_results(grads[0])[0].numpy()
     np.testing.assert_allclose(got, values.sum(0), rtol=1e-2)
+
+
+def test_sparse_rows_are_gathered_in_replica_order_with_uneven_counts():
+    """`gather_slices`: every replica's rows, duplicates kept, in replica order, whatever each
+    replica's row count; what one device holds for the whole batch."""
+    from tfdist.training.exchange import gather_slices
+
+    strategy = tfdist.make_strategy("mirrored", num_devices=2)
+
+    def replica():
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        rows = 2 + 3 * r  # 2 rows on replica 0, 5 on replica 1
+        indices = tf.math.floormod(tf.range(rows) + r, 3)  # duplicates on both
+        values = tf.cast(tf.reshape(tf.range(2 * rows) + 100 * r, [rows, 2]), tf.float32)
+        got = gather_slices(tf.IndexedSlices(values, indices, tf.constant([3, 2])))
+        return got.values, got.indices
+
+    values, indices = strategy.run(tf.function(replica))
+    want_indices = [0, 1, 1, 2, 0, 1, 2]
+    want_values = np.concatenate([np.arange(4).reshape(2, 2), 100 + np.arange(10).reshape(5, 2)])
+    for v, i in zip(strategy.experimental_local_results(values), indices.values):
+        np.testing.assert_array_equal(v.numpy(), want_values)
+        np.testing.assert_array_equal(i.numpy(), want_indices)
+
+
+def test_sparse_dense_sums_rows_first_same_weights_with_sgd_other_with_adam():
+    """``ExchangeOptions(sparse="dense")`` does what it says: with SGD (linear in each row) the
+    weights are Keras's; with Adam (each row squared) they differ from Keras, where the default
+    "auto" (rows gathered) gives Keras's."""
+    from tests.keras_parity.parity import run_keras, run_trainer
+    from tests.keras_parity.rows_transformers import ROWS
+
+    rows = {row.name: row for row in ROWS}
+    dense = {"exchange": tfdist.ExchangeOptions(sparse="dense")}
+
+    def difference(row):
+        ref, got = run_keras(row), run_trainer(row, tfdist.make_strategy("mirrored", num_devices=2))
+        return max(float(np.max(np.abs(a - b))) for a, b in zip(ref.weights, got.weights))
+
+    sgd, adam = rows["transformers_lm_sgd"], rows["transformers_gru_mask_zero_adam"]
+    assert difference(dataclasses.replace(sgd, trainer=dense)) < 1e-5
+    assert difference(dataclasses.replace(adam, trainer=dense)) > 1e-3
