@@ -133,3 +133,41 @@ def test_the_sharded_variable_shims_are_still_needed():
         "sharded_weight_decay",
         "sharded_slots",
     }
+
+
+@pytest.mark.parametrize("name", ["Adam", "SGD"])
+def test_a_sharded_embedding_gets_keras_numbers(sharded, name):
+    """An ``Embedding`` partitioned over 2 ps tasks: its shards' ``tf.IndexedSlices`` join into
+    one sparse gradient (each shard's rows moved by its first row), so Adam squares each row
+    as Keras does on one device; tokens repeat in the batch."""
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 8, (16, 6)).astype("int32")  # 8 of 64 rows, many duplicates
+    y = rng.integers(0, 4, 16).astype("int32")
+
+    def model():
+        keras.utils.set_random_seed(4)
+        return keras.Sequential(
+            [
+                keras.Input((6,), dtype="int32"),
+                keras.layers.Embedding(64, 16),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(4),
+            ]
+        )
+
+    reference = model()
+    reference.compile(optimizer=getattr(keras.optimizers, name)(0.05), loss=LOSS)
+    reference.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+    trainer = tfdist.Trainer(
+        model, strategy=sharded, optimizer=getattr(keras.optimizers, name)(0.05), loss=LOSS
+    )
+    assert type(trainer.model.layers[0].embeddings.value).__name__ == "ShardedVariable"
+    trainer.fit(
+        lambda ctx: tf.data.Dataset.from_tensors((x, y)).repeat(),
+        epochs=1,
+        steps_per_epoch=3,
+        global_batch_size=16,
+        verbose=0,
+    )
+    for ours, theirs in zip(trainer.model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
