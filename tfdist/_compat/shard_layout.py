@@ -48,3 +48,32 @@ def unblock(rows: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:
     """The ``[N, S]`` (or flat ``[N * S]``) rows back as a tensor of ``shape`` (padding cut)."""
     size = tf.TensorShape(shape).num_elements()
     return tf.reshape(tf.reshape(rows, [-1])[:size], shape)
+
+
+def block_slices(
+    slices: tf.IndexedSlices, shape: tf.TensorShape, num_replicas: int, replica_id: tf.Tensor
+) -> tf.IndexedSlices:
+    """Replica ``replica_id``'s ``[S]`` block of the tensor of ``shape`` whose rows ``slices``
+    hold, as slices of the block's elements.
+
+    Element ``j`` of row ``i`` is element ``i * L + j`` of the flattened tensor (``L``
+    elements per row); those in the block are kept, shifted by its start. Duplicate rows stay
+    duplicates, in order (not summed): an optimizer that treats them apart (Adam squares each
+    before they are summed) sees the block of what it sees of the whole tensor.
+    """
+    shape = tf.TensorShape(shape)
+    width = shard_size(shape.num_elements(), num_replicas)
+    length = shape[1:].num_elements()
+    start = tf.cast(replica_id, tf.int64) * width
+    rows = tf.cast(slices.indices, tf.int64)
+    # Only the rows that reach into the block are spread into elements.
+    touching = tf.logical_and(rows * length < start + width, (rows + 1) * length > start)
+    values = tf.reshape(tf.boolean_mask(slices.values, touching), [-1])
+    first = tf.boolean_mask(rows, touching) * length
+    elements = tf.reshape(first[:, None] + tf.range(length, dtype=tf.int64)[None, :], [-1])
+    inside = tf.logical_and(elements >= start, elements < start + width)
+    return tf.IndexedSlices(
+        tf.boolean_mask(values, inside),
+        tf.boolean_mask(elements, inside) - start,
+        tf.constant([width], tf.int64),
+    )

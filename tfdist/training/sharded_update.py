@@ -4,6 +4,11 @@
 `ShardedUpdate` is `tfdist.training.step.TrainUpdate` with another exchange (each replica
 keeps its block of each summed gradient) and another update (the optimizer on the blocks,
 then an all-gather of the updated blocks into every replica's whole variables).
+
+A sparse gradient (``tf.IndexedSlices``, an ``Embedding``'s) is not summed but gathered
+(`tfdist.training.exchange.gather_slices`: every replica's rows, duplicates kept), and each
+replica keeps the elements of those rows that fall in its block (`block_slices`): its optimizer
+gets ``tf.IndexedSlices`` over its master shard, the block of what Keras's gets on one device.
 """
 
 from __future__ import annotations
@@ -16,9 +21,15 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist._compat.shard_layout import block, shard_size
+from tfdist._compat.shard_layout import block, block_slices, shard_size
 from tfdist.config import invalid_argument
-from tfdist.training.gradients import scale_gradient
+from tfdist.training.exchange import gather_slices
+from tfdist.training.gradients import (
+    SparseGradientsFound,
+    add_gradients,
+    dense_part,
+    scale_gradient,
+)
 from tfdist.training.sharded_exchange import gather_into, reduce_scatter
 from tfdist.training.sharding import GATHER_BUCKET_BYTES, ShardedState, elements, inner_optimizer
 from tfdist.training.step import TrainUpdate
@@ -85,45 +96,86 @@ class ShardedUpdate(TrainUpdate):
 
     def reduce_scatter(self, grads: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
         """``grads`` (the present variables') summed over the replicas, each replica keeping its
-        block (ZeRO-2), in buckets of about the exchange's ``bucket_bytes`` (else
-        `GATHER_BUCKET_BYTES`); the blocks are laid out by the variables' shapes."""
+        block (ZeRO-2), and ``count`` summed.
+
+        Dense gradients go in buckets of about the exchange's ``bucket_bytes`` (else
+        `GATHER_BUCKET_BYTES`), laid out by their variables' shapes; a ``tf.IndexedSlices`` one
+        is gathered, and this replica keeps its block of it as element slices (`_my_slices`).
+        """
+        dense = [k for k, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
+        mine, total = self._scatter(
+            [grads[k] for k in dense], count, [self.present[k] for k in dense]
+        )
+        out = list(grads)
+        for k, piece in zip(dense, mine):
+            out[k] = piece
+        for k in range(len(grads)):
+            if k not in dense:
+                out[k] = self._my_slices(grads[k], self.state.variables[self.present[k]].shape)
+        return out, total
+
+    def _scatter(
+        self, grads: list[Any], count: tf.Tensor, indices: list[int]
+    ) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """`reduce_scatter` of the dense ``grads`` of variables ``indices``, in buckets."""
         return reduce_scatter(
             grads,
             count,
-            shapes=[self.state.variables[i].shape for i in self.present],
+            shapes=[self.state.variables[i].shape for i in indices],
             num_replicas=self.num_replicas,
             bucket_bytes=self.bucket_bytes or GATHER_BUCKET_BYTES,
             compression=self.gradient_compression,
         )
 
+    def _my_slices(self, slices: tf.IndexedSlices, shape: tf.TensorShape) -> tf.IndexedSlices:
+        """Every replica's rows of ``slices``, as this replica's element slices of its block."""
+        n = self.num_replicas
+        return block_slices(gather_slices(slices, n), shape, n, _replica_id())
+
     def _reduces_each_micro_batch(self) -> bool:
         return self.state.sharding == "gradients" and self.accumulation_steps > 1
 
     def __call__(self, micro_batches: Sequence[Any]) -> None:
-        """One update; under ``"gradients"`` each micro-batch is reduced into the blocks' sum."""
+        """One update; under ``"gradients"`` each micro-batch is reduced into the blocks' sum
+        (a sparse gradient's rows are kept until the update, as `TrainUpdate` keeps them)."""
         if not self._reduces_each_micro_batch():
             super().__call__(micro_batches)
             return
-        state = self.zeros()
+        state = None
         for data in micro_batches:
-            state = self.accumulate(data, state)
+            state = self._reduce_into(self._micro_step(data), state)
         self.finish(state)
 
     def zeros(self) -> Any:
         """The accumulation state; under ``"gradients"``: sums of blocks, and the summed count."""
         if not self._reduces_each_micro_batch():
             return super().zeros()
-        sums, count, output_sums, _ = super().zeros()
+        _, count, output_sums, _ = super().zeros()
         n = self.num_replicas
-        shards = [tf.zeros([shard_size(elements(v.shape), n)], v.dtype) for v in sums]
+        variables = self.model.trainable_variables
+        shards = [tf.zeros([shard_size(elements(v.shape), n)], v.dtype) for v in variables]
         return shards, count, tf.constant(0.0), output_sums
 
     def accumulate(self, data: Any, state: Any) -> Any:
         """``state`` plus one micro-batch; under ``"gradients"`` reduced into blocks at once."""
         if not self._reduces_each_micro_batch():
             return super().accumulate(data, state)
-        sums, count, total, output_sums = state
+        step = self._micro_step(data)
+        if any(isinstance(g, tf.IndexedSlices) for g in step[0]):
+            raise SparseGradientsFound()  # rows of unknown count: cross_replica unrolls
+        return self._reduce_into(step, state)
+
+    def _micro_step(self, data: Any) -> tuple:
+        """`micro_step`, its sparse gradients summed into dense ones with ``sparse="dense"``."""
         grads, size, losses, packed = self.micro_step(data)
+        if self.sparse_as_dense:
+            grads = [g if g is None else tf.convert_to_tensor(g) for g in grads]
+        return grads, size, losses, packed
+
+    def _reduce_into(self, step: tuple, state: Any) -> Any:
+        """``state`` (None: zeros) plus one micro-batch's ``step`` (`micro_step`'s outputs): its
+        dense gradients reduce-scattered into the blocks' sums, its sparse ones' rows kept."""
+        grads, size, losses, packed = step
         if packed.shape[0]:
             raise invalid_argument(
                 "sharding",
@@ -132,19 +184,33 @@ class ShardedUpdate(TrainUpdate):
                 note="A masked loss weighs each micro-batch by the update's valid count, "
                 "which needs the whole gradients of every micro-batch until the update.",
             )
-        mine, summed = self.reduce_scatter([grads[i] for i in self.present], size)
+        sums, count, total, output_sums = self.zeros() if state is None else state
         sums = list(sums)
-        for i, piece in zip(self.present, mine):
+        dense = [i for i in self.present if not isinstance(grads[i], tf.IndexedSlices)]
+        mine, summed = self._scatter([grads[i] for i in dense], size, dense)
+        for i, piece in zip(dense, mine):
             sums[i] = sums[i] + tf.cast(piece, sums[i].dtype)
+        for i in self.present:
+            if i not in dense:  # the first micro-batch's rows replace the zeros
+                kept = sums[i] if isinstance(sums[i], tf.IndexedSlices) else None
+                sums[i] = grads[i] if kept is None else add_gradients(kept, grads[i])
         return sums, count + size, total + summed, [a + b for a, b in zip(output_sums, losses)]
 
     def finish(self, state: Any) -> None:
-        """The update from the accumulated ``state``."""
+        """The update from the accumulated ``state`` (a sparse gradient's rows gathered now)."""
         if not self._reduces_each_micro_batch():
             super().finish(state)
             return
-        sums, count, total, output_sums = tf.nest.map_structure(tf.identity, state)
-        blocks_ = [sums[i] for i in self.present]
+        sums, count, total, output_sums = tf.nest.map_structure(
+            tf.identity, state, expand_composites=True
+        )
+        variables = self.state.variables
+        blocks_ = [
+            self._my_slices(sums[i], variables[i].shape)
+            if isinstance(sums[i], tf.IndexedSlices)
+            else sums[i]
+            for i in self.present
+        ]
         self.apply(blocks_, count, output_sums, tf.zeros([0]), total=total)
 
     def update(self, grads: Sequence[Any]) -> None:
@@ -176,15 +242,17 @@ class ShardedUpdate(TrainUpdate):
         """Norm clipping on the whole tensors' norms, and one finite decision for all replicas.
 
         One small all-reduce of each block's squared norm (when clipping) and of the count of
-        non-finite blocks (when loss scaling), so that every replica clips and skips alike.
+        non-finite blocks (when loss scaling), so that every replica clips and skips alike. A
+        ``tf.IndexedSlices`` block's norm is its values' (duplicates apart), as Keras's is.
         """
         clip = self.clipnorm or self.global_clipnorm
         scaling = self.skipped_updates is not None
         if not clip and not scaling:
             return grads
-        side = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads] if clip else []
+        values = [dense_part(g) for g in grads]
+        side = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in values] if clip else []
         if scaling:
-            finite_here = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+            finite_here = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
             side.append(tf.cast(tf.logical_not(finite_here), tf.float32))
         summed = tf.distribute.get_replica_context().all_reduce(
             tf.distribute.ReduceOp.SUM, tf.stack(side)
@@ -196,8 +264,17 @@ class ShardedUpdate(TrainUpdate):
             finite = summed[-1] == 0
             self.skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
             # The loss-scale optimizer checks the blocks it is given: all skip, or none.
-            grads = [tf.where(finite, g, tf.constant(float("nan"), g.dtype)) for g in grads]
+            grads = [_nan_unless(finite, g) for g in grads]
         return grads
+
+
+def _nan_unless(finite: tf.Tensor, g: Any) -> Any:
+    """``g`` where ``finite``, else NaN, dense or ``tf.IndexedSlices``."""
+    values = dense_part(g)
+    values = tf.where(finite, values, tf.constant(float("nan"), values.dtype))
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(values, g.indices, g.dense_shape)
+    return values
 
 
 def _clipped(
