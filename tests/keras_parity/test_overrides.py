@@ -1,7 +1,8 @@
 """Models that bring their own steps or their own compile, against plain Keras on one device.
 
 A GAN (two optimizers set in its own ``compile``), a custom ``predict_step``, a model the user
-compiled; and the refusals: tfdist features that a custom ``train_step`` would skip, and a
+compiled, a KerasHub task that compiled itself when made (given the Trainer's compile
+arguments); and the refusals: tfdist features that a custom ``train_step`` would skip, and a
 compiled model given compile arguments again.
 """
 
@@ -11,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tests.keras_parity.parity import ATOL
+from tests.keras_parity.parity import ATOL, fixed_weights
 from tests.keras_parity.rows_basic import arrays, mlp, sgd_compile
 from tests.keras_parity.rows_overrides import CustomStep, built
 
@@ -149,6 +150,54 @@ def test_compiled_model_with_compile_arguments_is_refused(argument, mirrored):
     value = {"optimizer": "adam", "loss": "mse", "metrics": ["mae"], "loss_weights": [1.0]}
     with pytest.raises(ValueError, match=rf"argument `{argument}`.*already compiled.*not both"):
         tfdist.Trainer(model, strategy=mirrored, **{argument: value[argument]})
+
+
+def gpt2_task():
+    """KerasHub's GPT2CausalLM from its constructor (random weights, no download), made outside
+    any scope: it compiles itself (Adam, its loss, an accuracy). Dropout off: its randomness
+    differs between any two runs."""
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=50,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=16,
+        dropout=0.0,
+    )
+    return fixed_weights(keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None))
+
+
+@pytest.mark.slow
+def test_a_task_that_compiled_itself_trains_with_the_trainers_compile_arguments(mirrored):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 50, (32, 9)).astype("int32")
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((32, 8), "int32")}
+    fit = dict(x=x, y=ids[:, 1:], batch_size=8, epochs=2, shuffle=False, verbose=0)
+    reference = gpt2_task()
+    assert reference.compiled  # by its constructor; the user compiles it again, in plain Keras
+    reference.compile(**lm_compile())
+    expected = reference.fit(**fit).history
+    task = gpt2_task()
+    trainer = tfdist.Trainer(task, strategy=mirrored, **lm_compile())
+    history = trainer.fit(**fit).history
+    assert sorted(history) == sorted(expected) == ["loss", "sparse_categorical_accuracy"]
+    for key in expected:
+        np.testing.assert_allclose(history[key], expected[key], atol=ATOL, rtol=0)
+    assert trainer.model is task and isinstance(task.optimizer, keras.optimizers.SGD)
+    assert_close(task.get_weights(), reference.get_weights())
+
+
+def test_a_task_that_compiled_itself_outside_the_scope_says_to_pass_compile_arguments(mirrored):
+    with pytest.raises(ValueError, match=r"argument `model`.*pass its compile arguments to the"):
+        tfdist.Trainer(gpt2_task(), strategy=mirrored)
+
+
+def lm_compile():
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return dict(optimizer=keras.optimizers.SGD(0.1), loss=loss)
 
 
 @pytest.mark.parametrize(

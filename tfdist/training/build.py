@@ -219,7 +219,7 @@ def compile_in_scope(
     given["weighted_metrics"] = weighted_metrics
     lr_active = lr_scaling is not None and lr_scaling.active
     if isinstance(model, keras.Model):
-        check_own_compile(model, strategy)  # before placing, which would move its variables
+        check_own_compile(model, strategy, given)  # before placing: it moves the variables
     # Builders run under the policy, so their layers compute in the mixed dtype.
     with precision_lib.dtype_policy(precision), strategy.scope():
         placed = place_model(model, strategy, precision)

@@ -11,10 +11,17 @@ A model whose class overrides ``compile`` (a GAN's
 It is used as compiled, provided its optimizers were made in the strategy's
 scope (``with strategy.scope():`` around the model and its ``compile``, or a
 builder passed as ``Trainer(lambda: ...)``, which runs in the scope).
+
+A model that compiles itself when made (its class takes a ``compile`` constructor argument,
+as KerasHub's tasks do: ``GPT2CausalLM(..., compile=True)`` compiles with its defaults) was
+not compiled by the user. Given compile arguments, the Trainer compiles it again in the scope,
+through its own ``compile``: the Trainer's arguments, and its compile's for the others (its
+defaults), as the user's ``task.compile(optimizer=...)`` would in plain Keras.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -44,13 +51,36 @@ def _in_scope(strategy: tf.distribute.Strategy, optimizer: keras.optimizers.Opti
     return strategy.extended.variable_created_in_scope(getattr(counter, "value", counter))
 
 
-def check_own_compile(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+def _compiles_when_made(model: keras.Model) -> bool:
+    """Whether ``model``'s class compiles it in its constructor (a ``compile`` argument of an
+    ``__init__``, as KerasHub's ``Task(compile=True)``) and its ``compile`` takes Keras's
+    arguments."""
+    inits = [vars(c)["__init__"] for c in type(model).__mro__ if "__init__" in vars(c)]
+    try:
+        made = any("compile" in inspect.signature(init).parameters for init in inits)
+        inspect.signature(model.compile).bind(**dict.fromkeys(COMPILE_ARGUMENTS))
+    except (TypeError, ValueError):  # no signature, or not Keras's arguments
+        return False
+    return made
+
+
+def replaces_own_compile(model: keras.Model, given: dict[str, Any]) -> bool:
+    """Whether the Trainer compiles ``model`` again with ``given`` (its ``optimizer``, ``loss``,
+    ..., None where not given): a model compiled by its own constructor, given arguments."""
+    given_any = any(given.get(key) is not None for key in COMPILE_ARGUMENTS)
+    return given_any and model.compiled and _compiles_when_made(model)
+
+
+def check_own_compile(
+    model: keras.Model, strategy: tf.distribute.Strategy, given: dict[str, Any] | None = None
+) -> None:
     """Refuses a model whose class overrides ``compile`` unless it was compiled in the scope.
 
     Checked before the model is placed: placing moves variables made outside the scope into
-    it, and optimizers the model's own compile built for the old ones would not follow.
+    it, and optimizers the model's own compile built for the old ones would not follow. A
+    model the Trainer compiles again (`replaces_own_compile` with ``given``) passes.
     """
-    if not overridden(model, "compile"):
+    if not overridden(model, "compile") or (given and replaces_own_compile(model, given)):
         return
     name = type(model).__name__
     if not model.compiled:
@@ -64,12 +94,19 @@ def check_own_compile(model: keras.Model, strategy: tf.distribute.Strategy) -> N
         )
     outside = [o.name for o in _optimizers(model) if not _in_scope(strategy, o)]
     if made_outside(strategy, model):
+        recompile = (
+            " Or pass its compile arguments to the Trainer (`optimizer=`, `loss=`, ...): it "
+            "compiled itself when made, and the Trainer then compiles it again in the scope."
+            if _compiles_when_made(model)
+            else ""
+        )
         raise invalid_argument(
             "model",
             name,
             "a model compiled inside the strategy's scope",
             note=f"{name} overrides compile() and its variables were made outside the scope. "
-            "Build and compile it inside `with strategy.scope():`, or pass a builder that does.",
+            "Build and compile it inside `with strategy.scope():`, or pass a builder that does."
+            + recompile,
         )
     if outside:
         raise invalid_argument(
@@ -147,11 +184,15 @@ def compile_plan(
     if not model.compiled:
         check_own_compile(model, strategy)
         return _uncompiled(model, given), None
-    _check_no_conflict(model, given)
-    if overridden(model, "compile"):
+    replaced = replaces_own_compile(model, given)
+    if not replaced:
+        _check_no_conflict(model, given)
+    if overridden(model, "compile") and not replaced:
         _as_compiled(model, strategy, lr_active)
         return None, None
     raw = compile_arguments(model)
+    if replaced:
+        raw = _with_given(model, raw, given)
     if raw.get("run_eagerly"):
         raise invalid_argument(
             "model",
@@ -167,3 +208,18 @@ def compile_plan(
         )
     steps = raw.get("steps_per_execution")
     return {key: raw.get(key) for key in COMPILE_ARGUMENTS}, (steps if steps != 1 else None)
+
+
+def _with_given(model: keras.Model, raw: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The compile arguments of a model that compiled itself, the Trainer's given ones replacing
+    its own (`replaces_own_compile`)."""
+    replaced = [key for key in COMPILE_ARGUMENTS if given[key] is not None]
+    kept = [key for key in COMPILE_ARGUMENTS if given[key] is None and raw.get(key) is not None]
+    logger.info(
+        "%s compiled itself when it was made (its constructor's `compile` argument): the "
+        "Trainer compiles it again in the strategy scope with the Trainer's %s%s.",
+        type(model).__name__,
+        ", ".join(replaced),
+        f" and its own compile's {', '.join(kept)}" if kept else "",
+    )
+    return {**raw, **{key: given[key] for key in replaced}}
