@@ -396,3 +396,14 @@ def test_sparse_dense_sums_rows_first_same_weights_with_sgd_other_with_adam():
     sgd, adam = rows["transformers_lm_sgd"], rows["transformers_gru_mask_zero_adam"]
     assert difference(dataclasses.replace(sgd, trainer=dense)) < 1e-5
     assert difference(dataclasses.replace(adam, trainer=dense)) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["transformers_lm_adam", "transformers_masked_embedding_adam"])
+def test_embedding_rows_reach_adam_as_keras_hands_them_on_one_device(name):
+    """One device has nothing to exchange, yet its step once densified the embedding's
+    gradient: Adam then squared summed duplicate rows, and the weights left Keras's."""
+    from tests.keras_parity.parity import assert_same, run_keras, run_trainer
+    from tests.keras_parity.rows_transformers import ROWS
+
+    row = next(r for r in ROWS if r.name == name)
+    assert_same(row, run_keras(row), run_trainer(row, tfdist.make_strategy("one_device")))
