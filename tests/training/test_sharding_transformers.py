@@ -114,3 +114,49 @@ def test_a_replicas_block_of_sparse_rows_keeps_their_duplicates():
     assert squares == float(np.sum(values**2))
     first = block_slices(rows, tf.TensorShape([7, 3]), 3, tf.constant(0))
     assert first.indices.numpy().tolist() == [6, 6] and first.values.numpy().tolist() == [1, 7]
+
+
+def gpt2():
+    """KerasHub's GPT-2 backbone from its constructor (random weights, nothing downloaded),
+    with a Dense head over its 3-D output."""
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        dropout=0.0,
+        max_sequence_length=16,
+    )
+    inputs = {
+        "token_ids": keras.Input((None,), dtype="int32", name="token_ids"),
+        "padding_mask": keras.Input((None,), dtype="int32", name="padding_mask"),
+    }
+    return fixed_weights(keras.Model(inputs, keras.layers.Dense(VOCAB)(backbone(inputs))))
+
+
+def test_a_keras_hub_gpt2_backbone_trains_sharded_with_adam_as_keras_on_one_device():
+    x, y = text()
+    mask = (np.arange(SEQ)[None, :] < np.random.default_rng(1).integers(3, SEQ + 1, (N, 1))).astype(
+        np.int32
+    )
+    row = Row(
+        "gpt2_backbone_adam",
+        gpt2,
+        lambda: dict(
+            optimizer=keras.optimizers.Adam(0.02),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        ),
+        lambda: dict(
+            x={"token_ids": x * mask, "padding_mask": mask},
+            y=y,
+            batch_size=BATCH,
+            epochs=1,
+            shuffle=False,
+        ),
+        trainer=dict(sharding="gradients"),
+        strategies=("mirrored",),
+    )
+    assert_same(row, run_keras(row), run_trainer(row, mirrored()))
