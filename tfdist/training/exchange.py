@@ -38,7 +38,7 @@ summed but gathered (`gather_slices`): every replica's rows, in replica order, d
 exactly the slices one device computes on the whole global batch. Keras's optimizers treat
 duplicate rows nonlinearly (Adam squares each row before duplicates are summed), so summing
 them first would change the weights. They travel in their own dtype, outside the buckets and
-compression; `sparse_bytes` counts what they send.
+compression (logged when compression is asked for); `sparse_bytes` counts what they send.
 """
 
 from __future__ import annotations
@@ -242,6 +242,14 @@ def _with_slices(
     """`all_reduce_sum` of dense gradients beside gathered ``tf.IndexedSlices`` ones."""
     sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
     dense = [i for i in range(len(grads)) if i not in sparse]
+    if compression is not None and num_replicas > 1:
+        logger.warning(
+            "gradient_compression=%r applies to the dense gradients; the %d sparse ones "
+            "(embedding rows) are gathered in their own dtype. ExchangeOptions(sparse='dense') "
+            "sums them into dense gradients, which are compressed.",
+            compression,
+            len(sparse),
+        )
     if clock:
         step_clock.mark("compute", [[_values(g) for g in grads], count])
     summed, total = all_reduce_sum(
