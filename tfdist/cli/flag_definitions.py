@@ -18,15 +18,8 @@ ENGINES = ("local", "ray")  # --engine values, checked by `tfdist train`
 #: worker processes (run only when named). Named here so that ``--benchmarks`` is checked, and
 #: listed in its help, before TensorFlow loads (tests/test_cli.py keeps them equal to
 #: ``tfdist.bench.runner``'s registry and ``ON_REQUEST``).
-IN_PROCESS_BENCHMARKS = (
-    "accumulation",
-    "backup",
-    "bf16_vs_fp32",
-    "mfu",
-    "parameter_server",
-    "sparse_exchange",
-    "trainer_vs_fit",
-)
+IN_PROCESS_BENCHMARKS = ("accumulation", "backup", "bf16_vs_fp32", "mfu", "parameter_server")
+IN_PROCESS_BENCHMARKS += ("sparse_exchange", "trainer_vs_fit")
 LAUNCHING_BENCHMARKS = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy")
 LAUNCHING_BENCHMARKS += ("first_fit", "memory", "pipeline", "balance")
 #: ``--time_to_accuracy_tasks`` (tests/test_cli.py: equal to ``time_to_accuracy_tasks.TASKS``).
