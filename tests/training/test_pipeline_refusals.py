@@ -43,14 +43,57 @@ def test_refuses_a_layer_the_model_does_not_have():
     )
 
 
-def test_refuses_a_cut_that_a_skip_connection_crosses():
-    def skip() -> keras.Model:
-        inputs = keras.Input((8,))
-        h = keras.layers.Dense(8, name="d1")(inputs)
-        h = keras.layers.Add(name="add")([h, inputs])
-        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+def tied() -> keras.Model:
+    """``tied`` called twice, on both sides of ``d1``: only a cut after ``d0`` keeps its
+    variables in one stage."""
+    inputs = keras.Input((8,))
+    dense = keras.layers.Dense(8, name="tied")
+    h = dense(keras.layers.Dense(8, name="d0")(inputs))
+    h = dense(keras.layers.Dense(8, name="d1")(h))
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
 
-    refused(r"`split_at`.*every path from inputs to outputs", trainer_with(skip, split_at=["d1"]))
+
+def test_refuses_a_cut_that_a_shared_layer_crosses():
+    refused(
+        r"`split_at`. Received: split_at=\['d1'\]. Expected layers the model can be cut after, "
+        r"in its order \(d0\). The model cannot be cut after 'd1': variable tied/kernel is read "
+        r"on both sides of it, by 'tied' \(a layer shared or tied across the cut\)",
+        trainer_with(tied, split_at=["d1"]),
+    )
+
+
+def test_refuses_a_layer_called_twice():
+    refused(
+        r"`split_at`.*'tied' is called 2 times; a cut follows a layer called once",
+        trainer_with(tied, split_at=["tied"]),
+    )
+
+
+def test_refuses_a_cut_after_the_last_layer():
+    refused(
+        r"`split_at`.*in its order \(d1, d2, d3\). The model cannot be cut after 'out': the "
+        r"last stage would be empty",
+        trainer_with(split_at=["d1", "out"]),
+    )
+
+
+def test_refuses_cuts_out_of_order():
+    refused(r"`split_at`.*'d1' does not come after 'd2'", trainer_with(split_at=["d2", "d1"]))
+
+
+def test_refuses_a_subclassed_model():
+    class Plain(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.d1 = keras.layers.Dense(3, name="d1")
+
+        def call(self, x):
+            return self.d1(x)
+
+    refused(
+        r"`pipeline`.*None for a model that is not a Sequential or functional keras.Model",
+        trainer_with(Plain, split_at=["d1"]),
+    )
 
 
 def test_refuses_batch_norm_over_micro_batches_unless_accepted():
@@ -162,7 +205,8 @@ def test_refuses_a_cut_that_a_keras_mask_crosses():
         return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
 
     refused(
-        r"`split_at`.*layers whose output carries no Keras mask.*'emb' passes a mask on",
+        r"`split_at`.*in its order \(lstm\). The model cannot be cut after 'emb': the output of "
+        r"'emb' crosses it with a Keras mask",
         trainer_with(masked, split_at=["emb"]),
     )
     trainer_with(masked, split_at=["lstm"])()  # after the layer that consumes it

@@ -30,9 +30,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist._compat.masks import keras_mask
 from tfdist._compat.scope_moves import move_variables_to_device
 from tfdist.config import check_choice, check_positive_int, invalid_argument
+from tfdist.training.pipeline_cut import cut
 
 logger = logging.getLogger(__name__)
 
@@ -229,113 +229,13 @@ def _on_worker(device: str, worker_device: str, options: PipelineOptions) -> str
     return worker.make_merged_spec(spec).to_string()
 
 
-def _layer_or_refused(model: keras.Model, name: str, split_at: Sequence[str]) -> Any:
-    try:
-        return model.get_layer(name)
-    except ValueError:
-        names = [layer.name for layer in model.layers]
-        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-        raise invalid_argument(
-            "split_at",
-            list(split_at),
-            f"names of layers of {model.name!r}: {shown}",
-            note=f"{name!r} is not one of them.",
-        ) from None
-
-
-def _symbolic(model: keras.Model, split_at: Sequence[str]) -> tuple[Any, Any]:
-    """The model's symbolic input and output structures (Sequential or functional)."""
-    try:
-        return model.input, model.output
-    except (AttributeError, ValueError):
-        pass
-    try:  # a Sequential built without an Input (by the first fit) has only the lists
-        if isinstance(model, keras.Sequential) and model.inputs and model.outputs:
-            return model.inputs[0], model.outputs[0]
-    except (AttributeError, ValueError):
-        pass
-    raise invalid_argument(
-        "pipeline",
-        f"PipelineOptions(split_at={list(split_at)})",
-        "None for a model that is not a Sequential or functional keras.Model",
-        note=f"{type(model).__name__} has no layer graph to cut at named layers.",
-    )
-
-
-def cut(model: keras.Model, split_at: Sequence[str]) -> list[keras.Model]:
-    """The built ``model`` as functional sub-models sharing its layers, one per stage."""
-    inputs, outputs = _symbolic(model, split_at)
-    order = {id(layer): i for i, layer in enumerate(model.layers)}
-    bounds, last = [inputs], -1
-    for name in split_at:
-        layer = _layer_or_refused(model, name, split_at)
-        position = order.get(id(layer), -1)
-        try:
-            tensor = layer.output
-        except (AttributeError, ValueError):
-            tensor = None
-        if position <= last or not isinstance(tensor, keras.KerasTensor):
-            raise invalid_argument(
-                "split_at",
-                list(split_at),
-                "top-level layers of the model in its order, each called once with one output",
-                note=f"{name!r} is not.",
-            )
-        if keras_mask(tensor) is not None:
-            raise invalid_argument(
-                "split_at",
-                list(split_at),
-                "layers whose output carries no Keras mask",
-                note=f"{name!r} passes a mask on (e.g. Embedding(mask_zero=True)), which the "
-                "next stage would not see; cut after the layer that consumes it.",
-            )
-        if any(tensor is t for t in tf.nest.flatten(outputs)):
-            raise invalid_argument(
-                "split_at",
-                list(split_at),
-                "layers before the model's output layer",
-                note=f"The last stage would be empty after {name!r}.",
-            )
-        bounds.append(tensor)
-        last = position
-    bounds.append(outputs)
-    stages = []
-    for k in range(len(bounds) - 1):
-        try:
-            stages.append(keras.Model(bounds[k], bounds[k + 1], name=f"{model.name}_stage_{k}"))
-        except ValueError as e:
-            raise invalid_argument(
-                "split_at",
-                list(split_at),
-                "cuts that every path from inputs to outputs crosses",
-                note=f"Stage {k} could not be cut out ({e}); a skip connection across a cut "
-                "cannot be split there.",
-            ) from None
-    _check_disjoint(stages, split_at)
-    return stages
-
-
-def _check_disjoint(stages: list[keras.Model], split_at: Sequence[str]) -> None:
-    """Refuses a variable in two stages (a layer shared across a cut)."""
-    seen: dict[int, int] = {}
-    for k, stage in enumerate(stages):
-        for v in stage.variables:
-            if seen.setdefault(id(v), k) != k:
-                raise invalid_argument(
-                    "split_at",
-                    list(split_at),
-                    "cuts that no shared layer crosses",
-                    note=f"Variable {v.path} is used by stages {seen[id(v)]} and {k}.",
-                )
-
-
 def split_names(model: keras.Model, options: PipelineOptions) -> list[str]:
     """The layers to cut after: as given, or with ``"auto"`` chosen by parameter bytes."""
     if options.split_at != AUTO:
         return list(options.split_at)
     from tfdist.training.pipeline_balance import balanced_split
 
-    return balanced_split(model, options.num_stages, cut)
+    return balanced_split(model, options.num_stages)
 
 
 def _described(stage: Stage) -> str:

@@ -1,24 +1,24 @@
 """``PipelineOptions(split_at="auto", stages=K)``: cut a model into stages of about equal
 parameter bytes.
 
-The places a model can be cut are its top-level layers (in order) after which every path from
-the inputs to the outputs crosses one tensor with no Keras mask: each is tried as a cut of its
-own (`tfdist.training.pipeline.cut`). Of those, the ``K - 1`` cuts are chosen that make the
-largest stage's parameter bytes (its layers' variables, trainable or not) the smallest; among
-equal choices, the earliest cuts. Parameter bytes stand in for a stage's memory; a stage's time
-also depends on its activations, which this does not weigh: name the cuts by hand to balance
-time (the benchmark in ``tfdist bench --benchmarks=pipeline`` shows both).
+The places a model can be cut are the layers (its steps, nested models flattened:
+`tfdist.training.pipeline_cut`) after which no Keras mask and no shared layer crosses. Of
+those, the ``K - 1`` cuts are chosen that make the largest stage's parameter bytes (its steps'
+variables, trainable or not) the smallest; among equal choices, the earliest cuts. Parameter
+bytes stand in for a stage's memory; a stage's time also depends on its activations, which
+this does not weigh: name the cuts by hand to balance time (the benchmark in
+``tfdist bench --benchmarks=pipeline`` shows both).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import keras
 
 from tfdist.config import invalid_argument
+from tfdist.training.pipeline_cut import Cuts
 
 logger = logging.getLogger(__name__)
 
@@ -26,26 +26,12 @@ logger = logging.getLogger(__name__)
 def layer_bytes(layer: Any, seen: set[int]) -> int:
     """Bytes of ``layer``'s variables not counted yet (``seen``: their ids, updated)."""
     total = 0
-    for v in layer.weights:
+    for v in getattr(layer, "weights", None) or []:
         if id(v) in seen:
             continue
         seen.add(id(v))
         total += v.value.shape.num_elements() * v.value.dtype.size
     return total
-
-
-def _places(model: keras.Model, cut: Callable[..., Any]) -> list[int]:
-    """Indices in ``model.layers`` of the layers the model can be cut after."""
-    places = []
-    for i, layer in enumerate(model.layers[:-1]):
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        try:
-            cut(model, [layer.name])
-        except ValueError:
-            continue
-        places.append(i)
-    return places
 
 
 def _best(weights: list[int], places: list[int], cuts: int) -> list[int]:
@@ -76,26 +62,27 @@ def _best(weights: list[int], places: list[int], cuts: int) -> list[int]:
     return best[-1][len(ends) - 1][1]
 
 
-def balanced_split(model: keras.Model, stages: int, cut: Callable[..., Any]) -> list[str]:
+def balanced_split(model: keras.Model, stages: int) -> list[str]:
     """The names of the ``stages - 1`` layers to cut ``model`` after, by parameter bytes.
 
     Raises:
         ValueError: Naming ``split_at``, when the model has fewer places to cut.
     """
-    places = _places(model, cut)
-    if len(places) < stages - 1:
-        names = [model.layers[i].name for i in places]
+    cuts = Cuts(model, "auto")
+    at = cuts.names()
+    names = cuts.points()
+    if len(names) < stages - 1:
         raise invalid_argument(
             "split_at",
             "auto",
             f"a model with at least {stages - 1} places to cut for stages={stages}",
             note=f"{model.name!r} can be cut only after {names or 'none of its layers'} (each "
-            "a top-level layer whose one output every path crosses, with no Keras mask).",
+            "a layer called once, after which no Keras mask and no shared layer crosses).",
         )
     seen: set[int] = set()
-    weights = [layer_bytes(layer, seen) for layer in model.layers]
-    chosen = _best(weights, places, stages - 1)
-    names = [model.layers[i].name for i in chosen]
+    weights = [layer_bytes(step.operation, seen) for step in cuts.steps]
+    chosen = _best(weights, [at[n] for n in names], stages - 1)
+    names = [cuts.steps[i].name for i in chosen]
     bounds = [-1, *chosen, len(weights) - 1]
     sizes = [sum(weights[a + 1 : b + 1]) for a, b in zip(bounds, bounds[1:])]
     logger.info(

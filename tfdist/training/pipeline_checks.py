@@ -19,7 +19,8 @@ import tensorflow as tf
 from tfdist._compat.runtime import is_default_strategy
 from tfdist.config import invalid_argument
 from tfdist.training.overrides import overridden
-from tfdist.training.pipeline import PipelineOptions, cut, resolve_devices, split_names
+from tfdist.training.pipeline import PipelineOptions, resolve_devices, split_names
+from tfdist.training.pipeline_cut import Cuts
 
 
 def _all_layers(layer: Any) -> list[Any]:
@@ -92,7 +93,8 @@ def check_pipeline_model(
         )
     check_batch_norm(model, options)
     if model.built:
-        cut(model, split_names(model, options))  # the cut checked before anything trains
+        names = split_names(model, options)
+        Cuts(model, names).positions(names)  # the cut checked before anything trains
     worker = strategy.extended.worker_devices[0] if is_hybrid(strategy) else None
     return resolve_devices(options, worker_device=worker)
 

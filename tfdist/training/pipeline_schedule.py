@@ -125,8 +125,10 @@ class Schedule:
         # Persistent: a masked term's coefficient and gradients are read from it as well.
         with tf.GradientTape(persistent=True) as tape:
             if k > 0:
-                tape.watch(h)
+                tape.watch([h[i] for i in floating(h)])
             out = forward(stage.model, h, training=True)
+            if not last:  # what crosses the cut after this stage, as a list
+                out = tf.nest.flatten(out)
             # Activity losses made here: the last stage's loss reads them, and gives each its
             # coefficient (``d objective / d loss``) for this stage's backward.
             acts = [] if last else activity_losses(stage.model)
@@ -137,7 +139,7 @@ class Schedule:
         batch.earlier.extend(acts)
         if last:
             self._logs(batch, out)
-        return [out, *acts, *batch.objectives]
+        return [*tf.nest.flatten(out), *acts, *batch.objectives]
 
     def _loss(self, batch: MicroBatch, out: Any, tape: tf.GradientTape) -> None:
         """Keras's loss of ``batch`` (under the last stage's ``tape``): the rest first, then
@@ -176,21 +178,21 @@ class Schedule:
             into = self.grads if o == 0 else batch.term_grads[o - 1]
             if k == len(self.stages) - 1:
                 # Every variable: the others' weight regularisers are part of this loss.
-                got = tape.gradient(objective, list(variables) + [h_in] + batch.earlier)
-                own = list(variables)
-                batch.coefficients.append(got[len(own) + 1 :])
-                got = got[: len(own) + 1]
-                batch.dh.append(got[-1])
+                own, inputs = list(variables), floating(h_in)
+                got = tape.gradient(objective, own + [h_in[i] for i in inputs] + batch.earlier)
+                batch.coefficients.append(got[len(own) + len(inputs) :])
+                batch.dh.append(spread(got[len(own) : len(own) + len(inputs)], inputs, h_in))
+                got = got[: len(own)]
             else:
                 own = self.stages[k].trainable_variables
                 got = self._stage_gradient(batch, o, tape, (h_in, out, acts), own)
             for v, g in zip(own, got):
                 if g is not None:
                     j = self.update.index[id(v)]
-                    g = tf.convert_to_tensor(g)
-                    into[j] = g if into[j] is None else into[j] + g
-                    made.append(into[j])  # the sum: each micro-batch's gradient freed at once
-            made.append(batch.dh[o])
+                    into[j] = g if into[j] is None else plus(into[j], g)
+                    # The sum: each micro-batch's gradient freed at once.
+                    made.append(into[j].values if sparse(into[j]) else into[j])
+            made.extend(batch.dh[o] or [])
         return made
 
     def _stage_gradient(
@@ -202,14 +204,48 @@ class Schedule:
         coefficients = batch.coefficients[o]
         cut = len(coefficients) - len(acts)  # this stage's are the last ones
         mine, batch.coefficients[o] = coefficients[cut:], coefficients[:cut]
-        targets = [(out, batch.dh[o])] + [(a, c) for a, c in zip(acts, mine)]
+        targets = list(zip(out, batch.dh[o] or [None] * len(out)))
+        targets += [(a, c) for a, c in zip(acts, mine)]
         targets = [(t, g) for t, g in targets if g is not None]
         if not targets:  # neither this stage nor those before reach the loss
             batch.dh[o] = None
             return [None] * len(own)
-        sources = own + ([h_in] if h_in is not None else [])
+        inputs = floating(h_in) if h_in is not None else []
         got = tape.gradient(
-            [t for t, _ in targets], sources, output_gradients=[g for _, g in targets]
+            [t for t, _ in targets],
+            own + [h_in[i] for i in inputs],
+            output_gradients=[g for _, g in targets],
         )
-        batch.dh[o] = got[len(own)] if h_in is not None else None
+        batch.dh[o] = spread(got[len(own) :], inputs, h_in) if h_in is not None else None
         return got[: len(own)]
+
+
+def floating(h: Sequence[Any]) -> list[int]:
+    """The positions in ``h`` (what crosses a cut) of the tensors gradients flow through (a
+    mask or token ids do not)."""
+    return [i for i, t in enumerate(h) if t.dtype.is_floating]
+
+
+def spread(grads: Sequence[Any], positions: Sequence[int], h: Sequence[Any]) -> list[Any]:
+    """``grads`` of ``h[positions]`` as one gradient (or None) per tensor of ``h``."""
+    full: list[Any] = [None] * len(h)
+    for i, g in zip(positions, grads):
+        full[i] = g
+    return full
+
+
+def sparse(g: Any) -> bool:
+    return isinstance(g, tf.IndexedSlices)
+
+
+def plus(a: Any, b: Any) -> Any:
+    """``a + b`` for two gradients of one variable: a ``tf.IndexedSlices`` pair concatenated (its
+    rows, duplicates kept, as one device on the whole batch hands them to the optimizer), else
+    dense."""
+    if sparse(a) and sparse(b):
+        return tf.IndexedSlices(
+            tf.concat([a.values, b.values], 0),
+            tf.concat([a.indices, tf.cast(b.indices, a.indices.dtype)], 0),
+            a.dense_shape,
+        )
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)

@@ -30,7 +30,7 @@ from tfdist.training.exchange import all_reduce_sum
 from tfdist.training.losses import MaskedUpdate, output_sums
 from tfdist.training.pipeline import PipelineOptions, Stage, place_stages
 from tfdist.training.pipeline_checks import check_global_batch, is_hybrid
-from tfdist.training.pipeline_schedule import Schedule
+from tfdist.training.pipeline_schedule import Schedule, plus
 from tfdist.training.sharded_update import ShardedUpdate
 from tfdist.training.sharding import ShardedState
 from tfdist.training.step import TrainUpdate, forward
@@ -58,9 +58,11 @@ def pipeline_forward(stages: Sequence[Stage], micro_batches: int, x: Any, traini
     """The model's outputs on ``x`` through the stages, ``micro_batches`` at a time (inference)."""
     outputs = []
     for piece in split_batch(x, micro_batches):
-        for stage in stages:
+        for k, stage in enumerate(stages):
             with tf.device(stage.device):
                 piece = forward(stage.model, piece, training=training)
+            if k < len(stages) - 1:  # what crosses the cut, as a list
+                piece = tf.nest.flatten(piece)
         outputs.append(piece)
     if len(outputs) == 1:
         return outputs[0]
@@ -148,7 +150,7 @@ class PipelineUpdate(TrainUpdate):
 def _plus(a: Any, b: Any) -> Any:
     if a is None or b is None:
         return b if a is None else a
-    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+    return plus(a, b)
 
 
 class ShardedPipelineUpdate(ShardedUpdate, PipelineUpdate):
