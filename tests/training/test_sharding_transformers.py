@@ -53,7 +53,13 @@ def text():
     return ids[:, :-1], ids[:, 1:]
 
 
-OPTIMIZERS = {"adam": lambda: keras.optimizers.Adam(0.02), "sgd": lambda: keras.optimizers.SGD(0.5)}
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(0.02),
+    "sgd": lambda: keras.optimizers.SGD(0.5),
+    # Clipping reads whole tensors' norms: a sparse block's from its values, as Keras's does.
+    "adam_clipnorm": lambda: keras.optimizers.Adam(0.02, clipnorm=0.05),
+    "adam_global_clipnorm": lambda: keras.optimizers.Adam(0.02, global_clipnorm=0.05),
+}
 
 
 def lm_row(optimizer, sharding=None, k=1):
@@ -90,9 +96,11 @@ def mirrored():
     "optimizer, sharding, k",
     [
         ("adam", "optimizer", 1),
-        ("adam", "optimizer", 2),  # the micro-batches' rows concatenated, then gathered
         ("adam", "gradients", 2),  # dense blocks reduced each micro-batch, sparse rows kept
-        ("sgd", "gradients", 1),
+        ("sgd", "optimizer", 2),  # the micro-batches' rows concatenated, then gathered
+        ("adam_clipnorm", "gradients", 2),
+        # Keras's global clipping multiplies with ``*``: its optimizer gets the slices dense.
+        ("adam_global_clipnorm", "optimizer", 1),
     ],
 )
 def test_a_transformer_trains_sharded_as_keras_on_one_device(optimizer, sharding, k):

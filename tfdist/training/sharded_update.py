@@ -291,4 +291,7 @@ def _clipped(
         clip = tf.constant(float(global_clipnorm))
         norm = tf.sqrt(tf.reduce_sum(tf.square(norms)))
         factors = [clip * tf.minimum(1.0 / norm, 1.0 / clip)] * len(grads)
+        # Keras multiplies each gradient by the factor with ``*``, which makes a
+        # ``tf.IndexedSlices`` dense (duplicate rows summed): its optimizer then gets it dense.
+        grads = [tf.convert_to_tensor(g) for g in grads]
     return [scale_gradient(g, f) for g, f in zip(grads, factors)]
