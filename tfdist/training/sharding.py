@@ -24,6 +24,15 @@ beyond the micro-batch that makes it, at the cost of ``k`` exchanges per update
 instead of one (``"optimizer"`` sums whole micro-batch gradients locally and
 exchanges once per update).
 
+A sparse gradient (``tf.IndexedSlices``, an ``Embedding`` lookup's) is not summed: every
+replica's rows are all-gathered (`tfdist.training.exchange.gather_slices`, uncompressed, outside
+the buckets), and each replica keeps the elements of those rows that fall in its block, duplicate
+rows apart (`tfdist._compat.shard_layout.block_slices`), so its optimizer gets the slices of its
+master shard that Keras's ``fit`` would give it on one device (Adam squares each row before
+duplicates are summed). Under ``"gradients"`` with accumulation such a gradient's rows are kept
+until the update, as unsharded accumulation keeps them. Block layouts come from the variables'
+shapes, never from a gradient's static shape (partly unknown for a ``Dense`` on 3-D input).
+
 What needs a view of a whole tensor is made right: ``clipnorm`` and
 ``global_clipnorm`` from one small all-reduce of the blocks' squared norms, and a
 loss-scale optimizer's finite check by one decision for all replicas. Optimizers
