@@ -44,22 +44,12 @@ def test_refuses_a_layer_the_model_does_not_have():
 
 
 def tied() -> keras.Model:
-    """``tied`` called twice, on both sides of ``d1``: only a cut after ``d0`` keeps its
-    variables in one stage."""
+    """``tied`` called twice: which call would a cut after it follow?"""
     inputs = keras.Input((8,))
     dense = keras.layers.Dense(8, name="tied")
     h = dense(keras.layers.Dense(8, name="d0")(inputs))
     h = dense(keras.layers.Dense(8, name="d1")(h))
     return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
-
-
-def test_refuses_a_cut_that_a_shared_layer_crosses():
-    refused(
-        r"`split_at`. Received: split_at=\['d1'\]. Expected layers the model can be cut after, "
-        r"in its order \(d0\). The model cannot be cut after 'd1': variable tied/kernel is read "
-        r"on both sides of it, by 'tied' \(a layer shared or tied across the cut\)",
-        trainer_with(tied, split_at=["d1"]),
-    )
 
 
 def test_refuses_a_layer_called_twice():

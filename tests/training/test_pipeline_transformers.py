@@ -144,6 +144,28 @@ def test_keras_hub_gpt2_cut_between_its_transformer_layers(kind):
     assert names[1] == ["transformer_layer_1", "layer_norm", "head"]
 
 
+def test_keras_hub_gpt2_causal_lm_with_its_tied_embedding():
+    """``GPT2CausalLM`` itself: its head reads the backbone's token embedding again, so that
+    variable is in both stages (it lives on stage 0's device) and each stage's backward adds
+    the gradient of its own read; SGD."""
+    keras_hub = pytest.importorskip("keras_hub")
+
+    def causal_lm() -> keras.Model:
+        backbone = gpt2().layers[-2]
+        return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+    x = {"token_ids": IDS, "padding_mask": PAD}
+    fit = dict(FIT, epochs=1)
+    want, want_history = trained(causal_lm, x, "sgd", None, **fit)
+    options = PipelineOptions(["backbone/transformer_layer_0"], micro_batches=2)
+    trainer, history = trained(causal_lm, x, "sgd", options, **fit)
+    assert max_diff(trainer.model.get_weights(), want.get_weights()) <= 1e-5
+    np.testing.assert_allclose(history["loss"], want_history["loss"], rtol=1e-5)
+    embedding = trainer.model.backbone.token_embedding
+    assert embedding in trainer.stages[1].model.layers
+    assert embedding.embeddings.value.device.endswith("CPU:0")
+
+
 def test_an_embeddings_gradient_reaches_the_optimizer_as_slices():
     """The token embedding's gradient over 2 micro-batches is one ``tf.IndexedSlices`` of every
     token of the batch (rows concatenated, duplicates kept), as Keras hands it on one device."""

@@ -16,8 +16,13 @@ with one replica per worker (the hybrid), each worker's replica is such a pipeli
 worker's own devices; its stage variables are that strategy's mirrored variables, so the
 gradients are all-reduced over the workers and every worker applies the same update.
 
-Refused, one clear error each: `cut`'s (a name in ``split_at`` the model does not have, a cut
-that a skip connection or a mask crosses) and `tfdist.training.pipeline_checks`'s.
+What several stages need (a padding mask, an attention mask, position ids, a residual stream)
+crosses each cut with the activations, and a nested functional model (a KerasHub backbone) is
+cut between its own layers, named ``"backbone/transformer_layer_0"``
+(`tfdist.training.pipeline_cut`). Refused, one clear error each, naming the layers and listing
+the cuts that would work: `tfdist.training.pipeline_cut`'s (a name the model does not have, a
+Keras mask across a cut, an empty stage) and
+`tfdist.training.pipeline_checks`'s.
 """
 
 from __future__ import annotations
@@ -48,8 +53,13 @@ class PipelineOptions:
     Args:
         split_at: Names of the layers after which the model is cut, in the model's order (a
             single name for two stages). Stage ``k`` ends with layer ``split_at[k]``; the last
-            stage ends with the model's outputs. ``"auto"``: tfdist cuts the model into
-            ``stages`` (or ``len(devices)``) stages of about equal parameter bytes.
+            stage ends with the model's outputs. A layer inside a nested functional model
+            called once (a KerasHub backbone inside the model) is named by its path,
+            ``"backbone/transformer_layer_0"``: the nested model is flattened into the stages
+            (its own name cuts after its last layer). Tensors that later stages read (a mask,
+            position ids, a residual stream) cross each cut with the activations.
+            ``"auto"``: tfdist cuts the model into ``stages`` (or ``len(devices)``) stages of
+            about equal parameter bytes.
         micro_batches: ``M``, the micro-batches each global batch is split into. The idle
             share of each device (the bubble) is ``(K-1)/(M+K-1)`` for ``K`` stages.
         devices: One device per stage, e.g. ``["/device:GPU:0", "/device:GPU:1"]``. Default:
@@ -255,8 +265,12 @@ def place_stages(
     """
     names = split_names(model, options)
     stages = [Stage(m, d) for m, d in zip(cut(model, names), devices)]
+    placed: set[int] = set()
     for stage in stages:
-        move_variables_to_device(stage.model.variables, stage.device, strategy)
+        # A variable of several stages (tied weights) lives on the first one's device.
+        own = [v for v in stage.model.variables if id(v) not in placed]
+        placed.update(id(v) for v in own)
+        move_variables_to_device(own, stage.device, strategy)
     logger.info("Pipeline of %d stages: %s.", len(stages), "; ".join(map(_described, stages)))
     # Keras's own compiled functions, if any, traced the old variables.
     model.train_function = model.test_function = model.predict_function = None

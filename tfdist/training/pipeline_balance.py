@@ -2,7 +2,7 @@
 parameter bytes.
 
 The places a model can be cut are the layers (its steps, nested models flattened:
-`tfdist.training.pipeline_cut`) after which no Keras mask and no shared layer crosses. Of
+`tfdist.training.pipeline_cut`) called once, after which no Keras mask crosses. Of
 those, the ``K - 1`` cuts are chosen that make the largest stage's parameter bytes (its steps'
 variables, trainable or not) the smallest; among equal choices, the earliest cuts. Parameter
 bytes stand in for a stage's memory; a stage's time also depends on its activations, which
@@ -77,7 +77,7 @@ def balanced_split(model: keras.Model, stages: int) -> list[str]:
             "auto",
             f"a model with at least {stages - 1} places to cut for stages={stages}",
             note=f"{model.name!r} can be cut only after {names or 'none of its layers'} (each "
-            "a layer called once, after which no Keras mask and no shared layer crosses).",
+            "a layer called once, after which no Keras mask crosses).",
         )
     seen: set[int] = set()
     weights = [layer_bytes(step.operation, seen) for step in cuts.steps]

@@ -14,11 +14,13 @@ Refused, one error each, naming the layers and listing the cuts that would work:
 * a name the model's steps do not have, or a layer called more than once (which call?);
 * a cut after the last step (the last stage would be empty), or cuts out of order;
 * a crossing tensor that carries a Keras mask (``Embedding(mask_zero=True)``): the next stage
-  would not see it;
-* a variable read on both sides of a cut (a layer shared or tied across it: a variable lives
-  in one stage).
+  would not see it.
 
-Each stage's sub-model (`Cuts.stage_models`) calls the same layers again on its own inputs.
+A layer called on both sides of a cut (a tied embedding: KerasHub's ``GPT2CausalLM`` reads its
+token embedding in the backbone and again in its head) is in both stages' sub-models; its
+variables live on the first one's device (`tfdist.training.pipeline.place_stages`), and each
+stage's backward adds the gradient of its own reads. Each stage's sub-model
+(`Cuts.stage_models`) calls the same layers again on its own inputs.
 """
 
 from __future__ import annotations
@@ -74,7 +76,6 @@ class Cuts:
         self.model, self.graph, self.split_at = model, graph, split_at
         self.steps = graph.steps
         self.spans = self._spans(graph)
-        self.variables = self._variable_spans()
 
     @staticmethod
     def _spans(graph: LayerGraph) -> list[Span]:
@@ -92,15 +93,6 @@ class Cuts:
             spans[id(t)] = dataclasses.replace(spans[id(t)], last=end)
         return list(spans.values())
 
-    def _variable_spans(self) -> dict[int, tuple[int, int, Any]]:
-        """Each variable's id: the first and last step that reads it, and the variable."""
-        found: dict[int, tuple[int, int, Any]] = {}
-        for i, step in enumerate(self.steps):
-            for v in _variables(step):
-                first = found.get(id(v), (i, i, v))[0]
-                found[id(v)] = (first, i, v)
-        return found
-
     def crossing(self, p: int) -> list[Any]:
         """The tensors that cross a cut after step ``p``, in the order they were made."""
         return [s.tensor for s in self.spans if s.made <= p < s.last]
@@ -116,14 +108,6 @@ class Cuts:
                     f"the output of {self.steps[made].name!r} crosses it with a Keras mask "
                     "(e.g. Embedding(mask_zero=True)), which the next stage would not see; "
                     "cut after the layer that consumes the mask"
-                )
-        for first, last, v in self.variables.values():
-            if first <= p < last:
-                users = [s.name for s in self.steps if any(w is v for w in _variables(s))]
-                return (
-                    f"variable {v.path} is read on both sides of it, by "
-                    f"{' and '.join(map(repr, dict.fromkeys(users)))} (a layer shared or tied "
-                    "across the cut), and a variable lives in one stage"
                 )
         return None
 
@@ -148,7 +132,10 @@ class Cuts:
     def positions(self, split_at: Sequence[str]) -> list[int]:
         """The step each cut follows, checked; any set of valid single cuts is valid."""
         names, positions = self.names(), []
+        inputs = [x.name for x in self.model.layers if isinstance(x, keras.layers.InputLayer)]
         for name in split_at:
+            if name in inputs:
+                raise self.refusal(split_at, f"The first stage would be empty before {name!r}.")
             if name not in names:
                 calls = sum(s.name == name for s in self.steps)
                 note = f"{name!r} is not one of them."
@@ -157,7 +144,7 @@ class Cuts:
                 raise invalid_argument(
                     "split_at",
                     list(split_at),
-                    f"names of layers of {self.model.name!r}: {_shown(list(names))}",
+                    f"names of layers of {self.model.name!r}: {_shown(inputs + list(names))}",
                     note=note,
                 )
             p = names[name]
@@ -200,10 +187,6 @@ class Cuts:
                 outputs = keras.tree.pack_sequence_as(graph.outputs, flat)
             stages.append(keras.Model(inputs, outputs, name=f"{self.model.name}_stage_{k}"))
         return stages
-
-
-def _variables(step: Any) -> list[Any]:
-    return list(getattr(step.operation, "variables", None) or [])
 
 
 def _input_like(tensor: Any) -> Any:
