@@ -7,6 +7,7 @@ sparse gradient must stay sparse. Each run is compared with plain Keras on one d
 same global batch (tests/keras_parity/parity.py's harness), to 1e-5.
 """
 
+import dataclasses
 import functools
 
 import keras
@@ -168,3 +169,17 @@ def test_a_keras_hub_gpt2_backbone_trains_sharded_with_adam_as_keras_on_one_devi
         strategies=("mirrored",),
     )
     assert_same(row, run_keras(row), run_trainer(row, mirrored()))
+
+
+def test_sparse_dense_sums_the_rows_first_sharded_as_unsharded():
+    # ExchangeOptions(sparse="dense"): each micro-batch's rows summed into a dense gradient before
+    # it is reduce-scattered, as the unsharded exchange all-reduces it (Horovod's sparse_as_dense).
+    def fit(sharding):
+        exchange = tfdist.ExchangeOptions(sharding=sharding, sparse="dense")
+        row = dataclasses.replace(
+            lm_row("adam", k=2), trainer=dict(accumulation_steps=2, exchange=exchange)
+        )
+        return run_trainer(row, mirrored()).weights
+
+    plain, sharded = fit(None), fit("gradients")
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(plain, sharded)) <= 1e-6
