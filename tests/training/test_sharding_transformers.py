@@ -58,7 +58,6 @@ OPTIMIZERS = {
     "adam": lambda: keras.optimizers.Adam(0.02),
     "sgd": lambda: keras.optimizers.SGD(0.5),
     # Clipping reads whole tensors' norms: a sparse block's from its values, as Keras's does.
-    "adam_clipnorm": lambda: keras.optimizers.Adam(0.02, clipnorm=0.05),
     "adam_global_clipnorm": lambda: keras.optimizers.Adam(0.02, global_clipnorm=0.05),
 }
 
@@ -99,7 +98,6 @@ def mirrored():
         ("adam", "optimizer", 1),
         ("adam", "gradients", 2),  # dense blocks reduced each micro-batch, sparse rows kept
         ("sgd", "optimizer", 2),  # the micro-batches' rows concatenated, then gathered
-        ("adam_clipnorm", "gradients", 2),
         # Keras's global clipping multiplies with ``*``: its optimizer gets the slices dense.
         ("adam_global_clipnorm", "optimizer", 1),
     ],
