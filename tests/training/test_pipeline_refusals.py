@@ -187,19 +187,16 @@ def test_refuses_devices_this_process_does_not_have():
         resolve_devices(PipelineOptions([f"layer_{i}" for i in range(cpus)]))
 
 
-def test_refuses_a_cut_that_a_keras_mask_crosses():
-    def masked() -> keras.Model:
-        inputs = keras.Input((6,), dtype="int32")
-        h = keras.layers.Embedding(5, 4, mask_zero=True, name="emb")(inputs)
-        h = keras.layers.LSTM(4, name="lstm")(h)
+def test_refuses_a_cut_after_an_input_layer():
+    def named_input() -> keras.Model:
+        inputs = keras.Input((8,), name="features")
+        h = keras.layers.Dense(8, name="d1")(inputs)
         return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
 
     refused(
-        r"`split_at`.*in its order \(lstm\). The model cannot be cut after 'emb': the output of "
-        r"'emb' crosses it with a Keras mask",
-        trainer_with(masked, split_at=["emb"]),
+        r"`split_at`.*in its order \(d1\). The first stage would be empty before 'features'",
+        trainer_with(named_input, split_at=["features"]),
     )
-    trainer_with(masked, split_at=["lstm"])()  # after the layer that consumes it
 
 
 def test_split_at_auto_needs_a_stage_count_and_enough_places_to_cut():

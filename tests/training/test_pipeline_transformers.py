@@ -1,6 +1,6 @@
 """Pipelines over real transformers (issue 41): side inputs that several stages need travel with
-the activations, nested backbones are cut between their layers, embeddings' gradients stay
-``tf.IndexedSlices``.
+the activations (Keras masks too), nested backbones are cut between their layers, a tied
+embedding is in two stages, embeddings' gradients stay ``tf.IndexedSlices``.
 
 Each test trains a tiny transformer cut into stages on the logical CPU devices of
 tests/conftest.py against plain Keras ``fit`` on one device with the same global batch, in
@@ -164,6 +164,52 @@ def test_keras_hub_gpt2_causal_lm_with_its_tied_embedding():
     embedding = trainer.model.backbone.token_embedding
     assert embedding in trainer.stages[1].model.layers
     assert embedding.embeddings.value.device.endswith("CPU:0")
+
+
+MASKED_IDS = IDS % 6
+MASKED_IDS[::3, 4:] = 0
+MASKED_IDS[::5, 2:] = 0  # uneven valid steps across the micro-batches
+
+
+def masked(kind: str) -> keras.Model:
+    """``Embedding(mask_zero=True)`` in stage 0; its Keras mask is read by a GRU in stage 1
+    (``"gru"``), or reaches the loss through stage 1's Dense layers (``"labeller"``)."""
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((SEQ,), dtype="int32")
+    h = keras.layers.Embedding(6, 4, mask_zero=True, name="emb")(inputs)
+    if kind == "gru":
+        h = keras.layers.GRU(4, name="gru")(h)
+    else:
+        h = keras.layers.Dense(4, activation="tanh", name="hid")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+
+@pytest.mark.parametrize("kind", ["gru", "labeller"])
+def test_a_keras_mask_crosses_a_cut(kind):
+    """Cut after the masking embedding: the mask crosses with its output (Adam; the labeller's
+    masked loss terms weighed over the whole update, the embedding's rows with them)."""
+    y = TARGETS[:, 0] % 3 if kind == "gru" else TARGETS % 3
+    fit = dict(FIT, epochs=1)
+
+    def run(pipeline):
+        made = (
+            tfdist.Trainer(lambda: masked(kind), pipeline=pipeline, **compiled)
+            if pipeline
+            else masked(kind)
+        )
+        if not pipeline:
+            made.compile(**compiled)
+        return made, made.fit(MASKED_IDS, y, **fit).history
+
+    compiled = dict(optimizer=keras.optimizers.Adam(0.01), loss=LOSS, metrics=["accuracy"])
+    want, want_history = run(None)
+    compiled["optimizer"] = keras.optimizers.Adam(0.01)
+    trainer, history = run(PipelineOptions(["emb"], micro_batches=2))
+    assert max_diff(trainer.model.get_weights(), want.get_weights()) <= 1e-5
+    for key, values in want_history.items():
+        np.testing.assert_allclose(history[key], values, rtol=1e-5, err_msg=key)
+    got = trainer.evaluate(MASKED_IDS, y, batch_size=16, verbose=0)
+    np.testing.assert_allclose(got, want.evaluate(MASKED_IDS, y, batch_size=16, verbose=0), 1e-5)
 
 
 def test_an_embeddings_gradient_reaches_the_optimizer_as_slices():

@@ -16,13 +16,12 @@ with one replica per worker (the hybrid), each worker's replica is such a pipeli
 worker's own devices; its stage variables are that strategy's mirrored variables, so the
 gradients are all-reduced over the workers and every worker applies the same update.
 
-What several stages need (a padding mask, an attention mask, position ids, a residual stream)
-crosses each cut with the activations, and a nested functional model (a KerasHub backbone) is
-cut between its own layers, named ``"backbone/transformer_layer_0"``
-(`tfdist.training.pipeline_cut`). Refused, one clear error each, naming the layers and listing
+What several stages need (a padding mask, an attention mask, position ids, a residual stream,
+a Keras mask) crosses each cut with the activations, and a nested functional model (a KerasHub
+backbone) is cut between its own layers, named ``"backbone/transformer_layer_0"``
+(`tfdist.training.pipeline_cut`). Refused, one clear error each, naming the layer and listing
 the cuts that would work: `tfdist.training.pipeline_cut`'s (a name the model does not have, a
-Keras mask across a cut, an empty stage) and
-`tfdist.training.pipeline_checks`'s.
+layer called more than once, an empty stage) and `tfdist.training.pipeline_checks`'s.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ class PipelineOptions:
             called once (a KerasHub backbone inside the model) is named by its path,
             ``"backbone/transformer_layer_0"``: the nested model is flattened into the stages
             (its own name cuts after its last layer). Tensors that later stages read (a mask,
-            position ids, a residual stream) cross each cut with the activations.
+            position ids, a residual stream, a Keras mask) cross each cut with the activations.
             ``"auto"``: tfdist cuts the model into ``stages`` (or ``len(devices)``) stages of
             about equal parameter bytes.
         micro_batches: ``M``, the micro-batches each global batch is split into. The idle

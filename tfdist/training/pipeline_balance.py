@@ -2,7 +2,7 @@
 parameter bytes.
 
 The places a model can be cut are the layers (its steps, nested models flattened:
-`tfdist.training.pipeline_cut`) called once, after which no Keras mask crosses. Of
+`tfdist.training.pipeline_cut`) called once, but the last. Of
 those, the ``K - 1`` cuts are chosen that make the largest stage's parameter bytes (its steps'
 variables, trainable or not) the smallest; among equal choices, the earliest cuts. Parameter
 bytes stand in for a stage's memory; a stage's time also depends on its activations, which
@@ -69,20 +69,23 @@ def balanced_split(model: keras.Model, stages: int) -> list[str]:
         ValueError: Naming ``split_at``, when the model has fewer places to cut.
     """
     cuts = Cuts(model, "auto")
-    at = cuts.names()
     names = cuts.points()
-    if len(names) < stages - 1:
+    name_at: dict[int, str] = {}  # one name per place (a nested model's: its last layer's)
+    for name, place in cuts.names().items():
+        if name in names:
+            name_at.setdefault(place, name)
+    if len(name_at) < stages - 1:
         raise invalid_argument(
             "split_at",
             "auto",
             f"a model with at least {stages - 1} places to cut for stages={stages}",
             note=f"{model.name!r} can be cut only after {names or 'none of its layers'} (each "
-            "a layer called once, after which no Keras mask crosses).",
+            "a layer called once, but the last).",
         )
     seen: set[int] = set()
     weights = [layer_bytes(step.operation, seen) for step in cuts.steps]
-    chosen = _best(weights, [at[n] for n in names], stages - 1)
-    names = [cuts.steps[i].name for i in chosen]
+    chosen = _best(weights, sorted(name_at), stages - 1)
+    names = [name_at[i] for i in chosen]
     bounds = [-1, *chosen, len(weights) - 1]
     sizes = [sum(weights[a + 1 : b + 1]) for a, b in zip(bounds, bounds[1:])]
     logger.info(

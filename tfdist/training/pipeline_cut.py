@@ -7,14 +7,14 @@ steps, named ``"<nested model>/<layer>"`` (`tfdist._compat.layer_graph`). A cut 
 nested model cuts after its last step). Every tensor made before the cut (or an input of the
 model) and read after it *crosses* the cut: the stage before outputs it, the stage after takes
 it as an input, and a stage that does not read it passes it on. So a padding mask, a causal
-mask, position ids or a residual stream that several stages need travel with the activations.
+mask, position ids or a residual stream that several stages need travel with the activations,
+and so does a Keras mask (``Embedding(mask_zero=True)``'s: a tensor of the graph, which the
+layers that read it take as their ``mask`` argument, and which rides on the tensors that cross
+at run time: `tfdist.training.pipeline_schedule.stage_forward`).
 
-Refused, one error each, naming the layers and listing the cuts that would work:
-
-* a name the model's steps do not have, or a layer called more than once (which call?);
-* a cut after the last step (the last stage would be empty), or cuts out of order;
-* a crossing tensor that carries a Keras mask (``Embedding(mask_zero=True)``): the next stage
-  would not see it.
+Refused, one error each, naming the layer and listing the cuts that would work: a name the
+model's steps do not have, a layer called more than once (which call would the cut follow?),
+an input layer or the last step (a stage would be empty), cuts out of order.
 
 A layer called on both sides of a cut (a tied embedding: KerasHub's ``GPT2CausalLM`` reads its
 token embedding in the backbone and again in its head) is in both stages' sub-models; its
@@ -32,7 +32,6 @@ from typing import Any
 import keras
 
 from tfdist._compat.layer_graph import LayerGraph, layer_graph
-from tfdist._compat.masks import keras_mask
 from tfdist.config import invalid_argument
 
 #: How many names an error lists before "...".
@@ -101,14 +100,6 @@ class Cuts:
         """Why the model cannot be cut after step ``p``, or None."""
         if p >= len(self.steps) - 1:
             return "the last stage would be empty"
-        for t in self.crossing(p):
-            if keras_mask(t) is not None:
-                made = next(s.made for s in self.spans if s.tensor is t)
-                return (
-                    f"the output of {self.steps[made].name!r} crosses it with a Keras mask "
-                    "(e.g. Embedding(mask_zero=True)), which the next stage would not see; "
-                    "cut after the layer that consumes the mask"
-                )
         return None
 
     def names(self) -> dict[str, int]:

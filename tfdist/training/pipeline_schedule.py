@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
 from tfdist._compat.keras_training import activity_losses, loss_tracker, unscale_loss
+from tfdist._compat.masks import keras_mask
 from tfdist.training.losses import ReplicaLoss, Split, replica_loss, split
 from tfdist.training.step import batch_size_of, forward
 
@@ -126,7 +128,7 @@ class Schedule:
         with tf.GradientTape(persistent=True) as tape:
             if k > 0:
                 tape.watch([h[i] for i in floating(h)])
-            out = forward(stage.model, h, training=True)
+            out = stage_forward(stage.model, h, k, training=True)
             if not last:  # what crosses the cut after this stage, as a list
                 out = tf.nest.flatten(out)
             # Activity losses made here: the last stage's loss reads them, and gives each its
@@ -218,6 +220,20 @@ class Schedule:
         )
         batch.dh[o] = spread(got[len(own) :], inputs, h_in) if h_in is not None else None
         return got[: len(own)]
+
+
+def stage_forward(model: Any, h: Any, k: int, training: bool) -> Any:
+    """Stage ``k``'s outputs on ``h``: the model's inputs (``k == 0``), else what crosses the
+    cut before it, with the Keras masks its tensors carry (``Embedding(mask_zero=True)``'s
+    output crossing a cut), which a functional model takes only as its ``mask`` argument."""
+    masks = [keras_mask(t) for t in h] if k > 0 else []
+    if not any(m is not None for m in masks):
+        return forward(model, h, training=training)
+    with warnings.catch_warnings():
+        # Keras warns that a functional model "destroys" the masks it is given; its layers do
+        # read them (and set their outputs' own).
+        warnings.filterwarnings("ignore", "Layer '.*' \\(of type Functional\\) was passed an input")
+        return model(h, training=training, mask=masks)
 
 
 def floating(h: Sequence[Any]) -> list[int]:

@@ -27,13 +27,13 @@ import tensorflow as tf
 from tfdist._compat.masks import keras_mask, with_keras_mask
 from tfdist._compat.optimizer import updates_on_variable_devices
 from tfdist.training.exchange import all_reduce_sum
-from tfdist.training.losses import MaskedUpdate, output_sums
+from tfdist.training.losses import MaskedUpdate, output_sums, stack_term_rows
 from tfdist.training.pipeline import PipelineOptions, Stage, place_stages
 from tfdist.training.pipeline_checks import check_global_batch, is_hybrid
-from tfdist.training.pipeline_schedule import Schedule, plus
+from tfdist.training.pipeline_schedule import Schedule, plus, sparse, stage_forward
 from tfdist.training.sharded_update import ShardedUpdate
 from tfdist.training.sharding import ShardedState
-from tfdist.training.step import TrainUpdate, forward
+from tfdist.training.step import TrainUpdate
 
 #: ``bucket_bytes`` that make every gradient one bucket (`tfdist.training.exchange.buckets`).
 ONE_BUCKET = 2**62
@@ -60,7 +60,7 @@ def pipeline_forward(stages: Sequence[Stage], micro_batches: int, x: Any, traini
     for piece in split_batch(x, micro_batches):
         for k, stage in enumerate(stages):
             with tf.device(stage.device):
-                piece = forward(stage.model, piece, training=training)
+                piece = stage_forward(stage.model, piece, k, training=training)
             if k < len(stages) - 1:  # what crosses the cut, as a list
                 piece = tf.nest.flatten(piece)
         outputs.append(piece)
@@ -135,6 +135,13 @@ class PipelineUpdate(TrainUpdate):
             ]
         if not self.present:
             self._learn(batches[0].replica, grads, term_grads)
+        if term_grads:  # a sparse variable's terms ride in its rows, as `TrainUpdate`'s do
+            rows = [i for i in self.present if any(sparse(g[i]) for g in [grads, *term_grads])]
+            stack_term_rows(grads, term_grads, self.present)
+            for batch in batches:
+                for t in batch.term_grads:
+                    for i in rows:
+                        t[i] = None
         for i in self.present:
             if grads[i] is None:
                 grads[i] = tf.zeros(variables[i].shape, variables[i].dtype)
