@@ -407,3 +407,31 @@ def test_embedding_rows_reach_adam_as_keras_hands_them_on_one_device(name):
 
     row = next(r for r in ROWS if r.name == name)
     assert_same(row, run_keras(row), run_trainer(row, tfdist.make_strategy("one_device")))
+
+
+@pytest.mark.parametrize("options", [{"bucket_bytes": 100}, {"gradient_compression": "bf16"}])
+def test_buckets_and_compression_take_dense_over_3d_input(options):
+    """A ``Dense`` kernel's gradient on 3-D input is ``(None, units)`` as traced; buckets and
+    16-bit packing size it from its variable, and the weights are the plain exchange's."""
+    x = np.random.default_rng(0).standard_normal((32, 6, 8)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 2, 32).astype("int32")
+
+    def model():
+        keras.utils.set_random_seed(2)
+        layers = [keras.layers.Dense(16), keras.layers.GlobalAveragePooling1D()]
+        return keras.Sequential([keras.Input((6, 8)), *layers, keras.layers.Dense(2)])
+
+    weights = []
+    for extra in ({}, options):
+        trainer = tfdist.Trainer(
+            model,
+            strategy=tfdist.make_strategy("mirrored", num_devices=2),
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=LOSS,
+            **extra,
+        )
+        trainer.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        weights.append(trainer.model.get_weights())
+    tolerance = 1e-6 if "bucket_bytes" in options else 1e-2
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)

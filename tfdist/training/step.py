@@ -248,7 +248,16 @@ class TrainUpdate:
         self.update(scaled)
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
-        """The present variables' gradient sums and the example count, summed over replicas."""
+        """The present variables' gradient sums and the example count, summed over replicas.
+
+        A dense sum takes its variable's static shape: a ``Dense`` kernel's gradient on 3-D
+        input is ``(None, units)`` as traced, and buckets are sized from static shapes.
+        """
+        variables = self.model.trainable_variables
+        summed = [
+            g if isinstance(g, tf.IndexedSlices) else tf.ensure_shape(g, variables[i].shape)
+            for g, i in zip(summed, self.present)
+        ]
         return all_reduce_sum(
             summed,
             count,
