@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.training.pipeline import PipelineOptions
+from tfdist.training.pipeline_balance import balanced_split
 from tfdist.training.pipeline_update import PipelineUpdate
 
 VOCAB, SEQ, WIDTH = 13, 8, 8
@@ -142,6 +143,16 @@ def test_keras_hub_gpt2_cut_between_its_transformer_layers(kind):
     names = [[x.name for x in s.model.layers if x.weights] for s in trainer.stages]
     assert names[0][-1] == "transformer_layer_0"
     assert names[1] == ["transformer_layer_1", "layer_norm", "head"]
+
+
+def test_split_at_auto_cuts_inside_the_nested_backbone():
+    """``split_at="auto"`` chooses among the backbone's own layers (by parameter bytes)."""
+    model = gpt2()
+    assert balanced_split(model, 2) == ["backbone/transformer_layer_0"]
+    assert balanced_split(model, 4)[1:] == [
+        "backbone/transformer_layer_0",
+        "backbone/transformer_layer_1",
+    ]
 
 
 def test_keras_hub_gpt2_causal_lm_with_its_tied_embedding():

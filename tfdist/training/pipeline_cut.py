@@ -26,6 +26,7 @@ stage's backward adds the gradient of its own reads. Each stage's sub-model
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ import keras
 
 from tfdist._compat.layer_graph import LayerGraph, layer_graph
 from tfdist.config import invalid_argument
+
+logger = logging.getLogger(__name__)
 
 #: How many names an error lists before "...".
 SHOWN = 12
@@ -72,7 +75,7 @@ class Cuts:
                 "None for a model that is not a Sequential or functional keras.Model",
                 note=f"{type(model).__name__} has no layer graph to cut at named layers.",
             )
-        self.model, self.graph, self.split_at = model, graph, split_at
+        self.model, self.graph = model, graph
         self.steps = graph.steps
         self.spans = self._spans(graph)
 
@@ -188,4 +191,8 @@ def _input_like(tensor: Any) -> Any:
 def cut(model: keras.Model, split_at: Sequence[str]) -> list[keras.Model]:
     """The built ``model`` as functional sub-models sharing its layers, one per stage."""
     cuts = Cuts(model, split_at)
-    return cuts.stage_models(cuts.positions(split_at))
+    positions = cuts.positions(split_at)
+    for name, p in zip(split_at, positions):
+        crossing = [f"{t.dtype}{list(t.shape)}" for t in cuts.crossing(p)]
+        logger.info("Pipeline cut after %s: %s cross it.", name, ", ".join(crossing))
+    return cuts.stage_models(positions)
