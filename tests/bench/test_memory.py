@@ -43,10 +43,16 @@ def test_the_worker_measures_each_mode_and_saves_its_weights(tmp_path):
         assert result["seconds"][0] > 0 and len(result["records"]["steps"]) == 1
         readings = result["memory"]
         assert set(readings) == {"before", "after_warmup", "after_steps"}
-        # The 1 MiB kernel, its Adam moments (or their blocks) and gradient: counted.
-        assert readings["after_steps"]["allocator_current"] >= MIB
+        # TF counts its CPU allocations only with oneDNN's allocator (on by default with
+        # AVX-512 or AMX): elsewhere (an AVX2-only CPU) the worker reports None, as documented.
+        counted = readings["before"]["allocator_current"] is not None
+        if counted:  # the 1 MiB kernel, its Adam moments (or their blocks) and gradient
+            assert readings["after_steps"]["allocator_current"] >= MIB
         for reading in readings.values():
-            assert reading["allocator_peak"] >= reading["allocator_current"] >= 0
+            if counted:
+                assert reading["allocator_peak"] >= reading["allocator_current"] >= 0
+            else:
+                assert reading["allocator_peak"] is reading["allocator_current"] is None
             assert reading["rss_peak"] >= reading["rss"] > 0
     plain, sharded = (results[m] for m in ("unsharded", "optimizer"))
     # Adam's two moments per variable: whole, or this replica's blocks (half, plus padding).

@@ -15,7 +15,7 @@ The bytes are counted on one batch's real gradients in replica context: the rows
 each replica's rows (values, int64 indices) and its row count; the dense side the whole
 gradient. ``bytes_ratio`` = rows / dense, summed over the replicas; goal <= 0.10. The
 weights after the timed fits are compared (``max_weight_difference``), and the sides'
-examples/s give ``ratio`` (rows / dense).
+examples/s give ``speed_ratio`` (rows / dense).
 
     tfdist bench --benchmarks=sparse_exchange
 """
@@ -99,7 +99,7 @@ def sparse_exchange(repeats: int, quick: bool) -> dict[str, Any]:
     Returns:
         ``bytes_per_update`` (each side, summed over the replicas), ``bytes_ratio`` (rows /
         dense) and its goal, ``max_weight_difference`` after the same fits, the sides'
-        examples/s and their ``ratio`` (rows / dense), the raw samples and the config.
+        examples/s and their ``speed_ratio`` (rows / dense), the raw samples and the config.
     """
     strategy = common.strategy("mirrored")
     steps = 8 if quick else 64
@@ -120,12 +120,12 @@ def sparse_exchange(repeats: int, quick: bool) -> dict[str, Any]:
         "goals": {"bytes_ratio": "<= 0.10"},
         "words": {
             "bytes_ratio": "embedding gradient as rows / dense, bytes sent",
-            "ratio": "rows / dense exchange, examples/s",
+            "speed_ratio": "rows / dense exchange, examples/s",
         },
         "max_weight_difference": max(float(np.max(np.abs(a - b))) for a, b in zip(*weights)),
         "rows_examples_per_s": rates["rows"],
         "dense_examples_per_s": rates["dense"],
-        "ratio": timing.ratio(rates["rows"], rates["dense"]),
+        "speed_ratio": timing.ratio(rates["rows"], rates["dense"]),
         "others_cpu_max": samples.max_others_cpu(),
         "samples": samples.as_dict(),
         "config": {
