@@ -3,7 +3,8 @@
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODES OUT_DIR``
 with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, trainer_zero1,
 trainer_zero2_accum, trainer_pipeline, trainer_pipeline_zero2_accum, trainer_balanced,
-trainer_balanced_zero2_accum, trainer_balanced_bf16, balanced_resume, adam_sharded, keras_fit, run
+trainer_balanced_zero2_accum, trainer_balanced_bf16, balanced_resume, adam_sharded,
+hybrid_transformer_adam, keras_fit, run
 one after another. Each task writes OUT_DIR/<mode>-<task>.npz and .json.
 
 The strategy leaves each worker a second logical CPU device (``stage_devices=2``): one replica
@@ -61,6 +62,28 @@ def adam_sharded():
     return trainer.model, {}
 
 
+def hybrid_transformer_adam():
+    """The hybrid on a causal transformer LM with Adam: 2 workers x 2 stages, cut after its
+    attention (the residual stream crosses the cut beside the attention's output), the
+    embedding's rows gathered from both workers."""
+    from tests.keras_parity.rows_transformers import lm_model, text
+
+    model = lm_model()
+    attention = next(x for x in model.layers if isinstance(x, keras.layers.MultiHeadAttention))
+    trainer = tfdist.Trainer(
+        model,
+        strategy=strategy,
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        pipeline=tfdist.PipelineOptions([attention.name], micro_batches=2),
+    )
+    ids = text()
+    history = trainer.fit(
+        ids[:, :-1], ids[:, 1:], batch_size=16, epochs=2, shuffle=False, verbose=0
+    )
+    return trainer.model, history.history
+
+
 def balanced_resume(w0):
     """Forced splits, a crash after update 7 with a backup every 2 updates, then a new Trainer
     that resumes from update 6: the splits follow the backup's position."""
@@ -97,6 +120,8 @@ def train(mode):
     w0 = initial_weights()
     if mode == "adam_sharded":
         model, history = adam_sharded()
+    elif mode == "hybrid_transformer_adam":
+        model, history = hybrid_transformer_adam()
     elif mode == "balanced_resume":
         model, history = balanced_resume(w0)
     elif mode.startswith("trainer"):

@@ -56,7 +56,8 @@ BALANCED = {
 def launched(tmp_path_factory):
     """One 2-worker launch runs every mode in turn (one cluster start-up instead of four)."""
     out_dir = tmp_path_factory.mktemp("mwms")
-    return _launch_job(",".join(MODES + ["balanced_resume", "adam_sharded"]), out_dir), out_dir
+    extra = ["balanced_resume", "adam_sharded", "hybrid_transformer_adam"]
+    return _launch_job(",".join(MODES + extra), out_dir), out_dir
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -128,6 +129,27 @@ def test_two_workers_train_adam_sharded_as_unsharded(launched):
         proc.stdout.split("[worker:0] adam_sharded replica_bytes ")[1].splitlines()[0]
     )
     assert held["optimizer_state"] < 0.6 * held["unsharded"]["optimizer_state"], held
+
+
+def test_hybrid_trains_a_transformer_with_adam_as_keras_on_one_device(launched):
+    """The hybrid (2 workers x 2 stages) on a causal transformer LM, cut after its attention,
+    Adam: the embedding's rows gathered from both workers, the residual stream crossing the
+    cut: Keras's weights on one device to 1e-5, the same on both workers."""
+    from tests.keras_parity.rows_transformers import lm_model, text
+
+    proc, out_dir = launched
+    assert "[worker:1] hybrid_transformer_adam done 2" in proc.stdout, proc.stdout[-3000:]
+    reference = lm_model()
+    reference.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    ids = text()
+    reference.fit(ids[:, :-1], ids[:, 1:], batch_size=16, epochs=2, shuffle=False, verbose=0)
+    w0, w1 = (_weights(out_dir / f"hybrid_transformer_adam-worker-{i}.npz") for i in (0, 1))
+    for a, b, ref in zip(w0, w1, reference.get_weights()):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, ref, atol=1e-5, rtol=0)
 
 
 def test_hybrid_keeps_each_stage_on_its_workers_own_device(launched):

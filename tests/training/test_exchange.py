@@ -379,10 +379,10 @@ def test_sparse_rows_are_gathered_in_replica_order_with_uneven_counts():
         np.testing.assert_array_equal(i.numpy(), want_indices)
 
 
-def test_sparse_dense_sums_rows_first_same_weights_with_sgd_other_with_adam():
-    """``ExchangeOptions(sparse="dense")`` does what it says: with SGD (linear in each row) the
-    weights are Keras's; with Adam (each row squared) they differ from Keras, where the default
-    "auto" (rows gathered) gives Keras's."""
+def test_sparse_dense_sums_rows_first_other_weights_with_adam():
+    """``ExchangeOptions(sparse="dense")`` does what it says: with Adam (each row squared) the
+    weights differ from Keras's, where the default "auto" (rows gathered) gives Keras's (the
+    parity row itself)."""
     from tests.keras_parity.parity import run_keras, run_trainer
     from tests.keras_parity.rows_transformers import ROWS
 
@@ -393,12 +393,12 @@ def test_sparse_dense_sums_rows_first_same_weights_with_sgd_other_with_adam():
         ref, got = run_keras(row), run_trainer(row, tfdist.make_strategy("mirrored", num_devices=2))
         return max(float(np.max(np.abs(a - b))) for a, b in zip(ref.weights, got.weights))
 
-    sgd, adam = rows["transformers_lm_sgd"], rows["transformers_gru_mask_zero_adam"]
-    assert difference(dataclasses.replace(sgd, trainer=dense)) < 1e-5
+    # With SGD the two give the same weights: tests/bench/test_bench.py's sparse_exchange.
+    adam = rows["transformers_masked_embedding_adam"]
     assert difference(dataclasses.replace(adam, trainer=dense)) > 1e-3
 
 
-@pytest.mark.parametrize("name", ["transformers_lm_adam", "transformers_masked_embedding_adam"])
+@pytest.mark.parametrize("name", ["transformers_lm_adam"])
 def test_embedding_rows_reach_adam_as_keras_hands_them_on_one_device(name):
     """One device has nothing to exchange, yet its step once densified the embedding's
     gradient: Adam then squared summed duplicate rows, and the weights left Keras's."""

@@ -97,7 +97,6 @@ def mirrored():
     [
         ("adam", "optimizer", 1),
         ("adam", "gradients", 2),  # dense blocks reduced each micro-batch, sparse rows kept
-        ("sgd", "optimizer", 2),  # the micro-batches' rows concatenated, then gathered
         # Keras's global clipping multiplies with ``*``: its optimizer gets the slices dense.
         ("adam_global_clipnorm", "optimizer", 1),
     ],
