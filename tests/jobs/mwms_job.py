@@ -66,6 +66,7 @@ def hybrid_transformer_adam():
     """The hybrid on a causal transformer LM with Adam: 2 workers x 2 stages, cut after its
     attention (the residual stream crosses the cut beside the attention's output), the
     embedding's rows gathered from both workers."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from tests.keras_parity.rows_transformers import lm_model, text
 
     model = lm_model()

@@ -299,7 +299,8 @@ def _reduce_16bit(
     side = [count] if count is not None and digits is None else []
     as_float = [tf.cast(g, tf.float32) for g in parts]
     if compression == "fp16":
-        maxima = [tf.reduce_max(tf.abs(g)) for g in as_float if g.shape.num_elements()]
+        # An empty gradient has no max; one of unknown static size (None) is kept.
+        maxima = [tf.reduce_max(tf.abs(g)) for g in as_float if g.shape.num_elements() != 0]
         side.append(tf.reduce_max(tf.stack(maxima)) if maxima else tf.constant(0.0))
     scale = total = None
     if side:
@@ -328,7 +329,9 @@ def _unpack(
     reduced: tf.Tensor, parts: list[tf.Tensor], widen: Any = lambda piece: piece
 ) -> list[tf.Tensor]:
     """``reduced`` split back into ``parts``' shapes and dtypes (``widen`` each piece first)."""
-    sizes = [g.shape.num_elements() for g in parts]
+    # Sizes from the tensors themselves: a gradient's static shape may be partly unknown (a
+    # Dense kernel's on 3-D input is (None, units) as traced).
+    sizes = [tf.size(g) for g in parts]
     return [
         tf.cast(tf.reshape(widen(piece), tf.shape(g)), g.dtype)
         for g, piece in zip(parts, tf.split(reduced, sizes))
