@@ -14,7 +14,6 @@ from tests.keras_parity.parity import SYNC_STRATEGIES as SYNC
 from tests.keras_parity.parity import Row, fixed_weights
 
 VOCAB, SEQ, WIDTH, N = 23, 8, 8, 32
-WORKERS = ("multi_worker",)
 SIZES = dict(num_layers=1, hidden_dim=WIDTH, intermediate_dim=2 * WIDTH)  # 1 layer: half the trace
 
 
@@ -101,14 +100,13 @@ def adam():
 
 ROWS = [
     Row("keras_hub_gpt2_lm_adam", gpt2_lm, adam, lm_fit, strategies=SYNC, slow=True),
-    # Llama and BERT on the shared multi_worker launch (their trace costs the most CPU).
-    Row("keras_hub_llama_lm_adam", llama_lm, adam, lm_fit, strategies=WORKERS, slow=True),
+    Row("keras_hub_llama_lm_adam", llama_lm, adam, lm_fit, strategies=SYNC, slow=True),
     Row(
         "keras_hub_bert_classifier_adam",
         bert_classifier,
         adam,
         classifier_fit,
-        strategies=WORKERS,
+        strategies=SYNC,
         slow=True,
     ),
 ]

@@ -130,19 +130,39 @@ def gpt2(seed: int = 0) -> keras.Model:
     return keras.Model(inputs, keras.layers.Dense(VOCAB, name="head")(backbone(inputs)))
 
 
-@pytest.mark.parametrize("kind", ["sgd"])  # Adam through stages: the transformer LM above
-def test_keras_hub_gpt2_cut_between_its_transformer_layers(kind):
+def hub_backbone(family: str) -> keras.Model:
+    """KerasHub's Llama (grouped-query attention, rotary positions) or BERT (a segment input,
+    a dict of outputs) backbone of 2 layers with an untied head, from its constructor."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    sizes = dict(vocabulary_size=VOCAB, num_layers=2, hidden_dim=WIDTH, dropout=0.0)
+    sizes.update(intermediate_dim=2 * WIDTH, name="backbone")
+    if family == "llama":
+        backbone = keras_hub.models.LlamaBackbone(num_query_heads=2, num_key_value_heads=1, **sizes)
+        out = backbone(backbone.input)
+    else:
+        backbone = keras_hub.models.BertBackbone(num_heads=2, max_sequence_length=16, **sizes)
+        out = backbone(backbone.input)["sequence_output"]
+    return keras.Model(backbone.input, keras.layers.Dense(VOCAB, name="head")(out))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
+def test_keras_hub_backbones_cut_between_their_transformer_layers(family):
     """The nested backbone is flattened: ``backbone/transformer_layer_0`` names its first
-    transformer layer, and the padding mask travels to the second."""
+    transformer layer, and the padding mask (BERT's segment ids too) travels to the second;
+    SGD (Adam through stages: the transformer LM above)."""
     x = {"token_ids": IDS, "padding_mask": PAD}
-    want, want_history = trained(gpt2, x, kind, None, **FIT)
+    if family == "bert":
+        x["segment_ids"] = (np.arange(SEQ) >= SEQ // 2).astype("int32") * PAD
+    make = gpt2 if family == "gpt2" else lambda: hub_backbone(family)
+    want, want_history = trained(make, x, "sgd", None, **FIT)
     options = PipelineOptions(["backbone/transformer_layer_0"], micro_batches=2)
-    trainer, history = trained(gpt2, x, kind, options, **FIT)
+    trainer, history = trained(make, x, "sgd", options, **FIT)
     assert max_diff(trainer.model.get_weights(), want.get_weights()) <= 1e-5
     np.testing.assert_allclose(history["loss"], want_history["loss"], rtol=1e-5)
     names = [[x.name for x in s.model.layers if x.weights] for s in trainer.stages]
     assert names[0][-1] == "transformer_layer_0"
-    assert names[1] == ["transformer_layer_1", "layer_norm", "head"]
+    assert names[1][0] == "transformer_layer_1" and names[1][-1] == "head"
 
 
 def test_split_at_auto_cuts_inside_the_nested_backbone():
