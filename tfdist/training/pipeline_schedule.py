@@ -30,6 +30,7 @@ from keras.utils import unpack_x_y_sample_weight
 
 from tfdist._compat.keras_training import activity_losses, loss_tracker, unscale_loss
 from tfdist._compat.masks import keras_mask
+from tfdist.training.gradients import add_gradients, dense_part
 from tfdist.training.losses import ReplicaLoss, Split, replica_loss, split
 from tfdist.training.step import batch_size_of, forward
 
@@ -191,9 +192,9 @@ class Schedule:
             for v, g in zip(own, got):
                 if g is not None:
                     j = self.update.index[id(v)]
-                    into[j] = g if into[j] is None else plus(into[j], g)
+                    into[j] = g if into[j] is None else add_gradients(into[j], g)
                     # The sum: each micro-batch's gradient freed at once.
-                    made.append(into[j].values if sparse(into[j]) else into[j])
+                    made.append(dense_part(into[j]))
             made.extend(batch.dh[o] or [])
         return made
 
@@ -248,20 +249,3 @@ def spread(grads: Sequence[Any], positions: Sequence[int], h: Sequence[Any]) -> 
     for i, g in zip(positions, grads):
         full[i] = g
     return full
-
-
-def sparse(g: Any) -> bool:
-    return isinstance(g, tf.IndexedSlices)
-
-
-def plus(a: Any, b: Any) -> Any:
-    """``a + b`` for two gradients of one variable: a ``tf.IndexedSlices`` pair concatenated (its
-    rows, duplicates kept, as one device on the whole batch hands them to the optimizer), else
-    dense."""
-    if sparse(a) and sparse(b):
-        return tf.IndexedSlices(
-            tf.concat([a.values, b.values], 0),
-            tf.concat([a.indices, tf.cast(b.indices, a.indices.dtype)], 0),
-            a.dense_shape,
-        )
-    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)

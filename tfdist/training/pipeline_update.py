@@ -27,10 +27,11 @@ import tensorflow as tf
 from tfdist._compat.masks import keras_mask, with_keras_mask
 from tfdist._compat.optimizer import updates_on_variable_devices
 from tfdist.training.exchange import all_reduce_sum
+from tfdist.training.gradients import add_gradients
 from tfdist.training.losses import MaskedUpdate, output_sums, stack_term_rows
 from tfdist.training.pipeline import PipelineOptions, Stage, place_stages
 from tfdist.training.pipeline_checks import check_global_batch, is_hybrid
-from tfdist.training.pipeline_schedule import Schedule, plus, sparse, stage_forward
+from tfdist.training.pipeline_schedule import Schedule, stage_forward
 from tfdist.training.sharded_update import ShardedUpdate
 from tfdist.training.sharding import ShardedState
 from tfdist.training.step import TrainUpdate
@@ -136,7 +137,11 @@ class PipelineUpdate(TrainUpdate):
         if not self.present:
             self._learn(batches[0].replica, grads, term_grads)
         if term_grads:  # a sparse variable's terms ride in its rows, as `TrainUpdate`'s do
-            rows = [i for i in self.present if any(sparse(g[i]) for g in [grads, *term_grads])]
+            rows = [
+                i
+                for i in self.present
+                if any(isinstance(g[i], tf.IndexedSlices) for g in [grads, *term_grads])
+            ]
             stack_term_rows(grads, term_grads, self.present)
             for batch in batches:
                 for t in batch.term_grads:
@@ -157,7 +162,7 @@ class PipelineUpdate(TrainUpdate):
 def _plus(a: Any, b: Any) -> Any:
     if a is None or b is None:
         return b if a is None else a
-    return plus(a, b)
+    return add_gradients(a, b)
 
 
 class ShardedPipelineUpdate(ShardedUpdate, PipelineUpdate):
