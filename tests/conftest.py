@@ -70,7 +70,7 @@ FIRST_SCOPES = (
     "tests/slurm/test_slurm.py",
     "tests/test_notebooks.py",
     "tests/bench/test_scaling.py",
-    "tests/training/test_backup_faults.py",
+    "tests/training/backup/test_backup_faults.py",
     "tests/strategies/test_ps_multiprocess.py",
     "tests/strategies/test_multi_worker.py",
     "tests/keras_parity/test_parity_multi_worker.py",

@@ -412,7 +412,7 @@ def test_import_tfdist_is_lazy_and_shims_come_first():
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, \\\n"
         "    'imported too early'\n"
         "# A direct import of a TF-using module...\n"
-        "from tfdist.training.callbacks import BackupAndRestore\n"
+        "from tfdist.training.fit.chief_only import BackupAndRestore\n"
         "assert tfdist._shims_applied  # ...applies the compat shims first.\n"
         "print(tfdist.Trainer.__name__, tfdist.make_strategy.__name__,\n"
         "      tfdist.callbacks.BackupAndRestore.__name__,\n"

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import _compat
-from tfdist._compat import masks
+from tfdist._compat.keras_internals import masks
 
 TABLE = _compat.SHIM_TABLE + _compat.SHARDED_VARIABLE_SHIM_TABLE
 
@@ -79,7 +79,7 @@ def test_upstream_still_updates_sharded_variables_through_extended_update():
 
 
 def test_upstream_still_reduces_masked_terms_by_local_count():
-    # tfdist.training.losses takes Keras's masked terms apart by this count.
+    # tfdist.training.step.masked_losses takes Keras's masked terms apart by this count.
     assert masks.keras_reduces_masked_terms_by_local_count()
 
 
@@ -265,7 +265,7 @@ def _failing_async_write(tmp_path):
 
 
 def test_upstream_sync_still_swallows_an_async_write_error(tmp_path):
-    from tfdist._compat.checkpoint import release_async_writer, take_async_write_error
+    from tfdist._compat.tf_internals.checkpoint import release_async_writer, take_async_write_error
 
     checkpoint = _failing_async_write(tmp_path)
     checkpoint.sync()  # waits, and raises nothing: why tfdist takes the error itself
@@ -279,7 +279,7 @@ def test_upstream_async_writer_still_lives_until_exit(tmp_path):
     import gc
     import weakref
 
-    from tfdist._compat.checkpoint import release_async_writer
+    from tfdist._compat.tf_internals.checkpoint import release_async_writer
 
     def written_variable(path, release):
         variable = tf.Variable(1.0)
@@ -298,7 +298,7 @@ def test_upstream_async_writer_still_lives_until_exit(tmp_path):
 
 
 def test_upstream_python_state_still_has_no_async_copy():
-    from tfdist._compat.checkpoint import WrittenFromItself
+    from tfdist._compat.tf_internals.checkpoint import WrittenFromItself
 
     class Plain(tf.train.experimental.PythonState):
         def serialize(self):

@@ -1,5 +1,5 @@
 """Keras callbacks from tfdist that also work with plain ``model.fit``."""
 
-from tfdist.training.callbacks import BackupAndRestore
+from tfdist.training.fit.chief_only import BackupAndRestore
 
 __all__ = ["BackupAndRestore"]

@@ -209,7 +209,7 @@ OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "rmsprop")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 LR_SCALINGS = ("none", "linear")
 #: ``tfdist train --gradient_compression``: the gradients' all-reduce dtype ("none": float32). The
-#: Trainer takes ``"bf16"``, ``"fp16"`` or None (``tfdist.training.exchange.COMPRESSIONS``).
+#: Trainer takes ``"bf16"``, ``"fp16"`` or None (``tfdist.training.step.exchange.COMPRESSIONS``).
 GRADIENT_COMPRESSIONS = ("none", "bf16", "fp16")
 #: ``tfdist train --sharding``: what each replica keeps only its block of ("off": everything
 #: whole). The Trainer takes ``"optimizer"``, ``"gradients"`` or None (ZeRO-1/2).

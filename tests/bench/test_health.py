@@ -70,7 +70,7 @@ def test_the_on_sides_really_ran_the_health_thread_and_the_clock(bench_run):
                 )
                 # Warnings are not checked: under the whole suite on 2 cores a pinned worker shares
                 # its core with other tests, and is then really slower (the quiet balanced case is
-                # tests/training/test_watchdog_faults.py's).
+                # tests/training/health/test_watchdog_faults.py's).
     # The chief scored rounds in every fast measurement (both workers published their sums),
     # and none without the report; only the chief scores.
     assert all(fit["rounds_scored"] >= 1 for fit in observed["worker-0"]["on_fast"])

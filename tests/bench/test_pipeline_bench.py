@@ -75,7 +75,9 @@ def test_a_real_profile_is_read_back_with_each_stages_ops():
 
     two_stages()
     events = pipeline_trace.profile(lambda: two_stages().numpy())
-    assert events is not None, "TF's profiler trace could not be read (see _compat/profiler.py)"
+    assert events is not None, (
+        "TF's profiler trace could not be read (see _compat/tf_internals/profiler.py)"
+    )
     got = pipeline_trace.measured_bubble(events, 2)
     assert got["ops"][0] >= 1 and got["ops"][1] >= 1 and 0.0 <= got["bubble"] < 1.0
 

@@ -70,8 +70,8 @@ import logging  # noqa: E402
 import tfdist  # noqa: E402
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-logging.getLogger("tfdist.training.backup").setLevel(logging.INFO)
-logging.getLogger("tfdist.training.stragglers").setLevel(logging.INFO)
+logging.getLogger("tfdist.training.backup.writer").setLevel(logging.INFO)
+logging.getLogger("tfdist.training.health.stragglers").setLevel(logging.INFO)
 
 
 class StragglerWarnings(logging.Handler):
@@ -84,7 +84,7 @@ class StragglerWarnings(logging.Handler):
                 f.write(line + "\n")
 
 
-logging.getLogger("tfdist.training.stragglers").addHandler(StragglerWarnings())
+logging.getLogger("tfdist.training.health.stragglers").addHandler(StragglerWarnings())
 
 strategy = tfdist.make_strategy(
     args.strategy, **({"num_devices": 2} if args.strategy == "mirrored" else {})
@@ -160,7 +160,7 @@ class StallingSource:
 
 
 if args.slow_saves:
-    from tfdist.training import backup as backup_lib
+    from tfdist.training.backup import writer as backup_lib
 
     slow_seconds, slow_count = args.slow_saves.split(",")
     slow_left = [int(slow_count)]
@@ -175,7 +175,7 @@ if args.slow_saves:
     backup_lib.Backup.save = slow_save
 
 if fault_kind == "save":
-    from tfdist.training import backup as backup_lib
+    from tfdist.training.backup import writer as backup_lib
 
     original_save = backup_lib.Backup.save
 

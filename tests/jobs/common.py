@@ -27,7 +27,7 @@ def collectives_in_loop_body(tf_function):
     """
     from tensorflow.core.framework import types_pb2
 
-    from tfdist._compat.keras_training import concrete_functions
+    from tfdist._compat.keras_internals.keras_training import concrete_functions
 
     counts = {"float": 0, "int": 0}
     for concrete in concrete_functions(tf_function):

@@ -34,7 +34,7 @@ strategy = tfdist.make_strategy("multi_worker")
 if mode == "sigterm":
     # Both tasks race to claim one key of the health board (the watchdog's alarm, in a fit):
     # exactly one may win, and the other must read the winner's value.
-    from tfdist.training.board import Board
+    from tfdist.training.health.board import Board
 
     claimed = Board(["worker:0", "worker:1"], shared=True).claim("race", {"by": name})
     (out / f"{name}.claim").write_text(json.dumps(claimed))

@@ -2,7 +2,7 @@
 
 Each ``fit()`` makes fresh callbacks (and fresh temporary directories for those that write), so
 plain Keras and the Trainer share none. Files written by the callbacks are compared in
-``tests/training/test_callbacks.py``.
+``tests/training/fit/test_callbacks.py``.
 """
 
 import itertools
@@ -130,6 +130,6 @@ ROWS = [
     Row("swap_ema_weights", mlp, ema_compile, fitting(lambda: [keras.callbacks.SwapEMAWeights()])),
     Row("stop_in_on_epoch_begin", mlp, sgd_compile, fitting(lambda: [StopAtEpochBegin(1)])),
     # ModelCheckpoint, CSVLogger, TensorBoard, BackupAndRestore, LambdaCallback; their files are
-    # compared with Keras's in tests/training/test_callbacks.py.
+    # compared with Keras's in tests/training/fit/test_callbacks.py.
     Row("writers", mlp, sgd_compile, fitting(writers)),
 ]

@@ -1,6 +1,7 @@
 """Parity rows for sharded optimizer state (ZeRO) on two real MultiWorkerMirrored workers.
 
-The mirrored runs of sharding against Keras are in tests/training/test_sharding_transformers.py;
+The mirrored runs of sharding against Keras are in
+tests/training/zero/test_sharding_transformers.py;
 here the same kind of models run in the shared multi_worker launch: a causal transformer LM whose
 ``Embedding`` gradient is sparse, trained with Adam under ``sharding="gradients"`` and
 accumulation, where each micro-batch's dense gradients are reduce-scattered at once and the

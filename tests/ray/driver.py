@@ -42,7 +42,7 @@ def main_group(out_dir):
     import ray.data
     from sklearn.datasets import load_digits
 
-    from tfdist.launch.ray_engine import ray_fit
+    from tfdist.launch.ray.engine import ray_fit
 
     storage = tempfile.mkdtemp(prefix="ray-results-")
     reference_dir, faulty_dir = os.path.join(out_dir, "reference"), os.path.join(out_dir, "faulty")
@@ -127,7 +127,7 @@ def quickstart():
 
 
 def too_many_workers():
-    from tfdist.launch.ray_engine import ray_launcher
+    from tfdist.launch.ray.engine import ray_launcher
 
     start = time.time()
     try:

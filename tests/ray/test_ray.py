@@ -256,7 +256,7 @@ def test_importing_tfdist_launch_imports_no_ray():
 def test_a_worker_range_makes_rays_scaling_config_elastic():
     # Ray Train V2's elastic training: ScalingConfig(num_workers=(min, max)). No cluster needed.
     pytest.importorskip("ray.train")
-    from tfdist.launch.ray_engine import scaling_config
+    from tfdist.launch.ray.engine import scaling_config
 
     elastic = scaling_config((1, 4), use_gpu=False, cpus_per_worker=1)
     assert elastic.elasticity_enabled and (elastic.min_workers, elastic.max_workers) == (1, 4)
@@ -267,7 +267,7 @@ def test_a_worker_range_makes_rays_scaling_config_elastic():
 
 @pytest.mark.parametrize("bad", [(0, 2), (3, 2), (1, 2, 3), [1, 2], (1, "2"), 0, True])
 def test_bad_worker_ranges_are_refused(bad):
-    from tfdist.launch.ray_engine import worker_range
+    from tfdist.launch.ray.engine import worker_range
 
     with pytest.raises(ValueError, match=r"Invalid value for argument `num_workers`"):
         worker_range(bad)
@@ -276,7 +276,7 @@ def test_bad_worker_ranges_are_refused(bad):
 def test_ray_launcher_takes_ray_fits_keyword_arguments_and_no_others():
     import inspect
 
-    from tfdist.launch.ray_engine import ray_fit, ray_launcher
+    from tfdist.launch.ray.engine import ray_fit, ray_launcher
 
     launcher, fit = inspect.signature(ray_launcher), inspect.signature(ray_fit)
     assert list(launcher.parameters.values()) == list(fit.parameters.values())

@@ -95,7 +95,7 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
     for a, b, ref in zip(w0, w1, reference_weights):
         np.testing.assert_array_equal(a, b)  # both workers hold the same model
         # 2 workers x b == 1 replica x 2b
-        # bf16: the gradients travel in 16 bits (tests/training/test_exchange.py's bound).
+        # bf16: the gradients travel in 16 bits (tests/training/step/test_exchange.py's bound).
         atol = 2e-3 if mode.endswith("_bf16") else 1e-6 if "pipeline" in mode else 1e-5
         np.testing.assert_allclose(a, ref, atol=atol, rtol=0)
     history = json.loads((out_dir / f"{mode}-worker-0.json").read_text())

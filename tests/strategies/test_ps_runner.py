@@ -153,7 +153,7 @@ def test_every_logged_value_is_a_true_running_mean(
 
 
 def test_only_a_lost_workers_logs_are_skipped():
-    from tfdist.strategies.ps_failures import lost_worker_output
+    from tfdist.strategies.ps.failures import lost_worker_output
 
     copy = (
         "{{function_node __wrapped__Identity_device_/job:chief/replica:0/task:0/device:CPU:0}} "

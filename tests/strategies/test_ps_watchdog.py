@@ -16,8 +16,8 @@ import tensorflow as tf
 
 import tfdist
 from tests.strategies.ps_common import ps_strategy
-from tfdist.strategies.ps_failures import WorkerStuckError
-from tfdist.strategies.ps_watchdog import DEFAULT_TIMEOUTS
+from tfdist.strategies.ps.failures import WorkerStuckError
+from tfdist.strategies.ps.watchdog import DEFAULT_TIMEOUTS
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 FLOOR = 5.0  # seconds; healthy calls here take ~50 ms, so only a hang lasts this long
@@ -90,7 +90,7 @@ def _watched(hang, **watchdog):
     options = tfdist.WatchdogOptions(floor=FLOOR, first=120.0, **watchdog)
     trainer = _trainer(ps_strategy(num_workers=2, num_ps=1), watchdog=options)
     warnings = _Warnings(trainer.runner)
-    logger = logging.getLogger("tfdist.strategies.ps_watchdog")
+    logger = logging.getLogger("tfdist.strategies.ps.watchdog")
     logger.addHandler(warnings)
     try:
         yield trainer, warnings
@@ -134,7 +134,7 @@ def test_update_counts_and_rates_of_a_balanced_run(caplog):
     assert set(counts) == {"worker:0", "worker:1"}
     assert sum(counts.values()) == 2 * STEPS  # steps_per_execution=1: one call per step
     assert min(counts.values()) >= 0.2 * 2 * STEPS, counts  # both workers took a share
-    with caplog.at_level(logging.INFO, "tfdist.strategies.ps_watchdog"):
+    with caplog.at_level(logging.INFO, "tfdist.strategies.ps.watchdog"):
         rates = trainer.runner.worker_update_rates(log=True)
     assert set(rates) == set(counts) and all(rate > 0 for rate in rates.values()), rates
     assert "worker:0" in caplog.text and "worker:1" in caplog.text

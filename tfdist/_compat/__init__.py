@@ -12,22 +12,15 @@ collectives once its context is initialised.
 Modules, by job:
   * ``shims``: the ``Shim`` record (name, reason, probe, patches) and the
     table-driven `apply_table`; `original` gives back what a shim replaced.
-  * ``multi_worker_fit``: ``symbolic_build`` and ``multi_worker_reduce``, which
-    make plain ``model.fit`` work on real MultiWorkerMirrored workers.
-  * ``atomic``: ``atomic_assign_add`` (exact counts under asynchronous PS updates).
-  * ``sharded``: the ``ShardedVariable`` shims, and `is_sharded_variable`.
-  * ``optimizer``: `gradients_already_summed` (tfdist all-reduces gradients itself).
-  * ``metric_state``: metric variables as local tensors (exact PS logs).
-  * ``scope_moves``: the user's model moved into a strategy scope in place, metrics copied
-    into it attribute by attribute, an optimizer's live learning-rate schedule.
-  * ``runtime``: the TF runtime's state (started? connected to a cluster?).
-  * ``checkpoint``: TF's asynchronous checkpoint writer (its error, its end; a Python
-    state it writes from the object itself), for asynchronous backups.
-  * ``inputs``: `plain_iterator`, a plain dataset iterator where a worker has one CPU
-    replica (TF makes a multi-device one, about 0.17 s per iterator).
   * ``probing``: the recording stand-ins the probes use.
-  * ``masks``: a tensor's Keras mask, and the masked terms of Keras's losses with their
-    valid counts (`masked_terms`), for exact masked losses.
+  * ``keras_internals/``: Keras's private names (the training internals, callbacks and the
+    progress bar, masks, metric state, the optimizer's all-reduce, atomic increments, scope
+    moves, a functional model's graph, ``PyDataset``'s reader, plain ``model.fit`` on
+    MultiWorkerMirrored workers). Its ``__init__`` maps each module.
+  * ``tf_internals/``: TensorFlow's private names (the runtime's state, the cluster
+    coordinator, the asynchronous checkpoint writer, one-replica iterators,
+    ``ShardedVariable``, sharded optimizer state saved whole, profiler traces, the bench's
+    reads). Its ``__init__`` maps each module.
 
 Set ``TFDIST_DISABLE_COMPAT=symbolic_build`` (comma separated) to skip a shim,
 e.g. to check whether upstream still needs it.
@@ -35,10 +28,17 @@ e.g. to check whether upstream still needs it.
 
 from __future__ import annotations
 
-from tfdist._compat.atomic import VARIABLE, keras_assign_add_is_read_then_write, make_atomic
-from tfdist._compat.inputs import one_cpu_replica, plain_iterator
-from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
-from tfdist._compat.multi_worker_fit import (
+from tfdist._compat.keras_internals.atomic import (
+    VARIABLE,
+    keras_assign_add_is_read_then_write,
+    make_atomic,
+)
+from tfdist._compat.keras_internals.metric_state import (
+    additive,
+    metric_state_as_tensors,
+    metric_variables,
+)
+from tfdist._compat.keras_internals.multi_worker_fit import (
     TRAINER_MODULE,
     keras_reduces_batch_to_build,
     keras_reduces_scalars_on_axis_0,
@@ -46,8 +46,10 @@ from tfdist._compat.multi_worker_fit import (
     make_reduce_per_replica,
     maybe_symbolic_build,
 )
-from tfdist._compat.optimizer import gradients_already_summed
-from tfdist._compat.runtime import (
+from tfdist._compat.keras_internals.optimizer import gradients_already_summed
+from tfdist._compat.shims import Patch, Shim, apply_table, disabled, in_force, original
+from tfdist._compat.tf_internals.inputs import one_cpu_replica, plain_iterator
+from tfdist._compat.tf_internals.runtime import (
     connected_cluster,
     connected_to_cluster,
     coordination_service_enabled,
@@ -57,7 +59,7 @@ from tfdist._compat.runtime import (
     op_determinism_enabled,
     tf_runtime_started,
 )
-from tfdist._compat.sharded import (
+from tfdist._compat.tf_internals.sharded import (
     KERAS_VARIABLE,
     TF_OPTIMIZER,
     is_sharded_variable,
@@ -73,7 +75,6 @@ from tfdist._compat.sharded import (
     sharded_variables_lack_handle,
     shards_of,
 )
-from tfdist._compat.shims import Patch, Shim, apply_table, disabled, in_force, original
 
 #: What `apply` considers, in order (``import tfdist`` applies them once Keras loads).
 SHIM_TABLE: tuple[Shim, ...] = (

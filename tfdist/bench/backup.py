@@ -44,7 +44,7 @@ import keras
 
 from tfdist.bench import common, fits, timing
 from tfdist.config import invalid_argument
-from tfdist.training.backup_files import SLOW_FSYNC_ENV
+from tfdist.training.backup.files import SLOW_FSYNC_ENV
 
 STEPS_PER_FIT = 64
 BACKUP_FREQ = 16

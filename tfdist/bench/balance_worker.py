@@ -249,7 +249,7 @@ def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> d
     )
     clock = EpochClock(None if hog is None else host_pid(hog))
     splits = SplitLog()
-    logging.getLogger("tfdist.training.balance").addHandler(splits)
+    logging.getLogger("tfdist.training.balance.balancer").addHandler(splits)
     try:
         trainer.fit(
             dataset_fn(spec),
@@ -260,7 +260,7 @@ def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> d
             verbose=0,
         )
     finally:
-        logging.getLogger("tfdist.training.balance").removeHandler(splits)
+        logging.getLogger("tfdist.training.balance.balancer").removeHandler(splits)
     start = clock.rows[0]["t"]
     return {
         "epochs": clock.rows,

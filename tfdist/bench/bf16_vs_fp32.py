@@ -32,7 +32,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist._compat.bench import onednn_enabled
+from tfdist._compat.tf_internals.bench import onednn_enabled
 from tfdist.bench import common, fits, mfu, timing
 
 BF16_CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")

@@ -42,9 +42,9 @@ from tfdist.bench.worker_common import Recorder
 SIDES = ("off", "on", "on_fast")
 #: The order of even and odd rounds (see the module docstring).
 ORDERS = (SIDES, ("on", "on_fast", "off"))
-#: The name of the fit's health thread (``tfdist.training.health.Health``).
+#: The name of the fit's health thread (``tfdist.training.health.monitor.Health``).
 HEALTH_THREAD = "tfdist-health"
-STRAGGLER_LOGGER = "tfdist.training.stragglers"
+STRAGGLER_LOGGER = "tfdist.training.health.stragglers"
 
 
 def health_options(side: str, fast_interval: float) -> dict[str, Any]:

@@ -17,7 +17,7 @@ compiled metrics and the same number of steps per timed run:
   ``Mean`` whose two variables live on the ps): each call adds its sums to
   them, one atomic ``assign_add`` each. No callback here has a batch-end hook
   (``verbose=0``), so the calls return no logs (a fit whose callbacks read
-  batch logs gets them back, computed when read: ``tfdist.strategies.ps_logs``).
+  batch logs gets them back, computed when read: ``tfdist.strategies.ps.logs``).
 * **hand_written_bare**: the loop of the TF parameter-server tutorial
   (``tfdist.bench.ps_hand_written``), with nothing tracked: a ``tf.function``
   that runs ``strategy.run`` of a

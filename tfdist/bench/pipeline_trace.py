@@ -6,7 +6,7 @@ equal time and each device runs one op at a time. Measured: the step runs once u
 profiler (``tf.profiler.experimental``, nothing added to the graph: ``tf.timestamp`` markers
 would be ordered by automatic control dependencies and serialise the stages), and each op
 of the trace is given to its stage by its name, which carries the stage's sub-model
-(``<model>_stage_<k>``, `tfdist.training.pipeline.cut`; the backward's ops too, under
+(``<model>_stage_<k>``, `tfdist.training.pipeline.options.cut`; the backward's ops too, under
 ``gradient_tape/``). The span is from the first stage op to the last. Two views of it:
 
 * ``bubble``, the threads' idle share: ``1 - sum(op seconds) / (K * span)``. With one
@@ -128,7 +128,7 @@ def profile(fn: Callable[[], Any]) -> list[tuple[str, float, float]] | None:
     """
     import tensorflow as tf
 
-    from tfdist._compat.profiler import trace_events
+    from tfdist._compat.tf_internals.profiler import trace_events
 
     logdir = tempfile.mkdtemp(prefix="tfdist-bench-pipeline-trace-")
     try:

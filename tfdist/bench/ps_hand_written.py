@@ -80,7 +80,7 @@ class HandWrittenLoop:
         learning_rate: float,
         loss_metric: bool = False,
     ) -> None:
-        from tfdist.strategies.ps_runner import coordinator_for
+        from tfdist.strategies.ps.runner import coordinator_for
 
         self.strategy = strategy
         self.coordinator = coordinator_for(strategy)  # the strategy's one coordinator, shared

@@ -56,7 +56,7 @@ def data(batches: int) -> tf.data.Dataset:
 
 def exchanged_bytes(strategy: tf.distribute.Strategy, batch: Any) -> dict[str, float]:
     """Bytes the embedding's gradient sends per update, summed over the replicas, each way."""
-    from tfdist.training.exchange import sparse_bytes
+    from tfdist.training.step.exchange import sparse_bytes
 
     with strategy.scope():
         model = builder()

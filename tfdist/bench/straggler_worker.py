@@ -204,7 +204,7 @@ def batches_drawn_per_worker(
     A check that the sleep landed on one worker: the coordinator hands a closure
     to whichever worker is free, so a slowed worker draws fewer.
     """
-    from tfdist.strategies.ps_runner import coordinator_for
+    from tfdist.strategies.ps.runner import coordinator_for
 
     coordinator = coordinator_for(strategy)
 

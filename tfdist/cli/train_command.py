@@ -198,7 +198,7 @@ def run(args: Sequence[str]) -> int:
             )
         if not sys.stdout.isatty():  # a log: Ray's repeated-line notes come in colour; write all
             os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when Ray is imported, next
-        from tfdist.launch.ray_engine import ray_launcher
+        from tfdist.launch.ray.engine import ray_launcher
 
         summary = ray_launcher(
             _train_on_this_worker,

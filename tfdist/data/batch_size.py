@@ -6,7 +6,7 @@ import logging
 
 import tensorflow as tf
 
-from tfdist._compat.inputs import static_batch_size
+from tfdist._compat.tf_internals.inputs import static_batch_size
 from tfdist.config import invalid_argument
 
 logger = logging.getLogger(__name__)

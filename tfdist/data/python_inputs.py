@@ -14,7 +14,7 @@ process, as Keras's TF backend reads them (``GeneratorDataAdapter``, ``PyDataset
 * a ``PyDataset``: one pass per iterator over ``range(len(ds))`` (reordered with a seeded
   permutation per pass when training with ``shuffle=True``; Keras draws its order from
   Python's ``random``), read by Keras's own enqueuer when ``workers > 1`` or
-  ``use_multiprocessing`` (``tfdist._compat.py_dataset``). ``on_epoch_begin`` and
+  ``use_multiprocessing`` (``tfdist._compat.keras_internals.py_dataset``). ``on_epoch_begin`` and
   ``on_epoch_end`` are called around each pass, and ``on_epoch_end`` once more when the
   input is made (Keras's ``EpochIterator.reset`` at the start of ``fit``) or, for
   evaluation, before each pass.
@@ -39,7 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist._compat.py_dataset import enqueued_batches, reads_in_parallel
+from tfdist._compat.keras_internals.py_dataset import enqueued_batches, reads_in_parallel
 from tfdist.config import invalid_argument
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ Engines start processes that call tfdist's public API; none reaches into trainin
 
 Importing this package imports no TensorFlow (the launcher only supervises
 processes) and no Ray: ``ray_launcher``, ``ray_fit`` and ``RayBackup`` load
-`tfdist.launch.ray_engine` / `tfdist.launch.ray_backup` when first touched.
+`tfdist.launch.ray.engine` / `tfdist.launch.ray.backup` when first touched.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from tfdist.launch.notebook import notebook_launcher
 
 __all__ = ["notebook_launcher", "ray_launcher", "ray_fit", "RayBackup"]
 _LAZY = {
-    "ray_launcher": "tfdist.launch.ray_engine:ray_launcher",
-    "ray_fit": "tfdist.launch.ray_engine:ray_fit",
-    "RayBackup": "tfdist.launch.ray_backup:RayBackup",
+    "ray_launcher": "tfdist.launch.ray.engine:ray_launcher",
+    "ray_fit": "tfdist.launch.ray.engine:ray_fit",
+    "RayBackup": "tfdist.launch.ray.backup:RayBackup",
 }
 
 __getattr__, __dir__ = lazy_attributes(globals(), _LAZY)

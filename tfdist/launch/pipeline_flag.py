@@ -2,7 +2,8 @@
 stages' logical CPU devices.
 
 ``--pipeline=split_at=conv_1,micro_batches=4`` cuts the model after layer ``conv_1`` into two
-stages trained with the GPipe schedule over 4 micro-batches (`tfdist.training.pipeline`), in one
+stages trained with the GPipe schedule over 4 micro-batches (`tfdist.training.pipeline.options`),
+in one
 process under TensorFlow's default strategy, or with ``--strategy=multi_worker`` in each worker of
 a cluster (the hybrid). Several split names (and ``devices``) are joined by
 ``+``, since commas separate the pairs: ``split_at=conv_0+dense``; ``split_at=auto,stages=K`` lets

@@ -51,8 +51,8 @@ def _strategy_options(config: TrainConfig) -> dict[str, Any]:
 
 def health_options(config: TrainConfig) -> dict[str, Any]:
     """The Trainer's ``watchdog`` and ``stragglers`` from the config's flags (absent: defaults)."""
-    from tfdist.training.stragglers import StragglerOptions
-    from tfdist.training.watchdog import WatchdogOptions
+    from tfdist.training.health.stragglers import StragglerOptions
+    from tfdist.training.health.watchdog import WatchdogOptions
 
     options: dict[str, Any] = {}
     for name, kind, fields in (
@@ -68,7 +68,7 @@ def health_options(config: TrainConfig) -> dict[str, Any]:
 
 def balance_options(config: TrainConfig) -> Any:
     """The Trainer's ``balance`` from ``--balance`` (False: off)."""
-    from tfdist.training.balance import BalanceOptions
+    from tfdist.training.balance.balancer import BalanceOptions
 
     kwargs = parse_options("balance", config.balance or "off", BALANCE_FIELDS)
     return False if kwargs is None else BalanceOptions(**kwargs)

@@ -1,14 +1,15 @@
 """Each worker's share of every global batch, set alike on every worker (``Trainer(balance=)``).
 
 MultiWorkerMirrored gives each replica ``global_batch_size / replicas`` examples of every
-global batch. With a balanced split (`tfdist.training.balance` decides it) every worker reads
+global batch. With a balanced split (`tfdist.training.balance.balancer` decides it) every worker
+reads
 the **whole** global batch, the same examples in the same order, and its replicas train on
 their slices of it: replica ``r`` takes examples ``[sum(shares[:r]), sum(shares[:r + 1]))``.
 The shares are one int32 variable per process that every worker assigns the same values
 between calls, so a new split changes no shape in the graph and retraces nothing.
 
 The replica step needs nothing more to stay exact: it weighs each replica's loss by its
-own example count over the global one (`tfdist.training.step`), so any split sums to the
+own example count over the global one (`tfdist.training.step.update`), so any split sums to the
 same gradient (up to the order of the float sums). A global batch shorter than the
 shares (a last partial batch of arrays) is cut at its end: the last replicas get fewer
 examples, or none, and every example is still trained on exactly once.

@@ -1,7 +1,7 @@
 """The runner protocol: how one training loop drives every strategy.
 
 ``Trainer`` decides *when* a step happens; a runner decides *how* it is
-executed on its strategy; ``training/step.py`` decides *what* a step does.
+executed on its strategy; ``training/step/update.py`` decides *what* a step does.
 Everything that differs between strategies is a method here, so the training
 loop holds no ``isinstance(strategy, ...)``.
 """
@@ -82,7 +82,8 @@ def until_exhausted(
 
 ReplicaFn = Callable[..., Any]
 LogsFn = Callable[[], Mapping[str, tf.Tensor]]
-#: ``drive(run, next_batch)``: one update from cross-replica context (see ``training/step.py``).
+#: ``drive(run, next_batch)``: one update from cross-replica context (see
+#: ``training/step/update.py``).
 CrossReplicaFn = Callable[[Callable[..., Any], Callable[[], Any]], None]
 
 
@@ -167,7 +168,7 @@ class Runner(Protocol):
 
         ``cross_replica(run, next_batch)``, when given, is the same update as
         ``replica_fn`` driven from cross-replica context (see
-        ``training/step.py``): a runner that can fetch batches between replica
+        ``training/step/update.py``): a runner that can fetch batches between replica
         calls calls it once per update instead, so the micro-batch loop stays
         symbolic; ``run(fn, args)`` runs ``fn`` on every replica. A runner that
         cannot ignores it.

@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist._compat.runtime import is_default_strategy
+from tfdist._compat.tf_internals.runtime import is_default_strategy
 from tfdist.config import StrategyName, invalid_argument
 from tfdist.strategies import registry
 

@@ -39,10 +39,14 @@ import tensorflow as tf
 
 from tfdist import _compat
 from tfdist import cluster as cluster_lib
-from tfdist._compat.runtime import connected_cluster, connected_to_cluster, tf_runtime_started
+from tfdist._compat.tf_internals.runtime import (
+    connected_cluster,
+    connected_to_cluster,
+    tf_runtime_started,
+)
 from tfdist.config import check_positive_int, invalid_argument
 from tfdist.strategies.multi_worker import check_own_port, resolver_for
-from tfdist.strategies.ps_runner import PSRunner
+from tfdist.strategies.ps.runner import PSRunner
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Where each update's time goes on this worker: input, compute, the wait for the exchange.
 
 Timestamps inside the compiled train loop, so that a slow worker can be told
-from the ones that wait for it (see `tfdist.training.stragglers`):
+from the ones that wait for it (see `tfdist.training.health.stragglers`):
 
 * ``input``: from the start of an update to its batches being ready;
 * ``compute``: from there to the local gradients being ready (the

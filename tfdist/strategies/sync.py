@@ -13,8 +13,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdist._compat.inputs import one_cpu_replica, plain_iterator
-from tfdist._compat.metric_state import additive, metric_state_as_tensors, metric_variables
+from tfdist._compat.keras_internals.metric_state import (
+    additive,
+    metric_state_as_tensors,
+    metric_variables,
+)
+from tfdist._compat.tf_internals.inputs import one_cpu_replica, plain_iterator
 from tfdist.cluster import task_label
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats

@@ -1,16 +1,18 @@
-"""The training loop, the replica step, precision, backups and callbacks.
+"""The Trainer and its parts: one package per concern, each with a map in its ``__init__``.
 
-One job per module: ``trainer`` (``Trainer``: checks its arguments and wires
-the parts), ``options`` (the option groups), ``build`` (model, optimizer and
-metrics into the scope), ``placement`` (a model made outside the scope),
-``functions`` (the compiled functions), ``sources`` (data arguments),
-``fit_arguments`` (``fit``'s argument checks, ``steps_per_execution``),
-``fit`` (one ``fit`` wired in order), ``loop`` (the epoch loop),
-``evaluation`` (evaluate, predict), ``resume`` (which backup a fit uses),
-``step`` (the replica step), ``gradients`` (its gradient helpers),
-``exchange`` (the all-reduce), ``precision``, ``schedules``, ``preemption``
-(SIGTERM), ``backup`` (the backup writer), ``backup_sync`` (workers agreeing on
-the chief's backup), ``backup_files`` and ``callbacks``.
+Start at ``trainer`` (``Trainer``: checks its arguments and wires the parts).
+
+- ``trainer``: ``Trainer``, the one fit/evaluate/predict loop for every strategy.
+- ``options``: the Trainer's option groups, small frozen dataclasses checked when made.
+- ``functions``: the compiled functions of one model on one runner, built once and cached.
+- ``step/``: what one update computes: the replica step, gradients, the all-reduce, losses.
+- ``build/``: what goes into the strategy scope: model, optimizer, metrics, precision, LR.
+- ``fit/``: when things happen in one fit: arguments, data, epochs, callbacks, evaluation.
+- ``zero/``: sharded optimizer state and gradients (ZeRO-1/2).
+- ``pipeline/``: pipeline stages (model parallelism) and the hybrid.
+- ``balance/``: batch shares by worker speed.
+- ``backup/``: step-exact backups and resuming.
+- ``health/``: the watchdog and the straggler report.
 
 Names load on first use, so that importing one module of this package (e.g.
 ``tfdist.training.options``) does not import the whole Trainer.

@@ -17,16 +17,17 @@ import keras
 import tensorflow as tf
 
 from tfdist import _compat
-from tfdist._compat.keras_training import symbolic_build
+from tfdist._compat.keras_internals.keras_training import symbolic_build
 from tfdist.config import invalid_argument
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import Runner
-from tfdist.training import schedules
-from tfdist.training.exchange import log_nothing_to_exchange
-from tfdist.training.inference_steps import make_eval_step, make_predict_step
-from tfdist.training.loop import StartUpdates
+from tfdist.training.build import lr_schedules as schedules
+from tfdist.training.fit.one_epoch import StartUpdates
 from tfdist.training.options import ExchangeOptions, LRScaling
-from tfdist.training.overrides import (
+from tfdist.training.pipeline.update import Pipeline
+from tfdist.training.step.exchange import log_nothing_to_exchange
+from tfdist.training.step.inference import make_eval_step, make_predict_step
+from tfdist.training.step.model_steps import (
     Overrides,
     build_optimizers,
     callable_model,
@@ -34,16 +35,15 @@ from tfdist.training.overrides import (
     make_custom_train_update,
     select_logs,
 )
-from tfdist.training.pipeline_update import Pipeline
-from tfdist.training.sharded_update import ShardedUpdate
-from tfdist.training.sharding import (
+from tfdist.training.step.update import TrainUpdate
+from tfdist.training.zero.state import (
     ShardedState,
     check_optimizer,
     log_one_replica,
     log_replica_bytes,
     replica_bytes,
 )
-from tfdist.training.step import TrainUpdate
+from tfdist.training.zero.update import ShardedUpdate
 
 
 class StepFunctions:
@@ -56,10 +56,10 @@ class StepFunctions:
         exchange: How gradients are all-reduced, or None for the default.
         schedule: The learning-rate schedule when scaling or warmup is on.
         skipped_updates: The loss-scaling skip counter, when loss scaling.
-        pipeline: The model's pipeline stages (`tfdist.training.pipeline`), or None.
+        pipeline: The model's pipeline stages (`tfdist.training.pipeline.options`), or None.
 
     A model's own ``train_step``/``test_step``/``predict_step`` replaces
-    tfdist's replica step of that kind (see `tfdist.training.overrides`).
+    tfdist's replica step of that kind (see `tfdist.training.step.model_steps`).
     """
 
     def __init__(

@@ -32,8 +32,8 @@ from tfdist.config import (
     check_positive_int,
     invalid_argument,
 )
-from tfdist.training.backup import check_frequency
-from tfdist.training.exchange import COMPRESSIONS, Compression
+from tfdist.training.backup.writer import check_frequency
+from tfdist.training.step.exchange import COMPRESSIONS, Compression
 
 ScalingRule = Literal["none", "linear"]  # the names are tfdist.config.LR_SCALINGS
 _FIELD_NAMES: Mapping[str, str] = types.MappingProxyType({})  # errors name the fields themselves
@@ -61,7 +61,7 @@ class BackupOptions:
     Args:
         dir: Where to keep the backup (model, optimizer, loss scale, counters,
             epoch and position in it); any ``tf.io.gfile`` path. Only the chief
-            writes, with an atomic commit (see `tfdist.training.backup`
+            writes, with an atomic commit (see `tfdist.training.backup.writer`
             for which filesystems make it so). Every worker restores the
             chief's backup, so with several workers it must be shared storage
             (else a clear error). Restoring loads weight files: use a trusted
@@ -187,12 +187,12 @@ class ExchangeOptions:
             about this many bytes per all-reduce, each started as soon as its
             gradients exist (overlapping the backward pass). The sums are those
             of the single all-reduce. ``None``: one packed all-reduce. See
-            `tfdist.training.exchange`.
+            `tfdist.training.step.exchange`.
         sharding: ``"optimizer"`` (ZeRO-1) keeps on each replica the optimizer state
             of only its ``1/N`` block of every variable; ``"gradients"`` (ZeRO-2) also
             keeps only its block of the summed gradients (with accumulation, the sum
             buffer too, reduced every micro-batch). Mirrored and MultiWorkerMirrored
-            only; the weights equal unsharded training's. See `tfdist.training.sharding`.
+            only; the weights equal unsharded training's. See `tfdist.training.zero.state`.
             ``None``: every replica holds everything.
         sparse: How sparse gradients (an ``Embedding`` lookup's ``tf.IndexedSlices``) travel.
             ``"auto"``: as rows, gathered from every replica (indices and values, duplicates

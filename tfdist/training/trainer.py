@@ -2,7 +2,7 @@
 
 The loop decides *when* things happen (epochs, executions, callbacks,
 validation); the runner from ``tfdist.strategies`` decides *how* a step runs on
-its strategy; ``training/step.py`` decides *what* a step does. This module only
+its strategy; ``training/step/update.py`` decides *what* a step does. This module only
 checks the Trainer's arguments and wires the parts (one job per module, listed
 in `tfdist.training`).
 
@@ -30,17 +30,21 @@ from tfdist import _compat
 from tfdist.config import check_positive_int, check_steps_per_execution
 from tfdist.strategies.base import Runner
 from tfdist.strategies.factory import runner_for
-from tfdist.training import precision as precision_lib
-from tfdist.training import schedules
-from tfdist.training.balance import BalanceOptions, balance_options, enable_balance
-from tfdist.training.build import check_loss, compile_in_scope
-from tfdist.training.fit import run_fit
-from tfdist.training.fit_arguments import check_fit_arguments, steps_per_execution_for
-from tfdist.training.fit_callbacks import resolve_callbacks
-from tfdist.training.fit_data import keras_data
+from tfdist.training.backup.fit_backups import FitBackups
+from tfdist.training.balance.balancer import BalanceOptions, balance_options, enable_balance
+from tfdist.training.build import lr_schedules as schedules
+from tfdist.training.build import precision as precision_lib
+from tfdist.training.build.placement import ModelOrBuilder
+from tfdist.training.build.scope import check_loss, compile_in_scope
+from tfdist.training.fit.arguments import check_fit_arguments, steps_per_execution_for
+from tfdist.training.fit.callback_mapping import resolve_callbacks
+from tfdist.training.fit.inference import EvaluateAndPredict
+from tfdist.training.fit.keras_data import keras_data
+from tfdist.training.fit.run import run_fit
 from tfdist.training.functions import StepFunctions
-from tfdist.training.health import check_health_options
-from tfdist.training.inference import EvaluateAndPredict
+from tfdist.training.health.monitor import check_health_options
+from tfdist.training.health.stragglers import DEFAULT_STRAGGLERS, StragglerOptions
+from tfdist.training.health.watchdog import DEFAULT_WATCHDOG, WatchdogOptions
 from tfdist.training.options import (
     BackupOptions,
     ExchangeOptions,
@@ -48,15 +52,11 @@ from tfdist.training.options import (
     ScalingRule,
     trainer_options,
 )
-from tfdist.training.overrides import check_custom_train_step
-from tfdist.training.pipeline import PipelineOptions
-from tfdist.training.pipeline_checks import check_pipeline_model, check_pipeline_options
-from tfdist.training.pipeline_update import Pipeline
-from tfdist.training.placement import ModelOrBuilder
-from tfdist.training.resume import FitBackups
-from tfdist.training.sharding import check_optimizer, check_sharding
-from tfdist.training.stragglers import DEFAULT_STRAGGLERS, StragglerOptions
-from tfdist.training.watchdog import DEFAULT_WATCHDOG, WatchdogOptions
+from tfdist.training.pipeline.checks import check_pipeline_model, check_pipeline_options
+from tfdist.training.pipeline.options import PipelineOptions
+from tfdist.training.pipeline.update import Pipeline
+from tfdist.training.step.model_steps import check_custom_train_step
+from tfdist.training.zero.state import check_optimizer, check_sharding
 
 
 def _precision(precision: Any, model: Any, *, is_chief: bool) -> str:
@@ -79,24 +79,24 @@ class Trainer(EvaluateAndPredict):
             strategy scope under ``precision``. A model made outside the scope
             (built, adapted or compiled) is moved into it as the same object,
             so ``trainer.model is model`` and your object holds the trained
-            weights (see `tfdist.training.placement`).
+            weights (see `tfdist.training.build.placement`).
         strategy: A ``tf.distribute.Strategy`` (see ``tfdist.make_strategy``);
             default the current strategy.
         optimizer: Name or Keras optimizer, created outside the scope or not;
             default ``"adam"``, or the optimizer of a model already compiled.
         loss: As for ``keras.Model.compile``. A model already compiled brings its
             own ``optimizer``, ``loss``, ``loss_weights`` and ``metrics`` (see
-            `tfdist.training.compiled`); giving them here too is an error.
+            `tfdist.training.build.compiled`); giving them here too is an error.
         metrics: As for ``keras.Model.compile`` (a list, or a dict per output);
             aggregated over all replicas. Metric objects are copied into the
             scope with every attribute (your objects are left as they were).
         loss_weights: As for ``keras.Model.compile``: a weight per output's loss.
         weighted_metrics: As for ``keras.Model.compile``: metrics that take sample weights.
         precision: ``float32``, ``mixed_float16``, ``mixed_bfloat16`` or
-            ``auto`` (see `tfdist.training.precision`); the policy in use
+            ``auto`` (see `tfdist.training.build.precision`); the policy in use
             is ``trainer.precision``.
         accumulation_steps: ``k`` micro-batches per optimizer update, one
-            all-reduce each (see `tfdist.training.step`).
+            all-reduce each (see `tfdist.training.step.update`).
         steps_per_execution: Batches per ``tf.function`` call, or ``"auto"``
             (see `steps_per_execution_for`);
             the value in use is ``trainer.steps_per_execution``.
@@ -105,9 +105,9 @@ class Trainer(EvaluateAndPredict):
             rule alone (``"linear"``, or ``"none"``: the default).
         exchange: How gradients are all-reduced, an ``ExchangeOptions``.
         watchdog: The progress watchdog of every task, a ``WatchdogOptions``
-            (see `tfdist.training.watchdog`); None turns it off.
+            (see `tfdist.training.health.watchdog`); None turns it off.
         stragglers: The straggler report of multi-worker runs, a
-            ``StragglerOptions`` (see `tfdist.training.stragglers`); None turns it
+            ``StragglerOptions`` (see `tfdist.training.health.stragglers`); None turns it
             off. On by default: its timestamps cost nothing measurable (docs/scaling.md,
             "Health overhead").
         backup_dir: Shortcut for ``BackupOptions.dir``.
@@ -123,10 +123,11 @@ class Trainer(EvaluateAndPredict):
             ``"gradients"`` shards the optimizer state (and the gradients) over the
             replicas, ZeRO-1/2 (mirrored and multi_worker).
         pipeline: Model parallelism: the model cut into stages on devices, trained with the
-            GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline`); under the
+            GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline.options`); under
+            the
             default strategy, or ``multi_worker`` made with ``stage_devices=K`` (the hybrid).
         balance: ``True`` or a ``BalanceOptions``: on ``multi_worker``, each worker's share of
-            every global batch follows its measured speed (see `tfdist.training.balance`).
+            every global batch follows its measured speed (see `tfdist.training.balance.balancer`).
 
     Raises:
         ValueError: For a bad argument, option or shortcut, or a model that
@@ -329,7 +330,7 @@ class Trainer(EvaluateAndPredict):
                 workers, their files go to a temporary directory and the
                 progress bar and ``RemoteMonitor`` do not run). A Keras or
                 tfdist ``BackupAndRestore`` becomes this fit's ``BackupOptions``;
-                see `tfdist.training.fit_callbacks` for the few refused.
+                see `tfdist.training.fit.callback_mapping` for the few refused.
             validation_split: Arrays only: the last fraction is held out for
                 validation before shuffling, as in Keras. An error next to
                 ``validation_data`` (Keras would ignore the split).

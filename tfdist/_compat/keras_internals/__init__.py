@@ -1,0 +1,13 @@
+"""Keras's private names that tfdist uses, each behind one named function.
+
+- ``keras_training``: the Keras and TF internals of tfdist's training code.
+- ``keras_callbacks``: what tfdist's callbacks need of ``fit`` and of the progress bar.
+- ``masks``: the ``_keras_mask`` a tensor carries, and the masked terms of Keras's losses.
+- ``metric_state``: metric state as local tensors, for exact parameter-server logs.
+- ``optimizer``: ``gradients_already_summed``: a Keras optimizer that does not all-reduce.
+- ``atomic``: shim ``atomic_assign_add``: Keras variable increments as one atomic TF op.
+- ``scope_moves``: the user's live Keras objects moved into a strategy scope.
+- ``layer_graph``: a functional model's calls in order, nested models flattened.
+- ``py_dataset``: Keras's own parallel reader of a ``PyDataset`` (``OrderedEnqueuer``).
+- ``multi_worker_fit``: shims that make plain ``model.fit`` work on MultiWorkerMirrored workers.
+"""

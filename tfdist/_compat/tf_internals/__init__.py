@@ -1,0 +1,12 @@
+"""TensorFlow's private names that tfdist uses, each behind one named function.
+
+- ``runtime``: the TF runtime's and strategies' own state, which no public API exposes.
+- ``coordinator``: ``ClusterCoordinator``: each scheduled call watched and cancellable alone.
+- ``checkpoint``: ``tf.train.Checkpoint``'s asynchronous writer: its error, letting it go.
+- ``inputs``: a plain iterator behind a distributed dataset of one CPU replica.
+- ``sharded``: shims for ``ShardedVariable`` (parameter servers with a partitioner).
+- ``sharded_state``: sharded optimizer state saved whole (backups, ``.keras`` files).
+- ``shard_layout``: how a variable is cut into one block per replica (ZeRO).
+- ``profiler``: TF profiler traces read back as op events.
+- ``bench``: TF internals the benchmarks read.
+"""

@@ -1,0 +1,231 @@
+"""The checks of ``Trainer.fit``'s loop arguments, and the ``steps_per_execution`` a fit uses.
+
+Apart from `tfdist.training.fit.one_epoch`, which runs the epochs: these run once
+per ``fit``, before anything is built or traced, so that a bad argument gets
+one clear error naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+
+from tfdist.config import (
+    check_fraction,
+    check_non_negative_int,
+    check_positive_int,
+    invalid_argument,
+)
+from tfdist.strategies.base import Runner
+
+logger = logging.getLogger(__name__)
+
+_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+
+
+def check_batch_size(batch_size: Any, global_batch_size: Any) -> int | None:
+    """``batch_size`` (Keras's name) or ``global_batch_size`` (tfdist's): one value, both global.
+
+    Raises:
+        ValueError: If either is not a positive int or None, or both differ.
+    """
+    check_positive_int("batch_size", batch_size, allow_none=True)
+    check_positive_int("global_batch_size", global_batch_size, allow_none=True)
+    if batch_size is not None and global_batch_size is not None and batch_size != global_batch_size:
+        raise invalid_argument(
+            "batch_size",
+            batch_size,
+            f"None or global_batch_size's value ({global_batch_size})",
+            note="batch_size and global_batch_size are the same thing, the examples of one step "
+            "across all replicas: pass one of them.",
+        )
+    return global_batch_size if batch_size is None else batch_size
+
+
+def check_verbose(verbose: Any) -> int:
+    """``verbose`` as Keras takes it (``"auto"``, 0, 1, 2), as an int (``"auto"`` is 1)."""
+    if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
+        raise invalid_argument("verbose", verbose, "'auto', 0, 1 or 2")
+    return 1 if verbose == "auto" else int(verbose)
+
+
+def check_callbacks(callbacks: Any) -> Sequence[keras.callbacks.Callback]:
+    """``callbacks`` as a sequence of Keras callbacks (None: none)."""
+    callbacks = () if callbacks is None else callbacks
+    if isinstance(callbacks, (keras.callbacks.Callback, str)) or not all(
+        isinstance(c, keras.callbacks.Callback) for c in callbacks
+    ):
+        note = ""
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            note = "Pass its callbacks as a list (callback_list.callbacks); the Trainer makes one."
+        raise invalid_argument(
+            "callbacks", callbacks, "a list of keras.callbacks.Callback", note=note
+        )
+    return callbacks
+
+
+def _check_validation_freq(value: Any) -> int | tuple[int, ...]:
+    """A positive int (every Nth epoch), or a list of 1-based epochs, as Keras takes it."""
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+    if ok(value):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(ok(v) for v in value):
+        return tuple(value)
+    raise invalid_argument(
+        "validation_freq", value, "a positive integer, or a list of epochs (1-based)"
+    )
+
+
+def _check_class_weight(value: Any) -> dict[int, float] | None:
+    """A dict of class index (a non-negative int) to weight (a number), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        raise invalid_argument("class_weight", value, "a non-empty dict {class index: weight}")
+    for key, weight in value.items():
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or key < 0:
+            raise invalid_argument(
+                "class_weight",
+                value,
+                "class indices (non-negative ints) as keys",
+                note=f"Key {key!r} is not one.",
+            )
+        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)):
+            raise invalid_argument(
+                "class_weight",
+                value,
+                "numbers as weights",
+                note=f"Class {key}'s weight is {weight!r}.",
+            )
+    return {int(k): float(w) for k, w in value.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class FitArguments:
+    """``Trainer.fit``'s non-data arguments, checked (``verbose`` an int, callbacks a sequence).
+
+    ``global_batch_size`` is ``batch_size`` or ``global_batch_size``, whichever was given.
+    """
+
+    epochs: int
+    steps_per_epoch: int | None
+    global_batch_size: int | None
+    validation_steps: int | None
+    initial_epoch: int
+    verbose: int
+    callbacks: Sequence[keras.callbacks.Callback]
+    validation_split: float = 0.0
+    validation_batch_size: int | None = None
+    validation_freq: int | tuple[int, ...] = 1
+    shuffle: bool | str = True
+    class_weight: dict[int, float] | None = None
+
+    def validates_after(self, epoch: int) -> bool:
+        """Whether validation runs at the end of 0-based ``epoch`` (Keras's rule)."""
+        if isinstance(self.validation_freq, int):
+            return (epoch + 1) % self.validation_freq == 0
+        return epoch + 1 in self.validation_freq
+
+
+def check_fit_arguments(
+    *,
+    epochs: Any,
+    steps_per_epoch: Any,
+    global_batch_size: Any,
+    validation_steps: Any,
+    initial_epoch: Any,
+    verbose: Any,
+    callbacks: Any,
+    requires_steps_per_epoch: bool,
+    batch_size: Any = None,
+    validation_split: Any = 0.0,
+    validation_batch_size: Any = None,
+    validation_freq: Any = 1,
+    shuffle: Any = True,
+    class_weight: Any = None,
+) -> FitArguments:
+    """Checks ``Trainer.fit``'s arguments but its data (``x``, ``y``, ... are checked with it)."""
+    check_positive_int("epochs", epochs)
+    check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
+    check_positive_int("validation_steps", validation_steps, allow_none=True)
+    check_positive_int("validation_batch_size", validation_batch_size, allow_none=True)
+    check_non_negative_int("initial_epoch", initial_epoch)
+    global_batch_size = check_batch_size(batch_size, global_batch_size)
+    check_fraction("validation_split", validation_split)
+    if not isinstance(shuffle, bool) and shuffle != "batch":
+        raise invalid_argument("shuffle", shuffle, "True, False or 'batch'")
+    if steps_per_epoch is None and requires_steps_per_epoch:
+        raise invalid_argument(
+            "steps_per_epoch",
+            None,
+            "a positive integer under strategy 'parameter_server'",
+            note="Its workers read their datasets independently and repeat them, so an epoch has "
+            "no natural end: say how many batches make one.",
+        )
+    return FitArguments(
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        global_batch_size=global_batch_size,
+        validation_steps=validation_steps,
+        initial_epoch=initial_epoch,
+        verbose=check_verbose(verbose),
+        callbacks=check_callbacks(callbacks),
+        validation_split=float(validation_split),
+        validation_batch_size=validation_batch_size,
+        validation_freq=_check_validation_freq(validation_freq),
+        shuffle=shuffle,
+        class_weight=_check_class_weight(class_weight),
+    )
+
+
+def steps_per_execution_for(
+    given: int | str,
+    callbacks: Sequence[keras.callbacks.Callback],
+    *,
+    runner: Runner,
+    balance: Any = None,
+) -> int:
+    """``steps_per_execution`` for one fit (or evaluation): the int given, or what ``"auto"`` picks.
+
+    Batches run per ``tf.function`` call are rounded down to whole updates (at
+    least one), and callbacks' batch hooks run once per call, with the logs of
+    its last batch, as in Keras. ``"auto"`` runs one update per call when a
+    callback has train-batch hooks (so they see every update), else the
+    runner's ``auto_steps_per_execution`` (``SyncRunner``'s 32 batches: the
+    per-call costs, i.e. fetching the logs, reducing the metrics across
+    workers and the preemption vote, are paid once per 32 batches instead of
+    every batch; calls still end at backup ``freq`` boundaries). Only the
+    callbacks and the runner decide (never timing, nor which process is the
+    chief): every worker must split an epoch into the same calls, since each
+    call ends with collectives (logs, preemption vote). With ``balance`` (its
+    `BalanceOptions`), ``"auto"`` runs at most its ``window`` updates per call,
+    since a balanced run re-decides its split only between calls.
+    """
+    if given != "auto":
+        return given
+    # A hook counts whether the class overrides it or the instance sets it
+    # (keras.callbacks.LambdaCallback assigns its hooks in __init__).
+    base = keras.callbacks.Callback
+    per_batch = [
+        type(c).__name__
+        for c in callbacks
+        if any(h in vars(c) or getattr(type(c), h) is not getattr(base, h) for h in _BATCH_HOOKS)
+    ]
+    if per_batch:
+        logger.info(
+            "steps_per_execution='auto': one update per call, for the batch hooks of %s.",
+            ", ".join(per_batch),
+        )
+        return 1
+    auto = int(runner.auto_steps_per_execution)
+    if balance is not None and balance.window < auto:
+        logger.info(
+            "steps_per_execution='auto': %d updates per call, the balance window.", balance.window
+        )
+        return int(balance.window)
+    return auto

@@ -1,0 +1,119 @@
+"""One ``Trainer.fit``, wired in order: data, compiled functions, backups, then the epochs.
+
+The Trainer checks ``fit``'s arguments and picks its ``steps_per_execution``;
+`run_fit` does the rest with the parts it is handed (the compiled
+functions, the backups), never the Trainer itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from tfdist.training.backup.fit_backups import FitBackups
+from tfdist.training.balance.balancer import BalanceOptions, balanced_start
+from tfdist.training.fit import evaluation
+from tfdist.training.fit.arguments import FitArguments
+from tfdist.training.fit.one_epoch import EpochPlan
+from tfdist.training.fit.sources import fit_sources
+from tfdist.training.fit.train_loop import fit_epochs
+from tfdist.training.functions import StepFunctions
+from tfdist.training.health.monitor import fit_health
+from tfdist.training.health.stragglers import StragglerOptions
+from tfdist.training.health.watchdog import WatchdogOptions
+from tfdist.training.options import LRScaling
+
+
+def run_fit(
+    functions: StepFunctions,
+    backups: FitBackups,
+    data: Any,
+    validation_data: Any,
+    args: FitArguments,
+    *,
+    lr_scaling: LRScaling | None,
+    steps_per_execution: int,
+    watchdog: WatchdogOptions | None = None,
+    stragglers: StragglerOptions | None = None,
+    balance: BalanceOptions | None = None,
+) -> keras.callbacks.History:
+    """Trains ``functions.model`` as ``Trainer.fit`` says, its arguments already checked.
+
+    Args:
+        functions: The model's compiled functions on its runner.
+        backups: The Trainer's backups (none without ``BackupOptions``).
+        data: ``fit``'s ``x``, ``y`` and ``sample_weight``, packed by
+            `tfdist.training.fit.keras_data.keras_data`.
+        validation_data: As for ``Trainer.fit``.
+        args: ``fit``'s other arguments, checked.
+        lr_scaling: The learning-rate scaling to resolve for this fit's batch.
+        steps_per_execution: Micro-batches per call, resolved for this fit.
+        watchdog: The progress watchdog's options, or None for none.
+        stragglers: The straggler report's options, or None for none.
+        balance: Balanced batches' options (`tfdist.training.balance.balancer`), or None for none.
+
+    Returns:
+        The model's ``History``.
+    """
+    runner, model = functions.runner, functions.model
+    health = fit_health(
+        runner,
+        watchdog=watchdog,
+        stragglers=stragglers,
+        callbacks=args.callbacks,
+        has_backup=backups.options is not None,
+    )
+    with health:
+        with health.section("startup", 0):
+            source, steps, val_source = fit_sources(
+                data, validation_data, args, runner=runner, model=model, build=functions.build
+            )
+            start = functions.prepare_fit(source, steps=steps, lr_scaling=lr_scaling)
+            model.stop_training = False
+            backup = backups.open()
+            position = backups.restore(backup)  # every worker: the chief's position
+            start = balanced_start(start, balance, runner, source, steps, args.callbacks, position)
+        freq = backups.options.freq if backups.options else "epoch"
+        plan = EpochPlan(steps, functions.accumulation_steps, steps_per_execution, freq)
+        # The loop sees only `start` and `functions.logs`, never the Trainer.
+        with backups.during(backup):  # then waits for the last commit; removes after success
+            fit_epochs(
+                plan,
+                runner=runner,
+                model=model,
+                callbacks=args.callbacks,
+                verbose=args.verbose,
+                start=start,
+                logs_fn=functions.logs,
+                backup=backup,
+                position=position,
+                source=source,
+                epochs=args.epochs,
+                initial_epoch=args.initial_epoch,
+                repeat=bool(args.steps_per_epoch),
+                validate=_validation(functions, val_source, args, steps_per_execution),
+                health=health,
+            )
+    return model.history
+
+
+def _validation(
+    functions: StepFunctions, val_source: Any, args: FitArguments, steps_per_execution: int
+) -> Any:
+    """The epoch loop's ``validate``, or None without validation data."""
+    if val_source is None:
+        return None
+
+    def validate(epoch: int, callbacks: keras.callbacks.CallbackList) -> dict[str, float]:
+        if not args.validates_after(epoch):
+            return {}
+        return evaluation.evaluate(
+            functions,
+            val_source,
+            args.validation_steps,
+            steps_per_execution=steps_per_execution,
+            callbacks=callbacks,
+        )
+
+    return validate

@@ -1,0 +1,234 @@
+"""The collectives of a sharded update (ZeRO-1/2), in buckets of bounded size, one at a time.
+
+`reduce_scatter` sums gradients over the replicas, each replica keeping its block of each
+(`tfdist._compat.tf_internals.shard_layout`); `gather_into` writes every replica's updated blocks
+into
+every replica's whole variables. Both cut the block layout ``[N, S]`` of each tensor into
+column chunks and pack the chunks into buckets of about ``bucket_bytes`` (a large variable
+spans several buckets, small ones share one), and start a bucket only once the previous
+one is done: the exchange never holds more than about two buckets of summed gradients, and
+the gather about one variable's whole value, beside what the step itself holds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist._compat.tf_internals.shard_layout import blocks, shard_size, unblock
+from tfdist.strategies import step_clock
+from tfdist.training.step.exchange import all_reduce_sum
+
+#: A chunk of tensor ``i``'s block layout: columns ``start`` to ``end`` of its ``[N, S]``.
+Chunk = tuple[int, int, int]
+
+
+def plan(
+    widths: Sequence[int],
+    dtypes: Sequence[tf.DType],
+    rows: int,
+    bucket_bytes: int,
+    *,
+    reverse: bool = False,
+    align: Sequence[int] | None = None,
+) -> list[list[Chunk]]:
+    """Buckets of chunks of ``[rows, widths[i]]`` tensors, each bucket of one dtype and at
+    most about ``bucket_bytes`` (a chunk is at least one column, or ``align[i]`` columns, a
+    multiple of which each chunk starts at); the last tensors first with ``reverse`` (the
+    order in which backpropagation makes gradients)."""
+    buckets: list[list[Chunk]] = []
+    size, dtype = 0, None
+    order = range(len(widths) - 1, -1, -1) if reverse else range(len(widths))
+    for i in order:
+        item = tf.as_dtype(dtypes[i]).size * rows
+        unit = align[i] if align else 1
+        step = max(unit, bucket_bytes // item // unit * unit)
+        for start in range(0, widths[i], step):
+            end = min(widths[i], start + step)
+            nbytes = (end - start) * item
+            if not buckets or dtypes[i] != dtype or (size and size + nbytes > bucket_bytes):
+                buckets.append([])
+                size, dtype = 0, dtypes[i]
+            buckets[-1].append((i, start, end))
+            size += nbytes
+    return buckets
+
+
+def _after(tensors: Sequence[tf.Tensor]) -> Any:
+    """A scope whose ops wait for ``tensors``: the next bucket after the previous one."""
+    return tf.control_dependencies(list(tensors))
+
+
+def _replica_id() -> tf.Tensor:
+    return tf.distribute.get_replica_context().replica_id_in_sync_group
+
+
+def _columns(tensor: tf.Tensor, start: int, end: int, width: int, axis: int) -> tf.Tensor:
+    if (start, end) == (0, width):
+        return tensor
+    return tensor[start:end] if axis == 0 else tensor[:, start:end]
+
+
+def _joined(parts: list[tf.Tensor], axis: int) -> tf.Tensor:
+    return parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)
+
+
+def reduce_scatter(
+    grads: Sequence[Any],
+    count: tf.Tensor,
+    *,
+    shapes: Sequence[Any],
+    num_replicas: int,
+    bucket_bytes: int,
+    compression: str | None,
+) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """``grads`` summed over the replicas, this replica keeping its ``[S]`` block of each,
+    and ``count`` summed (it rides in the first bucket); replica context.
+
+    One all-reduce per bucket (on CPU a reduce-scatter is an all-reduce and a slice, the
+    only form of it that ``tf.distribute`` offers), 16-bit with ``compression``. The block
+    layout comes from ``shapes`` (each gradient's variable's shape): a gradient's own static
+    shape may be partly unknown (a ``Dense`` kernel's on 3-D input is ``(None, units)``).
+    """
+    n = num_replicas
+    grads = [tf.ensure_shape(tf.convert_to_tensor(g), s) for g, s in zip(grads, shapes)]
+    step_clock.mark("compute", [grads, count])  # the straggler report's sections
+    widths = [shard_size(elements(s), n) for s in shapes]
+    layouts: dict[int, tf.Tensor] = {}
+    pieces: list[list[tf.Tensor]] = [[] for _ in grads]
+    total, last = None, []
+    buckets = plan(widths, [g.dtype for g in grads], n, bucket_bytes, reverse=True)
+    for b, bucket in enumerate(buckets):
+        with _after(last):
+            for i, _, _ in bucket:
+                if i not in layouts:
+                    layouts[i] = blocks(grads[i], n)  # [N, S]: a view unless padded
+            packed = _joined([_columns(layouts[i], s, e, widths[i], 1) for i, s, e in bucket], 1)
+        (summed,), bucket_total = all_reduce_sum(
+            [packed],
+            count if b == 0 else None,
+            num_replicas=n,
+            compression=compression,
+            clock=False,
+        )
+        total = bucket_total if b == 0 else total
+        mine = tf.gather(summed, _replica_id())
+        last = tf.split(mine, [e - s for _, s, e in bucket]) if len(bucket) > 1 else [mine]
+        for (i, _, _), piece in zip(bucket, last):
+            pieces[i].append(piece)
+    if total is None:  # no gradients at all
+        total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, count)
+    out = [_joined(p, 0) for p in pieces]
+    step_clock.mark("exchange", [out, total])
+    return out, total
+
+
+def elements(shape: Any) -> int:
+    """The number of elements of a fully known ``shape``."""
+    return tf.TensorShape(shape).num_elements()
+
+
+def _assign_all(strategy: tf.distribute.Strategy, values: Any, *, targets: list) -> None:
+    """Cross-replica: each replica's copy of each ``targets[i]`` takes its ``values[i]``."""
+    for target, value in zip(targets, values):
+        strategy.extended.update(target, lambda var, x: var.assign(x), args=(value,), group=False)
+
+
+def row_length(shape: Any, width: int) -> int:
+    """Elements per row of a tensor of ``shape`` whose ``[S]`` blocks (``S = width``) start
+    on row boundaries, so that a chunk of whole rows is written in place; else 0."""
+    shape = tf.TensorShape(shape)
+    if shape.rank == 0:
+        return 0
+    length = shape[1:].num_elements()
+    return length if length and width % length == 0 else 0
+
+
+def _slices(chunk: Chunk, part: tf.Tensor, shape: Any, width: int, length: int, n: int) -> list:
+    """``((first row, end row), value)`` of the whole tensor that each replica's row of
+    ``part`` (a gathered ``[N, end - start]`` chunk) is, padding left out."""
+    i, start, end = chunk
+    shape = tf.TensorShape(shape)
+    out = []
+    for r in range(n):
+        first, last = r * width + start, min(r * width + end, shape.num_elements())
+        if first < last:
+            value = tf.reshape(part[r, : last - first], [(last - first) // length, *shape[1:]])
+            out.append(((first // length, last // length), value))
+    return out
+
+
+def _assign_rows(
+    strategy: tf.distribute.Strategy, values: Any, *, targets: list, ranges: list
+) -> None:
+    """Cross-replica: rows ``ranges[k]`` (``(first, end)``) of each replica's copy of
+    ``targets[k]`` take ``values[k]``, in place."""
+    for target, (first, end), value in zip(targets, ranges, values):
+        strategy.extended.update(
+            target, lambda var, x, a=first, b=end: var[a:b].assign(x), args=(value,), group=False
+        )
+
+
+def gather_into(
+    new_blocks: Sequence[tf.Tensor],
+    targets: Sequence[Any],
+    constraints: Sequence[Any],
+    *,
+    num_replicas: int,
+    bucket_bytes: int,
+) -> None:
+    """Every replica's ``[S]`` blocks, all-gathered bucket by bucket, written into every
+    replica's copy of ``targets`` (whole variables) (replica context): chunk by chunk in
+    place where the blocks start on rows, else whole once complete. A Keras ``constraint``
+    (``constraints[i]``, or None) applies to the whole tensor, as Keras's optimizer applies
+    it after an update."""
+    ctx = tf.distribute.get_replica_context()
+    widths = [b.shape.num_elements() for b in new_blocks]
+    lengths = [
+        0 if c is not None else row_length(t.shape, w)
+        for t, w, c in zip(targets, widths, constraints)
+    ]
+    parts: list[list[tf.Tensor]] = [[] for _ in new_blocks]
+    done: list[tf.Tensor] = []
+    dtypes = [b.dtype for b in new_blocks]
+    buckets = plan(widths, dtypes, num_replicas, bucket_bytes, align=[n or 1 for n in lengths])
+    for bucket in buckets:
+        with _after(done):
+            packed = _joined([_columns(new_blocks[i], s, e, widths[i], 0) for i, s, e in bucket], 0)
+        rows = ctx.all_gather(tf.reshape(packed, [1, -1]), axis=0)  # [N, sum of the chunks]
+        split = tf.split(rows, [e - s for _, s, e in bucket], axis=1) if len(bucket) > 1 else [rows]
+        in_place, complete = [], []
+        for chunk, part in zip(bucket, split):
+            i = chunk[0]
+            if lengths[i]:
+                in_place += [
+                    (targets[i], s)
+                    for s in _slices(
+                        chunk, part, targets[i].shape, widths[i], lengths[i], num_replicas
+                    )
+                ]
+                continue
+            parts[i].append(part)
+            if chunk[2] == widths[i]:
+                complete.append(i)
+        written = [t for t, _ in in_place]
+        if in_place:
+            assign = functools.partial(_assign_rows, ranges=[s[0] for _, s in in_place])
+            ctx.merge_call(assign, args=([s[1] for _, s in in_place],), kwargs={"targets": written})
+        if complete:
+            whole = [unblock(_joined(parts[i], 1), targets[i].shape) for i in complete]
+            whole = [
+                w if constraints[i] is None else constraints[i](w) for i, w in zip(complete, whole)
+            ]
+            written += [targets[i] for i in complete]
+            ctx.merge_call(
+                _assign_all, args=(whole,), kwargs={"targets": [targets[i] for i in complete]}
+            )
+            for i in complete:
+                parts[i] = []
+        # Reads after the assigns (automatic control dependencies order them): the next
+        # bucket starts once these are written and their values freed.
+        done = [tf.reshape(t.read_value(), [-1])[:1] for t in written] or split
