@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from tests.jobs.common import data
+from tfdist.data.batch_sizes import default_input_context
 from tfdist.data.inputs import as_input
-from tfdist.data.sharding import default_input_context
 
 
 def test_global_batch_size_inference():

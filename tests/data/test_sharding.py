@@ -1,11 +1,11 @@
-"""Tests for tfdist.data.sharding: global -> per-replica batch arithmetic."""
+"""Tests for tfdist.data.batch_sizes: global -> per-replica batch arithmetic."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tfdist.data import per_replica_batch_size
-from tfdist.data.sharding import default_input_context, replicas_per_pipeline
+from tfdist.data.batch_sizes import default_input_context, replicas_per_pipeline
 
 
 @pytest.mark.parametrize(

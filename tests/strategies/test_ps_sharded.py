@@ -123,7 +123,7 @@ def test_users_own_coordinator_loop_with_a_sharded_embedding(sharded):
 
 def test_the_sharded_variable_shims_are_still_needed():
     """Fails when upstream fixes what a shim works around: then drop it
-    (_compat/tf_internals/sharded.py)."""
+    (_compat/tf_internals/partitioned.py)."""
     from tfdist import _compat
 
     assert _compat.sharded_variables_lack_handle()

@@ -49,17 +49,7 @@ from tfdist._compat.keras_internals.multi_worker_fit import (
 from tfdist._compat.keras_internals.optimizer import gradients_already_summed
 from tfdist._compat.shims import Patch, Shim, apply_table, disabled, in_force, original
 from tfdist._compat.tf_internals.inputs import one_cpu_replica, plain_iterator
-from tfdist._compat.tf_internals.runtime import (
-    connected_cluster,
-    connected_to_cluster,
-    coordination_service_enabled,
-    key_value_get,
-    key_value_insert,
-    key_value_set,
-    op_determinism_enabled,
-    tf_runtime_started,
-)
-from tfdist._compat.tf_internals.sharded import (
+from tfdist._compat.tf_internals.partitioned import (
     KERAS_VARIABLE,
     TF_OPTIMIZER,
     is_sharded_variable,
@@ -74,6 +64,16 @@ from tfdist._compat.tf_internals.sharded import (
     sharded_variable_lacks_array,
     sharded_variables_lack_handle,
     shards_of,
+)
+from tfdist._compat.tf_internals.runtime import (
+    connected_cluster,
+    connected_to_cluster,
+    coordination_service_enabled,
+    key_value_get,
+    key_value_insert,
+    key_value_set,
+    op_determinism_enabled,
+    tf_runtime_started,
 )
 
 #: What `apply` considers, in order (``import tfdist`` applies them once Keras loads).

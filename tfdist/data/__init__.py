@@ -5,7 +5,7 @@ train_fn = tfdist.data.load("digits", split="train").bind(global_batch_size=128)
 dist_ds = strategy.distribute_datasets_from_function(train_fn)
 """
 
+from tfdist.data.batch_sizes import per_replica_batch_size
 from tfdist.data.datasets import DatasetFn, load
-from tfdist.data.sharding import per_replica_batch_size
 
 __all__ = ["DatasetFn", "load", "per_replica_batch_size"]

@@ -31,7 +31,7 @@ from typing import Protocol
 import tensorflow as tf
 
 from tfdist.config import check_positive_int, invalid_argument
-from tfdist.data import sharding
+from tfdist.data import batch_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -148,16 +148,16 @@ class DatasetFn:
                 across the replicas in sync.
         """
         global_batch_size = self._require_bound()
-        ctx = input_context if input_context is not None else sharding.default_input_context()
+        ctx = input_context if input_context is not None else batch_sizes.default_input_context()
         # Our error first, before TF's.
-        sharding.per_replica_batch_size(
+        batch_sizes.per_replica_batch_size(
             global_batch_size, ctx.num_replicas_in_sync, training=self.training
         )
         per_replica = ctx.get_per_replica_batch_size(global_batch_size)
         batches_per_pipeline = (
             None
             if self.num_examples is None
-            else (self.steps_per_epoch() * sharding.replicas_per_pipeline(ctx))
+            else (self.steps_per_epoch() * batch_sizes.replicas_per_pipeline(ctx))
         )
         if self.training and self.num_examples and getattr(self.source, "whole_split", False):
             return self._global_batches(ctx, per_replica).prefetch(tf.data.AUTOTUNE)
@@ -189,11 +189,11 @@ class DatasetFn:
         ``j`` is the same examples whatever the number of pipelines and replicas;
         pipeline ``i`` takes its ``global_batch_size / num_input_pipelines`` of them.
         """
-        whole = sharding.default_input_context()
+        whole = batch_sizes.default_input_context()
         ds = self.source.examples(whole, training=True, seed=self.seed)
         buffer_size = min(self.shuffle_buffer_size or math.inf, self.num_examples)
         ds = ds.shuffle(buffer_size, seed=self.seed, reshuffle_each_iteration=True)
-        part = per_replica * sharding.replicas_per_pipeline(ctx)
+        part = per_replica * batch_sizes.replicas_per_pipeline(ctx)
         ds = ds.take(self.steps_per_epoch() * self.global_batch_size).batch(part)
         if ctx.num_input_pipelines > 1:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)

@@ -36,9 +36,9 @@ import tensorflow as tf
 
 from tfdist.config import invalid_argument
 from tfdist.data.batch_size import read_batch_size
+from tfdist.data.batch_sizes import check_global_batch_size, replicas_per_pipeline
 from tfdist.data.dataset_fn import DatasetFn
 from tfdist.data.python_inputs import EpochHooks, is_python_input, python_dataset
-from tfdist.data.sharding import check_global_batch_size, replicas_per_pipeline
 
 logger = logging.getLogger(__name__)
 DEFAULT_GLOBAL_BATCH_SIZE = 32

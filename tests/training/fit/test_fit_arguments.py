@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tfdist.data.batch_sizes import default_input_context
 from tfdist.data.inputs import as_input
-from tfdist.data.sharding import default_input_context
 from tfdist.training.fit import keras_data as fit_data
 
 N = 40

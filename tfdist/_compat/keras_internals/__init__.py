@@ -1,7 +1,7 @@
 """Keras's private names that tfdist uses, each behind one named function.
 
 - ``keras_training``: the Keras and TF internals of tfdist's training code.
-- ``keras_callbacks``: what tfdist's callbacks need of ``fit`` and of the progress bar.
+- ``fit_hooks``: what tfdist's callbacks need of ``fit`` and of the progress bar.
 - ``masks``: the ``_keras_mask`` a tensor carries, and the masked terms of Keras's losses.
 - ``metric_state``: metric state as local tensors, for exact parameter-server logs.
 - ``optimizer``: ``gradients_already_summed``: a Keras optimizer that does not all-reduce.

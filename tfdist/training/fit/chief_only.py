@@ -24,7 +24,7 @@ from typing import Any
 
 import keras
 
-from tfdist._compat.keras_internals.keras_callbacks import (
+from tfdist._compat.keras_internals.fit_hooks import (
     calling_callback_list,
     progress_bar_draws,
     set_initial_epoch,

@@ -17,10 +17,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist._compat.tf_internals.sharded import shards_of
+from tfdist._compat.tf_internals.partitioned import shards_of
 
 
-def sharded_gradients(
+def partitioned_gradients(
     tape: tf.GradientTape, target: tf.Tensor, variables: Sequence[Any]
 ) -> list[Any]:
     """``tape.gradient`` that also handles ``ShardedVariable`` (one gradient per Keras variable).
