@@ -1,7 +1,9 @@
 """The house rules, checked on the source (ARCHITECTURE.md says why they matter).
 
-No import circles; no module over 400 lines, no function over 60; no private tfdist name used
-outside its module; Keras and TF internals only under ``tfdist/_compat/``; no tfdist attributes
+No import circles; no package over 15 modules, each package's docstring a map of its modules; no
+module over 600 lines, no function over 60 lines or 8 parameters; no private tfdist name used
+outside its module; no runner probed for a capability and no strategy class tested in training
+code; Keras and TF internals only under ``tfdist/_compat/``; no tfdist attributes
 set on TF objects. All static (``ast``), so this module runs in well under a second.
 """
 
@@ -15,7 +17,26 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfdist"
-MAX_LINES = 400  # DESIGN.md: ~300 typical, 400 where it keeps one flow in one place
+#: A package is a room: at most this many modules (``__init__`` included), each named in the
+#: package's docstring. Splits follow concepts into packages, not a file's line count.
+MAX_PACKAGE_MODULES = 15
+#: A ceiling, not the shape: ~300 lines typical (DESIGN.md); a module over this does two jobs.
+MAX_LINES = 600
+#: No function inside the library takes more (self/cls not counted, ``*args``/``**kwargs`` one
+#: each). Public entry points whose keywords mirror Keras or the command line are exempt below.
+MAX_PARAMETERS = 8
+#: Public entry points: their keywords are the public API (Keras's ``fit`` and ``Trainer``;
+#: ``tfdist launch``'s flags), so they keep them, check them, and pass one options object on.
+MANY_KEYWORDS = {
+    "tfdist.training.trainer:Trainer.__init__",
+    "tfdist.training.trainer:Trainer.fit",
+    "tfdist.training.fit.inference:EvaluateAndPredict.evaluate",
+    "tfdist.training.fit.inference:EvaluateAndPredict.predict",
+    "tfdist.launch.local:launch",
+    "tfdist.launch.notebook:notebook_launcher",
+    "tfdist.launch.ray.engine:ray_fit",
+    "tfdist.launch.manifests.slurm:slurm_script",
+}
 MAX_FUNCTION_LINES = 60  # signature and body, without the docstring
 INTERNALS = re.compile(
     r"\bkeras\.src\b|\btensorflow\.python\b|\btf\.__internal__\b"
@@ -141,9 +162,9 @@ def test_no_import_circles():
 
 def test_the_circle_check_reads_lazy_imports_and_dispatch_tables():
     graph = _graph(lazy=True)
-    assert "tfdist.strategies.factory" in graph["tfdist.bench.common"]  # inside a function
-    assert "tfdist.bench.scaling_worker" in graph["tfdist.bench.workers"]  # KINDS
-    assert "tfdist.bench.scaling_worker" not in _graph()["tfdist.bench.workers"]
+    assert "tfdist.strategies.factory" in graph["tfdist.bench.harness.common"]  # inside a function
+    assert "tfdist.bench.scaling.worker" in graph["tfdist.bench.harness.workers"]  # KINDS
+    assert "tfdist.bench.scaling.worker" not in _graph()["tfdist.bench.harness.workers"]
 
 
 def test_the_circle_check_sees_a_circle():
@@ -154,6 +175,100 @@ def test_the_circle_check_sees_a_circle():
 def test_modules_stay_short(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines <= MAX_LINES, f"{module} has {lines} lines: split it by job"
+
+
+def _packages() -> dict[str, pathlib.Path]:
+    return {name: path for name, path in MODULES.items() if path.name == "__init__.py"}
+
+
+@pytest.mark.parametrize("package", sorted(_packages()))
+def test_packages_stay_small_and_their_docstring_maps_every_module(package):
+    """A package's ``__init__`` docstring is its map: every module and subpackage, by name."""
+    folder = _packages()[package].parent
+    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    subpackages = sorted(p.name for p in folder.iterdir() if (p / "__init__.py").is_file())
+    assert len(modules) + 1 <= MAX_PACKAGE_MODULES, (
+        f"{package} holds {len(modules) + 1} modules: give a concept a package of its own"
+    )
+    doc = ast.get_docstring(ast.parse(_packages()[package].read_text())) or ""
+    unnamed = [name for name in modules + subpackages if not re.search(rf"\b{name}\b", doc)]
+    assert unnamed == [], f"{package}'s docstring does not name {unnamed}"
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    a = node.args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return len(names) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def _qualified_functions(tree: ast.Module):
+    """``(qualified name, node)`` of every function, methods as ``Class.method``."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{node.name}.{item.name}", item
+    nested = {
+        id(n)
+        for top in tree.body
+        for n in (top.body if isinstance(top, ast.ClassDef) else [top])
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(node) not in nested:
+            yield f"<nested>.{node.name}", node
+
+
+def test_functions_take_at_most_eight_parameters():
+    """Options travel whole: a function with more takes an options object (ISSUE 46)."""
+    many = [
+        f"{module}:{name} takes {_parameters(node)}"
+        for module, path in sorted(MODULES.items())
+        for name, node in _qualified_functions(ast.parse(path.read_text()))
+        if _parameters(node) > MAX_PARAMETERS and f"{module}:{name}" not in MANY_KEYWORDS
+    ]
+    assert many == []
+
+
+def test_the_public_entry_points_with_many_keywords_exist():
+    missing = []
+    for entry in sorted(MANY_KEYWORDS):
+        module, name = entry.split(":")
+        names = {n for n, _ in _qualified_functions(ast.parse(MODULES[module].read_text()))}
+        missing += [] if name in names else [entry]
+    assert missing == []
+
+
+#: A runner's optional capabilities are protocols (``tfdist.strategies.base``), checked with
+#: ``isinstance`` against them; training code never probes attributes or tests a strategy class.
+PROBE = re.compile(
+    r"\b(?:get|has)attr\(\s*(?:self\.)?_?runner\b"
+    r"|isinstance\([^)]*(?:Strategy|\bSyncRunner|\bPSRunner)\b"
+)
+
+
+def test_training_code_declares_capabilities_instead_of_probing():
+    offenders = [
+        f"{name}: {m.group(0)}"
+        for name, path in sorted(MODULES.items())
+        if name.startswith("tfdist.training")
+        for m in PROBE.finditer(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_tests_mirror_the_training_packages():
+    """``tests/training/<package>/`` holds the tests of ``tfdist/training/<package>/``."""
+    tests = ROOT / "tests" / "training"
+    strays = [
+        p.name
+        for p in tests.iterdir()
+        if p.is_dir() and p.name != "__pycache__" and not (PACKAGE / "training" / p.name).is_dir()
+    ]
+    assert strays == []
 
 
 def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:

@@ -15,6 +15,18 @@ touched (``tfdist.Trainer``, ``tfdist.make_strategy``, ``tfdist.callbacks``,
 directly (``from tfdist.training.trainer import Trainer``). If Keras is already
 imported, ``import tfdist`` applies the shims at once, so that plain
 ``model.fit`` under ``tf.distribute`` strategies works after ``import tensorflow; import tfdist``.
+
+The package's parts, from the bottom up (ARCHITECTURE.md draws them):
+
+- ``_lazy``, ``config``, ``logs``, ``quiet``: lazy names; validated options and errors; logs
+  as floats; TF's start-up kept quiet. ``__main__``: ``python -m tfdist``.
+- ``_compat/``: the Keras and TF internals tfdist uses, and its shims.
+- ``cluster/``, ``data/``, ``models/``: cluster environments, inputs, Keras model builders.
+- ``strategies/``: ``make_strategy`` and the runners.
+- ``training/``: the ``Trainer`` and its parts. ``callbacks``: ``BackupAndRestore`` for
+  plain ``model.fit``.
+- ``launch/``: processes: ``tfdist launch``, notebooks, Slurm, Kubernetes, Ray.
+- ``bench/``: side-by-side measurements. ``cli/``: the ``tfdist`` command.
 """
 
 from __future__ import annotations

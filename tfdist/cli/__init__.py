@@ -19,6 +19,8 @@ tfdist bench --output=bench_results/bench.json
 
 Loading the CLI imports no TensorFlow: ``tfdist train`` and ``tfdist bench`` import it
 when they run, ``tfdist launch`` and ``tfdist manifest`` never.
+
+* ``help``: ``tfdist --help``, ``tfdist COMMAND --help`` and ``--version``.
 """
 
 from __future__ import annotations

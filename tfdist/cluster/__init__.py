@@ -18,6 +18,10 @@ one-machine (loopback) cluster of ``tfdist launch`` and the in-process parameter
 strategy. Every problem raises one ``ValueError`` worded by
 `tfdist.config.invalid_argument`, naming the offending field, e.g.
 ``TF_CONFIG.cluster.worker[1]``.
+
+Modules: ``environment`` (the one interface), ``info`` (``ClusterInfo``, task labels, the
+chief rule), ``tf_config``, ``slurm`` and ``slurm_syntax`` (Slurm's host lists and task
+counts), ``ports``.
 """
 
 from __future__ import annotations

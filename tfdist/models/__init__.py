@@ -7,6 +7,14 @@
 Every model ends in ``Dense(num_classes, dtype="float32")`` and outputs logits,
 so losses stay float32 under mixed precision; every other layer follows the
 global dtype policy.
+
+Modules, one builder each (``get(name)`` finds them):
+
+- ``cnn``: two 3x3 convs, max-pool, Dense (the digits default).
+- ``convnet``: a convnet whose size does not grow with the image (global max-pool).
+- ``mlp``: Flatten, Dense ReLU layers.
+- ``resnet``: a small residual network with BatchNorm.
+- ``transformer``: a small Transformer encoder that classifies an image row by row.
 """
 
 from __future__ import annotations
