@@ -267,7 +267,7 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_report_header(config):
     """The machine at the top of the run, so that suite times can be compared across machines."""
-    from tfdist.bench.in_process.bf16_vs_fp32 import BF16_CPU_FLAGS, VECTOR_CPU_FLAGS, cpu_features
+    from tfdist.bench.bf16_vs_fp32 import BF16_CPU_FLAGS, VECTOR_CPU_FLAGS, cpu_features
 
     features = cpu_features()
     flags = [name for name in (*VECTOR_CPU_FLAGS, *BF16_CPU_FLAGS) if features[name]]

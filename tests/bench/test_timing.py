@@ -1,9 +1,8 @@
-"""``tfdist.bench.harness.timing``: alternation, extra rounds on a busy machine, clean medians
-(no TF)."""
+"""``tfdist.bench.timing``: alternation, extra rounds on a busy machine, clean medians (no TF)."""
 
 import math
 
-from tfdist.bench.harness import timing
+from tfdist.bench import timing
 
 
 def test_alternate_interleaves_and_reverses_the_order():

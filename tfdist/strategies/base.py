@@ -3,17 +3,24 @@
 ``Trainer`` decides *when* a step happens; a runner decides *how* it is
 executed on its strategy; ``training/step/update.py`` decides *what* a step does.
 Everything that differs between strategies is a method here, so the training
-loop holds no ``isinstance(strategy, ...)``.
+loop holds no ``isinstance(strategy, ...)``. What only some runners offer is a capability,
+declared below as a protocol of its own (`ClockedRunner`, `SelfWatchingRunner`,
+`RatedRunner`, `WatchingRunner`, `BalancingRunner`, `HybridRunner`) and asked for with
+``isinstance(runner, Capability)``, as Lightning Fabric's strategies declare theirs as mix-ins.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import tensorflow as tf
 
+from tfdist.config import WatchdogOptions
 from tfdist.data.inputs import InputSource
+from tfdist.strategies.step_clock import StepClock
 
 
 def graph_function(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
@@ -87,6 +94,26 @@ LogsFn = Callable[[], Mapping[str, tf.Tensor]]
 CrossReplicaFn = Callable[[Callable[..., Any], Callable[[], Any]], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+    """What kind of loop ``Runner.compile_loop`` builds.
+
+    Attributes:
+        name: The compiled function's name (``"train_function"``, ``"test_function"``).
+        batches_per_call: Per-replica batches each call of the replica step receives (the
+            micro-batches of one update).
+        training: A training loop (else evaluation: a runner may run it elsewhere, untimed).
+        outputs: Hand ``logs_fn`` the last call's outputs (see ``Runner.compile_loop``).
+        until_exhausted: Stop early when data of unknown length runs out (one batch per call).
+    """
+
+    name: str
+    batches_per_call: int = 1
+    training: bool = True
+    outputs: bool = False
+    until_exhausted: bool = False
+
+
 @runtime_checkable
 class Runner(Protocol):
     """Executes replica steps on one ``tf.distribute.Strategy``."""
@@ -112,12 +139,13 @@ class Runner(Protocol):
     """Calls that may run ahead of the logs the loop has fetched (0: fetch each)."""
 
     requires_steps_per_epoch: bool
+    """Whether ``fit`` needs an explicit ``steps_per_epoch`` on this strategy."""
+
     #: Why sharded optimizer state (``ExchangeOptions(sharding=...)``) cannot run here, or None.
     sharding_refusal: str | None
     #: Why balanced batches (``Trainer(balance=...)``) cannot run here, or None; where they can,
-    #: the runner has ``enable_balance()`` (`tfdist.strategies.balanced_split`).
+    #: the runner is a `BalancingRunner`.
     balance_refusal: str | None
-    """Whether ``fit`` needs an explicit ``steps_per_epoch`` on this strategy."""
 
     reads_training_input_here: bool
     """Whether this process reads the training batches it trains on (not other processes):
@@ -127,7 +155,8 @@ class Runner(Protocol):
     """What ``steps_per_execution="auto"`` runs per call when no callback needs every batch."""
 
     reduces_step_outputs: bool
-    """Whether ``compile_loop(outputs=True)`` passes the last call's outputs to ``logs_fn``."""
+    """Whether ``compile_loop`` with ``LoopOptions(outputs=True)`` passes the last call's
+    outputs to ``logs_fn``."""
 
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         """Turns an input source into the strategy's distributed dataset."""
@@ -149,18 +178,14 @@ class Runner(Protocol):
         self,
         replica_fn: ReplicaFn,
         logs_fn: LogsFn,
+        loop: LoopOptions,
         *,
-        batches_per_call: int,
-        name: str,
-        training: bool = True,
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,
-        outputs: bool = False,
-        until_exhausted: bool = False,
     ) -> Callable[[Any, int], Any]:
         """Builds ``fn(iterator, num_calls)``: runs ``replica_fn`` ``num_calls`` times.
 
-        Each call of ``replica_fn`` receives a list of ``batches_per_call``
+        Each call of ``replica_fn`` receives a list of ``loop.batches_per_call``
         per-replica batches and runs in replica context. ``fn`` returns
         ``logs_fn()`` evaluated in cross-replica context after the last call.
         ``model`` is the Keras model whose metrics ``replica_fn`` updates (a
@@ -173,12 +198,12 @@ class Runner(Protocol):
         symbolic; ``run(fn, args)`` runs ``fn`` on every replica. A runner that
         cannot ignores it.
 
-        ``outputs``: when the runner ``reduces_step_outputs``, ``fn`` returns
+        ``loop.outputs``: when the runner ``reduces_step_outputs``, ``fn`` returns
         ``logs_fn(reduced)``, where ``reduced`` is the last call's return value
         averaged over all replicas (a model's own ``train_step`` logs, as
         Keras's fit reduces them); other runners ignore it.
 
-        ``until_exhausted`` (one batch per call): for data of unknown length, ``fn`` stops
+        ``loop.until_exhausted`` (one batch per call): for data of unknown length, ``fn`` stops
         early when the data runs out, the end agreed by every replica and worker (TF's
         ``get_next_as_optional``, which hands replicas past the end an empty batch while
         another still has one), and its logs hold the calls it ran under
@@ -223,3 +248,98 @@ class Runner(Protocol):
 
     def final_logs(self, logs_fn: LogsFn, last: dict[str, float]) -> dict[str, float]:
         """The epoch's logs once all its steps are done (``last`` for sync strategies)."""
+
+
+# What a runner may offer beyond `Runner`. Each capability is a protocol of its own, asked for
+# with ``isinstance(runner, Capability)`` (runtime-checkable: the members are there), never with
+# ``getattr`` probes or the strategy's class. A runner declares one by having its members.
+
+
+class RunnerStuckError(RuntimeError):
+    """A call the runner waits for cannot finish: a task it runs on is stuck and no other can
+    stand in. The fit's watchdog exits on it with ``STUCK_EXIT_CODE``, as on a hang it found
+    itself (parameter_server: `tfdist.strategies.ps.failures.WorkerStuckError`)."""
+
+
+@runtime_checkable
+class ClockedRunner(Protocol):
+    """Times each update's sections on this worker (input, compute, the wait for the
+    exchange) while ``step_clock.enabled``: the straggler report's windows
+    (`tfdist.strategies.step_clock`). The sync runners."""
+
+    step_clock: StepClock
+
+
+@runtime_checkable
+class SelfWatchingRunner(Protocol):
+    """Times some sections of the loop itself, which the fit's watchdog then leaves to it
+    (parameter_server: the coordinator waits there for workers' calls, and a stuck worker is
+    lost, not a hang of the loop)."""
+
+    watched_sections: tuple[str, ...]
+
+
+@runtime_checkable
+class RatedRunner(Protocol):
+    """Counts each worker's finished calls: its straggler report is their rates
+    (parameter_server, where a slow worker takes fewer steps)."""
+
+    def worker_update_rates(self, *, log: bool = False) -> dict[str, float]:
+        """Each worker's finished calls per second lately, e.g. ``{"worker:0": 9.5}``; with
+        ``log``, also logged."""
+
+
+class CallWatch(Protocol):
+    """The watch a `WatchingRunner` keeps over its workers' calls, as the fit sets it."""
+
+    #: Whether a call that outlives its timeout counts as stuck (the fit has a watchdog).
+    checking: bool
+    #: The rule of a call's timeout (the fit's ``WatchdogOptions``).
+    timeouts: WatchdogOptions | None
+
+
+@runtime_checkable
+class WatchingRunner(Protocol):
+    """Watches each worker's calls for ones that never finish; the fit's watchdog options set
+    its rule (parameter_server). ``watch`` is None when the runner was made to watch nothing."""
+
+    watch: CallWatch | None
+
+
+class BatchShares(Protocol):
+    """The split of every global batch a `BalancingRunner` trains on
+    (`tfdist.strategies.balanced_split.BalancedSplit`)."""
+
+    #: Processes in sync, and replicas in each.
+    workers: int
+    local_replicas: int
+    #: This worker's per-update sections since the balancer last took them.
+    clock: StepClock
+
+    def set(self, shares: Sequence[int]) -> None:
+        """Examples per worker of every global batch from the next call on (alike on all)."""
+
+    def gather(self, row: Sequence[float]) -> np.ndarray:
+        """Every worker's ``row``, in worker order (one collective)."""
+
+
+@runtime_checkable
+class BalancingRunner(Protocol):
+    """Splits each global batch between its workers by their speed (``Trainer(balance=)``,
+    `tfdist.training.balance`): multi_worker. ``balanced`` is None until `enable_balance`."""
+
+    balanced: BatchShares | None
+
+    def enable_balance(self) -> BatchShares:
+        """Trains on balanced shares of every global batch from now on; returns the split."""
+
+
+@runtime_checkable
+class HybridRunner(Protocol):
+    """Data parallel over workers whose replica a pipeline can span: with one replica per
+    worker (``make_strategy("multi_worker", stage_devices=K)``), each worker's replica is a
+    pipeline over this worker's devices (``Trainer(pipeline=)``, the hybrid)."""
+
+    @property
+    def replica_devices(self) -> list[str]:
+        """This worker's replica devices: the hybrid's one is its first stage's device."""

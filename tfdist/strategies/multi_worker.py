@@ -1,4 +1,9 @@
-"""``multi_worker``: ``MultiWorkerMirroredStrategy`` with the cluster from TF_CONFIG or Slurm."""
+"""``multi_worker``: ``MultiWorkerMirroredStrategy`` with the cluster from TF_CONFIG or Slurm.
+
+Its runner, `MultiWorkerRunner`, is the sync runner with two capabilities more
+(`tfdist.strategies.base`): balanced batches between the workers (a `BalancingRunner`) and the
+hybrid's one replica per worker that a pipeline spans (a `HybridRunner`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import tensorflow as tf
 
 from tfdist import cluster as cluster_lib
 from tfdist.config import check_choice, check_positive_int, invalid_argument
+from tfdist.strategies.balanced_split import BalancedSplit
 from tfdist.strategies.mirrored import ensure_cpu_devices
 from tfdist.strategies.sync import SyncRunner
 
@@ -63,8 +69,29 @@ def check_own_port(info: cluster_lib.ClusterInfo) -> None:
         )
 
 
+class MultiWorkerRunner(SyncRunner):
+    """`SyncRunner` on a ``MultiWorkerMirroredStrategy``: also a `BalancingRunner` and a
+    `HybridRunner` (see `tfdist.strategies.base`)."""
+
+    #: Balanced batches run here (``Trainer(balance=...)``).
+    balance_refusal: str | None = None
+
+    def enable_balance(self) -> BalancedSplit:
+        """Trains on balanced shares of every global batch from now on."""
+        if self.balanced is None:
+            local = len(self.strategy.extended.worker_devices)
+            workers = self.strategy.num_replicas_in_sync // local
+            self.balanced = BalancedSplit(self.strategy, workers, local)
+        return self.balanced
+
+    @property
+    def replica_devices(self) -> list[str]:
+        """This worker's replica devices (one with ``build(stage_devices=K)``, the hybrid)."""
+        return list(self.strategy.extended.worker_devices)
+
+
 #: Runs training steps on this kind's strategies (see ``tfdist/strategies/registry.py``).
-RUNNER = SyncRunner
+RUNNER = MultiWorkerRunner
 
 
 def matches(strategy: tf.distribute.Strategy) -> bool:

@@ -24,7 +24,14 @@ from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
 from tfdist.strategies import step_clock
 from tfdist.strategies.balanced_split import BalancedSplit
-from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
+from tfdist.strategies.base import (
+    CrossReplicaFn,
+    LogsFn,
+    LoopOptions,
+    ReplicaFn,
+    graph_function,
+    repeat,
+)
 from tfdist.strategies.base import until_exhausted as until_exhausted_loop
 
 #: The key under which a timed train loop returns its clock vector beside the logs.
@@ -87,7 +94,8 @@ class SyncRunner:
         self._broadcast = None
         #: Per-update sections on this worker (enabled by the straggler report).
         self.step_clock = step_clock.StepClock()
-        #: Each worker's share of every global batch, once `enable_balance` made it.
+        #: Each worker's share of every global batch, once a balancing runner's
+        #: ``enable_balance`` made it (`tfdist.strategies.multi_worker.MultiWorkerRunner`).
         self.balanced: BalancedSplit | None = None
         self._started = 0.0
 
@@ -130,7 +138,7 @@ class SyncRunner:
     auto_steps_per_execution = 32
     requires_steps_per_epoch = False
     reads_training_input_here = True  # every worker reads its own copy of the batches
-    #: ``compile_loop(outputs=True)`` hands ``logs_fn`` the last call's outputs, averaged over
+    #: ``LoopOptions(outputs=True)`` hands ``logs_fn`` the last call's outputs, averaged over
     #: the replicas (as Keras's fit reduces a train_step's logs under tf.distribute).
     reduces_step_outputs = True
 
@@ -147,22 +155,12 @@ class SyncRunner:
 
     @property
     def balance_refusal(self) -> str | None:
-        """Why ``Trainer(balance=...)`` cannot run here, or None (multi_worker)."""
-        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            return None
+        """Why ``Trainer(balance=...)`` cannot run here: only ``MultiWorkerRunner`` balances."""
         return (
             f"{type(self.strategy).__name__} runs every replica in this one process, whose "
             "clock cannot tell one replica's speed from another's: balance splits the global "
             "batch between the workers of a multi_worker strategy."
         )
-
-    def enable_balance(self) -> BalancedSplit:
-        """Trains on balanced shares of every global batch from now on (multi_worker)."""
-        if self.balanced is None:
-            local = len(self.strategy.extended.worker_devices)
-            workers = self.strategy.num_replicas_in_sync // local
-            self.balanced = BalancedSplit(self.strategy, workers, local)
-        return self.balanced
 
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
         if training and source.exact and source.dataset_fn is not None:
@@ -222,20 +220,17 @@ class SyncRunner:
         self,
         replica_fn: ReplicaFn,
         logs_fn: LogsFn,
+        loop: LoopOptions,
         *,
-        batches_per_call: int,
-        name: str,
-        training: bool = True,
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,
-        outputs: bool = False,
-        until_exhausted: bool = False,
     ) -> Callable[[Any, Any], Any]:
-        strategy = self.strategy
-        if until_exhausted:  # one batch per call (see the protocol)
+        strategy, name = self.strategy, loop.name
+        if loop.until_exhausted:  # one batch per call (see the protocol)
             return until_exhausted_loop(
                 lambda batch: strategy.run(replica_fn, args=([batch],)), logs_fn, name
             )
+        batches_per_call, training, outputs = loop.batches_per_call, loop.training, loop.outputs
         drive = cross_replica
         if training and self.balanced is not None:  # each replica on its share, timed
             replica_fn, drive = self.balanced.sliced(replica_fn), None
@@ -252,7 +247,7 @@ class SyncRunner:
                 return strategy.run(replica_fn, args=(batches,)), None
             return _timed_call(strategy, replica_fn, iterator, batches_per_call)
 
-        def loop(iterator, num_calls):
+        def run_calls(iterator, num_calls):
             def one_call(clock):
                 if drive is not None and not timed and not outputs:
                     # The step loops over its micro-batches itself (symbolically, see step.py).
@@ -274,8 +269,8 @@ class SyncRunner:
             logs = logs_fn(tf.nest.map_structure(lambda v: strategy.reduce(mean, v, None), last))
             return {**logs, CLOCK_KEY: clock} if timed else logs
 
-        loop.__name__ = name
-        return graph_function(loop)
+        run_calls.__name__ = name
+        return graph_function(run_calls)
 
     def metrics_result(self, model: Any) -> dict[str, tf.Tensor]:
         """``model.get_metrics_result()`` with all metric state reduced in ONE all-reduce.

@@ -20,7 +20,7 @@ from tfdist import _compat
 from tfdist._compat.keras_internals.keras_training import symbolic_build
 from tfdist.config import invalid_argument
 from tfdist.data.inputs import InputSource
-from tfdist.strategies.base import Runner
+from tfdist.strategies.base import LoopOptions, Runner
 from tfdist.training.build import lr_schedules as schedules
 from tfdist.training.fit.one_epoch import StartUpdates
 from tfdist.training.options import ExchangeOptions, LRScaling
@@ -185,18 +185,15 @@ class StepFunctions:
             self._train[key] = self.runner.compile_loop(
                 make_custom_train_update(self.model, self._train_keys, averaged=averaged),
                 self.logs,
-                batches_per_call=micro_batches,
-                name="train_function",
+                LoopOptions("train_function", batches_per_call=micro_batches, outputs=averaged),
                 model=self.model,
-                outputs=averaged,
             )
         if key not in self._train:
             update = self._update(global_batch_size, micro_batches)
             self._train[key] = self.runner.compile_loop(
                 update.__call__,
                 self.logs,
-                batches_per_call=micro_batches,
-                name="train_function",
+                LoopOptions("train_function", batches_per_call=micro_batches),
                 model=self.model,
                 cross_replica=update.cross_replica,
             )
@@ -221,7 +218,7 @@ class StepFunctions:
 
     def train_until_exhausted(self, global_batch_size: int) -> Any:
         """The train function for data of unknown length: one batch per update, stopping at its
-        end (``compile_loop(until_exhausted=True)``); its logs hold the updates it ran."""
+        end (``LoopOptions(until_exhausted=True)``); its logs hold the updates it ran."""
         if global_batch_size not in self._until_exhausted:
             if self.overrides.train_step:
                 averaged = self.runner.reduces_step_outputs
@@ -233,10 +230,8 @@ class StepFunctions:
             self._until_exhausted[global_batch_size] = self.runner.compile_loop(
                 replica_fn,
                 self.logs,
-                batches_per_call=1,
-                name="train_function",
+                LoopOptions("train_function", until_exhausted=True),
                 model=self.model,
-                until_exhausted=True,
             )
         return self._until_exhausted[global_batch_size]
 
@@ -335,10 +330,7 @@ class StepFunctions:
         return self.runner.compile_loop(
             step,
             lambda: select_logs(self.metrics_result(), self._eval_keys),
-            batches_per_call=1,
-            name="test_function",
-            training=False,
-            until_exhausted=until_exhausted,
+            LoopOptions("test_function", training=False, until_exhausted=until_exhausted),
         )
 
     def predict(self) -> Any:

@@ -189,7 +189,7 @@ class Trainer(EvaluateAndPredict):
         self.balance = balance_options(balance)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
-        self.pipeline = check_pipeline_options(pipeline, self.strategy, self.exchange.sharding)
+        self.pipeline = check_pipeline_options(pipeline, self._runner, self.exchange.sharding)
         self.precision = _precision(precision, model, is_chief=self._runner.is_chief)
         compile_arguments = dict(optimizer=optimizer, loss=loss, metrics=metrics)
         compile_arguments.update(loss_weights=loss_weights, weighted_metrics=weighted_metrics)
@@ -227,7 +227,7 @@ class Trainer(EvaluateAndPredict):
         )
         if self.exchange.sharding is not None:
             check_optimizer(self.model.optimizer, self.exchange.sharding)
-        devices = check_pipeline_model(self.pipeline, self.model, self.strategy)
+        devices = check_pipeline_model(self.pipeline, self.model, self._runner)
         self.balance = enable_balance(self.balance, self._runner, self.model, self.pipeline)
         if self._steps_per_execution == "auto" and compiled.steps_per_execution:
             # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.

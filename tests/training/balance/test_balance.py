@@ -111,7 +111,9 @@ def test_auto_steps_per_execution_runs_at_most_a_window_per_call():
 
 
 class _Runner(types.SimpleNamespace):
-    """What `enable_balance` asks of a runner, without a cluster."""
+    """What `enable_balance` asks of a runner, without a cluster (a `BalancingRunner`)."""
+
+    balanced = None
 
     def enable_balance(self):
         clock = types.SimpleNamespace(enabled=True)

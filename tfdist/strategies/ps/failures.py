@@ -13,6 +13,8 @@ import re
 
 import tensorflow as tf
 
+from tfdist.strategies.base import RunnerStuckError
+
 _TASK_RE = re.compile(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)")
 
 
@@ -20,8 +22,10 @@ class ParameterServerFailure(RuntimeError):
     """A parameter server failed; training cannot go on without its variables."""
 
 
-class WorkerStuckError(RuntimeError):
-    """A worker's training call never finished and no other worker was left to run it."""
+class WorkerStuckError(RunnerStuckError):
+    """A worker's training call never finished and no other worker was left to run it.
+
+    A `tfdist.strategies.base.RunnerStuckError`: the fit's watchdog exits on it."""
 
 
 def raise_clearly(error: Exception) -> None:

@@ -1,22 +1,15 @@
 """The runner for ``ParameterServerStrategy``: schedule, fetch, join.
 
 Training steps are ``tf.function`` calls scheduled on any free worker with
-``ClusterCoordinator.schedule``; each returns its logs as a ``RemoteValue``.
-Up to ``max_in_flight`` calls run ahead of the logs the loop has fetched, so
-workers stay busy while callbacks still receive real values, in order.
-
-Logs are exact running means of the finished steps, as under the sync
-strategies: each scheduled function sums its own steps' metrics in local
-tensors and adds the sums to the model's metric variables on the ps at its end,
-one atomic ``assign_add`` per variable, so the variables hold the epoch's exact
-totals once every call ended. When a callback may read batch logs, the function
-also returns its sums, which the coordinator adds up in order, computing a
-call's logs only when something reads them (``ps_logs``).
-
-Evaluation runs on the coordinator itself, reading the variables from the ps
-tasks: each validation example is counted exactly once. Failures are reported
-as ``ps_failures`` describes. Each worker's finished calls are counted, and a
-worker whose call never finishes is treated as lost (``ps_watchdog``).
+``ClusterCoordinator.schedule``; up to ``max_in_flight`` run ahead of the logs the loop has
+fetched. Logs are exact running means, as under the sync strategies: each call sums its steps'
+metrics in local tensors and adds the sums to the metric variables on the ps at its end (one
+atomic ``assign_add`` each), so they hold the epoch's exact totals once every call ended; when a
+callback may read batch logs, the coordinator adds up the calls' returned sums in order
+(`tfdist.strategies.ps.logs`). Evaluation runs on the coordinator, reading the ps tasks'
+variables. Failures: `tfdist.strategies.ps.failures`. The runner watches each worker's calls
+itself (`tfdist.strategies.ps.watchdog`): beside the `Runner` protocol it is a
+`SelfWatchingRunner`, a `RatedRunner` and a `WatchingRunner` (`tfdist.strategies.base`).
 """
 
 from __future__ import annotations
@@ -41,7 +34,14 @@ from tfdist.cluster import task_label
 from tfdist.config import WatchdogOptions
 from tfdist.data.inputs import InputSource
 from tfdist.logs import as_floats
-from tfdist.strategies.base import CrossReplicaFn, LogsFn, ReplicaFn, graph_function, repeat
+from tfdist.strategies.base import (
+    CrossReplicaFn,
+    LogsFn,
+    LoopOptions,
+    ReplicaFn,
+    graph_function,
+    repeat,
+)
 from tfdist.strategies.base import until_exhausted as until_exhausted_loop
 from tfdist.strategies.ps import watchdog as ps_watchdog
 from tfdist.strategies.ps.failures import ParameterServerFailure as ParameterServerFailure
@@ -172,18 +172,14 @@ class PSRunner:
         self,
         replica_fn: ReplicaFn,
         logs_fn: LogsFn,
+        loop: LoopOptions,  # loop.outputs unused: logs come from the metric sums
         *,
-        batches_per_call: int,
-        name: str,
-        training: bool = True,
         model: Any = None,
         cross_replica: CrossReplicaFn | None = None,  # unused: steps are whole scheduled closures
-        outputs: bool = False,  # unused: logs come from the metric sums (reduces_step_outputs)
-        until_exhausted: bool = False,
     ) -> Callable[[Any, Any], Any]:
-        strategy = self.strategy
-        if until_exhausted:  # evaluation only: fit requires steps_per_epoch here
-            return until_exhausted_loop(lambda batch: replica_fn([batch]), logs_fn, name)
+        strategy, batches_per_call, training = self.strategy, loop.batches_per_call, loop.training
+        if loop.until_exhausted:  # evaluation only: fit requires steps_per_epoch here
+            return until_exhausted_loop(lambda batch: replica_fn([batch]), logs_fn, loop.name)
         per_execution = training and self._sum_metrics_of(model)
         variables, packing = self._metric_vars, self._packing
 
@@ -192,7 +188,7 @@ class PSRunner:
 
         if training:
 
-            def loop(iterator, num_calls, returns_logs=True):
+            def run_calls(iterator, num_calls, returns_logs=True):
                 # A Python int (see run) unrolls the steps; a tensor loops in the graph.
                 if not per_execution:
                     _steps(num_calls, lambda: one_step(iterator))
@@ -210,15 +206,15 @@ class PSRunner:
                 return packing.pack(logs, state) if returns_logs else None
         else:
 
-            def loop(iterator, num_calls):
+            def run_calls(iterator, num_calls):
                 # On the coordinator, in cross-replica context: no strategy.run.
                 _steps(
                     num_calls, lambda: replica_fn([next(iterator) for _ in range(batches_per_call)])
                 )
                 return logs_fn()
 
-        loop.__name__ = name
-        fn = graph_function(loop)
+        run_calls.__name__ = loop.name
+        fn = graph_function(run_calls)
         if training:
             self._scheduled.add(fn)
         return fn

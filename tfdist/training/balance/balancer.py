@@ -32,6 +32,7 @@ from typing import Any
 
 from tfdist import _compat
 from tfdist.config import check_positive_int, invalid_argument
+from tfdist.strategies.base import BalancingRunner, BatchShares, Runner
 from tfdist.training.balance.control import Decision, SplitController, windows_from
 from tfdist.training.health.monitor import tensorboard_dir
 from tfdist.training.step.model_steps import Overrides
@@ -97,13 +98,15 @@ def balance_options(balance: Any) -> BalanceOptions | None:
 
 
 def enable_balance(
-    options: BalanceOptions | None, runner: Any, model: Any, pipeline: Any
+    options: BalanceOptions | None, runner: Runner, model: Any, pipeline: Any
 ) -> BalanceOptions | None:
-    """Refuses what balance cannot serve, then readies ``runner``; returns the options, or
-    None when off (or with one worker: nothing to balance, said once)."""
+    """Refuses what balance cannot serve, then readies ``runner`` (a `BalancingRunner`);
+    returns the options, or None when off (or with one worker: nothing to balance, said once)."""
     if options is None:
         return None
     refusal = runner.balance_refusal
+    if refusal is None and not isinstance(runner, BalancingRunner):
+        refusal = f"{type(runner).__name__} does not split global batches between workers."
     if refusal is None and Overrides.of(model).train_step:
         refusal = (
             f"{type(model).__name__} has its own train_step, whose gradients Keras averages "
@@ -125,8 +128,16 @@ def enable_balance(
             logger.warning("balance: one worker, nothing to balance; training on the even split.")
         return None
     # Fixed splits need no clock: nothing timed (and so no tf.timestamp) in the train loop.
+    assert isinstance(runner, BalancingRunner)  # refused above otherwise
     runner.enable_balance().clock.enabled = options.splits is None
     return options
+
+
+def _split_of(runner: Runner) -> BatchShares:
+    """The split of a runner after `enable_balance` (a `BalancingRunner`)."""
+    if not isinstance(runner, BalancingRunner) or runner.balanced is None:
+        raise RuntimeError(f"{type(runner).__name__} is not balancing: enable_balance first.")
+    return runner.balanced
 
 
 class Balancer:
@@ -134,7 +145,7 @@ class Balancer:
 
     Args:
         options: The balance options.
-        runner: A runner after ``enable_balance()``.
+        runner: The fit's runner, a `BalancingRunner` after `enable_balance`.
         global_batch_size: This fit's global batch.
         summary_dir: Where the chief writes the ``balance/`` scalars, or None.
         updates: Updates made before this fit's first call (a resumed fit's position), the
@@ -144,7 +155,7 @@ class Balancer:
     def __init__(
         self,
         options: BalanceOptions,
-        runner: Any,
+        runner: Runner,
         global_batch_size: int,
         summary_dir: Any,
         *,
@@ -152,7 +163,7 @@ class Balancer:
     ) -> None:
         self.options = options
         self.runner = runner
-        self.split = runner.balanced
+        self.split = _split_of(runner)
         self.labels = list(runner.loop_tasks)
         self.controller = SplitController(
             global_batch_size,
@@ -261,7 +272,7 @@ class Balancer:
 def balanced_start(
     start: Any,
     options: BalanceOptions | None,
-    runner: Any,
+    runner: Runner,
     source: Any,
     steps: int | None,
     callbacks: Sequence[Any],

@@ -31,7 +31,14 @@ from typing import Any
 
 from tfdist import _compat
 from tfdist.config import STUCK_EXIT_CODE
-from tfdist.strategies.ps.failures import WorkerStuckError
+from tfdist.strategies.base import (
+    ClockedRunner,
+    RatedRunner,
+    Runner,
+    RunnerStuckError,
+    SelfWatchingRunner,
+    WatchingRunner,
+)
 from tfdist.training.health.board import Board
 from tfdist.training.health.stragglers import StragglerOptions, StragglerReport
 from tfdist.training.health.watchdog import (
@@ -54,7 +61,8 @@ class Health:
     """The watchdog and straggler report of one fit on this task (a context manager).
 
     Args:
-        runner: The strategy's runner (its task label, chief flag, step clock).
+        runner: The strategy's runner (its task label, chief flag, and the capabilities it
+            declares: a `ClockedRunner`, `SelfWatchingRunner` or `RatedRunner`).
         labels: Every task of the cluster that runs the loop.
         watchdog: The watchdog's options, or None for no watchdog.
         stragglers: The straggler report's options, or None for none.
@@ -64,7 +72,7 @@ class Health:
 
     def __init__(
         self,
-        runner: Any,
+        runner: Runner,
         labels: Sequence[str],
         *,
         watchdog: WatchdogOptions | None,
@@ -79,7 +87,7 @@ class Health:
         self.board = Board(labels, shared=shared)
         self.watchdog = watchdog
         self.timeouts = LearnedTimeouts(watchdog) if watchdog else None
-        clock = getattr(runner, "step_clock", None)
+        clock = runner.step_clock if isinstance(runner, ClockedRunner) else None
         timed = stragglers is not None and len(labels) > 1 and shared and clock is not None
         if timed and _compat.op_determinism_enabled():
             # Op determinism refuses tf.timestamp, which the step sections are measured with.
@@ -88,16 +96,14 @@ class Health:
         self.clock = clock if timed else None
         if self.clock is not None:
             self.clock.enabled = True
-        self.report = (
-            StragglerReport(stragglers, summary_dir=summary_dir)
-            if timed and runner.is_chief
-            else None
-        )
+        scores = timed and runner.is_chief
+        self.report = StragglerReport(stragglers, summary_dir=summary_dir) if scores else None
         self.straggler_options = stragglers if timed else None
         # Parameter servers: the runner times each worker's calls itself (stuck workers are
         # lost, not hangs of the loop), and its update rates are the straggler report.
-        self.unwatched = set(getattr(runner, "watched_sections", ()))
-        rates = getattr(runner, "worker_update_rates", None)
+        watched = runner.watched_sections if isinstance(runner, SelfWatchingRunner) else ()
+        self.unwatched = set(watched)
+        rates = runner.worker_update_rates if isinstance(runner, RatedRunner) else None
         self.rates = rates if stragglers is not None and rates is not None else None
         self.rate_options = stragglers if self.rates is not None else None
         self.summary_dir = summary_dir
@@ -135,7 +141,7 @@ class Health:
             self._thread.join(timeout=5)
         if self.clock is not None:
             self.clock.enabled = False
-        if isinstance(error, WorkerStuckError) and self.watchdog is not None and self._exiting():
+        if isinstance(error, RunnerStuckError) and self.watchdog is not None and self._exiting():
             # Parameter servers: a stuck worker no other could stand in for ends the fit.
             logger.error("tfdist watchdog on %s: %s Python stacks follow.", self.label, error)
             _flush()
@@ -348,7 +354,7 @@ def tensorboard_dir(callbacks: Sequence[Any]) -> str | None:
 
 
 def fit_health(
-    runner: Any,
+    runner: Runner,
     *,
     watchdog: WatchdogOptions | None,
     stragglers: StragglerOptions | None,
@@ -356,7 +362,7 @@ def fit_health(
     has_backup: bool,
 ) -> Health:
     """The `Health` of one fit; the straggler scalars go beside a TensorBoard's logs."""
-    watch = getattr(runner, "watch", None)
+    watch = runner.watch if isinstance(runner, WatchingRunner) else None
     if watch is not None:
         # Parameter servers: the same rule times each worker's calls (none: no stuck workers).
         watch.checking = watchdog is not None

@@ -4,9 +4,10 @@
 `check_pipeline_model` once it is compiled (its own ``train_step``, BatchNormalization,
 the cut, the devices); `check_global_batch` for each fit's batch.
 
-The strategies a pipeline runs under: the default one (all stages in this process), and
-``multi_worker`` with one replica per worker (the hybrid: data parallel over the workers, each
-worker's replica a pipeline over its own devices).
+The strategies a pipeline runs under: the default one (all stages in this process), and one
+whose runner is a `tfdist.strategies.base.HybridRunner` (``multi_worker``) with one replica per
+worker (the hybrid: data parallel over the workers, each worker's replica a pipeline over its
+own devices).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from tfdist._compat.tf_internals.runtime import is_default_strategy
 from tfdist.config import invalid_argument
+from tfdist.strategies.base import HybridRunner, Runner
 from tfdist.training.pipeline.cut import Cuts
 from tfdist.training.pipeline.options import PipelineOptions, resolve_devices, split_names
 from tfdist.training.step.model_steps import overridden
@@ -31,39 +32,35 @@ def _all_layers(layer: Any) -> list[Any]:
     return found
 
 
-def is_hybrid(strategy: Any) -> bool:
-    """Whether a pipeline under ``strategy`` is the hybrid (a MultiWorkerMirroredStrategy)."""
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-
-
 def check_pipeline_options(
-    options: Any, strategy: Any, sharding: str | None
+    options: Any, runner: Runner, sharding: str | None
 ) -> PipelineOptions | None:
-    """The Trainer's refusals of ``pipeline=`` before the model is made; returns ``options``."""
+    """The Trainer's refusals of ``pipeline=`` before the model is made (``runner``: the
+    strategy's); returns ``options``."""
     if options is None:
         return None
     if not isinstance(options, PipelineOptions):
         raise invalid_argument("pipeline", options, "a tfdist.PipelineOptions or None")
-    if not is_default_strategy(strategy) and not is_hybrid(strategy):
+    hybrid = isinstance(runner, HybridRunner)
+    if not is_default_strategy(runner.strategy) and not hybrid:
         raise invalid_argument(
             "strategy",
-            type(strategy).__name__,
+            type(runner.strategy).__name__,
             "None (the default strategy: all stages in this process) or a "
             "MultiWorkerMirroredStrategy (data parallel over workers x stages) with pipeline=",
             note="Pipeline stages place each stage's variables on its own device; mirrored and "
             "one_device make every variable on their replicas' devices, and parameter_server on "
             "its ps tasks.",
         )
-    if is_hybrid(strategy) and len(strategy.extended.worker_devices) != 1:
+    if hybrid and len(runner.replica_devices) != 1:
         raise invalid_argument(
             "strategy",
-            f"MultiWorkerMirroredStrategy with {len(strategy.extended.worker_devices)} replicas "
-            "per worker",
+            f"MultiWorkerMirroredStrategy with {len(runner.replica_devices)} replicas per worker",
             "one replica per worker with pipeline= (its devices hold the stages)",
             note='Make it with tfdist.make_strategy("multi_worker", stage_devices=K), which '
             "leaves one device per worker to the replica and the others to the stages.",
         )
-    if sharding is not None and not is_hybrid(strategy):
+    if sharding is not None and not hybrid:
         raise invalid_argument(
             "sharding",
             sharding,
@@ -77,7 +74,7 @@ def check_pipeline_options(
 
 
 def check_pipeline_model(
-    options: PipelineOptions | None, model: Any, strategy: Any
+    options: PipelineOptions | None, model: Any, runner: Runner
 ) -> list[str] | None:
     """The refusals that need the compiled model; returns each stage's device (None: no
     pipeline)."""
@@ -95,7 +92,7 @@ def check_pipeline_model(
     if model.built:
         names = split_names(model, options)
         Cuts(model, names).positions(names)  # the cut checked before anything trains
-    worker = strategy.extended.worker_devices[0] if is_hybrid(strategy) else None
+    worker = runner.replica_devices[0] if isinstance(runner, HybridRunner) else None
     return resolve_devices(options, worker_device=worker)
 
 

@@ -27,7 +27,8 @@ import tensorflow as tf
 
 from tfdist._compat.keras_internals.masks import keras_mask, with_keras_mask
 from tfdist._compat.keras_internals.optimizer import updates_on_variable_devices
-from tfdist.training.pipeline.checks import check_global_batch, is_hybrid
+from tfdist._compat.tf_internals.runtime import is_default_strategy
+from tfdist.training.pipeline.checks import check_global_batch
 from tfdist.training.pipeline.options import PipelineOptions, Stage, place_stages
 from tfdist.training.pipeline.schedule import Schedule, stage_forward
 from tfdist.training.step.exchange import all_reduce_sum
@@ -192,7 +193,8 @@ class Pipeline:
     def place(self, model: keras.Model) -> None:
         """Cuts the built ``model`` and places its stages, once."""
         if self.stages is None:
-            hybrid = self.strategy if is_hybrid(self.strategy) else None
+            # check_pipeline_options let no other strategy through than the hybrid's.
+            hybrid = None if is_default_strategy(self.strategy) else self.strategy
             self.stages = place_stages(model, self.options, self.devices, hybrid)
 
     def optimizer_builder(self, model: keras.Model) -> Any:
