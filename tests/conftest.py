@@ -267,7 +267,7 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_report_header(config):
     """The machine at the top of the run, so that suite times can be compared across machines."""
-    from tfdist.bench.bf16_vs_fp32 import BF16_CPU_FLAGS, VECTOR_CPU_FLAGS, cpu_features
+    from tfdist.bench.in_process.bf16_vs_fp32 import BF16_CPU_FLAGS, VECTOR_CPU_FLAGS, cpu_features
 
     features = cpu_features()
     flags = [name for name in (*VECTOR_CPU_FLAGS, *BF16_CPU_FLAGS) if features[name]]
@@ -292,6 +292,41 @@ def pytest_unconfigure(config):
     from tests import shared_preload
 
     shared_preload.stop()
+    _end_child_processes()
+
+
+# Every process a test forked through multiprocessing ends with the session. A PyDataset read by
+# processes (``use_multiprocessing=True``) keeps Keras's pool of forked readers until its pass's
+# iterator is deleted, on tfdist's release thread, and at exit the interpreter waits for such
+# deletions (``tfdist.data.release``). xdist kills a worker still exiting after 10 s, and its
+# readers then lived on, reparented to init (seen: one of 630 MB after a full run, started by
+# the parity row ``py_dataset_processes_steps_per_epoch``). So they end here, before the exit:
+# those the release thread has not stopped within a few seconds are terminated, and named.
+CHILD_GRACE_SECONDS = 3.0
+
+
+def _end_child_processes() -> None:
+    import multiprocessing
+    import sys
+
+    from tfdist.data import release
+
+    if multiprocessing.active_children():
+        release.drain(CHILD_GRACE_SECONDS)  # a stopped pass stops its readers itself
+    survivors = multiprocessing.active_children()
+    for child in survivors:
+        child.terminate()
+    for child in survivors:
+        child.join(CHILD_GRACE_SECONDS)
+        if child.is_alive():
+            child.kill()  # it ignored SIGTERM (an inherited handler that only notes it)
+            child.join(CHILD_GRACE_SECONDS)
+    if survivors:
+        names = ", ".join(f"{c.name} (pid {c.pid})" for c in survivors)
+        print(
+            f"tfdist tests: ended {len(survivors)} child process(es) left running: {names}",
+            file=sys.stderr,
+        )
 
 
 # In-process parameter-server clusters end with their module. TF's coordinator keeps a thread

@@ -25,7 +25,8 @@ def reads_in_parallel(py_dataset: Any) -> bool:
 def enqueued_batches(py_dataset: Any, num_batches: int | None) -> Iterator[Any]:
     """Batches ``0 .. num_batches - 1`` of ``py_dataset`` (``None``: endless), in order, read by
     Keras's ``OrderedEnqueuer`` with the dataset's ``workers``, ``use_multiprocessing`` and
-    ``max_queue_size``; the enqueuer is stopped when the pass ends or is abandoned."""
+    ``max_queue_size``; the enqueuer is stopped when the pass ends or is abandoned, and its
+    reader processes (``use_multiprocessing``) are ended and joined then."""
     # Private: keras.src.trainers.data_adapters.py_dataset_adapter has no public enqueuer.
     from keras.src.trainers.data_adapters.py_dataset_adapter import OrderedEnqueuer
 
@@ -38,6 +39,7 @@ def enqueued_batches(py_dataset: Any, num_batches: int | None) -> Iterator[Any]:
         max_queue_size=py_dataset.max_queue_size,
         shuffle=False,
     )
+    pools = _track_pools(enqueuer) if py_dataset.use_multiprocessing else []
     enqueuer.start()
     try:
         if num_batches == 0:
@@ -48,6 +50,24 @@ def enqueued_batches(py_dataset: Any, num_batches: int | None) -> Iterator[Any]:
                 return
     finally:
         enqueuer.stop()
+        # stop() only closes the pool: its processes would go on with the reads queued ahead
+        # (up to max_queue_size), then exit unjoined. They end with the pass instead.
+        for pool in pools:
+            pool.terminate()
+
+
+def _track_pools(enqueuer: Any) -> list[Any]:
+    """The process pools ``enqueuer`` makes (one per start), as it makes them."""
+    pools: list[Any] = []
+    make_pool = enqueuer.executor_fn
+
+    def tracked(*args: Any) -> Any:
+        pool = make_pool(*args)
+        pools.append(pool)
+        return pool
+
+    enqueuer.executor_fn = tracked
+    return pools
 
 
 def _default_sigterm_in_forked_children() -> None:
