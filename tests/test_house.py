@@ -213,9 +213,7 @@ def _qualified_functions(tree: ast.Module):
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     yield f"{node.name}.{item.name}", item
     nested = {
-        id(n)
-        for top in tree.body
-        for n in (top.body if isinstance(top, ast.ClassDef) else [top])
+        id(n) for top in tree.body for n in (top.body if isinstance(top, ast.ClassDef) else [top])
     }
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(node) not in nested:
