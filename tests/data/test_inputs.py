@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from tests.jobs.common import data
 from tfdist.data.batch_sizes import default_input_context
-from tfdist.data.inputs import as_input
+from tfdist.data.inputs import Reading, as_input
 
 
 def test_global_batch_size_inference():
@@ -16,28 +16,27 @@ def test_global_batch_size_inference():
     )
     source = as_input(
         lambda c: tf.data.Dataset.from_tensor_slices((x, y)).batch(5),
+        Reading(training=False),
         input_context=ctx,
         global_batch_size=None,
-        training=False,
     )
     assert source.global_batch_size == 20  # 5 per replica x 4 replicas
     assert source.steps_per_epoch == 4  # ceil(8 batches / 2 replicas per pipeline)
     with pytest.raises(ValueError, match=r"argument `global_batch_size`.*unbatched elements"):
         as_input(
             lambda c: tf.data.Dataset.from_tensor_slices(y),
+            Reading(training=False),
             input_context=ctx,
             global_batch_size=None,
-            training=False,
         )
     with pytest.raises(
         ValueError, match=r"argument `global_batch_size`.*`validation_data` yields no batches"
     ):
         as_input(
             tf.data.Dataset.from_tensor_slices((x, y)).batch(4).take(0),
+            Reading(training=False, argument="validation_data"),
             input_context=ctx,
             global_batch_size=None,
-            training=False,
-            argument="validation_data",
         )
 
 
@@ -48,9 +47,9 @@ def test_skipping_and_repeating_happen_in_tf_data():
     )
     by_fn = as_input(
         lambda c: tf.data.Dataset.from_tensor_slices(x).shard(2, c.input_pipeline_id).batch(2),
+        Reading(training=True),
         input_context=ctx,
         global_batch_size=8,
-        training=True,
     )
     # One global step takes two per-replica batches of each pipeline.
     first = [b.numpy().tolist() for b in by_fn.repeated().skipping(2).dataset_fn(ctx).take(3)]
@@ -61,9 +60,9 @@ def test_skipping_and_repeating_happen_in_tf_data():
     ]  # pipeline 1 holds the odd numbers, 6 batches a pass
     by_dataset = as_input(
         tf.data.Dataset.from_tensor_slices(x).batch(8),
+        Reading(training=True),
         input_context=default_input_context(),
         global_batch_size=None,
-        training=True,
     )
     assert [b.numpy()[0] for b in by_dataset.repeated().skipping(2).dataset.take(2)] == [16, 0]
 
@@ -80,7 +79,7 @@ def test_batch_size_is_read_without_drawing_an_order():
 
     ctx = tf.distribute.InputContext(num_replicas_in_sync=2)
     source = as_input(
-        reshuffling().batch(4), input_context=ctx, global_batch_size=None, training=True
+        reshuffling().batch(4), Reading(training=True), input_context=ctx, global_batch_size=None
     )
     assert source.global_batch_size == 4
     first_pass = [b.numpy().tolist() for b in reshuffling().batch(4)]
@@ -89,7 +88,7 @@ def test_batch_size_is_read_without_drawing_an_order():
     mapped = reshuffling().batch(4).map(lambda b: b * 2)
     assert (
         as_input(
-            mapped, input_context=ctx, global_batch_size=None, training=False
+            mapped, Reading(training=False), input_context=ctx, global_batch_size=None
         ).global_batch_size
         == 4
     )

@@ -56,12 +56,12 @@ def id_datasets():
 
 def shards(name, ids):
     """The example ids this worker's replica reads per step, through the Trainer's own path."""
-    from tfdist.data.inputs import as_input
+    from tfdist.data.inputs import Reading, as_input
     from tfdist.strategies.factory import runner_for
 
     runner = runner_for(strategy)
     source = as_input(
-        ids, input_context=runner.input_context(), global_batch_size=None, training=True
+        ids, Reading(training=True), input_context=runner.input_context(), global_batch_size=None
     )
     steps = []
     for batch in runner.make_iterator(runner.distribute(source)):

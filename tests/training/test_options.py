@@ -43,6 +43,25 @@ def test_shortcuts_build_the_option_objects(tmp_path):
     assert plain.learning_rate_schedule is None
 
 
+def test_the_trainer_holds_its_options_in_one_frozen_bundle(tmp_path):
+    from tfdist.training.options import TrainerOptions
+
+    trainer = _trainer(backup_dir=str(tmp_path), gradient_compression="bf16")
+    options = trainer.options
+    assert isinstance(options, TrainerOptions)
+    assert options.backup == tfdist.BackupOptions(str(tmp_path))
+    assert options.exchange == tfdist.ExchangeOptions(compression="bf16")
+    assert options.precision == "float32" and options.accumulation_steps == 1
+    assert options.balance is None and options.steps_per_execution == "auto"
+    for name in ("precision", "accumulation_steps", "backup", "lr_scaling", "exchange"):
+        assert getattr(trainer, name) == getattr(options, name)
+    assert trainer.watchdog is options.watchdog and trainer.pipeline is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.backup = None
+    with pytest.raises(AttributeError, match="read-only"):
+        trainer.exchange = tfdist.ExchangeOptions()
+
+
 @pytest.mark.parametrize("shortcut,value", [("backup_freq", 5), ("keep_backups", 2)])
 def test_a_backup_shortcut_without_a_directory_is_refused(shortcut, value):
     # It would make no backups: refused, not ignored.

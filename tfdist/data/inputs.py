@@ -229,43 +229,55 @@ def _finite_cardinality(ds: tf.data.Dataset) -> int | None:
     return n if n >= 0 else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """How `as_input` reads one data argument: for training or evaluation, and how.
+
+    Attributes:
+        training: Training arrays are shuffled as ``shuffle`` says; evaluation data is not.
+        argument: The argument's name in error messages.
+        shuffle: For training arrays, as Keras's ``fit``: ``True`` reshuffles
+            every epoch (seeded), ``False`` keeps the order, ``"batch"``
+            keeps the batches in order and shuffles inside each.
+        seed: Shuffle seed for array inputs.
+        steps: For evaluation data, the batches each pass reads (``validation_steps``,
+            ``evaluate``'s ``steps``): a Python generator is read as Keras reads it then
+            (`tfdist.data.python_inputs.python_dataset`).
+    """
+
+    training: bool
+    argument: str = "x"
+    shuffle: bool | str = True
+    seed: int = 0
+    steps: int | None = None
+
+
 def as_input(
     data: Any,
+    reading: Reading,
     *,
     input_context: tf.distribute.InputContext,
     global_batch_size: int | None,
-    training: bool,
-    seed: int = 0,
-    argument: str = "x",
     fallback_global_batch_size: int | None = None,
-    shuffle: bool | str = True,
-    steps: int | None = None,
 ) -> InputSource:
     """Builds an `InputSource` from any accepted form of ``data``.
 
     Args:
         data: See the module docstring.
+        reading: What the data is for and how it is read (`Reading`).
         input_context: This process's input context (pipelines and replicas).
         global_batch_size: Examples per step across all replicas. Optional
             except for an unbound ``DatasetFn``: for a dataset_fn it defaults
             to the first per-replica batch's size times the replicas in sync,
             for a dataset to its first batch's size, for arrays to 32.
-        training: Training arrays are shuffled as ``shuffle`` says; evaluation data is not.
-        seed: Shuffle seed for array inputs.
-        argument: The argument's name in error messages.
         fallback_global_batch_size: Used for an unbound ``DatasetFn`` when
             ``global_batch_size`` is not given (e.g. the batch ``fit`` used).
-        shuffle: For training arrays, as Keras's ``fit``: ``True`` reshuffles
-            every epoch (seeded), ``False`` keeps the order, ``"batch"``
-            keeps the batches in order and shuffles inside each.
-        steps: For evaluation data, the batches each pass reads (``validation_steps``,
-            ``evaluate``'s ``steps``): a Python generator is read as Keras reads it then
-            (`tfdist.data.python_inputs.python_dataset`).
 
     Raises:
         ValueError: For an unsupported type, a missing or indivisible global
             batch size.
     """
+    training, argument = reading.training, reading.argument
     replicas = input_context.num_replicas_in_sync
     per_replica = callable(data) and not isinstance(data, tf.data.Dataset)  # a dataset_fn
     if global_batch_size is not None:
@@ -282,7 +294,12 @@ def as_input(
 
     if is_python_input(data):
         ds, first_batch_size, num_batches, hooks = python_dataset(
-            data, training=training, shuffle=shuffle, seed=seed, argument=argument, steps=steps
+            data,
+            training=training,
+            shuffle=reading.shuffle,
+            seed=reading.seed,
+            argument=argument,
+            steps=reading.steps,
         )
         gbs = global_batch_size or first_batch_size
         return InputSource(
@@ -295,9 +312,8 @@ def as_input(
     if isinstance(data, tuple) and 1 <= len(data) <= 3:  # (x,): a model's own add_loss
         gbs = global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
         check_global_batch_size(gbs, replicas, training=training, per_replica=False)
-        return _array_input(
-            data, gbs, shuffle=shuffle if training else False, seed=seed, argument=argument
-        )
+        shuffle = reading.shuffle if training else False
+        return _array_input(data, gbs, shuffle=shuffle, seed=reading.seed, argument=argument)
 
     note = (
         f"For a built-in dataset pass tfdist.data.load({data!r})." if isinstance(data, str) else ""

@@ -1,4 +1,11 @@
-"""The Trainer's option groups: small frozen dataclasses, each checked once when it is made.
+"""The Trainer's option groups, and `TrainerOptions`: all of a Trainer's options in one bundle.
+
+``BackupOptions``, ``LRScaling`` and ``ExchangeOptions`` live here; the other four groups live
+next to what they configure (``WatchdogOptions`` in `tfdist.config`, ``StragglerOptions`` in
+`tfdist.training.health.stragglers`, ``PipelineOptions`` in `tfdist.training.pipeline.options`,
+``BalanceOptions`` in `tfdist.training.balance.balancer`). Each is a small frozen dataclass,
+checked once when it is made; the Trainer checks its keywords, builds one `TrainerOptions`
+(``trainer.options``) and hands it whole to the fit path.
 
 ::
 
@@ -22,10 +29,11 @@ import dataclasses
 import os
 import types
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tfdist.config import (
     LR_SCALINGS,
+    WatchdogOptions,
     check_choice,
     check_directory,
     check_non_negative_int,
@@ -34,6 +42,11 @@ from tfdist.config import (
 )
 from tfdist.training.backup.writer import check_frequency
 from tfdist.training.step.exchange import COMPRESSIONS, Compression
+
+if TYPE_CHECKING:  # annotations only: the bundle does not import what the groups configure
+    from tfdist.training.balance.balancer import BalanceOptions
+    from tfdist.training.health.stragglers import StragglerOptions
+    from tfdist.training.pipeline.options import PipelineOptions
 
 ScalingRule = Literal["none", "linear"]  # the names are tfdist.config.LR_SCALINGS
 _FIELD_NAMES: Mapping[str, str] = types.MappingProxyType({})  # errors name the fields themselves
@@ -281,6 +294,12 @@ SHORTCUTS: dict[type, tuple[str, dict[str, str]]] = {
 }
 
 
+#: The Trainer's shortcut keywords that are not also an option group's keyword (``lr_scaling`` is).
+SHORTCUT_KEYWORDS = frozenset(
+    name for _, names in SHORTCUTS.values() for name in names.values()
+) - {keyword for keyword, _ in SHORTCUTS.values()}
+
+
 def from_shortcuts(cls: type, options: Any, shortcuts: Mapping[str, Any]) -> Any:
     """A Trainer option group: ``options`` as given, else an object built from its shortcuts.
 
@@ -358,3 +377,54 @@ def trainer_options(
         ),
         from_shortcuts(ExchangeOptions, exchange, shortcuts),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerOptions:
+    """Every option of one Trainer, checked, in one frozen bundle: ``trainer.options``.
+
+    The Trainer builds it once from its keywords (option objects or shortcuts) and passes it
+    whole to the fit path (`tfdist.training.fit.run.run_fit`); the Trainer's attributes of the
+    same names read it (`OptionAttribute`).
+
+    Attributes:
+        precision: The dtype policy in use (``"auto"`` resolved).
+        accumulation_steps: Micro-batches per optimizer update (a compiled optimizer's
+            ``gradient_accumulation_steps`` taken over).
+        steps_per_execution: As given (``"auto"`` is resolved by each fit), or what the model
+            was compiled with.
+        backup: Step-exact backups, or None without a directory.
+        lr_scaling: Learning-rate scaling and warmup.
+        exchange: How gradients are all-reduced (and whether the optimizer state is sharded).
+        watchdog: The progress watchdog's options, or None (off).
+        stragglers: The straggler report's options, or None (off).
+        pipeline: The pipeline stages' options, or None (no pipeline).
+        balance: Balanced batches' options, or None (off, or one worker: nothing to balance).
+    """
+
+    precision: str
+    accumulation_steps: int
+    steps_per_execution: int | Literal["auto"]
+    backup: BackupOptions | None
+    lr_scaling: LRScaling
+    exchange: ExchangeOptions
+    watchdog: WatchdogOptions | None
+    stragglers: StragglerOptions | None
+    pipeline: PipelineOptions | None
+    balance: BalanceOptions | None
+
+
+class OptionAttribute:
+    """A read-only attribute of the Trainer that reads the field of its name in
+    ``trainer.options``, so that each option is held in one place."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        if trainer is None:
+            return self
+        return getattr(trainer.options, self.name)
+
+    def __set__(self, trainer: Any, value: Any) -> None:
+        raise AttributeError(f"Trainer.{self.name} is read-only: it is held in trainer.options")

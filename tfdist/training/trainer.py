@@ -35,8 +35,8 @@ from tfdist.training.balance.balancer import BalanceOptions, balance_options, en
 from tfdist.training.build import lr_schedules as schedules
 from tfdist.training.build import precision as precision_lib
 from tfdist.training.build.placement import ModelOrBuilder
-from tfdist.training.build.scope import check_loss, compile_in_scope
-from tfdist.training.fit.arguments import check_fit_arguments, steps_per_execution_for
+from tfdist.training.build.scope import check_loss, compile_in_scope, model_precision
+from tfdist.training.fit.arguments import FitArguments, check_fit_arguments, steps_per_execution_for
 from tfdist.training.fit.callback_mapping import resolve_callbacks
 from tfdist.training.fit.inference import EvaluateAndPredict
 from tfdist.training.fit.keras_data import keras_data
@@ -46,10 +46,13 @@ from tfdist.training.health.monitor import check_health_options
 from tfdist.training.health.stragglers import DEFAULT_STRAGGLERS, StragglerOptions
 from tfdist.training.health.watchdog import DEFAULT_WATCHDOG, WatchdogOptions
 from tfdist.training.options import (
+    SHORTCUT_KEYWORDS,
     BackupOptions,
     ExchangeOptions,
     LRScaling,
+    OptionAttribute,
     ScalingRule,
+    TrainerOptions,
     trainer_options,
 )
 from tfdist.training.pipeline.checks import check_pipeline_model, check_pipeline_options
@@ -59,20 +62,17 @@ from tfdist.training.step.model_steps import check_custom_train_step
 from tfdist.training.zero.state import check_optimizer, check_sharding
 
 
-def _precision(precision: Any, model: Any, *, is_chief: bool) -> str:
-    """The concrete policy for ``precision``; "auto" keeps a made model's own policy."""
-    if precision == "auto" and isinstance(model, keras.Model):
-        precision = model.dtype_policy.name  # a model already made keeps its policy
-    # "auto" becomes a concrete policy; a policy the device runs slowly warns once (chief).
-    return precision_lib.resolve_precision(precision, is_chief=is_chief)
-
-
 class Trainer(EvaluateAndPredict):
     """Trains a Keras model on any tfdist strategy with one loop.
 
-    The three option groups are small checked objects documented in
-    `tfdist.training.options`; each also has flat shortcut keywords, and
-    a shortcut next to its option object is an error (one place per setting).
+    Its seven option groups are small checked objects: ``backup``, ``lr_scaling`` and
+    ``exchange`` (`tfdist.training.options`, each with flat shortcut keywords: a shortcut next
+    to its option object is an error, one place per setting), ``watchdog`` (`tfdist.config`),
+    ``stragglers`` (`tfdist.training.health.stragglers`), ``pipeline``
+    (`tfdist.training.pipeline.options`) and ``balance`` (`tfdist.training.balance.balancer`).
+    The Trainer checks them once and holds them, with its precision, accumulation steps and
+    steps per execution, in one frozen `tfdist.training.options.TrainerOptions`,
+    ``trainer.options``, which ``trainer.backup``, ``trainer.exchange``, ... read.
 
     Args:
         model: A ``keras.Model``, or a zero-arg callable that builds one in the
@@ -124,8 +124,7 @@ class Trainer(EvaluateAndPredict):
             replicas, ZeRO-1/2 (mirrored and multi_worker).
         pipeline: Model parallelism: the model cut into stages on devices, trained with the
             GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline.options`); under
-            the
-            default strategy, or ``multi_worker`` made with ``stage_devices=K`` (the hybrid).
+            the default strategy, or ``multi_worker`` made with ``stage_devices=K`` (the hybrid).
         balance: ``True`` or a ``BalanceOptions``: on ``multi_worker``, each worker's share of
             every global batch follows its measured speed (see `tfdist.training.balance.balancer`).
 
@@ -133,6 +132,17 @@ class Trainer(EvaluateAndPredict):
         ValueError: For a bad argument, option or shortcut, or a model that
             cannot be placed in the strategy scope.
     """
+
+    # Each option is held once, in ``self.options``; these attributes read it.
+    precision = OptionAttribute()
+    accumulation_steps = OptionAttribute()
+    backup = OptionAttribute()
+    lr_scaling = OptionAttribute()
+    exchange = OptionAttribute()
+    watchdog = OptionAttribute()
+    stragglers = OptionAttribute()
+    pipeline = OptionAttribute()
+    balance = OptionAttribute()
 
     def __init__(
         self,
@@ -170,68 +180,65 @@ class Trainer(EvaluateAndPredict):
         check_positive_int("accumulation_steps", accumulation_steps)
         check_loss(loss)
         # The option groups, from objects or shortcuts (backup: None without a directory).
-        self.backup, self.lr_scaling, self.exchange = trainer_options(
+        shortcuts = {name: value for name, value in locals().items() if name in SHORTCUT_KEYWORDS}
+        backup, lr_scaling, exchange = trainer_options(
+            backup=backup, lr_scaling=lr_scaling, exchange=exchange, **shortcuts
+        )
+        watchdog, stragglers = check_health_options(watchdog, stragglers, backup)
+        balance = balance_options(balance)
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self._runner = runner_for(self.strategy)
+        pipeline = check_pipeline_options(pipeline, self._runner, exchange.sharding)
+        options = TrainerOptions(
+            precision=model_precision(precision, model, is_chief=self._runner.is_chief),
+            accumulation_steps=accumulation_steps,
+            steps_per_execution=steps_per_execution,
             backup=backup,
             lr_scaling=lr_scaling,
             exchange=exchange,
-            backup_dir=backup_dir,
-            backup_freq=backup_freq,
-            keep_backup=keep_backup,
-            keep_backups=keep_backups,
-            base_global_batch_size=base_global_batch_size,
-            warmup_steps=warmup_steps,
-            warmup_epochs=warmup_epochs,
-            gradient_compression=gradient_compression,
-            bucket_bytes=bucket_bytes,
-            sharding=sharding,
+            watchdog=watchdog,
+            stragglers=stragglers,
+            pipeline=pipeline,
+            balance=balance,
         )
-        self.watchdog, self.stragglers = check_health_options(watchdog, stragglers, self.backup)
-        self.balance = balance_options(balance)
-        self.strategy = strategy or tf.distribute.get_strategy()
-        self._runner = runner_for(self.strategy)
-        self.pipeline = check_pipeline_options(pipeline, self._runner, self.exchange.sharding)
-        self.precision = _precision(precision, model, is_chief=self._runner.is_chief)
         compile_arguments = dict(optimizer=optimizer, loss=loss, metrics=metrics)
         compile_arguments.update(loss_weights=loss_weights, weighted_metrics=weighted_metrics)
-        self._compile(model, compile_arguments, accumulation_steps, steps_per_execution)
+        self._compile(model, compile_arguments, options)
 
     def _compile(
-        self,
-        model: ModelOrBuilder,
-        compile_arguments: dict[str, Any],
-        accumulation_steps: int,
-        steps_per_execution: int | Literal["auto"],
+        self, model: ModelOrBuilder, compile_arguments: dict[str, Any], options: TrainerOptions
     ) -> None:
-        """The model compiled in the strategy's scope, its step functions and its backups."""
-        check_steps_per_execution(steps_per_execution)  # the last checks, before any build
-        check_sharding(self.exchange.sharding, self._runner)
-        self._steps_per_execution = steps_per_execution  # as given: "auto" is resolved by each fit
-        self.steps_per_execution = steps_per_execution
+        """The model compiled in the strategy's scope, its step functions and its backups;
+        ``self.options``: ``options`` with what compiling decided."""
+        check_steps_per_execution(options.steps_per_execution)  # the last checks, before any build
+        check_sharding(options.exchange.sharding, self._runner)
         _compat.apply()
         compiled = compile_in_scope(
             model,
+            compile_arguments,
             strategy=self.strategy,
-            precision=self.precision,
-            accumulation_steps=accumulation_steps,
-            lr_scaling=self.lr_scaling,
-            **compile_arguments,
+            precision=options.precision,
+            accumulation_steps=options.accumulation_steps,
+            lr_scaling=options.lr_scaling,
         )
         self.model = compiled.model
-        self.accumulation_steps = compiled.accumulation_steps
         check_custom_train_step(
-            self.model,
-            accumulation_steps=self.accumulation_steps,
-            gradient_compression=self.exchange.compression,
-            bucket_bytes=self.exchange.bucket_bytes,
-            sharding=self.exchange.sharding,
+            self.model, accumulation_steps=compiled.accumulation_steps, exchange=options.exchange
         )
-        if self.exchange.sharding is not None:
-            check_optimizer(self.model.optimizer, self.exchange.sharding)
-        devices = check_pipeline_model(self.pipeline, self.model, self._runner)
-        self.balance = enable_balance(self.balance, self._runner, self.model, self.pipeline)
-        if self._steps_per_execution == "auto" and compiled.steps_per_execution:
+        if options.exchange.sharding is not None:
+            check_optimizer(self.model.optimizer, options.exchange.sharding)
+        devices = check_pipeline_model(options.pipeline, self.model, self._runner)
+        steps_per_execution = options.steps_per_execution  # "auto" is resolved by each fit
+        if steps_per_execution == "auto" and compiled.steps_per_execution:
             # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.
-            self._steps_per_execution = self.steps_per_execution = compiled.steps_per_execution
+            steps_per_execution = compiled.steps_per_execution
+        self.options = dataclasses.replace(
+            options,
+            accumulation_steps=compiled.accumulation_steps,
+            steps_per_execution=steps_per_execution,
+            balance=enable_balance(options.balance, self._runner, self.model, options.pipeline),
+        )
+        self.steps_per_execution = steps_per_execution
         self._functions = StepFunctions(
             self.model,
             self._runner,
@@ -358,11 +365,10 @@ class Trainer(EvaluateAndPredict):
         Returns:
             A ``keras.callbacks.History`` with the keys ``model.fit`` gives.
         """
-        args = check_fit_arguments(
+        given = FitArguments(
             epochs=epochs,
             steps_per_epoch=steps_per_epoch,
             global_batch_size=global_batch_size,
-            batch_size=batch_size,
             validation_steps=validation_steps,
             initial_epoch=initial_epoch,
             verbose=verbose,
@@ -372,7 +378,10 @@ class Trainer(EvaluateAndPredict):
             validation_freq=validation_freq,
             shuffle=shuffle,
             class_weight=class_weight,
-            requires_steps_per_epoch=self._runner.requires_steps_per_epoch,
+        )
+        runner = self._runner
+        args = check_fit_arguments(
+            given, batch_size=batch_size, requires_steps_per_epoch=runner.requires_steps_per_epoch
         )
         data = keras_data(x, y, sample_weight)
         # Backup callbacks become this fit's BackupOptions; callbacks the Trainer refuses fail here.
@@ -382,17 +391,8 @@ class Trainer(EvaluateAndPredict):
         )
         args = dataclasses.replace(args, callbacks=resolved.callbacks)
         self.steps_per_execution = steps_per_execution_for(
-            self._steps_per_execution, args.callbacks, runner=self._runner, balance=self.balance
+            self.options.steps_per_execution, args.callbacks, runner=runner, balance=self.balance
         )
-        return run_fit(
-            self._functions,
-            self._backups.for_fit(resolved.backup),
-            data,
-            validation_data,
-            args,
-            lr_scaling=self.lr_scaling,
-            steps_per_execution=self.steps_per_execution,
-            watchdog=self.watchdog,
-            stragglers=self.stragglers,
-            balance=self.balance,
-        )
+        backups = self._backups.for_fit(resolved.backup)
+        spe = self.steps_per_execution  # this fit's
+        return run_fit(self._functions, backups, data, validation_data, args, self.options, spe)

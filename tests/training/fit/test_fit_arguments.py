@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.data.batch_sizes import default_input_context
-from tfdist.data.inputs import as_input
+from tfdist.data.inputs import Reading, as_input
 from tfdist.training.fit import keras_data as fit_data
 
 N = 40
@@ -24,10 +24,9 @@ def _epochs(shuffle, epochs=2, batch=8):
     x = np.arange(N, dtype="float32")
     source = as_input(
         (x, x.astype("int32")),
+        Reading(training=True, shuffle=shuffle),
         input_context=default_input_context(),
         global_batch_size=batch,
-        training=True,
-        shuffle=shuffle,
     )
     return [[b[0].numpy().tolist() for b in source.dataset] for _ in range(epochs)]
 
@@ -50,9 +49,9 @@ def test_nested_arrays_batch_per_input_and_output():
     y = [np.zeros((10,), "int32"), np.zeros((10, 1), "float32")]
     source = as_input(
         fit_data.keras_data(x, y, np.ones((10,), "float32")),
+        Reading(training=False),
         input_context=default_input_context(),
         global_batch_size=4,
-        training=False,
     )
     xs, ys, ws = source.element_spec
     assert xs["a"].shape.as_list() == [None, 3] and xs["b"].shape.as_list() == [None, 2]

@@ -11,21 +11,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from tfdist._compat.keras_internals.scope_moves import copy_in_scope, optimizer_config, optimizer_copy_in_scope
+from tfdist._compat.keras_internals.scope_moves import (
+    copy_in_scope,
+    optimizer_config,
+    optimizer_copy_in_scope,
+)
 from tfdist.config import invalid_argument
 from tfdist.models import check_output_keys
-from tfdist.training.build import precision as precision_lib
 from tfdist.training.build import lr_schedules as schedules
+from tfdist.training.build import precision as precision_lib
 from tfdist.training.build.compiled import check_own_compile, compile_plan
-from tfdist.training.options import LRScaling
 from tfdist.training.build.placement import ModelOrBuilder, in_scope_or_refused, place_model
+from tfdist.training.options import LRScaling
 
 logger = logging.getLogger(__name__)
+
+#: The arguments of ``keras.Model.compile`` that the Trainer takes (`compile_in_scope`).
+COMPILE_ARGUMENTS = ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")
 
 
 def check_loss(loss: Any) -> None:
@@ -184,18 +192,22 @@ class Compiled:
     steps_per_execution: int | None = None
 
 
+def model_precision(precision: Any, model: ModelOrBuilder, *, is_chief: bool) -> str:
+    """The concrete policy for ``precision``; "auto" keeps a made model's own policy."""
+    if precision == "auto" and isinstance(model, keras.Model):
+        precision = model.dtype_policy.name  # a model already made keeps its policy
+    # "auto" becomes a concrete policy; a policy the device runs slowly warns once (chief).
+    return precision_lib.resolve_precision(precision, is_chief=is_chief)
+
+
 def compile_in_scope(
     model: ModelOrBuilder,
+    compile_arguments: Mapping[str, Any],
     *,
     strategy: tf.distribute.Strategy,
     precision: str,
-    optimizer: Any,
-    loss: Any,
-    metrics: Any,
     accumulation_steps: int,
     lr_scaling: LRScaling | None,
-    loss_weights: Any = None,
-    weighted_metrics: Any = None,
 ) -> Compiled:
     """Places ``model`` in ``strategy``'s scope and compiles it with a fresh optimizer and metrics.
 
@@ -205,18 +217,17 @@ def compile_in_scope(
 
     Args:
         model: A ``keras.Model`` or a zero-arg builder.
+        compile_arguments: ``optimizer``, ``loss``, ``metrics``, ``loss_weights`` and
+            ``weighted_metrics`` as given to the Trainer (`COMPILE_ARGUMENTS`; a missing one is
+            None). ``optimizer``: a Keras optimizer (made anywhere) or its name; None: the
+            compiled one, else ``"adam"``. The others as for ``keras.Model.compile`` (metrics
+            a list, or a dict per output).
         strategy: The strategy whose scope holds every variable.
         precision: A resolved dtype policy name (not ``"auto"``).
-        optimizer: A Keras optimizer (made anywhere) or its name; None: the
-            compiled one, else ``"adam"``.
-        loss: As for ``keras.Model.compile``.
-        metrics: As for ``keras.Model.compile`` (a list, or a dict per output).
         accumulation_steps: ``k`` as given to the Trainer.
         lr_scaling: Scaling and warmup of the optimizer's learning rate, or None.
-        loss_weights, weighted_metrics: As for ``keras.Model.compile``.
     """
-    given = dict(optimizer=optimizer, loss=loss, loss_weights=loss_weights, metrics=metrics)
-    given["weighted_metrics"] = weighted_metrics
+    given = {name: compile_arguments.get(name) for name in COMPILE_ARGUMENTS}
     lr_active = lr_scaling is not None and lr_scaling.active
     if isinstance(model, keras.Model):
         check_own_compile(model, strategy, given)  # before placing: it moves the variables

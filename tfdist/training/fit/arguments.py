@@ -109,7 +109,8 @@ def _check_class_weight(value: Any) -> dict[int, float] | None:
 class FitArguments:
     """``Trainer.fit``'s non-data arguments, checked (``verbose`` an int, callbacks a sequence).
 
-    ``global_batch_size`` is ``batch_size`` or ``global_batch_size``, whichever was given.
+    ``global_batch_size`` is ``batch_size`` or ``global_batch_size``, whichever was given. The
+    Trainer makes one of the arguments as passed, which `check_fit_arguments` checks.
     """
 
     epochs: int
@@ -133,33 +134,29 @@ class FitArguments:
 
 
 def check_fit_arguments(
-    *,
-    epochs: Any,
-    steps_per_epoch: Any,
-    global_batch_size: Any,
-    validation_steps: Any,
-    initial_epoch: Any,
-    verbose: Any,
-    callbacks: Any,
-    requires_steps_per_epoch: bool,
-    batch_size: Any = None,
-    validation_split: Any = 0.0,
-    validation_batch_size: Any = None,
-    validation_freq: Any = 1,
-    shuffle: Any = True,
-    class_weight: Any = None,
+    given: FitArguments, *, batch_size: Any, requires_steps_per_epoch: bool
 ) -> FitArguments:
-    """Checks ``Trainer.fit``'s arguments but its data (``x``, ``y``, ... are checked with it)."""
-    check_positive_int("epochs", epochs)
-    check_positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
-    check_positive_int("validation_steps", validation_steps, allow_none=True)
-    check_positive_int("validation_batch_size", validation_batch_size, allow_none=True)
-    check_non_negative_int("initial_epoch", initial_epoch)
-    global_batch_size = check_batch_size(batch_size, global_batch_size)
-    check_fraction("validation_split", validation_split)
-    if not isinstance(shuffle, bool) and shuffle != "batch":
-        raise invalid_argument("shuffle", shuffle, "True, False or 'batch'")
-    if steps_per_epoch is None and requires_steps_per_epoch:
+    """Checks ``Trainer.fit``'s arguments but its data (``x``, ``y``, ... are checked with it).
+
+    Args:
+        given: ``fit``'s arguments as passed, unchecked (``global_batch_size`` its keyword).
+        batch_size: ``fit``'s ``batch_size`` (Keras's name for ``global_batch_size``).
+        requires_steps_per_epoch: The runner's: ``steps_per_epoch`` must be given.
+
+    Returns:
+        ``given`` checked: ``verbose`` an int, callbacks a sequence, ``global_batch_size``
+        whichever of the two was given.
+    """
+    check_positive_int("epochs", given.epochs)
+    check_positive_int("steps_per_epoch", given.steps_per_epoch, allow_none=True)
+    check_positive_int("validation_steps", given.validation_steps, allow_none=True)
+    check_positive_int("validation_batch_size", given.validation_batch_size, allow_none=True)
+    check_non_negative_int("initial_epoch", given.initial_epoch)
+    global_batch_size = check_batch_size(batch_size, given.global_batch_size)
+    check_fraction("validation_split", given.validation_split)
+    if not isinstance(given.shuffle, bool) and given.shuffle != "batch":
+        raise invalid_argument("shuffle", given.shuffle, "True, False or 'batch'")
+    if given.steps_per_epoch is None and requires_steps_per_epoch:
         raise invalid_argument(
             "steps_per_epoch",
             None,
@@ -167,19 +164,14 @@ def check_fit_arguments(
             note="Its workers read their datasets independently and repeat them, so an epoch has "
             "no natural end: say how many batches make one.",
         )
-    return FitArguments(
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
+    return dataclasses.replace(
+        given,
         global_batch_size=global_batch_size,
-        validation_steps=validation_steps,
-        initial_epoch=initial_epoch,
-        verbose=check_verbose(verbose),
-        callbacks=check_callbacks(callbacks),
-        validation_split=float(validation_split),
-        validation_batch_size=validation_batch_size,
-        validation_freq=_check_validation_freq(validation_freq),
-        shuffle=shuffle,
-        class_weight=_check_class_weight(class_weight),
+        verbose=check_verbose(given.verbose),
+        callbacks=check_callbacks(given.callbacks),
+        validation_split=float(given.validation_split),
+        validation_freq=_check_validation_freq(given.validation_freq),
+        class_weight=_check_class_weight(given.class_weight),
     )
 
 

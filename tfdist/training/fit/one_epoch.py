@@ -24,6 +24,7 @@ from typing import Any
 import keras
 
 from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
+from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import STEPS_RUN_KEY, LogsFn, Runner
 from tfdist.training.backup.writer import Backup, Position
 from tfdist.training.fit.preemption import PreemptionWatcher
@@ -57,49 +58,63 @@ class EpochPlan:
     backup_freq: int | str = "epoch"
 
 
+@dataclasses.dataclass(frozen=True)
+class FitRun:
+    """What one fit's epochs run with, made once by `tfdist.training.fit.run.run_fit`: the
+    loop sees these parts, never the Trainer.
+
+    Attributes:
+        plan: How an epoch is cut into executions.
+        runner: Fetches logs, joins scheduled work and votes across workers.
+        model: The compiled model: its metrics are reset per epoch, and its
+            ``stop_training`` asks every worker to stop (and is set when another asked).
+        start: Starts updates (see `StartUpdates`).
+        logs_fn: The logs in cross-replica context, for ``runner.final_logs``.
+        source: The training input.
+        backup: Where backups go, or None.
+        position: Where a restored backup stood, or None.
+        validate: Returns an epoch's validation logs (`Validate`), or None for no validation.
+        health: The fit's watchdog and straggler report (sections are marked), or None.
+    """
+
+    plan: EpochPlan
+    runner: Runner
+    model: keras.Model
+    start: StartUpdates
+    logs_fn: LogsFn
+    source: InputSource
+    backup: Backup | None = None
+    position: Position | None = None
+    validate: Validate | None = None
+    health: Health | None = None
+
+
 class EpochLoop:
     """One fit call's epochs of executions: logs delivery, step-level backups, preemption.
 
     Args:
-        plan: How an epoch is cut into executions.
-        runner: Fetches logs, joins scheduled work and votes across workers.
+        run: The fit's parts (plan, runner, ``start``, backup, health, ...).
         callbacks: The fit's callbacks, batch hooks called per execution.
-        start: Starts updates (see `StartUpdates`).
-        logs_fn: The logs in cross-replica context, for ``runner.final_logs``.
-        should_stop: True once a callback asked to stop (``model.stop_training``).
-        stop: Makes ``should_stop`` true (another worker's callback asked to stop).
-        backup: Where step-level backups go, or None.
         watcher: The SIGTERM watcher, or None.
-        updates: Optimizer updates already attempted (over all runs, when resuming).
-        health: The fit's watchdog and straggler report (sections are marked), or None.
     """
 
     def __init__(
         self,
-        plan: EpochPlan,
-        *,
-        runner: Runner,
+        run: FitRun,
         callbacks: keras.callbacks.CallbackList,
-        start: StartUpdates,
-        logs_fn: LogsFn,
-        should_stop: Callable[[], bool],
-        stop: Callable[[], None] = lambda: None,
-        backup: Backup | None = None,
         watcher: PreemptionWatcher | None = None,
-        updates: int = 0,
-        health: Health | None = None,
     ) -> None:
-        self.health = health
-        self.plan = plan
-        self.runner = runner
+        self.run = run
+        self.health = run.health
+        self.plan = run.plan
+        self.runner = run.runner
         self.callbacks = callbacks
-        self.start = start
-        self.logs_fn = logs_fn
-        self.should_stop = should_stop
-        self.stop = stop
-        self.backup = backup
+        self.start = run.start
+        self.logs_fn = run.logs_fn
+        self.backup = run.backup
         self.watcher = watcher
-        self.updates = updates  # optimizer updates attempted, over all runs
+        # optimizer updates attempted, over all runs (a resumed fit counts the restored ones)
+        self.updates = run.position.updates if run.position is not None else 0
         self.logs: Mapping[str, float] = {}  # the last call's (may be computed when first read)
         # (batch, logs handle) of executions started but not fetched yet
         self._pending: collections.deque = collections.deque()
@@ -180,12 +195,12 @@ class EpochLoop:
         requested = self.watcher is not None and self.watcher.requested
         requested = requested or (self.health is not None and self.health.stop_requested)
         with self.section("vote"):
-            if not self.runner.agree(requested or self.should_stop()):
+            if not self.runner.agree(requested or self.run.model.stop_training):
                 return False
             restart = self.runner.agree(requested)
         if restart:
             self._stop_for_sigterm(epoch, step)
-        self.stop()
+        self.run.model.stop_training = True
         return True
 
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:

@@ -1,8 +1,9 @@
 """One ``Trainer.fit``, wired in order: data, compiled functions, backups, then the epochs.
 
 The Trainer checks ``fit``'s arguments and picks its ``steps_per_execution``;
-`run_fit` does the rest with the parts it is handed (the compiled
-functions, the backups), never the Trainer itself.
+`run_fit` does the rest with the parts it is handed (the compiled functions, the
+backups, the Trainer's options bundle), never the Trainer itself, and hands the epochs
+one `tfdist.training.fit.one_epoch.FitRun`.
 """
 
 from __future__ import annotations
@@ -12,17 +13,15 @@ from typing import Any
 import keras
 
 from tfdist.training.backup.fit_backups import FitBackups
-from tfdist.training.balance.balancer import BalanceOptions, balanced_start
+from tfdist.training.balance.balancer import balanced_start
 from tfdist.training.fit import evaluation
 from tfdist.training.fit.arguments import FitArguments
-from tfdist.training.fit.one_epoch import EpochPlan
+from tfdist.training.fit.one_epoch import EpochPlan, FitRun
 from tfdist.training.fit.sources import fit_sources
 from tfdist.training.fit.train_loop import fit_epochs
 from tfdist.training.functions import StepFunctions
 from tfdist.training.health.monitor import fit_health
-from tfdist.training.health.stragglers import StragglerOptions
-from tfdist.training.health.watchdog import WatchdogOptions
-from tfdist.training.options import LRScaling
+from tfdist.training.options import TrainerOptions
 
 
 def run_fit(
@@ -31,27 +30,21 @@ def run_fit(
     data: Any,
     validation_data: Any,
     args: FitArguments,
-    *,
-    lr_scaling: LRScaling | None,
+    options: TrainerOptions,
     steps_per_execution: int,
-    watchdog: WatchdogOptions | None = None,
-    stragglers: StragglerOptions | None = None,
-    balance: BalanceOptions | None = None,
 ) -> keras.callbacks.History:
     """Trains ``functions.model`` as ``Trainer.fit`` says, its arguments already checked.
 
     Args:
         functions: The model's compiled functions on its runner.
-        backups: The Trainer's backups (none without ``BackupOptions``).
+        backups: The Trainer's backups for this fit (none without ``BackupOptions``).
         data: ``fit``'s ``x``, ``y`` and ``sample_weight``, packed by
             `tfdist.training.fit.keras_data.keras_data`.
         validation_data: As for ``Trainer.fit``.
         args: ``fit``'s other arguments, checked.
-        lr_scaling: The learning-rate scaling to resolve for this fit's batch.
+        options: The Trainer's options: its learning-rate scaling (resolved for this fit's
+            batch), watchdog, straggler report and balanced batches.
         steps_per_execution: Micro-batches per call, resolved for this fit.
-        watchdog: The progress watchdog's options, or None for none.
-        stragglers: The straggler report's options, or None for none.
-        balance: Balanced batches' options (`tfdist.training.balance.balancer`), or None for none.
 
     Returns:
         The model's ``History``.
@@ -59,8 +52,8 @@ def run_fit(
     runner, model = functions.runner, functions.model
     health = fit_health(
         runner,
-        watchdog=watchdog,
-        stragglers=stragglers,
+        watchdog=options.watchdog,
+        stragglers=options.stragglers,
         callbacks=args.callbacks,
         has_backup=backups.options is not None,
     )
@@ -69,32 +62,29 @@ def run_fit(
             source, steps, val_source = fit_sources(
                 data, validation_data, args, runner=runner, model=model, build=functions.build
             )
-            start = functions.prepare_fit(source, steps=steps, lr_scaling=lr_scaling)
+            start = functions.prepare_fit(source, steps=steps, lr_scaling=options.lr_scaling)
             model.stop_training = False
             backup = backups.open()
             position = backups.restore(backup)  # every worker: the chief's position
-            start = balanced_start(start, balance, runner, source, steps, args.callbacks, position)
-        freq = backups.options.freq if backups.options else "epoch"
-        plan = EpochPlan(steps, functions.accumulation_steps, steps_per_execution, freq)
-        # The loop sees only `start` and `functions.logs`, never the Trainer.
-        with backups.during(backup):  # then waits for the last commit; removes after success
-            fit_epochs(
-                plan,
-                runner=runner,
-                model=model,
-                callbacks=args.callbacks,
-                verbose=args.verbose,
-                start=start,
-                logs_fn=functions.logs,
-                backup=backup,
-                position=position,
-                source=source,
-                epochs=args.epochs,
-                initial_epoch=args.initial_epoch,
-                repeat=bool(args.steps_per_epoch),
-                validate=_validation(functions, val_source, args, steps_per_execution),
-                health=health,
+            start = balanced_start(
+                start, options.balance, runner, source, steps, args.callbacks, position
             )
+        freq = backups.options.freq if backups.options else "epoch"
+        # The loop sees only this fit's parts (`start` and `functions.logs`), never the Trainer.
+        run = FitRun(
+            plan=EpochPlan(steps, functions.accumulation_steps, steps_per_execution, freq),
+            runner=runner,
+            model=model,
+            start=start,
+            logs_fn=functions.logs,
+            source=source,
+            backup=backup,
+            position=position,
+            validate=_validation(functions, val_source, args, steps_per_execution),
+            health=health,
+        )
+        with backups.during(backup):  # then waits for the last commit; removes after success
+            fit_epochs(run, args)
     return model.history
 
 

@@ -20,6 +20,7 @@ from tfdist.data.dataset_fn import DatasetFn
 from tfdist.data.inputs import (
     DEFAULT_GLOBAL_BATCH_SIZE,
     InputSource,
+    Reading,
     as_input,
     check_evaluation_steps,
 )
@@ -35,34 +36,22 @@ logger = logging.getLogger(__name__)
 
 def input_source(
     data: Any,
+    reading: Reading,
     *,
     runner: Runner,
     model: keras.Model,
     global_batch_size: int | None,
-    training: bool,
-    argument: str,
-    fallback_global_batch_size: int | None = None,
-    shuffle: bool | str = True,
     targets_where: str | None = None,
-    steps: int | None = None,
 ) -> InputSource:
-    """``data`` as an ``InputSource`` for ``runner``, checked against ``model``'s inputs (and,
-    given ``targets_where``, to carry targets when the model has a loss: `check_targets`);
-    ``steps``: an evaluation's batches per pass (`tfdist.data.inputs.as_input`).
-    """
+    """``data`` read as ``reading`` says (`tfdist.data.inputs.as_input`), as an ``InputSource``
+    for ``runner``, checked against ``model``'s inputs (and, given ``targets_where``, to carry
+    targets when the model has a loss: `check_targets`)."""
     source = as_input(
-        data,
-        input_context=runner.input_context(),
-        global_batch_size=global_batch_size,
-        training=training,
-        argument=argument,
-        fallback_global_batch_size=fallback_global_batch_size,
-        shuffle=shuffle,
-        steps=steps,
+        data, reading, input_context=runner.input_context(), global_batch_size=global_batch_size
     )
     if targets_where is not None:
         check_targets(model, source, where=targets_where)
-    check_features(model, source.element_spec, argument=argument)
+    check_features(model, source.element_spec, argument=reading.argument)
     return source
 
 
@@ -106,12 +95,10 @@ def fit_sources(
         gbs = fit_data.keras_batch_size(data, args.steps_per_epoch, replicas)
     source = input_source(
         data,
+        Reading(training=True, argument="x", shuffle=args.shuffle),
         runner=runner,
         model=model,
         global_batch_size=gbs,
-        training=True,
-        argument="x",
-        shuffle=args.shuffle,
         targets_where="the elements of x" if is_dataset_like(data) else "the arrays x",
     )
     if source.in_process and not runner.reads_training_input_here:
@@ -148,12 +135,10 @@ def _validation_input(
     val_source = validation_source(validation_data, args, runner=runner, model=model)
     val_source = val_source or input_source(
         validation_data,
+        Reading(training=False, argument="validation_data", steps=args.validation_steps),
         runner=runner,
         model=model,
         global_batch_size=args.global_batch_size or training_source.global_batch_size,
-        training=False,
-        argument="validation_data",
-        steps=args.validation_steps,
     )
     check_evaluation_steps("validation_steps", args.validation_steps, val_source)
     return val_source
@@ -201,12 +186,10 @@ def validation_source(
         )
     return input_source(
         validation_data,
+        Reading(training=False, argument="validation_data", steps=args.validation_steps),
         runner=runner,
         model=model,
         global_batch_size=args.validation_batch_size,
-        training=False,
-        argument="validation_data",
-        steps=args.validation_steps,
     )
 
 
@@ -257,12 +240,10 @@ def evaluate_source(
     check_positive_int("steps", steps, allow_none=True)
     source = as_input(
         data,
+        Reading(training=False, argument="x", steps=steps),
         input_context=runner.input_context(),
         global_batch_size=global_batch_size,
-        training=False,
-        argument="x",
         fallback_global_batch_size=fallback_global_batch_size,
-        steps=steps,
     )
     check_evaluation_steps("steps", steps, source)
     return source
@@ -293,11 +274,10 @@ def predict_source(
         data = tf.data.Dataset.from_tensor_slices((x,)).batch(gbs)
     source = input_source(
         data,
+        Reading(training=False, argument="x"),
         runner=runner,
         model=model,
         global_batch_size=global_batch_size,
-        training=False,
-        argument="x",
     )
     return source, type(data).__name__
 

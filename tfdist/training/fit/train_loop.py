@@ -7,128 +7,74 @@ through `tfdist.training.fit.one_epoch.EpochLoop`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import keras
 
-from tfdist.data.inputs import InputSource
 from tfdist.data.release import release
-from tfdist.strategies.base import LogsFn, Runner
-from tfdist.training.backup.writer import Backup, Position
+from tfdist.training.backup.writer import Position
+from tfdist.training.fit.arguments import FitArguments
 from tfdist.training.fit.chief_only import FitCallbackList, chief_writes_only, for_this_worker
-from tfdist.training.fit.one_epoch import EpochLoop, EpochPlan, StartUpdates, Validate
+from tfdist.training.fit.one_epoch import EpochLoop, FitRun
 from tfdist.training.fit.preemption import PreemptionWatcher
-from tfdist.training.health.monitor import Health
 
 
-def fit_epochs(
-    plan: EpochPlan,
-    *,
-    runner: Runner,
-    model: keras.Model,
-    callbacks: Sequence[Any],
-    verbose: int,
-    start: StartUpdates,
-    logs_fn: LogsFn,
-    backup: Backup | None,
-    position: Position | None,
-    source: InputSource,
-    epochs: int,
-    initial_epoch: int,
-    repeat: bool,
-    validate: Validate | None,
-    health: Health | None = None,
-) -> None:
+def fit_epochs(run: FitRun, args: FitArguments) -> None:
     """One ``fit``'s training from ``on_train_begin`` to ``on_train_end``, SIGTERM watched.
 
     Args:
-        plan: How epochs are cut into executions.
-        runner: The strategy's runner.
-        model: The compiled model.
-        callbacks: The user's Keras callbacks.
-        verbose: 0 silent, 1 progress bar, 2 one line per epoch (chief only).
-        start: Starts updates (see `StartUpdates`).
-        logs_fn: The logs in cross-replica context.
-        backup: Where backups go, or None.
-        position: Where a restored backup stood, or None.
-        source, epochs, initial_epoch, repeat, validate: As for `train_epochs`.
-        health: The fit's watchdog and straggler report, or None.
+        run: The fit's parts: plan, runner, model, ``start``, source, backup, ...
+        args: ``fit``'s checked arguments (callbacks, verbose, epochs, ...).
     """
+    runner, callbacks = run.runner, args.callbacks
     with (
         chief_writes_only(callbacks, is_chief=runner.is_chief, task_label=runner.task_label),
-        PreemptionWatcher(has_backup=backup is not None) as watcher,
+        PreemptionWatcher(has_backup=run.backup is not None) as watcher,
     ):
         # Made inside chief_writes_only: set_model makes TensorBoard cache its
         # log paths, which must already be the redirected ones on non-chiefs.
         callback_list = FitCallbackList(
             for_this_worker(callbacks, is_chief=runner.is_chief),
             add_history=True,
-            add_progbar=bool(verbose) and runner.is_chief,
-            verbose=verbose,
-            epochs=epochs,
-            steps=plan.steps,
-            model=model,
+            add_progbar=bool(args.verbose) and runner.is_chief,
+            verbose=args.verbose,
+            epochs=args.epochs,
+            steps=run.plan.steps,
+            model=run.model,
         )
         runner.expect_batch_logs(callback_list.reads_batch_logs)
         # SIGTERM: save and exit 75 with a backup, else stop and exit 143.
-        loop = EpochLoop(
-            plan,
-            runner=runner,
-            callbacks=callback_list,
-            start=start,
-            logs_fn=logs_fn,
-            should_stop=lambda: model.stop_training,
-            stop=lambda: setattr(model, "stop_training", True),
-            backup=backup,
-            watcher=watcher,
-            updates=position.updates if position else 0,
-            health=health,
-        )
+        loop = EpochLoop(run, callback_list, watcher)
+        # Keras's rule: with steps_per_epoch, one iterator over the repeated data across epochs.
         train_epochs(
             loop,
-            model=model,
-            source=source,
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            repeat=repeat,
-            position=position,
-            validate=validate,
+            epochs=args.epochs,
+            initial_epoch=args.initial_epoch,
+            repeat=bool(args.steps_per_epoch),
         )
 
 
-def train_epochs(
-    loop: EpochLoop,
-    *,
-    model: keras.Model,
-    source: InputSource,
-    epochs: int,
-    initial_epoch: int,
-    repeat: bool,
-    position: Position | None,
-    validate: Validate | None = None,
-) -> None:
+def train_epochs(loop: EpochLoop, *, epochs: int, initial_epoch: int, repeat: bool) -> None:
     """Runs epochs ``initial_epoch..epochs-1`` with ``loop`` and its callbacks (train begin to end).
+
+    The model, the source, the restored position and the validation are ``loop.run``'s (see
+    `FitRun`): the model's metrics are reset per epoch and its ``stop_training`` honoured; a
+    restored position overrides ``initial_epoch``.
 
     Args:
         loop: The epoch loop, its callbacks and backup.
-        model: The model (metrics reset per epoch, ``stop_training`` honoured).
-        source: The training input.
         epochs: Epochs to reach.
         initial_epoch: The first epoch to run (a resumed position overrides it).
         repeat: One iterator over the repeated data across epochs (``steps_per_epoch``
             given, Keras's rule) instead of one pass per epoch.
-        position: Where a restored backup stood, or None.
-        validate: Returns an epoch's validation logs (un-prefixed; empty when
-            that epoch does not validate), calling the callbacks' test hooks;
-            None for no validation.
     """
     runner, callbacks = loop.runner, loop.callbacks
+    model, position, validate = loop.run.model, loop.run.position, loop.run.validate
     if position is not None:
         initial_epoch = position.epoch
     persistent = None
     # A PyDataset's hooks run around each epoch when the epochs share one stream (Keras's).
-    hooks = source.epoch_hooks if repeat else None
+    hooks = loop.run.source.epoch_hooks if repeat else None
     if hooks is not None:
         hooks.per_epoch()
     with loop.section("epoch callbacks"):
@@ -138,7 +84,12 @@ def train_epochs(
         if hooks is not None:
             hooks.epoch_begin()
         epoch_logs, persistent = _train_epoch(
-            loop, model, source, epoch, first_step, initial_epoch, position, repeat, persistent
+            loop,
+            epoch,
+            first_step,
+            epochs_before=epoch - initial_epoch,
+            repeat=repeat,
+            persistent=persistent,
         )
         if hooks is not None:
             hooks.epoch_end()
@@ -170,26 +121,25 @@ def train_epochs(
 
 def _train_epoch(
     loop: EpochLoop,
-    model: keras.Model,
-    source: InputSource,
     epoch: int,
     first_step: int,
-    initial_epoch: int,
-    position: Position | None,
+    *,
+    epochs_before: int,
     repeat: bool,
     persistent: Any,
 ) -> tuple[dict[str, float], Any]:
-    """One epoch's updates, from ``first_step``: its logs, and the persistent iterator."""
-    runner = loop.runner
+    """One epoch's updates, from ``first_step``: its logs, and the persistent iterator.
+
+    ``epochs_before``: the epochs this fit ran before this one.
+    """
+    runner, source = loop.runner, loop.run.source
     # Resuming skips the batches already trained on inside tf.data, not by next() calls.
     with loop.section("input"):
         if not repeat:  # Keras's fit makes an unused iterator between epochs: so do we
-            source.spare_iterator(epochs_before=epoch - initial_epoch)
-        iterator, persistent = _epoch_iterator(
-            runner, source, epoch, first_step, position, repeat, persistent, loop.plan.steps
-        )
+            source.spare_iterator(epochs_before=epochs_before)
+        iterator, persistent = _epoch_iterator(loop.run, epoch, first_step, repeat, persistent)
     with loop.section("metrics"):  # a collective on MultiWorkerMirrored
-        model.reset_metrics()
+        loop.run.model.reset_metrics()
     with loop.section("epoch callbacks"):
         loop.callbacks.on_epoch_begin(epoch)
     logs = loop.epoch(epoch, iterator, first_step=first_step)
@@ -201,20 +151,14 @@ def _train_epoch(
 
 
 def _epoch_iterator(
-    runner: Runner,
-    source: InputSource,
-    epoch: int,
-    first_step: int,
-    position: Position | None,
-    repeat: bool,
-    persistent: Any,
-    steps: int,
+    run: FitRun, epoch: int, first_step: int, repeat: bool, persistent: Any
 ) -> tuple[Any, Any]:
     """The epoch's iterator and the persistent one (``repeat``), past the batches trained on."""
+    runner, source = run.runner, run.source
     if repeat:
         if persistent is None:
             # One repeated stream from epoch 0: skip every step trained on since.
-            done = epoch * steps + first_step if position is not None else 0
+            done = epoch * run.plan.steps + first_step if run.position is not None else 0
             persistent = runner.make_iterator(runner.distribute(source.repeated().skipping(done)))
         iterator = persistent
     else:

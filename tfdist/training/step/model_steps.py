@@ -85,17 +85,11 @@ def build_optimizers(model: keras.Model) -> None:
             optimizer.build(model.trainable_variables)
 
 
-def check_custom_train_step(
-    model: keras.Model,
-    *,
-    accumulation_steps: int,
-    gradient_compression: str | None,
-    bucket_bytes: int | None,
-    sharding: str | None = None,
-) -> None:
+def check_custom_train_step(model: keras.Model, *, accumulation_steps: int, exchange: Any) -> None:
     """Refuses tfdist features that live in tfdist's own step when the model has its own.
 
-    A no-op for a model without its own ``train_step``.
+    A no-op for a model without its own ``train_step``. ``exchange``: the Trainer's
+    ``ExchangeOptions`` (its compression, buckets and sharding; errors name their shortcuts).
 
     Raises:
         ValueError: Naming the feature and the model's ``train_step``.
@@ -111,9 +105,9 @@ def check_custom_train_step(
     # (option, value given, the value a custom train_step needs, what tfdist's step does with it)
     for option, value, needed, what in (
         ("accumulation_steps", accumulation_steps, 1, "gradient accumulation"),
-        ("gradient_compression", gradient_compression, None, "the 16-bit gradient exchange"),
-        ("bucket_bytes", bucket_bytes, None, "the bucketed gradient exchange"),
-        ("sharding", sharding, None, "sharding the optimizer state over the replicas"),
+        ("gradient_compression", exchange.compression, None, "the 16-bit gradient exchange"),
+        ("bucket_bytes", exchange.bucket_bytes, None, "the bucketed gradient exchange"),
+        ("sharding", exchange.sharding, None, "sharding the optimizer state over the replicas"),
     ):
         if value != needed:
             raise invalid_argument(
