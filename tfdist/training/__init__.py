@@ -5,6 +5,7 @@ Start at ``trainer`` (``Trainer``: checks its arguments and wires the parts).
 - ``trainer``: ``Trainer``, the one fit/evaluate/predict loop for every strategy.
 - ``options``: the Trainer's option groups, small frozen dataclasses checked when made.
 - ``functions``: the compiled functions of one model on one runner, built once and cached.
+- ``updates``: the one place that chooses and combines the plain, sharded and pipeline updates.
 - ``step/``: what one update computes: the replica step, gradients, the all-reduce, losses.
 - ``build/``: what goes into the strategy scope: model, optimizer, metrics, precision, LR.
 - ``fit/``: when things happen in one fit: arguments, data, epochs, callbacks, evaluation.

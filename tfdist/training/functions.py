@@ -35,15 +35,8 @@ from tfdist.training.step.model_steps import (
     make_custom_train_update,
     select_logs,
 )
-from tfdist.training.step.update import TrainUpdate
-from tfdist.training.zero.state import (
-    ShardedState,
-    check_optimizer,
-    log_one_replica,
-    log_replica_bytes,
-    replica_bytes,
-)
-from tfdist.training.zero.update import ShardedUpdate
+from tfdist.training.updates import Updates
+from tfdist.training.zero.state import ShardedState, log_replica_bytes, replica_bytes
 
 
 class StepFunctions:
@@ -81,7 +74,13 @@ class StepFunctions:
         self.schedule = schedule
         self.skipped_updates = skipped_updates
         self.built_for: int | None = None  # the global batch size of the first input built from
-        self.sharded: ShardedState | None = None  # the sharded optimizer state, once built
+        self.updates = Updates(
+            model,
+            runner,
+            exchange=self.exchange,
+            pipeline=pipeline,
+            skipped_updates=skipped_updates,
+        )
         self.overrides = Overrides.of(model)
         # The log keys a user's train_step / test_step returns (known once traced).
         self._train_keys: list[str] = []
@@ -91,6 +90,11 @@ class StepFunctions:
         self._eval = None
         self._eval_until_exhausted = None
         self._predict = None
+
+    @property
+    def sharded(self) -> ShardedState | None:
+        """The sharded optimizer state, once built (`tfdist.training.updates`)."""
+        return self.updates.sharded
 
     @property
     def train_functions(self) -> Mapping[tuple[int, int], Any]:
@@ -105,7 +109,9 @@ class StepFunctions:
                     build_optimizers(self.model)  # e.g. a GAN: no call(), only its parts
                 else:
                     symbolic_build(
-                        self.model, source.element_spec, build_optimizer=self._optimizer_builder()
+                        self.model,
+                        source.element_spec,
+                        build_optimizer=self.updates.optimizer_builder(),
                     )
             if self.pipeline is not None:  # placed already, unless the optimizer was built
                 self.pipeline.place(self.model)
@@ -115,30 +121,6 @@ class StepFunctions:
             )
             if self.sharded is not None:
                 log_replica_bytes(self.replica_bytes(), self.exchange.sharding, self.runner)
-
-    def _optimizer_builder(self) -> Any:
-        """What builds the optimizer: the pipeline's stages placed first (the slots follow their
-        variables), then the sharded state's blocks (on each variable's devices), else Keras's
-        (None)."""
-        pipeline = self.pipeline
-        if self.exchange.sharding is None:
-            return None if pipeline is None else pipeline.optimizer_builder(self.model)
-        check_optimizer(self.model.optimizer, self.exchange.sharding)  # e.g. built since
-        if self.runner.strategy.num_replicas_in_sync == 1:
-            log_one_replica(self.exchange.sharding, self.runner)
-            return None if pipeline is None else pipeline.optimizer_builder(self.model)
-
-        def build(variables: Any) -> None:
-            if pipeline is not None:
-                pipeline.place(self.model)
-            self.sharded = ShardedState(
-                self.model,
-                self.runner.strategy,
-                self.exchange.sharding,
-                colocate=pipeline is not None,
-            )
-
-        return build
 
     def replica_bytes(self) -> dict[str, Any]:
         """Bytes each replica holds, by kind, and the same unsharded (once built)."""
@@ -189,7 +171,7 @@ class StepFunctions:
                 model=self.model,
             )
         if key not in self._train:
-            update = self._update(global_batch_size, micro_batches)
+            update = self.updates.make(global_batch_size, micro_batches)
             self._train[key] = self.runner.compile_loop(
                 update.__call__,
                 self.logs,
@@ -198,23 +180,6 @@ class StepFunctions:
                 cross_replica=update.cross_replica,
             )
         return self._train[key]
-
-    def _update(self, global_batch_size: int, micro_batches: int) -> TrainUpdate:
-        """The replica step of one update (on sharded optimizer state when so configured)."""
-        arguments = dict(
-            global_batch_size=global_batch_size,
-            accumulation_steps=micro_batches,
-            num_replicas=self.runner.strategy.num_replicas_in_sync,
-            skipped_updates=self.skipped_updates,
-            bucket_bytes=self.exchange.bucket_bytes,
-            gradient_compression=self.exchange.compression,
-            sparse_as_dense=self.exchange.sparse == "dense",
-        )
-        if self.pipeline is not None:
-            return self.pipeline.update(self.model, sharded=self.sharded, **arguments)
-        if self.sharded is not None:
-            return ShardedUpdate(self.model, self.model.optimizer, state=self.sharded, **arguments)
-        return TrainUpdate(self.model, self.model.optimizer, **arguments)
 
     def train_until_exhausted(self, global_batch_size: int) -> Any:
         """The train function for data of unknown length: one batch per update, stopping at its
@@ -226,7 +191,7 @@ class StepFunctions:
                     self.model, self._train_keys, averaged=averaged
                 )
             else:
-                replica_fn = self._update(global_batch_size, 1).__call__
+                replica_fn = self.updates.make(global_batch_size, 1).__call__
             self._until_exhausted[global_batch_size] = self.runner.compile_loop(
                 replica_fn,
                 self.logs,

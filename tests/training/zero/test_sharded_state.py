@@ -1,5 +1,5 @@
 """A sharded run's backups and .keras files hold whole tensors
-(tfdist/_compat/tf_internals/sharded_state.py).
+(tfdist/training/zero/checkpoint.py).
 
 One sharded run on mirrored x2 (Adam, ZeRO-1) writes a backup after its first epoch. The
 same backup then resumes sharded on 4 replicas and on 1 (where sharding trains unsharded);

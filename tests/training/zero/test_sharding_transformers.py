@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import tfdist
 from tests.keras_parity.parity import Row, assert_same, fixed_weights, run_keras, run_trainer
-from tfdist._compat.tf_internals.shard_layout import block_slices, blocks
+from tfdist.training.zero.layout import block_slices, blocks
 
 VOCAB, SEQ, WIDTH, N, BATCH = 7, 6, 8, 32, 16
 

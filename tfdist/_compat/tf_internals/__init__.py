@@ -4,9 +4,8 @@
 - ``coordinator``: ``ClusterCoordinator``: each scheduled call watched and cancellable alone.
 - ``checkpoint``: ``tf.train.Checkpoint``'s asynchronous writer: its error, letting it go.
 - ``inputs``: a plain iterator behind a distributed dataset of one CPU replica.
-- ``sharded``: shims for ``ShardedVariable`` (parameter servers with a partitioner).
-- ``sharded_state``: sharded optimizer state saved whole (backups, ``.keras`` files).
-- ``shard_layout``: how a variable is cut into one block per replica (ZeRO).
+- ``partitioned``: shims for ``ShardedVariable``: parameter servers' partitioned variables.
+- ``whole_tensor``: a trackable saved and restored as one whole tensor (ZeRO's sharded slots).
 - ``profiler``: TF profiler traces read back as op events.
 - ``bench``: TF internals the benchmarks read.
 """

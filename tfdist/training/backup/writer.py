@@ -47,10 +47,10 @@ from tfdist._compat.tf_internals.checkpoint import (
     release_async_writer,
     take_async_write_error,
 )
-from tfdist._compat.tf_internals.sharded_state import consolidated
 from tfdist.training.backup import files as backup_files
 from tfdist.training.backup.files import PROBE_PREFIX, STATE_FILE, TMP_SUFFIX, checkpoint_name
 from tfdist.training.backup.sync import Position, Sync, agree_on_backup_dir, chief_state
+from tfdist.training.zero.checkpoint import consolidated
 
 __all__ = [
     "Backup",
@@ -101,7 +101,7 @@ def checkpoint_for(
     restores these on every strategy, ``ShardedVariable`` included, which the
     Keras objects themselves do not. With ``sharded`` (optimizer state sharded
     over ``strategy``'s replicas), each sharded slot is saved whole, as an
-    unsharded run saves it (`tfdist._compat.tf_internals.sharded_state`).
+    unsharded run saves it (`tfdist.training.zero.checkpoint`).
     """
 
     def tf_variables(variables):

@@ -1,6 +1,7 @@
 """Model parallelism by pipeline stages, and the hybrid with ``multi_worker``.
 
 Start at ``options`` (``PipelineOptions``, each stage's device), then ``cut`` and ``update``.
+It does not know sharded optimizer state: the two meet in `tfdist.training.updates`.
 
 - ``options``: ``PipelineOptions``, the stages' devices and placement.
 - ``cut``: a model cut into stages: where it can be cut, what crosses each cut.

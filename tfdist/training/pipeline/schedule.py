@@ -28,14 +28,10 @@ from typing import Any
 import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.keras_internals.keras_training import (
-    activity_losses,
-    loss_tracker,
-    unscale_loss,
-)
+from tfdist._compat.keras_internals.keras_training import activity_losses
 from tfdist._compat.keras_internals.masks import keras_mask
 from tfdist.training.step.gradients import add_gradients, dense_part
-from tfdist.training.step.masked_losses import ReplicaLoss, Split, replica_loss, split
+from tfdist.training.step.objective import Objective, objective, record
 from tfdist.training.step.update import batch_size_of, forward
 
 #: The orders `Schedule` builds.
@@ -66,10 +62,7 @@ class MicroBatch:
     size: tf.Tensor
     records: list[tuple[Any, Any, Any, list]] = dataclasses.field(default_factory=list)
     earlier: list[tf.Tensor] = dataclasses.field(default_factory=list)  # activity losses
-    replica: ReplicaLoss | None = None
-    parts: Split | None = None
-    objectives: list[tf.Tensor] = dataclasses.field(default_factory=list)
-    rest_log: Any = None
+    loss: Objective | None = None  # once the last stage's forward ran
     # Per objective: the gradient of the stage's input, and the coefficients of the activity
     # losses of the stages before (``d objective / d loss``), from the backward done so far.
     dh: list[Any] = dataclasses.field(default_factory=list)
@@ -145,48 +138,40 @@ class Schedule:
         batch.records.append((tape, h if k > 0 else None, out, acts))
         batch.earlier.extend(acts)
         if last:
-            self._logs(batch, out)
-        return [*tf.nest.flatten(out), *acts, *batch.objectives]
+            data = (batch.x, batch.y, out, batch.sample_weight)
+            record(self.update.model, batch.loss, data, batch.size)
+        return [*tf.nest.flatten(out), *acts, *(batch.loss.targets if last else [])]
 
     def _loss(self, batch: MicroBatch, out: Any, tape: tf.GradientTape) -> None:
-        """Keras's loss of ``batch`` (under the last stage's ``tape``): the rest first, then
-        each masked term's ``c_j * S_j``."""
+        """Keras's loss of ``batch`` (under the last stage's ``tape``), normalised as every
+        update's (`tfdist.training.step.objective`)."""
         update = self.update
-        data = (batch.x, batch.y, out, batch.sample_weight)
-        replica = replica_loss(update.model, data, training=True)
-        parts = split(tape, replica, update.num_replicas) if replica.terms else None
-        rest = replica.loss if parts is None else parts.rest
-        scale = tf.cast(batch.size * update.num_replicas / update.expected, rest.dtype)
-        batch.objectives = [update.optimizer.scale_loss(rest * scale)]
-        if parts is not None:
-            batch.objectives += [update.optimizer.scale_loss(c * s) for c, s in parts.weighted()]
-        batch.replica, batch.parts = replica, parts
-        batch.rest_log = unscale_loss(rest) * tf.cast(batch.size, rest.dtype)
-
-    def _logs(self, batch: MicroBatch, out: Any) -> None:
-        model = self.update.model
-        if batch.parts is None:
-            loss_tracker(model).update_state(
-                unscale_loss(batch.replica.loss), sample_weight=batch.size
-            )
-        model.compute_metrics(batch.x, batch.y, out, sample_weight=batch.sample_weight)
+        batch.loss = objective(
+            tape,
+            update.model,
+            update.optimizer,
+            (batch.x, batch.y, out, batch.sample_weight),
+            batch.size,
+            num_replicas=update.num_replicas,
+            expected=update.expected,
+        )
 
     def _backward(self, k: int, i: int) -> list[Any]:
         """Stage ``k``'s backward of micro-batch ``i``, every objective; gradients added up."""
         batch = self.batches[i]
         tape, h_in, out, acts = batch.records[k]
         variables = self.update.model.trainable_variables
-        objectives = batch.objectives
+        objectives = batch.loss.targets
         if k == len(self.stages) - 1:
             batch.term_grads = [[None] * len(variables) for _ in objectives[1:]]
             batch.dh, batch.coefficients = [], []
         made = []
-        for o, objective in enumerate(objectives):
+        for o, target in enumerate(objectives):
             into = self.grads if o == 0 else batch.term_grads[o - 1]
             if k == len(self.stages) - 1:
                 # Every variable: the others' weight regularisers are part of this loss.
                 own, inputs = list(variables), floating(h_in)
-                got = tape.gradient(objective, own + [h_in[i] for i in inputs] + batch.earlier)
+                got = tape.gradient(target, own + [h_in[i] for i in inputs] + batch.earlier)
                 batch.coefficients.append(got[len(own) + len(inputs) :])
                 batch.dh.append(spread(got[len(own) : len(own) + len(inputs)], inputs, h_in))
                 got = got[: len(own)]

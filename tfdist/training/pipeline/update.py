@@ -35,8 +35,6 @@ from tfdist.training.step.exchange import all_reduce_sum
 from tfdist.training.step.gradients import add_gradients
 from tfdist.training.step.masked_losses import MaskedUpdate, output_sums, stack_term_rows
 from tfdist.training.step.update import TrainUpdate
-from tfdist.training.zero.state import ShardedState
-from tfdist.training.zero.update import ShardedUpdate
 
 #: ``bucket_bytes`` that make every gradient one bucket (`tfdist.training.step.exchange.buckets`).
 ONE_BUCKET = 2**62
@@ -131,13 +129,13 @@ class PipelineUpdate(TrainUpdate):
         schedule = Schedule(self, pieces, self.schedule)
         batches = schedule.build()
         grads, variables = schedule.grads, self.model.trainable_variables
-        term_grads = [[None] * len(variables) for _ in batches[0].objectives[1:]]
+        term_grads = [[None] * len(variables) for _ in batches[0].loss.targets[1:]]
         for batch in batches:
             term_grads = [
                 [_plus(a, b) for a, b in zip(t, m)] for t, m in zip(term_grads, batch.term_grads)
             ]
         if not self.present:
-            self._learn(batches[0].replica, grads, term_grads)
+            self._learn(batches[0].loss.replica, grads, term_grads)
         if term_grads:  # a sparse variable's terms ride in its rows, as `TrainUpdate`'s do
             rows = [
                 i
@@ -149,15 +147,15 @@ class PipelineUpdate(TrainUpdate):
                 for t in batch.term_grads:
                     for i in rows:
                         t[i] = None
-        for i in self.present:
-            if grads[i] is None:
-                grads[i] = tf.zeros(variables[i].shape, variables[i].dtype)
+        self.fill_in(grads)
         extra = tf.zeros([0])
         for batch in batches:
             present = [[g[i] for i in self.present] for g in batch.term_grads]
-            extra = MaskedUpdate.add(extra, self.masked.pack(batch.parts, batch.rest_log, present))
+            extra = MaskedUpdate.add(
+                extra, self.masked.pack(batch.loss.parts, batch.loss.rest_log, present)
+            )
         size = tf.add_n([b.size for b in batches])
-        sums = [output_sums(self.model, b.replica, b.size) for b in batches]
+        sums = [output_sums(self.model, b.loss.replica, b.size) for b in batches]
         return grads, size, [tf.add_n(list(s)) for s in zip(*sums)], extra
 
 
@@ -165,12 +163,6 @@ def _plus(a: Any, b: Any) -> Any:
     if a is None or b is None:
         return b if a is None else a
     return add_gradients(a, b)
-
-
-class ShardedPipelineUpdate(ShardedUpdate, PipelineUpdate):
-    """The hybrid on sharded optimizer state: `PipelineUpdate`'s micro-step (the stages), and
-    `ShardedUpdate`'s exchange and update (each worker keeps and updates its block of each
-    stage's variables, on that stage's device; then the blocks are all-gathered)."""
 
 
 class Pipeline:
@@ -209,24 +201,14 @@ class Pipeline:
     def check_batch(self, global_batch_size: int) -> None:
         check_global_batch(global_batch_size, self.options, self.strategy.num_replicas_in_sync)
 
-    def update(
-        self, model: keras.Model, sharded: ShardedState | None = None, **arguments: Any
-    ) -> PipelineUpdate:
-        """The replica step of one update (`PipelineUpdate`; on the ``sharded`` optimizer state,
-        if any, `ShardedPipelineUpdate`)."""
+    def update_arguments(self) -> dict[str, Any]:
+        """`PipelineUpdate`'s own arguments (`tfdist.training.updates` chooses the update)."""
         assert self.stages is not None, "the model is built before its step"
-        kind, more = PipelineUpdate, {}
-        if sharded is not None:
-            kind, more = ShardedPipelineUpdate, {"state": sharded}
-        return kind(
-            model,
-            model.optimizer,
-            stages=self.stages,
-            micro_batches=self.options.micro_batches,
-            schedule=self.options.schedule,
-            **more,
-            **arguments,
-        )
+        return {
+            "stages": self.stages,
+            "micro_batches": self.options.micro_batches,
+            "schedule": self.options.schedule,
+        }
 
     def forward_fn(self) -> Any:
         """Inference's forward pass ``fn(x, training)`` through the stages."""

@@ -30,37 +30,35 @@ update (`tfdist.training.step.masked_losses`); gradient helpers: `tfdist.trainin
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.keras_internals.keras_training import (
-    loss_tracker,
-    output_loss_trackers,
-    unscale_loss,
-)
+from tfdist._compat.keras_internals.keras_training import output_loss_trackers
 from tfdist._compat.keras_internals.masks import keras_mask, with_keras_mask
 from tfdist.training.step.exchange import all_reduce_sum
 from tfdist.training.step.gradients import (
     SparseGradientsFound,
     add_gradients,
     dense_part,
+    partitioned_gradients,
     scale_gradient,
-    sharded_gradients,
 )
 from tfdist.training.step.masked_losses import (
     MaskedTermsFound,
     MaskedUpdate,
     ReplicaLoss,
     output_sums,
-    replica_loss,
-    split,
     stack_term_rows,
     takes_training,
     track_output_losses,
 )
+from tfdist.training.step.objective import objective, record
+
+if TYPE_CHECKING:
+    from tfdist.training.options import ExchangeOptions
 
 
 def batch_size_of(x: Any) -> tf.Tensor:
@@ -100,7 +98,9 @@ def forward(model: keras.Model, x: Any, training: bool) -> Any:
     return model(x)
 
 
-#: The accumulation loop's state: gradient sums, examples, per-output loss sums, masked terms.
+#: The accumulation loop's state: gradient sums, examples, per-output loss sums, masked terms
+#: (`tfdist.training.zero.update.ShardedUpdate` under ZeRO-2: sums of blocks, and in the last
+#: place the count summed over the replicas).
 State = tuple[list[tf.Tensor], tf.Tensor, list[tf.Tensor], tf.Tensor]
 
 
@@ -122,10 +122,10 @@ class TrainUpdate:
         num_replicas: ``num_replicas_in_sync``.
         skipped_updates: With loss scaling, a counter of updates skipped for non-finite
             gradients (the same decision on every replica: it follows the all-reduce).
-        bucket_bytes: Bucketed all-reduce (see `tfdist.training.step.exchange`).
-        gradient_compression: ``"bf16"``, ``"fp16"`` or ``None``.
-        sparse_as_dense: Sum sparse gradients into dense ones before the exchange
-            (``ExchangeOptions(sparse="dense")``); else their rows are gathered.
+        exchange: How the gradients travel (`tfdist.training.options.ExchangeOptions`): its
+            ``bucket_bytes`` and ``compression`` (see `tfdist.training.step.exchange`), and
+            ``sparse="dense"`` to sum sparse gradients into dense ones before the exchange
+            (else their rows are gathered). ``None``: one float32 all-reduce, rows gathered.
     """
 
     def __init__(
@@ -137,18 +137,16 @@ class TrainUpdate:
         accumulation_steps: int,
         num_replicas: int,
         skipped_updates: tf.Variable | None = None,
-        bucket_bytes: int | None = None,
-        gradient_compression: str | None = None,
-        sparse_as_dense: bool = False,
+        exchange: ExchangeOptions | None = None,
     ) -> None:
         self.model = model
-        self.sparse_as_dense = sparse_as_dense
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps
         self.num_replicas = num_replicas
         self.skipped_updates = skipped_updates
-        self.bucket_bytes = bucket_bytes
-        self.gradient_compression = gradient_compression
+        self.bucket_bytes = None if exchange is None else exchange.bucket_bytes
+        self.gradient_compression = None if exchange is None else exchange.compression
+        self.sparse_as_dense = exchange is not None and exchange.sparse == "dense"
         self.expected = float(global_batch_size * accumulation_steps)
         self.present: list[int] = []  # indices of variables with a gradient (known once traced)
         self.tracked: list[int] = []  # ids of the per-output loss trackers Keras updates
@@ -166,39 +164,36 @@ class TrainUpdate:
         # Persistent: a masked term's coefficient and gradient are read from it as well.
         with tf.GradientTape(persistent=True) as tape:
             y_pred = _forward_never_empty(model, x, size)
-            # Keras's loss: local mean (+ regularisers) / num_replicas. Its
-            # mean is a divide_no_nan, so an empty replica batch (the tail
-            # of a partial global batch) gives zero loss and gradients.
-            replica = replica_loss(model, (x, y, y_pred, sample_weight), training=True)
-            parts = split(tape, replica, self.num_replicas) if replica.terms else None
-            rest = replica.loss if parts is None else parts.rest
-            # -> (sum of local losses + size * regularisers) / (global batch * k)
-            objective = rest * tf.cast(size * self.num_replicas / self.expected, rest.dtype)
-            objective = self.optimizer.scale_loss(objective)
-            # Each masked term's weighted local sum ``c_j * S_j``, loss-scaled.
-            masked = (
-                [self.optimizer.scale_loss(c * s) for c, s in parts.weighted()] if parts else []
+            loss = objective(
+                tape,
+                model,
+                self.optimizer,
+                (x, y, y_pred, sample_weight),
+                size,
+                num_replicas=self.num_replicas,
+                expected=self.expected,
             )
-        if parts is None:
-            loss_tracker(model).update_state(unscale_loss(replica.loss), sample_weight=size)
         variables = model.trainable_variables
-        grads = sharded_gradients(tape, objective, variables)
-        term_grads = [sharded_gradients(tape, o, variables) for o in masked]
+        grads, *term_grads = [partitioned_gradients(tape, t, variables) for t in loss.targets]
         del tape
-        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        record(model, loss, (x, y, y_pred, sample_weight), size)
         if not self.present:
-            self._learn(replica, grads, term_grads)
+            self._learn(loss.replica, grads, term_grads)
         if term_grads:
             stack_term_rows(grads, term_grads, self.present)
-        # A variable with only a masked term's gradient still has a (zero) sum of its own.
+        self.fill_in(grads)
+        extra = self.masked.pack(
+            loss.parts, loss.rest_log, [[g[i] for i in self.present] for g in term_grads]
+        )
+        return grads, size, output_sums(model, loss.replica, size), extra
+
+    def fill_in(self, grads: list[Any]) -> None:
+        """A zero gradient for each present variable without one (one with only a masked term's
+        gradient still has a sum of its own)."""
+        variables = self.model.trainable_variables
         for i in self.present:
             if grads[i] is None:
                 grads[i] = tf.zeros(variables[i].shape, variables[i].dtype)
-        rest_log = unscale_loss(rest) * tf.cast(size, rest.dtype)
-        extra = self.masked.pack(
-            parts, rest_log, [[g[i] for i in self.present] for g in term_grads]
-        )
-        return grads, size, output_sums(model, replica, size), extra
 
     def _learn(self, replica: ReplicaLoss, grads: list[Any], term_grads: list[list[Any]]) -> None:
         """At the first trace: the variables with a gradient, the trackers, the masked terms."""

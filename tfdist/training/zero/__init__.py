@@ -1,8 +1,11 @@
 """Sharded optimizer state and gradients over the replicas (ZeRO-1 and ZeRO-2).
 
 Start at ``state`` (the design, the master shards, the optimizer built on them, refusals).
+It does not know the pipeline: the two meet in `tfdist.training.updates`.
 
 - ``state``: master shards, the sharded optimizer, refusals, bytes per replica.
 - ``update``: ``ShardedUpdate``: the reduce-scatter, the update on the shards, the all-gather.
 - ``collectives``: the sharded update's collectives, in buckets of bounded size, one at a time.
+- ``layout``: how a variable is cut into one zero-padded block per replica.
+- ``checkpoint``: sharded slots saved and loaded as whole tensors (backups, ``.keras`` files).
 """

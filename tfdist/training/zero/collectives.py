@@ -1,7 +1,7 @@
 """The collectives of a sharded update (ZeRO-1/2), in buckets of bounded size, one at a time.
 
 `reduce_scatter` sums gradients over the replicas, each replica keeping its block of each
-(`tfdist._compat.tf_internals.shard_layout`); `gather_into` writes every replica's updated blocks
+(`tfdist.training.zero.layout`); `gather_into` writes every replica's updated blocks
 into
 every replica's whole variables. Both cut the block layout ``[N, S]`` of each tensor into
 column chunks and pack the chunks into buckets of about ``bucket_bytes`` (a large variable
@@ -18,9 +18,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist._compat.tf_internals.shard_layout import blocks, shard_size, unblock
 from tfdist.strategies import step_clock
 from tfdist.training.step.exchange import all_reduce_sum
+from tfdist.training.zero.layout import blocks, shard_size, unblock
 
 #: A chunk of tensor ``i``'s block layout: columns ``start`` to ``end`` of its ``[N, S]``.
 Chunk = tuple[int, int, int]

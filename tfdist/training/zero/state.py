@@ -2,7 +2,7 @@
 
 ``ExchangeOptions(sharding="optimizer")`` (ZeRO-1): each replica keeps the
 optimizer state of only its ``1/N`` block of every trainable variable
-(`tfdist._compat.tf_internals.shard_layout`: flattened, zero-padded, cut in ``N`` rows). An
+(`tfdist.training.zero.layout`: flattened, zero-padded, cut in ``N`` rows). An
 update then runs, in replica context:
 
 1. the gradients are exchanged in the block layout, in buckets (the exchange's
@@ -28,7 +28,7 @@ A sparse gradient (``tf.IndexedSlices``, an ``Embedding`` lookup's) is not summe
 replica's rows are all-gathered (`tfdist.training.step.exchange.gather_slices`, uncompressed,
 outside
 the buckets), and each replica keeps the elements of those rows that fall in its block, duplicate
-rows apart (`tfdist._compat.tf_internals.shard_layout.block_slices`), so its optimizer gets the
+rows apart (`tfdist.training.zero.layout.block_slices`), so its optimizer gets the
 slices of its
 master shard that Keras's ``fit`` would give it on one device (Adam squares each row before
 duplicates are summed). Under ``"gradients"`` with accumulation such a gradient's rows are kept
@@ -40,7 +40,7 @@ What needs a view of a whole tensor is made right: ``clipnorm`` and
 loss-scale optimizer's finite check by one decision for all replicas. Optimizers
 with per-tensor statistics (Adafactor, Lamb, Muon) and ``use_ema`` are refused
 (`check_optimizer`). Backups stay consolidated: each sharded slot is saved as one
-full tensor (`tfdist._compat.tf_internals.sharded_state`).
+full tensor (`tfdist.training.zero.checkpoint`).
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ import keras
 import tensorflow as tf
 
 from tfdist._compat.keras_internals.keras_training import variable_key, weight_decay_exclusions
-from tfdist._compat.tf_internals.shard_layout import shard_size
-from tfdist._compat.tf_internals.sharded_state import save_whole
 from tfdist.config import invalid_argument
+from tfdist.training.zero.checkpoint import save_whole
+from tfdist.training.zero.layout import shard_size
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist._compat.tf_internals.shard_layout import block, block_slices, shard_size
 from tfdist.config import invalid_argument
 from tfdist.training.step.exchange import gather_slices
 from tfdist.training.step.gradients import (
@@ -32,6 +31,7 @@ from tfdist.training.step.gradients import (
 )
 from tfdist.training.step.update import TrainUpdate
 from tfdist.training.zero.collectives import gather_into, reduce_scatter
+from tfdist.training.zero.layout import block, block_slices, shard_size
 from tfdist.training.zero.state import GATHER_BUCKET_BYTES, ShardedState, elements, inner_optimizer
 
 _CLIPPING_LOCK = threading.Lock()
@@ -147,14 +147,16 @@ class ShardedUpdate(TrainUpdate):
         self.finish(state)
 
     def zeros(self) -> Any:
-        """The accumulation state; under ``"gradients"``: sums of blocks, and the summed count."""
+        """The accumulation state, in `tfdist.training.step.update.State`'s order; under
+        ``"gradients"``: sums of blocks, and in place of the masked terms (which it refuses),
+        the count summed over the replicas."""
         if not self._reduces_each_micro_batch():
             return super().zeros()
         _, count, output_sums, _ = super().zeros()
         n = self.num_replicas
         variables = self.model.trainable_variables
         shards = [tf.zeros([shard_size(elements(v.shape), n)], v.dtype) for v in variables]
-        return shards, count, tf.constant(0.0), output_sums
+        return shards, count, output_sums, tf.constant(0.0)
 
     def accumulate(self, data: Any, state: Any) -> Any:
         """``state`` plus one micro-batch; under ``"gradients"`` reduced into blocks at once."""
@@ -184,7 +186,7 @@ class ShardedUpdate(TrainUpdate):
                 note="A masked loss weighs each micro-batch by the update's valid count, "
                 "which needs the whole gradients of every micro-batch until the update.",
             )
-        sums, count, total, output_sums = self.zeros() if state is None else state
+        sums, count, output_sums, total = self.zeros() if state is None else state
         sums = list(sums)
         dense = [i for i in self.present if not isinstance(grads[i], tf.IndexedSlices)]
         mine, summed = self._scatter([grads[i] for i in dense], size, dense)
@@ -194,14 +196,14 @@ class ShardedUpdate(TrainUpdate):
             if i not in dense:  # the first micro-batch's rows replace the zeros
                 kept = sums[i] if isinstance(sums[i], tf.IndexedSlices) else None
                 sums[i] = grads[i] if kept is None else add_gradients(kept, grads[i])
-        return sums, count + size, total + summed, [a + b for a, b in zip(output_sums, losses)]
+        return sums, count + size, [a + b for a, b in zip(output_sums, losses)], total + summed
 
     def finish(self, state: Any) -> None:
         """The update from the accumulated ``state`` (a sparse gradient's rows gathered now)."""
         if not self._reduces_each_micro_batch():
             super().finish(state)
             return
-        sums, count, total, output_sums = tf.nest.map_structure(
+        sums, count, output_sums, total = tf.nest.map_structure(
             tf.identity, state, expand_composites=True
         )
         variables = self.state.variables

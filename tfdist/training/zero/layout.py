@@ -1,7 +1,7 @@
 """How a variable is cut into one block per replica for sharded optimizer state (ZeRO).
 
-Public TF only; it sits in ``_compat`` beside the checkpoint trackable that gathers the
-blocks (`tfdist._compat.tf_internals.sharded_state`), which cannot import from ``training``.
+Public TF only. The blocks are gathered into whole tensors for checkpoints and ``.keras``
+files by `tfdist.training.zero.checkpoint`.
 
 A variable of ``size`` elements is flattened, padded with zeros to ``N * S`` elements
 (``S = max(1, ceil(size / N))``) and cut into ``N`` rows: replica ``r`` holds elements

@@ -2,7 +2,7 @@
 
 Under ``ExchangeOptions(sharding=...)`` each optimizer slot is a per-replica
 (``SyncOnRead``) variable holding one ``[S]`` block of the whole tensor
-(`tfdist._compat.tf_internals.shard_layout`). A plain ``tf.train.Checkpoint`` of such a
+(`tfdist.training.zero.layout`). A plain ``tf.train.Checkpoint`` of such a
 variable silently saves one replica's block, and Keras's
 ``Optimizer.save_own_variables`` writes that block too. Here:
 
@@ -12,7 +12,7 @@ variable silently saves one replica's block, and Keras's
   each local replica its block for the current replica count. So a sharded
   run's backup is an unsharded run's format, and either resumes as the other,
   on any replica count. It copies itself to the host for TF's asynchronous
-  checkpoints.
+  checkpoints (`tfdist._compat.tf_internals.whole_tensor`, which holds TF's private hooks).
 - `save_whole` makes the optimizer's ``save_own_variables`` and
   ``load_own_variables`` (``model.save``, ``keras.saving.load_model``,
   ``load_weights``) write and read the whole tensors alike. A file with another count of
@@ -21,9 +21,6 @@ variable silently saves one replica's block, and Keras's
 
 Saving all-gathers: on a multi-worker run every worker saves (as tfdist's
 backups and ``tfdist train`` do), or the chief waits for the others.
-
-Private TF API: ``Trackable._serialize_to_tensors``, ``_restore_from_tensors``
-and ``_copy_trackable_to_cpu`` (TF 2.21).
 """
 
 from __future__ import annotations
@@ -33,11 +30,9 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.trackable import base as trackable
 
-from tfdist._compat.tf_internals.shard_layout import blocks, unblock
-
-_KEY = trackable.VARIABLE_VALUE_KEY
+from tfdist._compat.tf_internals.whole_tensor import WholeTensor
+from tfdist.training.zero.layout import blocks, unblock
 
 
 def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
@@ -50,7 +45,7 @@ def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
     return [int(i) for i in strategy.experimental_local_results(replica_ids())]
 
 
-class ConsolidatedShard(trackable.Trackable):
+class ConsolidatedShard(WholeTensor):
     """A sharded slot as a checkpoint sees it: one whole tensor of ``full_shape``.
 
     Args:
@@ -97,30 +92,6 @@ class ConsolidatedShard(trackable.Trackable):
             with tf.device(component.device):
                 assigned.append(component.assign(rows[replica]))
         return tf.group(assigned)
-
-    def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
-        return {_KEY: self.whole()}
-
-    def _restore_from_tensors(self, restored_tensors: dict[str, tf.Tensor]) -> Any:
-        return self.assign_whole(restored_tensors[_KEY])
-
-    def _copy_trackable_to_cpu(self, object_map: dict) -> None:
-        """For asynchronous checkpoints: a host variable holding the whole tensor."""
-        if self not in object_map:
-            with tf.init_scope(), tf.device("/cpu:0"):
-                object_map[self] = _HostCopy(tf.Variable(self.whole(), trainable=False))
-        else:
-            object_map[self].variable.assign(self.whole())
-
-
-class _HostCopy(trackable.Trackable):
-    """The host copy of a `ConsolidatedShard` that TF's asynchronous writer saves."""
-
-    def __init__(self, variable: tf.Variable) -> None:
-        self.variable = variable
-
-    def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
-        return {_KEY: self.variable.read_value()}
 
 
 def consolidated(

@@ -1,0 +1,106 @@
+"""The one place that chooses and combines the updates: plain, sharded (ZeRO), pipeline, both.
+
+Every update is a `tfdist.training.step.update.TrainUpdate` (the template: the loss normalised
+by the global batch, the logs, the accumulation, one exchange, one optimizer update); each
+capability replaces a part of it:
+
+| ``pipeline`` | ``sharding`` | the update | replaces | the optimizer is built |
+|---|---|---|---|---|
+| no | no | ``TrainUpdate`` | nothing | by Keras |
+| yes | no | ``PipelineUpdate`` | the micro-step (the stages) | after the stages are placed |
+| no | yes | ``ShardedUpdate`` | the exchange and the update | on the master shards |
+| yes | yes | `ShardedPipelineUpdate` | both | stages placed, then shards |
+
+Sharding on one replica trains unsharded (with a log line). Neither `tfdist.training.zero` nor
+`tfdist.training.pipeline` imports the other: they meet here only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfdist.strategies.base import Runner
+from tfdist.training.options import ExchangeOptions
+from tfdist.training.pipeline.update import Pipeline, PipelineUpdate
+from tfdist.training.step.update import TrainUpdate
+from tfdist.training.zero.state import ShardedState, check_optimizer, log_one_replica
+from tfdist.training.zero.update import ShardedUpdate
+
+
+class ShardedPipelineUpdate(ShardedUpdate, PipelineUpdate):
+    """The hybrid on sharded optimizer state: `PipelineUpdate`'s micro-step (the stages), and
+    `ShardedUpdate`'s exchange and update (each worker keeps and updates its block of each
+    stage's variables, on that stage's device; then the blocks are all-gathered)."""
+
+
+class Updates:
+    """The update of one model on one runner, and what builds its optimizer.
+
+    Args:
+        model: The compiled model.
+        runner: The strategy's runner.
+        exchange: How the gradients travel, and whether the optimizer state is sharded.
+        pipeline: The model's pipeline stages, or None.
+        skipped_updates: The loss-scaling skip counter, when loss scaling.
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        runner: Runner,
+        *,
+        exchange: ExchangeOptions,
+        pipeline: Pipeline | None = None,
+        skipped_updates: tf.Variable | None = None,
+    ) -> None:
+        self.model = model
+        self.runner = runner
+        self.exchange = exchange
+        self.pipeline = pipeline
+        self.skipped_updates = skipped_updates
+        self.sharded: ShardedState | None = None  # the sharded optimizer state, once built
+
+    def optimizer_builder(self) -> Any:
+        """What builds the optimizer: the pipeline's stages placed first (the slots follow their
+        variables), then the sharded state's blocks (on each variable's devices), else Keras's
+        (None)."""
+        model, pipeline, sharding = self.model, self.pipeline, self.exchange.sharding
+        unsharded = None if pipeline is None else pipeline.optimizer_builder(model)
+        if sharding is None:
+            return unsharded
+        check_optimizer(model.optimizer, sharding)  # e.g. built since
+        if self.runner.strategy.num_replicas_in_sync == 1:
+            log_one_replica(sharding, self.runner)
+            return unsharded
+
+        def build(variables: Any) -> None:
+            if pipeline is not None:
+                pipeline.place(model)
+            self.sharded = ShardedState(
+                model, self.runner.strategy, sharding, colocate=pipeline is not None
+            )
+
+        return build
+
+    def make(self, global_batch_size: int, micro_batches: int) -> TrainUpdate:
+        """The replica step of one update of ``micro_batches`` batches of ``global_batch_size``."""
+        kind: type[TrainUpdate] = TrainUpdate
+        more: dict[str, Any] = {}
+        if self.pipeline is not None:
+            kind, more = PipelineUpdate, self.pipeline.update_arguments()
+        if self.sharded is not None:
+            kind = ShardedUpdate if self.pipeline is None else ShardedPipelineUpdate
+            more["state"] = self.sharded
+        return kind(
+            self.model,
+            self.model.optimizer,
+            global_batch_size=global_batch_size,
+            accumulation_steps=micro_batches,
+            num_replicas=self.runner.strategy.num_replicas_in_sync,
+            skipped_updates=self.skipped_updates,
+            exchange=self.exchange,
+            **more,
+        )
