@@ -3,7 +3,7 @@
 Run as ``python -m tfdist.launch._zygote SOCKET MODULE...`` inside the launch's
 sandbox (so that the processes it forks share the tasks' namespaces). It imports
 each MODULE, prints `READY`, and serves a Unix socket. Each task's sandbox
-helper (``_sandbox.py run --zygote=SOCKET``) connects once and sends, with its
+helper (``isolation/_helper.py run --zygote=SOCKET``) connects once and sends, with its
 standard input, output and error (SCM_RIGHTS):
 
 * a 4-byte big-endian length and a JSON request: ``{"command", "env", "cwd", "cpus"}``,

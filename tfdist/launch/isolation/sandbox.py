@@ -9,7 +9,7 @@ servers listen on is that namespace's ``lo``, which no other host (and no proces
 of this host outside the launch) can reach.
 
 Every task's lifetime is also tied to the launcher's: each task runs under a
-small helper (``_sandbox.py run``) that dies with the launcher, and in a PID
+small helper (``_helper.py run``) that dies with the launcher, and in a PID
 namespace whose init dies with it, taking every process the task started along.
 
 Both need CAP_SYS_ADMIN (root). Without it the launcher warns, names the ports
@@ -28,11 +28,12 @@ from collections.abc import Sequence
 
 from tfdist.config import invalid_argument
 
-logger = logging.getLogger(__name__)
+# The package's name, as the launch's log lines have always said: "tfdist.launch.isolation: ...".
+logger = logging.getLogger("tfdist.launch.isolation")
 
 # Run by path with ``python -I -S``: the helper imports only the standard library, so that it
 # starts fast and nothing from the task's environment (PYTHONPATH, site-packages) runs as it.
-_HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox.py")
+_HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_helper.py")
 _READY_SECONDS = 30.0
 UNAUTHENTICATED = (
     "TF's gRPC servers are unauthenticated (no authentication) and run any graph "

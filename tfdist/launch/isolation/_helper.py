@@ -1,4 +1,4 @@
-"""Linux helpers the launcher runs as ``python -I -S _sandbox.py MODE ...`` (standard library only).
+"""Linux helpers the launcher runs as ``python -I -S _helper.py MODE ...`` (stdlib only).
 
 ``hold --ppid=P [--net]``: creates the namespaces that one launch's tasks share and
 holds them until its stdin closes (the launcher closes it, or dies):
