@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from tfdist.cluster import check_port_free, is_loopback, join_address, make_cluster, split_address
 from tfdist.config import check_non_negative_int, check_positive_int, invalid_argument
 from tfdist.launch.isolation import UNAUTHENTICATED
-from tfdist.launch.tasks import TASK_ORDER, Task
+from tfdist.launch.tasks import TASK_ORDER, LaunchSpec, Task
 
 logger = logging.getLogger(__name__)
 
@@ -192,23 +192,24 @@ def require_loopback(
     )
 
 
-def single_node_cluster(
-    host: str,
-    *,
-    allow_external: bool,
-    workers: int,
-    ps: int,
-    chief: bool,
-    evaluator: bool,
-    ports: Sequence[int] | None,
-) -> dict[str, list[str]]:
-    """The whole cluster on ``host`` (every task runs here), with given ports checked free."""
+def single_node_cluster(spec: LaunchSpec) -> dict[str, list[str]]:
+    """The whole cluster on ``spec.host`` (every task runs here), with given ports checked free."""
+    host, ports = spec.host, spec.ports
     external = [] if is_loopback(host) else [host]
     require_loopback(
-        "host", host, external, "a loopback address such as 127.0.0.1 or localhost", allow_external
+        "host",
+        host,
+        external,
+        "a loopback address such as 127.0.0.1 or localhost",
+        spec.allow_external,
     )
     cluster = make_cluster(
-        workers=workers, ps=ps, chief=chief, evaluator=evaluator, host=host, ports=ports
+        workers=spec.workers,
+        ps=spec.ps,
+        chief=spec.chief,
+        evaluator=spec.evaluator,
+        host=host,
+        ports=ports,
     )
     if ports is not None:
         for i, port in enumerate(ports):
@@ -216,40 +217,29 @@ def single_node_cluster(
     return cluster
 
 
-def multi_node_cluster(
-    nnodes: int,
-    node_rank: int,
-    hosts: Sequence[str] | str | None,
-    *,
-    host: str,
-    allow_external: bool,
-    workers: int,
-    ps: int,
-    chief: bool,
-    evaluator: bool,
-    ports: Sequence[int] | None,
-) -> tuple[dict[str, list[str]], list[Task]]:
+def multi_node_cluster(spec: LaunchSpec) -> tuple[dict[str, list[str]], list[Task]]:
     """A multi-node cluster: (cluster, this node's tasks), with this node's ports checked free.
 
-    ``host`` and ``ports`` are the single-node arguments, refused here unless left
-    at their defaults: the layout fixes both.
+    ``spec.host`` and ``spec.ports`` are the single-node arguments, refused here unless
+    left at their defaults: the layout fixes both.
     """
-    if ports is not None:
+    nnodes, node_rank, hosts = spec.nnodes, spec.node_rank, spec.hosts
+    if spec.ports is not None:
         raise invalid_argument(
             "ports",
-            ports,
+            spec.ports,
             "None when hosts is given",
             note="Each node's ports follow from its base port in hosts.",
         )
-    if host != "127.0.0.1":
+    if spec.host != "127.0.0.1":
         raise invalid_argument(
             "host",
-            host,
+            spec.host,
             "the default '127.0.0.1' when hosts is given",
             note="Each node's host comes from hosts.",
         )
     cluster, local_tasks = node_cluster(
-        nnodes, node_rank, hosts, workers, ps, chief, evaluator=evaluator
+        nnodes, node_rank, hosts, spec.workers, spec.ps, spec.chief, evaluator=spec.evaluator
     )
     entries, nodes = parse_hosts(hosts, nnodes)
     external = [e for e, (h, _) in zip(entries, nodes) if not is_loopback(h)]
@@ -258,7 +248,7 @@ def multi_node_cluster(
         entries,
         external,
         "loopback 'host:port' entries such as 127.0.0.1:2222",
-        allow_external,
+        spec.allow_external,
     )
     my_host = nodes[node_rank][0]
     # TF's gRPC server listens on every interface, so a non-loopback node checks them all.

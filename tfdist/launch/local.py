@@ -21,7 +21,8 @@ imported here.
 
 This module only ties the parts together; each lives in its own module:
 
-* `tfdist.launch.tasks`: a task's name, environment (TF_CONFIG) and result;
+* `tfdist.launch.tasks`: a task's name, environment (TF_CONFIG) and result, and
+  `LaunchSpec`: `launch`'s arguments as one object, passed whole to the parts below;
 * `tfdist.launch.layout`: the cluster on one machine, or over ``--hosts`` nodes;
 * `tfdist.launch.pinning`: each chief and worker task's own CPUs and TF
   thread pools, where they fit (``--pin=false``: none);
@@ -39,11 +40,12 @@ PID namespace that dies with it. Where the kernel does not allow namespaces
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 from tfdist.cluster import is_loopback, split_address
 from tfdist.config import check_non_negative_int, invalid_argument
@@ -52,11 +54,13 @@ from tfdist.launch.layout import multi_node_cluster, node_cluster, parse_hosts, 
 from tfdist.launch.pinning import Pinning, plan_pinning
 from tfdist.launch.preload import Preloader, check_preload
 from tfdist.launch.supervisor import TIMEOUT_RETURNCODE, Supervisor
-from tfdist.launch.tasks import Task, TaskResult, all_tasks, check_command, task_env
+from tfdist.launch.tasks import LaunchSpec, Task, TaskResult, all_tasks, check_command, task_env
 
 # The launcher's public names, importable from here as before the split.
 __all__ = [
     "launch",
+    "run",
+    "LaunchSpec",
     "node_cluster",
     "Supervisor",
     "Task",
@@ -143,38 +147,47 @@ def launch(
     Raises:
         ValueError: On a bad argument, a port in use, or a command that cannot start.
     """
-    command = check_command(command)
-    preload = check_preload(preload, command)
-    check_non_negative_int("max_restarts", max_restarts)
-    _check_timeout(timeout)
-    single_node = hosts is None and nnodes == 1 and node_rank == 0
-    shape = dict(
-        allow_external=allow_external,
-        workers=workers,
-        ps=ps,
-        chief=chief,
-        evaluator=evaluator,
-        ports=ports,
+    return run(
+        LaunchSpec(
+            command=command,
+            workers=workers,
+            ps=ps,
+            chief=chief,
+            evaluator=evaluator,
+            host=host,
+            allow_external=allow_external,
+            ports=ports,
+            env=env,
+            output=output,
+            timeout=timeout,
+            max_restarts=max_restarts,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            hosts=hosts,
+            private_network=private_network,
+            pin=pin,
+            preload=preload,
+        )
     )
-    cluster, local_tasks, loopback = _cluster_here(
-        nnodes, node_rank, hosts, single_node=single_node, host=host, shape=shape
+
+
+def run(spec: LaunchSpec) -> int:
+    """`launch` with its arguments as one `LaunchSpec`: checks them, runs this node's tasks.
+
+    What ``notebook_launcher`` and `launch` call; returns and raises as `launch` does.
+    """
+    command = check_command(spec.command)
+    preload = check_preload(spec.preload, command)
+    check_non_negative_int("max_restarts", spec.max_restarts)
+    _check_timeout(spec.timeout)
+    output = sys.stdout if spec.output is None else spec.output
+    spec = dataclasses.replace(spec, command=command, preload=preload, output=output)
+    cluster, local_tasks, loopback = _cluster_here(spec)
+    _check_program(command, spec.env)
+    pinning = plan_pinning(
+        [(t.task_type, t.task_id) for t in local_tasks], pin=spec.pin, env=spec.env
     )
-    _check_program(command, env)
-    pinning = plan_pinning([(t.task_type, t.task_id) for t in local_tasks], pin=pin, env=env)
-    return _supervise(
-        command,
-        cluster,
-        local_tasks,
-        env=env,
-        output=sys.stdout if output is None else output,
-        max_restarts=max_restarts,
-        pinning=pinning,
-        private_network=private_network,
-        single_node=single_node,
-        loopback=loopback,
-        timeout=timeout,
-        preload=preload,
-    )
+    return _supervise(spec, cluster, local_tasks, pinning=pinning, loopback=loopback)
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -185,25 +198,14 @@ def _check_timeout(timeout: float | None) -> None:
         raise invalid_argument("timeout", timeout, "a positive number of seconds or None")
 
 
-def _cluster_here(
-    nnodes: int,
-    node_rank: int,
-    hosts: Sequence[str] | str | None,
-    *,
-    single_node: bool,
-    host: str,
-    shape: dict[str, Any],
-) -> tuple[dict[str, list[str]], list[Task], bool]:
-    """The whole cluster, this node's tasks, and whether every address is loopback.
-
-    ``shape``: the tasks and ports (``workers``, ``ps``, ``chief``, ``evaluator``,
-    ``ports``, ``allow_external``), as `launch` got them.
-    """
-    if single_node:
-        cluster = single_node_cluster(host, **shape)
-        return cluster, all_tasks(cluster), is_loopback(host)
-    cluster, local_tasks = multi_node_cluster(nnodes, node_rank, hosts, host=host, **shape)
-    return cluster, local_tasks, all(is_loopback(h) for h, _ in parse_hosts(hosts, nnodes)[1])
+def _cluster_here(spec: LaunchSpec) -> tuple[dict[str, list[str]], list[Task], bool]:
+    """The whole cluster, this node's tasks, and whether every address is loopback."""
+    if spec.single_node:
+        cluster = single_node_cluster(spec)
+        return cluster, all_tasks(cluster), is_loopback(spec.host)
+    cluster, local_tasks = multi_node_cluster(spec)
+    nodes = parse_hosts(spec.hosts, spec.nnodes)[1]
+    return cluster, local_tasks, all(is_loopback(h) for h, _ in nodes)
 
 
 def _check_program(command: list[str], env: Mapping[str, str] | None) -> None:
@@ -221,49 +223,43 @@ def _check_program(command: list[str], env: Mapping[str, str] | None) -> None:
 
 
 def _supervise(
-    command: list[str],
+    spec: LaunchSpec,
     cluster: dict[str, list[str]],
     local_tasks: list[Task],
     *,
-    env: Mapping[str, str] | None,
-    output: TextIO,
-    max_restarts: int,
     pinning: dict[str, Pinning],
-    private_network: bool,
-    single_node: bool,
     loopback: bool,
-    timeout: float | None,
-    preload: tuple[str, ...],
 ) -> int:
     """Runs this node's tasks in their sandbox under a `Supervisor`; their exit code."""
     # A private network only for a one-machine loopback cluster: tasks of a multi-node (or
     # non-loopback) cluster must reach other hosts.
-    with Sandbox(private_network=single_node and loopback and bool(private_network)) as sandbox:
+    single_node = spec.single_node
+    private_network = single_node and loopback and bool(spec.private_network)
+    with Sandbox(private_network=private_network) as sandbox:
         ports_here = [split_address(cluster[t.task_type][t.task_id])[1] for t in local_tasks]
         report_exposure(
             sandbox,
             ports_here,
             single_node=single_node,
             loopback=loopback,
-            private_network=private_network,
+            private_network=spec.private_network,
         )
         preloader = None
-        if preload:
-            preloader = Preloader(command[0], preload, sandbox=sandbox, env=env, output=output)
+        if spec.preload:
+            preloader = Preloader(
+                spec.command[0], spec.preload, sandbox=sandbox, env=spec.env, output=spec.output
+            )
             preloader.start()
         try:
             supervisor = Supervisor(
-                command,
+                spec,
                 cluster,
-                env=env,
-                output=output,
-                max_restarts=max_restarts,
                 tasks=local_tasks,
                 sandbox=sandbox,
                 pinning=pinning,
                 zygote=preloader.socket if preloader else None,
             )
-            return supervisor.run(timeout)
+            return supervisor.run(spec.timeout)
         finally:
             if preloader is not None:
                 preloader.close()

@@ -98,7 +98,8 @@ def notebook_launcher(
     Raises:
         RuntimeError: If the job failed; the tasks' output says why.
     """
-    from tfdist.launch.local import launch
+    from tfdist.launch.local import run
+    from tfdist.launch.tasks import LaunchSpec
 
     check_positive_int("num_workers", num_workers)
     workdir = tempfile.mkdtemp(prefix="tfdist-notebook-")
@@ -110,8 +111,8 @@ def notebook_launcher(
         # not for a notebook's reader, unless the user set the level.
         task_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         task_env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *sys.path])
-        code = launch(
-            [sys.executable, "-m", "tfdist.launch._notebook_task", workdir],
+        spec = LaunchSpec(
+            command=[sys.executable, "-m", "tfdist.launch._notebook_task", workdir],
             workers=num_workers,
             ps=num_ps,
             chief=chief,
@@ -123,6 +124,7 @@ def notebook_launcher(
             pin=pin,
             preload=preload,
         )
+        code = run(spec)
         if code != 0:
             raise RuntimeError(
                 f"The notebook_launcher job failed with code {code}; see the tasks' output above."

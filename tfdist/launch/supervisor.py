@@ -23,16 +23,16 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TextIO
 
 from tfdist.config import invalid_argument
 from tfdist.launch.isolation import Sandbox
 from tfdist.launch.pinning import Pinning
 from tfdist.launch.restarts import RestartPolicy
-from tfdist.launch.tasks import Task, TaskResult, all_tasks, task_env
+from tfdist.launch.tasks import LaunchSpec, Task, TaskResult, all_tasks, task_env
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +51,13 @@ class Supervisor:
     """Starts the tasks' processes, streams their output and decides the outcome.
 
     Args:
-        command: The command every task runs.
-        cluster: Task type -> list of ``"host:port"``.
-        env: The base environment of every task; defaults to ``os.environ``.
-        output: Where prefixed output lines go.
-        grace_period: Seconds between SIGTERM and SIGKILL when stopping tasks.
-        max_restarts: Restarts allowed after failures. With parameter servers
-            only a failed worker restarts (the coordinator reschedules its
-            steps meanwhile); otherwise (MultiWorkerMirrored: a collective
+        spec: The launch: every task runs ``spec.command`` in ``spec.env`` (``os.environ``
+            by default), its prefixed output lines go to ``spec.output`` (``sys.stdout``
+            by default), and ``spec.max_restarts`` restarts are allowed after failures.
+            With parameter servers only a failed worker restarts (the coordinator
+            reschedules its steps meanwhile); otherwise (MultiWorkerMirrored: a collective
             cannot lose a member) the whole group restarts.
+        cluster: Task type -> list of ``"host:port"``.
         tasks: The tasks to run here; every task of ``cluster`` by default.
             A node of a multi-node job runs only its own
             (see `tfdist.launch.layout.node_cluster`).
@@ -68,21 +66,21 @@ class Supervisor:
         pinning: Task label (``worker:0``) -> the CPUs and TF thread pools that
             task gets, at every start (see `tfdist.launch.pinning`); the
             sandbox's helper sets the CPUs, so it needs a sandbox.
+        zygote: The socket of the preloaded interpreter that forks each task (see
+            `tfdist.launch.preload`), or None; it needs a sandbox, whose helper asks it.
+        grace_period: Seconds between SIGTERM and SIGKILL when stopping tasks.
     """
 
     def __init__(
         self,
-        command: Sequence[str],
+        spec: LaunchSpec,
         cluster: dict[str, list[str]],
         *,
-        env: Mapping[str, str] | None,
-        output: TextIO,
-        grace_period: float = 5.0,
-        max_restarts: int = 0,
         tasks: Sequence[Task] | None = None,
         sandbox: Sandbox | None = None,
         pinning: Mapping[str, Pinning] | None = None,
         zygote: str | None = None,
+        grace_period: float = 5.0,
     ):
         if pinning and sandbox is None:
             raise invalid_argument(
@@ -91,12 +89,12 @@ class Supervisor:
         if zygote and sandbox is None:
             raise invalid_argument("zygote", zygote, "None without a sandbox, whose helper asks it")
         self.zygote = zygote
-        self.command = list(command)
+        self.command = list(spec.command)
         self.sandbox = sandbox
         self.pinning = dict(pinning or {})
         self.cluster = cluster
-        self.env = env
-        self.output = output
+        self.env = spec.env
+        self.output = sys.stdout if spec.output is None else spec.output
         self.grace_period = grace_period
         self.tasks = list(tasks) if tasks is not None else all_tasks(cluster)
         self.results: dict[Task, TaskResult] = {}
@@ -107,7 +105,7 @@ class Supervisor:
         self._signals: list[int] = []
         self.parameter_server_mode = bool(cluster.get("ps"))
         self.policy = RestartPolicy(
-            max_restarts=max_restarts, parameter_server_mode=self.parameter_server_mode
+            max_restarts=spec.max_restarts, parameter_server_mode=self.parameter_server_mode
         )
 
     def start_task(self, task: Task) -> None:

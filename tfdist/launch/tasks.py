@@ -1,4 +1,5 @@
-"""What a launched task is: its name, the command and environment it runs with, how it ended.
+"""What a launched task is: its name, the command and environment it runs with, how it ended;
+and what a launch is (`LaunchSpec`: ``launch()``'s arguments as one object).
 
 Shared by the node layout (`tfdist.launch.layout`: which tasks run on this
 node), the supervisor (`tfdist.launch.supervisor`: runs them) and the job
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from tfdist.cluster import parse_tf_config, task_label
 from tfdist.config import invalid_argument
@@ -31,6 +32,39 @@ class Task:
 
     def __str__(self) -> str:
         return task_label(self.task_type, self.task_id)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One launch, whole: `tfdist.launch.local.launch`'s arguments (see it for each), which
+    the layout, the supervisor and the sandbox each read from here.
+
+    ``output`` None means ``sys.stdout``; ``preload`` is the checked tuple of modules.
+    """
+
+    command: Sequence[str]
+    workers: int
+    ps: int = 0
+    chief: bool = False
+    evaluator: bool = False
+    host: str = "127.0.0.1"
+    allow_external: bool = False
+    ports: Sequence[int] | None = None
+    env: Mapping[str, str] | None = None
+    output: TextIO | None = None
+    timeout: float | None = None
+    max_restarts: int = 0
+    nnodes: int = 1
+    node_rank: int = 0
+    hosts: Sequence[str] | str | None = None
+    private_network: bool = True
+    pin: bool = True
+    preload: Sequence[str] | str | None = None
+
+    @property
+    def single_node(self) -> bool:
+        """Whether every task runs here: one node, no ``hosts``."""
+        return self.hosts is None and self.nnodes == 1 and self.node_rank == 0
 
 
 @dataclass

@@ -24,6 +24,7 @@ import re
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tfdist.cluster import SLURM_PORT_BASE, SLURM_PORT_BLOCKS, SLURM_PORTS_PER_JOB
@@ -96,19 +97,63 @@ def slurm_script(
     Raises:
         ValueError: On a bad argument, or tasks that do not divide into the roles.
     """
-    command = check_command(command)
-    if not isinstance(pin, bool):
-        raise invalid_argument("pin", pin, "True or False")
-    if pin:
+    return sbatch_script(
+        SlurmJob(
+            command=command,
+            nnodes=nnodes,
+            workers=workers,
+            ntasks=ntasks,
+            ps=ps,
+            chief=chief,
+            partition=partition,
+            time=time,
+            job_name=job_name,
+            max_restarts=max_restarts,
+            min_nodes=min_nodes,
+            pin=pin,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One Slurm job, whole: `slurm_script`'s arguments (see it for each)."""
+
+    command: Sequence[str]
+    nnodes: int = 1
+    workers: int | None = None
+    ntasks: int | None = None
+    ps: int = 0
+    chief: bool = False
+    partition: str | None = None
+    time: str | None = None
+    job_name: str = "tfdist"
+    max_restarts: int = 0
+    min_nodes: int | None = None
+    pin: bool = True
+
+
+def sbatch_script(job: SlurmJob) -> str:
+    """`slurm_script` with its arguments as one `SlurmJob`: the checked script's text."""
+    command = check_command(job.command)
+    if not isinstance(job.pin, bool):
+        raise invalid_argument("pin", job.pin, "True or False")
+    if job.pin:
         command = _pinned(command)
+    nnodes, ps, chief, max_restarts = job.nnodes, job.ps, job.chief, job.max_restarts
     check_positive_int("nnodes", nnodes)
     _check_ps(ps, chief=chief)
     check_non_negative_int("max_restarts", max_restarts)
-    nodes = _node_range(min_nodes, nnodes, chief=chief, ntasks=ntasks)
-    ntasks = _total_tasks(nnodes, workers, ntasks, ps=ps, chief=chief)
+    nodes = _node_range(job.min_nodes, nnodes, chief=chief, ntasks=job.ntasks)
+    ntasks = _total_tasks(nnodes, job.workers, job.ntasks, ps=ps, chief=chief)
     per_node = _tasks_per_node(ntasks, nnodes)
     directives = _directives(
-        job_name, nodes, per_node, partition=partition, time=time, requeue=bool(max_restarts)
+        job.job_name,
+        nodes,
+        per_node,
+        partition=job.partition,
+        time=job.time,
+        requeue=bool(max_restarts),
     )
     roles = f"chief:1,ps:{ps},worker:{ntasks - ps - 1}" if chief else ""
     srun = _srun_prefix(nodes, nnodes, per_node, chief=chief, max_restarts=max_restarts)

@@ -245,28 +245,60 @@ def ray_fit(
         ValueError: For a bad argument, or a group larger than the cluster.
         RuntimeError: If training failed after ``max_failures`` restarts.
     """
+    options = RayFitOptions(
+        num_workers=num_workers,
+        cpus_per_worker=cpus_per_worker,
+        use_gpu=use_gpu,
+        max_failures=max_failures,
+        storage_path=storage_path,
+        name=name,
+        datasets=datasets,
+        check_resources=check_resources,
+    )
+    return run_ray_fit(fn, args, options)
+
+
+@dataclasses.dataclass(frozen=True)
+class RayFitOptions:
+    """`ray_fit`'s keyword arguments as one object (see it for each)."""
+
+    num_workers: int | tuple[int, int] = 2
+    cpus_per_worker: float = 1
+    use_gpu: bool = False
+    max_failures: int = 0
+    storage_path: str | None = None
+    name: str | None = None
+    datasets: dict[str, Any] | None = None
+    check_resources: bool = True
+
+
+def run_ray_fit(fn: Callable[..., Any], args: tuple[Any, ...], options: RayFitOptions) -> RayRun:
+    """`ray_fit` with its keyword arguments as one `RayFitOptions`; returns and raises as it."""
     ray = require_ray()
-    fewest, most = worker_range(num_workers)
+    fewest, most = worker_range(options.num_workers)
+    max_failures, cpus_per_worker = options.max_failures, options.cpus_per_worker
     check_non_negative_int("max_failures", max_failures)
     if not cpus_per_worker > 0:
         raise invalid_argument("cpus_per_worker", cpus_per_worker, "a positive number")
     from ray.train import FailureConfig, RunConfig
     from ray.train.tensorflow import TensorflowTrainer
 
-    scaling = scaling_config(num_workers, use_gpu=use_gpu, cpus_per_worker=cpus_per_worker)
+    scaling = scaling_config(
+        options.num_workers, use_gpu=options.use_gpu, cpus_per_worker=cpus_per_worker
+    )
     init_local()
-    if check_resources:  # the fewest must fit: Ray starts an elastic group with what fits
-        _check_fits(ray, fewest, cpus_per_worker, use_gpu)
+    if options.check_resources:  # the fewest must fit: Ray starts an elastic group with what fits
+        _check_fits(ray, fewest, cpus_per_worker, options.use_gpu)
     box = _make_results_box(ray)
     trainer = TensorflowTrainer(
         _per_worker_loop(fn, args, box),
         scaling_config=scaling,
         run_config=RunConfig(
-            name=name,
-            storage_path=storage_path,
+            name=options.name,
+            storage_path=options.storage_path,
             failure_config=FailureConfig(max_failures=max_failures),
         ),
-        datasets=datasets,
+        datasets=options.datasets,
     )
     try:
         result = trainer.fit()
