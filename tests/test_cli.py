@@ -197,7 +197,8 @@ def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argume
 
 
 def test_bench_time_to_accuracy_tasks_reach_the_benchmark_or_are_refused(monkeypatch, capsys):
-    from tfdist.bench import runner, time_to_accuracy_tasks
+    from tfdist.bench import runner
+    from tfdist.bench.time_to_accuracy import tasks as time_to_accuracy_tasks
     from tfdist.cli.flag_definitions import TIME_TO_ACCURACY_TASKS
 
     # The names the CLI checks before TensorFlow loads are the benchmark's tasks.

@@ -68,6 +68,8 @@ _TF_MODULES = (
     "tfdist.bench",
     "tfdist.launch.train",
 )
+#: Of those, the pure-Python ones the CLI reads before TF loads: the bench's registry of names.
+_NO_TF_MODULES = ("tfdist.bench", "tfdist.bench.names")
 _ATTRIBUTES = {
     "Trainer": "tfdist.training.trainer:Trainer",
     "BackupOptions": "tfdist.training.options:BackupOptions",
@@ -108,8 +110,10 @@ class _ShimsFirst(importlib.abc.MetaPathFinder):
     """
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if not _shims_applied and any(
-            fullname == m or fullname.startswith(m + ".") for m in _TF_MODULES
+        if (
+            not _shims_applied
+            and fullname not in _NO_TF_MODULES
+            and any(fullname == m or fullname.startswith(m + ".") for m in _TF_MODULES)
         ):
             _apply_shims()
         return None

@@ -30,7 +30,7 @@ def cpuinfo_first(key, path="/proc/cpuinfo"):
 
 def assert_machine_is_this_one(machine):
     """The result's machine block is this machine: /proc/cpuinfo's model and flags, its cores."""
-    from tfdist.bench.bf16_vs_fp32 import BF16_CPU_FLAGS, VECTOR_CPU_FLAGS
+    from tfdist.bench.in_process.bf16_vs_fp32 import BF16_CPU_FLAGS, VECTOR_CPU_FLAGS
 
     flags = cpuinfo_first("flags")
     flags = None if flags is None else set(flags.split())

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
-from tfdist.bench import allreduce, runner
+from tfdist.bench import runner
+from tfdist.bench.allreduce import parent as allreduce
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -92,7 +93,7 @@ def test_a_preload_is_checked_and_refused_where_no_benchmark_launches_tasks():
 
 
 def test_a_process_started_afresh_is_not_taken_for_a_preloaded_one():
-    from tfdist.bench.worker_common import forked_from_preload
+    from tfdist.bench.harness.worker_common import forked_from_preload
 
     assert not forked_from_preload()  # this test's process (the preloaded tasks: above)
     # A process whose command line is the preloaded Python's, as a task forked from it keeps.

@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from tfdist.bench import balance, common
-from tfdist.bench.balance_plot import plot_balance
+from tfdist.bench.balance import parent as balance
+from tfdist.bench.balance.plot import plot_balance
+from tfdist.bench.harness import common
 
 LINE = (
     "Balance: worker:0 takes 83, worker:1 takes 45 of every global batch of 128 "
@@ -200,7 +201,7 @@ def test_the_delay_layer_waits_and_passes_its_input_on():
 
     import numpy as np
 
-    from tfdist.bench.balance_worker import Delay
+    from tfdist.bench.balance.worker import Delay
 
     x = np.ones((2, 3), "float32")
     np.testing.assert_array_equal(np.asarray(Delay(0.0)(x)), x)  # no delay: no op added
@@ -214,7 +215,7 @@ def test_the_hogs_pid_is_found_at_once_and_its_cpu_read():
     import os
     import time
 
-    from tfdist.bench import balance_worker
+    from tfdist.bench.balance import worker as balance_worker
 
     hog = balance_worker.start_hog(os.sched_getaffinity(0))
     try:

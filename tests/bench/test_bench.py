@@ -14,7 +14,9 @@ import statistics
 import pytest
 
 from tests.bench.checks import cpuinfo_first
-from tfdist.bench import bf16_vs_fp32, common, report, runner, timing
+from tfdist.bench import names, runner
+from tfdist.bench.harness import common, report, timing
+from tfdist.bench.in_process import bf16_vs_fp32
 
 FIT_KEYS = {
     "trainer_examples_per_s",
@@ -35,8 +37,7 @@ MFU_KEYS = {
     "keras_fit_examples_per_s",
     "config",
 }
-ALL = {"trainer_vs_fit", "mfu", "accumulation", "bf16_vs_fp32", "backup", "parameter_server"}
-ALL |= {"sparse_exchange"}
+ALL = set(names.IN_PROCESS)  # the one registry's; the names themselves are pinned below
 
 
 def _positive_finite(value):
@@ -237,7 +238,7 @@ def test_backup_sides_did_the_same_updates_and_the_cost_follows(quick_run):
 
 
 def test_the_backup_bench_checks_its_slow_disk():
-    from tfdist.bench import backup
+    from tfdist.bench.in_process import backup
 
     common.set_options({"slow_fsync_ms": -1})
     try:
@@ -340,6 +341,7 @@ def test_every_charted_ratio_is_positive_and_finite(quick_run):
 
 
 def test_unknown_benchmark_lists_the_valid_names(tmp_path):
+    # The names written out: ``--benchmarks`` names and JSON keys must not change.
     output = tmp_path / "bench.json"
     with pytest.raises(
         ValueError,

@@ -13,7 +13,8 @@ import statistics
 import pytest
 
 from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
-from tfdist.bench import health, runner
+from tfdist.bench import runner
+from tfdist.bench.health import parent as health
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 WORKERS = ("worker-0", "worker-1")

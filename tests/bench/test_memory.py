@@ -12,7 +12,11 @@ import pytest
 
 import tfdist
 from tests.bench.checks import assert_machine_is_this_one
-from tfdist.bench import common, memory, memory_cap, memory_worker, plots, report, runner
+from tfdist.bench import runner
+from tfdist.bench.harness import common, plots, report
+from tfdist.bench.memory import cap as memory_cap
+from tfdist.bench.memory import parent as memory
+from tfdist.bench.memory import worker as memory_worker
 
 MIB = 1 << 20
 TINY = {

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from tfdist.bench import cluster_run, timing, worker_common
+from tfdist.bench.harness import cluster_run, timing, worker_common
 
 
 def _as_task(monkeypatch, task_type, index, cluster=("worker", "worker")):

@@ -16,7 +16,8 @@ import statistics
 import pytest
 
 from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
-from tfdist.bench import runner, scaling
+from tfdist.bench import runner
+from tfdist.bench.scaling import parent as scaling
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -178,7 +179,7 @@ def test_cli_refuses_a_bad_bench_flag_in_one_line():
 
 def test_trainer_variants_pass_only_the_keywords_the_trainer_takes(monkeypatch):
     import tfdist
-    from tfdist.bench import scaling_worker
+    from tfdist.bench.scaling import worker as scaling_worker
 
     class Today:
         def __init__(self, model, *, strategy=None):

@@ -14,8 +14,10 @@ import pytest
 import tensorflow as tf
 
 from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
-from tfdist.bench import common, runner, stragglers
-from tfdist.bench.straggler_worker import CALIBRATION_RUNS, straggler_dataset_fn
+from tfdist.bench import runner
+from tfdist.bench.harness import common
+from tfdist.bench.stragglers import parent as stragglers
+from tfdist.bench.stragglers.worker import CALIBRATION_RUNS, straggler_dataset_fn
 
 FACTOR = 4.0
 

@@ -25,7 +25,10 @@ import pytest
 
 import tfdist
 from tests.bench.checks import PRELOAD, assert_machine_is_this_one, assert_png_written
-from tfdist.bench import common, first_fit, runner, time_to_accuracy
+from tfdist.bench import runner
+from tfdist.bench.first_fit import parent as first_fit
+from tfdist.bench.harness import common
+from tfdist.bench.time_to_accuracy import parent as time_to_accuracy
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 RULES = ("none", "linear")
@@ -235,7 +238,7 @@ def test_bad_time_to_accuracy_options_get_one_clear_error():
 
 def test_the_uneven_pair_trains_the_linear_rule_even_and_balanced():
     """Its sides' Trainer options, and its ratios (the real launch: ``tfdist bench``)."""
-    from tfdist.bench import time_to_accuracy_worker as worker
+    from tfdist.bench.time_to_accuracy import worker
 
     spec, task = {"balance_window": 8, "warmup_epochs": 1.0}, {"per_worker_batch_size": 64}
     assert worker.rules_of({"uneven": True}) == ("even", "balanced")
@@ -258,7 +261,7 @@ def test_the_uneven_pair_trains_the_linear_rule_even_and_balanced():
 
 
 def test_each_task_has_its_own_settings_unless_an_option_sets_every_tasks():
-    from tfdist.bench.time_to_accuracy_tasks import task_specs
+    from tfdist.bench.time_to_accuracy.tasks import task_specs
 
     options = dict(time_to_accuracy.DEFAULTS)
     digits, patterns = task_specs(options, quick=False)

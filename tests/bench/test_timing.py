@@ -1,8 +1,9 @@
-"""``tfdist.bench.timing``: alternation, extra rounds on a busy machine, clean medians (no TF)."""
+"""``tfdist.bench.harness.timing``: alternation, extra rounds on a busy machine, clean medians
+(no TF)."""
 
 import math
 
-from tfdist.bench import timing
+from tfdist.bench.harness import timing
 
 
 def test_alternate_interleaves_and_reverses_the_order():

@@ -20,7 +20,7 @@ def train_digits_one_epoch():
     import json
 
     import tfdist
-    import tfdist.bench.worker_common
+    import tfdist.bench.harness.worker_common
 
     strategy = tfdist.make_strategy("multi_worker")  # first: before any other TF work
 
@@ -38,7 +38,7 @@ def train_digits_one_epoch():
     return {
         "task": f"{task['type']}:{task['index']}",
         "pid": os.getpid(),
-        "preloaded": tfdist.bench.worker_common.forked_from_preload(),
+        "preloaded": tfdist.bench.harness.worker_common.forked_from_preload(),
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
         "is_chief": trainer.is_chief,
         "history": history.history,

@@ -14,11 +14,11 @@ multi-process benchmarks (``scaling``, ``allreduce``, ``stragglers``, ``balance`
 ``time_to_accuracy``, ``first_fit``, ``memory``) start their own worker processes with
 ``tfdist launch``, ``pipeline`` its three processes itself; they run only when named.
 
-To add a benchmark, write a module under ``tfdist/bench/`` with a function
-``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add
-the module to `BUILTIN_MODULES`. Build it from ``timing.alternate`` (and
-``fits.fit_sides`` for Trainer-vs-Keras comparisons); put its headline ratio
-under ``"ratio"`` (or ``"*_ratio"``/``"*_mfu"``), its target under ``"goal"``
+To add a benchmark, write a module (`tfdist.bench.names` says where) with a function
+``(repeats, quick) -> dict`` decorated by ``@common.register("name")``, and add it to
+`tfdist.bench.names.BENCHMARKS`, the one registry of the names. Build it from
+``timing.alternate`` (and ``fits.fit_sides`` for Trainer-vs-Keras comparisons); put its
+headline ratio under ``"ratio"`` (or ``"*_ratio"``/``"*_mfu"``), its target under ``"goal"``
 (``">= x"``), and ``samples.max_others_cpu()`` under ``"others_cpu_max"``.
 """
 
@@ -35,50 +35,21 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tfdist.bench import common, report, timing
-from tfdist.bench.cluster_run import WORKER_MODULE
+from tfdist.bench.harness import common, report, timing
+from tfdist.bench.harness.cluster_run import WORKER_MODULE
+from tfdist.bench.names import LAUNCHING, MODULES, OWN_PROCESSES
 from tfdist.config import check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_MODULES = (
-    "tfdist.bench.trainer_vs_fit",
-    "tfdist.bench.mfu",
-    "tfdist.bench.accumulation",
-    "tfdist.bench.bf16_vs_fp32",
-    "tfdist.bench.backup",
-    "tfdist.bench.parameter_server",
-    "tfdist.bench.scaling",
-    "tfdist.bench.allreduce",
-    "tfdist.bench.stragglers",
-    "tfdist.bench.balance",
-    "tfdist.bench.health",
-    "tfdist.bench.time_to_accuracy",
-    "tfdist.bench.first_fit",
-    "tfdist.bench.memory",
-    "tfdist.bench.pipeline",
-    "tfdist.bench.sparse_exchange",
-)
-# Benchmarks that start their own worker processes and take minutes: run only when named.
-ON_REQUEST = (
-    "scaling",
-    "allreduce",
-    "stragglers",
-    "balance",
-    "health",
-    "time_to_accuracy",
-    "first_fit",
-    "memory",
-    "pipeline",
-)
-# Of those, the ones that start their processes themselves, not through ``tfdist launch``: a
-# ``preload`` option does nothing for them.
-OWN_PROCESSES = ("pipeline",)
+#: Benchmarks that start their own worker processes and take minutes: run only when named
+#: (`tfdist.bench.names.LAUNCHING`, the one registry's).
+ON_REQUEST = LAUNCHING
 
 
 def _load_builtins() -> None:
     # Importing the modules runs their @common.register decorators.
-    for module in BUILTIN_MODULES:
+    for module in MODULES:
         importlib.import_module(module)
 
 
@@ -116,7 +87,7 @@ def _meta(repeats: int, quick: bool) -> dict[str, Any]:
 
 def _machine() -> str:
     """The CPU model and the flags that decide bf16 speed, e.g. ``AMD EPYC, avx512_bf16``."""
-    from tfdist.bench.bf16_vs_fp32 import cpu_features
+    from tfdist.bench.in_process.bf16_vs_fp32 import cpu_features
 
     features = cpu_features()
     flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if features.get(f)]
@@ -172,7 +143,8 @@ def run(
             (for tests; the figures then mean little).
         options: Benchmark options, e.g. ``{"threads_per_worker": 1,
             "gradient_compression": ("none", "bf16")}`` for ``scaling`` (see
-            ``tfdist.bench.scaling.DEFAULTS`` and ``tfdist.bench.allreduce.DEFAULTS``).
+            ``tfdist.bench.scaling.parent.DEFAULTS`` and
+            ``tfdist.bench.allreduce.parent.DEFAULTS``).
             ``"preload": ("tensorflow", "keras")`` forks the tasks of the benchmarks that
             launch processes from one Python that imported those modules, as
             ``tfdist launch --preload`` does (a faster start; it is refused when no named

@@ -5,18 +5,31 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from tfdist.cli.flag_definitions import (
-    FLAGS,
-    IN_PROCESS_BENCHMARKS,
-    LAUNCHING_BENCHMARKS,
-    TIME_TO_ACCURACY_TASKS,
-)
+from tfdist.cli.flag_definitions import FLAGS, TIME_TO_ACCURACY_TASKS
 from tfdist.config import invalid_argument
+
+
+def benchmarks_help() -> str:
+    """``--benchmarks``' help in ``tfdist bench --help``: every name, from the bench's registry.
+
+    ``tfdist.bench.names`` is pure Python: reading it loads no TensorFlow.
+    """
+    from tfdist.bench.names import IN_PROCESS, LAUNCHING
+
+    return (
+        "Which to run, comma-separated: "
+        + ", ".join(IN_PROCESS)
+        + " (these by default), or "
+        + ", ".join(LAUNCHING)
+        + " (they launch worker processes and take minutes: run only when named)."
+    )
 
 
 def _check_benchmarks(names: Sequence[str]) -> None:
     """Refuses an unknown ``--benchmarks`` name before TensorFlow is imported."""
-    valid = sorted(IN_PROCESS_BENCHMARKS + LAUNCHING_BENCHMARKS)
+    from tfdist.bench.names import all_names
+
+    valid = list(all_names())
     for name in names:
         if name not in valid:
             raise invalid_argument("benchmarks", name, valid)
@@ -25,7 +38,7 @@ def _check_benchmarks(names: Sequence[str]) -> None:
 def _check_tasks(names: Sequence[str]) -> tuple[str, ...]:
     """``--time_to_accuracy_tasks``, each name once, checked before TensorFlow is imported.
 
-    The same refusal as ``tfdist.bench.time_to_accuracy_tasks.check_tasks``.
+    The same refusal as ``tfdist.bench.time_to_accuracy.tasks.check_tasks``.
     """
     unknown = [n for n in names if n not in TIME_TO_ACCURACY_TASKS]
     if not names or unknown:
@@ -91,7 +104,7 @@ def run(args: Sequence[str]) -> int:
     if FLAGS.json:
         print(json.dumps(results, indent=2))
     else:
-        from tfdist.bench import report
+        from tfdist.bench.harness import report
 
         print(report.summary(results, results["meta"].get("files", ())), end="")
     return 0

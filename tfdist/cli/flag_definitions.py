@@ -14,15 +14,7 @@ FLAGS = flags.FLAGS
 # absl's own flags (--flagfile, --helpfull, logging's), defined before tfdist's.
 _ABSL_FLAGS = frozenset(FLAGS)
 ENGINES = ("local", "ray")  # --engine values, checked by `tfdist train`
-#: ``tfdist bench``'s benchmarks: the in-process ones (run by default), then those that launch
-#: worker processes (run only when named). Named here so that ``--benchmarks`` is checked, and
-#: listed in its help, before TensorFlow loads (tests/test_cli.py keeps them equal to
-#: ``tfdist.bench.runner``'s registry and ``ON_REQUEST``).
-IN_PROCESS_BENCHMARKS = ("accumulation", "backup", "bf16_vs_fp32", "mfu", "parameter_server")
-IN_PROCESS_BENCHMARKS += ("sparse_exchange", "trainer_vs_fit")
-LAUNCHING_BENCHMARKS = ("scaling", "allreduce", "stragglers", "health", "time_to_accuracy")
-LAUNCHING_BENCHMARKS += ("first_fit", "memory", "pipeline", "balance")
-#: ``--time_to_accuracy_tasks`` (tests/test_cli.py: equal to ``time_to_accuracy_tasks.TASKS``).
+#: ``--time_to_accuracy_tasks`` (tests/test_cli.py: those of ``bench/time_to_accuracy/tasks.py``).
 TIME_TO_ACCURACY_TASKS = ("digits", "patterns")
 _DEFAULT = TrainConfig()
 
@@ -214,14 +206,15 @@ flags.DEFINE_string(
     "bench_results/bench.json",
     "bench: where to write the JSON results; manifest: the file to write (stdout when not given).",
 )
+# Its names come from the bench's one registry, ``tfdist.bench.names``, which the CLI may read
+# only lazily (it imports no bench module when it loads): `tfdist bench --help` lists them
+# (`tfdist.cli.bench_command.benchmarks_help`).
 flags.DEFINE_list(
     "benchmarks",
     [],
-    "bench: which to run, comma-separated: "
-    + ", ".join(IN_PROCESS_BENCHMARKS)
-    + " (these by default), or "
-    + ", ".join(LAUNCHING_BENCHMARKS)
-    + " (they launch worker processes and take minutes: run only when named).",
+    "bench: which to run, comma-separated: the in-process benchmarks (these by default), or "
+    "those that launch worker processes (they take minutes: run only when named); "
+    "`tfdist bench --help` names them.",
 )
 flags.DEFINE_boolean(
     "json",

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Sequence
 from importlib import metadata
 
+from tfdist.cli import bench_command
 from tfdist.cli.flag_definitions import FLAGS, READS
 
 SUMMARIES = {
@@ -189,6 +190,8 @@ def _default(command: str, name: str, text: str) -> str:
 def _flag_text(command: str, name: str) -> str:
     """The flag's help as ``command`` reads it: without a leading ``COMMAND:`` of its own."""
     text = OWN_TEXT.get((command, name), FLAGS[name].help)
+    if (command, name) == ("bench", "benchmarks"):
+        text = bench_command.benchmarks_help()  # the names, read from the bench's registry
     if text.startswith(f"{command}: "):
         text = text[len(command) + 2 :]
         if not text.split(" ", 1)[0].endswith((":", ",")):

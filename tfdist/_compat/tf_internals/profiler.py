@@ -2,7 +2,7 @@
 
 Reason: TF writes its traces as ``*.xplane.pb`` (an ``XSpace`` protocol buffer) and has no
 public reader; its message class lives in ``tensorflow.tsl.profiler.protobuf.xplane_pb2``.
-Used by ``tfdist bench --benchmarks=pipeline`` (`tfdist.bench.pipeline_trace`) to see when
+Used by ``tfdist bench --benchmarks=pipeline`` (`tfdist.bench.pipeline.trace`) to see when
 each stage's ops ran. Returns None when the module is gone, so the bench says "unknown".
 """
 

@@ -1,0 +1,355 @@
+"""``balance``: an uneven pair (a noisy neighbour on one worker), even split against balanced.
+
+    tfdist bench --benchmarks=balance --repeats=2
+
+Two workers, each pinned to its own core, one intra-op thread each; worker 1 starts a CPU
+hog (``while True: pass``) pinned to its own core, as a noisy neighbour does, so it keeps
+about half its compute (see ``tfdist.bench.balance.worker``). Every side is one launch of
+real processes (``tfdist launch``) training the same compute-bound model on the same global
+batch for the same epochs: by default the ``convnet`` on 32x32x3 inputs (66k parameters, so
+the exchange is small against the compute; ``model="mlp"`` trains a 1.6M-parameter MLP whose
+exchange is about a fifth of its step on loopback):
+
+* ``even``: multi_worker, balance off (every worker takes half of every global batch);
+* ``balanced``: multi_worker, ``Trainer(balance=BalanceOptions(window=...))``;
+* ``parameter_server``: the same pair (same hog) as PS workers, a chief and one ps;
+* ``even_pair`` and ``balanced_pair``: the same without the hog (balance must not hurt);
+* ``even_latency`` and ``balanced_latency``: no hog, but worker 1 sleeps ``latency_ms`` in
+  every forward pass, a worker that waits rather than computes (balance must not hurt).
+
+The sides alternate (A B C, C B A, ...) over ``repeats`` rounds. A side's step time is the
+median over its steady epochs (the first ``settle_epochs`` are skipped: tracing, and the
+balanced split's first windows) that were clean (other processes took at most
+``timing.BUSY_CPU`` cores: the machine's busy CPU less the tasks' own and the hog's).
+
+**The ideal** is the global batch over the sum of the two workers' rates, each measured by
+the worker itself before its fit, with the hog running: a local copy of the model (no
+all-reduce) trains steps of half the global batch, both workers at once. It leaves out the
+exchange, which every synchronous side pays; ``ideal.step_s_with_overhead`` adds what the
+even pair spends beyond its compute (its step less half the global batch at worker 0's
+rate). The result's ``balanced_ratio`` and ``even_ratio`` are step times over the ideal's
+(goals: <= 1.15 balanced, about 1.5 even), ``balanced_ratio_with_overhead`` over the second
+ideal, ``pair_ratio`` and ``latency_ratio`` balanced over even without the hog and with the
+delay (goals: <= 1.05), ``shares`` each worker's share per epoch (from the chief's
+``Balance:`` lines).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tfdist.bench.balance.plot import plot_balance
+from tfdist.bench.harness import cluster_run, common, timing
+from tfdist.config import check_choice, invalid_argument
+
+logger = logging.getLogger(__name__)
+
+WORKERS = 2
+HOG_WORKER = 1
+#: side -> (worker kind, balance on, what slows worker 1: "hog", "latency" or None).
+SIDES: dict[str, tuple[str, bool, str | None]] = {
+    "even": ("balance", False, "hog"),
+    "balanced": ("balance", True, "hog"),
+    "parameter_server": ("balance_ps", False, "hog"),
+    "even_pair": ("balance", False, None),
+    "balanced_pair": ("balance", True, None),
+    "even_latency": ("balance", False, "latency"),
+    "balanced_latency": ("balance", True, "latency"),
+}
+REQUIRED_SIDES = ("even", "balanced")
+#: The models a side can train: the convnet is compute-bound (66k parameters, a 265 KB
+#: exchange against 1.2-2.5 ms of compute per 32x32 example on one core); the MLP's
+#: exchange (1.6M parameters, 6.4 MB) is a fifth of its step on loopback.
+MODELS = ("convnet", "mlp")
+DEFAULTS: dict[str, Any] = {
+    "sides": tuple(SIDES),
+    "threads_per_worker": 1,
+    "model": "convnet",
+    "image_size": 32,
+    "filters": (32, 64),
+    "input_dim": 512,
+    "hidden_units": (1024, 1024),
+    "global_batch_size": 128,
+    "num_classes": 10,
+    "latency_ms": 60.0,
+    "window": 16,
+    "steps_per_epoch": 16,
+    "steps_per_execution": 8,
+    "epochs": 12,
+    "settle_epochs": 4,
+    "rate_steps": 10,
+    "learning_rate": 0.01,
+    "repeats": 1,
+}
+QUICK: dict[str, Any] = {
+    "sides": REQUIRED_SIDES,
+    "model": "mlp",
+    "global_batch_size": 64,
+    "input_dim": 16,
+    "hidden_units": (32,),
+    "window": 4,
+    "steps_per_epoch": 4,
+    "steps_per_execution": 2,
+    "epochs": 3,
+    "settle_epochs": 1,
+    "rate_steps": 2,
+}
+COUNTS = ("global_batch_size", "window", "steps_per_epoch", "steps_per_execution", "epochs")
+COUNTS += ("rate_steps", "repeats")
+# /proc/stat counts 10 ms ticks: a shorter epoch cannot tell who used the CPU (None: unknown).
+MIN_SECONDS_FOR_OTHERS = 0.25
+SPLIT = re.compile(r"([\w:.-]+) takes (\d+)")
+
+
+def check_sides(sides: Any) -> tuple[str, ...]:
+    """The sides to run, checked: known names, ``even`` and ``balanced`` among them."""
+    if isinstance(sides, str):
+        sides = tuple(s.strip() for s in sides.split(",") if s.strip())
+    sides = tuple(sides or ())
+    for name in sides:
+        if name not in SIDES:
+            raise invalid_argument("balance_sides", name, sorted(SIDES))
+    missing = [n for n in REQUIRED_SIDES if n not in sides]
+    if missing or len(set(sides)) != len(sides):
+        raise invalid_argument(
+            "balance_sides",
+            ",".join(sides),
+            "distinct side names including even and balanced (the comparison)",
+        )
+    return sides
+
+
+def _check(options: dict[str, Any]) -> None:
+    cluster_run.check_task_options(options, COUNTS)
+    check_choice("model", options["model"], MODELS)
+    latency = options["latency_ms"]
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not latency > 0:
+        raise invalid_argument("latency_ms", latency, "a positive number of milliseconds")
+    if options["global_batch_size"] % WORKERS:
+        raise invalid_argument(
+            "global_batch_size", options["global_batch_size"], f"a multiple of {WORKERS}"
+        )
+    if not 0 <= int(options["settle_epochs"]) < int(options["epochs"]):
+        raise invalid_argument(
+            "settle_epochs", options["settle_epochs"], "in [0, epochs): steady epochs must remain"
+        )
+
+
+def parse_split(line: str) -> dict[str, int] | None:
+    """``{"worker:0": 83, "worker:1": 45}`` from a ``Balance:`` line, or None for another line."""
+    if not line.startswith("Balance:"):
+        return None
+    found = {label: int(n) for label, n in SPLIT.findall(line)}
+    return found or None
+
+
+def shares_at(splits: Sequence[Mapping[str, Any]], t: float, even: Mapping[str, int]) -> dict:
+    """The split in effect at ``t`` seconds: the last ``splits`` line before it, else ``even``."""
+    current = dict(even)
+    for entry in splits:
+        if entry["t"] > t:
+            break
+        parsed = parse_split(entry["line"])
+        if parsed:
+            current = parsed
+    return current
+
+
+def epoch_rows(
+    tasks: Mapping[str, Any], lead: str, *, steps_per_epoch: int, global_batch_size: int
+) -> list[dict[str, Any]]:
+    """Per epoch: its end (s from the fit's start), step time, each worker's share, and the CPU
+    other processes took (machine busy less every recording task's own and its hog's; None
+    under PS, whose serving workers record nothing)."""
+    rows = tasks[lead]["epochs"]
+    recording = [t for t in tasks.values() if "epochs" in t]
+    whole = len(recording) == WORKERS
+    even = {f"worker:{i}": global_batch_size // WORKERS for i in range(WORKERS)}
+    out = []
+    for i in range(1, len(rows)):
+        wall = rows[i]["t"] - rows[i - 1]["t"]
+        others = None
+        busy = [rows[i]["busy_cpu"], rows[i - 1]["busy_cpu"]]
+        if whole and None not in busy and wall >= MIN_SECONDS_FOR_OTHERS:
+            own = sum(
+                t["epochs"][i]["cpu"]
+                - t["epochs"][i - 1]["cpu"]
+                + t["epochs"][i]["hog_cpu"]
+                - t["epochs"][i - 1]["hog_cpu"]
+                for t in recording
+                if len(t["epochs"]) > i
+            )
+            others = round(max(busy[0] - busy[1] - own, 0.0) / wall, 2)
+        end = rows[i]["t"] - rows[0]["t"]
+        out.append(
+            {
+                "epoch": i,
+                "end_s": round(end, 3),
+                "step_s": wall / steps_per_epoch,
+                "shares": shares_at(tasks[lead].get("splits", []), end, even),
+                "others_cpu": others,
+            }
+        )
+    return out
+
+
+def steady(rows: Sequence[Mapping[str, Any]], settle: int) -> dict[str, Any]:
+    """Median step time over the epochs after the first ``settle``, clean ones where any are."""
+    after = [r for r in rows if r["epoch"] > settle]
+    clean = [r for r in after if r["others_cpu"] is None or r["others_cpu"] <= timing.BUSY_CPU]
+    used = clean or after
+    return {
+        "step_s": timing.median([r["step_s"] for r in used]),
+        "epochs_used": len(used),
+        "epochs_clean": len(clean),
+        "others_cpu_max": timing.nanmax(
+            r["others_cpu"] for r in after if r["others_cpu"] is not None
+        ),
+    }
+
+
+def ideal(rates: Mapping[str, float], global_batch_size: int) -> dict[str, Any]:
+    """The global batch over the sum of the workers' rates (examples/s): its step time."""
+    total = sum(rates.values())
+    step = global_batch_size / total if total > 0 else math.nan
+    return {"step_s": step, "examples_per_s": total, "worker_examples_per_s": dict(rates)}
+
+
+def summary(
+    sides: Mapping[str, Sequence[Mapping[str, Any]]],
+    rates: Mapping[str, Sequence[float]],
+    global_batch_size: int,
+) -> dict[str, Any]:
+    """Per side the median of its launches' steady step times; ratios to the ideal (from each
+    worker's median rate under the hog) and, on the even pair, balanced over even."""
+    out: dict[str, Any] = {"sides": {}}
+    for name, launches in sides.items():
+        step = timing.median([s["step_s"] for s in launches])
+        out["sides"][name] = {
+            "step_s": step,
+            "examples_per_s": timing.ratio(global_batch_size, step),
+            "step_s_samples": [s["step_s"] for s in launches],
+        }
+    best = ideal({w: timing.median(list(r)) for w, r in rates.items()}, global_batch_size)
+    out["ideal"] = best
+    step = lambda name: out["sides"].get(name, {}).get("step_s", math.nan)  # noqa: E731
+    for name in ("even", "balanced", "parameter_server"):
+        if name in out["sides"]:
+            out[f"{name}_ratio"] = timing.ratio(step(name), best["step_s"])
+    if "even_pair" in out["sides"] and "balanced_pair" in out["sides"]:
+        out["pair_ratio"] = timing.ratio(step("balanced_pair"), step("even_pair"))
+    if "even_latency" in out["sides"] and "balanced_latency" in out["sides"]:
+        out["latency_ratio"] = timing.ratio(step("balanced_latency"), step("even_latency"))
+    out["balanced_speedup"] = timing.ratio(step("even"), step("balanced"))
+    fast = timing.median(list(rates.get("worker-0", ())))
+    if "even_pair" in out["sides"] and fast > 0:
+        # What no split removes: the even pair's step less its compute (half the global batch
+        # at worker 0's rate, which has no hog in any launch): the exchange and step overhead.
+        overhead = max(step("even_pair") - global_batch_size / (WORKERS * fast), 0.0)
+        out["ideal"]["overhead_s"] = overhead
+        out["ideal"]["step_s_with_overhead"] = best["step_s"] + overhead
+        out["balanced_ratio_with_overhead"] = timing.ratio(
+            step("balanced"), best["step_s"] + overhead
+        )
+    # Issue 33's goals; "within noise" taken as 5%.
+    out["goals"] = {"balanced_ratio": "<= 1.15", "pair_ratio": "<= 1.05"}
+    if "latency_ratio" in out:
+        out["goals"]["latency_ratio"] = "<= 1.05"
+    out["words"] = {
+        "even_ratio": "hog on worker 1: even split step time / ideal",
+        "balanced_ratio": "hog on worker 1: balanced split step time / ideal",
+        "balanced_ratio_with_overhead": (
+            "hog on worker 1: balanced split step time / (ideal + the even pair's exchange "
+            "and step overhead)"
+        ),
+        "parameter_server_ratio": "hog on worker 1: parameter-server step time / ideal",
+        "pair_ratio": "no hog: balanced / even split, step time",
+        "latency_ratio": "worker 1 waits a fixed time per update: balanced / even, step time",
+    }
+    return out
+
+
+def _launch(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    kind, balance, slowdown = SIDES[name]
+    task_spec = {**spec, "kind": kind, "balance": balance, "hog": slowdown == "hog"}
+    task_spec["latency_s"] = float(spec["latency_ms"]) / 1e3 if slowdown == "latency" else 0.0
+    task_spec["pin_cores"] = True
+    task_spec["num_pinned_tasks"] = WORKERS
+    if kind == "balance_ps":
+        launched = cluster_run.run_tasks(task_spec, workers=WORKERS, ps=1, chief=True)
+        return {**launched, "lead": "chief-0"}
+    return {**cluster_run.run_tasks(task_spec, workers=WORKERS), "lead": "worker-0"}
+
+
+def run(**overrides: Any) -> dict[str, Any]:
+    """Runs the balance benchmark; returns its results (see the module's docstring).
+
+    Args:
+        **overrides: Any key of `DEFAULTS`; ``quick=True`` applies `QUICK` first.
+
+    Raises:
+        ValueError: For a bad option (Keras-style message naming it).
+        RuntimeError: If a worker process failed.
+    """
+    options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
+    _check(options)
+    sides = check_sides(options["sides"])
+    spec = {**options, "sides": list(sides), "workers": WORKERS, "hog_worker": HOG_WORKER}
+    steady_by_side: dict[str, list[dict[str, Any]]] = {n: [] for n in sides}
+    epochs: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in sides}
+    rates: dict[str, list[float]] = {f"worker-{i}": [] for i in range(WORKERS)}
+    launch_seconds: dict[str, list[float]] = {n: [] for n in sides}
+    split_lines: dict[str, list[Any]] = {n: [] for n in sides}
+    for r in range(int(options["repeats"])):
+        for name in sides if r % 2 == 0 else sides[::-1]:
+            logger.info("bench balance: %s, round %d/%d", name, r + 1, options["repeats"])
+            launched = _launch(name, spec)
+            tasks = launched["tasks"]
+            rows = epoch_rows(
+                tasks,
+                launched["lead"],
+                steps_per_epoch=int(spec["steps_per_epoch"]),
+                global_batch_size=int(spec["global_batch_size"]),
+            )
+            epochs[name].append(rows)
+            steady_by_side[name].append(steady(rows, int(spec["settle_epochs"])))
+            launch_seconds[name].append(launched["launch_seconds"])
+            split_lines[name].append(tasks[launched["lead"]].get("splits", []))
+            if SIDES[name][2] == "hog" and SIDES[name][0] == "balance":  # the hog, on MWMS
+                for worker in rates:
+                    rates[worker].append(tasks[worker]["local_examples_per_s"])
+    out = summary(steady_by_side, rates, int(spec["global_batch_size"]))
+    for name in sides:
+        out["sides"][name].update(
+            steady=steady_by_side[name],
+            epochs=epochs[name],
+            splits=split_lines[name],
+            launch_seconds=launch_seconds[name],
+        )
+    out["rates_samples"] = rates
+    out["config"] = {k: v for k, v in spec.items() if k != "kind"}
+    out["machine"] = cluster_run.machine()
+    out["others_cpu_max"] = timing.nanmax(
+        s["others_cpu_max"] for launches in steady_by_side.values() for s in launches
+    )
+    return out
+
+
+# ``tfdist bench`` flag -> option of `run`.
+FLAG_OPTIONS = {"threads_per_worker": "threads_per_worker", "balance_sides": "sides"}
+
+
+@common.register("balance", plot=plot_balance)
+def balance(repeats: int, quick: bool) -> dict[str, Any]:
+    """The registered benchmark: `run` with the bench's options (``tfdist bench`` flags)."""
+    options = {
+        FLAG_OPTIONS[k]: v
+        for k, v in common.options().items()
+        if k in FLAG_OPTIONS and v is not None
+    }
+    options.setdefault("repeats", repeats)
+    return run(quick=quick, **options)

@@ -1,0 +1,311 @@
+"""What each task of ``tfdist bench --benchmarks=balance`` runs (``tfdist.bench.balance.parent``).
+
+Every worker is pinned to its own core. With ``spec["hog"]`` worker 1 first starts a noisy
+neighbour, a Python busy loop pinned to this task's own CPUs (``os.sched_getaffinity(0)``),
+which leaves it about half its core; the loop ends when the task does (it polls its
+parent's pid, so it cannot outlive a parameter-server worker that the launcher kills).
+
+On the latency sides worker 1 instead sleeps ``spec["latency_s"]`` in every forward pass
+(a `Delay` before the model: a worker that waits rather than computes).
+
+Then, under MultiWorkerMirrored, each worker measures its own compute rate alone-ish: a
+local copy of the model (no strategy, no all-reduce) trains ``rate_steps`` steps of half
+the global batch, both workers at once, the hog running (examples/s: the ideal's inputs).
+Then one Trainer fit of ``epochs`` epochs of ``steps_per_epoch`` updates, balance on or off
+as the spec says; at each epoch's end every worker records its wall clock, its own CPU,
+the hog's CPU and the machine's busy CPU (so the parent can tell a busy epoch), and the
+chief keeps each ``Balance:`` line it logs, with the time.
+Under ParameterServerStrategy only the chief (the coordinator) records epochs; workers and
+the ps serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfdist
+from tfdist.bench.harness import fits, timing
+from tfdist.bench.harness.worker_common import report_progress, task
+
+NUM_BATCHES = 4  # distinct global batches, cached and repeated
+
+HOG_CODE = """import os, sys
+os.sched_setaffinity(0, {cpus!r})
+parent = {parent}
+while os.getppid() == parent:
+    for _ in range(1000000):
+        pass
+"""
+
+
+def start_hog(cpus: Any) -> subprocess.Popen:
+    """A busy loop on ``cpus`` that ends when this process does (a noisy neighbour)."""
+    code = HOG_CODE.format(cpus=sorted(cpus), parent=os.getpid())
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def host_pid(child: subprocess.Popen, wait_s: float = 2.0) -> int | None:
+    """``child``'s pid as ``/proc`` numbers it (a task in its own pid namespace sees another
+    number in ``child.pid``): the child of this process whose command line is ``child``'s,
+    looked for until it has one (a child just started may not have exec'd yet) or ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pid = _child_with_args("\0".join(child.args).encode())
+        if pid is not None or time.monotonic() >= deadline:
+            return pid
+        time.sleep(0.02)
+
+
+def _child_with_args(wanted: bytes) -> int | None:
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids = [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().rstrip(b"\0") == wanted:
+                        return pid
+            except OSError:
+                continue
+    return None
+
+
+def process_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 for None or unreadable)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class Delay(keras.layers.Layer):
+    """Sleeps ``seconds`` in every forward pass, then passes its input on: a worker that
+    waits (a lock, a device, a remote call) rather than computes. 0: nothing at all."""
+
+    def __init__(self, seconds: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seconds = float(seconds)
+
+    def call(self, x: Any) -> Any:
+        if not self.seconds:
+            return x
+        seconds = self.seconds
+        done = tf.py_function(lambda: time.sleep(seconds) or np.float32(0), [], tf.float32)
+        with tf.control_dependencies([done]):
+            return tf.identity(x)
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+
+def input_shape(spec: dict[str, Any]) -> tuple[int, ...]:
+    """One example's shape: ``(input_dim,)`` for the mlp, ``(size, size, 3)`` for the convnet."""
+    if spec.get("model", "mlp") == "convnet":
+        return (int(spec["image_size"]), int(spec["image_size"]), 3)
+    return (int(spec["input_dim"]),)
+
+
+def build_model(spec: dict[str, Any], delay_s: float = 0.0) -> keras.Model:
+    """The compute-bound model every side trains (``spec["model"]``), behind a `Delay` of
+    ``delay_s`` (the same layers and variables on every worker, delayed or not)."""
+    shape = input_shape(spec)
+    if spec.get("model", "mlp") == "convnet":
+        base = tfdist.models.get(
+            "convnet",
+            input_shape=shape,
+            num_classes=spec["num_classes"],
+            filters=tuple(spec["filters"]),
+        )
+    else:
+        base = tfdist.models.get(
+            "mlp",
+            input_shape=shape,
+            num_classes=spec["num_classes"],
+            hidden_units=tuple(spec["hidden_units"]),
+            dropout=0.0,
+        )
+    inputs = keras.Input(shape)
+    return keras.Model(inputs, base(Delay(delay_s, name="delay")(inputs)), name="balance_model")
+
+
+def dataset_fn(spec: dict[str, Any]) -> Any:
+    """Synthetic global batches, the same on every worker; each pipeline takes its shard."""
+    g = int(spec["global_batch_size"])
+
+    def make(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        rng = np.random.default_rng(0)
+        n = g * NUM_BATCHES
+        x = rng.normal(size=(n, *input_shape(spec))).astype("float32")
+        y = rng.integers(0, spec["num_classes"], size=(n,)).astype("int32")
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            input_context.num_input_pipelines, input_context.input_pipeline_id
+        )
+        batch = input_context.get_per_replica_batch_size(g)
+        return ds.batch(batch, drop_remainder=True).cache().repeat().prefetch(2)
+
+    return make
+
+
+def local_rate(spec: dict[str, Any]) -> float:
+    """This worker's examples/s on a local copy of the model, half the global batch a step."""
+    model = build_model(spec)
+    optimizer = keras.optimizers.SGD(spec["learning_rate"])
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    n = int(spec["global_batch_size"]) // 2
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.normal(size=(n, *input_shape(spec))).astype("float32"))
+    y = tf.constant(rng.integers(0, spec["num_classes"], size=(n,)).astype("int32"))
+
+    @tf.function
+    def step() -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    step().numpy()  # traces
+    steps = int(spec["rate_steps"])
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    loss.numpy()
+    return n * steps / (time.perf_counter() - start)
+
+
+class SplitLog(logging.Handler):
+    """Keeps each ``Balance:`` line the chief logs, with its wall time."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Balance:"):
+            self.lines.append((time.perf_counter(), message))
+
+
+class EpochClock(keras.callbacks.Callback):
+    """At each epoch's end: wall time, own CPU, the hog's CPU and the machine's busy CPU."""
+
+    def __init__(self, hog_pid: int | None) -> None:
+        super().__init__()
+        self.hog_pid = hog_pid
+        self.rows: list[dict[str, Any]] = []
+
+    def mark(self) -> None:
+        self.rows.append(
+            {
+                "t": time.perf_counter(),
+                "cpu": time.process_time(),
+                "hog_cpu": process_cpu_seconds(self.hog_pid),
+                "busy_cpu": timing.busy_cpu_seconds(),
+            }
+        )
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.mark()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.mark()
+        if len(self.rows) % 5 == 0:
+            report_progress(f"epoch {len(self.rows) - 1}/{self.params.get('epochs')}")
+
+
+def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> dict[str, Any]:
+    """One fit on ``strategy``, balanced or not; the epochs' clocks and the chief's splits."""
+    balance: Any = False
+    if spec["balance"]:
+        balance = tfdist.BalanceOptions(window=int(spec["window"]))
+    delay = float(spec.get("latency_s", 0.0)) if is_slowed(spec) else 0.0
+    trainer = tfdist.Trainer(
+        fits.seeded(lambda: build_model(spec, delay)),
+        strategy=strategy,
+        steps_per_execution=int(spec["steps_per_execution"]),
+        optimizer=keras.optimizers.SGD(spec["learning_rate"]),
+        loss=fits.logits_loss(),
+        balance=balance,
+    )
+    clock = EpochClock(None if hog is None else host_pid(hog))
+    splits = SplitLog()
+    logging.getLogger("tfdist.training.balance.balancer").addHandler(splits)
+    try:
+        trainer.fit(
+            dataset_fn(spec),
+            global_batch_size=int(spec["global_batch_size"]),
+            epochs=int(spec["epochs"]),
+            steps_per_epoch=int(spec["steps_per_epoch"]),
+            callbacks=[clock],
+            verbose=0,
+        )
+    finally:
+        logging.getLogger("tfdist.training.balance.balancer").removeHandler(splits)
+    start = clock.rows[0]["t"]
+    return {
+        "epochs": clock.rows,
+        "splits": [{"t": t - start, "line": line} for t, line in splits.lines],
+        "start_t": start,
+        "hog_cpu_read": clock.hog_pid is not None,
+    }
+
+
+def is_slowed(spec: dict[str, Any]) -> bool:
+    """Whether this task is the worker that the side slows (the hog's, or the delayed one)."""
+    task_type, task_id = task()
+    return task_type == "worker" and task_id == int(spec["hog_worker"])
+
+
+def _hog_if_mine(spec: dict[str, Any]) -> Any:
+    if spec["hog"] and is_slowed(spec):
+        return start_hog(os.sched_getaffinity(0))
+    return None
+
+
+def stop_hog(hog: Any) -> None:
+    if hog is not None:
+        hog.kill()
+        hog.wait()
+
+
+def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
+    """MultiWorkerMirrored: every worker measures its rate, then trains and records epochs."""
+    hog = _hog_if_mine(spec)
+    try:
+        strategy = tfdist.make_strategy("multi_worker")
+        rate = local_rate(spec)
+        report_progress(f"local rate {rate:.0f} examples/s")
+        result = train(strategy, spec, hog)
+    finally:
+        stop_hog(hog)
+    return {**result, "local_examples_per_s": rate, "hog": hog is not None}
+
+
+def run_ps(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """ParameterServerStrategy: the chief trains and records; workers (one with the hog) serve."""
+    hog = _hog_if_mine(spec)
+    try:
+        strategy = tfdist.make_strategy("parameter_server")
+        return {**train(strategy, {**spec, "balance": False}, None), "hog": spec["hog"]}
+    finally:
+        stop_hog(hog)

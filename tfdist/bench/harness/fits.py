@@ -1,0 +1,331 @@
+"""Trainer.fit against Keras fit: the two sides, their data, weights and timing.
+
+Both sides get the same strategy, model (from identical weights), data and
+options; only the loop differs: ``tfdist.Trainer(...).fit`` vs
+``model.compile(...)`` + ``model.fit`` inside ``strategy.scope()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist.bench.harness.timing import Samples, Stopwatch, Timing, median, ratio
+
+
+def make_dataset(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    global_batch_size: int,
+    num_batches: int,
+    seed: int = 0,
+) -> tf.data.Dataset:
+    """An in-memory, repeated ``tf.data.Dataset`` of ``num_batches`` distinct global batches.
+
+    Random features and labels: throughput does not depend on what is learned.
+    """
+    rng = np.random.default_rng(seed)
+    n = global_batch_size * num_batches
+    x = rng.normal(size=(n, *input_shape)).astype("float32")
+    y = rng.integers(0, num_classes, size=(n,)).astype("int32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size, drop_remainder=True)
+    return ds.cache().repeat().prefetch(tf.data.AUTOTUNE)
+
+
+#: The CNN the in-process benches train (accumulation, backup, trainer_vs_fit): 8x8x1 inputs,
+#: 10 classes, SGD(0.01), a global batch of 256 (32 in a quick run, with 8 steps per fit).
+CNN_INPUT_SHAPE = (8, 8, 1)
+CNN_CLASSES = 10
+CNN_GLOBAL_BATCH_SIZE = 256
+CNN_LEARNING_RATE = 0.01
+
+
+class CnnRun(NamedTuple):
+    """A bench's CNN work: its global batch, steps per timed fit, data and seeded builder."""
+
+    global_batch_size: int
+    steps: int
+    dataset: tf.data.Dataset
+    builder: Callable[[], keras.Model]
+
+    def config(self, strategy: tf.distribute.Strategy) -> dict[str, Any]:
+        """The JSON ``config`` entries every CNN bench reports."""
+        return {
+            "strategy": "mirrored",
+            "num_replicas": strategy.num_replicas_in_sync,
+            "model": "cnn",
+            "input_shape": list(CNN_INPUT_SHAPE),
+            "num_classes": CNN_CLASSES,
+            "global_batch_size": self.global_batch_size,
+            "optimizer": f"SGD({CNN_LEARNING_RATE})",
+        }
+
+
+def cnn_run(quick: bool, steps: int) -> CnnRun:
+    """The bench CNN, its in-memory data (8 distinct global batches) and ``steps`` per fit."""
+    import tfdist
+
+    global_batch_size = 32 if quick else CNN_GLOBAL_BATCH_SIZE
+    dataset = make_dataset(
+        CNN_INPUT_SHAPE, CNN_CLASSES, global_batch_size=global_batch_size, num_batches=8
+    )
+
+    def build() -> keras.Model:
+        return tfdist.models.get("cnn", input_shape=CNN_INPUT_SHAPE, num_classes=CNN_CLASSES)
+
+    return CnnRun(global_batch_size, 8 if quick else steps, dataset, seeded(build))
+
+
+def initial_weights(build: Callable[[], keras.Model], seed: int = 0) -> list[np.ndarray]:
+    """The weights ``build()`` starts from under ``seed`` (built outside any strategy)."""
+    keras.utils.set_random_seed(seed)
+    return build().get_weights()
+
+
+def seeded(build: Callable[[], keras.Model], seed: int = 0) -> Callable[[], keras.Model]:
+    """A zero-arg builder whose every model starts from the same weights (``build`` under ``seed``).
+
+    Each side of a comparison gets its own model from it, all from the same start.
+    """
+    return with_weights(build, initial_weights(build, seed))
+
+
+def with_weights(
+    build: Callable[[], keras.Model], weights: list[np.ndarray]
+) -> Callable[[], keras.Model]:
+    """A zero-arg builder that builds the model and loads ``weights``."""
+
+    def builder() -> keras.Model:
+        model = build()
+        model.set_weights(weights)
+        return model
+
+    return builder
+
+
+def logits_loss() -> keras.losses.Loss:
+    """The loss of every benchmark: sparse categorical cross-entropy on logits."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class _Window(keras.callbacks.Callback):
+    """Times from a start its subclass marks to the epoch's end (results fetched)."""
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.watch: Stopwatch | None = None
+        self.timing: Timing | None = None
+
+    def _start(self) -> None:
+        if self.watch is None:
+            self.watch = Stopwatch()
+            self.watch.start()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.timing = self.watch.stop()  # both loops fetch the last step's logs before this
+
+
+class _StepWindow(_Window):
+    """From the first batch's start."""
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._start()
+
+
+class _EpochWindow(_Window):
+    """From the epoch's start, with no batch hook: a Trainer's ``steps_per_execution="auto"``
+    (one update per call for callbacks with batch hooks) stays what it is without the
+    timing. The Trainer makes the epoch's iterator before ``on_epoch_begin``, so this
+    window holds its steps and the metrics' reset only.
+    """
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._start()
+
+
+class FitThroughput:
+    """A measurement: one ``fit(epochs=1, steps_per_epoch=steps)`` call, in examples/s.
+
+    Only the steps are timed, from the first batch's start to the epoch's end.
+    The rest of the call (iterator creation, and destruction, which with
+    ``tf.distribute`` datasets can stall for up to seconds on this TF) is kept
+    apart in `overheads`. The timing callback overrides no
+    ``on_*_batch_end`` hook, so it changes nothing in how either loop
+    dispatches its steps.
+
+    Args:
+        fit: ``fit(epochs=, steps_per_epoch=, verbose=, callbacks=)`` of one side.
+        steps: Batches per call.
+        global_batch_size: Examples per batch.
+        iterations: Zero-arg callable reading the side's optimizer update
+            count; when given, `updates` records the updates each call
+            made, so that a comparison can show both sides did the same work.
+        from_epoch_begin: Start the window at ``on_epoch_begin`` instead of the
+            first batch, so that no batch hook changes a tfdist Trainer's
+            ``steps_per_execution="auto"`` (Keras's fit makes its iterator after
+            ``on_epoch_begin``: keep the default for it).
+    """
+
+    def __init__(
+        self,
+        fit: Callable[..., Any],
+        *,
+        steps: int,
+        global_batch_size: int,
+        iterations: Callable[[], int] | None = None,
+        from_epoch_begin: bool = False,
+    ) -> None:
+        self.fit = fit
+        self.window = _EpochWindow if from_epoch_begin else _StepWindow
+        self.steps = steps
+        self.global_batch_size = global_batch_size
+        self.iterations = iterations
+        self.overheads: list[float] = []
+        self.updates: list[int] = []
+
+    def __call__(self) -> tuple[float, Timing]:
+        window = self.window()
+        before = self.iterations() if self.iterations is not None else None
+        start = time.perf_counter()
+        self.fit(epochs=1, steps_per_epoch=self.steps, verbose=0, callbacks=[window])
+        total = time.perf_counter() - start
+        self.overheads.append(total - window.timing.seconds)
+        if before is not None:
+            self.updates.append(self.iterations() - before)
+        return self.steps * self.global_batch_size / window.timing.seconds, window.timing
+
+
+def compiled_in_scope(
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    optimizer: Callable[[], keras.optimizers.Optimizer],
+    metrics: Sequence[str] = (),
+    steps_per_execution: int = 1,
+) -> keras.Model:
+    """Plain Keras: ``builder()`` in the strategy's scope, compiled with the bench's loss.
+
+    ``optimizer`` is a factory, called in the scope too: an optimizer made outside it keeps
+    an ``iterations`` counter that every replica increments.
+    """
+    with strategy.scope():
+        model = builder()
+        model.compile(
+            optimizer=optimizer(),
+            loss=logits_loss(),
+            metrics=list(metrics),
+            steps_per_execution=steps_per_execution,
+        )
+    return model
+
+
+def fit_sides(
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    dataset: tf.data.Dataset,
+    *,
+    global_batch_size: int,
+    steps: int,
+    optimizer: Callable[[], keras.optimizers.Optimizer],
+    metrics: Sequence[str] = (),
+    steps_per_execution: int = 1,
+) -> dict[str, FitThroughput]:
+    """The two sides, "trainer" and "keras_fit", each warmed up untimed once (`warm_up`).
+
+    Args:
+        strategy: The strategy both sides train under.
+        builder: Zero-arg model builder, called once per side in scope; it
+            should load fixed weights so that both sides start alike.
+        dataset: Repeated ``tf.data.Dataset`` of global batches.
+        global_batch_size: Examples per global batch of ``dataset``.
+        steps: Batches per timed ``fit`` call.
+        optimizer: Zero-arg optimizer factory (one optimizer per side).
+        metrics: Compiled metrics of both sides.
+        steps_per_execution: For both sides.
+    """
+    import tfdist
+
+    trainer = tfdist.Trainer(
+        builder,
+        strategy=strategy,
+        optimizer=optimizer(),
+        loss=logits_loss(),
+        metrics=list(metrics),
+        steps_per_execution=steps_per_execution,
+    )
+    model = compiled_in_scope(strategy, builder, optimizer, metrics, steps_per_execution)
+
+    def keras_fit(**kwargs: Any) -> Any:
+        # Keras never shuffles a Dataset; shuffle=False only mutes its warning.
+        return model.fit(dataset, shuffle=False, **kwargs)
+
+    return {
+        "trainer": trainer_side(trainer, dataset, global_batch_size=global_batch_size, steps=steps),
+        "keras_fit": warm_up(
+            FitThroughput(
+                keras_fit,
+                steps=steps,
+                global_batch_size=global_batch_size,
+                iterations=lambda: int(model.optimizer.iterations.numpy()),
+            )
+        ),
+    }
+
+
+def warm_up(side: FitThroughput) -> FitThroughput:
+    """Runs one untimed call (traces, fills the dataset cache) and forgets its overhead."""
+    side()
+    side.overheads.clear()
+    side.updates.clear()
+    return side
+
+
+def trainer_side(
+    trainer: Any, data: Any, *, global_batch_size: int, steps: int, verbose: int = 0
+) -> FitThroughput:
+    """A warmed-up measurement of ``trainer.fit(data, epochs=1, steps_per_epoch=steps)``.
+
+    Args:
+        trainer: A ``tfdist.Trainer``.
+        data: Anything ``Trainer.fit`` takes (a dataset of global batches, a dataset_fn, ...).
+        global_batch_size: Examples per batch (per micro-batch with accumulation).
+        steps: Batches (micro-batches) per timed call.
+        verbose: The fits' ``verbose``; at 1 Keras's progress bar is drawn into a string
+            (what a user's default ``fit`` costs, without filling the bench's output).
+    """
+
+    def fit(**kwargs: Any) -> Any:
+        shown = contextlib.redirect_stdout(io.StringIO()) if verbose else contextlib.nullcontext()
+        with shown:
+            return trainer.fit(
+                data, global_batch_size=global_batch_size, **{**kwargs, "verbose": verbose}
+            )
+
+    return warm_up(
+        FitThroughput(
+            fit,
+            steps=steps,
+            global_batch_size=global_batch_size,
+            iterations=lambda: int(trainer.model.optimizer.iterations.numpy()),
+        )
+    )
+
+
+def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[str, Any]:
+    """Median examples/s of "trainer" and "keras_fit", their ratio and median per-call overheads."""
+    trainer_rate = samples.median("trainer")
+    keras_rate = samples.median("keras_fit")
+    return {
+        "trainer_examples_per_s": trainer_rate,
+        "keras_fit_examples_per_s": keras_rate,
+        "ratio": ratio(trainer_rate, keras_rate),
+        "fit_overhead_s": {name: median(side.overheads) for name, side in sides.items()},
+        # The optimizer updates each timed call made, per side: equal when both did the same work.
+        "updates_per_call": {name: list(side.updates) for name, side in sides.items()},
+    }

@@ -1,0 +1,341 @@
+"""``memory``: what sharded optimizer state and gradients (ZeRO-1/2) save per worker, and cost.
+
+    tfdist bench --benchmarks=memory --threads_per_worker=1
+
+A 25M-parameter MLP (1024-4096-4096-1024-10, synthetic data) with Adam, trained by the
+Trainer on 1 and 2 MultiWorkerMirrored workers (real processes on loopback, started by
+``tfdist launch`` as ``scaling`` starts them, each with ``threads_per_worker`` threads on
+its own core and the same per-worker batch), in three modes: unsharded, ``sharding=
+"optimizer"`` (ZeRO-1) and ``sharding="gradients"`` (ZeRO-2). Each mode at each worker
+count is a launch of its own, so that no other mode's memory is left in the processes
+measured (``tfdist.bench.memory.worker``: the readings and when they are taken; the
+allocator counts tensors of 256 KiB and more, which here are nearly all the bytes).
+
+Reported per launch and worker: the bytes each replica holds by kind (``Trainer.
+replica_bytes``, from the variables' shapes), the TF CPU allocator's current and peak
+bytes, RSS and peak RSS, examples/s (the median over the timed fits, and over those during
+which other processes took at most ``timing.BUSY_CPU`` cores: the quiet ones), and a digest
+of the final weights; the largest element gap between each mode's final weights and unsharded
+training's at the same worker count (a sanity check: they should be equal). Against
+unsharded at the same worker count, per mode, with the issue's goals at the most workers:
+
+* optimizer-state bytes per replica: at most 1/N of unsharded plus the blocks' padding
+  (and the optimizer's scalars, held whole): the goal's bound is computed from the shapes;
+* the allocator's peak over the whole run (the build and warm-up included), on the worker
+  with the highest: at most 0.75;
+* examples/s: at least 0.95 (each mode is timed in its own launch, not side by side: the
+  medians over the quiet fits when both launches had some, else over all).
+
+And without goals: the allocator's current bytes after the steps, its peak over the timed
+steps alone, peak RSS; at fewer workers the peak and examples/s.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from tfdist.bench.harness import cluster_run, common, plots, timing
+from tfdist.bench.health import parent as health
+from tfdist.bench.memory import cap as memory_cap
+from tfdist.config import invalid_argument
+
+logger = logging.getLogger(__name__)
+
+#: The modes, by the name the results use; each one's ``sharding=``.
+MODES = {"unsharded": None, "optimizer": "optimizer", "gradients": "gradients"}
+DEFAULTS: dict[str, Any] = {
+    "workers": (1, 2),
+    "threads_per_worker": None,
+    "input_dim": 1024,
+    "hidden_units": (4096, 4096, 1024),
+    "num_classes": 10,
+    "per_worker_batch_size": 32,
+    "warmup_steps": 2,
+    "steps": 5,
+    "repeats": 3,
+    "learning_rate": 1e-3,
+    "seed": 0,
+    "compare_weights": True,
+    # Unsharded and "gradients" again under a per-worker allocator cap (`memory_cap`).
+    "cap": True,
+}
+# --quick and tests: every process real, the model tiny (the figures mean little).
+QUICK: dict[str, Any] = {
+    # Tensors the allocator counts (256 KiB and more, see memory_worker), blocks included.
+    "input_dim": 256,
+    "hidden_units": (1024,),
+    "per_worker_batch_size": 8,
+    "warmup_steps": 1,
+    "steps": 2,
+    "repeats": 1,
+    "cap": False,  # a tiny model's peaks are too close to show it
+}
+#: The goals at the most workers (the optimizer state's bound is computed: `state_bound`).
+PEAK_GOAL, RATE_GOAL = "<= 0.75", ">= 0.95"
+#: Each figure against unsharded: its words, and whether fewer workers show it too.
+FIGURES = {
+    "optimizer_state": ("optimizer-state bytes per replica", False),
+    "allocator_peak": ("TF allocator peak per worker (whole run)", True),
+    "examples_per_s": ("examples/s", True),
+    "allocator_current": ("TF allocator current per worker after the steps", False),
+    "allocator_steps_peak": ("TF allocator peak per worker over the timed steps", False),
+    "rss_peak": ("peak RSS per worker", False),
+}
+
+
+def _check(options: dict[str, Any]) -> None:
+    workers = options["workers"]
+    if not workers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in workers):
+        raise invalid_argument("workers", list(workers or ()), "worker counts >= 1, e.g. 1,2")
+    counts = ("per_worker_batch_size", "warmup_steps", "steps", "repeats", "input_dim")
+    cluster_run.check_task_options(options, (*counts, "num_classes"))
+    hidden = options["hidden_units"]
+    if not hidden or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in hidden):
+        raise invalid_argument("hidden_units", hidden, "positive layer widths, e.g. (4096, 4096)")
+    rate = options["learning_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        raise invalid_argument("learning_rate", rate, "a positive number")
+    if isinstance(options["seed"], bool) or not isinstance(options["seed"], int):
+        raise invalid_argument("seed", options["seed"], "an integer")
+    for flag in ("cap", "compare_weights"):
+        if not isinstance(options[flag], bool):
+            raise invalid_argument(flag, options[flag], "True or False")
+
+
+def run(**overrides: Any) -> dict[str, Any]:
+    """Runs the benchmark and returns its results (no file written; see ``tfdist bench``).
+
+    Args:
+        **overrides: Any key of `DEFAULTS`, e.g. ``workers=(2,)``, ``hidden_units=(2048,)``,
+            ``threads_per_worker=1``; ``quick=True`` applies `QUICK` first.
+
+    Returns:
+        ``{"config", "machine", "per_workers": {"1": {mode: {...}}, "2": ...},
+        "<mode>_<n>w_<figure>_ratio", "goals", "words", "max_weight_gap", ...}``: see
+        docs/benchmarks.md, "memory".
+
+    Raises:
+        ValueError: For a bad option (Keras-style message naming it).
+        RuntimeError: If a worker process failed.
+    """
+    options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
+    _check(options)
+    options["workers"] = tuple(sorted(set(options["workers"])))
+    threads = options["threads_per_worker"] or cluster_run.default_threads(max(options["workers"]))
+    spec = {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()}
+    spec.update(threads_per_worker=threads, kind="memory", pin_cores=True)
+    spec["learning_rate"] = float(spec["learning_rate"])
+    per_workers: dict[str, Any] = {}
+    gaps: dict[str, dict[str, float | None]] = {}
+    keep = tempfile.mkdtemp(prefix="tfdist-bench-memory-") if options["compare_weights"] else None
+    try:
+        for n in options["workers"]:
+            per_workers[str(n)] = {}
+            for mode, sharding in MODES.items():
+                logger.info("bench memory: %d worker(s), %s, %d thread(s) each", n, mode, threads)
+                path = os.path.join(keep, f"{n}-{mode}.npz") if keep else None
+                each = {**spec, "sharding": sharding, "weights_path": path, "num_pinned_tasks": n}
+                launched = cluster_run.run_tasks(each, workers=n)
+                per_workers[str(n)][mode] = summarise_launch(launched)
+            gaps[str(n)] = weight_gaps(keep, n) if keep else {}
+    finally:
+        if keep:
+            shutil.rmtree(keep, ignore_errors=True)
+    out = summarise(spec, per_workers, gaps)
+    if options["cap"] and max(options["workers"]) > 1:
+        shown = memory_cap.demonstrate(spec, per_workers)
+        for key in ("words", "goals"):
+            out[key].update(shown.pop(key, {}))
+        out.update(shown)
+    return out
+
+
+def weight_gaps(directory: str, n: int) -> dict[str, float | None]:
+    """Each sharded mode's largest element gap to unsharded's final weights at ``n`` workers."""
+    import numpy as np
+
+    def load(mode: str) -> list[Any] | None:
+        path = os.path.join(directory, f"{n}-{mode}.npz")
+        if not os.path.exists(path):
+            return None
+        with np.load(path) as f:
+            return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+    base = load("unsharded")
+    out: dict[str, float | None] = {}
+    for mode in MODES:
+        other = None if mode == "unsharded" or base is None else load(mode)
+        if other is not None:
+            out[mode] = max(float(np.max(np.abs(a - b))) for a, b in zip(base, other))
+    return out
+
+
+def _worst(tasks: dict[str, Any], reading: str, key: str) -> int | None:
+    values = [t["memory"][reading][key] for t in tasks.values()]
+    return None if any(v is None for v in values) else max(values)
+
+
+def summarise_launch(launched: dict[str, Any]) -> dict[str, Any]:
+    """One launch (one mode): examples/s, every worker's memory, the worst worker's, the bytes."""
+    tasks = launched["tasks"]
+    lead = tasks["worker-0"]
+    examples = lead["steps"] * lead["global_batch_size"]
+    others = health.others_per_sample(tasks, "worker-0").get("steps", [])
+    rates = [examples / s for s in lead["seconds"]]
+    quiet = [r for r, o in zip(rates, others) if o is None or o <= timing.BUSY_CPU]
+    whole_peaks = [
+        None if None in peaks else max(peaks)
+        for peaks in (
+            [t["memory"][r]["allocator_peak"] for r in ("after_warmup", "after_steps")]
+            for t in tasks.values()
+        )
+    ]
+    held = lead["replica_bytes"]
+    # What a replica keeps from step to step (the gradients are made and freed by each step).
+    kept = held["parameters"] + held["optimizer_state"] + held["master_shards"]
+    peak = None if None in whole_peaks else max(whole_peaks)
+    return {
+        "num_workers": len(tasks),
+        "global_batch_size": lead["global_batch_size"],
+        "parameters": lead["parameters"],
+        "examples_per_s": timing.median(rates),
+        "quiet_examples_per_s": timing.median(quiet) if quiet else None,
+        "step_s": timing.median(lead["seconds"]) / lead["steps"],
+        "quiet_measurements": len(quiet),
+        "examples_per_s_samples": rates,
+        "others_cpu": others,
+        "updates_per_worker": {t: r["updates"] for t, r in tasks.items()},
+        "replica_bytes": held,
+        "kept_bytes": kept,
+        "optimizer_variables": {t: r["optimizer_variables"] for t, r in tasks.items()},
+        "worst_worker": {
+            "allocator_peak": peak,
+            # The step's own: gradients, the exchange's buffers, the update's temporaries.
+            "allocator_peak_above_kept": None if peak is None else peak - kept,
+            "allocator_steps_peak": _worst(tasks, "after_steps", "allocator_peak"),
+            "allocator_current": _worst(tasks, "after_steps", "allocator_current"),
+            "rss_peak": _worst(tasks, "after_steps", "rss_peak"),
+            "rss": _worst(tasks, "after_steps", "rss"),
+        },
+        "memory_per_worker": {t: r["memory"] for t, r in tasks.items()},
+        "weights_digest": {t: r["weights_digest"] for t, r in tasks.items()},
+        "threads": {t: r["threads"] for t, r in tasks.items()},
+        "others_cpu_whole_launch": launched["others_cpu"],
+        "launch_seconds": launched["launch_seconds"],
+    }
+
+
+def state_bound(base: dict[str, Any], sharded: dict[str, Any]) -> float:
+    """The goal's bound on sharded / unsharded optimizer-state bytes: the slots cut to the
+    blocks (1/N of each variable plus its padding, ``master_shards`` / whole gradients), the
+    scalars whole; rounded up at 6 decimals."""
+    held, variables = sharded["replica_bytes"], base["optimizer_variables"]["worker-0"]
+    whole = base["replica_bytes"]["gradients"]
+    blocks = held["master_shards"] / whole if whole else math.nan
+    bound = (variables["slots"] * blocks + variables["scalars"]) / (
+        variables["slots"] + variables["scalars"]
+    )
+    return math.ceil(bound * 1e6) / 1e6
+
+
+def versus(base: dict[str, Any], entry: dict[str, Any]) -> dict[str, float]:
+    """Each figure of ``entry`` (one mode's launch) over unsharded's (``base``), same workers.
+
+    Examples/s: the medians over the quiet measurements when both launches had some, else
+    over all of them (``examples_per_s_quiet`` says which), so that both sides count alike.
+    """
+    quiet = entry["quiet_examples_per_s"] is not None and base["quiet_examples_per_s"] is not None
+    rate = "quiet_examples_per_s" if quiet else "examples_per_s"
+    out = {
+        "optimizer_state": timing.ratio(
+            entry["replica_bytes"]["optimizer_state"], base["replica_bytes"]["optimizer_state"]
+        ),
+        "examples_per_s": timing.ratio(entry[rate], base[rate]),
+        "examples_per_s_quiet": quiet,
+    }
+    readings = ("allocator_peak", "allocator_current", "allocator_steps_peak", "rss_peak")
+    for key in (*readings, "allocator_peak_above_kept"):
+        a, b = entry["worst_worker"][key], base["worst_worker"][key]
+        out[key] = math.nan if a is None or b is None else timing.ratio(a, b)
+    return out
+
+
+def ratios(per_workers: dict[str, Any]) -> dict[str, Any]:
+    """The top-level ratios, their goals (at the most workers) and their words."""
+    counts = sorted(int(n) for n in per_workers)
+    out: dict[str, Any] = {"goals": {}, "words": {}, "versus_unsharded": {}}
+    for n in counts:
+        entries = per_workers[str(n)]
+        out["versus_unsharded"][str(n)] = {}
+        for mode in [m for m in MODES if m != "unsharded" and m in entries]:
+            figures = versus(entries["unsharded"], entries[mode])
+            out["versus_unsharded"][str(n)][mode] = figures
+            for figure, (words, everywhere) in FIGURES.items():
+                if n != counts[-1] and not everywhere:
+                    continue
+                key = f"{mode}_{n}w_{figure}_ratio"
+                out[key] = figures[figure]
+                out["words"][key] = f"{mode} / unsharded, {n} worker(s): {words}"
+                if n == counts[-1] and n > 1:
+                    out["goals"][key] = {
+                        "optimizer_state": f"<= {state_bound(entries['unsharded'], entries[mode])}",
+                        "allocator_peak": PEAK_GOAL,
+                        "examples_per_s": RATE_GOAL,
+                    }.get(figure)
+    out["goals"] = {k: v for k, v in out["goals"].items() if v}
+    return out
+
+
+def summarise(
+    spec: dict[str, Any], per_workers: dict[str, Any], gaps: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The config, the machine, every launch, the ratios and the weights' sanity check."""
+    lead = next(iter(next(iter(per_workers.values())).values()))
+    out: dict[str, Any] = {
+        "config": {
+            **{k: v for k, v in spec.items() if k not in ("kind", "pin_cores")},
+            "parameters": lead["parameters"],
+            "optimizer": "adam",
+            "strategy": "multi_worker",
+            "modes": {m: s for m, s in MODES.items()},
+        },
+        "machine": cluster_run.machine(),
+        "per_workers": per_workers,
+        **ratios(per_workers),
+        "max_weight_gap": gaps,
+    }
+    digests = {
+        n: {m: set(e["weights_digest"].values()) for m, e in entries.items()}
+        for n, entries in per_workers.items()
+    }
+    # Every worker of a launch ends with the same weights; each mode with unsharded's, bit for bit.
+    out["workers_agree"] = {n: {m: len(d) == 1 for m, d in ds.items()} for n, ds in digests.items()}
+    out["weights_identical"] = {
+        n: {m: d == ds["unsharded"] for m, d in ds.items() if m != "unsharded"}
+        for n, ds in digests.items()
+    }
+    out["others_cpu_max"] = timing.nanmax(
+        o
+        for entries in per_workers.values()
+        for e in entries.values()
+        for o in [*e["others_cpu"], e["others_cpu_whole_launch"]]
+        if o is not None
+    )
+    return out
+
+
+# ``tfdist bench`` flag -> option of `run`.
+FLAG_OPTIONS = {"threads_per_worker": "threads_per_worker"}
+
+
+@common.register("memory", plot=plots.plot_memory)
+def memory(repeats: int, quick: bool) -> dict[str, Any]:
+    """The registered benchmark: `run` with the bench's options (``tfdist bench`` flags)."""
+    options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
+    options.setdefault("repeats", repeats)
+    return run(quick=quick, **options)

@@ -1,0 +1,9 @@
+"""``tfdist bench --benchmarks=time_to_accuracy``: wall seconds to a validation accuracy, 1 and 2
+workers, two LR rules.
+
+It starts worker processes and runs only when named. Start at ``parent.py``.
+
+* ``parent.py``: the benchmark: launches each worker count and task, reports the times.
+* ``worker.py``: what each launched task runs: train until the target accuracy.
+* ``tasks.py``: the tasks it trains (digits, patterns): their models, data and goals.
+"""

@@ -1,0 +1,365 @@
+"""``time_to_accuracy``: wall seconds to a validation accuracy, 1 and 2 workers, two LR rules.
+
+    tfdist bench --benchmarks=time_to_accuracy --threads_per_worker=1 --repeats=3
+
+Two benchmark tasks (``--time_to_accuracy_tasks``, both by default), each trained until its
+validation accuracy reaches its target, or its ``max_epochs`` have run ("not reached"),
+evaluating on the validation split after every epoch, Adam at 2e-3 (as ``tfdist train``):
+
+* ``digits``: the digits CNN (``tfdist train``'s default model and data:
+  ``tfdist.models.get("cnn")`` on scikit-learn's 8x8 digits) to 0.97, 64 examples per worker
+  per update. Too small for the exchange to pay: the honest counter-example.
+* ``patterns``: the ``convnet`` (66k parameters, 0.15 GFLOP per example forward and backward)
+  on ``tfdist.data.load("patterns")`` (4,096 generated 32x32x3 training images, 1,024 to
+  validate: noise, and the class's motif at a random place) to 0.99, 64 examples per worker
+  per update: compute-bound, a 265 KB gradient exchange against 75-80 ms of compute.
+
+``--per_worker_batch_size`` and ``--target_accuracy`` set every task's, when given. Two
+launches of real processes through ``tfdist launch`` (as ``scaling`` starts them), each task
+with ``threads_per_worker`` threads on its own core (weak scaling: 2 workers have 2 cores),
+each running every benchmark task in turn:
+
+* 1 worker: one process on ``one_device`` (what one would run on one machine without a
+  cluster; no collectives);
+* 2 workers: two processes on ``multi_worker`` (MultiWorkerMirrored over loopback).
+
+* the uneven pair (``uneven_pair=True``, the default; not with ``quick``): two processes on
+  ``multi_worker`` again, worker 1 sharing its core with a CPU hog (a noisy neighbour), the
+  linear rule on the even split (``even``) and balanced (``balanced``,
+  ``Trainer(balance=BalanceOptions(window=balance_window))``), both at ``balance_window``
+  updates per call.
+
+The first two with two LR rules (``tfdist.bench.time_to_accuracy.worker``), the same per-worker
+batch, seed and initial weights: *none* (the same rate; the 2-worker global batch is
+twice as large) and *linear* (``LRScaling("linear", base_global_batch_size=<per-worker
+batch>, warmup_epochs=1)``: the rate times the number of workers, ramped from the base
+rate over the first epoch; on 1 worker the same schedule as *none*).
+
+The clock runs from the ``fit`` call (the Trainer's set-up and tracing included, the
+process start and the strategy's creation not; each process first runs one untimed
+one-epoch fit of each task, so that its one-time costs land on no side) and leaves out the
+time spent in validation; ``wall_seconds_to_target`` includes it. Each side runs ``repeats``
+times (``--repeats``; the rules alternate in each launch), and its medians are over the runs
+during which other processes took at most ``timing.BUSY_CPU`` cores, or over all of them
+when none was that quiet. Reported per task and side: seconds, epochs, updates and examples
+to the target, examples/s, the final and best validation accuracy and every epoch's point;
+per task and LR rule the ratio of 2-worker to 1-worker seconds to the target (below 1: two
+workers got there sooner; the goal for ``patterns``: at most 0.6); on the uneven pair each
+side's seconds over 1 worker's with the linear rule, and even over balanced.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tfdist.bench.harness import cluster_run, common, plots, timing
+from tfdist.bench.health import parent as health
+from tfdist.bench.time_to_accuracy.tasks import GOALS, TASK_OPTIONS, TASKS, check_tasks, task_specs
+from tfdist.bench.time_to_accuracy.worker import RULES, UNEVEN_RULES
+from tfdist.config import OPTIMIZER_NAMES, check_choice, check_steps_per_execution, invalid_argument
+
+logger = logging.getLogger(__name__)
+
+#: Worker count -> the strategy its launch trains on.
+STRATEGIES = {1: "one_device", 2: "multi_worker"}
+#: How the JSON and the docs name each rule's side; a key ``<task>_<label>_time_ratio`` per rule.
+RULE_LABELS = {"none": "no_scaling", "linear": "linear_scaling"}
+DEFAULTS: dict[str, Any] = {
+    "tasks": tuple(TASKS),
+    "threads_per_worker": None,
+    # None: each task's own (`TASKS`); a value: every task's.
+    "per_worker_batch_size": None,
+    "target_accuracy": None,
+    "max_epochs": None,
+    "repeats": 3,
+    "optimizer": "adam",
+    "learning_rate": 2e-3,
+    "warmup_epochs": 1.0,
+    # The Trainer's default, as `tfdist train` runs: 32 batches per call on these strategies.
+    "steps_per_execution": "auto",
+    "seed": 0,
+    # A third launch: 2 workers, a CPU hog on worker 1, the even split against balanced.
+    "uneven_pair": True,
+    "balance_window": 8,
+}
+# --quick and tests: every process real, tiny data, a low target, few epochs (the figures mean
+# little; see `QUICK_TASKS`).
+QUICK: dict[str, Any] = {"repeats": 1, "uneven_pair": False}
+#: The uneven pair's launch, beside the worker counts' "1" and "2".
+UNEVEN = "2_uneven"
+
+
+def _check(options: dict[str, Any]) -> None:
+    options["tasks"] = check_tasks(options["tasks"])
+    counts = ("per_worker_batch_size", "max_epochs", "repeats", "balance_window")
+    cluster_run.check_task_options(options, [k for k in counts if options[k] is not None])
+    check_steps_per_execution(options["steps_per_execution"])
+    target = options["target_accuracy"]
+    if target is not None and (
+        isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1
+    ):
+        raise invalid_argument("target_accuracy", target, "a number in (0, 1]")
+    for key in ("learning_rate", "warmup_epochs"):
+        value = options[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise invalid_argument(key, value, "a non-negative number")
+    if not options["learning_rate"] > 0:
+        raise invalid_argument("learning_rate", options["learning_rate"], "a positive number")
+    check_choice("optimizer", options["optimizer"], OPTIMIZER_NAMES)
+    if isinstance(options["seed"], bool) or not isinstance(options["seed"], int):
+        raise invalid_argument("seed", options["seed"], "an integer")
+    if not isinstance(options["uneven_pair"], bool):
+        raise invalid_argument("uneven_pair", options["uneven_pair"], "True or False")
+
+
+def run(**overrides: Any) -> dict[str, Any]:
+    """Runs the benchmark and returns its results (no file written; see ``tfdist bench``).
+
+    Args:
+        **overrides: Any key of `DEFAULTS`, e.g. ``tasks=("patterns",)``,
+            ``target_accuracy=0.95``, ``max_epochs=20``, ``threads_per_worker=1``;
+            ``quick=True`` applies `QUICK` and `QUICK_TASKS` first.
+
+    Returns:
+        ``{"config", "machine", "tasks": {name: {"config", "per_workers": {"1": {...},
+        "2": {...}}, "seconds_to_target"}}, "<task>_no_scaling_time_ratio",
+        "<task>_linear_scaling_time_ratio", "goals", ...}``: see docs/scaling.md,
+        "Time to accuracy".
+
+    Raises:
+        ValueError: For a bad option (Keras-style message naming it).
+        RuntimeError: If a worker process failed.
+    """
+    quick = bool(overrides.get("quick", False))
+    options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
+    _check(options)
+    threads = options["threads_per_worker"] or cluster_run.default_threads(max(STRATEGIES))
+    spec = {
+        **{k: v for k, v in options.items() if k not in TASK_OPTIONS},
+        "tasks": task_specs(options, quick),
+        "learning_rate": float(options["learning_rate"]),
+        "warmup_epochs": float(options["warmup_epochs"]),
+        "threads_per_worker": threads,
+        "kind": "time_to_accuracy",
+        "pin_cores": True,
+    }
+    launches: dict[str, Any] = {}
+    for n, strategy in STRATEGIES.items():
+        logger.info(
+            "bench time_to_accuracy: %d worker(s) on %s, %d thread(s) each", n, strategy, threads
+        )
+        launches[str(n)] = cluster_run.run_tasks(
+            {**spec, "strategy": strategy, "num_pinned_tasks": n}, workers=n
+        )
+    if spec["uneven_pair"]:
+        logger.info("bench time_to_accuracy: 2 workers, a CPU hog on worker 1, even and balanced")
+        uneven = {**spec, "strategy": "multi_worker", "num_pinned_tasks": 2, "uneven": True}
+        launches[UNEVEN] = cluster_run.run_tasks({**uneven, "hog_worker": 1}, workers=2)
+    return summarise(spec, launches)
+
+
+def run_summary(run: dict[str, Any], target: float, examples_per_epoch: int) -> dict[str, Any]:
+    """One fit's figures from its per-epoch points: to the target (None if not reached), overall."""
+    points = run["points"]
+    hit = next((p for p in points if p["val_accuracy"] >= target), None)
+    last = points[-1]
+    later = last["seconds"] - points[0]["seconds"]
+    return {
+        "reached": hit is not None,
+        "seconds_to_target": hit["seconds"] if hit else None,
+        "wall_seconds_to_target": hit["wall_seconds"] if hit else None,
+        "epochs_to_target": hit["epoch"] if hit else None,
+        "updates_to_target": hit["updates"] if hit else None,
+        "examples_to_target": hit["epoch"] * examples_per_epoch if hit else None,
+        "epochs_run": last["epoch"],
+        "final_val_accuracy": last["val_accuracy"],
+        "best_val_accuracy": max(p["val_accuracy"] for p in points),
+        "final_learning_rate": last["learning_rate"],
+        # Training examples per training second, the first epoch (tracing) included ...
+        "examples_per_s": last["epoch"] * examples_per_epoch / last["seconds"],
+        # ... and after it (None for a one-epoch fit).
+        "steady_examples_per_s": (
+            (last["epoch"] - 1) * examples_per_epoch / later if len(points) > 1 else None
+        ),
+        "first_epoch_seconds": points[0]["seconds"],
+        "eval_seconds": run["eval_seconds"],
+        "fit_seconds": run["fit_seconds"],
+        "curve": points,
+    }
+
+
+def _median_or_none(values: list[Any]) -> float | None:
+    return None if any(v is None for v in values) else timing.median(values)
+
+
+def side_summary(
+    runs: list[dict[str, Any]], target: float, examples: int, others: list[float | None]
+) -> dict[str, Any]:
+    """A side over its repeats: medians over the clean runs, or over all when none is clean.
+
+    A run is clean when other processes took at most ``timing.BUSY_CPU`` cores during it (or
+    that is unknown), as ``timing.Samples`` counts it. The figures to the target are None
+    unless every run reached it.
+
+    Args:
+        runs: The fits of this side, in the order run.
+        target: The target validation accuracy.
+        examples: Training examples per epoch.
+        others: Other processes' CPU (cores) during each run, None where unknown.
+    """
+    summaries = [run_summary(r, target, examples) for r in runs]
+    clean = [s for s, o in zip(summaries, others) if o is None or o <= timing.BUSY_CPU]
+    used = clean or summaries
+    out: dict[str, Any] = {
+        "reached": all(s["reached"] for s in summaries),
+        "clean_runs": len(clean),
+        "others_cpu": others,
+    }
+    for key in (
+        "seconds_to_target",
+        "wall_seconds_to_target",
+        "epochs_to_target",
+        "updates_to_target",
+        "examples_to_target",
+        "steady_examples_per_s",
+    ):
+        value = _median_or_none([s[key] for s in used])
+        out[key] = value if out["reached"] or not key.endswith("_target") else None
+    for key in ("examples_per_s", "final_val_accuracy", "best_val_accuracy", "epochs_run"):
+        out[key] = timing.median([s[key] for s in used])
+    out["runs"] = summaries
+    return out
+
+
+def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+    """One benchmark task's sides in one launch (worker-0's clock), and every task's accuracies."""
+    name, target = task["name"], task["target_accuracy"]
+    processes = launched["tasks"]
+    lead_process = processes["worker-0"]
+    lead = lead_process["tasks"][name]
+    examples = lead["examples_per_epoch"]
+    others = health.others_per_sample(processes, "worker-0")
+    sides = {}
+    for rule, runs in lead["runs"].items():
+        busy = others.get(f"{name}/{rule}", [None] * len(runs))
+        sides[rule] = side_summary(runs, target, examples, busy)
+        # Every process's accuracy after each epoch of each fit: the same on every worker.
+        sides[rule]["val_accuracy_per_worker"] = {
+            t: [
+                [p["val_accuracy"] for p in r["points"]]
+                for r in process["tasks"][name]["runs"][rule]
+            ]
+            for t, process in processes.items()
+        }
+    return {
+        "strategy": lead_process["strategy"],
+        "num_workers": lead_process["num_workers"],
+        **{
+            k: lead[k]
+            for k in (
+                "global_batch_size",
+                "updates_per_epoch",
+                "examples_per_epoch",
+                "train_examples",
+                "validation_examples",
+                "untimed_first_fit_seconds",
+                "parameters",
+            )
+        },
+        "sides": sides,
+        "chief": [t for t, process in processes.items() if process.get("is_chief")],
+        "threads": {t: process["threads"] for t, process in processes.items()},
+        "others_cpu_whole_launch": launched["others_cpu"],
+        "launch_seconds": launched["launch_seconds"],
+    }
+
+
+def summarise_task(task: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
+    """One benchmark task: its settings, its sides per worker count, its seconds to the target."""
+    per_workers = {n: summarise_launch(launched, task) for n, launched in launches.items()}
+    return {
+        "config": {k: v for k, v in task.items() if k != "name"},
+        "per_workers": per_workers,
+        "seconds_to_target": {
+            n: {rule: side["seconds_to_target"] for rule, side in entry["sides"].items()}
+            for n, entry in per_workers.items()
+        },
+    }
+
+
+def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
+    """The config, the machine, each task's sides and its 2-worker / 1-worker ratio per rule."""
+    tasks = {task["name"]: summarise_task(task, launches) for task in spec["tasks"]}
+    out: dict[str, Any] = {
+        "config": {
+            **{k: v for k, v in spec.items() if k not in ("kind", "pin_cores", "tasks")},
+            "tasks": list(tasks),
+            "strategies": {str(n): s for n, s in STRATEGIES.items()},
+            "clock": "seconds from the fit call, validation time excluded",
+            "rules": {
+                "none": "the base learning rate, no warmup",
+                "linear": "LRScaling('linear', base_global_batch_size=<per-worker batch>, "
+                f"warmup_epochs={spec['warmup_epochs']})",
+            },
+        },
+        "machine": cluster_run.machine(),
+        "tasks": tasks,
+        "goals": {},
+        "words": {},
+    }
+    for name, task in tasks.items():
+        for rule in RULES:
+            a, b = (task["seconds_to_target"][n][rule] for n in ("2", "1"))
+            key = f"{name}_{RULE_LABELS[rule]}_time_ratio"
+            out[key] = None if a is None or b is None else a / b
+            out["words"][key] = f"{name}: 2 / 1 workers, time to accuracy, " + (
+                "no LR scaling" if rule == "none" else "linear LR scaling + warmup"
+            )
+            if GOALS[name]:
+                out["goals"][key] = GOALS[name]
+        if UNEVEN in task["seconds_to_target"]:
+            uneven_ratios(out, name, task["seconds_to_target"])
+    out["others_cpu_max"] = timing.nanmax(
+        v
+        for task in tasks.values()
+        for entry in task["per_workers"].values()
+        for side in entry["sides"].values()
+        for v in side["others_cpu"]
+        if v is not None
+    )
+    return out
+
+
+def uneven_ratios(out: dict[str, Any], name: str, seconds: dict[str, Any]) -> None:
+    """The uneven pair's ratios of task ``name`` into ``out``: each side's seconds to the
+    target over 1 worker's (linear rule), and even over balanced (above 1: balance paid)."""
+    base, uneven = seconds["1"]["linear"], seconds[UNEVEN]
+    ratio = lambda a, b: None if a is None or b is None else a / b  # noqa: E731
+    for side in UNEVEN_RULES:
+        key = f"{name}_uneven_{side}_time_ratio"
+        out[key] = ratio(uneven[side], base)
+        out["words"][key] = (
+            f"{name}: 2 workers, a CPU hog on worker 1, {side} split / 1 worker, time to "
+            "accuracy, linear LR scaling + warmup"
+        )
+    key = f"{name}_uneven_balanced_speedup"
+    out[key] = ratio(uneven["even"], uneven["balanced"])
+    out["words"][key] = f"{name}: 2 workers, a CPU hog on worker 1: even / balanced seconds"
+
+
+# ``tfdist bench`` flag -> option of `run`.
+FLAG_OPTIONS = {
+    "threads_per_worker": "threads_per_worker",
+    "per_worker_batch_size": "per_worker_batch_size",
+    "target_accuracy": "target_accuracy",
+    "time_to_accuracy_tasks": "tasks",
+}
+
+
+@common.register("time_to_accuracy", plot=plots.plot_time_to_accuracy)
+def time_to_accuracy(repeats: int, quick: bool) -> dict[str, Any]:
+    """The registered benchmark: `run` with the bench's options (``tfdist bench`` flags)."""
+    options = {FLAG_OPTIONS[k]: v for k, v in common.options().items() if k in FLAG_OPTIONS}
+    options.setdefault("repeats", repeats)
+    return run(quick=quick, **options)
