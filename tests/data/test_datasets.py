@@ -287,7 +287,7 @@ def test_unknown_dataset_split_and_kwargs():
         load("mnist")
     assert str(e.value) == (
         "Invalid value for argument `dataset`. Received: dataset='mnist'. "
-        "Expected one of: digits, patterns, synthetic, tfds:NAME."
+        "Expected one of: digits, patterns, python_source, synthetic, tfds:NAME."
     )
     with pytest.raises(ValueError, match="Expected one of: train, validation, test, all"):
         load("digits", split="trian")

@@ -18,7 +18,7 @@ def dtype_policy(request):
 
 
 def test_available():
-    assert tfdist.models.available() == ("cnn", "convnet", "mlp", "resnet", "transformer")
+    assert tfdist.models.available() == ("cnn", "convnet", "gpt", "mlp", "resnet", "transformer")
     assert set(tfdist.models.available()) == set(tfdist.config.MODEL_NAMES)  # the CLI's list
 
 

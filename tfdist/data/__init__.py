@@ -8,6 +8,7 @@ Modules (start at ``datasets``):
 
 - ``datasets``: the built-in datasets by name, and ``load``, the one entry point to them.
 - ``arrays``: the in-memory datasets: scikit-learn's "digits", "synthetic" and "patterns".
+- ``text``: "python_source": the interpreter's standard library as next-byte windows.
 - ``tfds_source``: prepared TensorFlow Datasets (``"tfds:NAME"``), never downloaded.
 - ``dataset_fn``: ``DatasetFn``: per-replica batches, bound to a global batch size.
 - ``batch_sizes``: global -> per-replica batch sizes and input-pipeline arithmetic.

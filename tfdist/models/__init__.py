@@ -14,6 +14,8 @@ Modules, one builder each (``get(name)`` finds them):
 - ``convnet``: a convnet whose size does not grow with the image (global max-pool).
 - ``mlp``: Flatten, Dense ReLU layers.
 - ``resnet``: a small residual network with BatchNorm.
+- ``gpt``: a decoder-only transformer language model (byte-level by default), blocks named
+  ``block_0``, ``block_1``, ... so a pipeline can cut between them.
 - ``transformer``: a small Transformer encoder that classifies an image row by row.
 """
 
@@ -26,7 +28,7 @@ from typing import Any
 import keras
 
 from tfdist.config import ModelName, check_positive_int, invalid_argument
-from tfdist.models import cnn, convnet, mlp, resnet, transformer
+from tfdist.models import cnn, convnet, gpt, mlp, resnet, transformer
 
 _BUILDERS: dict[str, Callable[..., keras.Model]] = {
     "mlp": mlp.build,
@@ -34,6 +36,7 @@ _BUILDERS: dict[str, Callable[..., keras.Model]] = {
     "convnet": convnet.build,
     "resnet": resnet.build,
     "transformer": transformer.build,
+    "gpt": gpt.build,
 }
 
 
@@ -57,11 +60,11 @@ def get(
         num_classes: Number of output logits.
         **kwargs: Model options, e.g. ``hidden_units`` for "mlp", ``dropout``
             for "cnn", ``filters`` for "convnet", ``num_blocks`` for "resnet", ``num_layers`` for
-            "transformer".
+            "transformer", ``width``, ``depth`` and ``heads`` for "gpt".
 
     Returns:
         A built functional ``keras.Model`` outputting float32 logits
-        of shape ``(batch, num_classes)``.
+        of shape ``(batch, num_classes)`` ("gpt": ``(batch, seq_len, num_classes)``).
 
     Raises:
         ValueError: For an unknown name, an option the model does not take, or
