@@ -125,8 +125,11 @@ def split_files(split: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _windows(split: str, seq_len: int, max_bytes: int | None) -> np.ndarray:
-    """A split's windows: read-only uint8 ``(n, seq_len + 1)``, cached per process."""
+def split_windows(split: str, seq_len: int, max_bytes: int | None) -> np.ndarray:
+    """A split's ("train" or "validation") windows: read-only uint8 ``(n, seq_len + 1)``.
+
+    Cached per process (``max_bytes`` None: the whole split).
+    """
     texts = dict(zip(corpus().paths, corpus().texts))
     chunks, size = [], 0
     for path in split_files(split):
@@ -190,7 +193,7 @@ def load_python_source(
             max_bytes,
             f"None (all the text) or an int of at least seq_len + 1 ({seq_len + 1}) bytes",
         )
-    windows = _windows(canonical, seq_len, max_bytes)
+    windows = split_windows(canonical, seq_len, max_bytes)
     if not len(windows):
         raise invalid_argument(
             "seq_len",
