@@ -233,9 +233,6 @@ PIPELINE_FIELDS = {"split_at": str, "micro_batches": int, "devices": str, "allow
 PIPELINE_FIELDS.update(stages=int, schedule=str)  # stages: with split_at=auto
 #: ``tfdist train --balance=...``: the ``BalanceOptions`` fields a flag may set.
 BALANCE_FIELDS = {"window": int, "floor": float, "hysteresis": float, "min_gain": float}
-#: ``--model_options=...``: models' options a flag may set (``models.get`` refuses the others).
-MODEL_OPTION_FIELDS = {"width": int, "depth": int, "heads": int, "dropout": float}
-MODEL_OPTION_FIELDS.update(num_layers=int, d_model=int, num_heads=int, ff_dim=int, num_blocks=int)
 
 
 def parse_options(
@@ -292,17 +289,19 @@ def _check_strategy(config: TrainConfig) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Options of one ``tfdist train`` job, validated once on construction; the CLI flags map
-    one to one onto these fields. ``backup_dir`` turns on step-exact backups (a run restarted by
-    ``tfdist launch --max_restarts`` or a Slurm requeue resumes at the last backed-up update),
-    ``backup_freq`` updates apart (None: each epoch). ``gradient_compression`` (``"bf16"``,
-    ``"fp16"``, ``"none"``/None: float32), ``bucket_bytes`` and ``sharding`` (``"optimizer"``,
-    ``"gradients"``, ``"off"``/None) are the Trainer's ``ExchangeOptions`` ("none", "off": None).
-    ``pipeline`` (``PIPELINE_FIELDS`` pairs; ``""``/``"off"``: none) cuts the model into stages
-    in one process under TF's default strategy (``strategy`` None). ``balance`` (``"on"``,
-    ``BALANCE_FIELDS`` pairs, ``""``/``"off"``) is the Trainer's. ``model_options``
-    (``MODEL_OPTION_FIELDS`` pairs) go to ``models.get``; python_source takes ``seq_len`` and
-    ``max_bytes`` (of the training text; None: the dataset's defaults).
+    """Options of one ``tfdist train`` job, validated once on construction.
+
+    The CLI flags map one to one onto these fields. ``backup_dir`` turns on
+    step-exact backups (``Trainer(backup_dir=...)``), so that a run restarted
+    by ``tfdist launch --max_restarts`` or a Slurm requeue resumes at the last
+    backed-up optimizer update; ``backup_freq`` is a number of updates between
+    backups, or None for one per epoch. ``gradient_compression`` (``"bf16"``,
+    ``"fp16"``, or ``"none"``/None: float32), ``bucket_bytes`` and ``sharding``
+    (``"optimizer"``, ``"gradients"``, or ``"off"``/None) are the Trainer's gradient
+    exchange (``ExchangeOptions``); ``"none"`` and ``"off"`` are stored as None.
+    ``pipeline`` (``PIPELINE_FIELDS`` as ``key=value`` pairs, ``""``/``"off"``: none) cuts the
+    model into stages, one process under TF's default strategy: ``strategy`` is then None.
+    ``balance`` (``"on"``, ``BALANCE_FIELDS`` pairs, or ``""``/``"off"``) is the Trainer's.
     """
 
     strategy: str | None = "mirrored"
@@ -312,10 +311,7 @@ class TrainConfig:
     num_ps: int | None = None
     min_shard_bytes: int | None = None
     model: str = "cnn"
-    model_options: str = ""
     dataset: str = "digits"
-    seq_len: int | None = None
-    max_bytes: int | None = None
     data_dir: str | None = None
     epochs: int = 8
     global_batch_size: int = 64
@@ -345,11 +341,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_positive_int("num_devices", self.num_devices, allow_none=True)
         check_choice("communication", self.communication, COMMUNICATIONS)
-        for name in ("num_workers", "num_ps", "min_shard_bytes", "seq_len", "max_bytes"):
+        for name in ("num_workers", "num_ps", "min_shard_bytes"):
             check_positive_int(name, getattr(self, name), allow_none=True)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("model", self.model, MODEL_NAMES)
-        parse_options("model_options", self.model_options, MODEL_OPTION_FIELDS, on=False)
         if not (self.dataset in DATASET_NAMES[:-1] or is_tfds_name(self.dataset)):
             raise invalid_argument("dataset", self.dataset, DATASET_NAMES)
         check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
