@@ -231,8 +231,9 @@ STRAGGLER_FIELDS = {
 #: and ``devices`` join several values with ``+``: commas separate the pairs).
 PIPELINE_FIELDS = {"split_at": str, "micro_batches": int, "devices": str, "allow_batch_norm": bool}
 PIPELINE_FIELDS.update(stages=int, schedule=str)  # stages: with split_at=auto
-#: ``tfdist train --balance=...``: the ``BalanceOptions`` fields a flag may set.
+#: ``tfdist train --balance=...`` and ``--model_options=...``: the fields a flag may set.
 BALANCE_FIELDS = {"window": int, "floor": float, "hysteresis": float, "min_gain": float}
+MODEL_OPTION_FIELDS = {"width": int, "depth": int, "heads": int, "dropout": float}
 
 
 def parse_options(
@@ -287,21 +288,18 @@ def _check_strategy(config: TrainConfig) -> None:
         raise invalid_argument("sharding", config.sharding, expected)
 
 
+_OPTIONAL_COUNTS = ("num_workers", "num_ps", "min_shard_bytes", "steps_per_epoch", "bucket_bytes")
+_OPTIONAL_COUNTS += ("seq_len", "max_bytes")  # TrainConfig's fields: a positive int or None
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Options of one ``tfdist train`` job, validated once on construction.
-
-    The CLI flags map one to one onto these fields. ``backup_dir`` turns on
-    step-exact backups (``Trainer(backup_dir=...)``), so that a run restarted
-    by ``tfdist launch --max_restarts`` or a Slurm requeue resumes at the last
-    backed-up optimizer update; ``backup_freq`` is a number of updates between
-    backups, or None for one per epoch. ``gradient_compression`` (``"bf16"``,
-    ``"fp16"``, or ``"none"``/None: float32), ``bucket_bytes`` and ``sharding``
-    (``"optimizer"``, ``"gradients"``, or ``"off"``/None) are the Trainer's gradient
-    exchange (``ExchangeOptions``); ``"none"`` and ``"off"`` are stored as None.
-    ``pipeline`` (``PIPELINE_FIELDS`` as ``key=value`` pairs, ``""``/``"off"``: none) cuts the
-    model into stages, one process under TF's default strategy: ``strategy`` is then None.
-    ``balance`` (``"on"``, ``BALANCE_FIELDS`` pairs, or ``""``/``"off"``) is the Trainer's.
+    """Options of one ``tfdist train`` job, validated once on construction: the CLI's flags, one
+    to one. ``backup_freq``: updates between ``backup_dir``'s backups (None: each epoch).
+    ``gradient_compression``, ``bucket_bytes``, ``sharding`` ("none", "off": stored as None),
+    ``pipeline`` and ``balance`` (``PIPELINE_FIELDS``, ``BALANCE_FIELDS`` pairs) are the
+    Trainer's (a pipeline in one process: ``strategy`` None); ``model_options`` (pairs of
+    ``MODEL_OPTION_FIELDS``) go to ``models.get``, ``seq_len``, ``max_bytes`` to python_source.
     """
 
     strategy: str | None = "mirrored"
@@ -311,7 +309,10 @@ class TrainConfig:
     num_ps: int | None = None
     min_shard_bytes: int | None = None
     model: str = "cnn"
+    model_options: str = ""
     dataset: str = "digits"
+    seq_len: int | None = None
+    max_bytes: int | None = None
     data_dir: str | None = None
     epochs: int = 8
     global_batch_size: int = 64
@@ -341,17 +342,17 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_positive_int("num_devices", self.num_devices, allow_none=True)
         check_choice("communication", self.communication, COMMUNICATIONS)
-        for name in ("num_workers", "num_ps", "min_shard_bytes"):
+        for name in _OPTIONAL_COUNTS:
             check_positive_int(name, getattr(self, name), allow_none=True)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("model", self.model, MODEL_NAMES)
+        parse_options("model_options", self.model_options, MODEL_OPTION_FIELDS, on=False)
         if not (self.dataset in DATASET_NAMES[:-1] or is_tfds_name(self.dataset)):
             raise invalid_argument("dataset", self.dataset, DATASET_NAMES)
         check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
         for name in ("epochs", "global_batch_size", "accumulation_steps"):
             check_positive_int(name, getattr(self, name))
         check_steps_per_execution(self.steps_per_execution)
-        check_positive_int("steps_per_epoch", self.steps_per_epoch, allow_none=True)
         check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
         check_positive_int("base_global_batch_size", self.base_global_batch_size)
         check_positive_int("backup_freq", self.backup_freq, allow_none=True)
@@ -369,7 +370,6 @@ class TrainConfig:
             check_choice("gradient_compression", self.gradient_compression, GRADIENT_COMPRESSIONS)
             if self.gradient_compression == "none":
                 object.__setattr__(self, "gradient_compression", None)  # the Trainer's float32
-        check_positive_int("bucket_bytes", self.bucket_bytes, allow_none=True)
         if self.sharding is not None:
             check_choice("sharding", self.sharding, SHARDINGS)
             if self.sharding == "off":

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from absl import flags
 
-from tfdist.config import COMMUNICATIONS, LR_SCALINGS, PRECISIONS, STRATEGY_NAMES, TrainConfig
+from tfdist.config import (
+    COMMUNICATIONS,
+    LR_SCALINGS,
+    MODEL_OPTION_FIELDS,
+    PRECISIONS,
+    STRATEGY_NAMES,
+    TrainConfig,
+)
 
 FLAGS = flags.FLAGS
 # absl's own flags (--flagfile, --helpfull, logging's), defined before tfdist's.
@@ -51,8 +58,31 @@ flags.DEFINE_integer(
 flags.DEFINE_integer(
     "min_shard_bytes", None, "parameter_server: shard variables larger than this over the ps."
 )
-flags.DEFINE_string("model", _DEFAULT.model, "mlp, cnn, convnet, resnet or transformer.")
-flags.DEFINE_string("dataset", _DEFAULT.dataset, "digits, patterns, synthetic or tfds:NAME.")
+flags.DEFINE_string(
+    "model",
+    _DEFAULT.model,
+    "mlp, cnn, convnet, resnet, transformer or gpt (a byte-level language model: its own "
+    "defaults for the flags not given, logged; docs/command-line.md).",
+)
+flags.DEFINE_string(
+    "dataset", _DEFAULT.dataset, "digits, patterns, synthetic, python_source or tfds:NAME."
+)
+flags.DEFINE_string(
+    "model_options",
+    "",
+    "The model's options as key=value pairs: "
+    + ", ".join(MODEL_OPTION_FIELDS)
+    + ", e.g. width=128,depth=4,heads=4 for gpt (default: the model's own).",
+)
+flags.DEFINE_integer(
+    "seq_len", None, "python_source: bytes per example, the language model's context."
+)
+flags.DEFINE_integer(
+    "max_bytes",
+    None,
+    "python_source: bytes of the training text (default 2 MiB); the validation text is at most "
+    "as long (default 256 KiB).",
+)
 flags.DEFINE_string("data_dir", None, "tensorflow-datasets data_dir for tfds:NAME.")
 flags.DEFINE_integer("epochs", _DEFAULT.epochs, "Epochs to train.")
 flags.DEFINE_integer(
@@ -348,7 +378,7 @@ READS = {
         + ("lr_scaling", "base_global_batch_size", "warmup_steps", "warmup_epochs", "model_dir")
         + ("backup_dir", "backup_freq", "seed", "verbose", "watchdog", "stragglers")
         + ("gradient_compression", "bucket_bytes", "sharding", "pipeline", "engine")
-        + ("cpus_per_worker", "max_restarts", "balance")
+        + ("cpus_per_worker", "max_restarts", "balance", "model_options", "seq_len", "max_bytes")
     ),
     "launch": _LAUNCH_LAYOUT
     | {"evaluator", "host", "hosts", "node_rank", "allow_external", "private_network", "pin"}

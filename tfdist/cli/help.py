@@ -36,6 +36,7 @@ EXAMPLES = {
         "tfdist launch --workers=2 -- tfdist train --strategy=multi_worker",
         "tfdist train --engine=ray --num_workers=2 --epochs=5",
         "tfdist train --pipeline=split_at=conv_1,micro_batches=4   # 2 stages, 1 process",
+        "tfdist train --model=gpt                       # a byte-level GPT on Python's source",
     ),
     "launch": (
         "tfdist launch --workers=2 -- tfdist train --strategy=multi_worker",
@@ -69,7 +70,7 @@ GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         (
             "Model and data",
             ("model", "dataset", "data_dir", "epochs", "global_batch_size", "steps_per_epoch")
-            + ("seed", "verbose"),
+            + ("seed", "verbose", "model_options", "seq_len", "max_bytes"),
         ),
         (
             "Optimizer",

@@ -7,14 +7,37 @@ when the command runs.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from tfdist import quiet
-from tfdist.cli.flag_definitions import ENGINES, FLAGS
+from tfdist.cli.flag_definitions import ENGINES, FLAGS, READS
 from tfdist.config import GRADIENT_COMPRESSIONS, TrainConfig, invalid_argument
+
+logger = logging.getLogger(__name__)
+
+#: A model's own defaults for the flags the user did not set (the image models have none: the
+#: flags' defaults are theirs). gpt: a byte-level GPT on the Python standard library's source
+#: that trains in about 5 minutes on 2 CPU cores (docs/command-line.md gives its figures), on
+#: one device, which is faster on 2 cores than 2 replicas (unless a strategy flag or --pipeline
+#: says how to distribute).
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt": {
+        "strategy": "one_device",
+        "dataset": "python_source",
+        "epochs": 5,
+        "steps_per_epoch": 400,
+        "global_batch_size": 32,
+        "learning_rate": 5e-3,
+        "warmup_steps": 50,
+        "seq_len": 128,
+        "max_bytes": 8_000_000,
+        "model_options": "width=64,depth=2,heads=4",
+    }
+}
 
 
 def _steps_per_execution(flag: str) -> int | str:
@@ -71,8 +94,45 @@ def _strategy() -> str | None:
     return "multi_worker" if hybrid else None
 
 
+def _model_defaults() -> dict[str, Any]:
+    """`MODEL_DEFAULTS` of ``--model`` for the flags not given, logged. No default strategy
+    where a strategy flag or ``--pipeline`` says how to distribute, and no default warmup
+    steps with ``--warmup_epochs``."""
+    given = {name for name in READS["train"] if FLAGS[name].present}
+    if given & set(STRATEGY_FLAGS) or FLAGS.pipeline not in ("", "off"):
+        given.add("strategy")
+    if "warmup_epochs" in given:
+        given.add("warmup_steps")
+    defaults = MODEL_DEFAULTS.get(FLAGS.model, {})
+    chosen = {name: value for name, value in defaults.items() if name not in given}
+    if chosen:
+        pairs = " ".join(f"--{name}={value}" for name, value in chosen.items())
+        logger.info("--model=%s defaults: %s", FLAGS.model, pairs)
+    return chosen
+
+
+def _check_dataset_options(config: TrainConfig) -> None:
+    """Refuses python_source's options for another dataset, before TensorFlow loads."""
+    for name in ("seq_len", "max_bytes"):
+        if getattr(config, name) is not None and config.dataset != "python_source":
+            raise invalid_argument(
+                name,
+                getattr(config, name),
+                f"no --{name} with --dataset={config.dataset}",
+                note="It sizes the byte windows of --dataset=python_source.",
+            )
+
+
 def train_config() -> TrainConfig:
-    """The ``TrainConfig`` the parsed flags describe (checked by ``TrainConfig`` itself)."""
+    """The ``TrainConfig`` the parsed flags describe (checked by ``TrainConfig`` itself), with
+    the model's `MODEL_DEFAULTS` for the flags not given."""
+    config = dataclasses.replace(_flags_config(), **_model_defaults())
+    _check_dataset_options(config)
+    return config
+
+
+def _flags_config() -> TrainConfig:
+    """The ``TrainConfig`` of the flags as given, with their own defaults."""
     return TrainConfig(
         strategy=_strategy(),
         num_devices=FLAGS.num_devices,
@@ -81,7 +141,10 @@ def train_config() -> TrainConfig:
         num_ps=FLAGS.num_ps,
         min_shard_bytes=FLAGS.min_shard_bytes,
         model=FLAGS.model,
+        model_options=FLAGS.model_options,
         dataset=FLAGS.dataset,
+        seq_len=FLAGS.seq_len,
+        max_bytes=FLAGS.max_bytes,
         data_dir=FLAGS.data_dir,
         epochs=FLAGS.epochs,
         global_batch_size=FLAGS.global_batch_size,
@@ -216,12 +279,21 @@ def run(args: Sequence[str]) -> int:
 
         summary = train.run(config)
     if summary["is_chief"]:
-        print(
-            f"final val_accuracy={summary['val_accuracy']:.4f} val_loss={summary['val_loss']:.4f} "
-            f"replicas={summary['num_replicas']} train_seconds={summary['seconds']:.1f}"
-        )
+        _print_chief_summary(summary)
     # Every task reports its update count and weights, so a job's logs show that the workers agree.
     print(
         f"final updates={summary['updates']} weights_digest={summary['weights_digest']}", flush=True
     )
     return 0
+
+
+def _print_chief_summary(summary: dict[str, Any]) -> None:
+    """The chief's lines: a language model's sample, then the final validation figures."""
+    if "sample" in summary:
+        print("sample:\n" + summary["sample"].decode("utf-8", errors="replace"), flush=True)
+    bits = summary.get("val_bits_per_byte")
+    print(
+        f"final val_accuracy={summary['val_accuracy']:.4f} val_loss={summary['val_loss']:.4f} "
+        + ("" if bits is None else f"val_bits_per_byte={bits:.4f} ")
+        + f"replicas={summary['num_replicas']} train_seconds={summary['seconds']:.1f}"
+    )

@@ -1,6 +1,8 @@
 """The ``tfdist train`` job: strategy, data, model, Trainer, report.
 
 Run it with ``make train``, ``tfdist train --strategy=mirrored --num_devices=2``,
+``tfdist train --model=gpt --dataset=python_source`` (a byte-level GPT on the Python standard
+library's source, in bits per byte, with a sample of its text at the end),
 or on a local cluster with
 ``tfdist launch --workers=2 -- tfdist train --strategy=multi_worker``.
 With ``--pipeline=split_at=conv_1,micro_batches=4`` the model is cut into pipeline stages
@@ -24,6 +26,7 @@ from typing import Any
 
 from tfdist.config import (
     BALANCE_FIELDS,
+    MODEL_OPTION_FIELDS,
     STRAGGLER_FIELDS,
     WATCHDOG_FIELDS,
     TrainConfig,
@@ -32,6 +35,13 @@ from tfdist.config import (
 from tfdist.launch.pipeline_flag import pipeline_options, stage_cpu_devices
 
 logger = logging.getLogger(__name__)
+
+#: The models that read bytes and write next-byte logits at every position: they are measured in
+#: bits per byte (`tfdist.models.language.BitsPerByte`) and write a sample at the end.
+LANGUAGE_MODELS = ("gpt",)
+#: The sample a language model writes at the end of its run (chief only): its prompt, its length
+#: in bytes, its temperature and seed.
+SAMPLE_PROMPT, SAMPLE_BYTES, SAMPLE_TEMPERATURE, SAMPLE_SEED = b"def ", 300, 0.8, 0
 
 
 def _strategy_options(config: TrainConfig) -> dict[str, Any]:
@@ -82,6 +92,24 @@ def _backup_options(config: TrainConfig) -> dict[str, Any]:
     return {"backup_dir": config.backup_dir, "backup_freq": freq}
 
 
+def dataset_options(config: TrainConfig, split: str) -> dict[str, Any]:
+    """``data.load``'s options for ``split`` from the flags that set them (python_source:
+    ``seq_len``; ``max_bytes`` of the training text, and at most as many of the validation text
+    as its default); an unset one keeps the dataset's default."""
+    options = {"seq_len": config.seq_len, "max_bytes": config.max_bytes}
+    if split != "train" and config.max_bytes is not None:
+        from tfdist.data.text import DEFAULT_MAX_BYTES
+
+        options["max_bytes"] = min(config.max_bytes, DEFAULT_MAX_BYTES["validation"])
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def model_options(config: TrainConfig) -> dict[str, Any]:
+    """``models.get``'s options from ``--model_options`` (e.g. gpt's ``width``, ``depth``,
+    ``heads``); none: the model's defaults."""
+    return parse_options("model_options", config.model_options, MODEL_OPTION_FIELDS) or {}
+
+
 def exchange_options(config: TrainConfig) -> dict[str, Any]:
     """The Trainer's ``gradient_compression``, ``bucket_bytes`` and ``sharding`` (None: its
     defaults)."""
@@ -100,7 +128,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
         ``is_chief``, ``num_replicas``, ``updates`` (the optimizer's update
         count, backed-up updates of an earlier attempt included) and
         ``weights_digest`` (a SHA-256 prefix of the weights, equal on every
-        worker of a synchronous run).
+        worker of a synchronous run); for a language model (`LANGUAGE_MODELS`) also
+        ``val_bits_per_byte`` and, on the chief, ``sample``: `SAMPLE_PROMPT` and the
+        bytes it writes after it.
 
     Raises:
         SystemExit: With code 75 after SIGTERM when ``config.backup_dir`` is
@@ -129,8 +159,16 @@ def run(config: TrainConfig) -> dict[str, Any]:
     from tfdist import data
 
     keras.utils.set_random_seed(config.seed)
-    train = data.load(config.dataset, split="train", data_dir=config.data_dir, seed=config.seed)
-    val = data.load(config.dataset, split="validation", data_dir=config.data_dir, seed=config.seed)
+    train, val = (
+        data.load(
+            config.dataset,
+            split=split,
+            data_dir=config.data_dir,
+            seed=config.seed,
+            **dataset_options(config, split),
+        )
+        for split in ("train", "validation")
+    )
     trainer = _make_trainer(config, strategy, train, pipeline)
     start = time.perf_counter()
     history = trainer.fit(
@@ -144,7 +182,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     if config.model_dir:
         _save(trainer, config.model_dir)
-    return _summary(trainer, strategy, history, seconds)
+    summary = _summary(trainer, strategy, history, seconds)
+    if config.model in LANGUAGE_MODELS and trainer.is_chief:
+        summary["sample"] = SAMPLE_PROMPT + _sample(trainer.model)
+    return summary
 
 
 def _make_trainer(
@@ -156,18 +197,23 @@ def _make_trainer(
 
     import tfdist
     from tfdist import models
+    from tfdist.models.language import BitsPerByte
 
+    metrics: list[Any] = ["accuracy"]
+    if config.model in LANGUAGE_MODELS:
+        metrics.append(BitsPerByte())
+    options = model_options(config)
     optimizer = keras.optimizers.get(
         {"class_name": config.optimizer, "config": {"learning_rate": config.learning_rate}}
     )
     return tfdist.Trainer(
         lambda: models.get(
-            config.model, input_shape=train.input_shape, num_classes=train.num_classes
+            config.model, input_shape=train.input_shape, num_classes=train.num_classes, **options
         ),
         strategy=strategy,
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
+        metrics=metrics,
         precision=config.precision,
         accumulation_steps=config.accumulation_steps,
         steps_per_execution=config.steps_per_execution,
@@ -183,11 +229,15 @@ def _make_trainer(
     )
 
 
+#: The last epoch's logs a summary reports (``val_bits_per_byte``: language models only).
+_SUMMARY_LOGS = ("val_accuracy", "val_loss", "val_bits_per_byte")
+
+
 def _summary(trainer: Any, strategy: Any, history: Any, seconds: float) -> dict[str, Any]:
     """The run's summary (see `run`) from the fit's history and the trained model."""
+    last = {k: float(history.history[k][-1]) for k in _SUMMARY_LOGS if k in history.history}
     return {
-        "val_accuracy": float(history.history["val_accuracy"][-1]),
-        "val_loss": float(history.history["val_loss"][-1]),
+        **last,
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         "seconds": seconds,
         "is_chief": trainer.is_chief,
@@ -195,6 +245,24 @@ def _summary(trainer: Any, strategy: Any, history: Any, seconds: float) -> dict[
         "updates": int(trainer.model.optimizer.iterations.numpy()),
         "weights_digest": _digest(trainer.model.get_weights()),
     }
+
+
+def _sample(model: Any) -> bytes:
+    """The bytes a language model writes after `SAMPLE_PROMPT`, logged with their settings."""
+    from tfdist.models.language import generate
+
+    start = time.perf_counter()
+    text = generate(
+        model, SAMPLE_PROMPT, SAMPLE_BYTES, temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED
+    )
+    logger.info(
+        "Sampled %d bytes after %r at temperature %s in %.1f s.",
+        SAMPLE_BYTES,
+        SAMPLE_PROMPT,
+        SAMPLE_TEMPERATURE,
+        time.perf_counter() - start,
+    )
+    return text
 
 
 def _digest(weights: list[Any]) -> str:

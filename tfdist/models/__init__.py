@@ -17,6 +17,7 @@ Modules, one builder each (``get(name)`` finds them):
 - ``gpt``: a decoder-only transformer language model (byte-level by default), blocks named
   ``block_0``, ``block_1``, ... so a pipeline can cut between them.
 - ``transformer``: a small Transformer encoder that classifies an image row by row.
+- ``language``: not a builder: a byte-level language model's ``BitsPerByte`` and ``generate``.
 """
 
 from __future__ import annotations
