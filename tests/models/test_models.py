@@ -73,7 +73,7 @@ def test_unknown_name_and_options():
         tfdist.models.get("vgg")
     assert str(e.value) == (
         "Invalid value for argument `model`. Received: model='vgg'. "
-        "Expected one of: cnn, convnet, mlp, resnet, transformer."
+        "Expected one of: cnn, convnet, gpt, mlp, resnet, transformer."
     )
     with pytest.raises(
         ValueError,
