@@ -103,6 +103,19 @@ def npz_weights(path):
         return [f[f"arr_{i}"] for i in range(len(f.files))]
 
 
+def train_config_of(*flags):
+    """The ``TrainConfig`` of ``tfdist train FLAGS``, parsed in-process as the CLI parses it."""
+    from tfdist import cli
+    from tfdist.cli import train_command
+
+    cli.FLAGS.unparse_flags()
+    try:
+        cli.parse_flags(["tfdist", "train", *flags])
+        return train_command.train_config()
+    finally:
+        cli.FLAGS.unparse_flags()
+
+
 def run_cli_in_process(args, capsys):
     """Runs ``tfdist ARGS`` in-process as ``app.run`` would; returns (exit code, stderr)."""
     from tfdist import cli

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_cli_in_process, run_tfdist
+from tests.helpers import REPO, run_cli_in_process, run_tfdist, train_config_of
 
 
 @pytest.fixture(scope="module")
@@ -98,24 +98,11 @@ def test_bad_train_flags_fail_before_tensorflow_loads(flag):
     assert "tensorflow loaded: False" in proc.stdout
 
 
-def _train_config(*flags):
-    """The ``TrainConfig`` of ``tfdist train FLAGS``, parsed in-process as the CLI parses it."""
-    from tfdist import cli
-    from tfdist.cli import train_command
-
-    cli.FLAGS.unparse_flags()
-    try:
-        cli.parse_flags(["tfdist", "train", *flags])
-        return train_command.train_config()
-    finally:
-        cli.FLAGS.unparse_flags()
-
-
 def test_train_gives_gradient_compression_and_bucket_bytes_to_the_trainer(monkeypatch):
     import tfdist
     from tfdist.launch import train
 
-    config = _train_config(
+    config = train_config_of(
         "--strategy=one_device",
         "--model=mlp",
         "--epochs=1",
@@ -150,7 +137,7 @@ def test_train_runs_the_trainers_auto_steps_per_execution_unless_told(flags, per
     import tfdist
     from tfdist.launch import train
 
-    config = _train_config(
+    config = train_config_of(
         "--strategy=one_device", "--model=mlp", "--epochs=1", "--steps_per_epoch=40",
         "--global_batch_size=16", "--verbose=0", *flags,
     )  # fmt: skip
@@ -173,8 +160,8 @@ def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argume
     from tfdist.launch.train import exchange_options
 
     none = {"gradient_compression": None, "bucket_bytes": None, "sharding": None}  # the defaults
-    assert exchange_options(_train_config()) == none
-    assert exchange_options(_train_config("--gradient_compression=none")) == none
+    assert exchange_options(train_config_of()) == none
+    assert exchange_options(train_config_of("--gradient_compression=none")) == none
     assert TrainConfig(gradient_compression="fp16").gradient_compression == "fp16"
     with pytest.raises(
         ValueError,
@@ -191,9 +178,9 @@ def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argume
             "Expected a positive integer or None."
         ),
     ):
-        _train_config("--bucket_bytes=0")
+        train_config_of("--bucket_bytes=0")
     with pytest.raises(ValueError, match=r"argument `gradient_compression`.*Expected one value"):
-        _train_config("--gradient_compression=")  # an empty list: not one value either
+        train_config_of("--gradient_compression=")  # an empty list: not one value either
 
 
 def test_bench_time_to_accuracy_tasks_reach_the_benchmark_or_are_refused(monkeypatch, capsys):

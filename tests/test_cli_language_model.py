@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from tests.helpers import train_config_of
+
 #: A tiny run: 2 epochs of 3 updates of a 2-block GPT on 8 KB of text (the real defaults train
 #: for minutes: docs/command-line.md).
 TINY = ("train", "--model=gpt", "--epochs=2", "--steps_per_epoch=3", "--global_batch_size=8")
@@ -15,34 +17,21 @@ TINY += ("--seq_len=16", "--max_bytes=8000", "--model_options=width=16,depth=2,h
 TINY += ("--warmup_steps=1",)
 
 
-def _train_config(*flags):
-    """The ``TrainConfig`` of ``tfdist train FLAGS``, parsed in-process as the CLI parses it."""
-    from tfdist import cli
-    from tfdist.cli import train_command
-
-    cli.FLAGS.unparse_flags()
-    try:
-        cli.parse_flags(["tfdist", "train", *flags])
-        return train_command.train_config()
-    finally:
-        cli.FLAGS.unparse_flags()
-
-
 def test_gpt_defaults_fill_only_the_flags_not_given_and_leave_the_image_models_alone():
     from tfdist.cli.train_command import MODEL_DEFAULTS
     from tfdist.config import TrainConfig
 
-    config = _train_config("--model=gpt", "--epochs=3")
+    config = train_config_of("--model=gpt", "--epochs=3")
     defaults = MODEL_DEFAULTS["gpt"]
     assert config.epochs == 3 and config.dataset == "python_source"
     for name in ("steps_per_epoch", "global_batch_size", "learning_rate", "seq_len"):
         assert getattr(config, name) == defaults[name], name
     assert (config.strategy, config.model_options) == ("one_device", defaults["model_options"])
-    assert _train_config("--model=gpt", "--num_devices=2").strategy == "mirrored"
-    pipeline = _train_config("--model=gpt", "--pipeline=split_at=block_1")
+    assert train_config_of("--model=gpt", "--num_devices=2").strategy == "mirrored"
+    pipeline = train_config_of("--model=gpt", "--pipeline=split_at=block_1")
     assert pipeline.strategy is None and pipeline.seq_len == defaults["seq_len"]
-    assert _train_config() == TrainConfig()  # the image models' defaults: the flags' own
-    assert _train_config("--model=mlp") == TrainConfig(model="mlp")
+    assert train_config_of() == TrainConfig()  # the image models' defaults: the flags' own
+    assert train_config_of("--model=mlp") == TrainConfig(model="mlp")
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from tests.helpers import run_cli_in_process, run_tfdist
+from tests.helpers import run_cli_in_process, run_tfdist, train_config_of
 
 PIPELINE = "--pipeline=split_at=conv_1+dense,micro_batches=4"
 #: 2 epochs of 8 updates, a backup every 2 updates (backups 1-4 in epoch 1, 5-8 in epoch 2).
@@ -23,36 +23,25 @@ RUN = ("train", PIPELINE, "--epochs=2", "--steps_per_epoch=8", "--global_batch_s
 RUN += ("--backup_freq=2",)
 
 
-def _train_config(*flags):
-    """The ``TrainConfig`` of ``tfdist train FLAGS``, parsed in-process as the CLI parses it."""
-    from tfdist import cli
-    from tfdist.cli import train_command
-
-    cli.FLAGS.unparse_flags()
-    try:
-        cli.parse_flags(["tfdist", "train", *flags])
-        return train_command.train_config()
-    finally:
-        cli.FLAGS.unparse_flags()
-
-
 def test_the_flag_becomes_pipeline_options_under_the_default_strategy():
     from tfdist.launch.pipeline_flag import pipeline_options
 
-    config = _train_config("--pipeline=split_at=conv_0+dense,micro_batches=8,allow_batch_norm=true")
+    config = train_config_of(
+        "--pipeline=split_at=conv_0+dense,micro_batches=8,allow_batch_norm=true"
+    )
     assert (config.strategy, config.sharding) == (None, None)  # TF's default strategy
     assert pipeline_options(config) == {
         "split_at": ["conv_0", "dense"],
         "micro_batches": 8,
         "allow_batch_norm": True,
     }
-    config = _train_config("--pipeline=split_at=dense_0,devices=/cpu:1+/cpu:0", "--model=mlp")
+    config = train_config_of("--pipeline=split_at=dense_0,devices=/cpu:1+/cpu:0", "--model=mlp")
     assert pipeline_options(config) == {
         "split_at": ["dense_0"],
         "micro_batches": 1,
         "devices": ["/cpu:1", "/cpu:0"],
     }
-    config = _train_config("--pipeline=split_at=auto,stages=3,micro_batches=2,schedule=1f1b")
+    config = train_config_of("--pipeline=split_at=auto,stages=3,micro_batches=2,schedule=1f1b")
     assert pipeline_options(config) == {
         "split_at": "auto",
         "stages": 3,
@@ -60,7 +49,7 @@ def test_the_flag_becomes_pipeline_options_under_the_default_strategy():
         "schedule": "1f1b",
     }
     for off in ((), ("--pipeline=off",)):  # the default: no pipeline, the mirrored default
-        config = _train_config(*off)
+        config = train_config_of(*off)
         assert pipeline_options(config) is None and config.strategy == "mirrored"
 
 
@@ -131,7 +120,7 @@ def test_the_hybrid_is_multi_worker_with_a_pipeline(monkeypatch):
     from tfdist.cli.train_command import check_pipeline
 
     flags = (PIPELINE, "--strategy=multi_worker", "--communication=ring", "--sharding=gradients")
-    config = _train_config(*flags)
+    config = train_config_of(*flags)
     assert (config.strategy, config.communication, config.sharding) == (
         "multi_worker",
         "ring",
