@@ -391,7 +391,7 @@ class Trainer(EvaluateAndPredict):
         )
         args = dataclasses.replace(args, callbacks=resolved.callbacks)
         self.steps_per_execution = steps_per_execution_for(
-            self.options.steps_per_execution, args.callbacks, runner=runner, balance=self.balance
+            self.options.steps_per_execution, args.callbacks, runner=runner
         )
         backups = self._backups.for_fit(resolved.backup)
         spe = self.steps_per_execution  # this fit's

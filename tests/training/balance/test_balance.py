@@ -1,7 +1,8 @@
-"""Balanced batches (tfdist/training/balance/balancer.py, balance_control.py): the decisions and the
-refusals, in process. The real runs (2 MultiWorkerMirrored workers, exact against one device
-across forced splits; a real noisy neighbour) are in tests/strategies/test_multi_worker.py
-and tests/strategies/test_balance_launch.py."""
+"""Balanced batches (tfdist/training/balance/balancer.py, control.py): the decisions on
+recorded-like rate traces, no retrace on a new split, and the refusals, in process. The real
+runs (2 MultiWorkerMirrored workers, exact against one device across forced splits; a real
+noisy neighbour) are in tests/strategies/test_multi_worker.py and
+tests/strategies/test_balance_launch.py."""
 
 import logging
 import types
@@ -18,76 +19,85 @@ from tfdist.training.balance.balancer import (
     balanced_start,
     enable_balance,
 )
-from tfdist.training.balance.control import SplitController, Window, proportional
+from tfdist.training.balance.control import SplitController, Window, proportional  # noqa: F401
 
 G = 256
 
 
-def _windows(computes, shares, updates=32):
-    """One window per worker whose compute seconds per example are ``computes[w]``."""
-    return [
-        Window(updates, updates * c * n, updates * (c * max(shares)))
-        for c, n in zip(computes, shares)
-    ]
-
-
-def _run(controller, per_example, windows):
-    """Feeds ``windows`` windows where worker w's compute per update is ``per_example[w](n)``;
-    returns the shares after each."""
-    seen = []
-    for _ in range(windows):
-        computes = [f(n) / n for f, n in zip(per_example, controller.shares)]
-        controller.decide(_windows(computes, controller.shares))
+def _trace(speeds, windows, *, noise=0.05, spikes=0.1, overhead=0.3, seed=0, controller=None):
+    """Feeds a recorded-like rate trace: worker w's compute per update at share n in window k is
+    ``(overhead + (1 - overhead) n / 128) * 12.8 ms / speeds(k)[w]``, times a Gaussian noise and,
+    in a ``spikes`` fraction of windows, a 1.5x burst. Returns (controller, shares per window,
+    the decisions)."""
+    controller = controller or SplitController(G, 2)
+    rng = np.random.default_rng(seed)
+    seen, decisions = [], []
+    for k in range(windows):
+        computes = []
+        for n, speed in zip(controller.shares, speeds(k)):
+            c = (overhead + (1 - overhead) * n / 128) * 12.8e-3 / speed
+            c *= (1 + noise * rng.standard_normal()) * (1.5 if rng.uniform() < spikes else 1.0)
+            computes.append(c)
+        decision = controller.decide([Window(32, 32 * c, 32 * max(computes)) for c in computes])
+        decisions += [decision] if decision else []
         seen.append(list(controller.shares))
-    return seen
+    return controller, seen, decisions
 
 
-def test_proportional_sums_to_the_total_in_units_above_the_floor():
-    assert proportional(256, [1.0, 1.0]) == [128, 128]
-    assert proportional(256, [2.0, 1.0]) == [171, 85]
-    assert proportional(256, [1.0, 1.0, 1.0]) == [86, 85, 85]
-    assert proportional(256, [100.0, 1.0], floor=32) == [224, 32]
-    shares = proportional(256, [3.0, 1.0, 1.0, 1.0], unit=2, floor=40)
-    assert sum(shares) == 256 and all(s % 2 == 0 and s >= 40 for s in shares), shares
-    with pytest.raises(ValueError, match="cannot give"):
-        proportional(8, [1.0, 1.0, 1.0], floor=4)
+def _ideal_slow_share(speed, overhead=0.3):
+    """worker:1's share when both compute alike, worker:1 at ``speed`` (the trace's model)."""
+    # overhead + (1 - o) n0 / 128 = (overhead + (1 - o) n1 / 128) / speed, n0 + n1 = 256
+    o = overhead
+    return 128 * (speed * (o + 2 * (1 - o)) - o) / ((1 - o) * (1 + speed))
 
 
-def test_an_even_pair_keeps_the_even_split_through_noise():
-    controller = SplitController(G, 2)
-    rng = np.random.default_rng(0)
-    for _ in range(40):  # +-4% noise on each worker's compute
-        noisy = [1e-4 * (1 + 0.04 * rng.uniform(-1, 1)) for _ in range(2)]
-        assert controller.decide(_windows(noisy, controller.shares)) is None
-    assert controller.shares == [128, 128]
+def test_a_noisy_even_pair_stays_even():
+    """1,000 updates (31 windows of 32) of an even pair with 5% noise and 1.5x bursts in a
+    tenth of the windows: at most 2 changes, in each of 20 traces."""
+    for seed in range(20):
+        _, seen, decisions = _trace(lambda k: (1.0, 1.0), 31, seed=seed)
+        assert len(decisions) <= 2, (seed, seen)
 
 
-def test_a_worker_at_half_speed_gets_a_third_and_back_when_it_recovers():
-    controller = SplitController(G, 2)
-    slow = [lambda n: 1e-4 * n, lambda n: 2e-4 * n]
-    seen = _run(controller, slow, 4)
-    assert seen[0] == [128, 128]  # the first window holds the traces
-    assert seen[1] == [171, 85], seen  # worker:1 computes at 0.5x
-    assert seen[-1] == [171, 85]  # judged: the slowest's compute fell 33%, so it stays
-    even = [lambda n: 1e-4 * n, lambda n: 1e-4 * n]
-    assert _run(controller, even, 3)[-1] == [128, 128]  # halfway (the smoothing), then even
+def test_a_step_change_converges_within_a_few_windows_and_holds():
+    """worker:1 drops to half speed at window 10: the split reaches the one the rates call for
+    (a fixed third of each update does not shrink with the share) by window 18, and holds."""
+    controller, seen, decisions = _trace(lambda k: (1.0, 1.0 if k < 10 else 0.5), 40)
+    assert seen[9] == [128, 128]
+    ideal = _ideal_slow_share(0.5)  # 67 examples
+    assert all(abs(s[1] - ideal) <= 0.05 * 128 for s in seen[18:]), seen
+    assert len(decisions) <= 3 and all(d.reason == "balance" for d in decisions), decisions
+    assert all(d.gain > d.cost for d in decisions)  # each paid more than it cost
+    # and back when it recovers (window 40 on): near even within a few windows
+    _, seen, _ = _trace(lambda k: (1.0, 1.0), 12, controller=controller, seed=1)
+    assert abs(seen[-1][1] - 128) <= 0.05 * 128, seen
+
+
+def test_a_slow_drift_is_followed():
+    """worker:1 slows from 1.0x to 0.5x over 60 windows: the split follows, one way."""
+    _, seen, _ = _trace(lambda k: (1.0, 1.0 - 0.5 * min(k, 60) / 60), 70, noise=0.03)
+    slow = [s[1] for s in seen]
+    assert slow == sorted(slow, reverse=True), slow  # never back
+    assert abs(slow[-1] - _ideal_slow_share(0.5)) <= 0.06 * 128, slow
 
 
 def test_a_split_that_does_not_pay_goes_back_to_even_and_waits_longer_each_time():
-    """worker:1 takes a fixed 20 ms per update whatever its share (a latency, not compute)."""
-    controller = SplitController(G, 2)
-    latency = [lambda n: 1e-4 * n, lambda n: 0.02]
-    seen = _run(controller, latency, 3)
-    assert seen[1] != [128, 128] and seen[2] == [128, 128], seen  # tried, judged, back
-    assert controller.backoff == 2
-    seen = _run(controller, latency, 4)
-    assert seen[:2] == [[128, 128]] * 2 and seen[2] != [128, 128] and seen[3] == [128, 128]
-    assert controller.backoff == 4
+    """worker:1 takes a fixed 25 ms per update whatever its share (it waits, not computes)."""
+    controller, seen, decisions = _trace(lambda k: (1.0, 0.5), 40, overhead=1.0, spikes=0)
+    reasons = [d.reason for d in decisions]
+    assert reasons[:4] == ["balance", "even", "balance", "even"], (reasons, seen)
+    back = decisions[1]
+    assert back.shares == [128, 128] and back.judged.worker == 1
+    assert back.judged.after > back.judged.predicted
+    assert [d.judged.backoff for d in decisions if d.judged][:3] == [2, 4, 8][
+        : reasons.count("even")
+    ]
+    evens = [k for k in range(1, 40) if seen[k] == [128, 128] and seen[k - 1] != [128, 128]]
+    assert evens[1] - evens[0] > 0 and len(evens) == reasons.count("even")
 
 
 def test_the_floor_bounds_a_very_slow_worker():
-    controller = SplitController(G, 2, floor=0.25)
-    seen = _run(controller, [lambda n: 1e-4 * n, lambda n: 1e-2 * n], 2)
+    _, seen, _ = _trace(lambda k: (1.0, 0.01), 6, overhead=0.0, spikes=0)
     assert seen[-1] == [224, 32]  # a quarter of the even 128
 
 
@@ -98,16 +108,45 @@ def test_options_and_argument():
     assert options.splits == ((0, (8, 8)), (5, (4, 12)))
 
 
-def test_auto_steps_per_execution_runs_at_most_a_window_per_call():
-    """A balanced run decides between calls: "auto" must not run more updates than a window."""
+def test_auto_steps_per_execution_is_not_cut_to_the_balance_window():
+    """A balanced run takes the even run's calls: its windows end at call boundaries."""
     from tfdist.training.fit.arguments import steps_per_execution_for
 
     runner = types.SimpleNamespace(auto_steps_per_execution=32)
-    small, large = tfdist.BalanceOptions(window=8), tfdist.BalanceOptions(window=64)
-    assert steps_per_execution_for("auto", [], runner=runner, balance=small) == 8
-    assert steps_per_execution_for("auto", [], runner=runner, balance=large) == 32
     assert steps_per_execution_for("auto", [], runner=runner) == 32
-    assert steps_per_execution_for(16, [], runner=runner, balance=small) == 16  # as given
+    assert steps_per_execution_for(16, [], runner=runner) == 16  # as given
+
+
+def test_a_new_split_retraces_nothing():
+    """The shares are a variable the compiled loop reads: a new split takes effect on the next
+    call of the same trace (2 replicas in this process stand for the 2 workers)."""
+    from tfdist.strategies.balanced_split import BalancedSplit
+    from tfdist.strategies.base import LoopOptions
+    from tfdist.strategies.sync import SyncRunner
+
+    strategy = tfdist.make_strategy("mirrored", num_devices=2)
+    runner = SyncRunner(strategy)
+    runner.balanced = BalancedSplit(strategy, 2, 1)
+    runner.balanced.set([8, 8])
+    x = np.arange(64, dtype=np.float32).reshape(-1, 1)
+    data = types.SimpleNamespace(
+        dataset_fn=None, dataset=tf.data.Dataset.from_tensor_slices(x).batch(16).repeat()
+    )
+
+    def replica_fn(batches):  # replica r's examples, weighed r + 1
+        rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return tf.cast(tf.shape(batches[0])[0] * (rid + 1), tf.float32)
+
+    loop = LoopOptions("train_function", outputs=True)
+    fn = runner.compile_loop(replica_fn, lambda last: {"weighed": last}, loop)
+    iterator = runner.make_iterator(runner.balanced.distribute(data))
+    means = []
+    for shares in ([8, 8], [4, 12], [13, 3]):
+        runner.balanced.set(shares)
+        means.append(runner.fetch(runner.run(fn, iterator, 2))["weighed"])
+    assert means == [12.0, 14.0, 9.5]  # (n0 + 2 n1) / 2: each split taken
+    assert fn.experimental_get_tracing_count() == 1
+    assert runner.balanced.clock.take()["updates"] == 6  # timed, 2 updates a call
 
 
 class _Runner(types.SimpleNamespace):
@@ -199,7 +238,7 @@ def test_mirrored_is_refused_by_its_runner():
 
 def test_each_new_split_is_logged_and_written_as_scalars(tmp_path, caplog):
     from tfdist.strategies.step_clock import StepClock
-    from tfdist.training.balance.control import Decision
+    from tfdist.training.balance.control import Decision, Judged
 
     split = types.SimpleNamespace(
         workers=2, local_replicas=1, clock=StepClock(), set=lambda s: None
@@ -207,13 +246,22 @@ def test_each_new_split_is_logged_and_written_as_scalars(tmp_path, caplog):
     runner = _Runner(balanced=split, loop_tasks=["worker:0", "worker:1"], is_chief=True)
     balancer = Balancer(tfdist.BalanceOptions(), runner, 256, str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="tfdist.training.balance.balancer"):
-        balancer._apply(Decision([168, 88], "balance", [1000.0, 520.0], 0.01, None))
-        balancer._apply(Decision([128, 128], "even", [1000.0, 990.0], 0.012, 0.011))
+        balancer._apply(
+            Decision([168, 88], "balance", [1000.0, 520.0], 0.02, 0.0045, 0.0013, 0.0003, 5)
+        )
+        judged = Judged(1, 0.02, 0.0134, 0.0199, 4)
+        balancer._apply(Decision([128, 128], "even", [1000.0, 990.0], judged=judged))
     assert (
         "Balance: worker:0 takes 168, worker:1 takes 88 of every global batch of 256 "
-        "(worker:0 computes at 1.00x, worker:1 computes at 0.52x the fastest's rate)."
+        "(worker:0 computes at 1.00x, worker:1 computes at 0.52x the fastest's rate; predicted "
+        "gain 4.50 ms of 20.00 ms compute per update, cost of moving 1.30 ms: hysteresis 1.00 + "
+        "noise band 0.30, medians of 5 windows)."
     ) in caplog.text
-    assert "back to the even split" in caplog.text and "12.0 ms per update" in caplog.text
+    assert (
+        "back to the even split (worker:0 takes 128, worker:1 takes 128 of 256): a smaller share "
+        "was to cut worker:1's compute from 20.0 to 13.4 ms per update, and it computed 19.9 ms"
+    ) in caplog.text
+    assert "trying again in 4 windows" in caplog.text
     tags = set()
     for path in (tmp_path / "balance").iterdir():
         for event in tf.compat.v1.train.summary_iterator(str(path)):

@@ -8,10 +8,14 @@ its measured compute rate:
 * every worker reads the whole global batch and trains on its slice of it
   (`tfdist.strategies.balanced_split`); the update weighs each worker by its real count,
   so any split gives the even split's update (tested to 1e-5 with SGD);
-* after every ``window`` updates the workers gather their clocks in one all-reduce and
-  each takes the same decision (`tfdist.training.balance.control`): shares in proportion
-  to the rates, with hysteresis, never below a floor, and back to even when a split does
-  not make the step faster (a worker that waits rather than computes);
+* after every window of updates (at the first call boundary after ``window`` updates; the
+  calls are the even run's, ``steps_per_execution`` is never cut to fit a window) the workers
+  gather their compute times, apart from their wait in the collective, in one all-reduce,
+  and each takes the same decision (`tfdist.training.balance.control`): shares in proportion
+  to the median rates of the last windows, only when the predicted gain beats the cost of
+  moving (hysteresis plus the estimate's noise band), never below a floor, and back to even
+  when the unloaded worker's time did not shrink with its share (it waits rather than
+  computes);
 * the chief logs each change (``Balance: worker:1 takes 88 of 256 examples per update
   ...``) and, beside a ``TensorBoard`` callback's logs, writes each worker's share and rate
   as scalars under ``balance/``.
@@ -45,14 +49,15 @@ class BalanceOptions:
     """How a multi_worker run splits each global batch between its workers.
 
     Attributes:
-        window: Updates between decisions (each worker's clock summed over them). A
+        window: Least updates between decisions (each worker's clock summed over them). A
             decision falls between ``tf.function`` calls, at the first after ``window``
-            updates: ``steps_per_execution="auto"`` runs at most ``window`` updates per call,
-            a larger explicit ``steps_per_execution`` makes the window that many updates.
+            updates: a call of more updates (``steps_per_execution``) makes a longer window.
         floor: No worker's share falls below this fraction of the even share.
-        hysteresis: Least predicted cut of an update's compute time for a new split.
-        min_gain: Least measured cut of the slowest worker's compute time per update against
-            the even split for an uneven split to stay (else back to even, and wait 2, 4, 8,
+        hysteresis: Least predicted cut of an update's compute time (a fraction of it) for a
+            new split, on top of the estimate's noise band: the cost of moving.
+        min_gain: Least measured cut of the compute time of the worker that a split away from
+            even unloaded (a fraction of its time before, or a quarter of the predicted cut
+            where that is less) for the split to stay (else back to even, and wait 2, 4, 8,
             ... windows).
         splits: Fixed splits instead of measured ones: ``((update, (examples per worker,
             ...)), ...)``, each taken at the first call from that update of the fit on (a
@@ -217,7 +222,7 @@ class Balancer:
             due = [shares for update, shares in self._pending if update <= self.updates]
             if due:  # the last one due (a resumed fit may be past several)
                 self._pending = self._pending[len(due) :]
-                self._apply(Decision(list(due[-1]), "fixed", [], 0.0, None))
+                self._apply(Decision(list(due[-1]), "fixed", []))
             return
         if self._since < self.options.window:
             return
@@ -241,18 +246,27 @@ class Balancer:
         shares = ", ".join(f"{label} takes {n}" for label, n in zip(labels, decision.shares))
         if decision.reason == "fixed":
             return f"Balance: {shares} of every global batch of {g} (a fixed split)."
-        if decision.reason == "even":
+        judged = decision.judged
+        if decision.reason == "even" and judged is not None:
             return (
-                f"Balance: back to the even split ({shares} of {g}): under the balanced split the "
-                f"slowest worker still computed {decision.slowest * 1e3:.1f} ms per update, "
-                f"against {decision.reference * 1e3:.1f} ms even, so its time does not shrink "
-                "with its share (it waits rather than computes); trying again later."
+                f"Balance: back to the even split ({shares} of {g}): a smaller share was to cut "
+                f"{labels[judged.worker]}'s compute from {judged.before * 1e3:.1f} to "
+                f"{judged.predicted * 1e3:.1f} ms per update, and it computed "
+                f"{judged.after * 1e3:.1f} ms, so its time does not shrink with its share (it "
+                f"waits rather than computes); trying again in {judged.backoff} windows."
             )
         fastest = max(decision.rates)
         rates = ", ".join(
             f"{label} computes at {r / fastest:.2f}x" for label, r in zip(labels, decision.rates)
         )
-        return f"Balance: {shares} of every global batch of {g} ({rates} the fastest's rate)."
+        step = decision.step
+        return (
+            f"Balance: {shares} of every global batch of {g} ({rates} the fastest's rate; "
+            f"predicted gain {decision.gain * 1e3:.2f} ms of {step * 1e3:.2f} ms compute per "
+            f"update, cost of moving {decision.cost * 1e3:.2f} ms: hysteresis "
+            f"{(decision.cost - decision.band) * 1e3:.2f} + noise band "
+            f"{decision.band * 1e3:.2f}, medians of {decision.windows} windows)."
+        )
 
     def _scalars(self, decision: Decision) -> None:
         if self.summary_dir is None:

@@ -4,36 +4,51 @@ Pure Python on numbers every worker holds alike (each window's sums, gathered in
 all-reduce; `tfdist.strategies.balanced_split`), so that every worker takes the same
 decision at the same update without a message from the chief.
 
-After each window of updates, for worker ``w`` with share ``n_w`` and compute seconds
-``c_w`` per update (from its inputs being ready to its gradients being ready: its own
-work, not its wait for the others), its time per example is ``p_w = c_w / n_w``, averaged
-half and half with the windows before it since the split last changed (one busy window
-moves it half as far):
+Each window gives, per worker ``w`` with share ``n_w``, its compute seconds per update
+``c_w``: from its inputs being ready to its gradients being ready, its own work and not its
+wait for the others in the collective (`tfdist.strategies.step_clock`). The controller keeps
+the windows since the split last changed (the last `HISTORY` of them) and:
 
-* the **target** split is proportional to the rates ``1 / p_w``, no share below ``floor``
+* **a rate that noise does not move:** each worker's compute per update is the **median**
+  of those windows, and nothing is decided before `SETTLE` windows at the current split (so
+  one busy window, or the first one after a change, moves nothing);
+* **the target** split is proportional to the rates ``n_w / c_w``, no share below ``floor``
   times the even share, in whole units of a worker's replicas, summing to the global batch;
-* it is taken only if it cuts the predicted compute time of an update, ``max(n_w p_w)``,
-  by at least ``hysteresis`` (so noise does not move the split);
-* **only where it pays**: the first window after leaving the even split is judged against
-  the even split's last one. Unless the slowest worker's compute time per update fell by at
-  least ``min_gain``, the split goes back to even and stays there for 2, then 4, 8, ...
-  windows (up to `MAX_BACKOFF`) before trying again: a worker whose time does not shrink
-  with its share (it waits on something, a lock, a device, a fixed delay, rather than
-  computes) cannot be helped by a smaller one. A worker that is slow outside its compute
-  (its input, its callbacks, the network) looks no slower here and is never given less.
+* **a move must pay more than it costs:** the predicted gain is the cut of an update's
+  compute time, ``max(c_w) - max(n'_w c_w / n_w)``; the cost is ``hysteresis`` times the
+  update's compute time plus the estimate's noise band (the median distance of the gain
+  predicted from each window alone to the median's; twice that to leave the even split, the
+  safe one, which also takes `HISTORY` windows). The split moves only when the gain exceeds
+  the cost; both are in the `Decision`, and in the chief's log line;
+* **judged where it moved:** once `SETTLE` windows are measured at a split that left the
+  even one, the worker that was given the smaller share must have had its compute time cut
+  by at least ``min_gain`` of it, or a quarter of the predicted cut where that is less. A
+  first partial move with a fixed cost per update cuts less than proportionally but still
+  cuts, and the next decision takes the rest (the rates are measured again at the new
+  split). A worker whose time does not shrink with its share (it waits on something, a lock,
+  a device, a fixed delay, rather than computes) cannot be helped by a smaller one: the
+  split goes back to even and stays there for 2, then 4, 8, ... windows (up to
+  `MAX_BACKOFF`) before trying again. A worker that is slow outside its compute (its input,
+  its callbacks, the network) looks no slower here and is never given less.
 
-The first window of a fit holds its tracing and is only used as the even split's reference
-once a second one is measured.
+The first window of a fit holds its tracing and is dropped.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 
 #: Windows a split that did not pay waits at most before balancing is tried again.
 MAX_BACKOFF = 64
+#: Windows at one split whose median is each worker's compute per update.
+HISTORY = 5
+#: Windows measured at a split before it is judged or changed.
+SETTLE = 3
+#: Share of the predicted cut a move must realize on the worker it unloaded (else: it waits).
+REALIZED = 0.25
 
 
 def proportional(total: int, rates: Sequence[float], *, unit: int = 1, floor: int = 1) -> list[int]:
@@ -75,14 +90,44 @@ class Window:
 
 
 @dataclasses.dataclass
+class Judged:
+    """Why a split went back to even: ``worker`` was given fewer examples, and its compute
+    per update went from ``before`` to ``after`` seconds where ``predicted`` was expected."""
+
+    worker: int
+    before: float
+    predicted: float
+    after: float
+    backoff: int
+
+
+@dataclasses.dataclass
 class Decision:
-    """A new split and why: ``"balance"`` (rates), ``"even"`` (back: it did not pay)."""
+    """A new split and why: ``"balance"`` (rates), ``"even"`` (back: it did not pay),
+    ``"fixed"`` (given).
+
+    ``step`` is the update's compute time now (the slowest worker's median, seconds),
+    ``gain`` the predicted cut of it, ``cost`` what the move had to beat (the hysteresis and
+    the noise ``band``), over ``windows`` windows; ``judged`` says why a split went back."""
 
     shares: list[int]
     reason: str
     rates: list[float]
-    slowest: float  # the slowest worker's compute seconds per update in the last window
-    reference: float | None  # the same under the even split, when judged against it
+    step: float = 0.0
+    gain: float = 0.0
+    cost: float = 0.0
+    band: float = 0.0
+    windows: int = 0
+    judged: Judged | None = None
+
+
+@dataclasses.dataclass
+class _Move:
+    """A move awaiting its judgement: the worker unloaded, its compute before, as predicted."""
+
+    worker: int
+    before: float
+    predicted: float
 
 
 class SplitController:
@@ -93,8 +138,10 @@ class SplitController:
         workers: Workers in sync.
         unit: Replicas per worker: every share is a multiple of it.
         floor: No share below this fraction of the even share.
-        hysteresis: Least predicted cut of an update's compute time to change the split.
-        min_gain: Least measured cut of the step time for an uneven split to stay.
+        hysteresis: Least predicted cut of an update's compute time (a fraction of it) on top
+            of the estimate's noise band to change the split.
+        min_gain: Least measured cut of the unloaded worker's compute time (a fraction of it,
+            or a quarter of the predicted cut where less) for a split away from even to stay.
     """
 
     def __init__(
@@ -114,12 +161,11 @@ class SplitController:
         self.min_gain = min_gain
         self.even = proportional(global_batch_size, [1.0] * workers, unit=unit)
         self.shares = list(self.even)
-        self.reference: float | None = None  # the even split's last step time
-        self.trial = False  # the split left even and awaits its first judged window
         self.failures = 0
         self.backoff = 0
         self.windows = 0
-        self._smoothed: list[float] | None = None  # seconds per example since the last change
+        self.history: list[list[float]] = []  # compute s/update per worker, at this split
+        self._move: _Move | None = None
 
     def decide(self, windows: Sequence[Window]) -> Decision | None:
         """The split for the next window after ``windows`` (one per worker), or None: keep."""
@@ -129,34 +175,61 @@ class SplitController:
         computes = [w.compute / w.updates for w in windows]
         if not all(math.isfinite(c) and c > 0 for c in computes):
             return None
-        slowest = max(computes)  # what the others wait for, each update
-        times = [c / n for c, n in zip(computes, self.shares)]  # seconds per example
-        if self._smoothed is not None:  # the same split as the last window: half of each
-            times = [(a + b) / 2 for a, b in zip(times, self._smoothed)]
-        self._smoothed = times
-        rates = [1.0 / t for t in times]
-        if self.shares == self.even:
-            self.reference = slowest
-        elif self.trial:
-            self.trial = False
-            if slowest > self.reference * (1.0 - self.min_gain):
+        self.history = [*self.history, computes][-HISTORY:]
+        # Leaving the even split takes a full history: most windows must agree who is slow.
+        if len(self.history) < (HISTORY if self.shares == self.even else SETTLE):
+            return None
+        medians = [statistics.median(h[w] for h in self.history) for w in range(len(computes))]
+        rates = [n / c for n, c in zip(self.shares, medians)]
+        if self._move is not None:
+            move, self._move = self._move, None
+            after = medians[move.worker]
+            needed = min(self.min_gain * move.before, REALIZED * (move.before - move.predicted))
+            if move.before - after < needed:
                 self.failures += 1
                 self.backoff = min(2**self.failures, MAX_BACKOFF)
-                return self._to(list(self.even), "even", rates, slowest)
+                judged = Judged(move.worker, move.before, move.predicted, after, self.backoff)
+                return self._to(Decision(list(self.even), "even", rates, judged=judged))
+            self.failures = 0
         if self.backoff:
             self.backoff -= 1
             return None
-        target = proportional(self.global_batch_size, rates, unit=self.unit, floor=self.floor)
-        then = max(n * t for n, t in zip(target, times))
-        if target == self.shares or slowest - then < self.hysteresis * slowest:
-            return None
-        self.trial = self.shares == self.even and target != self.even
-        return self._to(target, "balance", rates, slowest)
+        return self._balance(medians, rates)
 
-    def _to(self, shares: list[int], reason: str, rates: list[float], slowest: float) -> Decision:
-        reference = self.reference if reason == "even" else None
-        self.shares, self._smoothed = shares, None
-        return Decision(shares, reason, rates, slowest, reference)
+    def _balance(self, medians: list[float], rates: list[float]) -> Decision | None:
+        """The proportional split, if its predicted gain beats the cost of moving."""
+        target = proportional(self.global_batch_size, rates, unit=self.unit, floor=self.floor)
+        if target == self.shares:
+            return None
+        step, gain = _gain(medians, self.shares, target)
+        gains = [_gain(h, self.shares, target)[1] for h in self.history]
+        # Leaving even, the safe split, takes twice the evidence.
+        band = statistics.median(abs(g - gain) for g in gains) * (
+            2 if self.shares == self.even else 1
+        )
+        cost = self.hysteresis * step + band
+        if gain <= cost:
+            return None
+        decision = Decision(target, "balance", rates, step, gain, cost, band, len(self.history))
+        if self.shares == self.even:  # leaving even: judged where it unloads a worker most
+            worker = min(range(len(target)), key=lambda w: target[w] / self.shares[w])
+            predicted = medians[worker] * target[worker] / self.shares[worker]
+            self._move = _Move(worker, medians[worker], predicted)
+        return self._to(decision)
+
+    def _to(self, decision: Decision) -> Decision:
+        self.shares, self.history = list(decision.shares), []
+        if decision.reason == "even":
+            self._move = None
+        return decision
+
+
+def _gain(computes: Sequence[float], shares: Sequence[int], target: Sequence[int]):
+    """(the update's compute time now, its predicted cut at ``target``): each worker's
+    compute scaled by its share."""
+    now = max(computes)
+    then = max(c * t / n for c, n, t in zip(computes, shares, target))
+    return now, now - then
 
 
 def windows_from(rows: Mapping[int, Sequence[float]] | Sequence[Sequence[float]]) -> list[Window]:

@@ -176,11 +176,7 @@ def check_fit_arguments(
 
 
 def steps_per_execution_for(
-    given: int | str,
-    callbacks: Sequence[keras.callbacks.Callback],
-    *,
-    runner: Runner,
-    balance: Any = None,
+    given: int | str, callbacks: Sequence[keras.callbacks.Callback], *, runner: Runner
 ) -> int:
     """``steps_per_execution`` for one fit (or evaluation): the int given, or what ``"auto"`` picks.
 
@@ -194,9 +190,8 @@ def steps_per_execution_for(
     every batch; calls still end at backup ``freq`` boundaries). Only the
     callbacks and the runner decide (never timing, nor which process is the
     chief): every worker must split an epoch into the same calls, since each
-    call ends with collectives (logs, preemption vote). With ``balance`` (its
-    `BalanceOptions`), ``"auto"`` runs at most its ``window`` updates per call,
-    since a balanced run re-decides its split only between calls.
+    call ends with collectives (logs, preemption vote). A balanced run takes the same
+    calls: it decides between them, after at least its window of updates.
     """
     if given != "auto":
         return given
@@ -214,10 +209,4 @@ def steps_per_execution_for(
             ", ".join(per_batch),
         )
         return 1
-    auto = int(runner.auto_steps_per_execution)
-    if balance is not None and balance.window < auto:
-        logger.info(
-            "steps_per_execution='auto': %d updates per call, the balance window.", balance.window
-        )
-        return int(balance.window)
-    return auto
+    return int(runner.auto_steps_per_execution)
