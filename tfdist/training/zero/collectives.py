@@ -1,18 +1,16 @@
 """The collectives of a sharded update (ZeRO-1/2), in buckets of bounded size, one at a time.
 
 `reduce_scatter` sums gradients over the replicas, each replica keeping its block of each
-(`tfdist.training.zero.layout`); `gather_into` writes every replica's updated blocks
-into
-every replica's whole variables. Both cut the block layout ``[N, S]`` of each tensor into
-column chunks and pack the chunks into buckets of about ``bucket_bytes`` (a large variable
-spans several buckets, small ones share one), and start a bucket only once the previous
-one is done: the exchange never holds more than about two buckets of summed gradients, and
-the gather about one variable's whole value, beside what the step itself holds.
+(`tfdist.training.zero.layout`): it cuts the block layout ``[N, S]`` of each tensor into column
+chunks and packs them into buckets of about ``bucket_bytes`` (a large variable spans several
+buckets, small ones share one), starting a bucket only once the previous one is done, so the
+exchange never holds more than about two buckets of summed gradients. `gather_into` writes
+every replica's updated blocks into every replica's whole variables, each variable whole by
+one dense assign (small ones share a bucket), one bucket at a time.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,41 +135,6 @@ def _assign_all(strategy: tf.distribute.Strategy, values: Any, *, targets: list)
         strategy.extended.update(target, lambda var, x: var.assign(x), args=(value,), group=False)
 
 
-def row_length(shape: Any, width: int) -> int:
-    """Elements per row of a tensor of ``shape`` whose ``[S]`` blocks (``S = width``) start
-    on row boundaries, so that a chunk of whole rows is written in place; else 0."""
-    shape = tf.TensorShape(shape)
-    if shape.rank == 0:
-        return 0
-    length = shape[1:].num_elements()
-    return length if length and width % length == 0 else 0
-
-
-def _slices(chunk: Chunk, part: tf.Tensor, shape: Any, width: int, length: int, n: int) -> list:
-    """``((first row, end row), value)`` of the whole tensor that each replica's row of
-    ``part`` (a gathered ``[N, end - start]`` chunk) is, padding left out."""
-    i, start, end = chunk
-    shape = tf.TensorShape(shape)
-    out = []
-    for r in range(n):
-        first, last = r * width + start, min(r * width + end, shape.num_elements())
-        if first < last:
-            value = tf.reshape(part[r, : last - first], [(last - first) // length, *shape[1:]])
-            out.append(((first // length, last // length), value))
-    return out
-
-
-def _assign_rows(
-    strategy: tf.distribute.Strategy, values: Any, *, targets: list, ranges: list
-) -> None:
-    """Cross-replica: rows ``ranges[k]`` (``(first, end)``) of each replica's copy of
-    ``targets[k]`` take ``values[k]``, in place."""
-    for target, (first, end), value in zip(targets, ranges, values):
-        strategy.extended.update(
-            target, lambda var, x, a=first, b=end: var[a:b].assign(x), args=(value,), group=False
-        )
-
-
 def gather_into(
     new_blocks: Sequence[tf.Tensor],
     targets: Sequence[Any],
@@ -180,55 +143,34 @@ def gather_into(
     num_replicas: int,
     bucket_bytes: int,
 ) -> None:
-    """Every replica's ``[S]`` blocks, all-gathered bucket by bucket, written into every
-    replica's copy of ``targets`` (whole variables) (replica context): chunk by chunk in
-    place where the blocks start on rows, else whole once complete. A Keras ``constraint``
-    (``constraints[i]``, or None) applies to the whole tensor, as Keras's optimizer applies
-    it after an update."""
+    """Every replica's ``[S]`` blocks, all-gathered, written into every replica's copy of
+    ``targets`` (whole variables), each by one dense assign of its whole value (replica
+    context). A Keras ``constraint`` (``constraints[i]``, or None) applies to the whole tensor,
+    as Keras's optimizer applies it after an update.
+
+    Small variables share one all-gather (up to about ``bucket_bytes``); a larger one is
+    gathered alone and whole, never in column chunks (its chunks and their concatenation would
+    be alive together: twice its size). The next bucket starts once the previous one is
+    written. Never a slice assign: after one, a TF variable copies itself on every later dense
+    read, for good (a whole copy of each weight from the forward to its backward).
+    """
     ctx = tf.distribute.get_replica_context()
     widths = [b.shape.num_elements() for b in new_blocks]
-    lengths = [
-        0 if c is not None else row_length(t.shape, w)
-        for t, w, c in zip(targets, widths, constraints)
-    ]
-    parts: list[list[tf.Tensor]] = [[] for _ in new_blocks]
     done: list[tf.Tensor] = []
     dtypes = [b.dtype for b in new_blocks]
-    buckets = plan(widths, dtypes, num_replicas, bucket_bytes, align=[n or 1 for n in lengths])
-    for bucket in buckets:
+    # Aligned to its own width, each variable is one chunk: whole in one bucket.
+    for bucket in plan(widths, dtypes, num_replicas, bucket_bytes, align=widths):
+        indices = [i for i, _, _ in bucket]
         with _after(done):
-            packed = _joined([_columns(new_blocks[i], s, e, widths[i], 0) for i, s, e in bucket], 0)
-        rows = ctx.all_gather(tf.reshape(packed, [1, -1]), axis=0)  # [N, sum of the chunks]
-        split = tf.split(rows, [e - s for _, s, e in bucket], axis=1) if len(bucket) > 1 else [rows]
-        in_place, complete = [], []
-        for chunk, part in zip(bucket, split):
-            i = chunk[0]
-            if lengths[i]:
-                in_place += [
-                    (targets[i], s)
-                    for s in _slices(
-                        chunk, part, targets[i].shape, widths[i], lengths[i], num_replicas
-                    )
-                ]
-                continue
-            parts[i].append(part)
-            if chunk[2] == widths[i]:
-                complete.append(i)
-        written = [t for t, _ in in_place]
-        if in_place:
-            assign = functools.partial(_assign_rows, ranges=[s[0] for _, s in in_place])
-            ctx.merge_call(assign, args=([s[1] for _, s in in_place],), kwargs={"targets": written})
-        if complete:
-            whole = [unblock(_joined(parts[i], 1), targets[i].shape) for i in complete]
-            whole = [
-                w if constraints[i] is None else constraints[i](w) for i, w in zip(complete, whole)
-            ]
-            written += [targets[i] for i in complete]
-            ctx.merge_call(
-                _assign_all, args=(whole,), kwargs={"targets": [targets[i] for i in complete]}
-            )
-            for i in complete:
-                parts[i] = []
+            # A data edge (an identity made here) orders the collective, which MirroredStrategy
+            # builds in a merge_call on another thread, out of this thread's control scope.
+            packed = tf.concat([new_blocks[i] for i in indices], 0)
+        rows = ctx.all_gather(tf.reshape(packed, [1, -1]), axis=0)  # [N, sum of the S]
+        split = tf.split(rows, [widths[i] for i in indices], axis=1) if len(indices) > 1 else [rows]
+        whole = [unblock(part, targets[i].shape) for i, part in zip(indices, split)]
+        whole = [w if constraints[i] is None else constraints[i](w) for i, w in zip(indices, whole)]
+        written = [targets[i] for i in indices]
+        ctx.merge_call(_assign_all, args=(whole,), kwargs={"targets": written})
         # Reads after the assigns (automatic control dependencies order them): the next
         # bucket starts once these are written and their values freed.
-        done = [tf.reshape(t.read_value(), [-1])[:1] for t in written] or split
+        done = [tf.reshape(t.read_value(), [-1])[:1] for t in written]

@@ -16,7 +16,8 @@ update then runs, in replica context:
    optimizer updates the master shards only, with its slots (Adam's moments, momentum)
    sharded alike;
 3. the updated blocks are all-gathered, one bucket at a time, and written into every
-   replica's copy of the model's variables.
+   replica's copy of the model's variables, each variable whole by one dense assign (never
+   by slices: after a slice assign a TF variable copies itself on every later read).
 
 ``sharding="gradients"`` (ZeRO-2) differs under accumulation: it reduces every
 micro-batch at once into a sum buffer of blocks, so no replica keeps a full gradient

@@ -220,7 +220,9 @@ class ShardedUpdate(TrainUpdate):
         state, n = self.state, self.num_replicas
         variables = [state.variables[i] for i in self.present]
         masters = [state.masters[i] for i in self.present]
-        copied: list[tf.Tensor] = []
+        # After the exchange (else the copies run during the backward pass, beside its
+        # whole gradients, and raise the step's peak).
+        copied: list[tf.Tensor] = [dense_part(g) for g in grads]
         for master, variable in zip(masters, variables):
             # From the whole variable, which a callback, a restore or a constraint may have
             # changed; one block after the other, so that their copies do not pile up.
