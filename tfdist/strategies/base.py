@@ -146,6 +146,8 @@ class Runner(Protocol):
     #: Why balanced batches (``Trainer(balance=...)``) cannot run here, or None; where they can,
     #: the runner is a `BalancingRunner`.
     balance_refusal: str | None
+    #: Why local SGD (``Trainer(local_sgd=...)``) cannot run here, or None.
+    local_sgd_refusal: str | None
 
     reads_training_input_here: bool
     """Whether this process reads the training batches it trains on (not other processes):

@@ -141,6 +141,9 @@ class SyncRunner:
     #: ``LoopOptions(outputs=True)`` hands ``logs_fn`` the last call's outputs, averaged over
     #: the replicas (as Keras's fit reduces a train_step's logs under tf.distribute).
     reduces_step_outputs = True
+    #: Local SGD runs on every sync strategy: each replica's component of a mirrored variable
+    #: is its copy (one replica: plain training, every sync the identity).
+    local_sgd_refusal = None
 
     @property
     def sharding_refusal(self) -> str | None:

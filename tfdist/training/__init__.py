@@ -12,6 +12,7 @@ Start at ``trainer`` (``Trainer``: checks its arguments and wires the parts).
 - ``zero/``: sharded optimizer state and gradients (ZeRO-1/2).
 - ``pipeline/``: pipeline stages (model parallelism) and the hybrid.
 - ``balance/``: batch shares by worker speed.
+- ``local_sgd/``: local SGD and DiLoCo: replicas train on their own and sync every H updates.
 - ``backup/``: step-exact backups and resuming.
 - ``health/``: the watchdog and the straggler report.
 

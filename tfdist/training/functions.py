@@ -23,6 +23,7 @@ from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import LoopOptions, Runner
 from tfdist.training.build import lr_schedules as schedules
 from tfdist.training.fit.one_epoch import StartUpdates
+from tfdist.training.local_sgd.options import LocalSGDOptions
 from tfdist.training.options import ExchangeOptions, LRScaling
 from tfdist.training.pipeline.update import Pipeline
 from tfdist.training.step.exchange import log_nothing_to_exchange
@@ -50,6 +51,7 @@ class StepFunctions:
         schedule: The learning-rate schedule when scaling or warmup is on.
         skipped_updates: The loss-scaling skip counter, when loss scaling.
         pipeline: The model's pipeline stages (`tfdist.training.pipeline.options`), or None.
+        local_sgd: Local SGD or DiLoCo (`tfdist.training.local_sgd`), or None.
 
     A model's own ``train_step``/``test_step``/``predict_step`` replaces
     tfdist's replica step of that kind (see `tfdist.training.step.model_steps`).
@@ -65,6 +67,7 @@ class StepFunctions:
         schedule: schedules.ScaledWarmup | None = None,
         skipped_updates: tf.Variable | None = None,
         pipeline: Pipeline | None = None,
+        local_sgd: LocalSGDOptions | None = None,
     ) -> None:
         self.model = model
         self.pipeline = pipeline
@@ -80,6 +83,7 @@ class StepFunctions:
             exchange=self.exchange,
             pipeline=pipeline,
             skipped_updates=skipped_updates,
+            local_sgd=local_sgd,
         )
         self.overrides = Overrides.of(model)
         # The log keys a user's train_step / test_step returns (known once traced).
@@ -152,6 +156,8 @@ class StepFunctions:
         if self.skipped_updates is not None and not self.overrides.train_step:
             logs["loss_scale"] = optimizer.dynamic_scale
             logs["skipped_updates"] = self.skipped_updates
+        if self.updates.local is not None:  # local SGD: the syncs so far
+            logs["syncs"] = self.updates.local.syncs
         return logs
 
     def metrics_result(self) -> dict[str, tf.Tensor]:
@@ -232,6 +238,7 @@ class StepFunctions:
                 updates_per_epoch=-(-steps // k),  # a partial last window is one more update
             )
         self.build(source)
+        self.updates.start_fit()
         gbs = source.global_batch_size
 
         def start(micro_batches: int, iterator: Any, num_updates: int) -> Any:
@@ -269,6 +276,7 @@ class StepFunctions:
                 updates_per_epoch=0,  # unused: no warmup in epochs
             )
         self.build(source)
+        self.updates.start_fit()
         gbs = source.global_batch_size
 
         def start(micro_batches: int, iterator: Any, num_updates: int) -> Any:

@@ -46,6 +46,7 @@ from tfdist.training.step.exchange import COMPRESSIONS, Compression
 if TYPE_CHECKING:  # annotations only: the bundle does not import what the groups configure
     from tfdist.training.balance.balancer import BalanceOptions
     from tfdist.training.health.stragglers import StragglerOptions
+    from tfdist.training.local_sgd.options import LocalSGDOptions
     from tfdist.training.pipeline.options import PipelineOptions
 
 ScalingRule = Literal["none", "linear"]  # the names are tfdist.config.LR_SCALINGS
@@ -400,6 +401,7 @@ class TrainerOptions:
         stragglers: The straggler report's options, or None (off).
         pipeline: The pipeline stages' options, or None (no pipeline).
         balance: Balanced batches' options, or None (off, or one worker: nothing to balance).
+        local_sgd: Local SGD or DiLoCo (`tfdist.training.local_sgd`), or None (off).
     """
 
     precision: str
@@ -412,6 +414,7 @@ class TrainerOptions:
     stragglers: StragglerOptions | None
     pipeline: PipelineOptions | None
     balance: BalanceOptions | None
+    local_sgd: LocalSGDOptions | None = None
 
 
 class OptionAttribute:

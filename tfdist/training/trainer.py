@@ -45,6 +45,7 @@ from tfdist.training.functions import StepFunctions
 from tfdist.training.health.monitor import check_health_options
 from tfdist.training.health.stragglers import DEFAULT_STRAGGLERS, StragglerOptions
 from tfdist.training.health.watchdog import DEFAULT_WATCHDOG, WatchdogOptions
+from tfdist.training.local_sgd.options import LocalSGDOptions, check_local_sgd, local_sgd_options
 from tfdist.training.options import (
     SHORTCUT_KEYWORDS,
     BackupOptions,
@@ -127,6 +128,9 @@ class Trainer(EvaluateAndPredict):
             the default strategy, or ``multi_worker`` made with ``stage_devices=K`` (the hybrid).
         balance: ``True`` or a ``BalanceOptions``: on ``multi_worker``, each worker's share of
             every global batch follows its measured speed (see `tfdist.training.balance.balancer`).
+        local_sgd: A ``LocalSGDOptions``: each replica takes its own updates and the replicas
+            average their parameters every ``sync_every`` updates, or apply the averaged change
+            with an outer optimizer (DiLoCo); see `tfdist.training.local_sgd`.
 
     Raises:
         ValueError: For a bad argument, option or shortcut, or a model that
@@ -143,6 +147,7 @@ class Trainer(EvaluateAndPredict):
     stragglers = OptionAttribute()
     pipeline = OptionAttribute()
     balance = OptionAttribute()
+    local_sgd = OptionAttribute()
 
     def __init__(
         self,
@@ -174,6 +179,7 @@ class Trainer(EvaluateAndPredict):
         stragglers: StragglerOptions | None = DEFAULT_STRAGGLERS,
         pipeline: PipelineOptions | None = None,
         balance: bool | BalanceOptions = False,
+        local_sgd: LocalSGDOptions | None = None,
     ) -> None:
         # Every argument is checked here, once, before anything is built.
         precision_lib.check_precision(precision)
@@ -185,10 +191,8 @@ class Trainer(EvaluateAndPredict):
             backup=backup, lr_scaling=lr_scaling, exchange=exchange, **shortcuts
         )
         watchdog, stragglers = check_health_options(watchdog, stragglers, backup)
-        balance = balance_options(balance)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)
-        pipeline = check_pipeline_options(pipeline, self._runner, exchange.sharding)
         options = TrainerOptions(
             precision=model_precision(precision, model, is_chief=self._runner.is_chief),
             accumulation_steps=accumulation_steps,
@@ -198,8 +202,9 @@ class Trainer(EvaluateAndPredict):
             exchange=exchange,
             watchdog=watchdog,
             stragglers=stragglers,
-            pipeline=pipeline,
-            balance=balance,
+            pipeline=check_pipeline_options(pipeline, self._runner, exchange.sharding),
+            balance=balance_options(balance),
+            local_sgd=local_sgd_options(local_sgd),
         )
         compile_arguments = dict(optimizer=optimizer, loss=loss, metrics=metrics)
         compile_arguments.update(loss_weights=loss_weights, weighted_metrics=weighted_metrics)
@@ -228,6 +233,7 @@ class Trainer(EvaluateAndPredict):
         if options.exchange.sharding is not None:
             check_optimizer(self.model.optimizer, options.exchange.sharding)
         devices = check_pipeline_model(options.pipeline, self.model, self._runner)
+        check_local_sgd(options.local_sgd, self._runner, options, self.model)
         steps_per_execution = options.steps_per_execution  # "auto" is resolved by each fit
         if steps_per_execution == "auto" and compiled.steps_per_execution:
             # The model was compiled with steps_per_execution=N: Keras's fit would run N per call.
@@ -247,6 +253,7 @@ class Trainer(EvaluateAndPredict):
             schedule=compiled.schedule,
             skipped_updates=compiled.skipped_updates,
             pipeline=None if devices is None else Pipeline(self.pipeline, devices, self.strategy),
+            local_sgd=self.local_sgd,
         )
         self._backups = FitBackups(
             self.backup,

@@ -12,7 +12,9 @@ capability replaces a part of it:
 | yes | yes | `ShardedPipelineUpdate` | both | stages placed, then shards |
 
 Sharding on one replica trains unsharded (with a log line). Neither `tfdist.training.zero` nor
-`tfdist.training.pipeline` imports the other: they meet here only.
+`tfdist.training.pipeline` imports the other: they meet here only. Local SGD
+(`tfdist.training.local_sgd`) replaces the exchange of the plain update (``LocalUpdate``); the
+Trainer refuses it beside sharding or a pipeline.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import keras
 import tensorflow as tf
 
 from tfdist.strategies.base import Runner
+from tfdist.training.local_sgd.options import LocalSGDOptions
+from tfdist.training.local_sgd.sync import LocalState
+from tfdist.training.local_sgd.update import LocalUpdate
 from tfdist.training.options import ExchangeOptions
 from tfdist.training.pipeline.update import Pipeline, PipelineUpdate
 from tfdist.training.step.update import TrainUpdate
@@ -45,6 +50,7 @@ class Updates:
         exchange: How the gradients travel, and whether the optimizer state is sharded.
         pipeline: The model's pipeline stages, or None.
         skipped_updates: The loss-scaling skip counter, when loss scaling.
+        local_sgd: Local SGD or DiLoCo (`tfdist.training.local_sgd`), or None.
     """
 
     def __init__(
@@ -55,6 +61,7 @@ class Updates:
         exchange: ExchangeOptions,
         pipeline: Pipeline | None = None,
         skipped_updates: tf.Variable | None = None,
+        local_sgd: LocalSGDOptions | None = None,
     ) -> None:
         self.model = model
         self.runner = runner
@@ -62,6 +69,19 @@ class Updates:
         self.pipeline = pipeline
         self.skipped_updates = skipped_updates
         self.sharded: ShardedState | None = None  # the sharded optimizer state, once built
+        self.local_sgd = local_sgd
+        self.local: LocalState | None = None  # local SGD's state, once built (`start_fit`)
+
+    def start_fit(self) -> None:
+        """At a fit's start, the model built: local SGD's state built, or re-anchored on a
+        round's boundary (`tfdist.training.local_sgd.sync.LocalState.anchor`)."""
+        if self.local_sgd is None:
+            return
+        if self.local is None:
+            strategy = self.runner.strategy
+            self.local = LocalState(self.model, strategy, self.local_sgd, self.exchange)
+        if int(self.model.optimizer.iterations.numpy()) % self.local_sgd.sync_every == 0:
+            self.local.anchor()
 
     def optimizer_builder(self) -> Any:
         """What builds the optimizer: the pipeline's stages placed first (the slots follow their
@@ -91,6 +111,8 @@ class Updates:
         more: dict[str, Any] = {}
         if self.pipeline is not None:
             kind, more = PipelineUpdate, self.pipeline.update_arguments()
+        if self.local is not None:  # refused beside a pipeline and sharding (the Trainer)
+            kind, more = LocalUpdate, {"state": self.local}
         if self.sharded is not None:
             kind = ShardedUpdate if self.pipeline is None else ShardedPipelineUpdate
             more["state"] = self.sharded

@@ -4,7 +4,8 @@
 - ``fit_hooks``: what tfdist's callbacks need of ``fit`` and of the progress bar.
 - ``masks``: the ``_keras_mask`` a tensor carries, and the masked terms of Keras's losses.
 - ``metric_state``: metric state as local tensors, for exact parameter-server logs.
-- ``optimizer``: ``gradients_already_summed``: a Keras optimizer that does not all-reduce.
+- ``optimizer``: ``gradients_already_summed``: a Keras optimizer that does not all-reduce;
+  ``apply_in_cross_replica_context``: one that applies from cross-replica context.
 - ``atomic``: shim ``atomic_assign_add``: Keras variable increments as one atomic TF op.
 - ``scope_moves``: the user's live Keras objects moved into a strategy scope.
 - ``layer_graph``: a functional model's calls in order, nested models flattened.

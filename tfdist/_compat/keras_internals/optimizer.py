@@ -105,3 +105,28 @@ def updates_on_variable_devices(optimizer: keras.optimizers.Optimizer) -> Iterat
         for opt in targets:
             if "update_step" in vars(opt):
                 object.__delattr__(opt, "update_step")
+
+
+def apply_in_cross_replica_context(
+    optimizer: keras.optimizers.Optimizer, grads: list[Any], variables: list[Any]
+) -> None:
+    """``optimizer.apply(grads, variables)`` from cross-replica context (local SGD's outer step).
+
+    Keras's TF optimizer reaches its update through the private
+    ``tf.__internal__.distribute.interim.maybe_merge_call``, which asks the replica context for a
+    ``merge_call`` and finds none in cross-replica context; while this applies, a call from
+    cross-replica context runs its function directly (what a ``merge_call`` would have run).
+    """
+    interim = tf.__internal__.distribute.interim
+    original = interim.maybe_merge_call
+
+    def direct(fn, strategy, *args, **kwargs):
+        if tf.distribute.in_cross_replica_context():
+            return fn(strategy, *args, **kwargs)
+        return original(fn, strategy, *args, **kwargs)
+
+    interim.maybe_merge_call = direct
+    try:
+        optimizer.apply(grads, variables)
+    finally:
+        interim.maybe_merge_call = original

@@ -117,6 +117,10 @@ class PSRunner:
     reads_training_input_here = False  # workers, other processes, read the training data
     sharding_refusal = "parameter_server keeps each variable and its state once, on the ps."
     balance_refusal = "parameter_server balances by nature: a slow worker takes fewer steps."
+    local_sgd_refusal = (
+        "parameter_server keeps each variable once, on the ps, which every worker updates: "
+        "there are no per-worker parameters to average (it is asynchronous already)."
+    )
     #: ``steps_per_execution="auto"``: one step per scheduled closure. Calls already overlap
     #: (up to ``max_in_flight``), so per-call costs are not paid step after step.
     auto_steps_per_execution = 1

@@ -1,0 +1,1 @@
+"""Tests of ``tfdist.training.local_sgd``."""

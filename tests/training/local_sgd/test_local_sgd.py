@@ -1,0 +1,128 @@
+"""Local SGD and DiLoCo in one process: two mirrored replicas as two workers, or one device.
+
+The 2-worker ``multi_worker`` checks (sync_every=1 against synchronous training, bitwise equal
+workers after each sync, the collectives) share ``tests/strategies/test_multi_worker.py``'s
+launch.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.jobs.common import GLOBAL_BATCH, builder, data, initial_weights
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+W0 = initial_weights()
+
+
+@pytest.fixture(scope="module")
+def mirrored():
+    return tfdist.make_strategy("mirrored", num_devices=2)
+
+
+def _dataset():
+    return tf.data.Dataset.from_tensor_slices(data()).batch(GLOBAL_BATCH)  # 6 batches
+
+
+def _fit(strategy, local_sgd=None, optimizer=None, model=None, **kwargs):
+    trainer = tfdist.Trainer(
+        model or builder(W0),
+        strategy=strategy,
+        optimizer=optimizer or keras.optimizers.SGD(0.1),
+        loss=LOSS,
+        local_sgd=local_sgd,
+        **kwargs,
+    )
+    history = trainer.fit(_dataset(), epochs=2, verbose=0)
+    return trainer, history.history
+
+
+def _copies(trainer, variable):
+    """Each replica's copy of ``variable``."""
+    value = getattr(variable, "value", variable)
+    return [c.numpy() for c in trainer.strategy.experimental_local_results(value)]
+
+
+def test_sync_every_update_equals_synchronous_training(mirrored):
+    """sync_every=1, plain averaging, SGD: the replicas' mean of their own steps is the step on
+    the mean gradient (to 1e-6); every update is a sync."""
+    reference, _ = _fit(mirrored)
+    local, history = _fit(mirrored, tfdist.LocalSGDOptions(sync_every=1))
+    for a, b in zip(reference.model.get_weights(), local.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert history["syncs"] == [6.0, 12.0]
+
+
+@pytest.mark.parametrize("optimizer", [keras.optimizers.SGD, keras.optimizers.Adam])
+def test_one_replica_equals_plain_training(optimizer):
+    one = tfdist.make_strategy("one_device")
+    reference, _ = _fit(one, optimizer=optimizer(0.05))
+    local, _ = _fit(one, tfdist.LocalSGDOptions(sync_every=3), optimizer=optimizer(0.05))
+    for a, b in zip(reference.model.get_weights(), local.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def _with_batch_norm():
+    inputs = keras.Input((6,))
+    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3)(hidden))
+
+
+def test_replicas_equal_bitwise_after_a_sync_and_their_own_between(mirrored):
+    """12 updates: sync_every=4 ends on a sync, every replica's parameters and BatchNorm moving
+    statistics the same bits; Adam's moments stay each replica's own. sync_every=5 ends 2
+    updates into a round: the replicas' parameters differ."""
+    keras.utils.set_random_seed(1)
+    model = _with_batch_norm()
+    trainer, history = _fit(
+        mirrored, tfdist.LocalSGDOptions(4), keras.optimizers.Adam(0.01), model=model
+    )
+    assert history["syncs"] == [1.0, 3.0]
+    averaged = trainer.model.trainable_variables + trainer.model.non_trainable_variables
+    for v in averaged:
+        first, second = _copies(trainer, v)
+        np.testing.assert_array_equal(first, second, err_msg=v.path)
+    moments = [v for v in trainer.model.optimizer.variables if "momentum" in v.path]
+    assert moments and all(
+        not np.array_equal(*_copies(trainer, v)) for v in moments
+    )  # the inner optimizer's state is not averaged
+    trainer, _ = _fit(mirrored, tfdist.LocalSGDOptions(5))
+    first, second = _copies(trainer, trainer.model.trainable_variables[0])
+    assert np.abs(first - second).max() > 1e-3
+
+
+def test_steps_per_execution_does_not_move_the_syncs(mirrored):
+    one_per_call, _ = _fit(mirrored, tfdist.LocalSGDOptions(4), steps_per_execution=1)
+    five_per_call, _ = _fit(mirrored, tfdist.LocalSGDOptions(4), steps_per_execution=5)
+    for a, b in zip(one_per_call.model.get_weights(), five_per_call.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_diloco_applies_the_averaged_change_with_the_outer_optimizer():
+    """One replica, sync_every=2, inner SGD(0.1), outer SGD(0.5): each round starts from the
+    last synced weights w, trains 2 updates to x, and ends at w + 0.5 (x - w) (plain Keras fit
+    on one device, by hand)."""
+    outer = tfdist.LocalSGDOptions(2, outer_optimizer=keras.optimizers.SGD(0.5))
+    local, _ = _fit(tfdist.make_strategy("one_device"), outer)
+    model = builder(W0)()
+    model.compile(keras.optimizers.SGD(0.1), LOSS)
+    synced = [np.array(w) for w in W0]
+    batches = list(_dataset()) * 2  # 2 epochs: 6 rounds of 2 updates
+    for r in range(6):
+        model.set_weights(synced)
+        for x, y in batches[2 * r : 2 * r + 2]:
+            model.train_on_batch(x, y)
+        synced = [w + 0.5 * (x - w) for w, x in zip(synced, model.get_weights())]
+    for a, b in zip(synced, local.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_diloco_with_an_outer_step_of_one_is_plain_averaging(mirrored):
+    """Outer SGD(1.0) moves the last synced weights by the whole averaged change: the mean."""
+    plain, _ = _fit(mirrored, tfdist.LocalSGDOptions(3))
+    outer = tfdist.LocalSGDOptions(3, outer_optimizer=keras.optimizers.SGD(1.0))
+    diloco, _ = _fit(mirrored, outer)
+    for a, b in zip(plain.model.get_weights(), diloco.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

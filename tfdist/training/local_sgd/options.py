@@ -1,0 +1,128 @@
+"""``LocalSGDOptions`` and the refusals of ``Trainer(local_sgd=...)``, before anything trains.
+
+Example (DiLoCo, Adam inside)::
+
+    trainer = tfdist.Trainer(
+        build_model, strategy=tfdist.make_strategy("multi_worker"), optimizer="adam",
+        local_sgd=tfdist.LocalSGDOptions(
+            sync_every=16, outer_optimizer=keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+        ),
+    )
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import keras
+
+from tfdist.config import check_positive_int, invalid_argument
+from tfdist.training.step.model_steps import Overrides
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSGDOptions:
+    """Local SGD (``outer_optimizer=None``) or DiLoCo: synchronise every ``sync_every`` updates.
+
+    Each replica (each worker of ``multi_worker``, each device of ``mirrored``) takes its own
+    optimizer updates on its own batches, with no gradient all-reduce; every ``sync_every``
+    updates (counted by ``optimizer.iterations``, so ``steps_per_execution`` does not move
+    them) the replicas average their parameters in one all-reduce. With an ``outer_optimizer``
+    (DiLoCo, Douillard et al. 2023: ``keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)``)
+    the averaged change since the last sync is the outer gradient, applied by that optimizer
+    to the last synced parameters. See `tfdist.training.local_sgd` for what is averaged and what
+    stays local.
+
+    Args:
+        sync_every: Updates between synchronisations, ``H`` (1: every update).
+        outer_optimizer: A Keras optimizer for the outer gradient, or None (plain averaging).
+            It is copied into the strategy scope, as the Trainer's own optimizer is.
+
+    Raises:
+        ValueError: Naming the argument, for a ``sync_every`` that is not a positive integer
+            or an ``outer_optimizer`` that is not a Keras optimizer.
+    """
+
+    sync_every: int
+    outer_optimizer: keras.optimizers.Optimizer | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("sync_every", self.sync_every)
+        outer = self.outer_optimizer
+        if outer is not None and not isinstance(outer, keras.optimizers.Optimizer):
+            raise invalid_argument(
+                "outer_optimizer",
+                outer,
+                "a keras.optimizers.Optimizer instance, or None (plain averaging)",
+                note="DiLoCo's: keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True).",
+            )
+        if isinstance(outer, keras.optimizers.LossScaleOptimizer):
+            raise invalid_argument(
+                "outer_optimizer",
+                type(outer).__name__,
+                "an optimizer without loss scaling",
+                note="The outer gradient is a parameter change, not a scaled loss's gradient.",
+            )
+
+
+def local_sgd_options(value: Any) -> LocalSGDOptions | None:
+    """``Trainer(local_sgd=...)`` checked: None, or a `LocalSGDOptions`."""
+    if value is None or isinstance(value, LocalSGDOptions):
+        return value
+    raise invalid_argument(
+        "local_sgd", value, "a tfdist.LocalSGDOptions(sync_every=H, outer_optimizer=...) or None"
+    )
+
+
+def check_local_sgd(
+    options: LocalSGDOptions | None, runner: Any, trainer_options: Any, model: keras.Model
+) -> None:
+    """The refusals of ``local_sgd=``: one clear error each (the strategy, sharding, a
+    pipeline, balanced batches, a model's own ``train_step``).
+
+    Args:
+        options: The checked ``local_sgd`` option, or None (nothing to check).
+        runner: The strategy's runner (its ``local_sgd_refusal``).
+        trainer_options: The Trainer's other options (``exchange``, ``pipeline``, ``balance``).
+        model: The compiled model.
+    """
+    if options is None:
+        return
+    reasons = [
+        ("strategy", runner.local_sgd_refusal),
+        (
+            "sharding",
+            trainer_options.exchange.sharding is not None
+            and "ZeRO keeps one shard of one optimizer state per replica, for parameters that "
+            "are the same on every replica; local SGD's replicas each keep their own parameters "
+            "and their own whole optimizer state.",
+        ),
+        (
+            "pipeline",
+            trainer_options.pipeline is not None
+            and "A pipeline's stages (and the hybrid's replicas of them) update one model "
+            "together at every update; local SGD's replicas each update their own copy.",
+        ),
+        (
+            "balance",
+            trainer_options.balance not in (None, False)
+            and "Balanced batches give a slow worker a smaller share of each synchronous "
+            "update; under local SGD workers wait for each other only at a sync, and the "
+            "averaged parameters weigh every worker alike.",
+        ),
+        (
+            "model",
+            Overrides.of(model).train_step
+            and f"{type(model).__name__} has its own train_step, which applies its gradients "
+            "through Keras's optimizer: Keras all-reduces them at every update.",
+        ),
+    ]
+    for name, reason in reasons:
+        if reason:
+            raise invalid_argument(
+                "local_sgd",
+                options,
+                f"None with this {name}" if name != "strategy" else "None on this strategy",
+                note=str(reason),
+            )

@@ -1,0 +1,155 @@
+"""The synchronisation of local SGD and DiLoCo: what is averaged, in one all-reduce.
+
+`LocalState` is built once, in the strategy scope, after the model and its optimizer. Its
+`maybe_sync` runs in **cross-replica** context (a ``merge_call`` from the update, see
+`tfdist.training.local_sgd.update`), so that the sync can sit in a ``tf.cond`` on
+``optimizer.iterations``: tf.distribute refuses a ``merge_call`` (every all-reduce on CPU is
+one) inside a ``tf.cond`` in replica context, but not a collective in cross-replica context.
+
+What one sync does, every replica alike:
+
+1. each replica's copy of each averaged variable is read on its own device
+   (``strategy.experimental_local_results``), minus nothing (local SGD) or taken from the
+   last synced parameters (DiLoCo: ``anchor - local``, the outer gradient's share);
+2. **one** ``batch_reduce_to(SUM)`` of them all, the strategy's own all-reduce (packed into one
+   collective on ``multi_worker``; ``ExchangeOptions.bucket_bytes`` becomes its
+   ``bytes_per_pack``), in bf16 or fp16 when ``ExchangeOptions.compression`` says so;
+3. divided by the replica count: every worker gets the same bits, so every replica's copy is
+   assigned the same value (bitwise equal after each sync);
+4. DiLoCo: the parameters go back to the last synced ones, the outer optimizer applies the
+   averaged change as its gradient, and the result is the new anchor.
+
+Averaged: the trainable variables (through the outer optimizer with DiLoCo) and the model's
+floating-point non-trainable weights (BatchNorm's moving mean and variance: a plain mean, never
+through the outer optimizer). Local, never exchanged: the inner optimizer's state (its slots,
+Adam's moments; its ``iterations`` are the same everywhere), the loss scale under
+``mixed_float16``, the metrics' totals (reduced when read, as always) and the random seeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfdist._compat.keras_internals.optimizer import apply_in_cross_replica_context
+from tfdist._compat.keras_internals.scope_moves import optimizer_copy_in_scope
+from tfdist.training.local_sgd.options import LocalSGDOptions
+
+_WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
+
+
+class LocalState:
+    """What local SGD keeps beside the model: the last synced parameters and the outer
+    optimizer (DiLoCo), and the sync counter; built in ``strategy``'s scope.
+
+    Args:
+        model: The built model, its variables in the scope.
+        strategy: The strategy.
+        options: The ``local_sgd`` option.
+        exchange: The Trainer's ``ExchangeOptions`` (``bucket_bytes``, ``compression``).
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        strategy: tf.distribute.Strategy,
+        options: LocalSGDOptions,
+        exchange: Any,
+    ) -> None:
+        self.model = model
+        self.strategy = strategy
+        self.options = options
+        self.bucket_bytes = exchange.bucket_bytes
+        self.compression = exchange.compression
+        self.parameters = list(model.trainable_variables)
+        self.statistics = [
+            v for v in model.non_trainable_weights if tf.as_dtype(v.dtype).is_floating
+        ]
+        with strategy.scope():
+            self.syncs = tf.Variable(0, dtype=tf.int64, trainable=False, name="local_sgd_syncs")
+            self.outer: keras.optimizers.Optimizer | None = None
+            self.anchors: list[tf.Variable] = []
+            if options.outer_optimizer is not None:
+                self.outer = optimizer_copy_in_scope(strategy, options.outer_optimizer)
+                self.outer.build(self.parameters)
+                self.anchors = [
+                    tf.Variable(v.value, trainable=False, name=f"local_sgd_anchor_{i}")
+                    for i, v in enumerate(self.parameters)
+                ]
+
+    def anchor(self) -> None:
+        """The last synced parameters := the parameters (eager, at a fit's start on a round's
+        boundary: a model changed between fits, or restored, starts its round from there)."""
+        for anchor, v in zip(self.anchors, self.parameters):
+            anchor.assign(v.value)
+
+    def maybe_sync(self, strategy: tf.distribute.Strategy, iterations: tf.Tensor) -> tf.Tensor:
+        """Syncs when ``iterations`` (after this update) is a multiple of ``sync_every``;
+        cross-replica context. Returns whether it synced."""
+        due = tf.equal(tf.math.floormod(iterations, self.options.sync_every), 0)
+
+        def sync() -> tf.Tensor:
+            self.sync()
+            return tf.constant(True)
+
+        return tf.cond(due, sync, lambda: tf.constant(False))
+
+    def sync(self) -> None:
+        """One synchronisation (see the module docstring); cross-replica context."""
+        averaged = self._averaged()
+        n = len(self.parameters)
+        for v, mean in zip(self.statistics, averaged[n:]):
+            v.assign(mean)
+        if self.outer is None:
+            for v, mean in zip(self.parameters, averaged[:n]):
+                v.assign(mean)
+        else:
+            for v, anchor in zip(self.parameters, self.anchors):
+                v.assign(anchor)
+            apply_in_cross_replica_context(self.outer, averaged[:n], self.parameters)
+            for v, anchor in zip(self.parameters, self.anchors):
+                anchor.assign(v.value)
+        self.syncs.assign_add(1)
+
+    def _averaged(self) -> list[tf.Tensor]:
+        """The replicas' mean of each averaged variable (DiLoCo: of ``anchor - parameter``),
+        one tensor each, the same bits on every replica."""
+        strategy = self.strategy
+        variables = self.parameters + self.statistics
+        copies = [strategy.experimental_local_results(v.value) for v in variables]
+        anchors = [strategy.experimental_local_results(a) for a in self.anchors]
+        num_local = len(copies[0]) if copies else 1
+        wire = _WIRE_DTYPES.get(self.compression) if strategy.num_replicas_in_sync > 1 else None
+
+        def local_values(i: int) -> list[tf.Tensor]:
+            values = []
+            for k, replicas in enumerate(copies):
+                with tf.device(replicas[i].device):
+                    x = replicas[i].read_value()
+                    if k < len(anchors):  # DiLoCo: the outer gradient's share
+                        x = anchors[k][i].read_value() - x
+                    values.append(x if wire is None else tf.cast(x, wire))
+            return values
+
+        n = strategy.num_replicas_in_sync
+        if n == 1:
+            summed = local_values(0)
+        else:
+            per_replica = strategy.experimental_distribute_values_from_function(
+                lambda ctx: local_values(ctx.replica_id_in_sync_group % num_local)
+            )
+            options = tf.distribute.experimental.CommunicationOptions(
+                bytes_per_pack=self.bucket_bytes or 0
+            )
+            reduced = strategy.extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM,
+                [(p, v.value) for p, v in zip(per_replica, variables)],
+                options=options,
+            )
+            summed = [strategy.experimental_local_results(r)[0] for r in reduced]
+        return [
+            tf.cast(s, v.dtype) / tf.constant(n, tf.as_dtype(v.dtype))
+            for s, v in zip(summed, variables)
+        ]
