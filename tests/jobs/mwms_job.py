@@ -4,7 +4,7 @@ Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODES OUT
 with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, trainer_zero1,
 trainer_zero2_accum, trainer_pipeline, trainer_pipeline_zero2_accum, trainer_balanced,
 trainer_balanced_zero2_accum, trainer_balanced_bf16, balanced_resume, adam_sharded,
-hybrid_transformer_adam, keras_fit, run
+hybrid_transformer_adam, local_sgd, keras_fit, run
 one after another. Each task writes OUT_DIR/<mode>-<task>.npz and .json.
 
 The strategy leaves each worker a second logical CPU device (``stage_devices=2``): one replica
@@ -117,6 +117,54 @@ def balanced_resume(w0):
     return trainer.model, history.history
 
 
+def sync_collectives(tf_function):
+    """All-reduce ops in the branches the loop body takes when a sync is due (a tf.cond's)."""
+    from tfdist._compat.keras_internals.keras_training import concrete_functions
+
+    count = 0
+    for concrete in concrete_functions(tf_function):
+        for f in concrete.graph.as_graph_def().library.function:
+            if "cond" in f.signature.name and "_true_" in f.signature.name:
+                count += sum(n.op == "CollectiveReduceV2" for n in f.node_def)
+    return count
+
+
+def local_sgd(w0):
+    """Local SGD on the two workers: sync_every=1 (its weights saved as local_sgd_h1), then
+    DiLoCo (Adam inside, Nesterov outside) with sync_every=4 over 12 updates, one call per
+    update: each update's weights' digest, the syncs, the loop's collectives."""
+    import hashlib
+
+    class Digest(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            digest = hashlib.sha256(b"".join(w.tobytes() for w in self.model.get_weights()))
+            update = int(self.model.optimizer.iterations.numpy())
+            print("local_sgd digest", update, digest.hexdigest()[:16])
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for h1 in (True, False):
+        outer = None if h1 else keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+        trainer = tfdist.Trainer(
+            builder(w0),
+            strategy=strategy,
+            optimizer=keras.optimizers.SGD(0.1) if h1 else keras.optimizers.Adam(0.01),
+            loss=loss,
+            local_sgd=tfdist.LocalSGDOptions(sync_every=1 if h1 else 4, outer_optimizer=outer),
+            steps_per_execution="auto" if h1 else 1,
+        )
+        history = trainer.fit(
+            dataset(), epochs=2, verbose=0, callbacks=None if h1 else [Digest()]
+        ).history
+        if h1:
+            name = f"local_sgd_h1-{task['type']}-{task['index']}"
+            np.savez(os.path.join(out_dir, name + ".npz"), *trainer.model.get_weights())
+    print("local_sgd syncs", json.dumps(history["syncs"]))
+    counts = collectives_in_loop_body(trainer.train_functions[(GLOBAL_BATCH, 1)])
+    print("local_sgd gradient_all_reduces_per_update", counts["float"])
+    print("local_sgd all_reduces_per_sync", sync_collectives(trainer.train_functions[(16, 1)]))
+    return trainer.model, history
+
+
 def train(mode):
     w0 = initial_weights()
     if mode == "adam_sharded":
@@ -125,6 +173,8 @@ def train(mode):
         model, history = hybrid_transformer_adam()
     elif mode == "balanced_resume":
         model, history = balanced_resume(w0)
+    elif mode == "local_sgd":
+        model, history = local_sgd(w0)
     elif mode.startswith("trainer"):
         k = 2 if mode.endswith("_accum") else 1
         # trainer_pipeline: the model made here (its layer names known), cut after its first

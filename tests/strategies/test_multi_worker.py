@@ -56,7 +56,7 @@ BALANCED = {
 def launched(tmp_path_factory):
     """One 2-worker launch runs every mode in turn (one cluster start-up instead of four)."""
     out_dir = tmp_path_factory.mktemp("mwms")
-    extra = ["balanced_resume", "adam_sharded", "hybrid_transformer_adam"]
+    extra = ["balanced_resume", "adam_sharded", "hybrid_transformer_adam", "local_sgd"]
     return _launch_job(",".join(MODES + extra), out_dir), out_dir
 
 
@@ -129,6 +129,34 @@ def test_two_workers_train_adam_sharded_as_unsharded(launched):
         proc.stdout.split("[worker:0] adam_sharded replica_bytes ")[1].splitlines()[0]
     )
     assert held["optimizer_state"] < 0.6 * held["unsharded"]["optimizer_state"], held
+
+
+def test_local_sgd_on_two_workers(launched):
+    """Local SGD with sync_every=1 ends where synchronous training on the same two workers ends
+    (to 1e-6, SGD); DiLoCo (Adam inside, Nesterov SGD(0.7, 0.9) outside, sync_every=4): both
+    workers hold the same bits after each sync (updates 4, 8, 12) and their own between; no
+    gradient all-reduce in an update, one all-reduce in a sync (tests/jobs/mwms_job.py)."""
+    proc, out_dir = launched
+    assert "[worker:1] local_sgd done 2" in proc.stdout, proc.stdout[-3000:]
+    synchronous = _weights(out_dir / "trainer-worker-0.npz")
+    for worker in (0, 1):
+        local = _weights(out_dir / f"local_sgd_h1-worker-{worker}.npz")
+        for a, b in zip(local, synchronous):
+            np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    digests = {
+        (task, int(update)): digest
+        for task, update, digest in re.findall(
+            r"\[worker:(\d)\] local_sgd digest (\d+) (\w+)", proc.stdout
+        )
+    }
+    assert len(digests) == 24, digests
+    for update in range(1, 13):
+        same = digests[("0", update)] == digests[("1", update)]
+        assert same == (update % 4 == 0), update
+    for task in (0, 1):
+        assert f"[worker:{task}] local_sgd syncs [1.0, 3.0]" in proc.stdout
+        assert f"[worker:{task}] local_sgd gradient_all_reduces_per_update 0" in proc.stdout
+        assert f"[worker:{task}] local_sgd all_reduces_per_sync 1" in proc.stdout
 
 
 def test_hybrid_trains_a_transformer_with_adam_as_keras_on_one_device(launched):
