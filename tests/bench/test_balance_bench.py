@@ -119,7 +119,13 @@ def test_the_summary_gives_medians_and_ratios_to_the_ideal():
     assert got["parameter_server_ratio"] == pytest.approx(1.25)
     assert got["pair_ratio"] == pytest.approx(1.1)
     assert got["balanced_speedup"] == pytest.approx(0.32 / 0.22)
-    assert set(got["goals"]) == {"balanced_ratio", "pair_ratio"}
+    assert got["balanced_vs_even"] == pytest.approx(0.22 / 0.32)
+    assert set(got["goals"]) == {
+        "balanced_ratio",
+        "balanced_vs_even",
+        "pair_ratio",
+        "pair_changes_per_1000_updates",
+    }
     assert "pair_ratio" not in balance.summary(
         {k: sides[k] for k in ("even", "balanced")}, rates, 300
     )
@@ -139,6 +145,30 @@ def test_the_plot_is_drawn(tmp_path):
     path = tmp_path / "balance.png"
     plot_balance(result, str(path))
     assert path.read_bytes()[:4] == b"\x89PNG"
+    plot_balance({"samples": {"workloads": {"convnet": result, "digits": result}}}, str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_launch_is_reported_with_its_fit_time_and_split_changes():
+    rows = [
+        {"epoch": 1, "end_s": 1.0, "step_s": 0.3, "others_cpu": 0.0},
+        {"epoch": 2, "end_s": 2.0, "step_s": 0.2, "others_cpu": 0.0},
+    ]
+    spec = {"settle_epochs": 1, "epochs": 2, "steps_per_epoch": 100}
+    got = balance.launch_record(rows, [{"t": 0.5, "line": LINE}], spec)
+    assert (got["step_s"], got["fit_s"], got["changes"]) == (0.2, 2.0, 1)
+    assert got["changes_per_1000_updates"] == pytest.approx(5.0)
+
+
+def test_each_workload_is_checked_before_any_launch():
+    assert balance.check_workloads("digits, convnet") == ("digits", "convnet")
+    with pytest.raises(ValueError, match="Received: workloads='mnist'"):
+        balance.run(workloads=("mnist",))
+    with pytest.raises(ValueError, match="distinct names"):
+        balance.run(workloads=("digits", "digits"))
+    with pytest.raises(ValueError, match="`steps_per_execution`"):
+        balance.run(steps_per_execution="sometimes")
+    assert balance.WORKLOADS["digits"]["steps_per_execution"] == "auto"  # as tfdist train
 
 
 @pytest.mark.parametrize(
@@ -226,3 +256,17 @@ def test_the_hogs_pid_is_found_at_once_and_its_cpu_read():
         assert balance_worker.process_cpu_seconds(pid) > before
     finally:
         balance_worker.stop_hog(hog)
+
+
+def test_each_workloads_headlines_reach_the_summary_table_with_their_goals(monkeypatch):
+    from tfdist.bench.harness import cluster_run
+
+    monkeypatch.setattr(cluster_run, "machine", lambda: {"cpu": "test"})
+    sides = {"even": [{"step_s": 0.30}], "balanced": [{"step_s": 0.21}]}
+    one = balance.summary(sides, {"worker-0": [1000.0], "worker-1": [500.0]}, 300)
+    one["others_cpu_max"] = 0.1
+    got = balance.headlines({"digits": one})
+    assert got["digits_balanced_vs_even"] == pytest.approx(0.7)
+    assert got["goals"]["digits_balanced_vs_even"] == "<= 0.80"
+    assert got["words"]["digits_balanced_ratio"].startswith("digits: hog on worker 1")
+    assert got["samples"]["workloads"]["digits"] is one

@@ -1,23 +1,31 @@
 """``balance``: an uneven pair (a noisy neighbour on one worker), even split against balanced.
 
-    tfdist bench --benchmarks=balance --repeats=2
+    tfdist bench --benchmarks=balance --repeats=3
 
 Two workers, each pinned to its own core, one intra-op thread each; worker 1 starts a CPU
 hog (``while True: pass``) pinned to its own core, as a noisy neighbour does, so it keeps
 about half its compute (see ``tfdist.bench.balance.worker``). Every side is one launch of
-real processes (``tfdist launch``) training the same compute-bound model on the same global
-batch for the same epochs: by default the ``convnet`` on 32x32x3 inputs (66k parameters, so
-the exchange is small against the compute; ``model="mlp"`` trains a 1.6M-parameter MLP whose
-exchange is about a fifth of its step on loopback):
+real processes (``tfdist launch``) training the same model on the same global batch for the
+same epochs. Two workloads (`WORKLOADS`), each with every side, one after the other:
+
+* ``convnet``: compute-heavy steps (about 100 ms): the ``convnet`` on 32x32x3 inputs (66k
+  parameters, so the exchange is small against the compute; ``model="mlp"`` trains a
+  1.6M-parameter MLP whose exchange is about a fifth of its step on loopback);
+* ``digits``: fast steps (about 16 ms), ``tfdist train --model=cnn --dataset=digits
+  --global_batch_size=256 --steps_per_epoch=100 --epochs=10`` as a new user runs it: Adam
+  2e-3, ``steps_per_execution="auto"``, the default ``BalanceOptions()``.
+
+The sides:
 
 * ``even``: multi_worker, balance off (every worker takes half of every global batch);
 * ``balanced``: multi_worker, ``Trainer(balance=BalanceOptions(window=...))``;
-* ``parameter_server``: the same pair (same hog) as PS workers, a chief and one ps;
+* ``parameter_server`` (on request): the same pair (same hog) as PS workers, a chief and a ps;
 * ``even_pair`` and ``balanced_pair``: the same without the hog (balance must not hurt);
 * ``even_latency`` and ``balanced_latency``: no hog, but worker 1 sleeps ``latency_ms`` in
   every forward pass, a worker that waits rather than computes (balance must not hurt).
 
-The sides alternate (A B C, C B A, ...) over ``repeats`` rounds. A side's step time is the
+The sides alternate (A B C, C B A, ...) over ``repeats`` rounds (3 launches a side with
+``--repeats=3``). A side's step time is the
 median over its steady epochs (the first ``settle_epochs`` are skipped: tracing, and the
 balanced split's first windows) that were clean (other processes took at most
 ``timing.BUSY_CPU`` cores: the machine's busy CPU less the tasks' own and the hog's).
@@ -27,11 +35,13 @@ the worker itself before its fit, with the hog running: a local copy of the mode
 all-reduce) trains steps of half the global batch, both workers at once. It leaves out the
 exchange, which every synchronous side pays; ``ideal.step_s_with_overhead`` adds what the
 even pair spends beyond its compute (its step less half the global batch at worker 0's
-rate). The result's ``balanced_ratio`` and ``even_ratio`` are step times over the ideal's
-(goals: <= 1.15 balanced, about 1.5 even), ``balanced_ratio_with_overhead`` over the second
-ideal, ``pair_ratio`` and ``latency_ratio`` balanced over even without the hog and with the
-delay (goals: <= 1.05), ``shares`` each worker's share per epoch (from the chief's
-``Balance:`` lines).
+rate). Per workload (``workloads.<name>``), ``balanced_ratio`` and ``even_ratio`` are step
+times over the ideal's (goal: balanced <= 1.15), ``balanced_vs_even`` balanced over even
+under the hog (goal: <= 0.80), ``balanced_ratio_with_overhead`` over the second ideal,
+``pair_ratio`` and ``latency_ratio`` balanced over even without the hog and with the delay
+(goals: <= 1.02 and <= 1.05), ``pair_changes_per_1000_updates`` how often the even pair's
+split changed (goal: <= 2), and per side every launch (``launches``: its steady step, the
+fit's seconds, the split's changes, the other processes' CPU).
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from typing import Any
 
 from tfdist.bench.balance.plot import plot_balance
 from tfdist.bench.harness import cluster_run, common, timing
-from tfdist.config import check_choice, invalid_argument
+from tfdist.config import check_choice, check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +73,30 @@ SIDES: dict[str, tuple[str, bool, str | None]] = {
 REQUIRED_SIDES = ("even", "balanced")
 #: The models a side can train: the convnet is compute-bound (66k parameters, a 265 KB
 #: exchange against 1.2-2.5 ms of compute per 32x32 example on one core); the MLP's
-#: exchange (1.6M parameters, 6.4 MB) is a fifth of its step on loopback.
-MODELS = ("convnet", "mlp")
+#: exchange (1.6M parameters, 6.4 MB) is a fifth of its step on loopback; the cnn is
+#: ``tfdist train``'s default model on scikit-learn's 8x8 digits (fast steps).
+MODELS = ("convnet", "mlp", "cnn")
+#: Each workload's options over `DEFAULTS` (the caller's overrides apply to every workload).
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "convnet": {},
+    "digits": {
+        "model": "cnn",
+        "optimizer": "adam",
+        "learning_rate": 2e-3,
+        "global_batch_size": 256,
+        "steps_per_epoch": 100,
+        "epochs": 10,
+        "steps_per_execution": "auto",
+        "window": 32,
+        "settle_epochs": 2,
+        "latency_ms": 20.0,
+        "rate_steps": 40,
+    },
+}
 DEFAULTS: dict[str, Any] = {
-    "sides": tuple(SIDES),
+    "workloads": tuple(WORKLOADS),
+    "sides": tuple(s for s in SIDES if s != "parameter_server"),
+    "optimizer": "sgd",
     "threads_per_worker": 1,
     "model": "convnet",
     "image_size": 32,
@@ -86,6 +116,7 @@ DEFAULTS: dict[str, Any] = {
     "repeats": 1,
 }
 QUICK: dict[str, Any] = {
+    "workloads": ("convnet",),
     "sides": REQUIRED_SIDES,
     "model": "mlp",
     "global_batch_size": 64,
@@ -98,8 +129,7 @@ QUICK: dict[str, Any] = {
     "settle_epochs": 1,
     "rate_steps": 2,
 }
-COUNTS = ("global_batch_size", "window", "steps_per_epoch", "steps_per_execution", "epochs")
-COUNTS += ("rate_steps", "repeats")
+COUNTS = ("global_batch_size", "window", "steps_per_epoch", "epochs", "rate_steps", "repeats")
 # /proc/stat counts 10 ms ticks: a shorter epoch cannot tell who used the CPU (None: unknown).
 MIN_SECONDS_FOR_OTHERS = 0.25
 SPLIT = re.compile(r"([\w:.-]+) takes (\d+)")
@@ -123,9 +153,24 @@ def check_sides(sides: Any) -> tuple[str, ...]:
     return sides
 
 
+def check_workloads(workloads: Any) -> tuple[str, ...]:
+    """The workloads to run, checked: known names, at least one, each once."""
+    if isinstance(workloads, str):
+        workloads = tuple(s.strip() for s in workloads.split(",") if s.strip())
+    workloads = tuple(workloads or ())
+    for name in workloads:
+        check_choice("workloads", name, tuple(WORKLOADS))
+    if not workloads or len(set(workloads)) != len(workloads):
+        raise invalid_argument("workloads", workloads, f"distinct names from {tuple(WORKLOADS)}")
+    return workloads
+
+
 def _check(options: dict[str, Any]) -> None:
     cluster_run.check_task_options(options, COUNTS)
+    if options["steps_per_execution"] != "auto":
+        check_positive_int("steps_per_execution", options["steps_per_execution"])
     check_choice("model", options["model"], MODELS)
+    check_choice("optimizer", options["optimizer"], ("sgd", "adam"))
     latency = options["latency_ms"]
     if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not latency > 0:
         raise invalid_argument("latency_ms", latency, "a positive number of milliseconds")
@@ -255,22 +300,34 @@ def summary(
         out["balanced_ratio_with_overhead"] = timing.ratio(
             step("balanced"), best["step_s"] + overhead
         )
-    # Issue 33's goals; "within noise" taken as 5%.
-    out["goals"] = {"balanced_ratio": "<= 1.15", "pair_ratio": "<= 1.05"}
+    _goals(out)
+    return out
+
+
+def _goals(out: dict[str, Any]) -> None:
+    """Issue 45's goals and each ratio in words, into ``out``."""
+    step = lambda name: out["sides"].get(name, {}).get("step_s", math.nan)  # noqa: E731
+    if "even" in out["sides"] and "balanced" in out["sides"]:
+        out["balanced_vs_even"] = timing.ratio(step("balanced"), step("even"))
+    out["goals"] = {"balanced_ratio": "<= 1.15", "balanced_vs_even": "<= 0.80"}
+    if "pair_ratio" in out:
+        out["goals"]["pair_ratio"] = "<= 1.02"
+        out["goals"]["pair_changes_per_1000_updates"] = "<= 2"
     if "latency_ratio" in out:
         out["goals"]["latency_ratio"] = "<= 1.05"
     out["words"] = {
         "even_ratio": "hog on worker 1: even split step time / ideal",
         "balanced_ratio": "hog on worker 1: balanced split step time / ideal",
+        "balanced_vs_even": "hog on worker 1: balanced / even split, step time",
         "balanced_ratio_with_overhead": (
             "hog on worker 1: balanced split step time / (ideal + the even pair's exchange "
             "and step overhead)"
         ),
         "parameter_server_ratio": "hog on worker 1: parameter-server step time / ideal",
         "pair_ratio": "no hog: balanced / even split, step time",
+        "pair_changes_per_1000_updates": "no hog: the balanced split's changes per 1,000 updates",
         "latency_ratio": "worker 1 waits a fixed time per update: balanced / even, step time",
     }
-    return out
 
 
 def _launch(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -289,24 +346,75 @@ def run(**overrides: Any) -> dict[str, Any]:
     """Runs the balance benchmark; returns its results (see the module's docstring).
 
     Args:
-        **overrides: Any key of `DEFAULTS`; ``quick=True`` applies `QUICK` first.
+        **overrides: Any key of `DEFAULTS`, applied over each workload's own options;
+            ``quick=True`` applies `QUICK` first.
 
     Raises:
         ValueError: For a bad option (Keras-style message naming it).
         RuntimeError: If a worker process failed.
     """
-    options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
-    _check(options)
-    sides = check_sides(options["sides"])
-    spec = {**options, "sides": list(sides), "workers": WORKERS, "hog_worker": HOG_WORKER}
+    quick = bool(overrides.get("quick", False))
+    options = cluster_run.merge_options(DEFAULTS, QUICK, dict(overrides))
+    workloads = check_workloads(options["workloads"])
+    given = {k: v for k, v in overrides.items() if k != "quick"}
+    specs = {}
+    for name in workloads:  # every workload checked before the first launch
+        merged = {**DEFAULTS, **WORKLOADS[name], **(QUICK if quick else {}), **given}
+        _check(merged)
+        specs[name] = {**merged, "sides": list(check_sides(merged["sides"]))}
+    return headlines({n: run_workload(spec) for n, spec in specs.items()})
+
+
+#: Each workload's figures that the summary table shows (as ``<workload>_<key>``).
+HEADLINES = ("even_ratio", "balanced_ratio", "balanced_vs_even", "pair_ratio", "latency_ratio")
+
+
+def headlines(workloads: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The result: each workload's `HEADLINES` at the top as ``<workload>_<key>`` with their
+    goals and words (the summary table reads only top-level goals), and every workload's
+    whole result under ``samples.workloads``."""
+    out: dict[str, Any] = {"goals": {}, "words": {}}
+    for name, result in workloads.items():
+        for key in HEADLINES:
+            if key in result:
+                out[f"{name}_{key}"] = result[key]
+                if key in result["goals"]:
+                    out["goals"][f"{name}_{key}"] = result["goals"][key]
+                out["words"][f"{name}_{key}"] = f"{name}: {result['words'][key]}"
+        if "pair_changes_per_1000_updates" in result:
+            out[f"{name}_pair_changes_per_1000_updates"] = result["pair_changes_per_1000_updates"]
+    out["samples"] = {"workloads": dict(workloads)}
+    out["machine"] = cluster_run.machine()
+    out["others_cpu_max"] = timing.nanmax(w["others_cpu_max"] for w in workloads.values())
+    return out
+
+
+def launch_record(rows: Sequence[Mapping[str, Any]], splits: Sequence[Any], spec: Mapping):
+    """One launch in the report: its steady step, the fit's seconds, the split's changes."""
+    record = steady(rows, int(spec["settle_epochs"]))
+    updates = int(spec["epochs"]) * int(spec["steps_per_epoch"])
+    record.update(
+        fit_s=rows[-1]["end_s"] if rows else math.nan,
+        changes=len(splits),
+        changes_per_1000_updates=1000.0 * len(splits) / updates,
+    )
+    return record
+
+
+def run_workload(spec: dict[str, Any]) -> dict[str, Any]:
+    """One workload's sides, alternated over ``spec["repeats"]`` rounds; its summary."""
+    sides = spec["sides"]
+    spec = {**spec, "workers": WORKERS, "hog_worker": HOG_WORKER}
     steady_by_side: dict[str, list[dict[str, Any]]] = {n: [] for n in sides}
     epochs: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in sides}
     rates: dict[str, list[float]] = {f"worker-{i}": [] for i in range(WORKERS)}
     launch_seconds: dict[str, list[float]] = {n: [] for n in sides}
     split_lines: dict[str, list[Any]] = {n: [] for n in sides}
-    for r in range(int(options["repeats"])):
+    for r in range(int(spec["repeats"])):
         for name in sides if r % 2 == 0 else sides[::-1]:
-            logger.info("bench balance: %s, round %d/%d", name, r + 1, options["repeats"])
+            logger.info(
+                "bench balance: %s %s, round %d/%d", spec["model"], name, r + 1, spec["repeats"]
+            )
             launched = _launch(name, spec)
             tasks = launched["tasks"]
             rows = epoch_rows(
@@ -316,23 +424,26 @@ def run(**overrides: Any) -> dict[str, Any]:
                 global_batch_size=int(spec["global_batch_size"]),
             )
             epochs[name].append(rows)
-            steady_by_side[name].append(steady(rows, int(spec["settle_epochs"])))
-            launch_seconds[name].append(launched["launch_seconds"])
             split_lines[name].append(tasks[launched["lead"]].get("splits", []))
+            steady_by_side[name].append(launch_record(rows, split_lines[name][-1], spec))
+            launch_seconds[name].append(launched["launch_seconds"])
             if SIDES[name][2] == "hog" and SIDES[name][0] == "balance":  # the hog, on MWMS
                 for worker in rates:
                     rates[worker].append(tasks[worker]["local_examples_per_s"])
     out = summary(steady_by_side, rates, int(spec["global_batch_size"]))
     for name in sides:
         out["sides"][name].update(
-            steady=steady_by_side[name],
+            launches=steady_by_side[name],
             epochs=epochs[name],
             splits=split_lines[name],
             launch_seconds=launch_seconds[name],
         )
+    if "balanced_pair" in sides:
+        out["pair_changes_per_1000_updates"] = timing.median(
+            [s["changes_per_1000_updates"] for s in steady_by_side["balanced_pair"]]
+        )
     out["rates_samples"] = rates
     out["config"] = {k: v for k, v in spec.items() if k != "kind"}
-    out["machine"] = cluster_run.machine()
     out["others_cpu_max"] = timing.nanmax(
         s["others_cpu_max"] for launches in steady_by_side.values() for s in launches
     )

@@ -15,21 +15,37 @@ COLORS = {
     "parameter_server": "tab:green",
     "even_pair": "tab:orange",
     "balanced_pair": "tab:cyan",
+    "even_latency": "tab:brown",
+    "balanced_latency": "tab:purple",
 }
 
 
 def plot_balance(result: dict[str, Any], path: str) -> None:
-    """Left: each side's step time per epoch (its first launch) and the ideal's as a line.
+    """One row per workload (``result["samples"]["workloads"]``, or ``result`` itself when it
+    is one workload's).
 
+    Left: each side's step time per epoch (its first launch) and the ideal's as a line.
     Right: each worker's share of the global batch per epoch on the balanced sides, and the
     share in proportion to the measured rates (the ideal split) as a line.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(12, 4.5))
+    workloads = (result.get("samples") or {}).get("workloads") or {"": result}
+    fig = Figure(figsize=(12, 4.5 * len(workloads)))
     FigureCanvasAgg(fig)
-    step_ax, share_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for row, (name, one) in enumerate(workloads.items()):
+        step_ax = fig.add_subplot(len(workloads), 2, 2 * row + 1)
+        share_ax = fig.add_subplot(len(workloads), 2, 2 * row + 2)
+        _steps(one, step_ax, name)
+        _shares(one, share_ax)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def _steps(result: dict[str, Any], step_ax: Any, workload: str) -> None:
+    """Each side's step time per epoch (its first launch), the ideal's as a line."""
     sides = result.get("sides", {})
     for name, side in sides.items():
         rows = (side.get("epochs") or [[]])[0]
@@ -49,10 +65,16 @@ def plot_balance(result: dict[str, Any], path: str) -> None:
     step_ax.legend(fontsize=7)
     config = result.get("config", {})
     step_ax.set_title(
-        f"global batch {config.get('global_batch_size')}, worker {config.get('hog_worker')} "
-        "shares its core with a CPU hog",
+        f"{workload + ': ' if workload else ''}global batch {config.get('global_batch_size')}, "
+        f"worker {config.get('hog_worker')} shares its core with a CPU hog",
         fontsize=9,
     )
+
+
+def _shares(result: dict[str, Any], share_ax: Any) -> None:
+    """Each worker's share per epoch on the balanced sides; the measured rates' as a line."""
+    sides, ideal = result.get("sides", {}), result.get("ideal", {})
+    config = result.get("config", {})
     global_batch = config.get("global_batch_size") or 1
     for name in ("balanced", "balanced_pair"):
         rows = (sides.get(name, {}).get("epochs") or [[]])[0]
@@ -78,6 +100,3 @@ def plot_balance(result: dict[str, Any], path: str) -> None:
     share_ax.set_xlabel("seconds into the fit")
     share_ax.set_ylabel("share of the global batch")
     share_ax.legend(fontsize=7)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)

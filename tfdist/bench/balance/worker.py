@@ -37,6 +37,7 @@ from tfdist.bench.harness import fits, timing
 from tfdist.bench.harness.worker_common import report_progress, task
 
 NUM_BATCHES = 4  # distinct global batches, cached and repeated
+DIGITS_SHAPE = (8, 8, 1)  # scikit-learn's digits, the cnn's inputs
 
 HOG_CODE = """import os, sys
 os.sched_setaffinity(0, {cpus!r})
@@ -119,7 +120,10 @@ class Delay(keras.layers.Layer):
 
 
 def input_shape(spec: dict[str, Any]) -> tuple[int, ...]:
-    """One example's shape: ``(input_dim,)`` for the mlp, ``(size, size, 3)`` for the convnet."""
+    """One example's shape: ``(input_dim,)`` for the mlp, ``(size, size, 3)`` for the convnet,
+    the digits' ``(8, 8, 1)`` for the cnn."""
+    if spec.get("model", "mlp") == "cnn":
+        return DIGITS_SHAPE
     if spec.get("model", "mlp") == "convnet":
         return (int(spec["image_size"]), int(spec["image_size"]), 3)
     return (int(spec["input_dim"]),)
@@ -129,7 +133,9 @@ def build_model(spec: dict[str, Any], delay_s: float = 0.0) -> keras.Model:
     """The compute-bound model every side trains (``spec["model"]``), behind a `Delay` of
     ``delay_s`` (the same layers and variables on every worker, delayed or not)."""
     shape = input_shape(spec)
-    if spec.get("model", "mlp") == "convnet":
+    if spec.get("model", "mlp") == "cnn":  # tfdist train --model=cnn's
+        base = tfdist.models.get("cnn", input_shape=shape, num_classes=spec["num_classes"])
+    elif spec.get("model", "mlp") == "convnet":
         base = tfdist.models.get(
             "convnet",
             input_shape=shape,
@@ -149,8 +155,11 @@ def build_model(spec: dict[str, Any], delay_s: float = 0.0) -> keras.Model:
 
 
 def dataset_fn(spec: dict[str, Any]) -> Any:
-    """Synthetic global batches, the same on every worker; each pipeline takes its shard."""
+    """Synthetic global batches, the same on every worker; each pipeline takes its shard. The
+    cnn trains on the digits, as ``tfdist train --dataset=digits`` does."""
     g = int(spec["global_batch_size"])
+    if spec.get("model") == "cnn":
+        return tfdist.data.load("digits", split="train")
 
     def make(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         rng = np.random.default_rng(0)
@@ -169,7 +178,7 @@ def dataset_fn(spec: dict[str, Any]) -> Any:
 def local_rate(spec: dict[str, Any]) -> float:
     """This worker's examples/s on a local copy of the model, half the global batch a step."""
     model = build_model(spec)
-    optimizer = keras.optimizers.SGD(spec["learning_rate"])
+    optimizer = make_optimizer(spec)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     n = int(spec["global_batch_size"]) // 2
     rng = np.random.default_rng(1)
@@ -233,6 +242,13 @@ class EpochClock(keras.callbacks.Callback):
             report_progress(f"epoch {len(self.rows) - 1}/{self.params.get('epochs')}")
 
 
+def make_optimizer(spec: dict[str, Any]) -> keras.optimizers.Optimizer:
+    """``spec["optimizer"]`` (sgd or adam) at ``spec["learning_rate"]``."""
+    if spec.get("optimizer", "sgd") == "adam":
+        return keras.optimizers.Adam(spec["learning_rate"])
+    return keras.optimizers.SGD(spec["learning_rate"])
+
+
 def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> dict[str, Any]:
     """One fit on ``strategy``, balanced or not; the epochs' clocks and the chief's splits."""
     balance: Any = False
@@ -242,8 +258,8 @@ def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> d
     trainer = tfdist.Trainer(
         fits.seeded(lambda: build_model(spec, delay)),
         strategy=strategy,
-        steps_per_execution=int(spec["steps_per_execution"]),
-        optimizer=keras.optimizers.SGD(spec["learning_rate"]),
+        steps_per_execution=spe if (spe := spec["steps_per_execution"]) == "auto" else int(spe),
+        optimizer=make_optimizer(spec),
         loss=fits.logits_loss(),
         balance=balance,
     )
