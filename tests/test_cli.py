@@ -183,6 +183,25 @@ def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argume
         train_config_of("--gradient_compression=")  # an empty list: not one value either
 
 
+def test_train_local_sgd_flag_builds_the_trainers_option():
+    """``--local_sgd``: plain averaging, DiLoCo's Nesterov SGD(0.7, 0.9) or the numbers given."""
+    from tfdist.launch.train import local_sgd_options
+
+    assert local_sgd_options(train_config_of()) is None
+    plain = local_sgd_options(train_config_of("--local_sgd=sync_every=8"))
+    assert plain.sync_every == 8 and plain.outer_optimizer is None
+    diloco = local_sgd_options(train_config_of("--local_sgd=sync_every=16,outer=nesterov"))
+    outer = diloco.outer_optimizer.get_config()
+    assert (outer["learning_rate"], outer["momentum"], outer["nesterov"]) == pytest.approx(
+        (0.7, 0.9, True)
+    )
+    flag = "--local_sgd=sync_every=2,outer=sgd,outer_learning_rate=0.5,outer_momentum=0.3"
+    outer = local_sgd_options(train_config_of(flag)).outer_optimizer.get_config()
+    assert (outer["learning_rate"], outer["momentum"], outer["nesterov"]) == pytest.approx(
+        (0.5, 0.3, False)
+    )
+
+
 def test_bench_time_to_accuracy_tasks_reach_the_benchmark_or_are_refused(monkeypatch, capsys):
     from tfdist.bench import runner
     from tfdist.bench.time_to_accuracy import tasks as time_to_accuracy_tasks

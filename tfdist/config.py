@@ -234,6 +234,11 @@ PIPELINE_FIELDS.update(stages=int, schedule=str)  # stages: with split_at=auto
 #: ``tfdist train --balance=...`` and ``--model_options=...``: the fields a flag may set.
 BALANCE_FIELDS = {"window": int, "floor": float, "hysteresis": float, "min_gain": float}
 MODEL_OPTION_FIELDS = {"width": int, "depth": int, "heads": int, "dropout": float}
+#: ``tfdist train --local_sgd=...``: ``sync_every`` (required), the outer optimizer (``outer``:
+#: none, sgd or nesterov, DiLoCo's) and its SGD's learning rate and momentum.
+LOCAL_SGD_FIELDS = {"sync_every": int, "outer": str, "outer_learning_rate": float}
+LOCAL_SGD_FIELDS.update(outer_momentum=float)
+LOCAL_SGD_OUTERS = ("none", "sgd", "nesterov")
 
 
 def parse_options(
@@ -275,6 +280,32 @@ def parse_options(
     return kwargs
 
 
+def _check_local_sgd(config: TrainConfig) -> None:
+    """``--local_sgd``'s pairs, and the flags it cannot go with (the Trainer's refusals, known
+    before TF loads)."""
+    kwargs = parse_options("local_sgd", config.local_sgd or "off", LOCAL_SGD_FIELDS, on=False)
+    if kwargs is None:
+        return
+    outer = kwargs.get("outer", "none")
+    problems = [
+        (kwargs.get("sync_every", 0) < 1, "sync_every=H with H a positive integer"),
+        (outer not in LOCAL_SGD_OUTERS, "outer= one of " + ", ".join(LOCAL_SGD_OUTERS)),
+        (
+            outer == "none" and len({"outer_learning_rate", "outer_momentum"} & set(kwargs)) > 0,
+            "outer=sgd or outer=nesterov with outer_learning_rate or outer_momentum",
+        ),
+        (kwargs.get("outer_learning_rate", 1.0) <= 0, "outer_learning_rate= a positive number"),
+        (not 0 <= kwargs.get("outer_momentum", 0.0) < 1, "outer_momentum= a number in [0, 1)"),
+        (config.strategy == "parameter_server", "off with --strategy=parameter_server"),
+        (config.pipeline not in ("", "off"), "off with --pipeline"),
+        (config.balance not in ("", "off"), "off with --balance"),
+        (config.sharding is not None, "off with --sharding"),
+    ]
+    for wrong, expected in problems:
+        if wrong:
+            raise invalid_argument("local_sgd", config.local_sgd, expected)
+
+
 def _check_strategy(config: TrainConfig) -> None:
     """A strategy by name; with a pipeline, None (TF's default strategy) without sharding, or
     ``multi_worker`` (the hybrid)."""
@@ -297,9 +328,9 @@ class TrainConfig:
     """Options of one ``tfdist train`` job, validated once on construction: the CLI's flags, one
     to one. ``backup_freq``: updates between ``backup_dir``'s backups (None: each epoch).
     ``gradient_compression``, ``bucket_bytes``, ``sharding`` ("none", "off": stored as None),
-    ``pipeline`` and ``balance`` (``PIPELINE_FIELDS``, ``BALANCE_FIELDS`` pairs) are the
-    Trainer's (a pipeline in one process: ``strategy`` None); ``model_options`` (pairs of
-    ``MODEL_OPTION_FIELDS``) go to ``models.get``, ``seq_len``, ``max_bytes`` to python_source.
+    ``pipeline``, ``balance`` and ``local_sgd`` (``PIPELINE_FIELDS``, ``BALANCE_FIELDS``,
+    ``LOCAL_SGD_FIELDS`` pairs) are the Trainer's (a pipeline in one process: ``strategy``
+    None); ``model_options`` (pairs of ``MODEL_OPTION_FIELDS``) go to ``models.get``, ``seq_len``, ``max_bytes`` to python_source.
     """
 
     strategy: str | None = "mirrored"
@@ -338,6 +369,7 @@ class TrainConfig:
     sharding: str | None = None
     pipeline: str = ""
     balance: str = ""
+    local_sgd: str = ""
 
     def __post_init__(self) -> None:
         check_positive_int("num_devices", self.num_devices, allow_none=True)
@@ -376,6 +408,7 @@ class TrainConfig:
                 object.__setattr__(self, "sharding", None)
         parse_options("pipeline", self.pipeline or "off", PIPELINE_FIELDS, on=False)
         _check_strategy(self)
+        _check_local_sgd(self)
         parse_options("watchdog", self.watchdog, WATCHDOG_FIELDS)
         if parse_options("balance", self.balance or "off", BALANCE_FIELDS) is not None:
             if self.strategy not in ("multi_worker", "auto") or self.pipeline not in ("", "off"):

@@ -365,6 +365,16 @@ flags.DEFINE_string(
     "speed (the global batch and the update stay the same); off (default), on, or "
     "BalanceOptions fields as key=value pairs, e.g. window=64,floor=0.2.",
 )
+flags.DEFINE_string(
+    "local_sgd",
+    "",
+    "train: mirrored and multi_worker: each replica takes its own updates, with no gradient "
+    "all-reduce, and the replicas average their parameters every H updates (local SGD), or, "
+    "with outer=nesterov or outer=sgd, apply the averaged change with an outer SGD (DiLoCo); "
+    "off (default) or key=value pairs: sync_every=H (required), outer=none|sgd|nesterov, "
+    "outer_learning_rate (default 0.7), outer_momentum (default 0.9 for nesterov, else 0); "
+    "e.g. sync_every=16,outer=nesterov.",
+)
 #: Every flag tfdist defines (absl's own, such as --flagfile, are left out).
 TFDIST_FLAGS = frozenset(FLAGS) - _ABSL_FLAGS
 _LAUNCH_LAYOUT = frozenset({"workers", "ps", "chief", "max_restarts", "nnodes"})
@@ -379,6 +389,7 @@ READS = {
         + ("backup_dir", "backup_freq", "seed", "verbose", "watchdog", "stragglers")
         + ("gradient_compression", "bucket_bytes", "sharding", "pipeline", "engine")
         + ("cpus_per_worker", "max_restarts", "balance", "model_options", "seq_len", "max_bytes")
+        + ("local_sgd",)
     ),
     "launch": _LAUNCH_LAYOUT
     | {"evaluator", "host", "hosts", "node_rank", "allow_external", "private_network", "pin"}

@@ -170,6 +170,7 @@ def _flags_config() -> TrainConfig:
         sharding=FLAGS.sharding,
         pipeline=FLAGS.pipeline,
         balance=FLAGS.balance,
+        local_sgd=FLAGS.local_sgd,
     )
 
 

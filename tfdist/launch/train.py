@@ -26,6 +26,7 @@ from typing import Any
 
 from tfdist.config import (
     BALANCE_FIELDS,
+    LOCAL_SGD_FIELDS,
     MODEL_OPTION_FIELDS,
     STRAGGLER_FIELDS,
     WATCHDOG_FIELDS,
@@ -82,6 +83,28 @@ def balance_options(config: TrainConfig) -> Any:
 
     kwargs = parse_options("balance", config.balance or "off", BALANCE_FIELDS)
     return False if kwargs is None else BalanceOptions(**kwargs)
+
+
+def local_sgd_options(config: TrainConfig) -> Any:
+    """The Trainer's ``local_sgd`` from ``--local_sgd`` (None: off): ``outer=nesterov`` is
+    DiLoCo's ``SGD(0.7, momentum=0.9, nesterov=True)``, ``outer=sgd`` ``SGD(0.7)``; the
+    ``outer_learning_rate`` and ``outer_momentum`` pairs replace those numbers."""
+    kwargs = parse_options("local_sgd", config.local_sgd or "off", LOCAL_SGD_FIELDS, on=False)
+    if kwargs is None:
+        return None
+    import keras
+
+    import tfdist
+
+    outer, optimizer = kwargs.get("outer", "none"), None
+    if outer != "none":
+        nesterov = outer == "nesterov"
+        optimizer = keras.optimizers.SGD(
+            kwargs.get("outer_learning_rate", 0.7),
+            momentum=kwargs.get("outer_momentum", 0.9 if nesterov else 0.0),
+            nesterov=nesterov,
+        )
+    return tfdist.LocalSGDOptions(kwargs["sync_every"], outer_optimizer=optimizer)
 
 
 def _backup_options(config: TrainConfig) -> dict[str, Any]:
@@ -226,6 +249,7 @@ def _make_trainer(
         **health_options(config),
         pipeline=None if pipeline is None else tfdist.PipelineOptions(**pipeline),
         balance=balance_options(config),
+        local_sgd=local_sgd_options(config),
     )
 
 

@@ -13,7 +13,9 @@ What one sync does, every replica alike:
    last synced parameters (DiLoCo: ``anchor - local``, the outer gradient's share);
 2. **one** ``batch_reduce_to(SUM)`` of them all, the strategy's own all-reduce (packed into one
    collective on ``multi_worker``; ``ExchangeOptions.bucket_bytes`` becomes its
-   ``bytes_per_pack``), in bf16 or fp16 when ``ExchangeOptions.compression`` says so;
+   ``bytes_per_pack``); DiLoCo's outer gradient in bf16 or fp16 when
+   ``ExchangeOptions.compression`` says so (plain averaging stays float32: parameters would lose
+   their low bits at every sync);
 3. divided by the replica count: every worker gets the same bits, so every replica's copy is
    assigned the same value (bitwise equal after each sync);
 4. DiLoCo: the parameters go back to the last synced ones, the outer optimizer applies the
@@ -121,7 +123,10 @@ class LocalState:
         copies = [strategy.experimental_local_results(v.value) for v in variables]
         anchors = [strategy.experimental_local_results(a) for a in self.anchors]
         num_local = len(copies[0]) if copies else 1
-        wire = _WIRE_DTYPES.get(self.compression) if strategy.num_replicas_in_sync > 1 else None
+        # 16 bits on the wire for DiLoCo's outer gradient (a change) only: parameters themselves
+        # would lose their low bits at every sync.
+        compressed = self.outer is not None and strategy.num_replicas_in_sync > 1
+        wire = _WIRE_DTYPES.get(self.compression) if compressed else None
 
         def local_values(i: int) -> list[tf.Tensor]:
             values = []
