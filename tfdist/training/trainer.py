@@ -261,6 +261,7 @@ class Trainer(EvaluateAndPredict):
             runner=self._runner,
             skipped_updates=compiled.skipped_updates,
             sharded=lambda: self._functions.sharded,
+            local_sgd=lambda: self._functions.updates.local,
         )
 
     @property

@@ -35,6 +35,9 @@ class FitBackups:
         skipped_updates: The loss-scaling skip counter, backed up when given.
         sharded: Returns the sharded optimizer state once built (None: not sharded), whose
             slots the backup saves whole.
+        local_sgd: Returns local SGD's state once built (None: off), whose last synced
+            parameters, outer optimizer and sync count the backup holds
+            (`tfdist.training.local_sgd.sync.LocalState.checkpointed`).
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class FitBackups:
         runner: Runner,
         skipped_updates: tf.Variable | None = None,
         sharded: Callable[[], Any] = lambda: None,
+        local_sgd: Callable[[], Any] = lambda: None,
     ) -> None:
         self.options = options
         self._model = model
@@ -52,6 +56,7 @@ class FitBackups:
         self._extra = {} if skipped_updates is None else {"skipped_updates": skipped_updates}
         self._checkpoint: tf.train.Checkpoint | None = None
         self._sharded = sharded
+        self._local_sgd = local_sgd
         # The last fit's Backup by its options (one entry), shared with for_fit's copies.
         self._opened: dict[BackupOptions, Backup] = {}
 
@@ -75,12 +80,16 @@ class FitBackups:
         if self._checkpoint is None:
             # Made at the first fit, once the model and optimizer are built: a checkpoint tracks the
             # variables that exist when it is made. Later fits reuse it.
+            local = self._local_sgd()
+            extra = (
+                self._extra if local is None else {**self._extra, "local_sgd": local.checkpointed()}
+            )
             self._checkpoint = checkpoint_for(
                 self._model,
                 self._model.optimizer,
                 sharded=self._sharded(),
                 strategy=self._runner.strategy,
-                **self._extra,
+                **extra,
             )
         if self.options not in self._opened:
             self._opened.clear()

@@ -81,6 +81,14 @@ class LocalState:
                     for i, v in enumerate(self.parameters)
                 ]
 
+    def checkpointed(self) -> tf.train.Checkpoint:
+        """What a backup holds of local SGD: the last synced parameters, the outer optimizer's
+        variables (its slots and ``iterations``) and the sync count (one value each: a
+        worker's parameters and inner optimizer between syncs are its own, and a resume gives
+        every worker the chief's)."""
+        outer = [] if self.outer is None else [v.value for v in self.outer.variables]
+        return tf.train.Checkpoint(anchors=self.anchors, outer=outer, syncs=self.syncs)
+
     def anchor(self) -> None:
         """The last synced parameters := the parameters (eager, at a fit's start on a round's
         boundary: a model changed between fits, or restored, starts its round from there)."""
