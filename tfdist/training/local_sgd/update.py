@@ -56,6 +56,9 @@ class LocalUpdate(TrainUpdate):
         """The inner optimizer's update of this replica's copy, then the sync when due."""
         super().update(grads)
         iterations = tf.convert_to_tensor(self.optimizer.iterations)
-        tf.distribute.get_replica_context().merge_call(
+        synced = tf.distribute.get_replica_context().merge_call(
             lambda strategy: self.state.maybe_sync(strategy, iterations)
         )
+        # The straggler report's exchange section: the inner update and, at a sync, the wait
+        # for the other workers and the all-reduce.
+        step_clock.mark("exchange", synced)
