@@ -330,7 +330,8 @@ class TrainConfig:
     ``gradient_compression``, ``bucket_bytes``, ``sharding`` ("none", "off": stored as None),
     ``pipeline``, ``balance`` and ``local_sgd`` (``PIPELINE_FIELDS``, ``BALANCE_FIELDS``,
     ``LOCAL_SGD_FIELDS`` pairs) are the Trainer's (a pipeline in one process: ``strategy``
-    None); ``model_options`` (pairs of ``MODEL_OPTION_FIELDS``) go to ``models.get``, ``seq_len``, ``max_bytes`` to python_source.
+    None); ``model_options`` (pairs of ``MODEL_OPTION_FIELDS``) go to ``models.get``,
+    ``seq_len``, ``max_bytes`` to python_source.
     """
 
     strategy: str | None = "mirrored"
