@@ -9,6 +9,7 @@
 - ``atomic``: shim ``atomic_assign_add``: Keras variable increments as one atomic TF op.
 - ``scope_moves``: the user's live Keras objects moved into a strategy scope.
 - ``layer_graph``: a functional model's calls in order, nested models flattened.
+- ``unit_calls``: a functional model called one top-level layer at a time; storage-less variables.
 - ``py_dataset``: Keras's own parallel reader of a ``PyDataset`` (``OrderedEnqueuer``).
 - ``multi_worker_fit``: shims that make plain ``model.fit`` work on MultiWorkerMirrored workers.
 """

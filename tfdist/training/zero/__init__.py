@@ -1,4 +1,5 @@
-"""Sharded optimizer state and gradients over the replicas (ZeRO-1 and ZeRO-2).
+"""Sharded optimizer state and gradients over the replicas (ZeRO-1 and ZeRO-2), and parameters
+(ZeRO-3, not yet offered by ``sharding=``).
 
 Start at ``state`` (the design, the master shards, the optimizer built on them, refusals).
 It does not know the pipeline: the two meet in `tfdist.training.updates`.
@@ -8,4 +9,6 @@ It does not know the pipeline: the two meet in `tfdist.training.updates`.
 - ``collectives``: the sharded update's collectives, in buckets of bounded size, one at a time.
 - ``layout``: how a variable is cut into one zero-padded block per replica.
 - ``checkpoint``: sharded slots saved and loaded as whole tensors (backups, ``.keras`` files).
+- ``parameters``: ZeRO-3's storage (every weight a block per replica) and its replica step.
+- ``units``: the forward pass one top-level layer at a time, each gathered and reduce-scattered.
 """

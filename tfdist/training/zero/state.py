@@ -126,7 +126,7 @@ def _per_replica(next_creator: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _slots_per_replica(optimizer: keras.optimizers.Optimizer, made: list) -> Iterator[None]:
+def slots_per_replica(optimizer: keras.optimizers.Optimizer, made: list) -> Iterator[None]:
     """While building: the optimizer's slots (made from a reference) are per-replica variables.
 
     Its other variables (``iterations``, a loss scale) stay mirrored. ``made`` gets
@@ -147,7 +147,7 @@ def _slots_per_replica(optimizer: keras.optimizers.Optimizer, made: list) -> Ite
         del optimizer.add_variable_from_reference
 
 
-def _master(variable: Any, strategy: tf.distribute.Strategy, colocate: bool) -> Any:
+def master_shard(variable: Any, strategy: tf.distribute.Strategy, colocate: bool) -> Any:
     """A per-replica variable of one block of ``variable`` (in ``strategy``'s scope)."""
     n = strategy.num_replicas_in_sync
     where = strategy.extended.colocate_vars_with(variable.value) if colocate else None
@@ -201,8 +201,8 @@ class ShardedState:
             )
         made: list[tuple[Any, Any]] = []
         with strategy.scope():
-            self.masters = [_master(v, strategy, colocate) for v in self.variables]
-            with _slots_per_replica(inner_optimizer(optimizer), made):
+            self.masters = [master_shard(v, strategy, colocate) for v in self.variables]
+            with slots_per_replica(inner_optimizer(optimizer), made):
                 optimizer.build(self.masters)
         index = {id(m): i for i, m in enumerate(self.masters)}
         self.full_shapes = {

@@ -1,0 +1,168 @@
+"""Parameters sharded too (ZeRO-3): each trainable variable lives only as one ``[S]`` block per
+replica, and each top-level layer gathers its weights just before it runs
+(`tfdist.training.zero.units`). Not yet offered by ``sharding=``: the Trainer's objective,
+evaluation, prediction, backups and saving do not read blocks yet; `ParameterState` and
+`ParameterStep` are the storage and the replica step they will build on.
+
+Storage: the blocks are per-replica Keras variables (``ON_READ``, ``ONLY_FIRST_REPLICA``, as
+the master shards of ``"optimizer"`` and ``"gradients"``), on which the Keras optimizer is
+built (its slots are blocks too). Each block is cut from the built model's variable, one
+variable at a time; the model's trainable Keras variables then lose their TF variables and keep
+their shapes, dtypes and regularizers: a read of one outside its layer's gather raises
+(`UnmappedRead`), where Keras would silently hand back the initializer's value. Non-trainable
+variables (moving statistics, seed states) stay whole and mirrored.
+
+Refused, each by name (`check_model`): a model without a functional graph (subclassed, or a
+Sequential never built on an ``Input``), an optimizer a block cannot update
+(`tfdist.training.zero.state.check_optimizer`), and, until they are handled, Keras masks
+between layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist._compat.keras_internals.optimizer import gradients_already_summed
+from tfdist._compat.keras_internals.unit_calls import drop_storage, functional_graph, guard_reads
+from tfdist.config import invalid_argument
+from tfdist.training.zero.layout import block
+from tfdist.training.zero.state import (
+    check_optimizer,
+    inner_optimizer,
+    master_shard,
+    slots_per_replica,
+)
+from tfdist.training.zero.units import Units, gather_whole
+
+
+class UnmappedRead:
+    """The initializer of a storage-less variable: a read outside its layer's gather raises."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"sharding='parameters': variable {self.path!r} was read outside its layer's "
+            "gather. Its weights live as blocks on the replicas; only the layer that tracks it "
+            "may read it, while it runs (a weight read by another layer's call, a Lambda "
+            "closure, model.get_weights() or a save during training cannot be served)."
+        )
+
+
+def check_model(model: keras.Model) -> None:
+    """Refuses a model whose layers cannot be gathered one at a time.
+
+    Raises:
+        ValueError: Naming ``sharding``, what was received and what is expected.
+    """
+    if functional_graph(model) is None or not model.built:
+        raise invalid_argument(
+            "sharding",
+            "parameters",
+            "None for a model without a functional graph",
+            note=f"{type(model).__name__} {model.name!r} is subclassed, or a Sequential "
+            "without an Input: sharding='parameters' gathers each top-level layer's weights "
+            "just before it runs, which needs the layers' graph. Build it on keras.Input(...), "
+            "or wrap it as one layer of a functional model.",
+        )
+
+
+class ParameterState:
+    """The blocks of ``model``'s trainable variables and its optimizer built on them.
+
+    Args:
+        model: A built functional or Sequential model with an optimizer (``model.optimizer``),
+            made in ``strategy``'s scope.
+        strategy: A MirroredStrategy or MultiWorkerMirroredStrategy.
+
+    Attributes:
+        variables: The model's trainable variables (no storage once this returns).
+        blocks: One per-replica variable of ``S`` elements per trainable variable.
+    """
+
+    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+        check_model(model)
+        check_optimizer(model.optimizer, "parameters")
+        self.model, self.strategy = model, strategy
+        self.num_replicas = strategy.num_replicas_in_sync
+        self.variables = list(model.trainable_variables)
+        with strategy.scope():
+            self.blocks = [master_shard(v, strategy, False) for v in self.variables]
+            with slots_per_replica(inner_optimizer(model.optimizer), []):
+                model.optimizer.build(self.blocks)
+        for variable, target in zip(self.variables, self.blocks):
+            self._cut(variable, target)
+            drop_storage(variable)  # its TF variable goes with its last reference
+            guard_reads(variable, UnmappedRead(variable.path))
+
+    def _cut(self, variable: Any, target: Any) -> None:
+        """Each replica's block of ``variable`` into ``target``, one variable at a time."""
+        n, whole = self.num_replicas, variable.value
+
+        def fill() -> None:
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            target.assign(block(tf.convert_to_tensor(whole), n, replica))
+
+        tf.function(lambda: self.strategy.run(fill), autograph=False)()
+
+    def whole_weights(self) -> list[np.ndarray]:
+        """Every trainable variable whole, from the blocks (call on every worker alike)."""
+
+        def gather() -> list[tf.Tensor]:
+            return [gather_whole(b.value, v.shape) for v, b in zip(self.variables, self.blocks)]
+
+        got = tf.function(lambda: self.strategy.run(gather), autograph=False)()
+        return [self.strategy.experimental_local_results(t)[0].numpy() for t in got]
+
+
+class ParameterStep:
+    """One update on sharded parameters, in replica context: the forward unit by unit, the
+    loss over the global batch (plus the units' regularizers and ``add_loss`` terms, once per
+    update), the blocks' gradients (reduce-scattered in the backward), the optimizer on the
+    blocks, the non-trainable updates, and constraints applied to the whole tensors.
+
+    Args:
+        state: The blocks and the optimizer.
+        loss: A per-example loss, ``loss(y, y_pred)`` of shape ``[batch]``.
+        global_batch_size: Examples per update over all replicas.
+    """
+
+    def __init__(self, state: ParameterState, loss: Any, *, global_batch_size: int) -> None:
+        self.state, self.loss, self.global_batch_size = state, loss, global_batch_size
+        self.units = Units(state.model, state.num_replicas)
+
+    def __call__(self, x: Any, y: Any) -> tf.Tensor:
+        state, n = self.state, self.state.num_replicas
+        blocks = [tf.convert_to_tensor(b.value) for b in state.blocks]
+        with tf.GradientTape() as tape:
+            tape.watch(blocks)
+            y_pred = self.units.forward(x, blocks, training=True)
+            loss = tf.reduce_sum(self.loss(y, y_pred)) / self.global_batch_size
+            terms = self.units.loss_terms()
+            if terms:  # as Keras adds model.losses once per batch: 1/N on each replica
+                loss += tf.add_n(terms) / n
+        grads = tape.gradient(loss, blocks)
+        self.units.write_updates()
+        optimizer = state.model.optimizer
+        with gradients_already_summed(optimizer, num_replicas=n):
+            optimizer.apply(grads, state.blocks)
+        self._constrain()
+        return loss
+
+    def _constrain(self) -> None:
+        """Keras applies a constraint to the whole tensor after each update: the block is
+        gathered, constrained whole and cut again, one variable at a time."""
+        state, done = self.state, []
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        for variable, target in zip(state.variables, state.blocks):
+            if variable.constraint is None:
+                continue
+            with tf.control_dependencies(done):
+                mine = tf.identity(target.value)
+            whole = variable.constraint(gather_whole(mine, variable.shape))
+            done = [target.assign(block(whole, state.num_replicas, replica))]

@@ -1,0 +1,228 @@
+"""A model's forward pass one top-level layer ("unit") at a time on sharded parameters (ZeRO-3),
+in replica context: each unit's weights gathered just before it, released after it, gathered
+again for its backward, and their gradients reduce-scattered there and then.
+
+Each unit with trainable variables runs inside a ``tf.custom_gradient`` whose inputs are the
+unit's tensors and its variables' ``[S]`` blocks (`tfdist.training.zero.layout`):
+
+* forward: every replica's blocks are all-gathered into whole tensors and the unit runs under
+  ``keras.StatelessScope(state_mapping=...)`` (its variables read the gathered tensors); the
+  whole tensors die with the unit's forward;
+* backward, once the upstream gradient exists: the blocks are gathered again, the forward is
+  recomputed under a tape, the input gradient is taken first (the gathered weights die), then
+  the weight gradients, each summed over the replicas with this replica keeping its block
+  (all-reduce of ``[N, S]`` column chunks, then its row); the unit's input gradient waits for
+  them, so at most one unit's whole gradients exist at a time. They are the gradients of the
+  blocks the unit took as inputs.
+
+What a unit adds beside its outputs is collected inside its scope, where its weights are
+whole: its weights' regularizers and its ``add_loss`` terms (activity regularizers), one more
+output of the custom gradient; its non-trainable variables' new values (BatchNormalization's
+moving statistics, seed states), written after the forward as Keras writes them. A unit with
+only non-trainable variables runs under a scope of their whole mirrored values. MirroredStrategy
+traces its replicas in concurrent threads: what one replica's trace collects is thread-local.
+
+A nested model is one unit (all its weights whole at once); a shared layer is gathered at each
+use. Layers without variables run as they are.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfdist._compat.keras_internals.masks import keras_mask
+from tfdist._compat.keras_internals.unit_calls import call_by_layer
+from tfdist.config import invalid_argument
+from tfdist.training.zero.layout import shard_size, unblock
+
+#: About how many bytes each all-reduce of a whole gradient's reduce-scatter carries.
+CHUNK_BYTES = 8 << 20
+
+
+def _replica_id() -> tf.Tensor:
+    return tf.distribute.get_replica_context().replica_id_in_sync_group
+
+
+def gather_whole(block: tf.Tensor, shape: Any) -> tf.Tensor:
+    """The whole tensor of ``shape`` from every replica's ``[S]`` ``block`` (replica context;
+    exact: the blocks themselves, gathered)."""
+    rows = tf.distribute.get_replica_context().all_gather(tf.reshape(block, [1, -1]), axis=0)
+    return unblock(rows, shape)
+
+
+def reduce_scatter_one(whole: tf.Tensor, num_replicas: int) -> tf.Tensor:
+    """``whole`` summed over the replicas, this replica keeping its ``[S]`` block; in column
+    chunks of about `CHUNK_BYTES` (``[N, c]``), one all-reduce each, one after the other."""
+    ctx, n = tf.distribute.get_replica_context(), num_replicas
+    flat = tf.reshape(whole, [-1])
+    size = flat.shape.num_elements()
+    width = shard_size(size, n)
+    rows = tf.reshape(
+        tf.pad(flat, [[0, n * width - size]]) if size < n * width else flat, [n, width]
+    )
+    step = max(1, CHUNK_BYTES // (n * whole.dtype.size))
+    pieces: list[tf.Tensor] = []
+    for start in range(0, width, step):
+        with tf.control_dependencies(pieces[-1:]):
+            chunk = tf.identity(rows if step >= width else rows[:, start : start + step])
+        summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, chunk)
+        pieces.append(tf.gather(summed, _replica_id()))  # a copy: the summed [N, c] dies here
+    return pieces[0] if len(pieces) == 1 else tf.concat(pieces, 0)
+
+
+class Units:
+    """The unit-by-unit forward pass of ``model`` on the blocks of its trainable variables.
+
+    Args:
+        model: A functional or Sequential model, built; its trainable variables have no
+            storage (`tfdist.training.zero.parameters`).
+        num_replicas: ``num_replicas_in_sync``.
+
+    Call `forward` in replica context, under the tape that takes the blocks' gradients; then
+    `loss_terms` (the units' regularizers and ``add_loss`` terms) and `write_updates`.
+    """
+
+    def __init__(self, model: keras.Model, num_replicas: int) -> None:
+        self.model = model
+        self.num_replicas = num_replicas
+        self.variables = list(model.trainable_variables)
+        self.index = {id(v): i for i, v in enumerate(self.variables)}
+        self._local = threading.local()  # one replica's trace state (see the module docstring)
+
+    def forward(self, x: Any, blocks: Sequence[tf.Tensor], *, training: bool) -> Any:
+        """The model's outputs on ``x``; ``blocks[i]``: this replica's block of variable ``i``."""
+        self._local.updates = []  # (non-trainable variable, new value)
+        self._local.terms = []  # the units' loss terms
+        return call_by_layer(
+            self.model, x, lambda op, ctx: self._wrapped(op, ctx, blocks), training=training
+        )
+
+    def loss_terms(self) -> list[tf.Tensor]:
+        """The units' regularizers and ``add_loss`` terms of the last `forward` (float32)."""
+        return list(self._local.terms)
+
+    def write_updates(self) -> None:
+        """The units' non-trainable variables take their new values, as Keras assigns them in
+        replica context (BatchNormalization's moving statistics: each replica its own)."""
+        for variable, value in self._local.updates:
+            variable.assign(value)
+
+    def _wrapped(self, op: Any, ctx: dict[str, Any], blocks: Sequence[tf.Tensor]) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs.update(ctx)
+            if op.trainable_variables:
+                return self._unit(op, args, kwargs, blocks)
+            if op.non_trainable_variables:
+                mapping = [(v, tf.convert_to_tensor(v.value)) for v in op.non_trainable_variables]
+                with keras.StatelessScope(state_mapping=mapping) as scope:
+                    out = op(*args, **kwargs)
+                self._collect(scope, op)
+                return out
+            return op(*args, **kwargs)
+
+        return call
+
+    def _collect(self, scope: Any, op: Any) -> None:
+        for variable in op.non_trainable_variables:
+            value = scope.get_current_value(variable)
+            if value is not None:
+                self._local.updates.append((variable, value))
+
+    def _run(self, op: Any, call: tuple, wholes: list, fixed: list) -> tuple[Any, Any, list]:
+        """``op`` called as ``call`` (``(args, kwargs)``) under a scope of its weights
+        (``wholes``, then ``fixed``: its non-trainable values): its outputs, the scope, and the
+        flat outputs with its loss terms summed as one more (float32), if it has any."""
+        args, kwargs = call
+        mapping = list(zip(op.trainable_variables, wholes)) + fixed
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            out = op(*args, **kwargs)
+            terms = list(scope.losses) + [
+                v.regularizer(v) for v in op.trainable_variables if v.regularizer is not None
+            ]
+        if any(keras_mask(t) is not None for t in tf.nest.flatten(out)):
+            # The custom gradient's outputs would drop it: the next layers would not mask.
+            raise invalid_argument(
+                "sharding",
+                "parameters",
+                "None for a model whose layers pass Keras masks",
+                note=f"Layer {op.name!r} outputs a mask (mask_zero=True, Masking): masks "
+                "between sharded layers are not carried yet.",
+            )
+        flat = tf.nest.flatten(out)
+        if terms:
+            flat.append(tf.add_n([tf.cast(t, tf.float32) for t in terms]))
+        return out, scope, flat
+
+    def _gathered(self, op: Any, blocks: list, after: list) -> list[tf.Tensor]:
+        with tf.control_dependencies([t for t in after if t is not None]):
+            # A data edge to the collective (MirroredStrategy builds it in a merge_call, on
+            # another thread, out of this thread's control scope).
+            gated = [tf.identity(b) for b in blocks]
+        return [gather_whole(b, v.shape) for b, v in zip(gated, op.trainable_variables)]
+
+    def _unit(self, op: Any, args: tuple, kwargs: dict, blocks: Sequence[tf.Tensor]) -> Any:
+        fixed = [(v, tf.convert_to_tensor(v.value)) for v in op.non_trainable_variables]
+        structure = (args, kwargs)
+        flat_in = tf.nest.flatten(structure)
+        # Each tensor once (a layer called as ``mha(h, h)``): its gradient is the sum over
+        # its uses, which a tape gives it once.
+        ins = list({id(t): t for t in flat_in if tf.is_tensor(t)}.values())
+        slot = {id(t): k for k, t in enumerate(ins)}
+        where = [(i, slot[id(t)]) for i, t in enumerate(flat_in) if tf.is_tensor(t)]
+        mine = [blocks[self.index[id(v)]] for v in op.trainable_variables]
+        held: dict[str, Any] = {}
+
+        def call_with(inputs: list) -> tuple:
+            full = list(flat_in)
+            for i, k in where:
+                full[i] = inputs[k]
+            return tf.nest.pack_sequence_as(structure, full)
+
+        @tf.custom_gradient
+        def unit(*tensors: tf.Tensor) -> Any:
+            inputs = list(tensors[: len(ins)])
+            out, scope, flat = self._run(
+                op, call_with(inputs), self._gathered(op, mine, ins), fixed
+            )
+            held.update(scope=scope, structure=out, extra=len(flat) > len(tf.nest.flatten(out)))
+
+            def grad(*upstream: tf.Tensor, variables: Any = None) -> Any:
+                got = self._backward(op, (call_with, inputs, mine, fixed), list(upstream))
+                return (got, [None] * len(variables)) if variables else got
+
+            return flat, grad
+
+        flat_out = unit(*ins, *mine)
+        self._collect(held["scope"], op)
+        if held["extra"]:
+            self._local.terms.append(flat_out[-1])
+            flat_out = flat_out[:-1]
+        return tf.nest.pack_sequence_as(held["structure"], flat_out)
+
+    def _backward(self, op: Any, saved: tuple, upstream: list) -> list:
+        """The unit's gradients: its inputs' (None for a non-float one), then its blocks'."""
+        call_with, inputs, mine, fixed = saved
+        sources = [t for t in inputs if t.dtype.is_floating]
+        wholes = self._gathered(op, mine, upstream)  # once the upstream gradient exists
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(sources + wholes)
+            _, _, again = self._run(op, call_with(inputs), wholes, fixed)
+        zero = tf.UnconnectedGradients.ZERO
+        # The input gradient first (it needs the weights), then the weights' (the inputs'):
+        # the gathered weights die in between.
+        d_in = (
+            tape.gradient(again, sources, upstream, unconnected_gradients=zero) if sources else []
+        )
+        with tf.control_dependencies(d_in):
+            later = [tf.identity(d) for d in upstream]
+        d_whole = tape.gradient(again, wholes, later, unconnected_gradients=zero)
+        d_blocks = [reduce_scatter_one(tf.convert_to_tensor(g), self.num_replicas) for g in d_whole]
+        with tf.control_dependencies(d_blocks):  # one unit's whole gradients at a time
+            d_in = [tf.identity(g) for g in d_in]
+        it = iter(d_in)
+        return [next(it) if t.dtype.is_floating else None for t in inputs] + d_blocks
