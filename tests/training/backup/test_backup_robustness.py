@@ -60,6 +60,28 @@ def test_sigterm_without_backup_stops_at_the_next_step_and_exits_143():
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
 
 
+class SigtermInValidation(keras.callbacks.Callback):
+    def on_test_begin(self, logs=None):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_in_the_last_epochs_validation_still_stops_with_143():
+    """The fit's last vote is after the last epoch's validation: a SIGTERM there stops the run
+    (it finished, ran on and exited 0 before, seen on a GPT whose validation takes seconds)."""
+    trainer = _trainer()
+    with pytest.raises(SystemExit) as stopped:
+        trainer.fit(
+            DATA,
+            epochs=1,
+            global_batch_size=32,
+            validation_data=DATA,
+            verbose=0,
+            callbacks=[SigtermInValidation()],
+        )
+    assert stopped.value.code == 143
+    assert int(trainer.model.optimizer.iterations.numpy()) == 4  # the epoch's 4 updates
+
+
 def test_sigterm_with_a_backup_saves_and_exits_75(tmp_path):
     trainer = _trainer(str(tmp_path / "b"))
     with pytest.raises(SystemExit) as stopped:

@@ -203,6 +203,12 @@ class EpochLoop:
         self.run.model.stop_training = True
         return True
 
+    def stop_at_epoch_end(self, epoch: int) -> bool:
+        """The vote after ``epoch``'s validation and callbacks, at the next epoch's start: True
+        if any worker says stop (``stop_training``); a SIGTERM noted since the last update (in
+        the validation, say, the last epoch's too) stops the fit here, as at an update."""
+        return self._vote(epoch + 1, 0)
+
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
         """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
         if self.plan.steps is None:

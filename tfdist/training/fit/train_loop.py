@@ -102,11 +102,9 @@ def train_epochs(loop: EpochLoop, *, epochs: int, initial_epoch: int, repeat: bo
         if loop.backup is not None:
             with loop.section("backup"):
                 loop.backup.save(Position(epoch + 1, 0, loop.updates))
-        # Every worker ends here: any worker's stop_training (set in on_epoch_end, say) stops all.
-        with loop.section("vote"):
-            stop = runner.agree(bool(model.stop_training))
-        if stop:
-            model.stop_training = True
+        # Every worker ends here: any worker's stop_training (set in on_epoch_end, say) stops all,
+        # and a SIGTERM during the validation stops the fit (else the last epoch's went unseen).
+        if loop.stop_at_epoch_end(epoch):
             break
     if persistent is not None and runner.reads_training_input_here:
         release(persistent)  # the one stream of every epoch (see `_train_epoch`)
