@@ -73,15 +73,22 @@ class Updates:
         self.local: LocalState | None = None  # local SGD's state, once built (`start_fit`)
 
     def start_fit(self) -> None:
-        """At a fit's start, the model built: local SGD's state built, or re-anchored on a
-        round's boundary (`tfdist.training.local_sgd.sync.LocalState.anchor`)."""
+        """At a fit's start, the model built: local SGD's state built, and anchored at the
+        model's parameters (`tfdist.training.local_sgd.sync.LocalState.anchor`): every fit ends
+        on a sync (`end_fit`), so they are the last synced ones unless changed since; a backup
+        restored after this brings its own mid-round anchor."""
         if self.local_sgd is None:
             return
         if self.local is None:
             strategy = self.runner.strategy
             self.local = LocalState(self.model, strategy, self.local_sgd, self.exchange)
-        if int(self.model.optimizer.iterations.numpy()) % self.local_sgd.sync_every == 0:
-            self.local.anchor()
+        self.local.anchor()
+
+    def end_fit(self) -> None:
+        """At a fit's end, every worker, before ``on_train_end``: local SGD syncs a partial
+        round (`tfdist.training.local_sgd.sync.LocalState.finish`)."""
+        if self.local is not None:
+            self.local.finish()
 
     def optimizer_builder(self) -> Any:
         """What builds the optimizer: the pipeline's stages placed first (the slots follow their

@@ -72,8 +72,7 @@ def _with_batch_norm():
 
 def test_replicas_equal_bitwise_after_a_sync_and_their_own_between(mirrored):
     """12 updates: sync_every=4 ends on a sync, every replica's parameters and BatchNorm moving
-    statistics the same bits; Adam's moments stay each replica's own. sync_every=5 ends 2
-    updates into a round: the replicas' parameters differ."""
+    statistics the same bits; Adam's moments stay each replica's own."""
     keras.utils.set_random_seed(1)
     model = _with_batch_norm()
     trainer, history = _fit(
@@ -88,9 +87,46 @@ def test_replicas_equal_bitwise_after_a_sync_and_their_own_between(mirrored):
     assert moments and all(
         not np.array_equal(*_copies(trainer, v)) for v in moments
     )  # the inner optimizer's state is not averaged
-    trainer, _ = _fit(mirrored, tfdist.LocalSGDOptions(5))
-    first, second = _copies(trainer, trainer.model.trainable_variables[0])
-    assert np.abs(first - second).max() > 1e-3
+
+
+class _Copies(keras.callbacks.Callback):
+    """Each replica's copy of each weight at the last epoch's end (before fit's last sync)."""
+
+    def __init__(self, trainer):
+        super().__init__()
+        self.trainer = trainer
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.copies = [_copies(self.trainer, v) for v in self.trainer.model.trainable_variables]
+
+
+def test_fit_ends_on_a_sync_of_the_partial_round_and_validation_sees_each_replicas_copy(mirrored):
+    """6 updates with sync_every=4: at the epoch's end (2 updates into a round) the replicas
+    differ, and validation evaluates each replica's own copy on its half of each batch (the
+    logged val_loss is their mean); fit then syncs the partial round, so every replica holds
+    the same bits, the replicas' mean."""
+    x, y = data(32, seed=3)
+    trainer = tfdist.Trainer(
+        builder(W0),
+        strategy=mirrored,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=LOSS,
+        local_sgd=tfdist.LocalSGDOptions(4),
+    )
+    spy = _Copies(trainer)
+    history = trainer.fit(_dataset(), epochs=1, verbose=0, callbacks=[spy], validation_data=(x, y))
+    assert history.history["syncs"] == [1.0]
+    first, second = spy.copies[0]
+    assert np.abs(first - second).max() > 1e-3  # the epoch ended mid-round
+    losses = []
+    for replica in range(2):  # each global batch of 16: the first 8 rows to replica 0
+        model = builder([c[replica] for c in spy.copies])()
+        rows = [slice(i, i + 8) for i in range(8 * replica, 32, 16)]
+        losses += [LOSS(y[r], model(x[r])).numpy() for r in rows]
+    np.testing.assert_allclose(history.history["val_loss"][0], np.mean(losses), rtol=1e-5)
+    for v, (a, b) in zip(trainer.model.trainable_variables, spy.copies):
+        for copy in _copies(trainer, v):
+            np.testing.assert_array_equal(copy, (a + b) / np.float32(2), err_msg=v.path)
 
 
 def test_steps_per_execution_does_not_move_the_syncs(mirrored):

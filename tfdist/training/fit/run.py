@@ -8,6 +8,7 @@ one `tfdist.training.fit.one_epoch.FitRun`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import keras
@@ -83,9 +84,23 @@ def run_fit(
             validate=_validation(functions, val_source, args, steps_per_execution),
             health=health,
         )
+        # Local SGD: a partial round's sync before any on_train_end (every worker runs it).
+        callbacks = [_EndFit(functions), *args.callbacks]
         with backups.during(backup):  # then waits for the last commit; removes after success
-            fit_epochs(run, args)
+            fit_epochs(run, dataclasses.replace(args, callbacks=callbacks))
     return model.history
+
+
+class _EndFit(keras.callbacks.Callback):
+    """The first ``on_train_end``: `tfdist.training.updates.Updates.end_fit` (local SGD's
+    sync of a partial round), so the other callbacks and the caller see one model."""
+
+    def __init__(self, functions: StepFunctions) -> None:
+        super().__init__()
+        self.functions = functions
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self.functions.updates.end_fit()
 
 
 def _validation(

@@ -31,8 +31,10 @@ class LocalSGDOptions:
     them) the replicas average their parameters in one all-reduce. With an ``outer_optimizer``
     (DiLoCo, Douillard et al. 2023: ``keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)``)
     the averaged change since the last sync is the outer gradient, applied by that optimizer
-    to the last synced parameters. See `tfdist.training.local_sgd` for what is averaged and what
-    stays local.
+    to the last synced parameters. A fit whose updates are not a multiple of ``sync_every``
+    ends with one more sync of its partial round, so ``fit`` returns one model; validation at
+    an epoch's end between syncs evaluates each replica's own copy on its share of the batches.
+    See `tfdist.training.local_sgd` for what is averaged and what stays local.
 
     Args:
         sync_every: Updates between synchronisations, ``H`` (1: every update).

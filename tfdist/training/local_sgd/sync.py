@@ -21,6 +21,10 @@ What one sync does, every replica alike:
 4. DiLoCo: the parameters go back to the last synced ones, the outer optimizer applies the
    averaged change as its gradient, and the result is the new anchor.
 
+A fit's end (`LocalState.finish`, before any ``on_train_end``) syncs a partial round: the
+model ``fit`` returns is one model. Validation between syncs does not sync (each replica
+evaluates its own copy).
+
 Averaged: the trainable variables (through the outer optimizer with DiLoCo) and the model's
 floating-point non-trainable weights (BatchNorm's moving mean and variance: a plain mean, never
 through the outer optimizer). Local, never exchanged: the inner optimizer's state (its slots,
@@ -69,6 +73,7 @@ class LocalState:
         self.statistics = [
             v for v in model.non_trainable_weights if tf.as_dtype(v.dtype).is_floating
         ]
+        self._finish: Any = None  # the compiled end-of-fit sync, once needed
         with strategy.scope():
             self.syncs = tf.Variable(0, dtype=tf.int64, trainable=False, name="local_sgd_syncs")
             self.outer: keras.optimizers.Optimizer | None = None
@@ -90,10 +95,23 @@ class LocalState:
         return tf.train.Checkpoint(anchors=self.anchors, outer=outer, syncs=self.syncs)
 
     def anchor(self) -> None:
-        """The last synced parameters := the parameters (eager, at a fit's start on a round's
-        boundary: a model changed between fits, or restored, starts its round from there)."""
+        """The last synced parameters := the parameters (eager, at a fit's start: the previous
+        fit ended on a sync, and a model changed between fits starts its round from there)."""
         for anchor, v in zip(self.anchors, self.parameters):
             anchor.assign(v.value)
+
+    def finish(self) -> bool:
+        """At a fit's end (eager, every worker): one sync of the partial round when the updates
+        are not a multiple of ``sync_every`` (plain averaging, or DiLoCo's outer step on the
+        change so far), so the model ``fit`` returns (and the chief saves) is one model, the
+        same bits on every replica. Returns whether it synced."""
+        if int(self.model.optimizer.iterations.numpy()) % self.options.sync_every == 0:
+            return False
+        if self._finish is None:
+            self._finish = tf.function(self.sync)
+        with self.strategy.scope():
+            self._finish()
+        return True
 
     def maybe_sync(self, strategy: tf.distribute.Strategy, iterations: tf.Tensor) -> tf.Tensor:
         """Syncs when ``iterations`` (after this update) is a multiple of ``sync_every``;
