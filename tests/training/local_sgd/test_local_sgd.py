@@ -204,3 +204,29 @@ def test_a_backup_holds_the_outer_state_and_resumes_mid_round_bitwise(tmp_path):
     assert history["syncs"][-1] == 3.0
     for a, b in zip(reference, resumed):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_masked_loss_takes_each_replicas_own_mean_between_syncs(mirrored):
+    """ignore_class=0, sync_every=2: after the first update (no sync) each replica's copy is
+    where Keras's train_on_batch on that replica's half of the batch puts it (the mean over
+    its own valid labels, not over the global batch's: no all-reduce of the counts)."""
+    masked = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0)
+    x, y = data()
+    assert np.sum(y[:8] != 0) != np.sum(y[8:16] != 0)  # the halves' valid counts differ
+    trainer = tfdist.Trainer(
+        builder(W0),
+        strategy=mirrored,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=masked,
+        local_sgd=tfdist.LocalSGDOptions(2),
+        steps_per_execution=1,
+    )
+    spy = _Copies(trainer)
+    fit = {"batch_size": GLOBAL_BATCH, "epochs": 1, "verbose": 0, "shuffle": False}
+    trainer.fit(x[:16], y[:16], callbacks=[spy], **fit)
+    for replica, rows in enumerate((slice(0, 8), slice(8, 16))):
+        model = builder(W0)()
+        model.compile(keras.optimizers.SGD(0.1), masked)
+        model.train_on_batch(x[rows], y[rows])
+        for expected, copies in zip(model.get_weights(), spy.copies):
+            np.testing.assert_allclose(copies[replica], expected, atol=1e-6, rtol=0)

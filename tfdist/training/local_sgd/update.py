@@ -8,9 +8,10 @@ alone on its batches computes). The inner optimizer then updates this replica's 
 hands `tfdist.training.local_sgd.sync.LocalState.maybe_sync` the cross-replica context in which
 a sync may run every ``sync_every`` updates.
 
-Masked loss terms (Keras masks, ``ignore_class``) still weigh by the valid count of the whole
-global batch (a small all-reduce of counts at each update): their gradients are each replica's
-own, rescaled as above.
+Masked loss terms (Keras masks, ``ignore_class``) weigh by this replica's own valid counts (no
+all-reduce of counts): each replica's gradient is the mean over its own valid terms, as one
+replica training alone on its batches computes; the ``loss`` log is each replica's own mean,
+weighted by its examples when the replicas' trackers are summed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class LocalUpdate(TrainUpdate):
     ) -> None:
         super().__init__(model, optimizer, **kwargs)
         self.state = state
+        self.masked.local = True  # each replica's masked terms over its own valid counts
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
         """No exchange: this replica's gradient sums and example count as they are."""

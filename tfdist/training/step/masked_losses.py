@@ -177,6 +177,8 @@ class MaskedUpdate:
 
     def __init__(self) -> None:
         self.terms = 0
+        #: Local SGD: each replica's terms over its own valid counts (no all-reduce).
+        self.local = False
         self.shapes: list[tf.TensorShape] = []
         self.trackers: dict[int, int] = {}
         self.recorded: list[keras.metrics.Metric] = []  # the per-output trackers Keras updated
@@ -261,7 +263,8 @@ class MaskedUpdate:
         """``summed`` plus each term's gradients over its global count; updates the ``loss`` log.
 
         Runs in replica context, before the exchange, with ``count``: this replica's
-        examples in the update. One all-reduce of the counts (masked models only).
+        examples in the update. One all-reduce of the counts (masked models only), none when
+        ``local`` (local SGD: the counts are this replica's, its gradient its own mean).
 
         Returns:
             The gradient sums to exchange (in ``summed``'s scale: the exchange's
@@ -269,7 +272,8 @@ class MaskedUpdate:
             and the per-output log value of each masked term's tracker, by ``id``.
         """
         rest_log, counts, sums, weighted, grads = self.unpack(vector)
-        totals = sum_counts(tf.stack([count, *counts]))
+        stacked = tf.stack([count, *counts])
+        totals = stacked if self.local else sum_counts(stacked)
         total, global_counts = totals[0], tf.unstack(totals[1:])
         ratios = [tf.math.divide_no_nan(total, d * expected) for d in global_counts]
         dense = [k for k, s in enumerate(summed) if not isinstance(s, tf.IndexedSlices)]
