@@ -161,6 +161,7 @@ def test_multi_process_benchmarks_run_only_when_named():
         "memory",
         "pipeline",
         "balance",
+        "language_model",
     }
 
 

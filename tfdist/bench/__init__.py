@@ -21,4 +21,5 @@ reads ``names.py`` before TensorFlow loads.
 * ``first_fit/``: a first fit on a fresh cluster against the steady ones.
 * ``memory/``: what ZeRO-1/2 save per worker (and the demonstration under a memory cap).
 * ``pipeline/``: pipeline stages on two devices against one (its own processes; the bubble).
+* ``language_model/``: a small GPT: tokens/s of each way to train it, time to a bits per byte.
 """

@@ -59,6 +59,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _launching("first_fit"),
     _launching("memory"),
     _launching("pipeline", own_processes=True),
+    _launching("language_model"),
 )
 
 #: The in-process benchmarks, sorted: ``tfdist bench`` runs these when none is named.

@@ -44,6 +44,7 @@ KINDS: dict[str, str] = {
     "time_to_accuracy": "tfdist.bench.time_to_accuracy.worker:run",
     "first_fit": "tfdist.bench.first_fit.worker:run",
     "memory": "tfdist.bench.memory.worker:run",
+    "language_model": "tfdist.bench.language_model.worker:run",
 }
 
 

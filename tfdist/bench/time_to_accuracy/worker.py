@@ -58,12 +58,13 @@ class AccuracyClock(keras.callbacks.Callback):
     test hooks ``Trainer.fit`` calls around it), since how often one evaluates is
     the benchmark's choice, not training; ``wall_seconds`` includes it. Asks the
     fit to stop (``model.stop_training``) once ``val_accuracy >= target``; every
-    worker sees the same, all-reduced, accuracy.
+    worker sees the same, all-reduced, accuracy. Another ``monitor`` (a ``val_`` log) with
+    ``mode="min"`` stops once it is ``<= target`` (``language_model``'s bits per byte).
     """
 
-    def __init__(self, target: float) -> None:
+    def __init__(self, target: float, monitor: str = "val_accuracy", mode: str = "max") -> None:
         super().__init__()
-        self.target = target
+        self.target, self.monitor, self.mode = target, monitor, mode
         self.start = time.perf_counter()
         self.eval_seconds = 0.0
         self.points: list[dict[str, Any]] = []
@@ -77,20 +78,20 @@ class AccuracyClock(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         now = time.perf_counter()
-        accuracy = float((logs or {})["val_accuracy"])
+        accuracy = float((logs or {})[self.monitor])
         optimizer = self.model.optimizer
         self.points.append(
             {
                 "epoch": epoch + 1,
                 "seconds": now - self.start - self.eval_seconds,
                 "wall_seconds": now - self.start,
-                "val_accuracy": accuracy,
+                self.monitor: accuracy,
                 "updates": int(optimizer.iterations.numpy()),
                 # The rate the next update would use (the schedule at the current update).
                 "learning_rate": float(keras.ops.convert_to_numpy(optimizer.learning_rate)),
             }
         )
-        if accuracy >= self.target:
+        if (accuracy >= self.target) if self.mode == "max" else (accuracy <= self.target):
             self.model.stop_training = True
 
 
@@ -146,16 +147,19 @@ def fit_to_target(
 
     Args:
         data: The train and validation ``DatasetFn``\\ s and the global batch size.
+        task: ``name``, ``target_accuracy``, ``max_epochs``; optionally ``steps_per_epoch``
+            and ``monitor``, ``(log, "max" or "min")`` (default ``("val_accuracy", "max")``).
         hog_pid: This task's hog, whose CPU in the fit counts as the task's own.
     """
     train, val, global_batch_size = data
-    clock = AccuracyClock(float(task["target_accuracy"]))
+    clock = AccuracyClock(float(task["target_accuracy"]), *task.get("monitor", ()))
 
     def fit() -> None:
         clock.start = time.perf_counter()
         trainer.fit(
             train,
             epochs=int(task["max_epochs"]),
+            steps_per_epoch=task.get("steps_per_epoch"),
             global_batch_size=global_batch_size,
             validation_data=val,
             callbacks=[clock],

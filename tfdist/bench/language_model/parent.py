@@ -1,0 +1,271 @@
+"""``language_model``: a small GPT on real text, tokens/s of each way to train it, and time to a
+target bits per byte on 1 and 2 workers.
+
+    tfdist bench --benchmarks=language_model
+
+The model is ``tfdist.models.get("gpt", width=64, depth=2, heads=4)`` (``tfdist train
+--model=gpt``'s default size) on ``tfdist.data.load("python_source", seq_len=128)``, the
+interpreter's standard library as bytes; Adam at 5e-3, a global batch of 32 windows of 128
+bytes on every side (4,096 tokens per update), the same seeded initial weights. Two launches
+of real processes through ``tfdist launch`` (`tfdist.bench.language_model.worker`), each side
+using the machine's 2 cores:
+
+* one process, 2 threads, 2 logical CPU devices: plain Keras ``model.fit`` on one device
+  (``keras_fit``, the reference), the Trainer on ``one_device`` (``trainer``), on
+  ``mirrored`` x2 (``mirrored``), on ``mirrored`` x2 with ``sharding="gradients"``
+  (``sharded``) and a 2-stage pipeline cut between blocks (``pipeline``, 4 micro-batches), timed
+  alternately, ``repeats`` fits of ``steps`` updates each after an untimed one;
+* two processes on ``multi_worker``, one thread each (unpinned, as the one process is): the
+  Trainer (``multi_worker``), the same global batch (16 windows per worker).
+
+Then each launch trains the Trainer (one_device; multi_worker) from fresh weights, with 50
+warmup steps, until the validation bits per byte (every ``eval_every`` updates, on 64 KB of
+validation text) reach ``target_bits_per_byte``: both read the same global batches, so they
+need about the same updates, and the seconds (validation excluded) compare their speeds.
+
+Reported: tokens/s per side (the median over the fits during which other processes took at
+most ``timing.BUSY_CPU`` cores, else over all), each side over plain Keras (the goal: the
+Trainer on one device >= 0.95), the seconds and updates to the target on 1 and 2 workers and
+their ratio, the machine (CPU model and flags, load average).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from tfdist.bench.harness import cluster_run, common, timing
+from tfdist.bench.health.parent import others_per_sample
+from tfdist.bench.language_model.worker import LOCAL_SIDES, TO_TARGET, WORKER_SIDES, pipeline_cut
+from tfdist.config import check_positive_int, invalid_argument
+
+logger = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "model_options": {"width": 64, "depth": 2, "heads": 4},
+    "seq_len": 128,
+    "global_batch_size": 32,
+    "learning_rate": 5e-3,
+    "warmup_steps": 50,
+    "steps": 20,
+    "repeats": 3,
+    "steps_per_execution": 1,
+    "micro_batches": 4,
+    "train_bytes": 8_000_000,
+    "validation_bytes": 65_536,
+    "target_bits_per_byte": 3.3,
+    "eval_every": 50,
+    "max_updates": 1500,
+    "seed": 0,
+}
+# --quick and tests: every process real, the model and text tiny (the figures mean little).
+QUICK: dict[str, Any] = {
+    "model_options": {"width": 16, "depth": 2, "heads": 2},
+    "seq_len": 16,
+    "global_batch_size": 8,
+    "warmup_steps": 2,
+    "steps": 2,
+    "repeats": 1,
+    "train_bytes": 20_000,
+    "validation_bytes": 2_000,
+    "target_bits_per_byte": 7.0,
+    "eval_every": 4,
+    "max_updates": 8,
+}
+#: Each launch: its worker processes and the strategy they train on.
+LAUNCHES = {"1": (1, "local"), "2": (2, "multi_worker")}
+#: The goal of the Trainer on one device over plain Keras on one device, tokens/s.
+GOAL = ">= 0.95"
+#: How the summary names each side.
+SIDE_WORDS = {
+    "trainer": "Trainer, one device",
+    "mirrored": "Trainer, mirrored x2",
+    "sharded": "Trainer, mirrored x2, sharding='gradients'",
+    "pipeline": "Trainer, 2-stage pipeline",
+    "multi_worker": "Trainer, 2 multi_worker processes",
+}
+
+
+def check(options: dict[str, Any]) -> None:
+    """Refuses a bad option, Keras-style, naming it."""
+    counts = ("seq_len", "global_batch_size", "warmup_steps", "steps", "repeats")
+    counts += ("steps_per_execution", "micro_batches", "train_bytes", "validation_bytes")
+    for key in (*counts, "eval_every", "max_updates"):
+        check_positive_int(key, options[key])
+    model = options["model_options"]
+    if not isinstance(model, dict) or set(model) - {"width", "depth", "heads", "dropout"}:
+        raise invalid_argument("model_options", model, "a dict of width, depth, heads, dropout")
+    if int(model.get("depth", 0)) < 2:
+        raise invalid_argument("model_options", model, "depth >= 2 (a pipeline cut between blocks)")
+    batch = options["global_batch_size"]
+    if batch % 2 or (batch // 2) % options["micro_batches"]:
+        raise invalid_argument(
+            "global_batch_size",
+            batch,
+            f"a multiple of 2 (replicas) whose half is a multiple of micro_batches "
+            f"({options['micro_batches']})",
+        )
+    for key in ("learning_rate", "target_bits_per_byte"):
+        value = options[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise invalid_argument(key, value, "a positive number")
+    if options["eval_every"] > options["max_updates"]:
+        raise invalid_argument(
+            "eval_every", options["eval_every"], f"at most max_updates ({options['max_updates']})"
+        )
+
+
+def run(**overrides: Any) -> dict[str, Any]:
+    """Runs the benchmark and returns its results (no file written; see ``tfdist bench``).
+
+    Args:
+        **overrides: Any key of `DEFAULTS`, e.g. ``steps=10``, ``target_bits_per_byte=2.8``;
+            ``quick=True`` applies `QUICK` first.
+
+    Returns:
+        ``{"config", "machine", "sides": {name: {"tokens_per_s", ...}}, "to_target": {"1":
+        {...}, "2": {...}}, "ratio", "<side>_ratio", "time_to_target_ratio", "goals",
+        "words", "others_cpu_max"}``: see docs/benchmarks.md, "A language model".
+
+    Raises:
+        ValueError: For a bad option (Keras-style message naming it).
+        RuntimeError: If a worker process failed.
+    """
+    options = cluster_run.merge_options(DEFAULTS, QUICK, overrides)
+    check(options)
+    spec = {**options, "kind": "language_model", "learning_rate": float(options["learning_rate"])}
+    launches = {}
+    for key, (workers, strategy) in LAUNCHES.items():
+        threads = cluster_run.default_threads(workers)
+        logger.info(
+            "bench language_model: %d process(es) (%s), %d thread(s) each",
+            workers,
+            strategy,
+            threads,
+        )
+        launches[key] = cluster_run.run_tasks(
+            {
+                **spec,
+                "strategy": strategy,
+                "threads_per_worker": threads,
+                # Unpinned, as the one process is: the OS spreads every task over the cores.
+                "pin_cores": False,
+            },
+            workers=workers,
+        )
+    return summarise(spec, launches)
+
+
+def side_figures(launched: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each side's tokens/s in one launch: medians over its quiet fits (worker-0's clock)."""
+    tasks = launched["tasks"]
+    lead = tasks["worker-0"]
+    tokens = lead["steps"] * lead["global_batch_size"] * lead["seq_len"]
+    others = others_per_sample(tasks, "worker-0")
+    rates = {name: [tokens / s for s in seconds] for name, seconds in lead["seconds"].items()}
+    busy = {name: [math.nan if o is None else o for o in others[name]] for name in rates}
+    samples = timing.Samples(values=rates, cpu_share={n: [] for n in rates}, others_cpu=busy)
+    return {
+        name: {
+            "tokens_per_s": samples.median(name),
+            "step_s": timing.median(lead["seconds"][name]) / lead["steps"],
+            "quiet_fits": len(samples.clean(name)),
+            "tokens_per_s_samples": rates[name],
+            "others_cpu": others[name],
+            "updates_per_fit": lead["updates"][name],
+            "updates_per_worker": {t: r["updates"][name] for t, r in tasks.items()},
+        }
+        for name in rates
+    }
+
+
+def to_target_figures(launched: dict[str, Any], target: float) -> dict[str, Any]:
+    """The run to the target in one launch: seconds (validation excluded) and updates to the
+    first evaluation at or under ``target`` (None if none was), and every evaluation."""
+    tasks = launched["tasks"]
+    run = tasks["worker-0"]["to_target"]
+    points = run["points"]
+    hit = next((p for p in points if p["val_bits_per_byte"] <= target), None)
+    others = others_per_sample(tasks, "worker-0")[TO_TARGET][0]
+    return {
+        "reached": hit is not None,
+        "seconds_to_target": hit["seconds"] if hit else None,
+        "wall_seconds_to_target": hit["wall_seconds"] if hit else None,
+        "updates_to_target": hit["updates"] if hit else None,
+        "final_val_bits_per_byte": points[-1]["val_bits_per_byte"],
+        "updates_run": points[-1]["updates"],
+        "eval_seconds": run["eval_seconds"],
+        "others_cpu": others,
+        # Every worker evaluated the same (all-reduced) bits per byte.
+        "val_bits_per_byte_per_worker": {
+            t: [p["val_bits_per_byte"] for p in r["to_target"]["points"]] for t, r in tasks.items()
+        },
+        "curve": points,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else timing.ratio(a, b)
+
+
+def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
+    """The config, the machine, each side's tokens/s and its ratio to plain Keras, the runs to
+    the target and their 2 / 1 workers ratios, goals and words."""
+    target = float(spec["target_bits_per_byte"])
+    sides = {}
+    for launched in launches.values():
+        sides.update(side_figures(launched))
+    reached = {key: to_target_figures(launched, target) for key, launched in launches.items()}
+    out: dict[str, Any] = {
+        "config": {
+            **{k: v for k, v in spec.items() if k != "kind"},
+            "pipeline_split_at": pipeline_cut(int(spec["model_options"]["depth"])),
+            "launches": {k: {"processes": w, "strategy": s} for k, (w, s) in LAUNCHES.items()},
+            "threads": {
+                k: launched["tasks"]["worker-0"]["threads"] for k, launched in launches.items()
+            },
+            "parameters": launches["1"]["tasks"]["worker-0"]["parameters"],
+            "tokens_per_update": spec["global_batch_size"] * spec["seq_len"],
+        },
+        "machine": cluster_run.machine(),
+        "sides": sides,
+        "to_target": reached,
+        "goals": {"ratio": GOAL},
+        "words": {},
+    }
+    keras_rate = sides["keras_fit"]["tokens_per_s"]
+    for name in (*LOCAL_SIDES[1:], *WORKER_SIDES):
+        key = "ratio" if name == "trainer" else f"{name}_ratio"
+        rate = sides[name]["tokens_per_s"]
+        out[key] = timing.ratio(rate, keras_rate)
+        out["words"][key] = (
+            f"{SIDE_WORDS[name]} / Keras model.fit, one device, tokens/s "
+            f"({rate:.0f} / {keras_rate:.0f})"
+        )
+    one, two = reached["1"], reached["2"]
+    out["time_to_target_ratio"] = _ratio(two["seconds_to_target"], one["seconds_to_target"])
+    out["words"]["time_to_target_ratio"] = (
+        f"2 / 1 workers, seconds to {target} val bits per byte ("
+        + "; ".join(f"{n}: {_reached_words(r)}" for n, r in (("1", one), ("2", two)))
+        + ")"
+    )
+    out["updates_to_target_ratio"] = _ratio(two["updates_to_target"], one["updates_to_target"])
+    out["words"]["updates_to_target_ratio"] = "2 / 1 workers, updates to the target"
+    out["others_cpu_max"] = timing.nanmax(
+        [o for side in sides.values() for o in side["others_cpu"] if o is not None]
+        + [r["others_cpu"] for r in reached.values() if r["others_cpu"] is not None]
+    )
+    return out
+
+
+def _reached_words(figures: dict[str, Any]) -> str:
+    if not figures["reached"]:
+        return f"not reached in {figures['updates_run']} updates"
+    return f"{figures['seconds_to_target']:.0f} s, {figures['updates_to_target']} updates"
+
+
+@common.register("language_model")
+def language_model(repeats: int, quick: bool) -> dict[str, Any]:
+    """The registered benchmark: `run` with the bench's ``--repeats`` and ``--quick``."""
+    return run(quick=quick, repeats=repeats)
