@@ -38,6 +38,7 @@ import tensorflow as tf
 from tfdist._compat.keras_internals.masks import keras_mask
 from tfdist._compat.keras_internals.unit_calls import call_by_layer
 from tfdist.config import invalid_argument
+from tfdist.training.zero.collectives import all_rows
 from tfdist.training.zero.layout import shard_size, unblock
 
 #: About how many bytes each all-reduce of a whole gradient's reduce-scatter carries.
@@ -50,9 +51,9 @@ def _replica_id() -> tf.Tensor:
 
 def gather_whole(block: tf.Tensor, shape: Any) -> tf.Tensor:
     """The whole tensor of ``shape`` from every replica's ``[S]`` ``block`` (replica context;
-    exact: the blocks themselves, gathered)."""
-    rows = tf.distribute.get_replica_context().all_gather(tf.reshape(block, [1, -1]), axis=0)
-    return unblock(rows, shape)
+    bit for bit: `tfdist.training.zero.collectives.all_rows`)."""
+    n = tf.distribute.get_replica_context().num_replicas_in_sync
+    return unblock(all_rows(block, n), shape)
 
 
 def reduce_scatter_one(whole: tf.Tensor, num_replicas: int) -> tf.Tensor:
