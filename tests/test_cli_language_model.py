@@ -1,14 +1,19 @@
 """``tfdist train --model=gpt``: a byte-level GPT on python_source from the command line (issue
-44): its defaults, its refusals, and one tiny run in this process that prints bits per byte per
-epoch, a sample of text and the final line."""
+44): its defaults, its refusals, and tiny runs with every capability, sharing processes: in this
+process the default (one device, with backups) and a pipeline cut between the blocks; in one
+launch of 2 multi_worker workers, balanced shares, sharded in bf16 with accumulation (mirrored:
+tests/models/test_gpt.py, against Keras in bf16). Each prints bits per byte per epoch, a sample
+of text and the final line."""
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
 
 import pytest
 
-from tests.helpers import train_config_of
+from tests.helpers import PRELOAD, launch_report, run_tfdist, train_config_of
 
 #: A tiny run: 2 epochs of 3 updates of a 2-block GPT on 8 KB of text (the real defaults train
 #: for minutes: docs/command-line.md).
@@ -56,26 +61,82 @@ def test_language_model_flags_are_refused_before_tensorflow_loads(flags, message
     assert code == 2 and message in err, err
 
 
-def test_a_tiny_gpt_run_prints_bits_per_byte_a_sample_and_the_final_line(capsys):
+def _run_in_process(flags, capsys) -> str:
+    """``tfdist train FLAGS`` through the CLI's own ``main`` in this process: its stdout."""
     from tfdist import cli
 
     cli.FLAGS.unparse_flags()
     capsys.readouterr()
     try:
-        code = cli.main(cli.parse_flags(["tfdist", *TINY]))
+        code = cli.main(cli.parse_flags(["tfdist", *flags]))
     finally:
         cli.FLAGS.unparse_flags()
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
+    return out
+
+
+def _final_bits(out: str) -> float:
+    """The chief's final ``val_bits_per_byte``, checked against its last epoch and its loss."""
     epochs = re.findall(r"loss: [\d.]+ .*val_bits_per_byte: ([\d.]+)", out)
-    assert len(epochs) == 2, out[-3000:]
-    assert re.search(r"^sample:\ndef ", out, flags=re.M), out[-3000:]
     final = re.search(
-        r"^final val_accuracy=[\d.]+ val_loss=([\d.]+) val_bits_per_byte=([\d.]+) ", out, re.M
+        r"^(?:\[\w+:0\] )?final val_accuracy=[\d.]+ val_loss=([\d.]+) val_bits_per_byte=([\d.]+) ",
+        out,
+        re.M,
     )
-    assert final, out[-3000:]
+    assert epochs and final, out[-3000:]
     val_loss, bits = map(float, final.groups())
     assert bits == pytest.approx(float(epochs[-1]), abs=1e-4)
     assert bits == pytest.approx(val_loss / 0.6931471805599453, rel=1e-3)
     assert bits < 8.0  # below uniform over 256 bytes: it learned something
+    return bits
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["one_device", "pipeline"])
+def test_a_tiny_gpt_run_prints_bits_per_byte_a_sample_and_the_final_line(
+    pipeline, tmp_path, capsys, caplog
+):
+    """The default strategy (one_device) with a backup every 2 updates (written, then removed
+    after success), or 2 pipeline stages cut between the blocks."""
+    backup = tmp_path / "backup"
+    if pipeline:
+        flags = ("--pipeline=split_at=block_0,micro_batches=2",)
+    else:
+        flags = (f"--backup_dir={backup}", "--backup_freq=2")
+    caplog.set_level(logging.DEBUG, logger="tfdist.training.backup.files")
+    out = _run_in_process([*TINY, *flags], capsys)
+    assert len(re.findall(r"loss: [\d.]+ .*val_bits_per_byte: ([\d.]+)", out)) == 2, out[-3000:]
+    assert re.search(r"^sample:\ndef ", out, flags=re.M), out[-3000:]
+    _final_bits(out)
+    assert " replicas=1 " in out
     assert re.search(r"^final updates=6 weights_digest=[0-9a-f]{16}$", out, re.M)
+    saves = re.findall(
+        r"saved backup \S+ at Position\(epoch=\d+, step=\d+, updates=(\d+)", caplog.text
+    )
+    assert saves == ([] if pipeline else ["2", "3", "4", "6"]), caplog.text[-3000:]
+    assert not backup.exists()  # removed after success
+
+
+#: One launch for what needs workers: 2 multi_worker workers, batch shares re-decided every 2
+#: updates by the workers' speed, ZeRO-1 optimizer state, 2 micro-batches per update, bf16.
+LAUNCHED = (*TINY[:2], *TINY[4:], "--strategy=multi_worker", "--balance=window=2")
+LAUNCHED += ("--epochs=1", "--steps_per_epoch=8", "--accumulation_steps=2", "--verbose=2")
+LAUNCHED += ("--sharding=optimizer", "--precision=mixed_bfloat16")
+
+
+@pytest.mark.multiprocess
+def test_two_workers_train_the_gpt_balanced_sharded_in_bf16_with_accumulation():
+    """``tfdist launch --workers=2 -- tfdist train --model=gpt --strategy=multi_worker`` with
+    those capabilities at once: both workers end with the same weights, the chief prints its
+    figures and a sample."""
+    proc = run_tfdist(
+        "launch", "--workers=2", PRELOAD, "--", sys.executable, "-m", "tfdist", *LAUNCHED
+    )
+    assert proc.returncode == 0, launch_report(proc)
+    out = proc.stdout
+    finals = dict(re.findall(r"^\[worker:(\d)\] final updates=4 weights_digest=(\w+)$", out, re.M))
+    assert set(finals) == {"0", "1"} and finals["0"] == finals["1"], launch_report(proc)
+    chief = "\n".join(line for line in out.splitlines() if line.startswith("[worker:0]"))
+    _final_bits(chief)
+    assert " replicas=2 " in chief and "[worker:0] sample:" in chief
+    assert "[worker:0] I" in out and "Sharding 'optimizer' over 2 replicas" in out
