@@ -1,5 +1,5 @@
 """``tfdist bench --benchmarks=balance``: an uneven pair (a noisy neighbour on one worker), even
-split against balanced.
+split against balanced, on two workloads (the convnet's slow steps, the digits CNN's fast ones).
 
 It starts worker processes and runs only when named. Start at ``parent.py``.
 
