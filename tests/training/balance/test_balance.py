@@ -251,6 +251,7 @@ def test_each_new_split_is_logged_and_written_as_scalars(tmp_path, caplog):
         )
         judged = Judged(1, 0.02, 0.0134, 0.0199, 4)
         balancer._apply(Decision([128, 128], "even", [1000.0, 990.0], judged=judged))
+        balancer._apply(Decision([100, 156], "fixed", []))
     assert (
         "Balance: worker:0 takes 168, worker:1 takes 88 of every global batch of 256 "
         "(worker:0 computes at 1.00x, worker:1 computes at 0.52x the fastest's rate; predicted "
@@ -262,6 +263,8 @@ def test_each_new_split_is_logged_and_written_as_scalars(tmp_path, caplog):
         "was to cut worker:1's compute from 20.0 to 13.4 ms per update, and it computed 19.9 ms"
     ) in caplog.text
     assert "trying again in 4 windows" in caplog.text
+    fixed = "worker:0 takes 100, worker:1 takes 156 of every global batch of 256 (a fixed split)"
+    assert fixed in caplog.text
     tags = set()
     for path in (tmp_path / "balance").iterdir():
         for event in tf.compat.v1.train.summary_iterator(str(path)):
