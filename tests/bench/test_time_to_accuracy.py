@@ -421,3 +421,41 @@ def test_bad_first_fit_options_get_one_clear_error():
     finally:
         common.set_options(None)
     assert "first_fit" in runner.ON_REQUEST and "first_fit" in runner.available()
+
+
+def test_the_local_sgd_sides_their_options_bytes_and_ratios():
+    """The 2-worker launch's local-SGD sides (their Trainer option, at the base rate), their
+    syncs and bytes per update, and their ratios (the real launch: ``tfdist bench``)."""
+    from tfdist.bench.harness import fits
+    from tfdist.bench.time_to_accuracy import worker
+
+    assert worker.rules_of({"local_sgd": ["diloco_h16"]}) == (*RULES, "diloco_h16")
+    option = worker.scaling_options("diloco_h16", {}, {})["local_sgd"]
+    assert option.sync_every == 16 and option.outer_optimizer.nesterov
+    assert worker.scaling_options("local_sgd_h4", {}, {})["local_sgd"].outer_optimizer is None
+    with pytest.raises(ValueError, match=r"`local_sgd`. Received: local_sgd='diloco_16'"):
+        time_to_accuracy.run(local_sgd=("diloco_16",))
+    # 40 updates at H=16: syncs at 16 and 32, and the fit's last at 40.
+    assert fits.syncs_between(0, 40, 16) == 3 and fits.syncs_between(40, 80, 16) == 3
+    assert fits.syncs_between(0, 64, 16) == 4
+    runs = [{"points": [{"updates": 20}, {"updates": 40}]}]
+    assert time_to_accuracy.bytes_per_update("local_sgd_h16", runs, 1000, 2) == 3 * 1000 / 40
+    assert time_to_accuracy.bytes_per_update("none", runs, 1000, 2) == 1000
+    assert time_to_accuracy.bytes_per_update("none", runs, 1000, 1) == 0
+    side = lambda s, u, b: {  # noqa: E731
+        "seconds_to_target": s,
+        "updates_to_target": u,
+        "allreduce_bytes_per_update": b,
+    }
+    task = {
+        "per_workers": {
+            "1": {"sides": {"none": side(10.0, 100, 0.0)}},
+            "2": {"sides": {"none": side(12.0, 60, 1000.0), "diloco_h16": side(5.0, 80, 75.0)}},
+        }
+    }
+    out = {"words": {}, "goals": {}}
+    time_to_accuracy.local_ratios(out, "digits", task)
+    assert out["digits_diloco_h16_time_ratio"] == 0.5
+    assert out["digits_diloco_h16_updates_ratio"] == pytest.approx(80 / 60)
+    assert out["digits_diloco_h16_bytes_ratio"] == 0.075
+    assert out["goals"] == {"digits_diloco_h16_time_ratio": "<= 0.6"}

@@ -2,13 +2,15 @@
 
 Both sides get the same strategy, model (from identical weights), data and
 options; only the loop differs: ``tfdist.Trainer(...).fit`` vs
-``model.compile(...)`` + ``model.fit`` inside ``strategy.scope()``.
+``model.compile(...)`` + ``model.fit`` inside ``strategy.scope()``. The local-SGD sides of
+``scaling`` and ``time_to_accuracy`` are named and built here (`local_sgd_option`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -17,7 +19,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import tfdist
 from tfdist.bench.harness.timing import Samples, Stopwatch, Timing, median, ratio
+from tfdist.config import invalid_argument
 
 
 def make_dataset(
@@ -329,3 +333,34 @@ def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[st
         # The optimizer updates each timed call made, per side: equal when both did the same work.
         "updates_per_call": {name: list(side.updates) for name, side in sides.items()},
     }
+
+
+#: A local-SGD side's name: ``local_sgd_h<H>`` (a parameter average every H updates) or
+#: ``diloco_h<H>`` (the averaged change to DiLoCo's outer SGD(0.7, Nesterov momentum 0.9)).
+LOCAL_SIDE = re.compile(r"(local_sgd|diloco)_h[1-9][0-9]*")
+
+
+def check_local_sides(names: Any) -> tuple[str, ...]:
+    """``names`` (the ``local_sgd`` option of a benchmark) as a tuple, each a `LOCAL_SIDE`.
+
+    Raises:
+        ValueError: Naming ``local_sgd``, for a name that is not one.
+    """
+    names = tuple(names)
+    for name in names:
+        if not isinstance(name, str) or not LOCAL_SIDE.fullmatch(name):
+            raise invalid_argument("local_sgd", name, "local_sgd_h<H> or diloco_h<H>, H >= 1")
+    return names
+
+
+def local_sgd_option(name: str) -> Any:
+    """The ``tfdist.LocalSGDOptions`` of a `LOCAL_SIDE` name."""
+    kind, _, every = name.rpartition("_h")
+    outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True) if kind == "diloco" else None
+    return tfdist.LocalSGDOptions(sync_every=int(every), outer_optimizer=outer)
+
+
+def syncs_between(before: int, after: int, sync_every: int) -> int:
+    """The syncs of a fit from update ``before`` to ``after``: each multiple of ``sync_every``
+    passed, and one more at its end when it ended between them (a fit ends on a sync)."""
+    return after // sync_every - before // sync_every + int(after % sync_every != 0)

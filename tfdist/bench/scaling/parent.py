@@ -9,12 +9,16 @@ the core count), real processes are started by
 (``--threads_per_worker``, default: cores / most workers, the same for every
 worker count) and the same per-worker batch (weak scaling). Every worker runs
 ``tfdist.bench.scaling.worker``: the Trainer, plain Keras ``model.fit`` and a
-raw ``strategy.run`` loop, alternately, on the MLP 784-1024-1024-1024-10,
-synthetic data, SGD; then compute alone, the gradient all-reduce alone and
-the input pipeline alone. The Trainer on ``parameter_server`` (1 ps, a chief)
-runs as well. Reported, per side and worker count: examples/s (median over
-the repeats and spread = max/min), efficiency T(N) / (N * T(1)), and the
-measured parts of a step.
+raw ``strategy.run`` loop, alternately, on the MLP 784-1024-1024-1024-10, synthetic
+data, SGD, with Trainer sides on local SGD and DiLoCo (option ``local_sgd``:
+``local_sgd_h4``, ``local_sgd_h16``, ``local_sgd_h64``, ``diloco_h16`` by default); then
+compute alone, the gradient all-reduce alone and the input pipeline alone. The Trainer
+on ``parameter_server`` (1 ps, a chief) runs as well. Reported, per side and worker
+count: examples/s (median over the repeats and spread = max/min), efficiency T(N) / (N *
+T(1)), and the measured parts of a step; each side's all-reduced bytes per update (a local
+side's counted syncs times the parameters' bytes, over its updates: a fit ends on a sync, so
+choose ``--scaling_steps`` a multiple of H), and each local side's examples/s on the most
+workers over the synchronous Trainer's on one (``<side>_vs_one_worker``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 import math
 from typing import Any
 
-from tfdist.bench.harness import cluster_run, common, plots, timing
+from tfdist.bench.harness import cluster_run, common, fits, plots, timing
 from tfdist.config import invalid_argument
 
 logger = logging.getLogger(__name__)
@@ -44,6 +48,9 @@ DEFAULTS: dict[str, Any] = {
     "bucket_bytes": None,
     "parameter_server": True,
     "pin_cores": True,
+    # Trainer sides on local SGD (every H updates a parameter average) and DiLoCo (the averaged
+    # change to an outer Nesterov SGD): ``local_sgd_h<H>``, ``diloco_h<H>``.
+    "local_sgd": ("local_sgd_h4", "local_sgd_h16", "local_sgd_h64", "diloco_h16"),
 }
 # --quick and tests: every process still real, the model tiny.
 QUICK: dict[str, Any] = {
@@ -52,6 +59,7 @@ QUICK: dict[str, Any] = {
     "per_worker_batch_size": 8,
     "steps": 4,
     "repeats": 2,
+    "local_sgd": ("diloco_h2",),
 }
 
 
@@ -63,6 +71,7 @@ def _check(options: dict[str, Any]) -> None:
     for variant in options["gradient_compression"]:
         if variant not in COMPRESSIONS:
             raise invalid_argument("gradient_compression", variant, COMPRESSIONS)
+    options["local_sgd"] = fits.check_local_sides(options["local_sgd"])
 
 
 def run(**overrides: Any) -> dict[str, Any]:
@@ -160,6 +169,7 @@ def summarise(launched: dict[str, Any], n: int, task: str = "worker-0") -> dict[
                 t: r["updates"][name] for t, r in tasks.items() if "updates" in r
             },
         }
+    _bytes_per_update(sides, lead, n)
     parts = {}
     for key, measured in lead.get("parts_s_per_step", {}).items():
         med = {part: timing.median(values) for part, values in measured.items()}
@@ -179,6 +189,25 @@ def summarise(launched: dict[str, Any], n: int, task: str = "worker-0") -> dict[
         "others_cpu_whole_launch": launched["others_cpu"],
         "launch_seconds": launched["launch_seconds"],
     }
+
+
+def _bytes_per_update(sides: dict[str, Any], lead: dict[str, Any], n: int) -> None:
+    """Each side's ``allreduce_bytes_per_update``: the bytes each worker hands the all-reduce
+    per update (a ring all-reduce sends ``2 (N-1) / N`` of them); 0 on one worker. Synchronous
+    sides: the gradient's bytes (half in 16 bits); local sides: a parameter average per counted
+    sync, over the updates (median over the measurements), and ``syncs_per_measurement``."""
+    gradient = lead.get("gradient_bytes")
+    if gradient is None:
+        return
+    for name, side in sides.items():
+        if name in lead.get("syncs", {}):
+            syncs = lead["syncs"][name]
+            side["syncs_per_measurement"] = syncs
+            per = [s * gradient / u for s, u in zip(syncs, lead["updates"][name])]
+            side["allreduce_bytes_per_update"] = timing.median(per) if n > 1 else 0
+        elif name != "trainer_ps":
+            half = name.endswith(("_bf16", "_fp16"))
+            side["allreduce_bytes_per_update"] = (gradient // 2 if half else gradient) * (n > 1)
 
 
 def efficiencies(per_workers: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +236,39 @@ def efficiencies(per_workers: dict[str, Any]) -> dict[str, Any]:
     for name in names:
         if name in eff and str(counts[-1]) in eff[name] and counts[-1] > 1:
             out[f"{name}_efficiency_ratio"] = eff[name][str(counts[-1])]
+    local_headlines(out, per_workers, counts[-1])
     return out
+
+
+def local_headlines(out: dict[str, Any], per_workers: dict[str, Any], top_count: int) -> None:
+    """Local SGD's headlines into ``out``: each local side's examples/s on the most workers
+    over the synchronous Trainer's on one (``<side>_vs_one_worker_ratio``; issue 43's goal for
+    ``diloco_h16``: >= 1.8) and on as many (``<side>_vs_trainer_ratio``), and its all-reduced
+    bytes per update over the synchronous Trainer's (``<side>_bytes_ratio``: goal 1/H within
+    5%), with their words and goals (the headline ``ratio``'s goal kept)."""
+    top = per_workers[str(top_count)]["sides"]
+    one = per_workers.get("1", {}).get("sides", {}).get("trainer", {}).get("examples_per_s")
+    sync_bytes = top.get("trainer", {}).get("allreduce_bytes_per_update")
+    out.setdefault("words", {})
+    out.setdefault("goals", {"ratio": out["goal"]})
+    for name, side in sorted(top.items()):
+        if not fits.LOCAL_SIDE.fullmatch(name) or not one:
+            continue
+        key = f"{name}_vs_one_worker_ratio"
+        out[key] = timing.ratio(side["examples_per_s"], one)
+        out["words"][key] = f"{name}, {top_count} workers / synchronous Trainer on 1, examples/s"
+        if name == "diloco_h16":
+            out["goals"][key] = ">= 1.8"
+        # The same launch, alternated with it: the figure a busy machine moves least.
+        key = f"{name}_vs_trainer_ratio"
+        out[key] = timing.ratio(side["examples_per_s"], top["trainer"]["examples_per_s"])
+        out["words"][key] = f"{name} / synchronous Trainer, {top_count} workers, examples/s"
+        local_bytes = side.get("allreduce_bytes_per_update")
+        if sync_bytes and local_bytes is not None:
+            key = f"{name}_bytes_ratio"
+            out[key] = local_bytes / sync_bytes
+            out["words"][key] = f"{name} / synchronous Trainer, all-reduced bytes per update"
+            out["goals"][key] = f"<= {1.05 / int(name.rpartition('_h')[2]):.4g}"
 
 
 # ``tfdist bench`` flag -> option of `run`.

@@ -1,14 +1,13 @@
 """What each worker of ``tfdist bench --benchmarks=scaling`` runs (its parent: ``parent.py``).
 
-Under MultiWorkerMirroredStrategy every worker builds the same sides from the
-same initial weights and data: the Trainer (once per gradient-compression
-variant), plain Keras ``model.fit`` and a raw ``strategy.run`` loop (all steps
-in one ``tf.function``, one all-reduce per step). It times them alternately,
-``repeats`` rounds of ``steps`` steps each, counting the optimizer updates
-each side really made. Then it measures the parts of a step apart, in the
-same process (compute, gradient exchange and input alone). The sides and the
-parts are built in ``tfdist.bench.scaling.sides``.
-"""
+Under MultiWorkerMirroredStrategy every worker builds the same sides from the same
+initial weights and data: the Trainer (once per gradient-compression variant, and once
+per local-SGD side: ``local_sgd_h<H>``, ``diloco_h<H>``), plain Keras ``model.fit`` and
+a raw ``strategy.run`` loop (all steps in one ``tf.function``, one all-reduce per step).
+It times them alternately, ``repeats`` rounds of ``steps`` steps each, counting the
+optimizer updates each side really made. Then it measures the parts of a step apart, in
+the same process (compute, gradient exchange and input alone). The sides and the parts
+are built in ``tfdist.bench.scaling.sides``."""
 
 from __future__ import annotations
 
@@ -93,6 +92,50 @@ def _trainer_sides(
     return sides, unavailable
 
 
+def _local_sgd_sides(
+    spec: dict[str, Any],
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    dataset: tf.data.Dataset,
+    syncs: dict[str, list[int]],
+) -> dict[str, Side]:
+    """A Trainer side per ``spec["local_sgd"]`` name (SGD inside, as the ``trainer`` side), each
+    fit's syncs appended to ``syncs[name]``: the multiples of H it passed, and one more when it
+    ended between them (a fit ends on a sync)."""
+    sides: dict[str, Side] = {}
+    global_batch_size = int(spec["per_worker_batch_size"]) * strategy.num_replicas_in_sync
+    for name in spec.get("local_sgd", ()):
+        option = fits.local_sgd_option(name)
+        trainer = tfdist.Trainer(
+            builder,
+            strategy=strategy,
+            optimizer=keras.optimizers.SGD(spec["learning_rate"]),
+            loss=fits.logits_loss(),
+            metrics=list(spec["metrics"]),
+            local_sgd=option,
+        )
+        side = fit_side(
+            (lambda t: lambda **kw: t.fit(dataset, global_batch_size=global_batch_size, **kw))(
+                trainer
+            ),
+            (lambda t: lambda: t.model.optimizer)(trainer),
+            int(spec["steps"]),
+            global_batch_size,
+            from_epoch_begin=True,
+        )
+        syncs[name] = []
+
+        def run(n: int, side: Side = side, h: int = option.sync_every, log: list = syncs[name]):
+            before = side.updates()
+            took = side.run(n)
+            after = side.updates()
+            log.append(fits.syncs_between(before, after, h))
+            return took
+
+        sides[name] = Side(run, side.updates)
+    return sides
+
+
 def _keras_fit_side(
     spec: dict[str, Any],
     strategy: tf.distribute.Strategy,
@@ -128,6 +171,8 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
     weights = build_model(spec).get_weights()
     builder = fits.with_weights(lambda: build_model(spec), weights)
     sides, unavailable = _trainer_sides(spec, strategy, builder, dataset, global_batch_size)
+    syncs: dict[str, list[int]] = {}
+    sides.update(_local_sgd_sides(spec, strategy, builder, dataset, syncs))
     sides["keras_fit"] = _keras_fit_side(spec, strategy, builder, dataset, global_batch_size)
     for variant in spec["gradient_compression"]:
         name = "raw_loop" if variant in (None, "none") else f"raw_loop_{variant}"
@@ -157,6 +202,8 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
         "updates": updates,
         "parts_s_per_step": parts,
         "unavailable": unavailable,
+        # Per local side, each timed fit's syncs (the first, the untimed warm-up, left out).
+        "syncs": {name: log[1:] for name, log in syncs.items()},
         "gradient_bytes": int(sum(w.size for w in weights) * 4),
         "records": recorder.records,
     }

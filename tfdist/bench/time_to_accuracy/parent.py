@@ -29,6 +29,15 @@ each running every benchmark task in turn:
   ``Trainer(balance=BalanceOptions(window=balance_window))``), both at ``balance_window``
   updates per call.
 
+* local SGD and DiLoCo on the 2-worker launch (option ``local_sgd``, by default
+  ``local_sgd_h4``, ``local_sgd_h16``, ``local_sgd_h64`` and ``diloco_h16``; built by
+  ``tfdist.bench.harness.fits.local_sgd_option``), each at the base rate (a replica's update
+  sees the per-worker batch). Their validation at an epoch's end between syncs is each
+  replica's own copy on its share (a mixed figure), and a fit ends on a sync. Reported
+  beside the others: each side's all-reduced bytes per update, and per local side
+  ``<task>_<side>_time_ratio`` (over 1 worker), ``_updates_ratio`` and ``_bytes_ratio``
+  (over synchronous training on 2 workers, no LR scaling).
+
 The first two with two LR rules (``tfdist.bench.time_to_accuracy.worker``), the same per-worker
 batch, seed and initial weights: *none* (the same rate; the 2-worker global batch is
 twice as large) and *linear* (``LRScaling("linear", base_global_batch_size=<per-worker
@@ -53,7 +62,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tfdist.bench.harness import cluster_run, common, plots, timing
+from tfdist.bench.harness import cluster_run, common, fits, plots, timing
 from tfdist.bench.health import parent as health
 from tfdist.bench.time_to_accuracy.tasks import GOALS, TASK_OPTIONS, TASKS, check_tasks, task_specs
 from tfdist.bench.time_to_accuracy.worker import RULES, UNEVEN_RULES
@@ -82,10 +91,15 @@ DEFAULTS: dict[str, Any] = {
     # A third launch: 2 workers, a CPU hog on worker 1, the even split against balanced.
     "uneven_pair": True,
     "balance_window": 8,
+    # Sides of the 2-worker launch on local SGD and DiLoCo (`tfdist.bench.harness.fits`), the
+    # base rate: each replica's update sees the per-worker batch, as one worker's does.
+    "local_sgd": ("local_sgd_h4", "local_sgd_h16", "local_sgd_h64", "diloco_h16"),
 }
 # --quick and tests: every process real, tiny data, a low target, few epochs (the figures mean
 # little; see `QUICK_TASKS`).
-QUICK: dict[str, Any] = {"repeats": 1, "uneven_pair": False}
+QUICK: dict[str, Any] = {"repeats": 1, "uneven_pair": False, "local_sgd": ()}
+#: Issue 43's goals for DiLoCo at H = 16 on 2 workers, its seconds over one worker's.
+LOCAL_GOALS = {"digits": "<= 0.6", "patterns": "<= 0.56"}
 #: The uneven pair's launch, beside the worker counts' "1" and "2".
 UNEVEN = "2_uneven"
 
@@ -109,6 +123,7 @@ def _check(options: dict[str, Any]) -> None:
     check_choice("optimizer", options["optimizer"], OPTIMIZER_NAMES)
     if isinstance(options["seed"], bool) or not isinstance(options["seed"], int):
         raise invalid_argument("seed", options["seed"], "an integer")
+    options["local_sgd"] = fits.check_local_sides(options["local_sgd"])
     if not isinstance(options["uneven_pair"], bool):
         raise invalid_argument("uneven_pair", options["uneven_pair"], "True or False")
 
@@ -149,10 +164,12 @@ def run(**overrides: Any) -> dict[str, Any]:
         logger.info(
             "bench time_to_accuracy: %d worker(s) on %s, %d thread(s) each", n, strategy, threads
         )
+        local = list(spec["local_sgd"]) if n > 1 else []  # on one worker: plain training
         launches[str(n)] = cluster_run.run_tasks(
-            {**spec, "strategy": strategy, "num_pinned_tasks": n}, workers=n
+            {**spec, "strategy": strategy, "num_pinned_tasks": n, "local_sgd": local}, workers=n
         )
     if spec["uneven_pair"]:
+        spec = {**spec, "local_sgd": []}
         logger.info("bench time_to_accuracy: 2 workers, a CPU hog on worker 1, even and balanced")
         uneven = {**spec, "strategy": "multi_worker", "num_pinned_tasks": 2, "uneven": True}
         launches[UNEVEN] = cluster_run.run_tasks({**uneven, "hog_worker": 1}, workers=2)
@@ -244,6 +261,9 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
     for rule, runs in lead["runs"].items():
         busy = others.get(f"{name}/{rule}", [None] * len(runs))
         sides[rule] = side_summary(runs, target, examples, busy)
+        sides[rule]["allreduce_bytes_per_update"] = bytes_per_update(
+            rule, runs, 4 * lead["parameters"], lead_process["num_workers"]
+        )
         # Every process's accuracy after each epoch of each fit: the same on every worker.
         sides[rule]["val_accuracy_per_worker"] = {
             t: [
@@ -273,6 +293,21 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
         "others_cpu_whole_launch": launched["others_cpu"],
         "launch_seconds": launched["launch_seconds"],
     }
+
+
+def bytes_per_update(
+    rule: str, runs: list[dict[str, Any]], model_bytes: int, workers: int
+) -> float:
+    """The bytes each worker hands the all-reduce per update (median over the runs; a ring
+    sends ``2 (N-1) / N`` of them): the model's float32 bytes per synchronous update (its
+    gradient), per sync for a local side (``syncs_between`` the fit's updates), 0 on one."""
+    if workers == 1:
+        return 0.0
+    if not fits.LOCAL_SIDE.fullmatch(rule):
+        return float(model_bytes)
+    every = int(rule.rpartition("_h")[2])
+    updates = [r["points"][-1]["updates"] for r in runs]
+    return timing.median([fits.syncs_between(0, u, every) * model_bytes / u for u in updates])
 
 
 def summarise_task(task: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
@@ -320,6 +355,7 @@ def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
                 out["goals"][key] = GOALS[name]
         if UNEVEN in task["seconds_to_target"]:
             uneven_ratios(out, name, task["seconds_to_target"])
+        local_ratios(out, name, task)
     out["others_cpu_max"] = timing.nanmax(
         v
         for task in tasks.values()
@@ -346,6 +382,33 @@ def uneven_ratios(out: dict[str, Any], name: str, seconds: dict[str, Any]) -> No
     key = f"{name}_uneven_balanced_speedup"
     out[key] = ratio(uneven["even"], uneven["balanced"])
     out["words"][key] = f"{name}: 2 workers, a CPU hog on worker 1: even / balanced seconds"
+
+
+def local_ratios(out: dict[str, Any], name: str, task: dict[str, Any]) -> None:
+    """Each local side's ratios of task ``name`` into ``out``: its seconds to the target on 2
+    workers over 1 worker's, its updates to the target and its bytes per update over
+    synchronous training's on 2 workers (no LR scaling: the same rate)."""
+    two = task["per_workers"].get("2", {}).get("sides", {})
+    one = task["per_workers"].get("1", {}).get("sides", {}).get("none", {})
+    ratio = lambda a, b: None if a is None or not b else a / b  # noqa: E731
+    for side, figures in two.items():
+        if not fits.LOCAL_SIDE.fullmatch(side):
+            continue
+        sync = two["none"]
+        out[f"{name}_{side}_time_ratio"] = ratio(
+            figures["seconds_to_target"], one.get("seconds_to_target")
+        )
+        out[f"{name}_{side}_updates_ratio"] = ratio(
+            figures["updates_to_target"], sync["updates_to_target"]
+        )
+        out[f"{name}_{side}_bytes_ratio"] = ratio(
+            figures["allreduce_bytes_per_update"], sync["allreduce_bytes_per_update"]
+        )
+        out["words"][f"{name}_{side}_time_ratio"] = (
+            f"{name}: 2 workers on {side} / 1 worker, time to accuracy"
+        )
+        if side == "diloco_h16" and name in LOCAL_GOALS:  # issue 43's goals
+            out["goals"][f"{name}_{side}_time_ratio"] = LOCAL_GOALS[name]
 
 
 # ``tfdist bench`` flag -> option of `run`.

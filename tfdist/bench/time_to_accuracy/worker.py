@@ -47,8 +47,11 @@ UNEVEN_RULES = ("even", "balanced")
 
 
 def rules_of(spec: dict[str, Any]) -> tuple[str, ...]:
-    """The sides a launch runs: the LR rules, or on the uneven pair even and balanced."""
-    return UNEVEN_RULES if spec.get("uneven") else RULES
+    """The sides a launch runs: the LR rules (and ``spec["local_sgd"]``'s local-SGD sides), or
+    on the uneven pair even and balanced."""
+    if spec.get("uneven"):
+        return UNEVEN_RULES
+    return RULES + tuple(spec.get("local_sgd", ()))  # local SGD's sides, on 2 workers
 
 
 class AccuracyClock(keras.callbacks.Callback):
@@ -99,6 +102,8 @@ def scaling_options(rule: str, task: dict[str, Any], spec: dict[str, Any]) -> di
     """The Trainer keywords of LR rule ``rule`` for ``task`` (``"none"``: the Trainer's default)."""
     if rule == "none":
         return {}
+    if fits.LOCAL_SIDE.fullmatch(rule):  # the base rate, a local-SGD or DiLoCo option
+        return {"local_sgd": fits.local_sgd_option(rule)}
     if rule in UNEVEN_RULES:  # the uneven pair: the linear rule, the split even or balanced
         window = int(spec["balance_window"])
         balance = tfdist.BalanceOptions(window=window) if rule == "balanced" else False
