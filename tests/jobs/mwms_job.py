@@ -131,15 +131,18 @@ def sync_collectives(tf_function):
 
 def local_sgd(w0):
     """Local SGD on the two workers: sync_every=1 (its weights saved as local_sgd_h1), then
-    DiLoCo (Adam inside, Nesterov outside) with sync_every=4 over 12 updates, one call per
-    update: each update's weights' digest, the syncs, the loop's collectives."""
+    DiLoCo (Adam inside, Nesterov outside) with sync_every=5 over 12 updates, one call per
+    update: each update's weights' digest, the digest after fit (whose end syncs the partial
+    round of updates 11-12), the syncs, the loop's collectives."""
     import hashlib
+
+    def digest(model):
+        return hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()[:16]
 
     class Digest(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            digest = hashlib.sha256(b"".join(w.tobytes() for w in self.model.get_weights()))
             update = int(self.model.optimizer.iterations.numpy())
-            print("local_sgd digest", update, digest.hexdigest()[:16])
+            print("local_sgd digest", update, digest(self.model))
 
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     for h1 in (True, False):
@@ -149,7 +152,7 @@ def local_sgd(w0):
             strategy=strategy,
             optimizer=keras.optimizers.SGD(0.1) if h1 else keras.optimizers.Adam(0.01),
             loss=loss,
-            local_sgd=tfdist.LocalSGDOptions(sync_every=1 if h1 else 4, outer_optimizer=outer),
+            local_sgd=tfdist.LocalSGDOptions(sync_every=1 if h1 else 5, outer_optimizer=outer),
             steps_per_execution="auto" if h1 else 1,
         )
         history = trainer.fit(
@@ -158,6 +161,7 @@ def local_sgd(w0):
         if h1:
             name = f"local_sgd_h1-{task['type']}-{task['index']}"
             np.savez(os.path.join(out_dir, name + ".npz"), *trainer.model.get_weights())
+    print("local_sgd final digest", digest(trainer.model))
     print("local_sgd syncs", json.dumps(history["syncs"]))
     counts = collectives_in_loop_body(trainer.train_functions[(GLOBAL_BATCH, 1)])
     print("local_sgd gradient_all_reduces_per_update", counts["float"])

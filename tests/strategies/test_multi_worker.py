@@ -133,9 +133,10 @@ def test_two_workers_train_adam_sharded_as_unsharded(launched):
 
 def test_local_sgd_on_two_workers(launched):
     """Local SGD with sync_every=1 ends where synchronous training on the same two workers ends
-    (to 1e-6, SGD); DiLoCo (Adam inside, Nesterov SGD(0.7, 0.9) outside, sync_every=4): both
-    workers hold the same bits after each sync (updates 4, 8, 12) and their own between; no
-    gradient all-reduce in an update, one all-reduce in a sync (tests/jobs/mwms_job.py)."""
+    (to 1e-6, SGD); DiLoCo (Adam inside, Nesterov SGD(0.7, 0.9) outside, sync_every=5): both
+    workers hold the same bits after each sync (updates 5, 10) and their own between, and after
+    fit, whose end syncs the partial round (updates 11-12); no gradient all-reduce in an update,
+    one all-reduce in a sync (tests/jobs/mwms_job.py)."""
     proc, out_dir = launched
     assert "[worker:1] local_sgd done 2" in proc.stdout, proc.stdout[-3000:]
     synchronous = _weights(out_dir / "trainer-worker-0.npz")
@@ -152,9 +153,12 @@ def test_local_sgd_on_two_workers(launched):
     assert len(digests) == 24, digests
     for update in range(1, 13):
         same = digests[("0", update)] == digests[("1", update)]
-        assert same == (update % 4 == 0), update
+        assert same == (update % 5 == 0), update
+    final = re.findall(r"\[worker:(\d)\] local_sgd final digest (\w+)", proc.stdout)
+    assert len(final) == 2 and final[0][1] == final[1][1], final
+    assert final[0][1] not in (digests[("0", 12)], digests[("1", 12)])
     for task in (0, 1):
-        assert f"[worker:{task}] local_sgd syncs [1.0, 3.0]" in proc.stdout
+        assert f"[worker:{task}] local_sgd syncs [1.0, 2.0]" in proc.stdout
         assert f"[worker:{task}] local_sgd gradient_all_reduces_per_update 0" in proc.stdout
         assert f"[worker:{task}] local_sgd all_reduces_per_sync 1" in proc.stdout
 
