@@ -3,11 +3,11 @@
 Each model trains 3 steps of `ParameterStep` (every weight a block per replica, each top-level
 layer gathered before it and again for its backward) and 3 steps of the unsharded Trainer on
 the same strategy, data and initial weights; the final weights (and moving statistics) must
-agree to 1e-6, with SGD and Adam at 2 replicas, and Adam at 3 (blocks padded). The models carry the prototype's hazards: BatchNormalization's moving statistics, a
-kernel regularizer and an activity regularizer (losses computed inside each layer's gather), a
-MaxNorm constraint (applied to the gathered whole); a tiny transformer block (attention, layer
-norm, a residual). A read of a weight outside its layer's gather raises; a subclassed model is
-refused by name.
+agree to 1e-6, with SGD and Adam at 2 replicas, and Adam at 3 (blocks padded). The models carry
+the prototype's hazards: BatchNormalization's moving statistics, a kernel regularizer and an
+activity regularizer (losses computed inside each layer's gather), a MaxNorm constraint
+(applied to the gathered whole); a tiny transformer block (attention, layer norm, a residual).
+A read of a weight outside its layer's gather raises; a subclassed model is refused by name.
 """
 
 import keras
