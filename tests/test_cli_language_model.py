@@ -1,8 +1,9 @@
 """``tfdist train --model=gpt``: a byte-level GPT on python_source from the command line (issue
 44): its defaults, its refusals, and tiny runs with every capability, sharing processes: in this
-process the default (one device, with backups) and a pipeline cut between the blocks; in one
-launch of 2 multi_worker workers, balanced shares, sharded in bf16 with accumulation (mirrored:
-tests/models/test_gpt.py, against Keras in bf16). Each prints bits per byte per epoch, a sample
+process the default (one device, with backups), a pipeline cut between the blocks and local SGD
+on 2 mirrored replicas; in one launch of 2 multi_worker workers, balanced shares, sharded in
+bf16 with accumulation (mirrored: tests/models/test_gpt.py, against Keras in bf16); in launches
+of their own, the hybrid and a parameter-server cluster. Each prints bits per byte per epoch, a sample
 of text and the final line."""
 
 from __future__ import annotations
@@ -92,28 +93,34 @@ def _final_bits(out: str) -> float:
     return bits
 
 
-@pytest.mark.parametrize("pipeline", [False, True], ids=["one_device", "pipeline"])
+#: In this process: the default strategy (one_device) with a backup every 2 updates (written,
+#: then removed after success); 2 pipeline stages cut between the blocks; local SGD over 2
+#: mirrored replicas, averaged every 2 updates.
+IN_PROCESS = {
+    "one_device": ("--backup_dir={backup}", "--backup_freq=2"),
+    "pipeline": ("--pipeline=split_at=block_0,micro_batches=2",),
+    "local_sgd": ("--strategy=mirrored", "--num_devices=2", "--local_sgd=sync_every=2"),
+}
+
+
+@pytest.mark.parametrize("case", list(IN_PROCESS))
 def test_a_tiny_gpt_run_prints_bits_per_byte_a_sample_and_the_final_line(
-    pipeline, tmp_path, capsys, caplog
+    case, tmp_path, capsys, caplog
 ):
-    """The default strategy (one_device) with a backup every 2 updates (written, then removed
-    after success), or 2 pipeline stages cut between the blocks."""
+    """Each run prints its bits per byte per epoch, a sample and the final line."""
     backup = tmp_path / "backup"
-    if pipeline:
-        flags = ("--pipeline=split_at=block_0,micro_batches=2",)
-    else:
-        flags = (f"--backup_dir={backup}", "--backup_freq=2")
+    flags = tuple(flag.format(backup=backup) for flag in IN_PROCESS[case])
     caplog.set_level(logging.DEBUG, logger="tfdist.training.backup.files")
     out = _run_in_process([*TINY, *flags], capsys)
     assert len(re.findall(r"loss: [\d.]+ .*val_bits_per_byte: ([\d.]+)", out)) == 2, out[-3000:]
     assert re.search(r"^sample:\ndef ", out, flags=re.M), out[-3000:]
     _final_bits(out)
-    assert " replicas=1 " in out
+    assert f" replicas={2 if case == 'local_sgd' else 1} " in out
     assert re.search(r"^final updates=6 weights_digest=[0-9a-f]{16}$", out, re.M)
     saves = re.findall(
         r"saved backup \S+ at Position\(epoch=\d+, step=\d+, updates=(\d+)", caplog.text
     )
-    assert saves == ([] if pipeline else ["2", "3", "4", "6"]), caplog.text[-3000:]
+    assert saves == (["2", "3", "4", "6"] if case == "one_device" else []), caplog.text[-3000:]
     assert not backup.exists()  # removed after success
 
 
@@ -140,3 +147,43 @@ def test_two_workers_train_the_gpt_balanced_sharded_in_bf16_with_accumulation():
     _final_bits(chief)
     assert " replicas=2 " in chief and "[worker:0] sample:" in chief
     assert "[worker:0] I" in out and "Sharding 'optimizer' over 2 replicas" in out
+
+
+#: The capabilities that need launches of their own: the hybrid (2 multi_worker workers, each
+#: 2 pipeline stages cut between the blocks) and a parameter-server cluster (a chief, 2
+#: workers, 1 ps): ``tfdist launch`` flags, then ``tfdist train`` flags.
+OWN_LAUNCHES = {
+    "hybrid": (
+        ("--workers=2",),
+        ("--strategy=multi_worker", "--pipeline=split_at=block_0,micro_batches=2"),
+    ),
+    "parameter_server": (("--chief", "--workers=2", "--ps=1"), ("--strategy=parameter_server",)),
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(OWN_LAUNCHES))
+def test_the_gpt_trains_as_the_hybrid_and_on_parameter_servers(case):
+    """The tiny GPT on those launches: the chief alone prints its bits per byte, a sample and
+    the final line."""
+    launch_flags, train_flags = OWN_LAUNCHES[case]
+    proc = run_tfdist(
+        "launch",
+        *launch_flags,
+        PRELOAD,
+        "--",
+        sys.executable,
+        "-m",
+        "tfdist",
+        *TINY,
+        *train_flags,
+        "--verbose=2",
+        timeout=300,
+    )
+    assert proc.returncode == 0, launch_report(proc)
+    chief_task = "chief:0" if case == "parameter_server" else "worker:0"
+    finals = [line for line in proc.stdout.splitlines() if "final val_accuracy=" in line]
+    assert len(finals) == 1 and finals[0].startswith(f"[{chief_task}]"), launch_report(proc)
+    chief = "\n".join(x for x in proc.stdout.splitlines() if x.startswith(f"[{chief_task}]"))
+    _final_bits(chief)
+    assert f"[{chief_task}] sample:" in chief
