@@ -3,8 +3,8 @@
 process the default (one device, with backups), a pipeline cut between the blocks and local SGD
 on 2 mirrored replicas; in one launch of 2 multi_worker workers, balanced shares, sharded in
 bf16 with accumulation (mirrored: tests/models/test_gpt.py, against Keras in bf16); in launches
-of their own, the hybrid and a parameter-server cluster. Each prints bits per byte per epoch, a sample
-of text and the final line."""
+of their own, the hybrid and a parameter-server cluster. Each prints bits per byte per epoch, a
+sample of text and the final line."""
 
 from __future__ import annotations
 

@@ -346,8 +346,8 @@ def test_unknown_benchmark_lists_the_valid_names(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"Invalid value for argument `benchmarks`.*'nope'.*"
-        r"accumulation, allreduce, backup, balance, bf16_vs_fp32, first_fit, health, memory, mfu, "
-        r"parameter_server, pipeline, scaling, sparse_exchange, "
+        r"accumulation, allreduce, backup, balance, bf16_vs_fp32, first_fit, health, "
+        r"language_model, memory, mfu, parameter_server, pipeline, scaling, sparse_exchange, "
         r"stragglers, time_to_accuracy, trainer_vs_fit",
     ):
         runner.run(["nope"], output=str(output))

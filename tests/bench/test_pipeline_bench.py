@@ -266,7 +266,9 @@ def test_pipeline_is_registered_and_runs_only_when_named():
 
 def test_preload_is_refused_for_the_pipeline_alone():
     # Its processes are its own, not started through tfdist launch: nothing to preload into.
-    with pytest.raises(ValueError, match=r"`preload`.*The ones that do: scaling, .*memory\."):
+    with pytest.raises(
+        ValueError, match=r"`preload`.*The ones that do: scaling, .*memory, language_model\."
+    ):
         runner.run(["pipeline"], output=None, options={"preload": ("tensorflow",)})
 
 

@@ -79,6 +79,7 @@ GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ),
         ("Speed", ("precision", "steps_per_execution", "gradient_compression", "bucket_bytes")),
         ("Load balancing", ("balance",)),
+        ("Slow links", ("local_sgd",)),
         ("Memory", ("sharding",)),
         ("Model parallelism", ("pipeline",)),
         (
