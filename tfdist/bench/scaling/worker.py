@@ -53,10 +53,8 @@ def _trainer_sides(
     strategy: tf.distribute.Strategy,
     builder: Callable[[], keras.Model],
     dataset: tf.data.Dataset,
-    global_batch_size: int,
 ) -> tuple[dict[str, Side], dict[str, str]]:
     """A Trainer side per gradient-compression variant, and why any variant is unavailable."""
-    steps = int(spec["steps"])
     sides: dict[str, Side] = {}
     unavailable: dict[str, str] = {}
     for variant in spec["gradient_compression"]:
@@ -68,28 +66,36 @@ def _trainer_sides(
             )
             continue
         try:
-            trainer = tfdist.Trainer(
-                builder,
-                strategy=strategy,
-                optimizer=keras.optimizers.SGD(spec["learning_rate"]),
-                loss=fits.logits_loss(),
-                metrics=list(spec["metrics"]),
-                **kwargs,
-            )
+            sides[name] = _sgd_trainer_side(spec, strategy, builder, dataset, **kwargs)
         except (TypeError, ValueError) as e:  # e.g. a variant this Trainer refuses on this machine
             unavailable[name] = f"{type(e).__name__}: {e}"
-            continue
-        fit = (lambda t: lambda **kw: t.fit(dataset, global_batch_size=global_batch_size, **kw))(
-            trainer
-        )
-        sides[name] = fit_side(
-            fit,
-            (lambda t: lambda: t.model.optimizer)(trainer),
-            steps,
-            global_batch_size,
-            from_epoch_begin=True,  # "auto" stays what users get
-        )
     return sides, unavailable
+
+
+def _sgd_trainer_side(
+    spec: dict[str, Any],
+    strategy: tf.distribute.Strategy,
+    builder: Callable[[], keras.Model],
+    dataset: tf.data.Dataset,
+    **kwargs: Any,
+) -> Side:
+    """The Trainer with SGD at ``spec["learning_rate"]`` and ``kwargs`` as a timed side."""
+    global_batch_size = int(spec["per_worker_batch_size"]) * strategy.num_replicas_in_sync
+    trainer = tfdist.Trainer(
+        builder,
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(spec["learning_rate"]),
+        loss=fits.logits_loss(),
+        metrics=list(spec["metrics"]),
+        **kwargs,
+    )
+    return fit_side(
+        lambda **kw: trainer.fit(dataset, global_batch_size=global_batch_size, **kw),
+        lambda: trainer.model.optimizer,
+        int(spec["steps"]),
+        global_batch_size,
+        from_epoch_begin=True,  # "auto" stays what users get
+    )
 
 
 def _local_sgd_sides(
@@ -103,26 +109,9 @@ def _local_sgd_sides(
     fit's syncs appended to ``syncs[name]``: the multiples of H it passed, and one more when it
     ended between them (a fit ends on a sync)."""
     sides: dict[str, Side] = {}
-    global_batch_size = int(spec["per_worker_batch_size"]) * strategy.num_replicas_in_sync
     for name in spec.get("local_sgd", ()):
         option = fits.local_sgd_option(name)
-        trainer = tfdist.Trainer(
-            builder,
-            strategy=strategy,
-            optimizer=keras.optimizers.SGD(spec["learning_rate"]),
-            loss=fits.logits_loss(),
-            metrics=list(spec["metrics"]),
-            local_sgd=option,
-        )
-        side = fit_side(
-            (lambda t: lambda **kw: t.fit(dataset, global_batch_size=global_batch_size, **kw))(
-                trainer
-            ),
-            (lambda t: lambda: t.model.optimizer)(trainer),
-            int(spec["steps"]),
-            global_batch_size,
-            from_epoch_begin=True,
-        )
+        side = _sgd_trainer_side(spec, strategy, builder, dataset, local_sgd=option)
         syncs[name] = []
 
         def run(n: int, side: Side = side, h: int = option.sync_every, log: list = syncs[name]):
@@ -170,7 +159,7 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
     keras.utils.set_random_seed(0)
     weights = build_model(spec).get_weights()
     builder = fits.with_weights(lambda: build_model(spec), weights)
-    sides, unavailable = _trainer_sides(spec, strategy, builder, dataset, global_batch_size)
+    sides, unavailable = _trainer_sides(spec, strategy, builder, dataset)
     syncs: dict[str, list[int]] = {}
     sides.update(_local_sgd_sides(spec, strategy, builder, dataset, syncs))
     sides["keras_fit"] = _keras_fit_side(spec, strategy, builder, dataset, global_batch_size)
