@@ -53,6 +53,7 @@ def _trainer_sides(
     strategy: tf.distribute.Strategy,
     builder: Callable[[], keras.Model],
     dataset: tf.data.Dataset,
+    global_batch_size: int,
 ) -> tuple[dict[str, Side], dict[str, str]]:
     """A Trainer side per gradient-compression variant, and why any variant is unavailable."""
     sides: dict[str, Side] = {}
@@ -66,7 +67,9 @@ def _trainer_sides(
             )
             continue
         try:
-            sides[name] = _sgd_trainer_side(spec, strategy, builder, dataset, **kwargs)
+            sides[name] = _sgd_trainer_side(
+                spec, strategy, builder, dataset, global_batch_size, **kwargs
+            )
         except (TypeError, ValueError) as e:  # e.g. a variant this Trainer refuses on this machine
             unavailable[name] = f"{type(e).__name__}: {e}"
     return sides, unavailable
@@ -77,10 +80,12 @@ def _sgd_trainer_side(
     strategy: tf.distribute.Strategy,
     builder: Callable[[], keras.Model],
     dataset: tf.data.Dataset,
+    global_batch_size: int,
+    *,
+    from_epoch_begin: bool = True,  # "auto" stays what users get
     **kwargs: Any,
 ) -> Side:
     """The Trainer with SGD at ``spec["learning_rate"]`` and ``kwargs`` as a timed side."""
-    global_batch_size = int(spec["per_worker_batch_size"]) * strategy.num_replicas_in_sync
     trainer = tfdist.Trainer(
         builder,
         strategy=strategy,
@@ -94,7 +99,7 @@ def _sgd_trainer_side(
         lambda: trainer.model.optimizer,
         int(spec["steps"]),
         global_batch_size,
-        from_epoch_begin=True,  # "auto" stays what users get
+        from_epoch_begin=from_epoch_begin,
     )
 
 
@@ -103,6 +108,7 @@ def _local_sgd_sides(
     strategy: tf.distribute.Strategy,
     builder: Callable[[], keras.Model],
     dataset: tf.data.Dataset,
+    global_batch_size: int,
     syncs: dict[str, list[int]],
 ) -> dict[str, Side]:
     """A Trainer side per ``spec["local_sgd"]`` name (SGD inside, as the ``trainer`` side), each
@@ -111,7 +117,9 @@ def _local_sgd_sides(
     sides: dict[str, Side] = {}
     for name in spec.get("local_sgd", ()):
         option = fits.local_sgd_option(name)
-        side = _sgd_trainer_side(spec, strategy, builder, dataset, local_sgd=option)
+        side = _sgd_trainer_side(
+            spec, strategy, builder, dataset, global_batch_size, local_sgd=option
+        )
         syncs[name] = []
 
         def run(n: int, side: Side = side, h: int = option.sync_every, log: list = syncs[name]):
@@ -159,9 +167,9 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
     keras.utils.set_random_seed(0)
     weights = build_model(spec).get_weights()
     builder = fits.with_weights(lambda: build_model(spec), weights)
-    sides, unavailable = _trainer_sides(spec, strategy, builder, dataset)
+    sides, unavailable = _trainer_sides(spec, strategy, builder, dataset, global_batch_size)
     syncs: dict[str, list[int]] = {}
-    sides.update(_local_sgd_sides(spec, strategy, builder, dataset, syncs))
+    sides.update(_local_sgd_sides(spec, strategy, builder, dataset, global_batch_size, syncs))
     sides["keras_fit"] = _keras_fit_side(spec, strategy, builder, dataset, global_batch_size)
     for variant in spec["gradient_compression"]:
         name = "raw_loop" if variant in (None, "none") else f"raw_loop_{variant}"
@@ -211,18 +219,8 @@ def run_ps(spec: dict[str, Any]) -> dict[str, Any] | None:
     dataset = make_dataset(spec, global_batch_size)
     keras.utils.set_random_seed(0)
     builder = fits.with_weights(lambda: build_model(spec), build_model(spec).get_weights())
-    trainer = tfdist.Trainer(
-        builder,
-        strategy=strategy,
-        optimizer=keras.optimizers.SGD(spec["learning_rate"]),
-        loss=fits.logits_loss(),
-        metrics=list(spec["metrics"]),
-    )
-    side = fit_side(
-        lambda **kw: trainer.fit(dataset, global_batch_size=global_batch_size, **kw),
-        lambda: trainer.model.optimizer,
-        steps,
-        global_batch_size,
+    side = _sgd_trainer_side(
+        spec, strategy, builder, dataset, global_batch_size, from_epoch_begin=False
     )
     recorder = Recorder()
     side.run(steps)
