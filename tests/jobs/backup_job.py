@@ -4,6 +4,7 @@
         STRATEGY OUT_DIR BACKUP_DIR [--die_at=BATCH | --sigterm_at=BATCH] [--die_task=worker-1]
         [--faults=KIND:TASK:UPDATE,...] [--watchdog=FLOOR,FACTOR] [--no_backup | --sync_backup]
         [--slow_input=BASE,SLOW --slow_from=UPDATE --straggler_interval=SECONDS]
+        [--local_sgd=H [--reference]]
 
 Trains a small MLP (with a counter of replica steps) on synthetic data with
 Trainer(backup=BackupOptions(BACKUP_DIR, freq=2)) under op determinism
@@ -15,8 +16,11 @@ fault, alive: KIND ``callback`` blocks in a callback, ``input`` in a
 tf.py_function of its input pipeline, ``save`` inside a backup save, and
 ``frozen`` stops itself with SIGSTOP. --slow_input=BASE,SLOW sleeps BASE seconds per
 example in every task's input pipeline, and from update --slow_from on, SLOW in
-DIE_TASK's (a straggler, for the straggler report). Each task writes
-OUT_DIR/<task>.npz (weights) and OUT_DIR/<task>.json.
+DIE_TASK's (a straggler, for the straggler report). --local_sgd=H trains with DiLoCo (the
+inner SGD, an outer Nesterov SGD(0.7, 0.9), a sync every H updates); --reference then trains
+a second, uninterrupted model without backups in the same processes. Each task writes
+OUT_DIR/<task>.npz (weights), OUT_DIR/<task>.json and, with --reference,
+OUT_DIR/<task>-reference.npz.
 """
 
 import argparse
@@ -55,6 +59,8 @@ parser.add_argument(
     "--balance", action="store_true", help="fixed uneven splits of each global batch of 32"
 )
 parser.add_argument("--slow_saves", default="", help="SECONDS,N: the first N saves take that long")
+parser.add_argument("--local_sgd", type=int, default=0, help="DiLoCo, a sync every N updates")
+parser.add_argument("--reference", action="store_true", help="then an uninterrupted fit")
 args = parser.parse_args()
 
 out = pathlib.Path(args.out_dir)
@@ -231,21 +237,32 @@ if args.straggler_interval:
         log_scores=True,
         restart_after=args.straggler_restart_after,
     )
-trainer = tfdist.Trainer(
-    build,
-    strategy=strategy,
-    optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    backup=None
-    if args.no_backup
-    else tfdist.BackupOptions(args.backup_dir, freq=2, asynchronous=not args.sync_backup),
-    sharding=args.sharding,
-    # Worker 0's share changes at updates 0, 9 and 30 (one worker: nothing to balance).
-    balance=tfdist.BalanceOptions(splits=((0, (10, 22)), (9, (22, 10)), (30, (6, 26))))
-    if args.balance
-    else False,
-    **watchdog_options,
-)
+
+
+def make_trainer(backup):
+    local_sgd = None
+    if args.local_sgd:
+        outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+        local_sgd = tfdist.LocalSGDOptions(args.local_sgd, outer_optimizer=outer)
+    return tfdist.Trainer(
+        build,
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        backup=None
+        if not backup
+        else tfdist.BackupOptions(args.backup_dir, freq=2, asynchronous=not args.sync_backup),
+        sharding=args.sharding,
+        # Worker 0's share changes at updates 0, 9 and 30 (one worker: nothing to balance).
+        balance=tfdist.BalanceOptions(splits=((0, (10, 22)), (9, (22, 10)), (30, (6, 26))))
+        if args.balance
+        else False,
+        local_sgd=local_sgd,
+        **watchdog_options,
+    )
+
+
+trainer = make_trainer(backup=not args.no_backup)
 train = tfdist.data.load("synthetic", num_examples=512)
 if args.watchdog or args.slow_input:
     # Examples pass through a tf.py_function that a fault can hang (every run with --watchdog,
@@ -266,4 +283,8 @@ np.savez(out / f"{task}.npz", *trainer.model.get_weights())
         }
     )
 )
+if args.reference:
+    reference = make_trainer(backup=False)
+    reference.fit(train, epochs=args.epochs, global_batch_size=32, verbose=0)
+    np.savez(out / f"{task}-reference.npz", *reference.model.get_weights())
 print("finished", task, "attempt", attempt, flush=True)

@@ -106,15 +106,34 @@ def test_a_two_worker_backup_resumes_on_one_worker(tmp_path, uninterrupted_mwms)
 
 
 def test_sigterm_preemption_loses_and_repeats_nothing(tmp_path):
-    proc = _launch(tmp_path, tmp_path / "backup", "--sigterm_at=21", restarts=0)
+    """SIGTERM to worker-1 after global batch 21: both workers save at update 22 and exit 75,
+    the group restarts from that backup and trains to 48 updates.
+
+    The run trains with DiLoCo (``--local_sgd=4``: momentum SGD inside, Nesterov outside), so
+    update 22 is mid-round: the two workers' parameters and momenta differ there (2 updates
+    since the sync of update 20). The backup holds each worker's own (gathered to the chief
+    with one all-gather, committed with the chief's checkpoint), each worker takes its own back,
+    and both end bitwise equal to an uninterrupted run of the same job (trained afterwards in
+    the same processes, ``--reference``, so no third launch). What it detects: a resume that
+    gave worker-1 the chief's parameters or momenta (before per-replica backups) ends off the
+    reference at the next sync's average; a lost or repeated update moves the counter.
+    """
+    proc = _launch(
+        tmp_path, tmp_path / "backup", "--sigterm_at=21", "--local_sgd=4", "--reference",
+        restarts=0,
+    )  # fmt: skip
     assert proc.returncode == 0, launch_report(proc, 4000)
     assert "preempted after saving a backup; restarting the whole group" in proc.stdout
+    assert "resuming at epoch 2, micro-batch 6 (22 updates done)" in proc.stdout
     for task in ("worker-0", "worker-1"):
         info = json.loads((tmp_path / f"{task}.json").read_text())
         assert info["attempt"] == 2
         assert info["iterations"] == 48
         # +1 per replica per step, saved with the model: exactly replicas x steps.
         assert info["counter"] == info["replicas"] * 48
+        reference = _weights(tmp_path / f"{task}-reference.npz")
+        for a, b in zip(_weights(tmp_path / f"{task}.npz"), reference):
+            np.testing.assert_array_equal(a, b)  # bitwise: each worker resumed its own round
 
 
 @pytest.fixture(scope="module")

@@ -230,3 +230,109 @@ def test_a_masked_loss_takes_each_replicas_own_mean_between_syncs(mirrored):
         model.train_on_batch(x[rows], y[rows])
         for expected, copies in zip(model.get_weights(), spy.copies):
             np.testing.assert_allclose(copies[replica], expected, atol=1e-6, rtol=0)
+
+
+class _At(keras.callbacks.Callback):
+    """Each replica's copy of the trainable weights and the inner slots after update ``at``."""
+
+    def __init__(self, trainer, at):
+        super().__init__()
+        self.trainer, self.at = trainer, at
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.at:
+            model = self.trainer.model
+            self.weights = [_copies(self.trainer, v) for v in model.trainable_variables]
+            self.slots = [_copies(self.trainer, v) for v in _slots(model.optimizer)]
+
+
+def _slots(optimizer):
+    return [v for v in optimizer.variables if "momentum" in v.path or "velocity" in v.path]
+
+
+def _rows(prefix, group):
+    """The row counts of the backup's per-replica copies of ``group``."""
+    return [
+        shape[0]
+        for name, shape in tf.train.list_variables(str(prefix))
+        if f"local_sgd/replicas/{group}/" in name
+    ]
+
+
+def test_a_backup_resumes_every_replicas_own_state_mid_round_bitwise(mirrored, tmp_path):
+    """Two replicas, DiLoCo (Adam inside, Nesterov outside), BatchNorm, sync_every=4, a backup
+    every 2 updates: a crash after update 7 resumes from update 6, mid-round, each replica
+    taking back its own parameters, moving statistics and Adam moments (which differ between
+    syncs), and ends bitwise where an uninterrupted run ends. The backup of update 4 (right
+    after a sync) holds the parameters once: their per-replica copies have no rows, the
+    never-averaged moments two; the backup of update 6 two rows of each."""
+
+    def fit(callbacks=None, **backup):
+        keras.utils.set_random_seed(1)
+        outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+        trainer, history = _fit(
+            mirrored,
+            tfdist.LocalSGDOptions(4, outer_optimizer=outer),
+            keras.optimizers.Adam(0.01),
+            model=_with_batch_norm(),
+            steps_per_execution=1,
+            callbacks=callbacks,
+            **backup,
+        )
+        return trainer.model.get_weights(), history
+
+    reference, _ = fit()
+    backup_dir = tmp_path / "backup"
+    backup = {"backup": tfdist.BackupOptions(str(backup_dir), freq=2, keep_last=2)}
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        fit([_Crash()], **backup)
+    at_sync, mid_round = (backup_dir / f"ckpt-{n}" for n in (2, 3))  # updates 4 and 6
+    assert set(_rows(at_sync, "parameters") + _rows(at_sync, "statistics")) == {0}
+    assert set(_rows(at_sync, "slots")) == {2}
+    for group in ("parameters", "statistics", "slots"):
+        assert set(_rows(mid_round, group)) == {2}, group
+    resumed, history = fit(**backup)
+    assert history["syncs"][-1] == 3.0
+    for a, b in zip(reference, resumed):
+        np.testing.assert_array_equal(a, b)
+
+
+class _Begin(keras.callbacks.Callback):
+    """The weights and the inner slots at the fit's start (after a restore)."""
+
+    def on_train_begin(self, logs=None):
+        self.weights = [v.numpy() for v in self.model.trainable_variables]
+        self.slots = [v.numpy() for v in _slots(self.model.optimizer)]
+
+
+def test_a_two_replica_backup_resumes_on_one_replica_with_the_partial_round_synced(
+    mirrored, tmp_path, caplog
+):
+    """Elastic resume: a 2-replica backup taken mid-round (update 6 of sync_every=4, Adam
+    inside) resumes on one device with the partial round synced, as a fit's end syncs it: the
+    parameters are the replicas' mean bitwise, Adam's moments replica 0's; the run goes on to
+    its 12 updates with syncs at 8 and 12."""
+    backup = {"backup_dir": str(tmp_path / "backup"), "backup_freq": 2}
+    options = tfdist.LocalSGDOptions(4)
+    trainer = tfdist.Trainer(
+        builder(W0), strategy=mirrored, optimizer=keras.optimizers.Adam(0.01), loss=LOSS,
+        local_sgd=options, steps_per_execution=1, **backup,
+    )  # fmt: skip
+    spy = _At(trainer, 6)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        trainer.fit(_dataset(), epochs=2, verbose=0, callbacks=[spy, _Crash()])
+    begin = _Begin()
+    with caplog.at_level("WARNING", logger="tfdist.training.backup.fit_backups"):
+        _, history = _fit(
+            tfdist.make_strategy("one_device"), options, keras.optimizers.Adam(0.01),
+            callbacks=[begin], steps_per_execution=1, **backup,
+        )  # fmt: skip
+    assert "a backup of 2 replicas resumes on 1 at update 6, the partial round synced" in (
+        caplog.text
+    )
+    for (a, b), mean in zip(spy.weights, begin.weights):
+        np.testing.assert_array_equal(mean, (a + b) / np.float32(2))
+    assert spy.slots and not np.array_equal(*spy.slots[0])
+    for copies, slot in zip(spy.slots, begin.slots):
+        np.testing.assert_array_equal(slot, copies[0])
+    assert history["syncs"] == [4.0]  # update 4, the resume's, 8 and 12

@@ -36,8 +36,10 @@ class FitBackups:
         sharded: Returns the sharded optimizer state once built (None: not sharded), whose
             slots the backup saves whole.
         local_sgd: Returns local SGD's state once built (None: off), whose last synced
-            parameters, outer optimizer and sync count the backup holds
-            (`tfdist.training.local_sgd.sync.LocalState.checkpointed`).
+            parameters, outer optimizer, sync count and every replica's own state the backup
+            holds (`tfdist.training.local_sgd.sync.LocalState.checkpointed`): gathered before
+            each save, handed back to each replica (or averaged, on another replica count)
+            after a restore.
     """
 
     def __init__(
@@ -77,10 +79,10 @@ class FitBackups:
         """
         if self.options is None:
             return None
+        local = self._local_sgd()
         if self._checkpoint is None:
             # Made at the first fit, once the model and optimizer are built: a checkpoint tracks the
             # variables that exist when it is made. Later fits reuse it.
-            local = self._local_sgd()
             extra = (
                 self._extra if local is None else {**self._extra, "local_sgd": local.checkpointed()}
             )
@@ -101,12 +103,16 @@ class FitBackups:
                 keep_backups=self.options.keep_last,
                 replicas=self._runner.strategy.num_replicas_in_sync,
                 asynchronous=self.options.asynchronous,
+                before_save=None if local is None else local.copies.gather,
             )
         return self._opened[self.options]
 
     def restore(self, backup: Backup | None) -> Position | None:
         """The chief's backup position, restored on every worker (None: start afresh)."""
         position = restore_on_every_worker(backup, self._runner)
+        local = self._local_sgd()
+        if position is not None and local is not None:
+            _log_local_resume(local.copies.restore(), position, self._runner)
         if position is not None and self._runner.is_chief:
             # A warning, so the user sees why an epoch's progress bar starts again.
             logger.warning(
@@ -152,3 +158,24 @@ class FitBackups:
             backup.wait()
         except RuntimeError as e:
             logger.error("%s", e)
+
+
+def _log_local_resume(done: str, position: Position, runner: Runner) -> None:
+    """The chief's warning when a local-SGD round resumes on another replica count."""
+    replicas = runner.strategy.num_replicas_in_sync
+    if not runner.is_chief or done not in ("averaged", "slots"):
+        return
+    synced = (
+        "the partial round synced at the resume (their parameters and statistics averaged, "
+        "through the outer optimizer with DiLoCo)"
+        if done == "averaged"
+        else "taken right after a sync (nothing to average)"
+    )
+    logger.warning(
+        "Local SGD: a backup of %d replicas resumes on %d at update %d, %s; the inner "
+        "optimizer's state is replica 0's.",
+        position.replicas,
+        replicas,
+        position.updates,
+        synced,
+    )

@@ -37,6 +37,7 @@ import logging
 import os
 import tempfile
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -151,6 +152,9 @@ class Backup:
         asynchronous: `save` returns once the values are copied to host
             memory; the files are written and committed in the background, one
             backup at a time (see `save`, `wait`).
+        before_save: Called on every worker at each `save`, before the values are copied
+            (local SGD gathers each replica's own state there:
+            `tfdist.training.local_sgd.replicas.ReplicaCopies.gather`); None: nothing.
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class Backup:
         keep_backups: int = 1,
         replicas: int | None = None,
         asynchronous: bool = False,
+        before_save: Callable[[], None] | None = None,
     ) -> None:
         from tfdist.cluster import task_label as label
         from tfdist.config import check_positive_int
@@ -189,6 +194,7 @@ class Backup:
             else tf.train.Checkpoint(objects=checkpoint, position=self._position)
         )
         self.asynchronous = asynchronous
+        self._before_save = before_save
         # The commit of the asynchronous save not waited for yet.
         self._in_flight: backup_files.Commit | None = None
         self._saves = 0
@@ -277,6 +283,8 @@ class Backup:
             RuntimeError: If the previous asynchronous backup failed (naming ``backup_dir``).
         """
         self.wait()
+        if self._before_save is not None:
+            self._before_save()  # every worker: it may gather through collectives
         self._saves += 1
         state = self.read_state() if self.is_chief else None
         number = (state["number"] + 1) if state else 1

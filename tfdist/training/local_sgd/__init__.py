@@ -6,6 +6,9 @@ what stays local, and how one sync runs).
 - ``options``: ``LocalSGDOptions(sync_every=H, outer_optimizer=None)`` and the refusals of
   ``Trainer(local_sgd=...)``.
 - ``sync``: ``LocalState``: the last synced parameters, the outer optimizer, the one all-reduce
-  of a sync, in cross-replica context.
+  of a sync, in cross-replica context; what a backup holds.
+- ``replicas``: ``ReplicaCopies``: every replica's own parameters, statistics and inner slots in
+  a backup (one all-gather at a save), handed back at a resume on the same replica count, or
+  averaged as a sync of the partial round on another (elastic resume).
 - ``update``: ``LocalUpdate``, the replica step without the per-update gradient exchange.
 """

@@ -30,6 +30,11 @@ floating-point non-trainable weights (BatchNorm's moving mean and variance: a pl
 through the outer optimizer). Local, never exchanged: the inner optimizer's state (its slots,
 Adam's moments; its ``iterations`` are the same everywhere), the loss scale under
 ``mixed_float16``, the metrics' totals (reduced when read, as always) and the random seeds.
+
+A backup (`LocalState.checkpointed`) holds the last synced parameters, the outer optimizer's
+variables, the sync count and every replica's own parameters, statistics and inner slots
+(`tfdist.training.local_sgd.replicas`): a resume on the same replica count continues every
+replica mid-round bit for bit; on another count it syncs the partial round (elastic resume).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import tensorflow as tf
 from tfdist._compat.keras_internals.optimizer import apply_in_cross_replica_context
 from tfdist._compat.keras_internals.scope_moves import optimizer_copy_in_scope
 from tfdist.training.local_sgd.options import LocalSGDOptions
+from tfdist.training.local_sgd.replicas import ReplicaCopies
 
 _WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
 
@@ -74,6 +80,10 @@ class LocalState:
             v for v in model.non_trainable_weights if tf.as_dtype(v.dtype).is_floating
         ]
         self._finish: Any = None  # the compiled end-of-fit sync, once needed
+        # The updates at which the replicas were last known equal off the H grid (a fit's start
+        # or end, an elastic resume): a backup then needs one copy of the parameters.
+        self.synced_at: int | None = None
+        self.copies: ReplicaCopies | None = None  # each replica's own state, for backups
         with strategy.scope():
             self.syncs = tf.Variable(0, dtype=tf.int64, trainable=False, name="local_sgd_syncs")
             self.outer: keras.optimizers.Optimizer | None = None
@@ -88,29 +98,46 @@ class LocalState:
 
     def checkpointed(self) -> tf.train.Checkpoint:
         """What a backup holds of local SGD: the last synced parameters, the outer optimizer's
-        variables (its slots and ``iterations``) and the sync count (one value each: a
-        worker's parameters and inner optimizer between syncs are its own, and a resume gives
-        every worker the chief's)."""
+        variables (its slots and ``iterations``), the sync count (one value each: the same on
+        every replica), and every replica's own parameters, statistics and inner slots
+        (`tfdist.training.local_sgd.replicas.ReplicaCopies`, built here: call it outside the
+        strategy scope). Before each save, ``self.copies.gather()``; after a restore,
+        ``self.copies.restore()``, on every worker."""
+        if self.copies is None:
+            self.copies = ReplicaCopies(self)
         outer = [] if self.outer is None else [v.value for v in self.outer.variables]
-        return tf.train.Checkpoint(anchors=self.anchors, outer=outer, syncs=self.syncs)
+        return tf.train.Checkpoint(
+            anchors=self.anchors, outer=outer, syncs=self.syncs, replicas=self.copies.checkpointed()
+        )
 
     def anchor(self) -> None:
         """The last synced parameters := the parameters (eager, at a fit's start: the previous
         fit ended on a sync, and a model changed between fits starts its round from there)."""
         for anchor, v in zip(self.anchors, self.parameters):
             anchor.assign(v.value)
+        self.synced_at = self._iterations()
+
+    def synced(self) -> bool:
+        """Whether every replica holds the same parameters and statistics now (eager): after
+        the sync of an ``H``-th update, at a fit's start or end, or after an elastic resume."""
+        iterations = self._iterations()
+        return iterations % self.options.sync_every == 0 or iterations == self.synced_at
+
+    def _iterations(self) -> int:
+        return int(self.model.optimizer.iterations.numpy())
 
     def finish(self) -> bool:
         """At a fit's end (eager, every worker): one sync of the partial round when the updates
         are not a multiple of ``sync_every`` (plain averaging, or DiLoCo's outer step on the
         change so far), so the model ``fit`` returns (and the chief saves) is one model, the
         same bits on every replica. Returns whether it synced."""
-        if int(self.model.optimizer.iterations.numpy()) % self.options.sync_every == 0:
+        if self._iterations() % self.options.sync_every == 0:
             return False
         if self._finish is None:
             self._finish = tf.function(self.sync)
         with self.strategy.scope():
             self._finish()
+        self.synced_at = self._iterations()
         return True
 
     def maybe_sync(self, strategy: tf.distribute.Strategy, iterations: tf.Tensor) -> tf.Tensor:
@@ -126,7 +153,11 @@ class LocalState:
 
     def sync(self) -> None:
         """One synchronisation (see the module docstring); cross-replica context."""
-        averaged = self._averaged()
+        self.apply(self._averaged())
+
+    def apply(self, averaged: list[tf.Tensor]) -> None:
+        """A sync's end, given the replicas' means of the parameters (DiLoCo: of ``anchor -
+        parameter``) then of the statistics, the same bits on every replica; cross-replica."""
         n = len(self.parameters)
         for v, mean in zip(self.statistics, averaged[n:]):
             v.assign(mean)
