@@ -10,12 +10,16 @@ hook for either, so these name its internals once:
   ``_functional``);
 - `drop_storage`: a Keras variable whose TF variable is released (``_value``);
 - `guard_reads`: a read of such a variable outside a ``StatelessScope`` that maps it calls its
-  initializer (``_initializer``), which then raises instead of handing back the initial value.
+  initializer (``_initializer``), which then raises instead of handing back the initial value;
+- `losses_as`: ``model.losses`` read as given tensors (``_losses_override``, Keras's own hook
+  for JAX's stateless step): the units' regularizers and ``add_loss`` terms, computed where
+  their weights were gathered, enter Keras's ``compute_loss`` as the layers' own would.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -71,3 +75,13 @@ def guard_reads(variable: keras.Variable, guard: Callable[..., Any]) -> None:
     """A read of storage-less ``variable`` outside a mapping scope calls ``guard`` (which
     raises), where Keras would call its initializer and return the initial value."""
     variable._initializer = guard
+
+
+@contextlib.contextmanager
+def losses_as(model: keras.Model, losses: list) -> Iterator[None]:
+    """While inside: ``model.losses`` is ``losses`` (when there are any; Keras's own otherwise)."""
+    model._losses_override = list(losses)
+    try:
+        yield
+    finally:
+        model._losses_override = []

@@ -6,6 +6,7 @@ It does not know the pipeline: the two meet in `tfdist.training.updates`.
 
 - ``state``: master shards, the sharded optimizer, refusals, bytes per replica.
 - ``update``: ``ShardedUpdate``: the reduce-scatter, the update on the shards, the all-gather.
+- ``per_layer``: ZeRO-2's reduce-scatter inside the backward, one top-level layer at a time.
 - ``collectives``: the sharded update's collectives, in buckets of bounded size, one at a time.
 - ``layout``: how a variable is cut into one zero-padded block per replica.
 - ``checkpoint``: sharded slots saved and loaded as whole tensors (backups, ``.keras`` files).

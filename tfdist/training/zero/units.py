@@ -38,6 +38,7 @@ import tensorflow as tf
 from tfdist._compat.keras_internals.masks import keras_mask
 from tfdist._compat.keras_internals.unit_calls import call_by_layer
 from tfdist.config import invalid_argument
+from tfdist.training.step.gradients import dense_part
 from tfdist.training.zero.collectives import all_rows
 from tfdist.training.zero.layout import shard_size, unblock
 
@@ -205,6 +206,11 @@ class Units:
             flat_out = flat_out[:-1]
         return tf.nest.pack_sequence_as(held["structure"], flat_out)
 
+    def _blocks_of(self, op: Any, grads: list) -> list:
+        """Each of ``op``'s weight gradients ``grads`` summed over the replicas, this replica
+        keeping its block (a ``tf.IndexedSlices`` one summed into a dense one first)."""
+        return [reduce_scatter_one(tf.convert_to_tensor(g), self.num_replicas) for g in grads]
+
     def _backward(self, op: Any, saved: tuple, upstream: list) -> list:
         """The unit's gradients: its inputs' (None for a non-float one), then its blocks'."""
         call_with, inputs, mine, fixed = saved
@@ -222,8 +228,9 @@ class Units:
         with tf.control_dependencies(d_in):
             later = [tf.identity(d) for d in upstream]
         d_whole = tape.gradient(again, wholes, later, unconnected_gradients=zero)
-        d_blocks = [reduce_scatter_one(tf.convert_to_tensor(g), self.num_replicas) for g in d_whole]
-        with tf.control_dependencies(d_blocks):  # one unit's whole gradients at a time
+        d_blocks = self._blocks_of(op, d_whole)
+        # One unit's whole gradients at a time.
+        with tf.control_dependencies([dense_part(b) for b in d_blocks]):
             d_in = [tf.identity(g) for g in d_in]
         it = iter(d_in)
         return [next(it) if t.dtype.is_floating else None for t in inputs] + d_blocks

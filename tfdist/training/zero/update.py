@@ -32,6 +32,7 @@ from tfdist.training.step.gradients import (
 from tfdist.training.step.update import TrainUpdate
 from tfdist.training.zero.collectives import gather_into, reduce_scatter
 from tfdist.training.zero.layout import block, block_slices, shard_size
+from tfdist.training.zero.per_layer import per_layer_for
 from tfdist.training.zero.state import GATHER_BUCKET_BYTES, ShardedState, elements, inner_optimizer
 
 _CLIPPING_LOCK = threading.Lock()
@@ -83,6 +84,19 @@ class ShardedUpdate(TrainUpdate):
         inner = inner_optimizer(self.optimizer)
         # Read once: while replicas trace, `_no_clipping` turns the optimizer's own off.
         self.clipnorm, self.global_clipnorm = inner.clipnorm, inner.global_clipnorm
+        self.per_layer = per_layer_for(self)  # ZeRO-2's exchange inside the backward, or None
+
+    def _per_layer(self) -> bool:
+        return self.per_layer is not None and not self.per_layer.off
+
+    def micro_step(self, data: Any) -> tuple[list[Any], tf.Tensor, list[tf.Tensor], tf.Tensor]:
+        """`TrainUpdate.micro_step`; under the per-layer exchange its gradients are this
+        replica's blocks, summed over the replicas by the backward pass already."""
+        if self._per_layer():
+            step = self.per_layer.micro_step(data)  # type: ignore[union-attr]
+            if step is not None:
+                return step
+        return super().micro_step(data)
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
         """Each replica's blocks of the summed gradients, and the summed count.
@@ -117,7 +131,11 @@ class ShardedUpdate(TrainUpdate):
     def _scatter(
         self, grads: list[Any], count: tf.Tensor, indices: list[int]
     ) -> tuple[list[tf.Tensor], tf.Tensor]:
-        """`reduce_scatter` of the dense ``grads`` of variables ``indices``, in buckets."""
+        """`reduce_scatter` of the dense ``grads`` of variables ``indices``, in buckets (under
+        the per-layer exchange they are blocks already: only ``count`` is summed)."""
+        if self._per_layer():
+            ctx = tf.distribute.get_replica_context()
+            return list(grads), ctx.all_reduce(tf.distribute.ReduceOp.SUM, count)
         return reduce_scatter(
             grads,
             count,
@@ -128,7 +146,10 @@ class ShardedUpdate(TrainUpdate):
         )
 
     def _my_slices(self, slices: tf.IndexedSlices, shape: tf.TensorShape) -> tf.IndexedSlices:
-        """Every replica's rows of ``slices``, as this replica's element slices of its block."""
+        """Every replica's rows of ``slices``, as this replica's element slices of its block
+        (under the per-layer exchange they are those already)."""
+        if self._per_layer():
+            return slices
         n = self.num_replicas
         return block_slices(gather_slices(slices, n), shape, n, _replica_id())
 
