@@ -212,8 +212,9 @@ LR_SCALINGS = ("none", "linear")
 #: Trainer takes ``"bf16"``, ``"fp16"`` or None (``tfdist.training.step.exchange.COMPRESSIONS``).
 GRADIENT_COMPRESSIONS = ("none", "bf16", "fp16")
 #: ``tfdist train --sharding``: what each replica keeps only its block of ("off": everything
-#: whole). The Trainer takes ``"optimizer"``, ``"gradients"`` or None (ZeRO-1/2).
-SHARDINGS = ("off", "optimizer", "gradients")
+#: whole). The Trainer takes ``"optimizer"``, ``"gradients"``, ``"parameters"`` or None
+#: (ZeRO-1/2/3).
+SHARDINGS = ("off", "optimizer", "gradients", "parameters")
 
 
 #: ``tfdist train --watchdog=...``: the ``WatchdogOptions`` fields a flag may set, and their types.

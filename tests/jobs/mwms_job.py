@@ -2,9 +2,9 @@
 
 Run under ``tfdist launch --workers=2 -- python tests/jobs/mwms_job.py MODES OUT_DIR``
 with MODES a comma-separated list of trainer, trainer_accum, trainer_bucketed, trainer_zero1,
-trainer_zero2_accum, trainer_pipeline, trainer_pipeline_zero2_accum, trainer_balanced,
-trainer_balanced_zero2_accum, trainer_balanced_bf16, balanced_resume, adam_sharded,
-hybrid_transformer_adam, local_sgd, keras_fit, run
+trainer_zero2_accum, trainer_zero3_accum, trainer_pipeline, trainer_pipeline_zero2_accum,
+trainer_balanced, trainer_balanced_zero2_accum, trainer_balanced_bf16, balanced_resume,
+adam_sharded, hybrid_transformer_adam, local_sgd, keras_fit, run
 one after another. Each task writes OUT_DIR/<mode>-<task>.npz and .json.
 
 The strategy leaves each worker a second logical CPU device (``stage_devices=2``): one replica
@@ -33,6 +33,7 @@ task = json.loads(os.environ["TF_CONFIG"])["task"]
 SHARDING = {"trainer_zero1": "optimizer", "trainer_zero2_accum": "gradients"}
 SHARDING["trainer_pipeline_zero2_accum"] = "gradients"
 SHARDING["trainer_balanced_zero2_accum"] = "gradients"
+SHARDING["trainer_zero3_accum"] = "parameters"
 # Splits of each global batch of 16 (8 per micro-batch with accumulation), changed mid-epoch
 # (6 updates an epoch): worker:0 takes 4, then 12, then 1, then the even 8.
 BALANCE = {

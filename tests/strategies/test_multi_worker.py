@@ -42,6 +42,7 @@ def reference_weights():
 
 
 MODES = ["trainer", "trainer_accum", "trainer_bucketed", "trainer_zero1", "trainer_zero2_accum"]
+MODES += ["trainer_zero3_accum"]
 MODES += ["trainer_pipeline", "trainer_pipeline_zero2_accum", "keras_fit"]
 MODES += ["trainer_balanced", "trainer_balanced_zero2_accum", "trainer_balanced_bf16"]
 #: The splits tests/jobs/mwms_job.py forces in each balanced mode, in order.
@@ -67,7 +68,8 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
     trainer_accum makes each update from 2 micro-batches of half the batch;
     trainer_bucketed all-reduces the gradients in 2 buckets; trainer_zero1 and
     trainer_zero2_accum shard the optimizer state (and the gradients, reduced each
-    micro-batch) over the two workers; trainer_pipeline is the hybrid: 2 workers x 2 pipeline
+    micro-batch) over the two workers; trainer_zero3_accum the weights too (ZeRO-3, 2
+    accumulated micro-batches); trainer_pipeline is the hybrid: 2 workers x 2 pipeline
     stages (each worker's CPU:0 and CPU:1), 2 micro-batches, to 1e-6 of one replica, and
     trainer_pipeline_zero2_accum the same with its gradients and optimizer state sharded over
     the workers and 2 accumulated batches per update. trainer_balanced and
@@ -85,6 +87,9 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
         # trainer_zero2_accum: one reduce-scatter in the micro-batch loop's body (run k times).
         # trainer_balanced_zero2_accum: the 2 micro-batches unrolled, one reduce-scatter each.
         collectives = 2 if mode in ("trainer_bucketed", "trainer_balanced_zero2_accum") else 1
+        # trainer_zero3_accum: each of the 4 weights' gradient reduce-scattered in the backward,
+        # and the examples counted (its gathers all-reduce integer bits: not counted).
+        collectives = 5 if mode == "trainer_zero3_accum" else collectives
         assert f"[worker:0] {mode} gradient_all_reduces_per_update {collectives}" in proc.stdout
     if "balanced" in mode:
         for a, b in BALANCED[mode]:  # each split once, by the chief

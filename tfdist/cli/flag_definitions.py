@@ -303,9 +303,9 @@ flags.DEFINE_integer(
 flags.DEFINE_string(
     "sharding",
     None,
-    "train: off, optimizer or gradients: each replica keeps only its block of the optimizer "
-    "state (optimizer, ZeRO-1), and of the gradients too (gradients, ZeRO-2); mirrored and "
-    "multi_worker (default off).",
+    "train: off, optimizer, gradients or parameters: each replica keeps only its block of the "
+    "optimizer state (optimizer, ZeRO-1), of the gradients too (gradients, ZeRO-2), and of the "
+    "weights too (parameters, ZeRO-3); mirrored and multi_worker (default off).",
 )
 flags.DEFINE_string(
     "pipeline",

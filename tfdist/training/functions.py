@@ -37,6 +37,8 @@ from tfdist.training.step.model_steps import (
     select_logs,
 )
 from tfdist.training.updates import Updates
+from tfdist.training.zero.parameters import ParameterState
+from tfdist.training.zero.parameters_update import make_parameters_eval_step
 from tfdist.training.zero.state import ShardedState, log_replica_bytes, replica_bytes
 
 
@@ -94,10 +96,11 @@ class StepFunctions:
         self._eval = None
         self._eval_until_exhausted = None
         self._predict = None
+        self._compiled_on = 0  # the storage generation inference was compiled on
 
     @property
-    def sharded(self) -> ShardedState | None:
-        """The sharded optimizer state, once built (`tfdist.training.updates`)."""
+    def sharded(self) -> ShardedState | ParameterState | None:
+        """The sharded optimizer state (or parameters), once built (`tfdist.training.updates`)."""
         return self.updates.sharded
 
     @property
@@ -135,6 +138,14 @@ class StepFunctions:
             accumulation_steps=self.accumulation_steps,
             full_shapes=None if self.sharded is None else self.sharded.full_shapes,
         )
+
+    def _fresh_inference(self) -> None:
+        """Inference compiled on the model's storage of now: sharded parameters change it at
+        each fit's start and end (`tfdist.training.updates.Updates.storage_generation`)."""
+        generation = self.updates.storage_generation
+        if generation != self._compiled_on:
+            self._eval = self._eval_until_exhausted = self._predict = None
+            self._compiled_on = generation
 
     def logs(self, outputs: Mapping[str, tf.Tensor] | None = None) -> dict[str, tf.Tensor]:
         """Metric results plus tfdist's own state, in cross-replica context.
@@ -287,6 +298,7 @@ class StepFunctions:
     def evaluation(self, *, until_exhausted: bool = False) -> Any:
         """The evaluation function (one batch per replica call); ``until_exhausted``: the one
         for data of unknown length, whose logs hold the batches it ran."""
+        self._fresh_inference()
         if until_exhausted:
             if self._eval_until_exhausted is None:
                 self._eval_until_exhausted = self._compile_evaluation(until_exhausted=True)
@@ -298,6 +310,8 @@ class StepFunctions:
     def _compile_evaluation(self, *, until_exhausted: bool) -> Any:
         if self.overrides.test_step:
             step = make_custom_eval_step(self.model, self._eval_keys)
+        elif self.updates.parameters is not None:  # inside a fit: the weights are blocks
+            step = make_parameters_eval_step(self.updates.parameters)
         else:
             step = make_eval_step(self.model, forward_fn=self._forward_fn())
         return self.runner.compile_loop(
@@ -308,6 +322,15 @@ class StepFunctions:
 
     def predict(self) -> Any:
         """The predict function: one distributed batch in, all replicas' outputs out."""
+        self._fresh_inference()
+        if self.updates.parameters is not None:
+            raise invalid_argument(
+                "sharding",
+                "parameters",
+                "a predict after fit, or another sharding, for a predict during fit",
+                note="During a fit the weights are blocks on the replicas; the model is whole "
+                "again when the fit ends.",
+            )
         if self._predict is None:
             if self.pipeline is not None:  # predict builds only the layers (before any fit)
                 self.pipeline.place(self.model)

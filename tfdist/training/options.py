@@ -205,9 +205,13 @@ class ExchangeOptions:
         sharding: ``"optimizer"`` (ZeRO-1) keeps on each replica the optimizer state
             of only its ``1/N`` block of every variable; ``"gradients"`` (ZeRO-2) also
             keeps only its block of the summed gradients (with accumulation, the sum
-            buffer too, reduced every micro-batch). Mirrored and MultiWorkerMirrored
-            only; the weights equal unsharded training's. See `tfdist.training.zero.state`.
-            ``None``: every replica holds everything.
+            buffer too, reduced every micro-batch); ``"parameters"`` (ZeRO-3) also keeps
+            only its block of every trainable variable, each top-level layer's weights
+            gathered just before it runs and again for its backward, whose gradients are
+            reduce-scattered there and then (between fits the model is whole; during a fit
+            only blocks exist: `tfdist.training.zero.parameters`). Mirrored and
+            MultiWorkerMirrored only; the weights equal unsharded training's. See
+            `tfdist.training.zero.state`. ``None``: every replica holds everything.
         sparse: How sparse gradients (an ``Embedding`` lookup's ``tf.IndexedSlices``) travel.
             ``"auto"``: as rows, gathered from every replica (indices and values, duplicates
             kept), so the optimizer gets the slices Keras's ``fit`` on one device hands it:
@@ -225,7 +229,7 @@ class ExchangeOptions:
 
     compression: Compression | None = None
     bucket_bytes: int | None = None
-    sharding: Literal["optimizer", "gradients"] | None = None
+    sharding: Literal["optimizer", "gradients", "parameters"] | None = None
     sparse: Literal["auto", "dense"] = "auto"
 
     def __post_init__(self) -> None:
@@ -246,14 +250,23 @@ class ExchangeOptions:
             _named(names, "bucket_bytes"), values.get("bucket_bytes"), allow_none=True
         )
         sharding = values.get("sharding")
-        if sharding is not None and sharding not in ("optimizer", "gradients"):
+        if sharding is not None and sharding not in ("optimizer", "gradients", "parameters"):
             raise invalid_argument(
                 _named(names, "sharding"),
                 sharding,
-                "one of: optimizer, gradients, None",
+                "one of: optimizer, gradients, parameters, None",
                 note="'optimizer' shards the optimizer state over the replicas (ZeRO-1), "
-                "'gradients' the gradients too (ZeRO-2).",
+                "'gradients' the gradients too (ZeRO-2), 'parameters' the weights too (ZeRO-3).",
             )
+        for field in ("compression", "bucket_bytes"):
+            if sharding == "parameters" and values.get(field) is not None:
+                raise invalid_argument(
+                    _named(names, field),
+                    values[field],
+                    "None with sharding='parameters'",
+                    note="Sharded parameters reduce-scatter each layer's gradients in float32 "
+                    "inside its backward: there is no bucketed or 16-bit exchange to configure.",
+                )
         if values.get("sparse", "auto") not in ("auto", "dense"):
             raise invalid_argument(
                 _named(names, "sparse"),

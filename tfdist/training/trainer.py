@@ -60,6 +60,7 @@ from tfdist.training.pipeline.checks import check_pipeline_model, check_pipeline
 from tfdist.training.pipeline.options import PipelineOptions
 from tfdist.training.pipeline.update import Pipeline
 from tfdist.training.step.model_steps import check_custom_train_step
+from tfdist.training.zero.parameters import check_trainer as check_parameters
 from tfdist.training.zero.state import check_optimizer, check_sharding
 
 
@@ -120,9 +121,9 @@ class Trainer(EvaluateAndPredict):
         warmup_epochs: Shortcut for ``LRScaling.warmup_epochs``.
         gradient_compression: Shortcut for ``ExchangeOptions.compression``.
         bucket_bytes: Shortcut for ``ExchangeOptions.bucket_bytes``.
-        sharding: Shortcut for ``ExchangeOptions.sharding``: ``"optimizer"`` or
-            ``"gradients"`` shards the optimizer state (and the gradients) over the
-            replicas, ZeRO-1/2 (mirrored and multi_worker).
+        sharding: Shortcut for ``ExchangeOptions.sharding``: ``"optimizer"``,
+            ``"gradients"`` or ``"parameters"`` shards the optimizer state (and the gradients,
+            and the weights) over the replicas, ZeRO-1/2/3 (mirrored and multi_worker).
         pipeline: Model parallelism: the model cut into stages on devices, trained with the
             GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline.options`); under
             the default strategy, or ``multi_worker`` made with ``stage_devices=K`` (the hybrid).
@@ -232,6 +233,8 @@ class Trainer(EvaluateAndPredict):
         )
         if options.exchange.sharding is not None:
             check_optimizer(self.model.optimizer, options.exchange.sharding)
+        if options.exchange.sharding == "parameters" and self.strategy.num_replicas_in_sync > 1:
+            check_parameters(self.model, pipeline=options.pipeline, backup=options.backup)
         devices = check_pipeline_model(options.pipeline, self.model, self._runner)
         check_local_sgd(options.local_sgd, self._runner, options, self.model)
         steps_per_execution = options.steps_per_execution  # "auto" is resolved by each fit

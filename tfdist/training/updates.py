@@ -10,9 +10,13 @@ capability replaces a part of it:
 | yes | no | ``PipelineUpdate`` | the micro-step (the stages) | after the stages are placed |
 | no | yes | ``ShardedUpdate`` | the exchange and the update | on the master shards |
 | yes | yes | `ShardedPipelineUpdate` | both | stages placed, then shards |
+| no | ``"parameters"`` | ``ParametersUpdate`` | the micro-step, exchange, update | on the blocks |
 
-Sharding on one replica trains unsharded (with a log line). Neither `tfdist.training.zero` nor
-`tfdist.training.pipeline` imports the other: they meet here only. Local SGD
+Under ``sharding="parameters"`` (ZeRO-3) the model's trainable variables are cut into blocks
+at each fit's start and gathered whole again at its end (`start_fit`, `end_fit`;
+`tfdist.training.zero.parameters`). Sharding on one replica trains unsharded (with a log
+line). Neither `tfdist.training.zero` nor `tfdist.training.pipeline` imports the other: they
+meet here only. Local SGD
 (`tfdist.training.local_sgd`) replaces the exchange of the plain update (``LocalUpdate``); the
 Trainer refuses it beside sharding or a pipeline.
 """
@@ -31,6 +35,8 @@ from tfdist.training.local_sgd.update import LocalUpdate
 from tfdist.training.options import ExchangeOptions
 from tfdist.training.pipeline.update import Pipeline, PipelineUpdate
 from tfdist.training.step.update import TrainUpdate
+from tfdist.training.zero.parameters import ParameterState
+from tfdist.training.zero.parameters_update import ParametersUpdate
 from tfdist.training.zero.state import ShardedState, check_optimizer, log_one_replica
 from tfdist.training.zero.update import ShardedUpdate
 
@@ -68,7 +74,8 @@ class Updates:
         self.exchange = exchange
         self.pipeline = pipeline
         self.skipped_updates = skipped_updates
-        self.sharded: ShardedState | None = None  # the sharded optimizer state, once built
+        # The sharded optimizer state (or, under "parameters", the blocks), once built.
+        self.sharded: ShardedState | ParameterState | None = None
         self.local_sgd = local_sgd
         self.local: LocalState | None = None  # local SGD's state, once built (`start_fit`)
 
@@ -77,6 +84,8 @@ class Updates:
         model's parameters (`tfdist.training.local_sgd.sync.LocalState.anchor`): every fit ends
         on a sync (`end_fit`), so they are the last synced ones unless changed since; a backup
         restored after this brings its own mid-round anchor."""
+        if isinstance(self.sharded, ParameterState):
+            self.sharded.cut()  # the first fit's build cut already
         if self.local_sgd is None:
             return
         if self.local is None:
@@ -86,9 +95,25 @@ class Updates:
 
     def end_fit(self) -> None:
         """At a fit's end, every worker, before ``on_train_end``: local SGD syncs a partial
-        round (`tfdist.training.local_sgd.sync.LocalState.finish`)."""
+        round (`tfdist.training.local_sgd.sync.LocalState.finish`); sharded parameters are
+        gathered whole into the model's variables (`ParameterState.restore`)."""
         if self.local is not None:
             self.local.finish()
+        if isinstance(self.sharded, ParameterState):
+            self.sharded.restore()
+
+    @property
+    def storage_generation(self) -> int:
+        """Changes whenever the model's trainable variables change storage (cut into blocks at a
+        fit's start, whole again at its end, under ``"parameters"``): what was compiled on the
+        old storage must be compiled again."""
+        return self.sharded.generation if isinstance(self.sharded, ParameterState) else 0
+
+    @property
+    def parameters(self) -> ParameterState | None:
+        """The sharded parameters while a fit holds them as blocks, else None."""
+        state = self.sharded
+        return state if isinstance(state, ParameterState) and not state.whole else None
 
     def optimizer_builder(self) -> Any:
         """What builds the optimizer: the pipeline's stages placed first (the slots follow their
@@ -104,6 +129,9 @@ class Updates:
             return unsharded
 
         def build(variables: Any) -> None:
+            if sharding == "parameters":  # refused beside a pipeline (the Trainer)
+                self.sharded = ParameterState(model, self.runner.strategy)
+                return
             if pipeline is not None:
                 pipeline.place(model)
             self.sharded = ShardedState(
@@ -120,7 +148,10 @@ class Updates:
             kind, more = PipelineUpdate, self.pipeline.update_arguments()
         if self.local is not None:  # refused beside a pipeline and sharding (the Trainer)
             kind, more = LocalUpdate, {"state": self.local}
-        if self.sharded is not None:
+        if isinstance(self.sharded, ParameterState):
+            kind = ParametersUpdate
+            more["state"] = self.sharded
+        elif self.sharded is not None:
             kind = ShardedUpdate if self.pipeline is None else ShardedPipelineUpdate
             more["state"] = self.sharded
         return kind(

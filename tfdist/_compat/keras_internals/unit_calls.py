@@ -11,6 +11,7 @@ hook for either, so these name its internals once:
 - `drop_storage`: a Keras variable whose TF variable is released (``_value``);
 - `guard_reads`: a read of such a variable outside a ``StatelessScope`` that maps it calls its
   initializer (``_initializer``), which then raises instead of handing back the initial value;
+- `give_storage`: such a variable made whole again, a TF variable of its own (``_initialize``);
 - `losses_as`: ``model.losses`` read as given tensors (``_losses_override``, Keras's own hook
   for JAX's stateless step): the units' regularizers and ``add_loss`` terms, computed where
   their weights were gathered, enter Keras's ``compute_loss`` as the layers' own would.
@@ -77,6 +78,12 @@ def guard_reads(variable: keras.Variable, guard: Callable[..., Any]) -> None:
     variable._initializer = guard
 
 
+def give_storage(variable: keras.Variable, value: Any) -> None:
+    """Gives storage-less ``variable`` a TF variable of its own holding ``value`` (call it in
+    the strategy's scope: it is made there, as Keras made the first one)."""
+    variable._initialize(value)
+
+
 @contextlib.contextmanager
 def losses_as(model: keras.Model, losses: list) -> Iterator[None]:
     """While inside: ``model.losses`` is ``losses`` (when there are any; Keras's own otherwise)."""
@@ -85,3 +92,8 @@ def losses_as(model: keras.Model, losses: list) -> Iterator[None]:
         yield
     finally:
         model._losses_override = []
+
+
+def set_losses(model: keras.Model, losses: list) -> None:
+    """``model.losses`` is ``losses`` until the next call (``[]``: Keras's own again)."""
+    model._losses_override = list(losses)

@@ -1,5 +1,5 @@
 """Sharded optimizer state and gradients over the replicas (ZeRO-1 and ZeRO-2), and parameters
-(ZeRO-3, not yet offered by ``sharding=``).
+too (ZeRO-3, ``sharding="parameters"``).
 
 Start at ``state`` (the design, the master shards, the optimizer built on them, refusals).
 It does not know the pipeline: the two meet in `tfdist.training.updates`.
@@ -10,6 +10,7 @@ It does not know the pipeline: the two meet in `tfdist.training.updates`.
 - ``collectives``: the sharded update's collectives, in buckets of bounded size, one at a time.
 - ``layout``: how a variable is cut into one zero-padded block per replica.
 - ``checkpoint``: sharded slots saved and loaded as whole tensors (backups, ``.keras`` files).
-- ``parameters``: ZeRO-3's storage (every weight a block per replica) and its replica step.
+- ``parameters``: ZeRO-3's storage (every weight a block per replica; whole again between fits).
+- ``parameters_update``: ``ParametersUpdate``: the Trainer's update on it, and its evaluation.
 - ``units``: the forward pass one top-level layer at a time, each gathered and reduce-scattered.
 """

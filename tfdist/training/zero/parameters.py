@@ -1,16 +1,23 @@
-"""Parameters sharded too (ZeRO-3): each trainable variable lives only as one ``[S]`` block per
-replica, and each top-level layer gathers its weights just before it runs
-(`tfdist.training.zero.units`). Not yet offered by ``sharding=``: the Trainer's objective,
-evaluation, prediction, backups and saving do not read blocks yet; `ParameterState` and
-`ParameterStep` are the storage and the replica step they will build on.
+"""Parameters sharded too (ZeRO-3, ``sharding="parameters"``): each trainable variable lives
+only as one ``[S]`` block per replica, and each top-level layer gathers its weights just before
+it runs (`tfdist.training.zero.units`). The Trainer's update on them is
+`tfdist.training.zero.parameters_update.ParametersUpdate`.
 
 Storage: the blocks are per-replica Keras variables (``ON_READ``, ``ONLY_FIRST_REPLICA``, as
 the master shards of ``"optimizer"`` and ``"gradients"``), on which the Keras optimizer is
-built (its slots are blocks too). Each block is cut from the built model's variable, one
-variable at a time; the model's trainable Keras variables then lose their TF variables and keep
-their shapes, dtypes and regularizers: a read of one outside its layer's gather raises
-(`UnmappedRead`), where Keras would silently hand back the initializer's value. Non-trainable
-variables (moving statistics, seed states) stay whole and mirrored.
+built (its slots are blocks too, saved whole by `tfdist.training.zero.checkpoint`). Each block
+is cut from the built model's variable, one variable at a time; the model's trainable Keras
+variables then lose their TF variables and keep their shapes, dtypes and regularizers: a read
+of one outside its layer's gather raises (`UnmappedRead`), where Keras would silently hand
+back the initializer's value. Non-trainable variables (moving statistics, seed states) stay
+whole and mirrored.
+
+**Between fits the model is whole; during a fit only blocks exist.** At a fit's start
+`ParameterState.cut` cuts every trainable variable into its blocks and drops its storage (and
+Keras's compiled functions, which hold the old storage); at its end `ParameterState.restore`
+gathers every variable whole into storage of its own again, on every worker alike, so that
+``model.evaluate``, ``predict``, ``get_weights``, ``save`` and ``keras.saving.load_model`` are
+plain Keras on an ordinary model. A second fit cuts again, from the weights as they are then.
 
 Refused, each by name (`check_model`): a model without a functional graph (subclassed, or a
 Sequential never built on an ``Input``), an optimizer a block cannot update
@@ -27,8 +34,15 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._compat.keras_internals.optimizer import gradients_already_summed
-from tfdist._compat.keras_internals.unit_calls import drop_storage, functional_graph, guard_reads
+from tfdist._compat.keras_internals.unit_calls import (
+    drop_storage,
+    functional_graph,
+    give_storage,
+    guard_reads,
+    has_storage,
+)
 from tfdist.config import invalid_argument
+from tfdist.training.zero.checkpoint import save_whole
 from tfdist.training.zero.layout import block
 from tfdist.training.zero.state import (
     check_optimizer,
@@ -72,6 +86,31 @@ def check_model(model: keras.Model) -> None:
         )
 
 
+def check_trainer(model: keras.Model, *, pipeline: Any, backup: Any) -> None:
+    """The Trainer's refusals of ``sharding="parameters"`` (over more than one replica).
+
+    Raises:
+        ValueError: Naming the argument, what was received and what is expected.
+    """
+    if pipeline is not None:
+        raise invalid_argument(
+            "sharding",
+            "parameters",
+            "None, 'optimizer' or 'gradients' with pipeline=",
+            note="A pipeline places each stage's variables on its own device; sharded "
+            "parameters keep each variable as blocks on the replicas instead.",
+        )
+    if backup is not None:
+        raise invalid_argument(
+            "backup_dir",
+            backup.dir,
+            "None with sharding='parameters'",
+            note="Backups of sharded parameters are not offered yet. Save the model after fit "
+            "(it is whole then: model.save), or back up with sharding='gradients'.",
+        )
+    check_model(model)
+
+
 class ParameterState:
     """The blocks of ``model``'s trainable variables and its optimizer built on them.
 
@@ -85,20 +124,66 @@ class ParameterState:
         blocks: One per-replica variable of ``S`` elements per trainable variable.
     """
 
+    sharding = "parameters"
+
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy) -> None:
         check_model(model)
-        check_optimizer(model.optimizer, "parameters")
+        optimizer = model.optimizer
+        check_optimizer(optimizer, "parameters")
         self.model, self.strategy = model, strategy
         self.num_replicas = strategy.num_replicas_in_sync
         self.variables = list(model.trainable_variables)
+        made: list[tuple[Any, Any]] = []
         with strategy.scope():
             self.blocks = [master_shard(v, strategy, False) for v in self.variables]
-            with slots_per_replica(inner_optimizer(model.optimizer), []):
-                model.optimizer.build(self.blocks)
+            with slots_per_replica(inner_optimizer(optimizer), made):
+                optimizer.build(self.blocks)
+        index = {id(b): i for i, b in enumerate(self.blocks)}
+        #: ``id`` of each sharded slot's TF variable -> the whole tensor's shape (saved whole).
+        self.full_shapes = {
+            id(slot.value): self.variables[index[id(reference)]].shape for slot, reference in made
+        }
+        optimizers = {id(o): o for o in (optimizer, inner_optimizer(optimizer))}
+        save_whole(list(optimizers.values()), self.full_shapes, strategy)
+        self.generation = 0  # counts cuts and restores: what compiled the storage of before
+        #: The optimizer's ``clipnorm`` and ``global_clipnorm``: during a fit they clip the
+        #: whole tensors' norms (`tfdist.training.zero.parameters_update`), not the blocks'.
+        self.clipping: tuple[Any, Any] = (None, None)
+        self.cut()
+
+    @property
+    def whole(self) -> bool:
+        """Whether the model's trainable variables hold their values (between fits)."""
+        return all(has_storage(v) for v in self.variables)
+
+    def cut(self) -> None:
+        """Every trainable variable into its blocks, its storage dropped (a fit's start)."""
+        if not self.variables or not self.whole:
+            return
         for variable, target in zip(self.variables, self.blocks):
             self._cut(variable, target)
             drop_storage(variable)  # its TF variable goes with its last reference
             guard_reads(variable, UnmappedRead(variable.path))
+        # Keras's compiled functions hold the dropped TF variables: made again when next asked.
+        model = self.model
+        model.train_function = model.test_function = model.predict_function = None
+        inner = inner_optimizer(model.optimizer)
+        self.clipping = inner.clipnorm, inner.global_clipnorm
+        inner.clipnorm = inner.global_clipnorm = None
+        self.generation += 1
+
+    def restore(self) -> None:
+        """Every trainable variable whole again, in storage of its own (a fit's end; call it on
+        every worker alike: the blocks are all-gathered)."""
+        if not self.variables or self.whole:
+            return
+        values = self.whole_weights()
+        with self.strategy.scope():
+            for variable, value in zip(self.variables, values):
+                give_storage(variable, value)
+        inner = inner_optimizer(self.model.optimizer)
+        inner.clipnorm, inner.global_clipnorm = self.clipping
+        self.generation += 1
 
     def _cut(self, variable: Any, target: Any) -> None:
         """Each replica's block of ``variable`` into ``target``, one variable at a time."""
@@ -151,18 +236,19 @@ class ParameterStep:
         optimizer = state.model.optimizer
         with gradients_already_summed(optimizer, num_replicas=n):
             optimizer.apply(grads, state.blocks)
-        self._constrain()
+        constrain(state)
         return loss
 
-    def _constrain(self) -> None:
-        """Keras applies a constraint to the whole tensor after each update: the block is
-        gathered, constrained whole and cut again, one variable at a time."""
-        state, done = self.state, []
-        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-        for variable, target in zip(state.variables, state.blocks):
-            if variable.constraint is None:
-                continue
-            with tf.control_dependencies(done):
-                mine = tf.identity(target.value)
-            whole = variable.constraint(gather_whole(mine, variable.shape))
-            done = [target.assign(block(whole, state.num_replicas, replica))]
+
+def constrain(state: ParameterState) -> None:
+    """Keras applies a constraint to the whole tensor after each update: the block is gathered,
+    constrained whole and cut again, one variable at a time (replica context)."""
+    done: list[Any] = []
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    for variable, target in zip(state.variables, state.blocks):
+        if variable.constraint is None:
+            continue
+        with tf.control_dependencies(done):
+            mine = tf.identity(target.value)
+        whole = variable.constraint(gather_whole(mine, variable.shape))
+        done = [target.assign(block(whole, state.num_replicas, replica))]

@@ -61,8 +61,8 @@ from tfdist.training.zero.layout import shard_size
 
 logger = logging.getLogger(__name__)
 
-Sharding = Literal["optimizer", "gradients"]
-SHARDINGS = ("optimizer", "gradients")
+Sharding = Literal["optimizer", "gradients", "parameters"]
+SHARDINGS = ("optimizer", "gradients", "parameters")
 #: About how many bytes of blocks each all-gather of updated parameters (and, for
 #: ``"gradients"``, each reduce-scatter) carries: few collectives, no full-size buffer.
 GATHER_BUCKET_BYTES = 8 << 20
@@ -97,6 +97,14 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer, sharding: str) -> Non
     """
     inner = inner_optimizer(optimizer)
     name = type(inner).__name__
+    if sharding == "parameters" and inner is not optimizer:
+        raise invalid_argument(
+            "sharding",
+            sharding,
+            "None, 'optimizer' or 'gradients' with loss scaling (precision='mixed_float16')",
+            note="Loss scaling is not offered on sharded parameters yet: use "
+            "precision='mixed_bfloat16' (no loss scaling), or another sharding.",
+        )
     why = _WHOLE_TENSOR.get(name)
     if why is None and getattr(inner, "use_ema", False):
         name, why = f"{name}(use_ema=True)", "keeps a moving average of the whole weights"
@@ -238,10 +246,13 @@ def replica_bytes(
 ) -> dict[str, Any]:
     """Bytes each replica holds, by kind, from the variables' shapes, and the same unsharded.
 
-    ``parameters``: the model's variables (whole on every replica); ``optimizer_state``: the
-    optimizer's variables (blocks when sharded); ``gradients``: the gradient buffers an update
-    keeps (whole, or blocks under ``"gradients"``; twice with accumulation: the sum and one
-    micro-batch's); ``master_shards``: the blocks the optimizer updates.
+    ``parameters``: the model's variables (whole on every replica; under ``"parameters"`` the
+    trainable ones' blocks); ``optimizer_state``: the optimizer's variables (blocks when
+    sharded); ``gradients``: the gradient buffers an update keeps (whole, or blocks under
+    ``"gradients"`` and ``"parameters"``; twice with accumulation: the sum and one
+    micro-batch's); ``master_shards``: the blocks the optimizer updates (under ``"parameters"``
+    the blocks are the parameters: none); ``gathered_unit``: the largest top-level layer's
+    trainable variables whole, which ``"parameters"`` gathers while that layer runs (else 0).
     """
     full_shapes = full_shapes or {}
     trainable = model.trainable_variables
@@ -257,16 +268,20 @@ def replica_bytes(
         unsharded_state += elements(full_shapes.get(id(tf_variable), v.shape)) * size
     buffers = 2 if accumulation_steps > 1 else 1
     params = sum(_bytes(v) for v in model.variables)
+    blocks_only = sharding == "parameters"
+    unit = max((sum(_bytes(v) for v in la.trainable_variables) for la in model.layers), default=0)
     return {
-        "parameters": params,
+        "parameters": params - whole + cut if blocks_only else params,
         "optimizer_state": state,
-        "gradients": buffers * (cut if sharding == "gradients" else whole),
-        "master_shards": cut if sharding else 0,
+        "gradients": buffers * (cut if sharding in ("gradients", "parameters") else whole),
+        "master_shards": cut if sharding in ("optimizer", "gradients") else 0,
+        "gathered_unit": unit if blocks_only else 0,
         "unsharded": {
             "parameters": params,
             "optimizer_state": unsharded_state,
             "gradients": buffers * whole,
             "master_shards": 0,
+            "gathered_unit": 0,
         },
     }
 
@@ -289,16 +304,20 @@ def log_replica_bytes(held: dict[str, Any], sharding: str, runner: Any) -> None:
         return f"{value / 2**20:.1f} MB" if value >= 2**20 else f"{value / 2**10:.1f} kB"
 
     logger.info(
-        "Sharding %r over %d replicas: each replica holds parameters %s, optimizer state %s "
-        "(unsharded %s), gradient buffers %s (unsharded %s) and master shards %s.",
+        "Sharding %r over %d replicas: each replica holds parameters %s (unsharded %s), "
+        "optimizer state %s "
+        "(unsharded %s), gradient buffers %s (unsharded %s), master shards %s and a largest "
+        "gathered unit of %s.",
         sharding,
         runner.strategy.num_replicas_in_sync,
         mb(held["parameters"]),
+        mb(unsharded["parameters"]),
         mb(held["optimizer_state"]),
         mb(unsharded["optimizer_state"]),
         mb(held["gradients"]),
         mb(unsharded["gradients"]),
         mb(held["master_shards"]),
+        mb(held["gathered_unit"]),
     )
 
 

@@ -228,6 +228,11 @@ class Units:
         with tf.control_dependencies(d_in):
             later = [tf.identity(d) for d in upstream]
         d_whole = tape.gradient(again, wholes, later, unconnected_gradients=zero)
+        # Static shapes (a Dense kernel's gradient on 3-D input is traced as (None, units)).
+        d_whole = [
+            g if isinstance(g, tf.IndexedSlices) else tf.ensure_shape(g, w.shape)
+            for g, w in zip(d_whole, wholes)
+        ]
         d_blocks = self._blocks_of(op, d_whole)
         # One unit's whole gradients at a time.
         with tf.control_dependencies([dense_part(b) for b in d_blocks]):

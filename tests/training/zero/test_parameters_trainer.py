@@ -1,0 +1,223 @@
+"""``Trainer(sharding="parameters")`` (ZeRO-3; zero/parameters_update.py), mirrored x2.
+
+Each sharded fit is compared with the unsharded Trainer on the same strategy, data and initial
+weights (the models of tests/training/zero/test_parameters.py: BatchNormalization, a kernel and
+an activity regularizer, a MaxNorm constraint; a tiny transformer block): the final weights to
+1e-6 with SGD and Adam, with accumulation (k=2) against one twice larger batch, the validation
+logs alike; after fit the model is whole (``get_weights``, ``save`` + ``load_model``), and a
+second fit cuts it again. Two real MultiWorkerMirrored workers: tests/strategies/
+test_multi_worker.py (the shared launch's ``trainer_zero3`` mode). Each refusal names its
+argument.
+"""
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tests.training.zero.test_parameters import LOSS, G, _data, _mlp, _transformer, _with
+from tfdist.config import TrainConfig
+from tfdist.training.zero.parameters import check_trainer
+
+
+def _trainer(build, weights, optimizer, sharding, *, replicas=2, **options):
+    return tfdist.Trainer(
+        lambda: _with(build(), weights),
+        strategy=tfdist.make_strategy("mirrored", num_devices=replicas),
+        optimizer=optimizer,
+        loss=LOSS,
+        metrics=["accuracy"],
+        sharding=sharding,
+        **options,
+    )
+
+
+def _fit(trainer, x, y, *, k=1, fits=1):
+    """``fits`` fits of one epoch each (the first 24 examples; 12 held out for validation)."""
+    logs = []
+    for _ in range(fits):
+        history = trainer.fit(
+            x[:24],
+            y[:24],
+            batch_size=G // k,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            validation_data=(x[24:], y[24:]),
+        )
+        logs.append({key: values[-1] for key, values in history.history.items()})
+    return logs
+
+
+def _gap(a, b):
+    return max(float(np.max(np.abs(p - q))) for p, q in zip(a, b, strict=True))
+
+
+SGD, ADAM = (lambda: keras.optimizers.SGD(0.1)), (lambda: keras.optimizers.Adam(0.01))
+
+
+@pytest.mark.parametrize("optimizer", [SGD, ADAM], ids=["sgd", "adam"])
+def test_fit_with_sharded_parameters_ends_as_unsharded(optimizer, tmp_path):
+    build = _mlp
+    weights = build().get_weights()
+    x, y = _data(build())
+    mine = _trainer(build, weights, optimizer(), "parameters")
+    theirs = _trainer(build, weights, optimizer(), None)
+    fits = 2 if optimizer is ADAM else 1  # a second fit cuts again
+    mine_logs, their_logs = _fit(mine, x, y, fits=fits), _fit(theirs, x, y, fits=fits)
+    # Between fits and after: the model is whole, plain Keras.
+    assert _gap(mine.model.get_weights(), theirs.model.get_weights()) <= 1e-6
+    assert _gap(theirs.model.get_weights(), weights) > 1e-3  # the runs train
+    for a, b in zip(mine_logs, their_logs, strict=True):
+        assert a.keys() == b.keys() and {"val_loss", "val_accuracy"} <= set(a)
+        assert all(abs(a[key] - b[key]) <= 1e-5 for key in a), (a, b)
+    held = mine.replica_bytes
+    assert held["gathered_unit"] > 0 and held["master_shards"] == 0
+    assert held["parameters"] < held["unsharded"]["parameters"]
+    if fits == 2:  # saved and loaded: an ordinary Keras model with the same predictions
+        path = str(tmp_path / "m.keras")
+        mine.model.save(path)
+        loaded = keras.saving.load_model(path)
+        assert type(loaded) is keras.Sequential
+        plain = _with(build(), mine.model.get_weights())  # outside the strategy, as loaded
+        got, want = loaded.predict(x, verbose=0), plain.predict(x, verbose=0)
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        # And its optimizer state, whole: the unsharded run's.
+        saved = [v.numpy() for v in loaded.optimizer.variables]
+        assert _gap(saved, [v.numpy() for v in theirs.model.optimizer.variables]) <= 1e-6
+
+
+def test_the_transformer_with_accumulation_ends_as_one_larger_batch():
+    # No batch statistics (BatchNormalization's would differ by batch size); SGD: Adam
+    # normalises the near-zero gradients (an attention's key bias), and with them their
+    # rounding (measured up to 1e-5 apart on such elements).
+    weights = _transformer().get_weights()
+    x, y = _data(_transformer())
+    accumulated = _trainer(_transformer, weights, SGD(), "parameters", accumulation_steps=2)
+    whole = _trainer(_transformer, weights, SGD(), None)
+    mine, theirs = _fit(accumulated, x, y, k=2)[0], _fit(whole, x, y)[0]
+    assert _gap(accumulated.model.get_weights(), whole.model.get_weights()) <= 1e-6
+    assert _gap(whole.model.get_weights(), weights) > 1e-3  # the runs train
+    assert mine["updates"] == 2 and all(abs(mine[k] - theirs[k]) <= 1e-5 for k in theirs)
+
+
+def _mlp_without_activity_loss():
+    # Keras's own loss cannot sum a bfloat16 activity loss with float32 ones (unsharded too).
+    return keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(9, kernel_regularizer=keras.regularizers.L2(0.01)),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(3, kernel_constraint=keras.constraints.MaxNorm(0.5)),
+        ]
+    )
+
+
+def test_bf16_and_global_clipnorm_on_sharded_parameters_train_as_unsharded():
+    # global_clipnorm needs the norm over all the blocks: one small all-reduce.
+    build = _mlp_without_activity_loss
+    weights = build().get_weights()
+    x, y = _data(build())
+    runs = [
+        _trainer(
+            build,
+            weights,
+            keras.optimizers.SGD(0.5, global_clipnorm=0.05),
+            sharding,
+            precision="mixed_bfloat16",
+        )
+        for sharding in ("parameters", None)
+    ]
+    for trainer in runs:
+        trainer.fit(x, y, batch_size=G, epochs=1, shuffle=False, verbose=0)
+    mine, theirs = (t.model.get_weights() for t in runs)
+    assert _gap(mine, theirs) <= 1e-6
+    assert _gap(theirs, weights) > 1e-3
+
+
+def test_one_replica_trains_unsharded_with_the_log_line(caplog):
+    weights = _mlp().get_weights()
+    x, y = _data(_mlp())
+    trainer = _trainer(_mlp, weights, SGD(), "parameters", replicas=1)
+    with caplog.at_level(logging.INFO):
+        trainer.fit(x, y, batch_size=G, epochs=1, verbose=0, shuffle=False)
+    assert "Sharding 'parameters' over 1 replica" in caplog.text
+
+
+class _OwnStep(keras.Model):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def _own_step_model():
+    x = keras.Input((6,))
+    return _OwnStep(x, keras.layers.Dense(3)(x))
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def _subclassed():
+    model = _Subclassed()
+    model(np.zeros((1, 6), "float32"))
+    return model
+
+
+@pytest.mark.parametrize(
+    "options, argument",
+    [
+        ({"backup_dir": "BACKUP"}, "backup_dir"),
+        ({"local_sgd": tfdist.LocalSGDOptions(sync_every=2)}, "local_sgd"),
+        ({"precision": "mixed_float16"}, "sharding"),
+        ({"gradient_compression": "bf16"}, "gradient_compression"),
+        ({"bucket_bytes": 1024}, "bucket_bytes"),
+        ({"build": _own_step_model}, "sharding"),
+        ({"build": _subclassed}, "sharding"),
+    ],
+    ids=[
+        "backups",
+        "local_sgd",
+        "loss_scaling",
+        "compression",
+        "buckets",
+        "train_step",
+        "subclassed",
+    ],
+)
+def test_what_sharded_parameters_cannot_serve_is_refused_by_name(options, argument, tmp_path):
+    options = dict(options)
+    build = options.pop("build", _mlp)
+    if options.get("backup_dir") == "BACKUP":
+        options["backup_dir"] = str(tmp_path)
+    with pytest.raises(ValueError, match=f"Invalid value for argument `{argument}`"):
+        _trainer(build, build().get_weights(), SGD(), "parameters", **options)
+
+
+def test_the_command_line_takes_sharding_parameters():
+    assert TrainConfig(sharding="parameters").sharding == "parameters"
+    with pytest.raises(ValueError, match="optimizer, parameters"):
+        TrainConfig(sharding="weights")
+
+
+def test_a_pipeline_and_masked_loss_terms_are_refused_by_name():
+    with pytest.raises(ValueError, match="`sharding`.*with pipeline="):
+        check_trainer(_mlp(), pipeline=object(), backup=None)
+    weights = _mlp().get_weights()
+    x, y = _data(_mlp())
+    trainer = tfdist.Trainer(
+        lambda: _with(_mlp(), weights),
+        strategy=tfdist.make_strategy("mirrored", num_devices=2),
+        optimizer=SGD(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=2),
+        sharding="parameters",
+    )
+    with pytest.raises(ValueError, match="`sharding`.*masked terms"):
+        trainer.fit(x, y, batch_size=G, epochs=1, verbose=0)
