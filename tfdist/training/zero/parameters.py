@@ -18,6 +18,9 @@ Keras's compiled functions, which hold the old storage); at its end `ParameterSt
 gathers every variable whole into storage of its own again, on every worker alike, so that
 ``model.evaluate``, ``predict``, ``get_weights``, ``save`` and ``keras.saving.load_model`` are
 plain Keras on an ordinary model. A second fit cuts again, from the weights as they are then.
+A callback that reads the weights during a fit (``model.get_weights()``, Keras's
+``EarlyStopping(restore_best_weights=True)``, ``ModelCheckpoint``) gets `UnmappedRead`'s error;
+a fit that ends with an error leaves the blocks, from which the next fit continues.
 
 Refused, each by name (`check_model`): a model without a functional graph (subclassed, or a
 Sequential never built on an ``Input``), an optimizer a block cannot update
