@@ -84,9 +84,13 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
         # 6 updates per epoch, 2 epochs.
         assert f"[worker:0] {mode} iterations 12" in proc.stdout
         # One collective per update; bucketed: one per bucket (CollectiveReduceV2 ops in the graph).
-        # trainer_zero2_accum: one reduce-scatter in the micro-batch loop's body (run k times).
-        # trainer_balanced_zero2_accum: the 2 micro-batches unrolled, one reduce-scatter each.
-        collectives = 2 if mode in ("trainer_bucketed", "trainer_balanced_zero2_accum") else 1
+        # trainer_zero2_accum: each of the 4 weights' gradient reduce-scattered in its layer's
+        # backward (ZeRO-2 layer by layer) and the examples counted, in the micro-batch loop's
+        # body (run k times); trainer_balanced_zero2_accum: the 2 micro-batches unrolled, 5 each.
+        collectives = 2 if mode == "trainer_bucketed" else 1
+        collectives = {"trainer_zero2_accum": 5, "trainer_balanced_zero2_accum": 10}.get(
+            mode, collectives
+        )
         # trainer_zero3_accum: each of the 4 weights' gradient reduce-scattered in the backward,
         # and the examples counted (its gathers all-reduce integer bits: not counted).
         collectives = 5 if mode == "trainer_zero3_accum" else collectives
