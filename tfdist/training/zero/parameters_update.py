@@ -15,7 +15,8 @@ it shares: norm clipping on the whole tensors' norms):
 - the exchange is the identity on the blocks (only the example count is summed);
 - accumulation sums the block gradients over the micro-batches;
 - the update: the optimizer on the blocks (``clipnorm`` / ``global_clipnorm`` on the whole
-  tensors' norms, one small all-reduce; the optimizer's own are off during a fit), then the
+  tensors' norms, one small all-reduce; the optimizer's own are off during a fit; under
+  ``mixed_float16`` one finite decision for all replicas, so that all skip alike), then the
   constraints on the gathered wholes.
 
 An empty replica batch (a partial last batch smaller than the replica count, or a worker's

@@ -97,14 +97,6 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer, sharding: str) -> Non
     """
     inner = inner_optimizer(optimizer)
     name = type(inner).__name__
-    if sharding == "parameters" and inner is not optimizer:
-        raise invalid_argument(
-            "sharding",
-            sharding,
-            "None, 'optimizer' or 'gradients' with loss scaling (precision='mixed_float16')",
-            note="Loss scaling is not offered on sharded parameters yet: use "
-            "precision='mixed_bfloat16' (no loss scaling), or another sharding.",
-        )
     why = _WHOLE_TENSOR.get(name)
     if why is None and getattr(inner, "use_ema", False):
         name, why = f"{name}(use_ema=True)", "keeps a moving average of the whole weights"
