@@ -163,8 +163,8 @@ class ParameterState:
         """Every trainable variable into its blocks, its storage dropped (a fit's start)."""
         if not self.variables or not self.whole:
             return
-        for variable, target in zip(self.variables, self.blocks):
-            self._cut(variable, target)
+        self._cut()
+        for variable in self.variables:
             drop_storage(variable)  # its TF variable goes with its last reference
             guard_reads(variable, UnmappedRead(variable.path))
         # Keras's compiled functions hold the dropped TF variables: made again when next asked.
@@ -188,13 +188,18 @@ class ParameterState:
         inner.clipnorm, inner.global_clipnorm = self.clipping
         self.generation += 1
 
-    def _cut(self, variable: Any, target: Any) -> None:
-        """Each replica's block of ``variable`` into ``target``, one variable at a time."""
-        n, whole = self.num_replicas, variable.value
+    def _cut(self) -> None:
+        """Each replica's block of every variable into its target, one variable after the
+        other (one function: a function per variable would be retraced for each)."""
+        n, pairs = self.num_replicas, list(zip(self.variables, self.blocks))
 
         def fill() -> None:
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            target.assign(block(tf.convert_to_tensor(whole), n, replica))
+            done: list[Any] = []
+            for variable, target in pairs:
+                with tf.control_dependencies(done):
+                    whole = tf.convert_to_tensor(variable.value)
+                done = [target.assign(block(whole, n, replica))]
 
         tf.function(lambda: self.strategy.run(fill), autograph=False)()
 
