@@ -2,7 +2,11 @@
 
 A real `python -m tfdist train` process gets SIGTERM mid-training, saves its
 backup and exits 75; a second run of the same command restores it and ends
-with the update count of an uninterrupted run.
+with the update count and the weights digest of an uninterrupted run (that one
+runs in the test's own process: no third launch). The run is local SGD with
+DiLoCo (two mirrored replicas, H=4, Adam inside, Nesterov outside), so the kill
+usually falls mid-round (3 updates in 4) and the backup must hold each
+replica's own parameters and Adam slots and the outer optimizer's state.
 """
 
 import os
@@ -22,12 +26,14 @@ STEPS = 1437 // 64  # digits' training split in full batches of 64: updates per 
 ARGS = [
     "train",
     "--strategy=mirrored",
-    "--num_devices=1",
+    "--num_devices=2",
     "--model=mlp",
     "--dataset=digits",
     f"--epochs={EPOCHS}",
     "--global_batch_size=64",
     "--backup_freq=4",
+    "--local_sgd=sync_every=4,outer=nesterov",
+    "--optimizer=adam",
 ]
 
 
@@ -43,7 +49,7 @@ def _env():
 
 @pytest.mark.multiprocess
 @pytest.mark.fault
-def test_sigterm_then_restart_resumes_at_the_exact_update(tmp_path):
+def test_sigterm_then_restart_resumes_at_the_exact_update(tmp_path, capsys):
     backup_dir = tmp_path / "backup"
     command = [sys.executable, "-m", "tfdist", *ARGS, f"--backup_dir={backup_dir}"]
     with subprocess.Popen(
@@ -77,12 +83,28 @@ def test_sigterm_then_restart_resumes_at_the_exact_update(tmp_path):
     assert resumed, second.stdout
     assert resumed.groups() == (saved.group(1), saved.group(2), str(saved_update))
     assert f"{STEPS}/{STEPS} - " in second.stdout  # The epoch length this test assumes.
-    assert (
-        f"final updates={EPOCHS * STEPS} " in second.stdout
-    )  # Same count as an uninterrupted run.
+    final = re.search(r"final updates=(\d+) weights_digest=(\w+)", second.stdout)
+    assert final, second.stdout
+    assert final.group(1) == str(EPOCHS * STEPS)  # Same count as an uninterrupted run.
+    assert final.group(2) == _uninterrupted_digest(capsys), (saved_update, second.stdout)
     assert (
         not backup_dir.exists() or not (backup_dir / "state.json").exists()
     )  # Removed after success.
+
+
+def _uninterrupted_digest(capsys):
+    """The weights digest of the same run without a kill, trained in this process."""
+    cli.FLAGS.unparse_flags()
+    capsys.readouterr()
+    try:
+        plain = [a for a in ARGS if not a.startswith("--backup_freq")]  # It needs --backup_dir.
+        assert cli.main(cli.parse_flags(["tfdist", *plain])) in (0, None)
+    finally:
+        cli.FLAGS.unparse_flags()
+    out = capsys.readouterr().out
+    digest = re.search(r"final updates=\d+ weights_digest=(\w+)", out)
+    assert digest, out
+    return digest.group(1)
 
 
 def test_backup_freq_needs_backup_dir(capsys):
