@@ -13,7 +13,7 @@ import pytest
 
 from tfdist.bench import names, runner
 from tfdist.bench.language_model import parent
-from tfdist.bench.language_model.worker import LOCAL_SIDES, TO_TARGET, pipeline_cut
+from tfdist.bench.language_model.worker import LOCAL_SIDES, TO_TARGET, pipeline_cut, to_target_key
 
 STEPS, BATCH, SEQ = 10, 4, 8
 TOKENS = STEPS * BATCH * SEQ
@@ -27,14 +27,21 @@ def _records(seconds, busy_extra, workers):
     ]
 
 
-def _task(seconds, bits, busy_extra, workers=1):
-    points = [
-        {"epoch": i + 1, "seconds": 5.0 * (i + 1), "wall_seconds": 6.0 * (i + 1)}
+def _points(bits, seconds_each=5.0):
+    return [
+        {"epoch": i + 1, "seconds": seconds_each * (i + 1), "wall_seconds": 6.0 * (i + 1)}
         | {"val_bits_per_byte": b, "updates": 50 * (i + 1), "learning_rate": 1e-3}
         for i, b in enumerate(bits)
     ]
+
+
+def _task(seconds, bits, busy_extra, workers=1, local=None):
+    points = _points(bits)
     records = {name: _records(s, busy_extra, workers) for name, s in seconds.items()}
     records[TO_TARGET] = _records([30.0], [0.0], workers)
+    local = local or {}
+    for side in local:
+        records[to_target_key(side)] = _records([30.0], [0.5], workers)
     return {
         "steps": STEPS,
         "global_batch_size": BATCH,
@@ -45,6 +52,10 @@ def _task(seconds, bits, busy_extra, workers=1):
         "updates": {name: [STEPS] * len(s) for name, s in seconds.items()},
         "records": records,
         "to_target": {"points": points, "eval_seconds": 1.0, "fit_seconds": 30.0},
+        "to_target_local_sgd": {
+            side: {"points": p, "eval_seconds": 1.0, "fit_seconds": 30.0}
+            for side, p in local.items()
+        },
     }
 
 
@@ -52,7 +63,15 @@ def _launches():
     local = {name: [1.0, 2.0, 4.0] for name in LOCAL_SIDES}
     local["trainer"] = [1.1, 2.2, 0.5]
     one = _task(local, [4.0, 3.5, 2.9, 2.5], busy_extra=[0.0, 0.0, 1.0])
-    two = _task({"multi_worker": [2.0, 2.0, 2.0]}, [4.0, 3.4, 2.95], [0.0] * 3, workers=2)
+    # DiLoCo H=16: twice the tokens/s, 4 evaluations (200 updates) to the target at 2 s each.
+    diloco = _points([4.0, 3.6, 3.2, 2.99], seconds_each=2.0)
+    two = _task(
+        {"multi_worker": [2.0, 2.0, 2.0], "diloco_h16": [1.0, 1.0, 1.0]},
+        [4.0, 3.4, 2.95],
+        [0.0] * 3,
+        workers=2,
+        local={"diloco_h16": diloco},
+    )
     return {
         "1": {"tasks": {"worker-0": one}, "others_cpu": 0.1, "launch_seconds": 60.0},
         "2": {"tasks": {"worker-0": two, "worker-1": two}, "others_cpu": 0.0},
@@ -63,7 +82,7 @@ def test_figures_follow_from_the_records():
     spec = {**parent.DEFAULTS, "target_bits_per_byte": 3.0, "seq_len": SEQ}
     out = parent.summarise(spec, _launches())
     sides = out["sides"]
-    assert set(sides) == {*LOCAL_SIDES, "multi_worker"}
+    assert set(sides) == {*LOCAL_SIDES, "multi_worker", "diloco_h16"}
     # The third fit of each side was disturbed (another process took a core): left out.
     assert sides["keras_fit"]["quiet_fits"] == sides["trainer"]["quiet_fits"] == 2
     assert sides["keras_fit"]["tokens_per_s"] == (TOKENS / 1.0 + TOKENS / 2.0) / 2
@@ -86,6 +105,27 @@ def test_figures_follow_from_the_records():
     assert "1: 15 s, 150 updates" in out["words"]["time_to_target_ratio"]
     assert out["config"]["pipeline_split_at"] == "block_0"
     assert out["others_cpu_max"] == 1.0
+
+
+def test_local_sgd_sides_against_plain_keras_and_one_worker():
+    spec = {**parent.DEFAULTS, "target_bits_per_byte": 3.0, "seq_len": SEQ}
+    out = parent.summarise(spec, _launches())
+    keras = out["sides"]["keras_fit"]["tokens_per_s"]
+    assert out["diloco_h16_ratio"] == pytest.approx(TOKENS / 1.0 / keras)
+    assert (
+        "2 multi_worker processes, DiLoCo, outer Nesterov SGD H=16"
+        in (out["words"]["diloco_h16_ratio"])
+    )
+    # DiLoCo reached 2.99 at its 4th evaluation: 200 updates, 8 s; one worker 150 updates, 15 s.
+    local = out["to_target_local_sgd"]["diloco_h16"]
+    assert (local["updates_to_target"], local["seconds_to_target"]) == (200, 8.0)
+    assert out["diloco_h16_time_to_target_ratio"] == pytest.approx(8.0 / 15.0)
+    assert out["diloco_h16_updates_to_target_ratio"] == pytest.approx(200 / 150)
+    assert (
+        "(8 s, 200 updates; 1: 15 s, 150 updates)"
+        in (out["words"]["diloco_h16_time_to_target_ratio"])
+    )
+    assert local["others_cpu"] == 0.5
 
 
 def test_a_target_not_reached_has_no_time():
@@ -112,6 +152,8 @@ def test_the_pipeline_cuts_half_the_blocks_onto_each_stage():
         ({"global_batch_size": 12}, "global_batch_size"),  # 6 per replica, 4 micro-batches
         ({"target_bits_per_byte": 0}, "target_bits_per_byte"),
         ({"eval_every": 2000}, "eval_every"),
+        ({"local_sgd": ("diloco_h0",)}, "local_sgd"),
+        ({"local_sgd_to_target": ("sync",)}, "local_sgd"),
     ],
 )
 def test_bad_options_get_one_clear_error(override, name):

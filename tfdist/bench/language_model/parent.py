@@ -16,17 +16,25 @@ using the machine's 2 cores:
   (``sharded``) and a 2-stage pipeline cut between blocks (``pipeline``, 4 micro-batches), timed
   alternately, ``repeats`` fits of ``steps`` updates each after an untimed one;
 * two processes on ``multi_worker``, one thread each (unpinned, as the one process is): the
-  Trainer (``multi_worker``), the same global batch (16 windows per worker).
+  Trainer (``multi_worker``), the same global batch (16 windows per worker); beside it local
+  SGD and DiLoCo (option ``local_sgd``, by default ``local_sgd_h16``, a parameter average every
+  16 updates, and ``diloco_h16``, the averaged change to an outer SGD(0.7, Nesterov momentum
+  0.9); Adam inside, as every side; `tfdist.bench.harness.fits.local_sgd_option`).
 
 Then each launch trains the Trainer (one_device; multi_worker) from fresh weights, with 50
 warmup steps, until the validation bits per byte (every ``eval_every`` updates, on 64 KB of
 validation text) reach ``target_bits_per_byte``: both read the same global batches, so they
 need about the same updates, and the seconds (validation excluded) compare their speeds.
+The 2-worker launch then trains each side of ``local_sgd_to_target`` (by default
+``diloco_h16``) to the same target from fresh weights: its updates to the target are the
+convergence cost of syncing every H updates, its seconds what that buys.
 
 Reported: tokens/s per side (the median over the fits during which other processes took at
 most ``timing.BUSY_CPU`` cores, else over all), each side over plain Keras (the goal: the
 Trainer on one device >= 0.95), the seconds and updates to the target on 1 and 2 workers and
-their ratio, the machine (CPU model and flags, load average).
+their ratio, each local-SGD side's tokens/s over plain Keras and its seconds and updates to
+the target over one worker's (``<side>_time_to_target_ratio``; issue 43's DiLoCo goal on
+digits is <= 0.6), the machine (CPU model and flags, load average).
 """
 
 from __future__ import annotations
@@ -35,9 +43,9 @@ import logging
 import math
 from typing import Any
 
-from tfdist.bench.harness import cluster_run, common, timing
+from tfdist.bench.harness import cluster_run, common, fits, timing
 from tfdist.bench.health.parent import others_per_sample
-from tfdist.bench.language_model.worker import LOCAL_SIDES, TO_TARGET, WORKER_SIDES, pipeline_cut
+from tfdist.bench.language_model.worker import TO_TARGET, pipeline_cut, to_target_key
 from tfdist.config import check_positive_int, invalid_argument
 
 logger = logging.getLogger(__name__)
@@ -58,6 +66,8 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 50,
     "max_updates": 1500,
     "seed": 0,
+    "local_sgd": ("local_sgd_h16", "diloco_h16"),
+    "local_sgd_to_target": ("diloco_h16",),
 }
 # --quick and tests: every process real, the model and text tiny (the figures mean little).
 QUICK: dict[str, Any] = {
@@ -72,6 +82,8 @@ QUICK: dict[str, Any] = {
     "target_bits_per_byte": 7.0,
     "eval_every": 4,
     "max_updates": 8,
+    "local_sgd": ("diloco_h2",),
+    "local_sgd_to_target": ("diloco_h2",),
 }
 #: Each launch: its worker processes and the strategy they train on.
 LAUNCHES = {"1": (1, "local"), "2": (2, "multi_worker")}
@@ -87,8 +99,20 @@ SIDE_WORDS = {
 }
 
 
+def side_words(name: str) -> str:
+    """How the summary names a side, local-SGD ones included (``diloco_h16``)."""
+    if name in SIDE_WORDS:
+        return SIDE_WORDS[name]
+    kind, _, every = name.rpartition("_h")
+    how = "DiLoCo, outer Nesterov SGD" if kind == "diloco" else "local SGD"
+    return f"{SIDE_WORDS['multi_worker']}, {how} H={every}"
+
+
 def check(options: dict[str, Any]) -> None:
-    """Refuses a bad option, Keras-style, naming it."""
+    """Refuses a bad option, Keras-style, naming it (``local_sgd`` and ``local_sgd_to_target``
+    become tuples of `tfdist.bench.harness.fits.LOCAL_SIDE` names)."""
+    options["local_sgd"] = fits.check_local_sides(options["local_sgd"])
+    options["local_sgd_to_target"] = fits.check_local_sides(options["local_sgd_to_target"])
     counts = ("seq_len", "global_batch_size", "warmup_steps", "steps", "repeats")
     counts += ("steps_per_execution", "micro_batches", "train_bytes", "validation_bytes")
     for key in (*counts, "eval_every", "max_updates"):
@@ -180,14 +204,20 @@ def side_figures(launched: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def to_target_figures(launched: dict[str, Any], target: float) -> dict[str, Any]:
-    """The run to the target in one launch: seconds (validation excluded) and updates to the
-    first evaluation at or under ``target`` (None if none was), and every evaluation."""
+def _run_of(task: dict[str, Any], side: str) -> dict[str, Any]:
+    return task["to_target_local_sgd"][side] if side else task["to_target"]
+
+
+def to_target_figures(launched: dict[str, Any], target: float, side: str = "") -> dict[str, Any]:
+    """The run to the target in one launch (``side``: a local-SGD side's, else synchronous):
+    seconds (validation excluded) and updates to the first evaluation at or under ``target``
+    (None if none was), and every evaluation."""
     tasks = launched["tasks"]
-    run = tasks["worker-0"]["to_target"]
+    run = _run_of(tasks["worker-0"], side)
     points = run["points"]
     hit = next((p for p in points if p["val_bits_per_byte"] <= target), None)
-    others = others_per_sample(tasks, "worker-0")[TO_TARGET][0]
+    key = to_target_key(side) if side else TO_TARGET
+    others = others_per_sample(tasks, "worker-0")[key][0]
     return {
         "reached": hit is not None,
         "seconds_to_target": hit["seconds"] if hit else None,
@@ -199,7 +229,8 @@ def to_target_figures(launched: dict[str, Any], target: float) -> dict[str, Any]
         "others_cpu": others,
         # Every worker evaluated the same (all-reduced) bits per byte.
         "val_bits_per_byte_per_worker": {
-            t: [p["val_bits_per_byte"] for p in r["to_target"]["points"]] for t, r in tasks.items()
+            t: [p["val_bits_per_byte"] for p in _run_of(r, side)["points"]]
+            for t, r in tasks.items()
         },
         "curve": points,
     }
@@ -235,12 +266,12 @@ def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
         "words": {},
     }
     keras_rate = sides["keras_fit"]["tokens_per_s"]
-    for name in (*LOCAL_SIDES[1:], *WORKER_SIDES):
+    for name in (n for n in sides if n != "keras_fit"):
         key = "ratio" if name == "trainer" else f"{name}_ratio"
         rate = sides[name]["tokens_per_s"]
         out[key] = timing.ratio(rate, keras_rate)
         out["words"][key] = (
-            f"{SIDE_WORDS[name]} / Keras model.fit, one device, tokens/s "
+            f"{side_words(name)} / Keras model.fit, one device, tokens/s "
             f"({rate:.0f} / {keras_rate:.0f})"
         )
     one, two = reached["1"], reached["2"]
@@ -252,11 +283,42 @@ def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
     )
     out["updates_to_target_ratio"] = _ratio(two["updates_to_target"], one["updates_to_target"])
     out["words"]["updates_to_target_ratio"] = "2 / 1 workers, updates to the target"
+    local = local_to_target(spec, launches["2"], out)
     out["others_cpu_max"] = timing.nanmax(
         [o for side in sides.values() for o in side["others_cpu"] if o is not None]
-        + [r["others_cpu"] for r in reached.values() if r["others_cpu"] is not None]
+        + [
+            r["others_cpu"]
+            for r in (*reached.values(), *local.values())
+            if r["others_cpu"] is not None
+        ]
     )
     return out
+
+
+def local_to_target(
+    spec: dict[str, Any], launched: dict[str, Any], out: dict[str, Any]
+) -> dict[str, Any]:
+    """Each local-SGD side's run to the target on 2 workers into ``out["to_target_local_sgd"]``,
+    with its seconds and updates over one worker's (``<side>_time_to_target_ratio``,
+    ``<side>_updates_to_target_ratio``); returns the runs."""
+    target = float(spec["target_bits_per_byte"])
+    one = out["to_target"]["1"]
+    local = {
+        side: to_target_figures(launched, target, side)
+        for side in launched["tasks"]["worker-0"].get("to_target_local_sgd", {})
+    }
+    for side, figures in local.items():
+        key = f"{side}_time_to_target_ratio"
+        out[key] = _ratio(figures["seconds_to_target"], one["seconds_to_target"])
+        out["words"][key] = (
+            f"{side_words(side)} / 1 worker, seconds to {target} val bits per byte "
+            f"({_reached_words(figures)}; 1: {_reached_words(one)})"
+        )
+        key = f"{side}_updates_to_target_ratio"
+        out[key] = _ratio(figures["updates_to_target"], one["updates_to_target"])
+        out["words"][key] = f"{side_words(side)} / 1 worker, updates to the target"
+    out["to_target_local_sgd"] = local
+    return local
 
 
 def _reached_words(figures: dict[str, Any]) -> str:

@@ -11,7 +11,10 @@ initial weights everywhere), Adam, the same global batch of ``seq_len``-byte win
   strategy, cut between blocks, a stage on each logical device); then the Trainer on
   ``one_device`` trains from fresh weights to the target validation bits per byte.
 * ``spec["strategy"] == "multi_worker"``: each of 2 worker processes times the Trainer on
-  ``multi_worker``, then trains it to the target.
+  ``multi_worker`` and, beside it, one side per name in ``spec["local_sgd"]`` (local SGD or
+  DiLoCo, ``tfdist.bench.harness.fits.local_sgd_option``: Adam inside), then trains the
+  synchronous Trainer to the target, then each of ``spec["local_sgd_to_target"]`` from fresh
+  weights (between syncs, each worker validates its own copy; the all-reduced mean is read).
 
 Every timed side trains ``steps`` updates per measurement on 8 cached global batches of real
 text; the run to the target reads the training split and evaluates on the validation split
@@ -123,8 +126,35 @@ def local_sides(
     return {name: sides[name] for name in LOCAL_SIDES}
 
 
-def to_target(spec: dict[str, Any], strategy: Any, builder: Any, recorder: Recorder) -> Any:
-    """The Trainer from fresh weights until the validation bits per byte reach the target."""
+def worker_sides(
+    spec: dict[str, Any], strategy: Any, builder: Any, dataset: tf.data.Dataset
+) -> dict[str, Side]:
+    """A worker's sides: the synchronous Trainer (``multi_worker``), then a side per name in
+    ``spec["local_sgd"]`` (``local_sgd_h<H>``, ``diloco_h<H>``), Adam inside."""
+    names = ("multi_worker", *spec.get("local_sgd", ()))
+    return {
+        name: trainer_side(
+            spec, _trainer(spec, builder, strategy, **local_sgd_kwargs(name)), dataset
+        )
+        for name in names
+    }
+
+
+def local_sgd_kwargs(name: str) -> dict[str, Any]:
+    """The Trainer's ``local_sgd`` keyword of a side (none for a synchronous one)."""
+    return {"local_sgd": fits.local_sgd_option(name)} if fits.LOCAL_SIDE.fullmatch(name) else {}
+
+
+def to_target_key(side: str) -> str:
+    """The recorder's name of a local-SGD side's run to the target: ``gpt/<side>``."""
+    return f"{TO_TARGET.split('/')[0]}/{side}"
+
+
+def to_target(
+    spec: dict[str, Any], strategy: Any, builder: Any, recorder: Recorder, side: str = ""
+) -> Any:
+    """The Trainer from fresh weights until the validation bits per byte reach the target;
+    ``side``: a local-SGD side's name (its option, recorded as ``gpt/<side>``), or synchronous."""
     gbs = int(spec["global_batch_size"])
     data = {
         split: tfdist.data.load(
@@ -136,8 +166,14 @@ def to_target(spec: dict[str, Any], strategy: Any, builder: Any, recorder: Recor
         )
         for split in ("train", "validation")
     }
+    options = local_sgd_kwargs(side)
     trainer = _trainer(
-        spec, builder, strategy, metrics=[BitsPerByte()], warmup_steps=int(spec["warmup_steps"])
+        spec,
+        builder,
+        strategy,
+        metrics=[BitsPerByte()],
+        warmup_steps=int(spec["warmup_steps"]),
+        **options,
     )
     task = {
         "name": TO_TARGET.split("/")[0],
@@ -146,7 +182,7 @@ def to_target(spec: dict[str, Any], strategy: Any, builder: Any, recorder: Recor
         "steps_per_epoch": int(spec["eval_every"]),
         "max_epochs": int(spec["max_updates"]) // int(spec["eval_every"]),
     }
-    rule = TO_TARGET.split("/")[1]
+    rule = side or TO_TARGET.split("/")[1]
     return fit_to_target(trainer, (data["train"], data["validation"], gbs), task, rule, recorder)
 
 
@@ -169,14 +205,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     dataset = global_batches(train, gbs)
     if spec["strategy"] == "multi_worker":
-        trainer = _trainer(spec, builder, strategies["multi_worker"])
-        sides = {"multi_worker": trainer_side(spec, trainer, dataset)}
+        sides = worker_sides(spec, strategies["multi_worker"], builder, dataset)
+        local_targets = list(spec.get("local_sgd_to_target", ()))
     else:
         sides = local_sides(spec, strategies, builder, dataset)
-    recorder = Recorder(planned={TO_TARGET: 1})
+        local_targets = []
+    recorder = Recorder(planned={TO_TARGET: 1, **{to_target_key(n): 1 for n in local_targets}})
     seconds, updates = time_sides(sides, recorder, int(spec["steps"]), int(spec["repeats"]))
     strategy = strategies.get("multi_worker") or strategies["one_device"]
     reached = to_target(spec, strategy, builder, recorder)
+    local_reached = {n: to_target(spec, strategy, builder, recorder, n) for n in local_targets}
     return {
         "strategy": spec["strategy"],
         "num_replicas": strategy.num_replicas_in_sync,
@@ -187,6 +225,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "seconds": seconds,
         "updates": updates,
         "to_target": reached,
+        "to_target_local_sgd": local_reached,
         "records": recorder.records,
         "is_chief": reached["is_chief"],
     }
