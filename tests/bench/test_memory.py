@@ -129,7 +129,7 @@ def _launched(mode, n):
 @pytest.fixture(scope="module")
 def summary():
     per_workers = {
-        str(n): {mode: memory.summarise_launch(_launched(mode, n)) for mode in memory.MODES}
+        str(n): {mode: memory.summarise_launch(_launched(mode, n)) for mode in FIGURES}
         for n in (1, 2)
     }
     spec = {**memory.DEFAULTS, "threads_per_worker": 1, "workers": [1, 2]}
@@ -193,6 +193,18 @@ def test_ratios_against_unsharded_and_their_goals_at_the_most_workers(summary):
         for m in ("optimizer", "gradients")
         for f in ("allocator_peak", "examples_per_s")
     }
+
+
+def test_the_state_bound_of_sharded_parameters_takes_the_parameters_blocks():
+    # Under "parameters" the blocks are the parameters themselves: no master shards, and the
+    # one gradient buffer (this benchmark does not accumulate) is the blocks' size.
+    base = {
+        "replica_bytes": {"gradients": 4000},
+        "optimizer_variables": {"worker-0": {"slots": 8000, "scalars": 12}},
+    }
+    sharded = {"replica_bytes": {"master_shards": 0, "gradients": 2000}}
+    assert memory.MODES["parameters"] == "parameters"
+    assert memory.state_bound(base, sharded) == math.ceil((4000 + 12) / 8012 * 1e6) / 1e6
 
 
 def test_examples_per_s_ratio_counts_quiet_fits_only_when_both_launches_had_some(summary):

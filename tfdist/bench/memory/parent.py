@@ -1,12 +1,14 @@
-"""``memory``: what sharded optimizer state and gradients (ZeRO-1/2) save per worker, and cost.
+"""``memory``: what sharded optimizer state, gradients and parameters (ZeRO-1/2/3) save per
+worker, and cost.
 
     tfdist bench --benchmarks=memory --threads_per_worker=1
 
 A 25M-parameter MLP (1024-4096-4096-1024-10, synthetic data) with Adam, trained by the
 Trainer on 1 and 2 MultiWorkerMirrored workers (real processes on loopback, started by
 ``tfdist launch`` as ``scaling`` starts them, each with ``threads_per_worker`` threads on
-its own core and the same per-worker batch), in three modes: unsharded, ``sharding=
-"optimizer"`` (ZeRO-1) and ``sharding="gradients"`` (ZeRO-2). Each mode at each worker
+its own core and the same per-worker batch), in four modes: unsharded, ``sharding=
+"optimizer"`` (ZeRO-1), ``sharding="gradients"`` (ZeRO-2) and ``sharding="parameters"``
+(ZeRO-3). Each mode at each worker
 count is a launch of its own, so that no other mode's memory is left in the processes
 measured (``tfdist.bench.memory.worker``: the readings and when they are taken; the
 allocator counts tensors of 256 KiB and more, which here are nearly all the bytes).
@@ -47,7 +49,13 @@ from tfdist.config import invalid_argument
 logger = logging.getLogger(__name__)
 
 #: The modes, by the name the results use; each one's ``sharding=``.
-MODES = {"unsharded": None, "optimizer": "optimizer", "gradients": "gradients"}
+#: ``"parameters"`` (ZeRO-3) keeps the parameters themselves as blocks (no master shards).
+MODES = {
+    "unsharded": None,
+    "optimizer": "optimizer",
+    "gradients": "gradients",
+    "parameters": "parameters",
+}
 DEFAULTS: dict[str, Any] = {
     "workers": (1, 2),
     "threads_per_worker": None,
@@ -236,7 +244,10 @@ def state_bound(base: dict[str, Any], sharded: dict[str, Any]) -> float:
     scalars whole; rounded up at 6 decimals."""
     held, variables = sharded["replica_bytes"], base["optimizer_variables"]["worker-0"]
     whole = base["replica_bytes"]["gradients"]
-    blocks = held["master_shards"] / whole if whole else math.nan
+    # Under "parameters" the blocks are the parameters themselves: its one gradient buffer
+    # (this benchmark does not accumulate) has their size.
+    cut = held["master_shards"] or held["gradients"]
+    blocks = cut / whole if whole else math.nan
     bound = (variables["slots"] * blocks + variables["scalars"]) / (
         variables["slots"] + variables["scalars"]
     )
