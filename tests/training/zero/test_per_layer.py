@@ -72,6 +72,11 @@ def _gap(a, b):
     return max(float(np.max(np.abs(p - q))) for p, q in zip(a, b))
 
 
+def _with(model, weights):
+    model.set_weights(weights)
+    return model
+
+
 @pytest.mark.parametrize("optimizer, k", [("sgd", 1), ("adam", 1), ("adam", 2)])
 def test_an_mlp_with_batchnorm_and_a_regularizer_trains_per_layer_as_before(spy, optimizer, k):
     per = _fit(optimizer, "gradients", k)
@@ -108,3 +113,43 @@ def test_the_whole_model_exchange_stays_with_compression_and_says_so(caplog):
     with caplog.at_level("INFO", logger=per_layer.__name__):
         trainer.fit(*data(16), batch_size=16, epochs=1, verbose=0)
     assert "for gradient_compression='bf16'" in caplog.text
+
+
+class _AddsLoss(keras.layers.Layer):
+    """No variables; adds a loss on its input in ``call``."""
+
+    def call(self, x):
+        self.add_loss(0.05 * keras.ops.mean(keras.ops.square(x)))
+        return x
+
+
+def _with_variable_less_losses():
+    keras.utils.set_random_seed(4)
+    x = keras.Input((6,))
+    h = keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L2(0.01))(x)
+    h = _AddsLoss()(keras.layers.ActivityRegularization(l2=0.1)(h))
+    return keras.Model(x, keras.layers.Dense(3)(h))
+
+
+def test_the_add_loss_terms_of_layers_without_variables_count_once(spy):
+    # Both paths read `model.losses` as their units' terms: a layer without variables runs
+    # outside the units, and its terms must still be counted (once) as in Keras's own fit.
+    weights = _with_variable_less_losses().get_weights()
+    xs, ys = data(48)
+
+    def fit(sharding):
+        trainer = tfdist.Trainer(
+            lambda: _with(_with_variable_less_losses(), weights),
+            strategy=mirrored(),
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            sharding=sharding,
+        )
+        history = trainer.fit(xs, ys, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        return trainer.model.get_weights(), history.history["loss"][-1]
+
+    (w0, loss0), *sharded = fit(None), fit("gradients"), fit("parameters")
+    assert spy.calls, "the per-layer exchange did not run"
+    assert _gap(w0, weights) > 1e-3  # the runs train
+    for w, loss in sharded:
+        assert _gap(w, w0) <= 1e-6 and abs(loss - loss0) <= 1e-6, (_gap(w, w0), loss, loss0)

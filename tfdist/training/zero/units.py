@@ -19,11 +19,13 @@ What a unit adds beside its outputs is collected inside its scope, where its wei
 whole: its weights' regularizers and its ``add_loss`` terms (activity regularizers), one more
 output of the custom gradient; its non-trainable variables' new values (BatchNormalization's
 moving statistics, seed states), written after the forward as Keras writes them. A unit with
-only non-trainable variables runs under a scope of their whole mirrored values. MirroredStrategy
-traces its replicas in concurrent threads: what one replica's trace collects is thread-local.
+only non-trainable variables runs under a scope of their whole mirrored values, a layer without
+variables under an empty one: their ``add_loss`` terms (``ActivityRegularization``) are collected
+there too, so every layer's terms count once. MirroredStrategy traces its replicas in concurrent
+threads: what one replica's trace collects is thread-local.
 
 A nested model is one unit (all its weights whole at once); a shared layer is gathered at each
-use. Layers without variables run as they are.
+use.
 """
 
 from __future__ import annotations
@@ -119,13 +121,14 @@ class Units:
             kwargs.update(ctx)
             if op.trainable_variables:
                 return self._unit(op, args, kwargs, blocks)
-            if op.non_trainable_variables:
-                mapping = [(v, tf.convert_to_tensor(v.value)) for v in op.non_trainable_variables]
-                with keras.StatelessScope(state_mapping=mapping) as scope:
-                    out = op(*args, **kwargs)
-                self._collect(scope, op)
-                return out
-            return op(*args, **kwargs)
+            # Its ``add_loss`` terms collected in this thread's scope (the layer's own list is
+            # shared by the replicas' threads; ``model.losses`` is the units' terms).
+            mapping = [(v, tf.convert_to_tensor(v.value)) for v in op.non_trainable_variables]
+            with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+                out = op(*args, **kwargs)
+            self._collect(scope, op)
+            self._local.terms.extend(tf.cast(t, tf.float32) for t in scope.losses)
+            return out
 
         return call
 
