@@ -234,7 +234,12 @@ class Trainer(EvaluateAndPredict):
         if options.exchange.sharding is not None:
             check_optimizer(self.model.optimizer, options.exchange.sharding)
         if options.exchange.sharding == "parameters" and self.strategy.num_replicas_in_sync > 1:
-            check_parameters(self.model, pipeline=options.pipeline, backup=options.backup)
+            check_parameters(
+                self.model,
+                pipeline=options.pipeline,
+                backup=options.backup,
+                balance=options.balance,
+            )
         devices = check_pipeline_model(options.pipeline, self.model, self._runner)
         check_local_sgd(options.local_sgd, self._runner, options, self.model)
         steps_per_execution = options.steps_per_execution  # "auto" is resolved by each fit
@@ -391,8 +396,12 @@ class Trainer(EvaluateAndPredict):
             class_weight=class_weight,
         )
         runner = self._runner
+        sharded = self.exchange.sharding if self.strategy.num_replicas_in_sync > 1 else None
         args = check_fit_arguments(
-            given, batch_size=batch_size, requires_steps_per_epoch=runner.requires_steps_per_epoch
+            given,
+            batch_size=batch_size,
+            requires_steps_per_epoch=runner.requires_steps_per_epoch,
+            sharding=sharded,
         )
         data = keras_data(x, y, sample_weight)
         # Backup callbacks become this fit's BackupOptions; callbacks the Trainer refuses fail here.

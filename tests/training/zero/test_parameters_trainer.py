@@ -19,6 +19,7 @@ import pytest
 import tfdist
 from tests.training.zero.test_parameters import LOSS, G, _data, _mlp, _transformer, _with
 from tfdist.config import TrainConfig
+from tfdist.training.fit.arguments import reads_weights
 from tfdist.training.zero.parameters import check_trainer
 
 
@@ -201,10 +202,11 @@ def _subclassed():
         ({"local_sgd": tfdist.LocalSGDOptions(sync_every=2)}, "local_sgd"),
         ({"gradient_compression": "bf16"}, "gradient_compression"),
         ({"bucket_bytes": 1024}, "bucket_bytes"),
+        ({"balance": True}, "balance"),
         ({"build": _own_step_model}, "sharding"),
         ({"build": _subclassed}, "sharding"),
     ],
-    ids=["backups", "local_sgd", "compression", "buckets", "train_step", "subclassed"],
+    ids=["backups", "local_sgd", "compression", "buckets", "balance", "train_step", "subclassed"],
 )
 def test_what_sharded_parameters_cannot_serve_is_refused_by_name(options, argument, tmp_path):
     options = dict(options)
@@ -235,3 +237,28 @@ def test_a_pipeline_and_masked_loss_terms_are_refused_by_name():
     )
     with pytest.raises(ValueError, match="`sharding`.*masked terms"):
         trainer.fit(x, y, batch_size=G, epochs=1, verbose=0)
+
+
+def test_callbacks_that_read_the_weights_during_fit_are_refused_at_its_start(tmp_path):
+    # Before anything is traced: the weights have no storage during such a fit.
+    trainer = _trainer(_mlp, _mlp().get_weights(), SGD(), "parameters")
+    x, y = _data(_mlp())
+    refused = [
+        keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras")),
+        keras.callbacks.EarlyStopping(restore_best_weights=True),
+        keras.callbacks.BackupAndRestore(str(tmp_path / "backup")),
+        tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup")),
+        keras.callbacks.SwapEMAWeights(),
+        keras.callbacks.TensorBoard(str(tmp_path / "tb"), histogram_freq=1),
+        keras.callbacks.TensorBoard(str(tmp_path / "tb"), embeddings_freq=1),
+    ]
+    for callback in refused:
+        name = type(callback).__name__
+        with pytest.raises(ValueError, match=f"`sharding`.*parameters.*{name}"):
+            trainer.fit(x, y, batch_size=G, epochs=1, verbose=0, callbacks=[callback])
+    accepted = [
+        keras.callbacks.EarlyStopping(monitor="loss"),
+        keras.callbacks.TensorBoard(str(tmp_path / "tb")),
+        keras.callbacks.ReduceLROnPlateau(monitor="loss"),
+    ]
+    assert not [c for c in accepted if reads_weights(c)]

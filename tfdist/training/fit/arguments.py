@@ -22,6 +22,7 @@ from tfdist.config import (
     invalid_argument,
 )
 from tfdist.strategies.base import Runner
+from tfdist.training.fit.chief_only import BackupAndRestore
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,11 @@ class FitArguments:
 
 
 def check_fit_arguments(
-    given: FitArguments, *, batch_size: Any, requires_steps_per_epoch: bool
+    given: FitArguments,
+    *,
+    batch_size: Any,
+    requires_steps_per_epoch: bool,
+    sharding: str | None = None,
 ) -> FitArguments:
     """Checks ``Trainer.fit``'s arguments but its data (``x``, ``y``, ... are checked with it).
 
@@ -142,6 +147,8 @@ def check_fit_arguments(
         given: ``fit``'s arguments as passed, unchecked (``global_batch_size`` its keyword).
         batch_size: ``fit``'s ``batch_size`` (Keras's name for ``global_batch_size``).
         requires_steps_per_epoch: The runner's: ``steps_per_epoch`` must be given.
+        sharding: The fit's sharding when it shards (``"parameters"``: callbacks that read or
+            write the weights during fit are refused, `check_weight_callbacks`).
 
     Returns:
         ``given`` checked: ``verbose`` an int, callbacks a sequence, ``global_batch_size``
@@ -164,15 +171,58 @@ def check_fit_arguments(
             note="Its workers read their datasets independently and repeat them, so an epoch has "
             "no natural end: say how many batches make one.",
         )
+    callbacks = check_callbacks(given.callbacks)
+    if sharding == "parameters":
+        check_weight_callbacks(callbacks)
     return dataclasses.replace(
         given,
         global_batch_size=global_batch_size,
         verbose=check_verbose(given.verbose),
-        callbacks=check_callbacks(given.callbacks),
+        callbacks=callbacks,
         validation_split=float(given.validation_split),
         validation_freq=_check_validation_freq(given.validation_freq),
         class_weight=_check_class_weight(given.class_weight),
     )
+
+
+def reads_weights(callback: keras.callbacks.Callback) -> bool:
+    """Whether ``callback``, a Keras built-in, reads or writes the model's weights during fit
+    (checkpoints, backups, the best weights, EMA swaps, weight histograms and embeddings)."""
+    always = (
+        keras.callbacks.ModelCheckpoint,
+        keras.callbacks.BackupAndRestore,
+        keras.callbacks.SwapEMAWeights,
+        BackupAndRestore,
+    )
+    if isinstance(callback, always):
+        return True
+    if isinstance(callback, keras.callbacks.EarlyStopping):
+        return bool(callback.restore_best_weights)
+    if isinstance(callback, keras.callbacks.TensorBoard):
+        return bool(callback.histogram_freq or callback.embeddings_freq)
+    return False
+
+
+def check_weight_callbacks(callbacks: Sequence[keras.callbacks.Callback]) -> None:
+    """Refuses the callbacks that read or write the weights during a fit under
+    ``sharding="parameters"``: the model's variables have no storage until fit ends.
+
+    Raises:
+        ValueError: Naming ``sharding``, and the callbacks.
+    """
+    found = [type(c).__name__ for c in callbacks if reads_weights(c)]
+    if found:
+        raise invalid_argument(
+            "sharding",
+            "parameters",
+            f"None, 'optimizer' or 'gradients' with callbacks that read or write the model's "
+            f"weights during fit (received callbacks {found})",
+            note="Under sharding='parameters' each weight is blocks on the replicas until fit "
+            "ends: checkpoint, restore or log the weights after fit (model.save, "
+            "model.get_weights), or use sharding='gradients'. EarlyStopping is accepted "
+            "without restore_best_weights, TensorBoard with histogram_freq=0 and "
+            "embeddings_freq=0.",
+        )
 
 
 def steps_per_execution_for(

@@ -18,14 +18,17 @@ Keras's compiled functions, which hold the old storage); at its end `ParameterSt
 gathers every variable whole into storage of its own again, on every worker alike, so that
 ``model.evaluate``, ``predict``, ``get_weights``, ``save`` and ``keras.saving.load_model`` are
 plain Keras on an ordinary model. A second fit cuts again, from the weights as they are then.
-A callback that reads the weights during a fit (``model.get_weights()``, Keras's
-``EarlyStopping(restore_best_weights=True)``, ``ModelCheckpoint``) gets `UnmappedRead`'s error;
-a fit that ends with an error leaves the blocks, from which the next fit continues.
+The Keras callbacks known to read or write the weights during a fit (``ModelCheckpoint``,
+``BackupAndRestore``, ``EarlyStopping(restore_best_weights=True)``, ``SwapEMAWeights``,
+``TensorBoard`` with weight histograms or embeddings) are refused at the fit's start
+(`tfdist.training.fit.arguments.check_weight_callbacks`); any other that reads them (a user's
+``model.get_weights()``) gets `UnmappedRead`'s error; a fit that ends with an error leaves the
+blocks, from which the next fit continues.
 
 Refused, each by name (`check_model`): a model without a functional graph (subclassed, or a
 Sequential never built on an ``Input``), an optimizer a block cannot update
 (`tfdist.training.zero.state.check_optimizer`), and, until they are handled, Keras masks
-between layers.
+between layers; uneven shares (``balance=``, untested).
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def check_model(model: keras.Model) -> None:
         )
 
 
-def check_trainer(model: keras.Model, *, pipeline: Any, backup: Any) -> None:
+def check_trainer(model: keras.Model, *, pipeline: Any, backup: Any, balance: Any = None) -> None:
     """The Trainer's refusals of ``sharding="parameters"`` (over more than one replica).
 
     Raises:
@@ -110,6 +113,14 @@ def check_trainer(model: keras.Model, *, pipeline: Any, backup: Any) -> None:
             "None with sharding='parameters'",
             note="Backups of sharded parameters are not offered yet. Save the model after fit "
             "(it is whole then: model.save), or back up with sharding='gradients'.",
+        )
+    if balance is not None:
+        raise invalid_argument(
+            "balance",
+            balance,
+            "False with sharding='parameters'",
+            note="Uneven shares of the global batch on sharded parameters are not tested yet: "
+            "balance with sharding='gradients', or shard the parameters with even shares.",
         )
     check_model(model)
 
