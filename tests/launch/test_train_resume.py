@@ -4,9 +4,11 @@ A real `python -m tfdist train` process gets SIGTERM mid-training, saves its
 backup and exits 75; a second run of the same command restores it and ends
 with the update count and the weights digest of an uninterrupted run (that one
 runs in the test's own process: no third launch). The run is local SGD with
-DiLoCo (two mirrored replicas, H=4, Adam inside, Nesterov outside), so the kill
-usually falls mid-round (3 updates in 4) and the backup must hold each
-replica's own parameters and Adam slots and the outer optimizer's state.
+DiLoCo (two mirrored replicas, H=4, Adam inside, Nesterov outside). A call
+ends where a backup is due, so the SIGTERM's save falls at a multiple of
+``--backup_freq=5``: mid-round (10, 15) unless it waits for the 4th backup
+(update 20), and the backup must hold each replica's own parameters and Adam
+slots and the outer optimizer's state.
 """
 
 import os
@@ -21,7 +23,7 @@ import pytest
 from tests.helpers import REPO
 from tfdist import cli
 
-EPOCHS = 6
+EPOCHS = 3
 STEPS = 1437 // 64  # digits' training split in full batches of 64: updates per epoch.
 ARGS = [
     "train",
@@ -31,7 +33,7 @@ ARGS = [
     "--dataset=digits",
     f"--epochs={EPOCHS}",
     "--global_batch_size=64",
-    "--backup_freq=4",
+    "--backup_freq=5",  # not a multiple of H=4 (below)
     "--local_sgd=sync_every=4,outer=nesterov",
     "--optimizer=adam",
 ]
