@@ -1,13 +1,13 @@
 """``Trainer(sharding="parameters")`` (ZeRO-3; zero/parameters_update.py), mirrored x2.
 
 Each sharded fit is compared with the unsharded Trainer on the same strategy, data and initial
-weights (the models of tests/training/zero/test_parameters.py: BatchNormalization, a kernel and
-an activity regularizer, a MaxNorm constraint; a tiny transformer block): the final weights to
-1e-6 with SGD and Adam, with accumulation (k=2) against one twice larger batch, the validation
-logs alike; after fit the model is whole (``get_weights``, ``save`` + ``load_model``), and a
-second fit cuts it again. Two real MultiWorkerMirrored workers: tests/strategies/
-test_multi_worker.py (the shared launch's ``trainer_zero3`` mode). Each refusal names its
-argument.
+weights (the MLP of tests/training/zero/test_parameters.py: BatchNormalization, a kernel and an
+activity regularizer, a MaxNorm constraint): the final weights to 1e-6 with Adam, the
+validation logs alike; after fit the model is whole (``get_weights``, ``save`` + ``load_model``),
+and a second fit cuts it again. SGD, accumulation (Adam, k=2) and variable-less ``add_loss``
+layers: tests/training/zero/test_per_layer.py; the transformer block: test_parameters.py. Two
+real MultiWorkerMirrored workers: tests/strategies/test_multi_worker.py (the shared launch's
+``trainer_zero3`` mode). Each refusal names its argument, before anything is traced.
 """
 
 import logging
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tfdist
-from tests.training.zero.test_parameters import LOSS, G, _data, _mlp, _transformer, _with
+from tests.training.zero.test_parameters import LOSS, G, _data, _mlp, _with
 from tfdist.config import TrainConfig
 from tfdist.training.fit.arguments import reads_weights
 from tfdist.training.zero.parameters import check_trainer
@@ -59,15 +59,15 @@ def _gap(a, b):
 SGD, ADAM = (lambda: keras.optimizers.SGD(0.1)), (lambda: keras.optimizers.Adam(0.01))
 
 
-@pytest.mark.parametrize("optimizer", [SGD, ADAM], ids=["sgd", "adam"])
-def test_fit_with_sharded_parameters_ends_as_unsharded(optimizer, tmp_path):
+def test_fit_with_sharded_parameters_ends_as_unsharded(tmp_path):
+    # Adam (SGD: tests/training/zero/test_per_layer.py's add_loss test, k=1, and its MLP's
+    # accumulation with Adam, k=2).
     build = _mlp
     weights = build().get_weights()
     x, y = _data(build())
-    mine = _trainer(build, weights, optimizer(), "parameters")
-    theirs = _trainer(build, weights, optimizer(), None)
-    fits = 2 if optimizer is ADAM else 1  # a second fit cuts again
-    mine_logs, their_logs = _fit(mine, x, y, fits=fits), _fit(theirs, x, y, fits=fits)
+    mine = _trainer(build, weights, ADAM(), "parameters")
+    theirs = _trainer(build, weights, ADAM(), None)
+    mine_logs, their_logs = _fit(mine, x, y, fits=2), _fit(theirs, x, y, fits=2)  # cut again
     # Between fits and after: the model is whole, plain Keras.
     assert _gap(mine.model.get_weights(), theirs.model.get_weights()) <= 1e-6
     assert _gap(theirs.model.get_weights(), weights) > 1e-3  # the runs train
@@ -77,31 +77,17 @@ def test_fit_with_sharded_parameters_ends_as_unsharded(optimizer, tmp_path):
     held = mine.replica_bytes
     assert held["gathered_unit"] > 0 and held["master_shards"] == 0
     assert held["parameters"] < held["unsharded"]["parameters"]
-    if fits == 2:  # saved and loaded: an ordinary Keras model with the same predictions
-        path = str(tmp_path / "m.keras")
-        mine.model.save(path)
-        loaded = keras.saving.load_model(path)
-        assert type(loaded) is keras.Sequential
-        plain = _with(build(), mine.model.get_weights())  # outside the strategy, as loaded
-        got, want = loaded.predict(x, verbose=0), plain.predict(x, verbose=0)
-        np.testing.assert_allclose(got, want, atol=1e-6)
-        # And its optimizer state, whole: the unsharded run's.
-        saved = [v.numpy() for v in loaded.optimizer.variables]
-        assert _gap(saved, [v.numpy() for v in theirs.model.optimizer.variables]) <= 1e-6
-
-
-def test_the_transformer_with_accumulation_ends_as_one_larger_batch():
-    # No batch statistics (BatchNormalization's would differ by batch size); SGD: Adam
-    # normalises the near-zero gradients (an attention's key bias), and with them their
-    # rounding (measured up to 1e-5 apart on such elements).
-    weights = _transformer().get_weights()
-    x, y = _data(_transformer())
-    accumulated = _trainer(_transformer, weights, SGD(), "parameters", accumulation_steps=2)
-    whole = _trainer(_transformer, weights, SGD(), None)
-    mine, theirs = _fit(accumulated, x, y, k=2)[0], _fit(whole, x, y)[0]
-    assert _gap(accumulated.model.get_weights(), whole.model.get_weights()) <= 1e-6
-    assert _gap(whole.model.get_weights(), weights) > 1e-3  # the runs train
-    assert mine["updates"] == 2 and all(abs(mine[k] - theirs[k]) <= 1e-5 for k in theirs)
+    # Saved and loaded: an ordinary Keras model with the same predictions.
+    path = str(tmp_path / "m.keras")
+    mine.model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert type(loaded) is keras.Sequential
+    plain = _with(build(), mine.model.get_weights())  # outside the strategy, as loaded
+    got, want = loaded.predict(x, verbose=0), plain.predict(x, verbose=0)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    # And its optimizer state, whole: the unsharded run's.
+    saved = [v.numpy() for v in loaded.optimizer.variables]
+    assert _gap(saved, [v.numpy() for v in theirs.model.optimizer.variables]) <= 1e-6
 
 
 def _mlp_without_activity_loss():
