@@ -33,6 +33,7 @@ between layers; uneven shares (``balance=``, untested).
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import keras
@@ -181,6 +182,7 @@ class ParameterState:
         # Keras's compiled functions hold the dropped TF variables: made again when next asked.
         model = self.model
         model.train_function = model.test_function = model.predict_function = None
+        release_dropped()
         inner = inner_optimizer(model.optimizer)
         self.clipping = inner.clipnorm, inner.global_clipnorm
         inner.clipnorm = inner.global_clipnorm = None
@@ -222,6 +224,15 @@ class ParameterState:
 
         got = tf.function(lambda: self.strategy.run(gather), autograph=False)()
         return [self.strategy.experimental_local_results(t)[0].numpy() for t in got]
+
+
+def release_dropped() -> None:
+    """Frees the whole TF variables that `ParameterState.cut` dropped now, not at the
+    interpreter's next full collection: functions traced on them (the cut's own, Keras's
+    compiled ones) sit in reference cycles that hold each variable's buffer. Without this, one
+    whole model's bytes per fit stayed allocated on the bench's MLP (2 MWMS workers: 338 MiB
+    after the first fit, 434 after the second, against 242 with it)."""
+    gc.collect()
 
 
 class ParameterStep:
