@@ -36,35 +36,22 @@ from typing import Any
 import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.keras_internals.unit_calls import losses_as, set_losses
+from tfdist._compat.keras_internals.unit_calls import set_losses
 from tfdist.config import invalid_argument
 from tfdist.training.step.inference import make_eval_step
 from tfdist.training.step.masked_losses import output_sums
-from tfdist.training.step.objective import objective, record
+from tfdist.training.step.objective import record
 from tfdist.training.step.update import batch_size_of
 from tfdist.training.zero.layout import shard_size
 from tfdist.training.zero.parameters import ParameterState, constrain
 from tfdist.training.zero.state import elements
-from tfdist.training.zero.units import Units
+from tfdist.training.zero.units import Units, forward_and_objective, forward_never_empty
 from tfdist.training.zero.update import ShardedUpdate
 
 
 def _blocks(state: ParameterState) -> list[tf.Tensor]:
     """This replica's blocks, read now (replica context)."""
     return [tf.convert_to_tensor(b.value) for b in state.blocks]
-
-
-def forward_never_empty(units: Units, x: Any, blocks: list, *, training: bool) -> Any:
-    """``units.forward`` on ``x``; an empty batch runs one all-zero example instead (every
-    replica takes part in every gather), whose outputs are cut away."""
-    size = tf.cast(batch_size_of(x), tf.int32)
-
-    def one_zero_example(t: Any) -> Any:
-        return None if t is None else tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
-
-    inputs = tf.cond(size > 0, lambda: x, lambda: tf.nest.map_structure(one_zero_example, x))
-    y_pred = units.forward(inputs, blocks, training=training)
-    return tf.nest.map_structure(lambda t: t[:size], y_pred)
 
 
 class ParametersUpdate(ShardedUpdate):
@@ -94,17 +81,8 @@ class ParametersUpdate(ShardedUpdate):
         blocks = _blocks(self.state)
         with tf.GradientTape() as tape:
             tape.watch(blocks)
-            y_pred = forward_never_empty(self.units, x, blocks, training=True)
-            with losses_as(model, self.units.loss_terms()):
-                loss = objective(
-                    tape,
-                    model,
-                    self.optimizer,
-                    (x, y, y_pred, sample_weight),
-                    size,
-                    num_replicas=self.num_replicas,
-                    expected=self.expected,
-                )
+            data = (x, y, sample_weight, size)
+            y_pred, loss = forward_and_objective(self.units, self, data, blocks, tape)
         if loss.parts is not None:
             raise invalid_argument(
                 "sharding",

@@ -42,15 +42,15 @@ import keras
 import tensorflow as tf
 from keras.utils import unpack_x_y_sample_weight
 
-from tfdist._compat.keras_internals.unit_calls import functional_graph, losses_as
+from tfdist._compat.keras_internals.unit_calls import functional_graph
 from tfdist.training.step.exchange import gather_slices
 from tfdist.training.step.gradients import add_gradients
 from tfdist.training.step.masked_losses import output_sums
 from tfdist.training.step.model_steps import overridden
-from tfdist.training.step.objective import objective, record
+from tfdist.training.step.objective import record
 from tfdist.training.step.update import batch_size_of
 from tfdist.training.zero.layout import block_slices
-from tfdist.training.zero.units import Units, reduce_scatter_one
+from tfdist.training.zero.units import Units, forward_and_objective, reduce_scatter_one
 
 logger = logging.getLogger(__name__)
 
@@ -95,20 +95,6 @@ class WholeUnits(Units):
         ]
 
 
-def forward_never_empty(units: Units, x: Any, stand_ins: list, size: tf.Tensor) -> Any:
-    """``units.forward`` on ``x`` (training); an empty replica batch runs one all-zero example,
-    whose outputs are cut away (as the plain step does: every replica takes part in every
-    unit's reduce-scatter)."""
-    n = tf.cast(size, tf.int32)
-
-    def one_zero_example(t: Any) -> Any:
-        return None if t is None else tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
-
-    inputs = tf.cond(n > 0, lambda: x, lambda: tf.nest.map_structure(one_zero_example, x))
-    y_pred = units.forward(inputs, stand_ins, training=True)
-    return tf.nest.map_structure(lambda t: t[:n], y_pred)
-
-
 class PerLayer:
     """The micro-step of a `tfdist.training.zero.update.ShardedUpdate` under ``"gradients"``
     with each unit's gradients reduce-scattered in its backward.
@@ -135,17 +121,8 @@ class PerLayer:
         variables = u.state.variables
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(stand_ins)
-            y_pred = forward_never_empty(self.units, x, stand_ins, size)
-            with losses_as(model, self.units.loss_terms()):
-                loss = objective(
-                    tape,
-                    model,
-                    u.optimizer,
-                    (x, y, y_pred, sample_weight),
-                    size,
-                    num_replicas=u.num_replicas,
-                    expected=u.expected,
-                )
+            data = (x, y, sample_weight, size)
+            y_pred, loss = forward_and_objective(self.units, u, data, stand_ins, tape)
         if loss.parts is not None:
             self.off = True
             _log("a loss with masked terms (ignore_class, a Keras mask on an output)")

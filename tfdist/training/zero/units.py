@@ -38,9 +38,10 @@ import keras
 import tensorflow as tf
 
 from tfdist._compat.keras_internals.masks import keras_mask
-from tfdist._compat.keras_internals.unit_calls import call_by_layer
+from tfdist._compat.keras_internals.unit_calls import call_by_layer, losses_as
 from tfdist.config import invalid_argument
 from tfdist.training.step.gradients import dense_part
+from tfdist.training.step.objective import objective
 from tfdist.training.zero.collectives import all_rows
 from tfdist.training.zero.layout import shard_size, unblock
 
@@ -112,9 +113,14 @@ class Units:
 
     def write_updates(self) -> None:
         """The units' non-trainable variables take their new values, as Keras assigns them in
-        replica context (BatchNormalization's moving statistics: each replica its own)."""
+        replica context (BatchNormalization's moving statistics: each replica its own). A
+        variable whose aggregation is ``"sum"`` (a counter's ``assign_add``) takes the change
+        instead: its replicas' changes are summed, where new values written whole would be."""
         for variable, value in self._local.updates:
-            variable.assign(value)
+            if variable.aggregation == "sum":
+                variable.assign_add(value - tf.convert_to_tensor(variable.value))
+            else:
+                variable.assign(value)
 
     def _wrapped(self, op: Any, ctx: dict[str, Any], blocks: Sequence[tf.Tensor]) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -242,3 +248,43 @@ class Units:
             d_in = [tf.identity(g) for g in d_in]
         it = iter(d_in)
         return [next(it) if t.dtype.is_floating else None for t in inputs] + d_blocks
+
+
+def forward_never_empty(units: Units, x: Any, inputs: list, *, training: bool) -> Any:
+    """``units.forward`` on ``x``; an empty replica batch runs one all-zero example instead
+    (every replica takes part in every unit's gather and reduce-scatter), whose outputs are cut
+    away, as the plain step does (`tfdist.training.step.update`)."""
+    size = tf.cast(tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0], tf.int32)
+
+    def one_zero_example(t: Any) -> Any:
+        return None if t is None else tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
+
+    inputs_x = tf.cond(size > 0, lambda: x, lambda: tf.nest.map_structure(one_zero_example, x))
+    y_pred = units.forward(inputs_x, inputs, training=training)
+    return tf.nest.map_structure(lambda t: t[:size], y_pred)
+
+
+def forward_and_objective(units: Units, update: Any, data: tuple, inputs: list, tape: Any) -> Any:
+    """The training forward unit by unit on ``inputs`` (blocks, or stand-ins for them) and the
+    Trainer's objective of ``update`` (a `tfdist.training.step.update.TrainUpdate`) under
+    ``tape``, the units' loss terms (regularizers, ``add_loss``) read as ``model.losses``.
+
+    Args:
+        data: ``(x, y, sample_weight, size)`` of one micro-batch.
+
+    Returns:
+        ``(y_pred, loss)``: the predictions and `tfdist.training.step.objective.objective`'s.
+    """
+    x, y, sample_weight, size = data
+    y_pred = forward_never_empty(units, x, inputs, training=True)
+    with losses_as(update.model, units.loss_terms()):
+        loss = objective(
+            tape,
+            update.model,
+            update.optimizer,
+            (x, y, y_pred, sample_weight),
+            size,
+            num_replicas=update.num_replicas,
+            expected=update.expected,
+        )
+    return y_pred, loss
