@@ -267,7 +267,7 @@ CASES = [
         lambda e: e.trainer_with(sharding="zero"),
         "sharding",
         "'zero'",
-        ("one of: optimizer, gradients, None",),
+        ("one of: optimizer, gradients, parameters, None",),
     ),
     C(
         'Trainer(optimizer=Adafactor(), sharding="optimizer")',
