@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdist._compat.tf_internals.inputs import one_cpu_replica, plain_iterator
 from tfdist.data.inputs import InputSource
 from tfdist.strategies import step_clock
 from tfdist.strategies.base import graph_function
@@ -98,17 +97,13 @@ class BalancedSplit:
         local = self.local_replicas
         if source.dataset_fn is not None:
             fn = source.dataset_fn
-            distributed = self.strategy.distribute_datasets_from_function(
+            return self.strategy.distribute_datasets_from_function(
                 lambda _: _each_local_replica(fn(WHOLE), local)
             )
-        else:
-            dataset = source.dataset
-            distributed = self.strategy.distribute_datasets_from_function(
-                lambda _: _each_local_replica(dataset, local)
-            )
-        # One CPU replica here: a plain iterator, as the even run's (sync.py). TF's multi-device
-        # one cost the digits CNN's 2 pinned workers twice the CPU per update (issue 45).
-        return plain_iterator(distributed) if one_cpu_replica(self.strategy) else distributed
+        dataset = source.dataset
+        return self.strategy.distribute_datasets_from_function(
+            lambda _: _each_local_replica(dataset, local)
+        )
 
     def gather(self, row: Sequence[float]) -> np.ndarray:
         """Every worker's ``row`` (float64, the same length on each), in worker order: one
