@@ -184,7 +184,6 @@ def _subclassed():
 @pytest.mark.parametrize(
     "options, argument",
     [
-        ({"backup_dir": "BACKUP"}, "backup_dir"),
         ({"local_sgd": tfdist.LocalSGDOptions(sync_every=2)}, "local_sgd"),
         ({"gradient_compression": "bf16"}, "gradient_compression"),
         ({"bucket_bytes": 1024}, "bucket_bytes"),
@@ -192,13 +191,11 @@ def _subclassed():
         ({"build": _own_step_model}, "sharding"),
         ({"build": _subclassed}, "sharding"),
     ],
-    ids=["backups", "local_sgd", "compression", "buckets", "balance", "train_step", "subclassed"],
+    ids=["local_sgd", "compression", "buckets", "balance", "train_step", "subclassed"],
 )
-def test_what_sharded_parameters_cannot_serve_is_refused_by_name(options, argument, tmp_path):
+def test_what_sharded_parameters_cannot_serve_is_refused_by_name(options, argument):
     options = dict(options)
     build = options.pop("build", _mlp)
-    if options.get("backup_dir") == "BACKUP":
-        options["backup_dir"] = str(tmp_path)
     with pytest.raises(ValueError, match=f"Invalid value for argument `{argument}`"):
         _trainer(build, build().get_weights(), SGD(), "parameters", **options)
 
@@ -211,7 +208,7 @@ def test_the_command_line_takes_sharding_parameters():
 
 def test_a_pipeline_and_masked_loss_terms_are_refused_by_name():
     with pytest.raises(ValueError, match="`sharding`.*with pipeline="):
-        check_trainer(_mlp(), pipeline=object(), backup=None)
+        check_trainer(_mlp(), pipeline=object())
     weights = _mlp().get_weights()
     x, y = _data(_mlp())
     trainer = tfdist.Trainer(
@@ -232,8 +229,6 @@ def test_callbacks_that_read_the_weights_during_fit_are_refused_at_its_start(tmp
     refused = [
         keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras")),
         keras.callbacks.EarlyStopping(restore_best_weights=True),
-        keras.callbacks.BackupAndRestore(str(tmp_path / "backup")),
-        tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup")),
         keras.callbacks.SwapEMAWeights(),
         keras.callbacks.TensorBoard(str(tmp_path / "tb"), histogram_freq=1),
         keras.callbacks.TensorBoard(str(tmp_path / "tb"), embeddings_freq=1),
@@ -242,7 +237,9 @@ def test_callbacks_that_read_the_weights_during_fit_are_refused_at_its_start(tmp
         name = type(callback).__name__
         with pytest.raises(ValueError, match=f"`sharding`.*parameters.*{name}"):
             trainer.fit(x, y, batch_size=G, epochs=1, verbose=0, callbacks=[callback])
-    accepted = [
+    accepted = [  # the backup callbacks become the Trainer's backups: test_parameters_backup.py
+        keras.callbacks.BackupAndRestore(str(tmp_path / "backup")),
+        tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup")),
         keras.callbacks.EarlyStopping(monitor="loss"),
         keras.callbacks.TensorBoard(str(tmp_path / "tb")),
         keras.callbacks.ReduceLROnPlateau(monitor="loss"),

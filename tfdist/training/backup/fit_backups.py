@@ -34,7 +34,8 @@ class FitBackups:
         runner: The strategy's runner (chief, task label, collectives).
         skipped_updates: The loss-scaling skip counter, backed up when given.
         sharded: Returns the sharded optimizer state once built (None: not sharded), whose
-            slots the backup saves whole.
+            slots the backup saves whole (and, under ``sharding="parameters"``, the weights'
+            blocks: whole too).
         local_sgd: Returns local SGD's state once built (None: off), whose last synced
             parameters, outer optimizer, sync count and every replica's own state the backup
             holds (`tfdist.training.local_sgd.sync.LocalState.checkpointed`): gathered before

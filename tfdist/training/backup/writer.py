@@ -52,6 +52,7 @@ from tfdist.training.backup import files as backup_files
 from tfdist.training.backup.files import PROBE_PREFIX, STATE_FILE, TMP_SUFFIX, checkpoint_name
 from tfdist.training.backup.sync import Position, Sync, agree_on_backup_dir, chief_state
 from tfdist.training.zero.checkpoint import consolidated
+from tfdist.training.zero.parameters import ParameterState
 
 __all__ = [
     "Backup",
@@ -91,7 +92,7 @@ def checkpoint_for(
     model: Any,
     optimizer: Any,
     *,
-    sharded: ShardedState | None = None,
+    sharded: ShardedState | ParameterState | None = None,
     strategy: tf.distribute.Strategy | None = None,
     **extra: Any,
 ) -> tf.train.Checkpoint:
@@ -102,7 +103,9 @@ def checkpoint_for(
     restores these on every strategy, ``ShardedVariable`` included, which the
     Keras objects themselves do not. With ``sharded`` (optimizer state sharded
     over ``strategy``'s replicas), each sharded slot is saved whole, as an
-    unsharded run saves it (`tfdist.training.zero.checkpoint`).
+    unsharded run saves it (`tfdist.training.zero.checkpoint`); under
+    ``sharding="parameters"`` the model's trainable variables too, from their blocks
+    (`tfdist.training.zero.parameters.ParameterState.in_checkpoint`).
     """
 
     def tf_variables(variables):
@@ -110,12 +113,16 @@ def checkpoint_for(
         # ...) outside an autocast scope, which is where checkpoints are made.
         return [v.value if isinstance(v, keras.Variable) else v for v in variables]
 
-    optimizer_variables = tf_variables(optimizer.variables)
+    model_variables, full_shapes = list(model.variables), {}
     if sharded is not None:
-        optimizer_variables = consolidated(optimizer_variables, sharded.full_shapes, strategy)
-    return tf.train.Checkpoint(
-        model=tf_variables(model.variables), optimizer=optimizer_variables, **extra
-    )
+        full_shapes = dict(sharded.full_shapes)
+    if isinstance(sharded, ParameterState):  # during a fit the weights live only as blocks
+        model_variables = sharded.in_checkpoint(model_variables)
+        full_shapes.update(sharded.block_shapes)
+    held = tf_variables(model_variables) + tf_variables(optimizer.variables)
+    held = consolidated(held, full_shapes, strategy)
+    n = len(model_variables)
+    return tf.train.Checkpoint(model=held[:n], optimizer=held[n:], **extra)
 
 
 class _PositionState(WrittenFromItself):

@@ -22,7 +22,6 @@ from tfdist.config import (
     invalid_argument,
 )
 from tfdist.strategies.base import Runner
-from tfdist.training.fit.chief_only import BackupAndRestore
 
 logger = logging.getLogger(__name__)
 
@@ -187,13 +186,10 @@ def check_fit_arguments(
 
 def reads_weights(callback: keras.callbacks.Callback) -> bool:
     """Whether ``callback``, a Keras built-in, reads or writes the model's weights during fit
-    (checkpoints, backups, the best weights, EMA swaps, weight histograms and embeddings)."""
-    always = (
-        keras.callbacks.ModelCheckpoint,
-        keras.callbacks.BackupAndRestore,
-        keras.callbacks.SwapEMAWeights,
-        BackupAndRestore,
-    )
+    (checkpoints, the best weights, EMA swaps, weight histograms and embeddings). Not the
+    ``BackupAndRestore`` callbacks: they become the Trainer's backups, which save sharded
+    parameters whole (`tfdist.training.fit.callback_mapping`)."""
+    always = (keras.callbacks.ModelCheckpoint, keras.callbacks.SwapEMAWeights)
     if isinstance(callback, always):
         return True
     if isinstance(callback, keras.callbacks.EarlyStopping):
@@ -218,8 +214,9 @@ def check_weight_callbacks(callbacks: Sequence[keras.callbacks.Callback]) -> Non
             f"None, 'optimizer' or 'gradients' with callbacks that read or write the model's "
             f"weights during fit (received callbacks {found})",
             note="Under sharding='parameters' each weight is blocks on the replicas until fit "
-            "ends: checkpoint, restore or log the weights after fit (model.save, "
-            "model.get_weights), or use sharding='gradients'. EarlyStopping is accepted "
+            "ends: back up with backup_dir= (or BackupAndRestore), checkpoint or log the "
+            "weights after fit (model.save, model.get_weights), or use "
+            "sharding='gradients'. EarlyStopping is accepted "
             "without restore_best_weights, TensorBoard with histogram_freq=0 and "
             "embeddings_freq=0.",
         )

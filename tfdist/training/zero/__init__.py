@@ -9,7 +9,7 @@ It does not know the pipeline: the two meet in `tfdist.training.updates`.
 - ``per_layer``: ZeRO-2's reduce-scatter inside the backward, one top-level layer at a time.
 - ``collectives``: the sharded update's collectives, in buckets of bounded size, one at a time.
 - ``layout``: how a variable is cut into one zero-padded block per replica.
-- ``checkpoint``: sharded slots saved and loaded as whole tensors (backups, ``.keras`` files).
+- ``checkpoint``: sharded slots (and ZeRO-3's blocks) saved and loaded as whole tensors.
 - ``parameters``: ZeRO-3's storage (every weight a block per replica; whole again between fits).
 - ``parameters_update``: ``ParametersUpdate``: the Trainer's update on it, and its evaluation.
 - ``units``: the forward pass one top-level layer at a time, each gathered and reduce-scattered.

@@ -13,6 +13,10 @@ variable silently saves one replica's block, and Keras's
   run's backup is an unsharded run's format, and either resumes as the other,
   on any replica count. It copies itself to the host for TF's asynchronous
   checkpoints (`tfdist._compat.tf_internals.whole_tensor`, which holds TF's private hooks).
+- Under ``sharding="parameters"`` the model's trainable variables are blocks too during a fit:
+  a backup tracks a `ConsolidatedShard` of each block under the whole variable's key
+  (`tfdist.training.zero.parameters.ParameterState.in_checkpoint`), so its backups are an
+  unsharded run's format as well.
 - `save_whole` makes the optimizer's ``save_own_variables`` and
   ``load_own_variables`` (``model.save``, ``keras.saving.load_model``,
   ``load_weights``) write and read the whole tensors alike. A file with another count of
@@ -21,6 +25,12 @@ variable silently saves one replica's block, and Keras's
 
 Saving all-gathers: on a multi-worker run every worker saves (as tfdist's
 backups and ``tfdist train`` do), or the chief waits for the others.
+
+Memory: an asynchronous backup (the Trainer's default) gathers each variable whole and copies
+it into its host copy (TF's asynchronous checkpoint keeps one per variable, unsharded too), in
+TF's compiled copy function: a whole tensor lives until its copy is made, and TF may run a few
+gathers side by side. A synchronous one hands TF's saver every whole tensor at once (one save
+op): while it writes, a worker holds the whole weights and slots beside its blocks.
 """
 
 from __future__ import annotations
@@ -46,11 +56,11 @@ def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
 
 
 class ConsolidatedShard(WholeTensor):
-    """A sharded slot as a checkpoint sees it: one whole tensor of ``full_shape``.
+    """A sharded slot (or ZeRO-3 block) as a checkpoint sees it: one whole tensor.
 
     Args:
         variable: The per-replica TF variable of ``[S]`` elements (one block per replica).
-        full_shape: The shape of the whole tensor (the slot of the unsharded variable).
+        full_shape: The shape of the whole tensor (the unsharded variable or slot).
         strategy: The strategy whose replicas hold the blocks.
         replica_ids: `local_replica_ids` of ``strategy``.
     """
@@ -81,7 +91,7 @@ class ConsolidatedShard(WholeTensor):
         value = tf.convert_to_tensor(value, dtype=self.variable.dtype)
         if not value.shape.is_compatible_with(self.full_shape):
             raise ValueError(
-                f"Cannot restore the sharded optimizer variable {self.variable.name!r}: "
+                f"Cannot restore the sharded variable {self.variable.name!r}: "
                 f"Received: a saved value of shape {value.shape}. Expected: the shape of the "
                 f"whole variable, {self.full_shape}."
             )

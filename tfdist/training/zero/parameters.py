@@ -19,11 +19,16 @@ gathers every variable whole into storage of its own again, on every worker alik
 ``model.evaluate``, ``predict``, ``get_weights``, ``save`` and ``keras.saving.load_model`` are
 plain Keras on an ordinary model. A second fit cuts again, from the weights as they are then.
 The Keras callbacks known to read or write the weights during a fit (``ModelCheckpoint``,
-``BackupAndRestore``, ``EarlyStopping(restore_best_weights=True)``, ``SwapEMAWeights``,
-``TensorBoard`` with weight histograms or embeddings) are refused at the fit's start
+``EarlyStopping(restore_best_weights=True)``, ``SwapEMAWeights``, ``TensorBoard`` with weight
+histograms or embeddings) are refused at the fit's start
 (`tfdist.training.fit.arguments.check_weight_callbacks`); any other that reads them (a user's
 ``model.get_weights()``) gets `UnmappedRead`'s error; a fit that ends with an error leaves the
 blocks, from which the next fit continues.
+
+Backups (``backup_dir=``, ``BackupAndRestore``, a SIGTERM's save) hold the weights and the
+optimizer slots whole, in an unsharded run's format (`ParameterState.in_checkpoint`): a
+``"parameters"`` backup resumes sharded or not, on any replica count, and an unsharded or
+ZeRO-1/2 backup resumes sharded.
 
 Refused, each by name (`check_model`): a model without a functional graph (subclassed, or a
 Sequential never built on an ``Input``), an optimizer a block cannot update
@@ -93,7 +98,7 @@ def check_model(model: keras.Model) -> None:
         )
 
 
-def check_trainer(model: keras.Model, *, pipeline: Any, backup: Any, balance: Any = None) -> None:
+def check_trainer(model: keras.Model, *, pipeline: Any, balance: Any = None) -> None:
     """The Trainer's refusals of ``sharding="parameters"`` (over more than one replica).
 
     Raises:
@@ -106,14 +111,6 @@ def check_trainer(model: keras.Model, *, pipeline: Any, backup: Any, balance: An
             "None, 'optimizer' or 'gradients' with pipeline=",
             note="A pipeline places each stage's variables on its own device; sharded "
             "parameters keep each variable as blocks on the replicas instead.",
-        )
-    if backup is not None:
-        raise invalid_argument(
-            "backup_dir",
-            backup.dir,
-            "None with sharding='parameters'",
-            note="Backups of sharded parameters are not offered yet. Save the model after fit "
-            "(it is whole then: model.save), or back up with sharding='gradients'.",
         )
     if balance is not None:
         raise invalid_argument(
@@ -158,6 +155,8 @@ class ParameterState:
         self.full_shapes = {
             id(slot.value): self.variables[index[id(reference)]].shape for slot, reference in made
         }
+        #: ``id`` of each block's TF variable -> its variable's whole shape (`in_checkpoint`).
+        self.block_shapes = {id(b.value): v.shape for v, b in zip(self.variables, self.blocks)}
         optimizers = {id(o): o for o in (optimizer, inner_optimizer(optimizer))}
         save_whole(list(optimizers.values()), self.full_shapes, strategy)
         self.generation = 0  # counts cuts and restores: what compiled the storage of before
@@ -170,6 +169,16 @@ class ParameterState:
     def whole(self) -> bool:
         """Whether the model's trainable variables hold their values (between fits)."""
         return all(has_storage(v) for v in self.variables)
+
+    def in_checkpoint(self, variables: list) -> list:
+        """``variables`` (Keras variables of the model, in its order) with each trainable one's
+        block in its place. A backup tracks these with `block_shapes`: each block is saved whole
+        (its replicas' blocks gathered) under the key the whole variable
+        has in an unsharded run's backup, and restored by giving each replica its block for the
+        replica count of the run that reads it (`tfdist.training.zero.checkpoint`). The blocks
+        live from the first fit on, so a backup made then serves every later fit."""
+        blocks = {id(v): b for v, b in zip(self.variables, self.blocks)}
+        return [blocks.get(id(v), v) for v in variables]
 
     def cut(self) -> None:
         """Every trainable variable into its blocks, its storage dropped (a fit's start)."""
