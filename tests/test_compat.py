@@ -46,6 +46,7 @@ def test_shim_table():
         "multi_worker_reduce",
         "atomic_assign_add",
         "sharded_variables",
+        "thread_losses",
     )
     assert _compat.SHARDED_VARIABLE_SHIMS == (
         "sharded_gradients",
@@ -108,6 +109,10 @@ def test_upstream_assign_add_is_still_read_then_write():
     assert _compat.keras_assign_add_is_read_then_write()
 
 
+def test_upstream_layers_still_keep_add_loss_terms_in_one_shared_list():
+    assert _compat.keras_layer_losses_are_shared()
+
+
 def test_upstream_optimizer_still_all_reduces_through_the_hook():
     """`gradients_already_summed` swaps this private method; fails if Keras renames it."""
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
@@ -154,6 +159,7 @@ def _upstream(name):
         ("multi_worker_reduce", _compat.keras_reduces_scalars_on_axis_0),
         ("atomic_assign_add", _compat.keras_assign_add_is_read_then_write),
         ("sharded_variables", _compat.keras_updates_sharded_through_extended_update),
+        ("thread_losses", _compat.keras_layer_losses_are_shared),
         ("sharded_weight_decay", _compat.keras_weight_decay_uses_extended_update),
         ("sharded_slots", _compat.keras_slots_colocate_with_reference),
     ],
@@ -239,6 +245,27 @@ def test_atomic_assign_add_keeps_keras_semantics():
     i = keras.Variable(0, dtype="int64")
     i.assign_add(1)
     assert int(i.numpy()) == 1
+
+
+def test_add_loss_terms_are_kept_per_thread():
+    """MirroredStrategy's replica threads each see their own terms (issue 42); Keras's own
+    clear at a top-level call clears this thread's only."""
+    import threading
+
+    layer = keras.layers.ActivityRegularization(l2=1.0)
+    layer(tf.ones([2, 3]))
+    seen = {}
+
+    def other():
+        seen["before"] = len(layer.losses)
+        layer(2.0 * tf.ones([1, 3]))
+        seen["after"] = [float(t) for t in layer.losses]
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == {"before": 0, "after": [12.0]}  # 1.0 * 12 / 1 example
+    assert [float(t) for t in layer.losses] == [3.0]  # 1.0 * 6 / 2 examples: this thread's own
 
 
 def test_importing_tfdist_leaves_tensorflow_uninitialised():

@@ -47,6 +47,13 @@ from tfdist._compat.keras_internals.multi_worker_fit import (
     maybe_symbolic_build,
 )
 from tfdist._compat.keras_internals.optimizer import gradients_already_summed
+from tfdist._compat.keras_internals.thread_losses import (
+    LAYER,
+    keras_layer_losses_are_shared,
+    make_add_loss,
+    make_clear_losses,
+    make_get_own_losses,
+)
 from tfdist._compat.shims import Patch, Shim, apply_table, disabled, in_force, original
 from tfdist._compat.tf_internals.inputs import one_cpu_replica, plain_iterator
 from tfdist._compat.tf_internals.partitioned import (
@@ -112,6 +119,16 @@ SHIM_TABLE: tuple[Shim, ...] = (
         (
             Patch(TF_OPTIMIZER, "_distributed_tf_update_step", make_sharded_update),
             Patch(KERAS_VARIABLE, "__array__", make_array),
+        ),
+    ),
+    Shim(
+        "thread_losses",
+        "Keras keeps add_loss terms in one list per layer, shared by MirroredStrategy's threads",
+        keras_layer_losses_are_shared,
+        (
+            Patch(LAYER, "add_loss", make_add_loss),
+            Patch(LAYER, "_get_own_losses", make_get_own_losses),
+            Patch(LAYER, "_clear_losses", make_clear_losses),
         ),
     ),
 )
@@ -200,6 +217,7 @@ __all__ = [
     "in_force",
     "is_sharded_variable",
     "keras_assign_add_is_read_then_write",
+    "keras_layer_losses_are_shared",
     "keras_reduces_batch_to_build",
     "keras_reduces_scalars_on_axis_0",
     "keras_slots_colocate_with_reference",

@@ -7,6 +7,7 @@
 - ``optimizer``: ``gradients_already_summed``: a Keras optimizer that does not all-reduce;
   ``apply_in_cross_replica_context``: one that applies from cross-replica context.
 - ``atomic``: shim ``atomic_assign_add``: Keras variable increments as one atomic TF op.
+- ``thread_losses``: shim ``thread_losses``: each thread's ``add_loss`` terms in a list of its own.
 - ``scope_moves``: the user's live Keras objects moved into a strategy scope.
 - ``layer_graph``: a functional model's calls in order, nested models flattened.
 - ``unit_calls``: a functional model called one top-level layer at a time; storage-less variables.

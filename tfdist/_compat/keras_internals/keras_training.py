@@ -153,5 +153,5 @@ def activity_losses(model: keras.Model) -> list[tf.Tensor]:
                     "tfdist/_compat/keras_internals/keras_training.py."
                 )
             continue
-        found.extend(own)
+        found.extend(layer._get_own_losses())  # this thread's (shim ``thread_losses``)
     return found
