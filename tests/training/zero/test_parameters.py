@@ -6,7 +6,10 @@ the same strategy, data and initial weights; the final weights (and moving stati
 agree to 1e-6, with SGD and Adam at 2 replicas, and Adam at 3 (blocks padded). The models carry
 the prototype's hazards: BatchNormalization's moving statistics, a kernel regularizer and an
 activity regularizer (losses computed inside each layer's gather), a MaxNorm constraint
-(applied to the gathered whole); a tiny transformer block (attention, layer norm, a residual).
+(applied to the gathered whole), and after it a layer that counts its calls in a ``"sum"``
+variable (its merge_call let the unsharded reference's replicas share their ``add_loss`` terms,
+the activity regularizer's gradient lost on one: issue 42); a tiny transformer block
+(attention, layer norm, a residual).
 A read of a weight outside its layer's gather raises; a subclassed model is refused by name.
 """
 
@@ -16,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tests.training.zero.test_per_layer import Counts
 from tfdist.training.zero.parameters import ParameterState, ParameterStep
 
 G, STEPS = 12, 3
@@ -36,6 +40,7 @@ def _mlp():
                 activity_regularizer=keras.regularizers.L2(0.01),
                 kernel_constraint=keras.constraints.MaxNorm(0.5),
             ),
+            Counts(),
             keras.layers.Dense(3),
         ]
     )

@@ -6,7 +6,10 @@ patched to None) and unsharded. Per-layer and whole-model sum the same two repli
 for each element: the MLP's weights are equal bit for bit (Adam, accumulation); the
 transformer's within 2e-7 (its attention's recomputed backward; against Keras on one device:
 test_sharding_transformers.py). The MLP also runs on sharded parameters (ZeRO-3: its
-accumulation), and its layers without variables add losses that must count once.
+accumulation), and its layers without variables add losses that must count once. Its first
+layer counts its calls (a ``"sum"`` variable's ``assign_add``: a merge_call in the forward pass):
+the logged loss and metric must still agree (issue 42: the unsharded run's replicas shared
+their ``add_loss`` terms; tfdist/_compat/keras_internals/thread_losses.py).
 """
 
 import keras
@@ -29,12 +32,28 @@ class _AddsLoss(keras.layers.Layer):
         return x
 
 
+class Counts(keras.layers.Layer):
+    """No trainable variables; counts its calls in a ``"sum"`` variable (summed over replicas)."""
+
+    def build(self, shape):
+        self.count = self.add_weight(
+            shape=(), initializer="zeros", trainable=False, aggregation="sum", dtype="int32"
+        )
+
+    def call(self, x):
+        self.count.assign_add(1)
+        return x
+
+
 def mlp():
-    """Dense with an L2 regularizer, BatchNormalization, two layers without variables that add
-    losses (``ActivityRegularization``, `_AddsLoss`), Dense: fixed initial weights."""
+    """A call counter (`Counts`), Dense with an L2 regularizer, BatchNormalization, two layers
+    without variables that add losses (``ActivityRegularization``, `_AddsLoss`), Dense: fixed
+    initial weights."""
     keras.utils.set_random_seed(3)
     x = keras.Input((6,))
-    h = keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L2(0.01))(x)
+    h = keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L2(0.01))(
+        Counts()(x)
+    )
     h = keras.layers.BatchNormalization()(h)
     h = _AddsLoss()(keras.layers.ActivityRegularization(l2=0.1)(h))
     return keras.Model(x, keras.layers.Dense(3)(h))
@@ -62,7 +81,8 @@ def spy(monkeypatch):
 
 
 def _fit(optimizer, sharding, k=1):
-    """The weights (moving statistics too) and the logged loss after 3 updates."""
+    """The weights (moving statistics and the call count too) and the last logs (loss and
+    accuracy) after 3 updates."""
 
     def build():
         model = mlp()
@@ -74,12 +94,13 @@ def _fit(optimizer, sharding, k=1):
         strategy=mirrored(),
         optimizer=OPTIMIZERS[optimizer](),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["sparse_categorical_accuracy"],
         accumulation_steps=k,
         sharding=sharding,
     )
     xs, ys = data(48)
     history = trainer.fit(xs, ys, batch_size=16 // k, epochs=1, steps_per_epoch=3, verbose=0)
-    return trainer.model.get_weights(), history.history["loss"][-1]
+    return trainer.model.get_weights(), {name: v[-1] for name, v in history.history.items()}
 
 
 def _gap(a, b):
@@ -91,17 +112,22 @@ def test_an_mlp_trains_per_layer_and_on_sharded_parameters_as_unsharded(spy):
     # updated at each. Both paths read `model.losses` as their units' terms: the layers without
     # variables run outside the units, and their add_loss terms must still count once (before
     # the fix they were dropped: SGD k=1, weights 1.1e-2 apart, loss 1.279 against 1.578).
-    (per, per_loss), (unsharded, loss) = _fit("adam", "gradients", 2), _fit("adam", None, 2)
+    # The counter's merge_call let the unsharded run's second replica log the first's add_loss
+    # terms too (without the thread_losses shim its loss was 0.419 higher here; the weights
+    # agreed). Its count is summed over the replicas on every path (16158a2).
+    (per, per_logs), (unsharded, logs) = _fit("adam", "gradients", 2), _fit("adam", None, 2)
     assert spy.calls, "the per-layer exchange did not run"
     # Sharded parameters (ZeRO-3) accumulate alike: the blocks' gradients summed over the
     # micro-batches (tests/training/zero/test_parameters_trainer.py: the rest of its fit).
-    zero3, zero3_loss = _fit("adam", "parameters", 2)
+    zero3, zero3_logs = _fit("adam", "parameters", 2)
     spy.whole()
     before, _ = _fit("adam", "gradients", 2)
     assert _gap(per, before) == 0.0, _gap(per, before)
     assert _gap(per, unsharded) <= 1e-6 and _gap(zero3, unsharded) <= 1e-6
     assert _gap(unsharded, W0) > 1e-3  # the runs train
-    assert abs(per_loss - loss) <= 1e-6 and abs(zero3_loss - loss) <= 1e-6
+    assert {"loss", "sparse_categorical_accuracy"} <= set(logs) == set(per_logs) == set(zero3_logs)
+    for name, value in logs.items():
+        assert abs(per_logs[name] - value) <= 1e-6 and abs(zero3_logs[name] - value) <= 1e-6, name
 
 
 def test_a_transformer_trains_per_layer_as_before(spy):
