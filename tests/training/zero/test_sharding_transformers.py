@@ -1,10 +1,17 @@
-"""Sharding (ZeRO-1/2) of transformers against plain Keras ``fit`` on one device, mirrored x2.
+"""Sharding of transformers: ZeRO-1/2 against plain Keras ``fit`` on one device (mirrored x2),
+ZeRO-3 (``sharding="parameters"``) against the unsharded Trainer (mirrored x2 and x3).
 
 A ``Dense`` layer on 3-D input has a kernel gradient of partly unknown static shape, and an
 ``Embedding``'s gradient is a ``tf.IndexedSlices`` whose duplicate rows Keras's Adam squares
 apart: the block layout must come from the variables' shapes, and each replica's block of a
 sparse gradient must stay sparse. Each run is compared with plain Keras on one device with the
 same global batch (tests/keras_parity/parity.py's harness), to 1e-5.
+
+KerasHub models are built from their constructors (random weights; no preset, nothing is
+downloaded). Under ``sharding="parameters"`` a task's nested backbone runs layer by layer: each
+transformer layer is a unit (gathered alone), a tied embedding (GPT-2's logits) is gathered at
+each of its two uses, a ``keras.ops`` node (BERT's ``x[:, 0]``) runs as it is, padding masks
+are integer inputs, dropout draws the same masks as unsharded.
 """
 
 import dataclasses
@@ -59,7 +66,19 @@ OPTIMIZERS = {
     "sgd": lambda: keras.optimizers.SGD(0.5),
     # Clipping reads whole tensors' norms: a sparse block's from its values, as Keras's does.
     "adam_global_clipnorm": lambda: keras.optimizers.Adam(0.02, global_clipnorm=0.05),
+    "adamw": lambda: _adamw(),
+    # A key bias's gradient is rounding noise (softmax ignores a shift of the keys), which
+    # Adam turns into steps of up to its learning rate: GPT-2's moved 9.7e-6 apart between
+    # sharded and unsharded at 0.02 (SGD's weights: 6e-8).
+    "adam_small_lr": lambda: keras.optimizers.Adam(0.002),
 }
+
+
+def _adamw():
+    # Decay on every weight but biases and layer norms', as KerasHub's fine-tuning guides do.
+    optimizer = keras.optimizers.AdamW(0.02, weight_decay=0.1)
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    return optimizer
 
 
 def lm_row(optimizer, sharding=None, k=1):
@@ -180,3 +199,107 @@ def test_sparse_dense_sums_the_rows_first_sharded_as_unsharded():
 
     plain, sharded = fit(None), fit("gradients")
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(plain, sharded)) <= 1e-6
+
+
+def gpt2_causal_lm():
+    """KerasHub's GPT-2 causal LM (2 transformer layers, dropout on, logits from the tied
+    token embedding), from its constructors."""
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
+    )
+    # A task compiles itself when made; the Trainer compiles it again with its arguments.
+    return fixed_weights(keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None))
+
+
+def bert_classifier():
+    """KerasHub's BERT text classifier (2 transformer layers, dropout on), from its
+    constructors: a pooled output read through ``x[:, 0]``, a head on the backbone's dict."""
+    import keras_hub
+
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
+    )
+    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=3, preprocessor=None)
+    return fixed_weights(classifier)
+
+
+def zero3_row(model, optimizer, replicas, sharding):
+    """Two updates of ``replicas`` x 8 (x 4 at 3 replicas) examples: the LMs predict the next
+    tokens, BERT a class of each sequence; KerasHub's take padded sequences (zeros past each
+    length, and its padding mask)."""
+    x, y = text()
+    lengths = np.random.default_rng(1).integers(3, SEQ + 1, (N, 1))
+    mask = (np.arange(SEQ)[None, :] < lengths).astype(np.int32)
+    inputs = x if model == "lm" else {"token_ids": x * mask, "padding_mask": mask}
+    if model == "bert":
+        inputs["segment_ids"] = np.zeros_like(mask)
+        y = (x[:, 0] % 3).astype(np.int32)
+    batch = BATCH if replicas == 2 else 12
+
+    def fit():
+        x_fit, y_fit = tf.nest.map_structure(lambda v: v[: 2 * batch], (inputs, y))
+        return dict(x=x_fit, y=y_fit, batch_size=batch, epochs=1, shuffle=False)
+
+    return Row(
+        f"{model}_{optimizer}_{sharding}",
+        {"gpt2": gpt2_causal_lm, "bert": bert_classifier, "lm": lm}[model],
+        lambda: dict(
+            optimizer=OPTIMIZERS[optimizer](),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        ),
+        fit,
+        trainer=dict(sharding=sharding),
+        strategies=("mirrored",),
+    )
+
+
+@functools.cache
+def mirrored3():
+    return tfdist.make_strategy("mirrored", num_devices=3)
+
+
+@pytest.mark.parametrize(
+    "model, optimizer, replicas",
+    [
+        ("gpt2", "adam_small_lr", 2),
+        ("bert", "sgd", 2),
+        # Padded blocks; AdamW's decay on the blocks (biases and norms excluded); Adam's
+        # squares of an Embedding's duplicate rows, kept apart in each block.
+        ("lm", "adamw", 3),
+    ],
+)
+def test_transformers_train_with_sharded_parameters_as_unsharded(model, optimizer, replicas):
+    strategy = mirrored() if replicas == 2 else mirrored3()
+    plain, mine = (
+        run_trainer(zero3_row(model, optimizer, replicas, sharding), strategy)
+        for sharding in (None, "parameters")
+    )
+    assert _gap(plain.weights, mine.weights) <= 1e-6
+    np.testing.assert_allclose(mine.history["loss"], plain.history["loss"], rtol=0, atol=1e-6)
+    first = zero3_row(model, optimizer, replicas, None).model()
+    assert _gap(plain.weights, first.get_weights()) > 1e-3  # the runs train
+    if model != "lm":
+        # The backbone's transformer layers are the units: the largest one is gathered alone.
+        backbone = first.backbone
+        largest = max(_bytes_of(la) for la in backbone.transformer_layers)
+        assert mine.model.replica_bytes["gathered_unit"] == largest < _bytes_of(backbone)
+
+
+def _bytes_of(layer):
+    return sum(v.numpy().nbytes for v in layer.trainable_variables)
+
+
+def _gap(a, b):
+    return max(float(np.max(np.abs(p - q))) for p, q in zip(a, b, strict=True))

@@ -1,13 +1,16 @@
-"""A functional model called one top-level layer at a time, and Keras variables without storage.
+"""A functional model called one layer at a time, and Keras variables without storage.
 
 Sharded parameters (ZeRO-3, `tfdist.training.zero.parameters`) keep each trainable variable
 only as one block per replica: the model's Keras variables keep their shapes and no storage,
-and each top-level layer runs with its weights gathered just before it. Keras has no public
+and each layer runs with its weights gathered just before it. Keras has no public
 hook for either, so these name its internals once:
 
 - `call_by_layer`: ``Functional.call`` with each layer's call wrapped, as Keras's own
   ``operation_fn`` wraps it (``Functional._run_through_graph``; a Sequential through its
-  ``_functional``);
+  ``_functional``); a nested model whose call is Keras's own run through its graph (a
+  functional or Sequential model inside another, a KerasHub backbone inside its task) is run
+  through its graph in turn, so that each of its layers is wrapped (`unit_layers`), and a Keras
+  op on tensors (``x[:, 0]``, ``ops.concatenate``: no variables, no losses) is called as it is;
 - `drop_storage`: a Keras variable whose TF variable is released (``_value``);
 - `guard_reads`: a read of such a variable outside a ``StatelessScope`` that maps it calls its
   initializer (``_initializer``), which then raises instead of handing back the initial value;
@@ -20,10 +23,14 @@ hook for either, so these name its internals once:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
+
+from tfdist._compat.keras_internals.layer_graph import graph_model
+from tfdist._compat.keras_internals.masks import with_keras_mask
 
 
 def functional_graph(model: keras.Model) -> Any:
@@ -36,15 +43,32 @@ def functional_graph(model: keras.Model) -> Any:
     return None
 
 
+def runs_its_graph(layer: Any) -> bool:
+    """Whether ``layer`` is a built model whose call is Keras's own run through its functional
+    graph (a functional or Sequential model, a KerasHub backbone; not one whose ``call`` a
+    subclass overrides)."""
+    return isinstance(layer, keras.Model) and layer.built and graph_model(layer) is not None
+
+
+def unit_layers(model: keras.Model) -> list[Any]:
+    """The layers `call_by_layer` wraps one at a time: ``model``'s own, each nested model that
+    `runs_its_graph` replaced by its layers (recursively)."""
+    found: list[Any] = []
+    for layer in model.layers:
+        found.extend(unit_layers(layer) if runs_its_graph(layer) else [layer])
+    return found
+
+
 def call_by_layer(
     model: keras.Model,
     inputs: Any,
     wrap: Callable[[Any, dict[str, Any]], Callable[..., Any]],
     **ctx,
 ) -> Any:
-    """``model(inputs, **ctx)`` with each top-level layer ``op`` called through
+    """``model(inputs, **ctx)`` with each layer ``op`` of `unit_layers` called through
     ``wrap(op, context)`` (``context``: the call-context arguments, ``training``, that Keras
-    would pass it), as ``Functional.call`` runs it.
+    would pass it), as ``Functional.call`` runs it; nested models that `runs_its_graph` are
+    run through their graphs in turn, Keras ops on tensors as they are.
 
     Raises:
         ValueError: If ``model`` has no functional graph (`functional_graph`).
@@ -57,10 +81,27 @@ def call_by_layer(
     def operation_fn(op: Any) -> Callable[..., Any]:
         names = getattr(op, "_call_context_args", {})
         context = {k: v for k, v in ctx.items() if k in names and v is not None}
+        if not isinstance(op, keras.layers.Layer):
+            return op
+        if runs_its_graph(op):
+            return functools.partial(_nested, op, wrap, context)
         return wrap(op, context)
 
     outputs = graph._run_through_graph(inputs, operation_fn=operation_fn)
     return outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
+
+
+def _nested(model: keras.Model, wrap: Callable, context: dict, *args: Any, **kwargs: Any) -> Any:
+    """A nested ``model`` called as ``model(*args, **kwargs)`` at its node, run through its
+    graph layer by layer (as ``Functional.call``: a ``mask=`` argument set on its inputs; the
+    enclosing call's context over the node's own arguments, as Keras's ``operation_fn``)."""
+    inputs = args[0] if args else kwargs.pop("inputs")
+    mask = kwargs.pop("mask", None)
+    if mask is not None:
+        for tensor, one in zip(keras.tree.flatten(inputs), keras.tree.flatten(mask)):
+            with_keras_mask(tensor, one)
+    own = {k: v for k, v in kwargs.items() if k in getattr(model, "_call_context_args", {})}
+    return call_by_layer(model, inputs, wrap, **{**own, **context})
 
 
 def drop_storage(variable: keras.Variable) -> None:

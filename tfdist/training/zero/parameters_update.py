@@ -6,7 +6,9 @@ another update (by way of `tfdist.training.zero.update.ShardedUpdate`, whose who
 it shares: norm clipping on the whole tensors' norms):
 
 - micro-step: the forward pass unit by unit on this replica's blocks
-  (`tfdist.training.zero.units.Units`: each top-level layer's weights gathered just before it),
+  (`tfdist.training.zero.units.Units`: each layer's weights gathered just before it; a nested
+  functional model, a KerasHub backbone, runs layer by layer), an ``Embedding``'s sparse
+  gradient kept sparse in its block (`BlockUnits`),
   the units' regularizers and ``add_loss`` terms entering Keras's loss as the layers' own
   (`tfdist._compat.keras_internals.unit_calls.losses_as`), the Trainer's objective
   (`tfdist.training.step.objective`: the loss normalised by the global batch, the loss tracker,
@@ -44,6 +46,7 @@ from tfdist.training.step.objective import record
 from tfdist.training.step.update import batch_size_of
 from tfdist.training.zero.layout import shard_size
 from tfdist.training.zero.parameters import ParameterState, constrain
+from tfdist.training.zero.per_layer import block_of_gradient
 from tfdist.training.zero.state import elements
 from tfdist.training.zero.units import Units, forward_and_objective, forward_never_empty
 from tfdist.training.zero.update import ShardedUpdate
@@ -52,6 +55,30 @@ from tfdist.training.zero.update import ShardedUpdate
 def _blocks(state: ParameterState) -> list[tf.Tensor]:
     """This replica's blocks, read now (replica context)."""
     return [tf.convert_to_tensor(b.value) for b in state.blocks]
+
+
+class BlockUnits(Units):
+    """`Units` whose sparse weight gradients stay sparse: an ``Embedding``'s rows gathered from
+    every replica in its backward and cut to this replica's block, duplicates kept, as the
+    unsharded exchange keeps them (Keras's Adam squares duplicate rows apart: their sum, dense,
+    moved BERT's segment embedding 0.1 away from unsharded in two updates); summed into a dense
+    block first with ``sparse="dense"``, as the unsharded exchange then sums them.
+
+    Args:
+        model: The model, its trainable variables cut (`ParameterState`).
+        num_replicas: ``num_replicas_in_sync``.
+        sparse_as_dense: ``ExchangeOptions(sparse="dense")``.
+    """
+
+    def __init__(self, model: Any, num_replicas: int, *, sparse_as_dense: bool) -> None:
+        super().__init__(model, num_replicas)
+        self.sparse_as_dense = sparse_as_dense
+
+    def _blocks_of(self, op: Any, grads: list) -> list:
+        return [
+            block_of_gradient(g, v.shape, self.num_replicas, self.sparse_as_dense)
+            for g, v in zip(grads, op.trainable_variables)
+        ]
 
 
 class ParametersUpdate(ShardedUpdate):
@@ -66,7 +93,7 @@ class ParametersUpdate(ShardedUpdate):
 
     def __init__(self, *args: Any, state: ParameterState, **kwargs: Any) -> None:
         super().__init__(*args, state=state, **kwargs)  # type: ignore[arg-type]
-        self.units = Units(self.model, self.num_replicas)
+        self.units = BlockUnits(self.model, self.num_replicas, sparse_as_dense=self.sparse_as_dense)
         # The optimizer's own are off during a fit (`ParameterState.cut`): it sees blocks.
         self.clipnorm, self.global_clipnorm = state.clipping
 

@@ -55,6 +55,7 @@ import keras
 import tensorflow as tf
 
 from tfdist._compat.keras_internals.keras_training import variable_key, weight_decay_exclusions
+from tfdist._compat.keras_internals.unit_calls import unit_layers
 from tfdist.config import invalid_argument
 from tfdist.training.zero.checkpoint import save_whole
 from tfdist.training.zero.layout import shard_size
@@ -243,7 +244,7 @@ def replica_bytes(
     sharded); ``gradients``: the gradient buffers an update keeps (whole, or blocks under
     ``"gradients"`` and ``"parameters"``; twice with accumulation: the sum and one
     micro-batch's); ``master_shards``: the blocks the optimizer updates (under ``"parameters"``
-    the blocks are the parameters: none); ``gathered_unit``: the largest top-level layer's
+    the blocks are the parameters: none); ``gathered_unit``: the largest unit's (layer's)
     trainable variables whole, which ``"parameters"`` gathers while that layer runs (else 0).
     """
     full_shapes = full_shapes or {}
@@ -261,7 +262,8 @@ def replica_bytes(
     buffers = 2 if accumulation_steps > 1 else 1
     params = sum(_bytes(v) for v in model.variables)
     blocks_only = sharding == "parameters"
-    unit = max((sum(_bytes(v) for v in la.trainable_variables) for la in model.layers), default=0)
+    layers = unit_layers(model)  # nested functional models: their layers, as they run
+    unit = max((sum(_bytes(v) for v in la.trainable_variables) for la in layers), default=0)
     return {
         "parameters": params - whole + cut if blocks_only else params,
         "optimizer_state": state,

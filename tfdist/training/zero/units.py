@@ -24,8 +24,9 @@ variables under an empty one: their ``add_loss`` terms (``ActivityRegularization
 there too, so every layer's terms count once. MirroredStrategy traces its replicas in concurrent
 threads: what one replica's trace collects is thread-local.
 
-A nested model is one unit (all its weights whole at once); a shared layer is gathered at each
-use.
+A nested functional or Sequential model (a KerasHub backbone in its task) runs layer by layer
+too, each of its layers a unit (`tfdist._compat.keras_internals.unit_calls.call_by_layer`); a
+subclassed one is one unit. A shared layer (a tied embedding) is gathered at each use.
 """
 
 from __future__ import annotations
