@@ -273,6 +273,17 @@ class ClockedRunner(Protocol):
 
 
 @runtime_checkable
+class MetricResettingRunner(Protocol):
+    """Resets a model's metrics with no collective: Keras's reset, in cross-replica context,
+    reads each replica-local variable back (an all-reduce each on multi_worker). The sync
+    runners."""
+
+    def reset_metrics(self, model: Any) -> None:
+        """``model.reset_metrics()``, the same state after it, each replica's copy reset where
+        it lives."""
+
+
+@runtime_checkable
 class SelfWatchingRunner(Protocol):
     """Times some sections of the loop itself, which the fit's watchdog then leaves to it
     (parameter_server: the coordinator waits there for workers' calls, and a stuck worker is

@@ -11,6 +11,7 @@ import tensorflow as tf
 from tfdist.config import invalid_argument
 from tfdist.data.inputs import InputSource
 from tfdist.strategies.base import STEPS_RUN_KEY
+from tfdist.training.fit.one_epoch import reset_metrics
 from tfdist.training.fit.sources import check_targets, runs_until_exhausted
 from tfdist.training.functions import StepFunctions
 
@@ -63,7 +64,7 @@ def evaluate(
     iterator = runner.make_iterator(runner.distribute(source, training=False))
     hooks = callbacks if callbacks is not None else keras.callbacks.CallbackList()
     hooks.on_test_begin()
-    functions.model.reset_metrics()
+    reset_metrics(runner, functions.model)
     logs: dict[str, float] = {}
     done = 0
     bar = _progress_bar(functions, steps, verbose)

@@ -25,7 +25,7 @@ import keras
 
 from tfdist.config import PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from tfdist.data.inputs import InputSource
-from tfdist.strategies.base import STEPS_RUN_KEY, LogsFn, Runner
+from tfdist.strategies.base import STEPS_RUN_KEY, LogsFn, MetricResettingRunner, Runner
 from tfdist.training.backup.writer import Backup, Position
 from tfdist.training.fit.preemption import PreemptionWatcher
 from tfdist.training.health.monitor import Health
@@ -38,6 +38,16 @@ StartUpdates = Callable[[int, Any, int], Any]
 #: ``validate(epoch, callbacks)``: evaluates after ``epoch`` (or returns {} when that epoch does
 #: not validate), calling ``callbacks``' test hooks, and returns the logs.
 Validate = Callable[[int, keras.callbacks.CallbackList], dict[str, float]]
+
+
+def reset_metrics(runner: Runner, model: keras.Model) -> None:
+    """``model.reset_metrics()``, by the runner where it resets them with no collective (at
+    each epoch's and evaluation's start: on multi_worker, Keras's own reset is an all-reduce
+    per metric variable)."""
+    if isinstance(runner, MetricResettingRunner):
+        runner.reset_metrics(model)
+    else:
+        model.reset_metrics()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from tfdist.data.release import release
 from tfdist.training.backup.writer import Position
 from tfdist.training.fit.arguments import FitArguments
 from tfdist.training.fit.chief_only import FitCallbackList, chief_writes_only, for_this_worker
-from tfdist.training.fit.one_epoch import EpochLoop, FitRun
+from tfdist.training.fit.one_epoch import EpochLoop, FitRun, reset_metrics
 from tfdist.training.fit.preemption import PreemptionWatcher
 
 
@@ -136,8 +136,8 @@ def _train_epoch(
         if not repeat:  # Keras's fit makes an unused iterator between epochs: so do we
             source.spare_iterator(epochs_before=epochs_before)
         iterator, persistent = _epoch_iterator(loop.run, epoch, first_step, repeat, persistent)
-    with loop.section("metrics"):  # a collective on MultiWorkerMirrored
-        loop.run.model.reset_metrics()
+    with loop.section("metrics"):
+        reset_metrics(runner, loop.run.model)
     with loop.section("epoch callbacks"):
         loop.callbacks.on_epoch_begin(epoch)
     logs = loop.epoch(epoch, iterator, first_step=first_step)
