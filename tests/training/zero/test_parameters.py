@@ -26,7 +26,7 @@ G, STEPS = 12, 3
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def _mlp():
+def _mlp(*, counter=False):
     return keras.Sequential(
         [
             keras.Input((6,)),
@@ -40,10 +40,15 @@ def _mlp():
                 activity_regularizer=keras.regularizers.L2(0.01),
                 kernel_constraint=keras.constraints.MaxNorm(0.5),
             ),
-            Counts(),
+            *([Counts()] if counter else []),
             keras.layers.Dense(3),
         ]
     )
+
+
+def _counting_mlp():
+    """`_mlp` with a call counter after its activity regularizer (issue 42)."""
+    return _mlp(counter=True)
 
 
 def _transformer():
@@ -103,8 +108,8 @@ SGD, ADAM = ("sgd", lambda: keras.optimizers.SGD(0.1)), ("adam", keras.optimizer
 
 @pytest.mark.parametrize(
     "build, replicas, optimizers",
-    [(_mlp, 2, [SGD, ADAM]), (_transformer, 2, [SGD, ADAM]), (_mlp, 3, [ADAM])],  # 3: padded
-    ids=["mlp-2", "transformer-2", "mlp-3"],
+    [(_counting_mlp, 2, [SGD, ADAM]), (_transformer, 2, [SGD, ADAM]), (_counting_mlp, 3, [ADAM])],
+    ids=["mlp-2", "transformer-2", "mlp-3"],  # 3: padded blocks
 )
 def test_sharded_parameters_train_as_unsharded(build, replicas, optimizers):
     weights = build().get_weights()
