@@ -2,8 +2,7 @@
 
 MultiWorkerMirrored gives each replica ``global_batch_size / replicas`` examples of every
 global batch. With a balanced split (`tfdist.training.balance.balancer` decides it) every worker
-reads
-the **whole** global batch, the same examples in the same order, and its replicas train on
+reads the **whole** global batch, the same examples in the same order, and its replicas train on
 their slices of it: replica ``r`` takes examples ``[sum(shares[:r]), sum(shares[:r + 1]))``.
 The shares are one int32 variable per process that every worker assigns the same values
 between calls, so a new split changes no shape in the graph and retraces nothing.
@@ -13,6 +12,14 @@ own example count over the global one (`tfdist.training.step.update`), so any sp
 same gradient (up to the order of the float sums). A global batch shorter than the
 shares (a last partial batch of arrays) is cut at its end: the last replicas get fewer
 examples, or none, and every example is still trained on exactly once.
+
+At the even split this costs what the even run does (issue 45, measured by fits alternated in
+one launch: docs/benchmarks.md): on one CPU replica the whole batches come through the even
+run's plain iterator (`SyncRunner.distribute`), the slice is cheap (a view of the batch
+where its start is aligned, else a copy of the share), and the even run's batches of tfdist's
+in-memory datasets are of unknown size too. What it does cost: an input pipeline that shards
+before a heavy per-example ``map`` does that work for every example of the global batch on
+every worker.
 """
 
 from __future__ import annotations
