@@ -159,7 +159,8 @@ class ParametersUpdate(ShardedUpdate):
 def make_parameters_eval_step(state: ParameterState) -> Callable[[Sequence[Any]], None]:
     """`tfdist.training.step.inference.make_eval_step` on sharded parameters: each batch's
     forward pass unit by unit (``training=False``), outside the step's cond on empty batches
-    (every replica takes part in every gather), its units' loss terms in Keras's loss."""
+    (every replica takes part in every gather), its units' loss terms in Keras's loss and their
+    non-trainable variables' writes made (a call counter's, as Keras's evaluate makes them)."""
     model, units = state.model, Units(state.model, state.num_replicas)
     held = threading.local()  # one replica's (MirroredStrategy traces them in threads)
 
@@ -175,6 +176,7 @@ def make_parameters_eval_step(state: ParameterState) -> Callable[[Sequence[Any]]
                 x, _, _ = unpack_x_y_sample_weight(data)
                 held.y_pred = forward_never_empty(units, x, _blocks(state), training=False)
                 held.terms = units.loss_terms()
+                units.write_updates()  # outside the cond too (a merge_call for a counter's)
                 inner([data])
         finally:
             set_losses(model, [])
