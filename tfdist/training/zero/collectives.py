@@ -165,6 +165,7 @@ def gather_into(
     *,
     num_replicas: int,
     bucket_bytes: int,
+    after: Sequence[tf.Tensor] = (),
 ) -> None:
     """Every replica's ``[S]`` blocks, all-gathered, written into every replica's copy of
     ``targets`` (whole variables), each by one dense assign of its whole value (replica
@@ -175,11 +176,13 @@ def gather_into(
     is gathered alone and whole, never in column chunks (its chunks and their concatenation would
     be alive together: twice its size). The next bucket starts once the previous one is
     written. Never a slice assign: after one, a TF variable copies itself on every later dense
-    read, for good (a whole copy of each weight from the forward to its backward).
+    read, for good (a whole copy of each weight from the forward to its backward). The first
+    bucket starts once ``after`` exists (the optimizer's update of every block: its
+    temporaries and the gradients it reads are freed before the gathers' buffers exist).
     """
     ctx = tf.distribute.get_replica_context()
     widths = [b.shape.num_elements() for b in new_blocks]
-    done: list[tf.Tensor] = []
+    done: list[tf.Tensor] = list(after)
     dtypes = [b.dtype for b in new_blocks]
     # Aligned to its own width, each variable is one chunk: whole in one bucket.
     for bucket in plan(widths, dtypes, num_replicas, bucket_bytes, align=widths):

@@ -85,6 +85,8 @@ class ShardedUpdate(TrainUpdate):
         # Read once: while replicas trace, `_no_clipping` turns the optimizer's own off.
         self.clipnorm, self.global_clipnorm = inner.clipnorm, inner.global_clipnorm
         self.per_layer = per_layer_for(self)  # ZeRO-2's exchange inside the backward, or None
+        # Per replica trace (MirroredStrategy traces each replica in a thread of its own).
+        self._local = threading.local()
 
     def _per_layer(self) -> bool:
         return self.per_layer is not None and not self.per_layer.off
@@ -158,14 +160,26 @@ class ShardedUpdate(TrainUpdate):
 
     def __call__(self, micro_batches: Sequence[Any]) -> None:
         """One update; under ``"gradients"`` each micro-batch is reduced into the blocks' sum
-        (a sparse gradient's rows are kept until the update, as `TrainUpdate` keeps them)."""
-        if not self._reduces_each_micro_batch():
-            super().__call__(micro_batches)
-            return
-        state = None
-        for data in micro_batches:
-            state = self._reduce_into(self._micro_step(data), state)
-        self.finish(state)
+        (a sparse gradient's rows are kept until the update, as `TrainUpdate` keeps them).
+
+        Under the per-layer exchange the master shards are copied from the whole variables
+        first (`_copy_masters`), while nothing but the kept state is alive: the forward's
+        stand-ins read them, so the backward starts once every copy is written.
+        """
+        at_start = self._per_layer()
+        if at_start:
+            self._copy_masters(range(len(self.state.variables)), [])
+        self._local.masters_copied = at_start  # read by `update`, in this replica's trace
+        try:
+            if not self._reduces_each_micro_batch():
+                super().__call__(micro_batches)
+                return
+            state = None
+            for data in micro_batches:
+                state = self._reduce_into(self._micro_step(data), state)
+            self.finish(state)
+        finally:
+            self._local.masters_copied = False
 
     def zeros(self) -> Any:
         """The accumulation state, in `tfdist.training.step.update.State`'s order; under
@@ -241,19 +255,15 @@ class ShardedUpdate(TrainUpdate):
         state, n = self.state, self.num_replicas
         variables = [state.variables[i] for i in self.present]
         masters = [state.masters[i] for i in self.present]
-        # After the exchange (else the copies run during the backward pass, beside its
-        # whole gradients, and raise the step's peak).
-        copied: list[tf.Tensor] = [dense_part(g) for g in grads]
-        for master, variable in zip(masters, variables):
-            # From the whole variable, which a callback, a restore or a constraint may have
-            # changed; one block after the other, so that their copies do not pile up.
-            with _after(copied):
-                copied = [block(variable.value, n, _replica_id())]
-            master.assign(copied[0])
+        if not getattr(self._local, "masters_copied", False):
+            # After the exchange (else the copies run during the backward pass, beside its
+            # whole gradients, and raise the step's peak).
+            self._copy_masters(self.present, [dense_part(g) for g in grads])
         grads = self._whole_tensor_views(list(grads))
         inner = inner_optimizer(self.optimizer)
         with _no_clipping(inner):
             self.optimizer.apply(grads, masters)
+        # Read after the optimizer's update (automatic control dependencies order them).
         updated = [tf.convert_to_tensor(m.value) for m in masters]
         gather_into(
             updated,
@@ -261,7 +271,18 @@ class ShardedUpdate(TrainUpdate):
             [v.constraint for v in variables],
             num_replicas=n,
             bucket_bytes=GATHER_BUCKET_BYTES,
+            after=updated,  # every block updated (the optimizer's temporaries gone) first
         )
+
+    def _copy_masters(self, indices: Sequence[int], after: list[tf.Tensor]) -> None:
+        """Master shards ``indices`` take this replica's block of their whole variables (which
+        a callback, a restore or a constraint may have changed), once ``after`` exists; one
+        block after the other, so that their copies do not pile up (replica context)."""
+        state, copied = self.state, list(after)
+        for i in indices:
+            with _after(copied):
+                copied = [block(state.variables[i].value, self.num_replicas, _replica_id())]
+            state.masters[i].assign(copied[0])
 
     def _whole_tensor_views(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """Norm clipping on the whole tensors' norms, and one finite decision for all replicas.
