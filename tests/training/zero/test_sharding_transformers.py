@@ -202,13 +202,13 @@ def test_sparse_dense_sums_the_rows_first_sharded_as_unsharded():
 
 
 def gpt2_causal_lm():
-    """KerasHub's GPT-2 causal LM (2 transformer layers, dropout on, logits from the tied
-    token embedding), from its constructors."""
+    """KerasHub's GPT-2 causal LM (1 transformer layer: each costs the test a trace of its
+    custom gradient; dropout on, logits from the tied token embedding), from its constructors."""
     import keras_hub
 
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=VOCAB,
-        num_layers=2,
+        num_layers=1,
         num_heads=2,
         hidden_dim=32,
         intermediate_dim=64,
@@ -219,13 +219,13 @@ def gpt2_causal_lm():
 
 
 def bert_classifier():
-    """KerasHub's BERT text classifier (2 transformer layers, dropout on), from its
+    """KerasHub's BERT text classifier (1 transformer layer, dropout on), from its
     constructors: a pooled output read through ``x[:, 0]``, a head on the backbone's dict."""
     import keras_hub
 
     backbone = keras_hub.models.BertBackbone(
         vocabulary_size=VOCAB,
-        num_layers=2,
+        num_layers=1,
         num_heads=2,
         hidden_dim=32,
         intermediate_dim=64,
