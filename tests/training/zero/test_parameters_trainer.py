@@ -7,7 +7,8 @@ validation logs alike; after fit the model is whole (``get_weights``, ``save`` +
 and a second fit cuts it again. SGD, accumulation (Adam, k=2) and variable-less ``add_loss``
 layers: tests/training/zero/test_per_layer.py; the transformer block: test_parameters.py. Two
 real MultiWorkerMirrored workers: tests/strategies/test_multi_worker.py (the shared launch's
-``trainer_zero3`` mode). Each refusal names its argument, before anything is traced.
+``trainer_zero3`` mode). Each refusal names its argument, before anything is traced. AdamW's
+exclusions from weight decay by variable object hold for the blocks (and ZeRO-1's master shards).
 """
 
 import logging
@@ -245,3 +246,45 @@ def test_callbacks_that_read_the_weights_during_fit_are_refused_at_its_start(tmp
         keras.callbacks.ReduceLROnPlateau(monitor="loss"),
     ]
     assert not [c for c in accepted if reads_weights(c)]
+
+
+def _decayed_mlp(*, compiled=True):
+    """A Dense, a LayerNormalization and a Dense, compiled with AdamW that excludes the
+    normalization's gamma and the last bias from weight decay by object (``var_list=``)."""
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(9, activation="tanh"),
+            keras.layers.LayerNormalization(),
+            keras.layers.Dense(3),
+        ]
+    )
+    if compiled:
+        optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.1)
+        optimizer.exclude_from_weight_decay(var_list=[model.layers[1].gamma, model.layers[2].bias])
+        model.compile(optimizer=optimizer, loss=LOSS)
+    return model
+
+
+def test_weight_decay_exclusions_by_object_follow_every_sharding():
+    # Excluded by the variable objects (by name: tests/training/zero/test_sharding.py): the
+    # blocks and master shards are other variables, and must be excluded too. gamma starts at
+    # 1, so each update's decay of it would be 1e-3 (lr x weight_decay): far above 1e-6.
+    # "gradients" makes its master shards as "optimizer" does (zero/state.py's ShardedState).
+    weights = _decayed_mlp(compiled=False).get_weights()
+    x, y = _data(_decayed_mlp(compiled=False))
+    final = {}
+    for sharding in (None, "parameters", "optimizer"):
+        trainer = tfdist.Trainer(
+            lambda: _with(_decayed_mlp(), weights),
+            strategy=tfdist.make_strategy("mirrored", num_devices=2),
+            sharding=sharding,
+        )
+        trainer.fit(x, y, batch_size=G, epochs=1, shuffle=False, verbose=0)
+        final[sharding] = trainer.model.get_weights()
+    # The reference is Keras's own fit on one device (the global batch): the exclusions hold.
+    plain = _with(_decayed_mlp(), weights)
+    plain.fit(x, y, batch_size=G, epochs=1, shuffle=False, verbose=0)
+    assert _gap(final[None], plain.get_weights()) <= 1e-5
+    gaps = {sharding: _gap(final[sharding], final[None]) for sharding in final}
+    assert all(gap <= 1e-6 for gap in gaps.values()), gaps

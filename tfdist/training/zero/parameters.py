@@ -58,6 +58,7 @@ from tfdist.training.zero.checkpoint import save_whole
 from tfdist.training.zero.layout import block
 from tfdist.training.zero.state import (
     check_optimizer,
+    exclude_alike,
     inner_optimizer,
     master_shard,
     slots_per_replica,
@@ -157,6 +158,7 @@ class ParameterState:
         }
         #: ``id`` of each block's TF variable -> its variable's whole shape (`in_checkpoint`).
         self.block_shapes = {id(b.value): v.shape for v, b in zip(self.variables, self.blocks)}
+        exclude_alike(inner_optimizer(optimizer), self.variables, self.blocks)
         optimizers = {id(o): o for o in (optimizer, inner_optimizer(optimizer))}
         save_whole(list(optimizers.values()), self.full_shapes, strategy)
         self.generation = 0  # counts cuts and restores: what compiled the storage of before

@@ -209,7 +209,7 @@ class ShardedState:
         self.full_shapes = {
             id(slot.value): self.variables[index[id(reference)]].shape for slot, reference in made
         }
-        _exclude_alike(inner_optimizer(optimizer), self.variables, self.masters)
+        exclude_alike(inner_optimizer(optimizer), self.variables, self.masters)
         save_whole(
             list({id(o): o for o in (optimizer, inner_optimizer(optimizer))}.values()),
             self.full_shapes,
@@ -217,10 +217,11 @@ class ShardedState:
         )
 
 
-def _exclude_alike(optimizer: keras.optimizers.Optimizer, variables: list, masters: list) -> None:
-    """Variables excluded from weight decay by object have their master shards excluded too.
+def exclude_alike(optimizer: keras.optimizers.Optimizer, variables: list, masters: list) -> None:
+    """Variables excluded from weight decay by object have their master shards (or their
+    blocks, ``sharding="parameters"``) excluded too.
 
-    Exclusions by name match already: a master shard has its variable's name.
+    Exclusions by name match already: a master shard or block has its variable's name.
     """
     excluded = weight_decay_exclusions(optimizer)
     if excluded:
