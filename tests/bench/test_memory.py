@@ -179,10 +179,10 @@ def test_ratios_against_unsharded_and_their_goals_at_the_most_workers(summary):
     bound = math.ceil((8000 * 2000 / 4000 + 12) / 8012 * 1e6) / 1e6
     assert summary["goals"] == {
         f"{mode}_2w_{figure}_ratio": goal
-        for mode in ("optimizer", "gradients")
+        for mode, peak in (("optimizer", "<= 0.75"), ("gradients", "<= 0.70"))
         for figure, goal in (
             ("optimizer_state", f"<= {bound}"),
-            ("allocator_peak", "<= 0.75"),
+            ("allocator_peak", peak),
             ("examples_per_s", ">= 0.95"),
         )
     }
@@ -228,7 +228,8 @@ def test_the_summary_table_words_each_ratio_and_says_whether_its_goal_is_met(sum
         == "optimizer / unsharded, 2 worker(s): TF allocator peak per worker (whole run)"
     )
     assert (peak["goal"], peak["met"]) == ("<= 0.75", False)  # 18000 / 22000 = 0.82
-    assert rows["gradients_2w_allocator_peak_ratio"]["met"] is True  # 16000 / 22000
+    gradients = rows["gradients_2w_allocator_peak_ratio"]
+    assert (gradients["goal"], gradients["met"]) == ("<= 0.70", False)  # 16000 / 22000 = 0.73
     assert rows["optimizer_2w_examples_per_s_ratio"]["met"] is True
     assert rows["gradients_2w_examples_per_s_ratio"]["met"] is False  # 32 / 48
     assert rows["optimizer_2w_optimizer_state_ratio"]["met"] is True
