@@ -18,9 +18,7 @@ tests/training/backup/test_backup_faults.py (ZeRO-1/2's sharded slots, the same
 
 import itertools
 import json
-import os
 import shutil
-import signal
 
 import keras
 import numpy as np
@@ -28,6 +26,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tests.training.backup.test_backup_robustness import SigtermAt
 from tests.training.zero.test_parameters import LOSS, G, _data, _mlp, _with
 
 
@@ -68,17 +67,6 @@ def _model_tensors(saved):
     return [saved[key] for key in itertools.takewhile(saved.__contains__, keys)]
 
 
-class _SigtermAt(keras.callbacks.Callback):
-    def __init__(self, at):
-        super().__init__()
-        self.at, self.seen = at, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.seen == self.at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        self.seen += 1
-
-
 def test_a_sigterm_backup_of_sharded_parameters_resumes_sharded_bitwise_and_unsharded(tmp_path):
     weights = _mlp().get_weights()
     x, y = _data(_mlp())
@@ -86,7 +74,7 @@ def test_a_sigterm_backup_of_sharded_parameters_resumes_sharded_bitwise_and_unsh
     backup = tmp_path / "b"
     killed = _trainer(_mlp, weights, adam(), "parameters", 2, backup_dir=str(backup))
     with pytest.raises(SystemExit) as stopped:  # 3 updates an epoch: SIGTERM after the 4th
-        _fit(killed, x, y, 2, callbacks=[_SigtermAt(3)])
+        _fit(killed, x, y, 2, callbacks=[SigtermAt(3)])
     assert stopped.value.code == 75
     state = json.loads((backup / "state.json").read_text())
     assert (state["epoch"], state["step"], state["updates"]) == (1, 1, 4)

@@ -107,8 +107,8 @@ def reference(optimizer):
 
 
 @functools.cache
-def mirrored():
-    return tfdist.make_strategy("mirrored", num_devices=2)
+def mirrored(replicas=2):
+    return tfdist.make_strategy("mirrored", num_devices=replicas)
 
 
 @pytest.mark.parametrize(
@@ -265,11 +265,6 @@ def zero3_row(model, optimizer, replicas, sharding):
     )
 
 
-@functools.cache
-def mirrored3():
-    return tfdist.make_strategy("mirrored", num_devices=3)
-
-
 @pytest.mark.parametrize(
     "model, optimizer, replicas",
     [
@@ -281,7 +276,7 @@ def mirrored3():
     ],
 )
 def test_transformers_train_with_sharded_parameters_as_unsharded(model, optimizer, replicas):
-    strategy = mirrored() if replicas == 2 else mirrored3()
+    strategy = mirrored(replicas)
     plain, mine = (
         run_trainer(zero3_row(model, optimizer, replicas, sharding), strategy)
         for sharding in (None, "parameters")
