@@ -85,7 +85,7 @@ def test_upstream_still_reduces_masked_terms_by_local_count():
 
 
 def test_upstream_still_keeps_masks_on_tensors_and_a_slice_drops_them():
-    # The train step cuts its predictions (step._forward_never_empty) and puts the mask back.
+    # The train step cuts its predictions (step.update.forward_never_empty) and puts the mask back.
     ids = tf.constant([[1, 2, 0], [3, 0, 0]])
     embedded = keras.layers.Embedding(4, 2, mask_zero=True)(ids)
     mask = masks.keras_mask(embedded)

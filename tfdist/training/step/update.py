@@ -66,15 +66,24 @@ def batch_size_of(x: Any) -> tf.Tensor:
     return tf.cast(tf.shape(first)[0], tf.float32)
 
 
-def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
-    """Training forward pass that never feeds an empty batch to the model.
+def forward_never_empty(
+    model: keras.Model,
+    x: Any,
+    size: tf.Tensor,
+    *,
+    training: bool = True,
+    run: Callable[..., Any] | None = None,
+) -> Any:
+    """Forward pass that never feeds an empty batch to the model (replica context).
 
     A partial global batch smaller than the replica count leaves some replicas an empty batch,
-    which some kernels (oneDNN convolutions) reject. A cond that skips the step, as evaluation
-    does, is not safe in training (BatchNormalization updates mirrored variables with a
-    merge_call). So an empty batch gets one all-zero example (it does enter that replica's
-    BatchNormalization statistics), and the predictions, and their Keras masks, are cut back
-    to the real examples: the loss, gradients and metrics see only those, as in Keras.
+    which some kernels (oneDNN convolutions) reject. A cond that skips the forward is not safe
+    (BatchNormalization in training, or a layer's "sum" counter, updates mirrored variables
+    with a merge_call, which TF refuses inside a cond's branch). So an empty batch gets one
+    all-zero example (it does enter that replica's BatchNormalization statistics), and the
+    predictions, and their Keras masks, are cut back to the real examples: the loss, gradients
+    and metrics see only those, as in Keras. ``run(x, training)``: another forward pass (a
+    pipeline's stages; default: the model's).
     """
     n = tf.cast(size, tf.int32)
 
@@ -83,7 +92,10 @@ def _forward_never_empty(model: keras.Model, x: Any, size: tf.Tensor) -> Any:
 
     # A cond only picks the input (no side effects in it), so full batches are not copied.
     inputs = tf.cond(n > 0, lambda: x, lambda: tf.nest.map_structure(one_zero_example, x))
-    y_pred = forward(model, inputs, training=True)
+    if run is None:
+        y_pred = forward(model, inputs, training=training)
+    else:
+        y_pred = run(inputs, training=training)
 
     def cut(t):  # an identity slice for full batches
         mask = keras_mask(t)
@@ -163,7 +175,7 @@ class TrainUpdate:
         size = batch_size_of(x)
         # Persistent: a masked term's coefficient and gradient are read from it as well.
         with tf.GradientTape(persistent=True) as tape:
-            y_pred = _forward_never_empty(model, x, size)
+            y_pred = forward_never_empty(model, x, size)
             loss = objective(
                 tape,
                 model,
