@@ -141,19 +141,19 @@ def test_a_replicas_block_of_sparse_rows_keeps_their_duplicates():
     assert first.indices.numpy().tolist() == [6, 6] and first.values.numpy().tolist() == [1, 7]
 
 
+def hub_sizes(**overrides):
+    """A KerasHub backbone's constructor arguments: one small transformer layer."""
+    sizes = dict(vocabulary_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=32)
+    return {**sizes, "intermediate_dim": 64, "max_sequence_length": 16, **overrides}
+
+
 def gpt2():
     """KerasHub's GPT-2 backbone from its constructor (random weights, nothing downloaded),
     with a Dense head over its 3-D output."""
     import keras_hub
 
     backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        dropout=0.0,
-        max_sequence_length=16,
+        **hub_sizes(hidden_dim=8, intermediate_dim=16, dropout=0.0)
     )
     inputs = {
         "token_ids": keras.Input((None,), dtype="int32", name="token_ids"),
@@ -206,14 +206,7 @@ def gpt2_causal_lm():
     custom gradient; dropout on, logits from the tied token embedding), from its constructors."""
     import keras_hub
 
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=32,
-        intermediate_dim=64,
-        max_sequence_length=16,
-    )
+    backbone = keras_hub.models.GPT2Backbone(**hub_sizes())
     # A task compiles itself when made; the Trainer compiles it again with its arguments.
     return fixed_weights(keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None))
 
@@ -223,14 +216,7 @@ def bert_classifier():
     constructors: a pooled output read through ``x[:, 0]``, a head on the backbone's dict."""
     import keras_hub
 
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=32,
-        intermediate_dim=64,
-        max_sequence_length=16,
-    )
+    backbone = keras_hub.models.BertBackbone(**hub_sizes())
     classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=3, preprocessor=None)
     return fixed_weights(classifier)
 
