@@ -54,15 +54,8 @@ from tfdist._compat.keras_internals.unit_calls import (
     has_storage,
 )
 from tfdist.config import invalid_argument
-from tfdist.training.zero.checkpoint import save_whole
 from tfdist.training.zero.layout import block
-from tfdist.training.zero.state import (
-    check_optimizer,
-    exclude_alike,
-    inner_optimizer,
-    master_shard,
-    slots_per_replica,
-)
+from tfdist.training.zero.state import check_optimizer, inner_optimizer, optimizer_on_shards
 from tfdist.training.zero.units import Units, gather_whole
 
 
@@ -146,21 +139,12 @@ class ParameterState:
         self.model, self.strategy = model, strategy
         self.num_replicas = strategy.num_replicas_in_sync
         self.variables = list(model.trainable_variables)
-        made: list[tuple[Any, Any]] = []
-        with strategy.scope():
-            self.blocks = [master_shard(v, strategy, False) for v in self.variables]
-            with slots_per_replica(inner_optimizer(optimizer), made):
-                optimizer.build(self.blocks)
-        index = {id(b): i for i, b in enumerate(self.blocks)}
-        #: ``id`` of each sharded slot's TF variable -> the whole tensor's shape (saved whole).
-        self.full_shapes = {
-            id(slot.value): self.variables[index[id(reference)]].shape for slot, reference in made
-        }
+        #: ``full_shapes``: ``id`` of each sharded slot's TF variable -> the whole tensor's shape.
+        self.blocks, self.full_shapes = optimizer_on_shards(
+            optimizer, self.variables, strategy, colocate=False
+        )
         #: ``id`` of each block's TF variable -> its variable's whole shape (`in_checkpoint`).
         self.block_shapes = {id(b.value): v.shape for v, b in zip(self.variables, self.blocks)}
-        exclude_alike(inner_optimizer(optimizer), self.variables, self.blocks)
-        optimizers = {id(o): o for o in (optimizer, inner_optimizer(optimizer))}
-        save_whole(list(optimizers.values()), self.full_shapes, strategy)
         self.generation = 0  # counts cuts and restores: what compiled the storage of before
         #: The optimizer's ``clipnorm`` and ``global_clipnorm``: during a fit they clip the
         #: whole tensors' norms (`tfdist.training.zero.parameters_update`), not the blocks'.

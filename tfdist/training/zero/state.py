@@ -200,24 +200,36 @@ class ShardedState:
                 note=f"{overwritten} set overwrite_with_gradient (e.g. float8 scales): the "
                 "optimizer skips them, and their blocks would not make them whole.",
             )
-        made: list[tuple[Any, Any]] = []
-        with strategy.scope():
-            self.masters = [master_shard(v, strategy, colocate) for v in self.variables]
-            with slots_per_replica(inner_optimizer(optimizer), made):
-                optimizer.build(self.masters)
-        index = {id(m): i for i, m in enumerate(self.masters)}
-        self.full_shapes = {
-            id(slot.value): self.variables[index[id(reference)]].shape for slot, reference in made
-        }
-        exclude_alike(inner_optimizer(optimizer), self.variables, self.masters)
-        save_whole(
-            list({id(o): o for o in (optimizer, inner_optimizer(optimizer))}.values()),
-            self.full_shapes,
-            strategy,
+        self.masters, self.full_shapes = optimizer_on_shards(
+            optimizer, self.variables, strategy, colocate=colocate
         )
 
 
-def exclude_alike(optimizer: keras.optimizers.Optimizer, variables: list, masters: list) -> None:
+def optimizer_on_shards(
+    optimizer: keras.optimizers.Optimizer,
+    variables: list,
+    strategy: tf.distribute.Strategy,
+    *,
+    colocate: bool,
+) -> tuple[list, dict[int, Any]]:
+    """One `master_shard` per variable (ZeRO-1/2's master shards, ZeRO-3's blocks) and
+    ``optimizer`` built on them: its slots are blocks too, excluded from weight decay as their
+    variables are, saved whole. Returns the shards and ``full_shapes``: ``id`` of each sharded
+    slot's TF variable -> the whole tensor's shape."""
+    made: list[tuple[Any, Any]] = []
+    with strategy.scope():
+        shards = [master_shard(v, strategy, colocate) for v in variables]
+        with slots_per_replica(inner_optimizer(optimizer), made):
+            optimizer.build(shards)
+    index = {id(s): i for i, s in enumerate(shards)}
+    full_shapes = {id(slot.value): variables[index[id(ref)]].shape for slot, ref in made}
+    _exclude_alike(inner_optimizer(optimizer), variables, shards)
+    optimizers = {id(o): o for o in (optimizer, inner_optimizer(optimizer))}
+    save_whole(list(optimizers.values()), full_shapes, strategy)
+    return shards, full_shapes
+
+
+def _exclude_alike(optimizer: keras.optimizers.Optimizer, variables: list, masters: list) -> None:
     """Variables excluded from weight decay by object have their master shards (or their
     blocks, ``sharding="parameters"``) excluded too.
 
