@@ -68,6 +68,25 @@ def test_the_worker_measures_each_mode_and_saves_its_weights(tmp_path):
     assert memory.weight_gaps(str(tmp_path), 2) == {"optimizer": pytest.approx(0.0, abs=1e-7)}
 
 
+def test_the_gpt_workload_reads_token_windows_and_predicts_the_next_tokens():
+    # The worker's measurement is the MLP's above; the GPT's training under sharded parameters
+    # is tested against unsharded in tests/training/zero. Here: its model and data, untrained.
+    gpt = {**memory.QUICK["gpt"], "per_worker_batch_size": 2}
+    spec = memory.workload_spec({**TINY, "workload": "gpt", "gpt": gpt}, "gpt")
+    assert spec["per_worker_batch_size"] == 2
+    x, y = next(iter(memory_worker.dataset(spec, 4)))
+    # Token windows of seq_len and their next tokens, in the vocabulary.
+    assert x.shape == y.shape == (4, gpt["seq_len"]) and x.dtype == y.dtype == "int32"
+    assert (x.numpy()[:, 1:] == y.numpy()[:, :-1]).all() and y.numpy().max() < 512
+    model = memory_worker.build(spec)
+    assert model.output_shape == (None, gpt["seq_len"], gpt["vocabulary_size"])
+    width, vocab = gpt["width"], gpt["vocabulary_size"]
+    # Per block: attention 4 (w*w + w), MLP 8 w*w + 5 w, two LayerNorms 4 w; embeddings, logits.
+    block = 4 * (width * width + width) + 8 * width * width + 5 * width + 4 * width
+    embeddings = vocab * width + gpt["seq_len"] * width
+    assert model.count_params() == block + embeddings + 2 * width + width * vocab + vocab
+
+
 def _task(mode, worker, *, peak, steps_peak, current, rss_peak, seconds, n=2):
     """A worker's result as ``memory_worker.measure`` returns it, with made-up figures."""
     whole, blocks = 4000, 2000 if n == 2 else 4000  # trainable bytes; this replica's blocks
@@ -89,10 +108,10 @@ def _task(mode, worker, *, peak, steps_peak, current, rss_peak, seconds, n=2):
         "updates": [4] * len(seconds),
         "parameters": 1000,
         "replica_bytes": {
-            "parameters": whole,
+            "parameters": blocks if mode == "parameters" else whole,
             "optimizer_state": slots + 12,
-            "gradients": blocks if mode == "gradients" else whole,
-            "master_shards": blocks if sharded else 0,
+            "gradients": blocks if mode in ("gradients", "parameters") else whole,
+            "master_shards": blocks if mode in ("optimizer", "gradients") else 0,
         },
         "optimizer_variables": {"slots": slots, "scalars": 12},
         "memory": {
@@ -113,6 +132,12 @@ FIGURES = {
     "unsharded": dict(peak=20000, steps_peak=18000, current=12000, rss_peak=80000, seconds=[1, 2]),
     "optimizer": dict(peak=16000, steps_peak=14000, current=10000, rss_peak=60000, seconds=[1, 1]),
     "gradients": dict(peak=14000, steps_peak=14000, current=9000, rss_peak=72000, seconds=[2, 2]),
+    "parameters": dict(peak=8000, steps_peak=8000, current=7000, rss_peak=50000, seconds=[2, 4]),
+}
+#: The modes of each made-up workload.
+MODES = {
+    "mlp": ("unsharded", "optimizer", "gradients"),
+    "gpt": ("unsharded", "gradients", "parameters"),
 }
 
 
@@ -126,19 +151,25 @@ def _launched(mode, n):
     return {"tasks": tasks, "launch_seconds": 30.0, "others_cpu": 0.1}
 
 
-@pytest.fixture(scope="module")
-def summary():
-    per_workers = {
-        str(n): {mode: memory.summarise_launch(_launched(mode, n)) for mode in FIGURES}
+def _per_workers(workload):
+    return {
+        str(n): {mode: memory.summarise_launch(_launched(mode, n)) for mode in MODES[workload]}
         for n in (1, 2)
     }
+
+
+@pytest.fixture(scope="module")
+def summary():
     spec = {**memory.DEFAULTS, "threads_per_worker": 1, "workers": [1, 2]}
     gaps = {"1": {"optimizer": 0.0, "gradients": 0.0}, "2": {"optimizer": 0.0, "gradients": 3e-8}}
-    return memory.summarise(spec, per_workers, gaps)
+    gpt_gaps = {"1": {"gradients": 0.0, "parameters": 0.0}, "2": {"parameters": 1e-7}}
+    runs = {"mlp": (_per_workers("mlp"), gaps), "gpt": (_per_workers("gpt"), gpt_gaps)}
+    return memory.summarise(spec, runs)
 
 
 def test_launch_summaries_take_the_worker_with_the_most_and_the_median_rate(summary):
-    entry = summary["per_workers"]["2"]["unsharded"]
+    mlp = summary["workloads"]["mlp"]
+    entry = mlp["per_workers"]["2"]["unsharded"]
     # Examples/s over the timed fits (4 steps of 16 examples in 1 s and 2 s), the median.
     assert entry["examples_per_s_samples"] == [64.0, 32.0] and entry["examples_per_s"] == 48.0
     assert entry["step_s"] == pytest.approx(1.5 / 4)
@@ -153,44 +184,49 @@ def test_launch_summaries_take_the_worker_with_the_most_and_the_median_rate(summ
         "rss": 79999,
     }
     assert entry["updates_per_worker"] == {"worker-0": [4, 4], "worker-1": [4, 4]}
-    assert summary["workers_agree"]["2"] == {
-        "unsharded": True,
-        "optimizer": True,
-        "gradients": False,
-    }
-    assert summary["weights_identical"]["2"] == {"optimizer": True, "gradients": False}
-    assert summary["max_weight_gap"]["2"]["gradients"] == 3e-8
+    assert mlp["workers_agree"]["2"] == {"unsharded": True, "optimizer": True, "gradients": False}
+    assert mlp["weights_identical"]["2"] == {"optimizer": True, "gradients": False}
+    assert mlp["max_weight_gap"]["2"]["gradients"] == 3e-8
+    assert summary["workloads"]["gpt"]["max_weight_gap"]["2"] == {"parameters": 1e-7}
+    assert summary["config"]["workloads"] == ["mlp", "gpt"]
     assert_machine_is_this_one(summary["machine"])
 
 
 def test_ratios_against_unsharded_and_their_goals_at_the_most_workers(summary):
-    two = summary["versus_unsharded"]["2"]["optimizer"]
+    mlp = summary["workloads"]["mlp"]
+    two = mlp["versus_unsharded"]["2"]["optimizer"]
     assert two["allocator_peak"] == pytest.approx(18000 / 22000)
     assert two["allocator_steps_peak"] == pytest.approx(14000 / 18000)
     assert two["allocator_current"] == pytest.approx(10200 / 12200)
     assert two["rss_peak"] == pytest.approx(60000 / 80000)
     assert two["examples_per_s"] == pytest.approx(64.0 / 48.0)
     assert two["optimizer_state"] == pytest.approx(4012 / 8012)
-    kept = summary["per_workers"]["2"]["optimizer"]["kept_bytes"]
+    kept = mlp["per_workers"]["2"]["optimizer"]["kept_bytes"]
     assert kept == 4000 + 4012 + 2000  # the master shards too
     assert two["allocator_peak_above_kept"] == pytest.approx((18000 - kept) / (22000 - 12012))
-    assert summary["optimizer_2w_allocator_peak_ratio"] == two["allocator_peak"]
+    assert summary["mlp_optimizer_2w_allocator_peak_ratio"] == two["allocator_peak"]
     # Goals at 2 workers only; the state's bound: Adam's slots cut to the blocks, scalars whole.
     bound = math.ceil((8000 * 2000 / 4000 + 12) / 8012 * 1e6) / 1e6
+    # Each workload's own: "parameters" at most 0.45 on the GPT (0.55 on the MLP).
+    peaks = {"optimizer": "<= 0.75", "gradients": "<= 0.70", "parameters": "<= 0.45"}
     assert summary["goals"] == {
-        f"{mode}_2w_{figure}_ratio": goal
-        for mode, peak in (("optimizer", "<= 0.75"), ("gradients", "<= 0.70"))
+        f"{workload}_{mode}_2w_{figure}_ratio": goal
+        for workload, modes in MODES.items()
+        for mode in modes[1:]
         for figure, goal in (
             ("optimizer_state", f"<= {bound}"),
-            ("allocator_peak", peak),
+            ("allocator_peak", peaks[mode]),
             ("examples_per_s", ">= 0.95"),
         )
     }
+    assert memory.PEAK_GOALS["mlp"]["parameters"] == "<= 0.55"
+    assert summary["gpt_parameters_2w_allocator_peak_ratio"] == pytest.approx(10000 / 22000)
     # At 1 worker: the peak and examples/s only, without goals.
     one = {k for k in summary if k.endswith("_ratio") and "_1w_" in k}
     assert one == {
-        f"{m}_1w_{f}_ratio"
-        for m in ("optimizer", "gradients")
+        f"{w}_{m}_1w_{f}_ratio"
+        for w, modes in MODES.items()
+        for m in modes[1:]
         for f in ("allocator_peak", "examples_per_s")
     }
 
@@ -208,7 +244,8 @@ def test_the_state_bound_of_sharded_parameters_takes_the_parameters_blocks():
 
 
 def test_examples_per_s_ratio_counts_quiet_fits_only_when_both_launches_had_some(summary):
-    base, entry = (dict(summary["per_workers"]["2"][m]) for m in ("unsharded", "optimizer"))
+    entries = summary["workloads"]["mlp"]["per_workers"]["2"]
+    base, entry = (dict(entries[m]) for m in ("unsharded", "optimizer"))
     base.update(examples_per_s=40.0, quiet_examples_per_s=50.0)
     entry.update(examples_per_s=30.0, quiet_examples_per_s=45.0)
     figures = memory.versus(base, entry)
@@ -221,21 +258,24 @@ def test_examples_per_s_ratio_counts_quiet_fits_only_when_both_launches_had_some
 
 def test_the_summary_table_words_each_ratio_and_says_whether_its_goal_is_met(summary):
     rows = {f["key"]: f for f in report.figures({"results": {"memory": summary}})}
-    assert len(rows) == 2 * (len(memory.FIGURES) + 2)  # two modes; 6 figures at 2 workers, 2 at 1
-    peak = rows["optimizer_2w_allocator_peak_ratio"]
+    # Two sharded modes per workload; 6 figures at 2 workers, 2 at 1: nothing nested counted.
+    assert len(rows) == 4 * (len(memory.FIGURES) + 2)
+    peak = rows["mlp_optimizer_2w_allocator_peak_ratio"]
     assert (
         peak["words"]
-        == "optimizer / unsharded, 2 worker(s): TF allocator peak per worker (whole run)"
+        == "mlp: optimizer / unsharded, 2 worker(s): TF allocator peak per worker (whole run)"
     )
     assert (peak["goal"], peak["met"]) == ("<= 0.75", False)  # 18000 / 22000 = 0.82
-    gradients = rows["gradients_2w_allocator_peak_ratio"]
+    gradients = rows["mlp_gradients_2w_allocator_peak_ratio"]
     assert (gradients["goal"], gradients["met"]) == ("<= 0.70", False)  # 16000 / 22000 = 0.73
-    assert rows["optimizer_2w_examples_per_s_ratio"]["met"] is True
-    assert rows["gradients_2w_examples_per_s_ratio"]["met"] is False  # 32 / 48
-    assert rows["optimizer_2w_optimizer_state_ratio"]["met"] is True
-    assert rows["optimizer_1w_allocator_peak_ratio"]["goal"] is None
+    parameters = rows["gpt_parameters_2w_allocator_peak_ratio"]
+    assert (parameters["goal"], parameters["met"]) == ("<= 0.45", False)  # 10000 / 22000
+    assert rows["mlp_optimizer_2w_examples_per_s_ratio"]["met"] is True
+    assert rows["mlp_gradients_2w_examples_per_s_ratio"]["met"] is False  # 32 / 48
+    assert rows["mlp_optimizer_2w_optimizer_state_ratio"]["met"] is True
+    assert rows["mlp_optimizer_1w_allocator_peak_ratio"]["goal"] is None
     table = report.summary({"meta": {}, "results": {"memory": summary}})
-    assert "gradients / unsharded, 2 worker(s): examples/s" in table and "NO" in table
+    assert "mlp: gradients / unsharded, 2 worker(s): examples/s" in table and "NO" in table
 
 
 def test_the_memory_chart_is_a_png(summary, tmp_path):
@@ -255,6 +295,9 @@ def test_the_memory_chart_is_a_png(summary, tmp_path):
         ({"threads_per_worker": 0}, "threads_per_worker"),
         ({"zero_stage": 3}, "option"),
         ({"cap": "yes"}, "cap"),
+        ({"workloads": ("mlp", "bert")}, "workloads"),
+        ({"gpt": {**memory.GPT, "heads": 3}}, "gpt"),
+        ({"gpt": {**memory.GPT, "depth": 0}}, r"gpt\['depth'\]"),
     ],
 )
 def test_bad_options_get_one_clear_error(options, argument):
@@ -265,7 +308,7 @@ def test_bad_options_get_one_clear_error(options, argument):
 def test_the_cap_is_unsharded_peak_and_each_launch_trains_or_runs_out_of_memory(
     summary, monkeypatch
 ):
-    per_workers = summary["per_workers"]
+    per_workers = summary["workloads"]["mlp"]["per_workers"]
     high, low = 20000 + 2000, 14000 + 2000  # the worst workers' peaks, unsharded and gradients
     assert memory_cap.caps_of(per_workers) == (
         2,
@@ -289,19 +332,68 @@ def test_the_cap_is_unsharded_peak_and_each_launch_trains_or_runs_out_of_memory(
             raise oom
 
     monkeypatch.setattr(memory_cap.cluster_run, "run_tasks", run_tasks)
-    shown = memory_cap.demonstrate({"kind": "memory"}, per_workers)
+    # The MLP here has no "parameters" launch: only the demonstration of "gradients".
+    shown = memory_cap.demonstrate({"kind": "memory"}, per_workers, "mlp")
     assert [c[0] for c in calls] == [None, None, "gradients"] and not any(c[3] for c in calls)
     assert calls[1][2] == calls[2][2]  # gradients under the cap that unsharded ran out under
-    assert shown["cap"]["outcomes"] == {"unsharded": "out of memory", "gradients": "trained"}
-    assert shown["cap_shown_ratio"] == 1.0 and shown["goals"] == {"cap_shown_ratio": ">= 1"}
-    assert "unsharded out of memory, gradients trained" in shown["words"]["cap_shown_ratio"]
+    cap = shown["cap"]["gradients"]
+    assert cap["outcomes"] == {"unsharded": "out of memory", "gradients": "trained"}
+    key = "mlp_gradients_cap_shown_ratio"
+    assert (
+        shown[key] == 1.0
+        and shown["goals"] == {key: ">= 1"}
+        and list(shown["cap"]) == ["gradients"]
+    )
+    assert "unsharded out of memory, gradients trained" in shown["words"][key]
 
 
-def test_the_flag_reaches_the_benchmark_and_it_runs_only_when_named():
-    common.set_options({"threads_per_worker": 0})
-    try:
-        with pytest.raises(ValueError, match="`threads_per_worker`"):
-            common.registry()["memory"](1, True)
-    finally:
-        common.set_options(None)
+def test_under_the_cap_that_gradients_runs_out_under_parameters_trains(summary, monkeypatch):
+    per_workers = summary["workloads"]["gpt"]["per_workers"]
+    high, low = 14000 + 2000, 8000 + 2000  # the worst workers' peaks, gradients and parameters
+    assert memory_cap.caps_of(per_workers, "gradients", "parameters") == (
+        2,
+        [int((high - k * (high - low) / 4) // 2**20) for k in range(4)],
+    )
+    calls = []
+    oom = RuntimeError("bench tasks exited 1: ResourceExhaustedError: OOM when allocating")
+
+    def run_tasks(spec, *, workers, extra_env, preload):
+        calls.append(spec["sharding"])
+        # Unsharded always runs out; "gradients" trains once, then runs out.
+        if spec["sharding"] is None or (
+            spec["sharding"] == "gradients" and calls.count("gradients") > 1
+        ):
+            raise oom
+
+    monkeypatch.setattr(memory_cap.cluster_run, "run_tasks", run_tasks)
+    shown = memory_cap.demonstrate({"kind": "memory", "workload": "gpt"}, per_workers, "gpt")
+    # The demonstration of "gradients", then that of "parameters": "gradients" out of memory
+    # first, then unsharded and "parameters" under the same cap.
+    assert calls == [None, "gradients", "gradients", None, "parameters"]
+    cap = shown["cap"]["parameters"]
+    assert cap["outcomes"] == {
+        "gradients": "out of memory",
+        "unsharded": "out of memory",
+        "parameters": "trained",
+    }
+    assert cap["shown"] and shown["gpt_parameters_cap_shown_ratio"] == 1.0
+    assert shown["goals"] == {
+        "gpt_gradients_cap_shown_ratio": ">= 1",
+        "gpt_parameters_cap_shown_ratio": ">= 1",
+    }
+    words = shown["words"]["gpt_parameters_cap_shown_ratio"]
+    assert "unsharded out of memory, gradients out of memory, parameters trained" in words
+
+
+def test_the_flags_reach_the_benchmark_and_it_runs_only_when_named():
+    for flags, argument in (
+        ({"threads_per_worker": 0}, "threads_per_worker"),
+        ({"memory_workloads": ("gpt2",)}, "workloads"),
+    ):
+        common.set_options(flags)
+        try:
+            with pytest.raises(ValueError, match=f"`{argument}`"):
+                common.registry()["memory"](1, True)
+        finally:
+            common.set_options(None)
     assert "memory" in runner.ON_REQUEST and "memory" in runner.available()

@@ -88,6 +88,9 @@ def run(args: Sequence[str]) -> int:
         "allreduce_max_bytes": FLAGS.allreduce_max_bytes,
         "straggler_factor": FLAGS.straggler_factor,
         "balance_sides": None if FLAGS.balance_sides is None else tuple(FLAGS.balance_sides),
+        "memory_workloads": None
+        if FLAGS.memory_workloads is None
+        else tuple(FLAGS.memory_workloads),
         "target_accuracy": FLAGS.target_accuracy,
         "time_to_accuracy_tasks": tasks,
         "slow_fsync_ms": FLAGS.slow_fsync_ms,

@@ -358,6 +358,11 @@ flags.DEFINE_list(
     "bench balance: the sides to launch, from even, balanced, parameter_server, even_pair, "
     "balanced_pair, even_latency, balanced_latency (default all; even, balanced required).",
 )
+flags.DEFINE_list(
+    "memory_workloads",
+    None,
+    "bench memory: the workloads to measure, from mlp, gpt (default both).",
+)
 flags.DEFINE_string(
     "balance",
     "",
@@ -415,6 +420,7 @@ READS = {
             "slow_fsync_ms",
             "straggler_factor",
             "balance_sides",
+            "memory_workloads",
             "target_accuracy",
             "time_to_accuracy_tasks",
             "scaling_workers",

@@ -111,7 +111,7 @@ GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
             "The other benchmarks",
             ("allreduce_workers", "allreduce_max_bytes", "slow_fsync_ms", "straggler_factor")
             + ("target_accuracy", "time_to_accuracy_tasks", "first_fit_launches")
-            + ("balance_sides",),
+            + ("balance_sides", "memory_workloads"),
         ),
     ),
 }

@@ -302,13 +302,15 @@ MEMORY_READINGS = (
 
 
 def plot_memory(result: dict[str, Any], path: str) -> None:
-    """Per worker count and mode: left, the bytes a replica holds by kind (from the shapes);
-    middle, the TF allocator's current and peak and the peak RSS of the worker with the most;
-    right, examples/s (the median over the quiet fits, or over all when none was quiet)."""
+    """Per workload, worker count and mode: left, the bytes a replica holds by kind (from the
+    shapes); middle, the TF allocator's current and peak and the peak RSS of the worker with
+    the most; right, examples/s (the median over the quiet fits, or over all when none was)."""
     fig, (held_ax, mem_ax, rate_ax) = _figure(15, 4.8, columns=3)
+    workloads = result.get("workloads", {})
     launches = [
-        (f"{n}w {mode}", entry)
-        for n, entries in sorted(result.get("per_workers", {}).items(), key=lambda i: int(i[0]))
+        (f"{workload} {n}w {mode}", entry)
+        for workload, one in workloads.items()
+        for n, entries in sorted(one.get("per_workers", {}).items(), key=lambda i: int(i[0]))
         for mode, entry in entries.items()
     ]
     labels = [label for label, _ in launches]
@@ -340,15 +342,10 @@ def plot_memory(result: dict[str, Any], path: str) -> None:
     held_ax.legend(fontsize=7)
     mem_ax.legend(fontsize=7)
     config = result.get("config", {})
-    held_ax.set_title(
-        f"MLP, {config.get('parameters', 0) / 1e6:.1f}M parameters, Adam, multi_worker", fontsize=9
-    )
+    sizes = ", ".join(f"{w} {one.get('parameters', 0) / 1e6:.1f}M" for w, one in workloads.items())
+    held_ax.set_title(f"parameters: {sizes}; Adam, multi_worker", fontsize=9)
     mem_ax.set_title("TF CPU allocator and RSS per worker", fontsize=9)
-    rate_ax.set_title(
-        f"{config.get('per_worker_batch_size')} examples/worker/step, "
-        f"{config.get('threads_per_worker')} thread(s)/worker",
-        fontsize=9,
-    )
+    rate_ax.set_title(f"{config.get('threads_per_worker')} thread(s)/worker", fontsize=9)
     _save(fig, path)
 
 

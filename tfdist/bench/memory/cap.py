@@ -1,14 +1,18 @@
-"""``memory``'s demonstration: under a per-worker memory cap, unsharded runs out, sharded trains.
+"""``memory``'s demonstrations: under a per-worker memory cap, the modes that hold more run out
+of memory and a sharded mode trains.
 
 TF's CPU allocator has no cap of its own, but TF can put the CPU's allocations in a BFC
 allocator with a limit: ``TF_CPU_ALLOCATOR_USE_BFC=true`` and ``TF_CPU_BFC_MEM_LIMIT_IN_MB``
 (read when TF makes its first CPU allocator, so the tasks are started afresh, not forked
-from a preloaded interpreter). The cap starts at unsharded training's measured allocator
-peak at the most workers and goes down, in quarters of the gap to ``sharding="gradients"``'s
-peak, until unsharded runs out of memory under it (``ResourceExhaustedError``: "OOM when
-allocating"; the BFC allocator needs less than the default one's peak). ``"gradients"``
-then runs under the same cap and should train (else the result says "not shown"). On a
-GPU the same cap is a logical device's ``memory_limit``.
+from a preloaded interpreter). Two demonstrations per workload, at the most workers
+(`DEMOS`): ``"gradients"`` trains where unsharded runs out, and ``"parameters"`` trains where
+``"gradients"`` and unsharded both run out. Each cap starts at the measured allocator peak of
+the mode that should run out and holds least (unsharded; ``"gradients"``) and goes down, in
+quarters of the gap to the peak of the mode that should train, until that mode runs out of
+memory under it (``ResourceExhaustedError``: "OOM when allocating"; the BFC allocator needs
+less than the default one's peak). The other modes then run under the same cap: those that
+hold more should run out too, the sharded one should train (else the result says "not
+shown"). On a GPU the same cap is a logical device's ``memory_limit``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ logger = logging.getLogger(__name__)
 #: The outcome of a launch under the cap.
 TRAINED, OUT_OF_MEMORY = "trained", "out of memory"
 _OOM_MARKS = ("OOM when allocating", "ResourceExhaustedError")
+#: Each demonstration: the mode that should train under the cap, and those that should run out
+#: of memory under it, the one holding least first (the cap goes down until it runs out).
+DEMOS = {"gradients": ("unsharded",), "parameters": ("gradients", "unsharded")}
+#: The ``sharding=`` of each mode the demonstrations launch.
+SHARDING = {"unsharded": None, "gradients": "gradients", "parameters": "parameters"}
 
 
 def cap_env(cap_mib: int) -> dict[str, str]:
@@ -30,14 +39,18 @@ def cap_env(cap_mib: int) -> dict[str, str]:
     return {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(cap_mib)}
 
 
-def caps_of(per_workers: dict[str, Any]) -> tuple[int, list[int]] | None:
-    """``(workers, caps in MiB)`` at the most workers, from unsharded's whole-run allocator
-    peak down towards ``"gradients"``'s in quarters of the gap (TF's BFC allocator, under
-    the cap, needs less than the default allocator's peak); None without both figures."""
+def caps_of(
+    per_workers: dict[str, Any], high_mode: str = "unsharded", low_mode: str = "gradients"
+) -> tuple[int, list[int]] | None:
+    """``(workers, caps in MiB)`` at the most workers, from ``high_mode``'s whole-run allocator
+    peak down towards ``low_mode``'s in quarters of the gap (TF's BFC allocator, under the
+    cap, needs less than the default allocator's peak); None without both figures."""
     n = max(int(k) for k in per_workers)
     entries = per_workers[str(n)]
-    high = entries["unsharded"]["worst_worker"]["allocator_peak"]
-    low = entries["gradients"]["worst_worker"]["allocator_peak"]
+    if high_mode not in entries or low_mode not in entries:
+        return None
+    high = entries[high_mode]["worst_worker"]["allocator_peak"]
+    low = entries[low_mode]["worst_worker"]["allocator_peak"]
     if high is None or low is None:
         return None
     return n, [int((high - k * max(high - low, 0) / 4) // 2**20) for k in range(4)]
@@ -52,9 +65,12 @@ def outcome(error: RuntimeError | None) -> str:
     raise error
 
 
-def _under_cap(spec: dict[str, Any], n: int, cap: int, mode: str, sharding: str | None) -> str:
-    logger.info("bench memory: %d worker(s), %s, under a cap of %d MiB", n, mode, cap)
-    each = {**spec, "sharding": sharding, "weights_path": None, "num_pinned_tasks": n}
+def _under_cap(spec: dict[str, Any], n: int, cap: int, mode: str) -> str:
+    logger.info(
+        "bench memory: %s, %d worker(s), %s, under a cap of %d MiB",
+        *(spec.get("workload", "mlp"), n, mode, cap),
+    )
+    each = {**spec, "sharding": SHARDING[mode], "weights_path": None, "num_pinned_tasks": n}
     each.update(warmup_steps=1, steps=2, repeats=1)
     try:
         cluster_run.run_tasks(each, workers=n, extra_env=cap_env(cap), preload=False)
@@ -63,39 +79,51 @@ def _under_cap(spec: dict[str, Any], n: int, cap: int, mode: str, sharding: str 
     return TRAINED
 
 
-def demonstrate(spec: dict[str, Any], per_workers: dict[str, Any]) -> dict[str, Any]:
-    """Unsharded and ``"gradients"`` under the cap; the result and its summary ratio.
-
-    Returns:
-        ``{"cap": {...}, "cap_shown_ratio": 1.0 | 0.0, "words": {...}, "goals": {...}}``
-        (empty without an allocator figure).
-    """
-    found = caps_of(per_workers)
+def demonstrate_one(spec: dict[str, Any], per_workers: dict[str, Any], trained: str) -> Any:
+    """One demonstration (`DEMOS`): ``(n, cap, caps tried, outcomes)``, or None without an
+    allocator figure."""
+    beaten = DEMOS[trained]
+    found = caps_of(per_workers, beaten[0], trained)
     if found is None:
-        return {}
+        return None
     n, caps = found
     outcomes: dict[str, str] = {}
-    for cap in caps:  # the highest cap under which unsharded runs out of memory
-        outcomes = {"unsharded": _under_cap(spec, n, cap, "unsharded", None)}
-        if outcomes["unsharded"] == OUT_OF_MEMORY:
-            outcomes["gradients"] = _under_cap(spec, n, cap, "gradients", "gradients")
+    for cap in caps:  # the highest cap under which the mode holding least of `beaten` runs out
+        outcomes = {beaten[0]: _under_cap(spec, n, cap, beaten[0])}
+        if outcomes[beaten[0]] == OUT_OF_MEMORY:
+            for mode in (*beaten[1:], trained):
+                outcomes[mode] = _under_cap(spec, n, cap, mode)
             break
     else:
-        outcomes["gradients"] = "not run"
-    shown = outcomes == {"unsharded": OUT_OF_MEMORY, "gradients": TRAINED}
-    key = "cap_shown_ratio"
-    return {
-        "cap": {
+        outcomes.update({mode: "not run" for mode in (*beaten[1:], trained)})
+    return n, cap, caps, outcomes
+
+
+def demonstrate(spec: dict[str, Any], per_workers: dict[str, Any], workload: str) -> dict:
+    """Each demonstration of `DEMOS` on one workload; the results and their summary ratios.
+
+    Returns:
+        ``{"cap": {trained mode: {...}}, "<workload>_<mode>_cap_shown_ratio": 1.0 | 0.0,
+        "words": {...}, "goals": {...}}`` (no demonstration without an allocator figure).
+    """
+    out: dict[str, Any] = {"cap": {}, "words": {}, "goals": {}}
+    for trained, beaten in DEMOS.items():
+        found = demonstrate_one(spec, per_workers, trained)
+        if found is None:
+            continue
+        n, cap, caps, outcomes = found
+        expected = {**{mode: OUT_OF_MEMORY for mode in beaten}, trained: TRAINED}
+        shown = outcomes == expected
+        out["cap"][trained] = {
             "workers": n,
             "cap_mib": cap,
             "tried_mib": caps,
             "outcomes": outcomes,
             "shown": shown,
-        },
-        key: 1.0 if shown else 0.0,
-        "words": {
-            key: f"{n} workers capped at {cap} MiB each: unsharded {outcomes['unsharded']}, "
-            f"gradients {outcomes['gradients']} (1 = shown)"
-        },
-        "goals": {key: ">= 1"},
-    }
+        }
+        key = f"{workload}_{trained}_cap_shown_ratio"
+        out[key] = 1.0 if shown else 0.0
+        said = ", ".join(f"{mode} {outcomes[mode]}" for mode in (*reversed(beaten), trained))
+        out["words"][key] = f"{workload}: {n} workers capped at {cap} MiB each: {said} (1 = shown)"
+        out["goals"][key] = ">= 1"
+    return out

@@ -1,9 +1,10 @@
 """What each worker of ``tfdist bench --benchmarks=memory`` runs (its parent: ``parent.py``).
 
-One launch trains one mode (``spec["sharding"]``: None, ``"optimizer"`` or ``"gradients"``),
-so that nothing of another mode's model, state or graphs is left in the process whose memory
-is read. Every worker builds the same MLP from the same seed, makes the Trainer with Adam
-and the mode's ``sharding=``, and:
+One launch trains one mode (``spec["sharding"]``: None, ``"optimizer"``, ``"gradients"`` or
+``"parameters"``) of one workload (``spec["workload"]``: the MLP, or the GPT of
+``spec["gpt"]`` on synthetic tokens), so that nothing of another mode's model, state or graphs
+is left in the process whose memory is read. Every worker builds the same model from the same
+seed, makes the Trainer with Adam and the mode's ``sharding=``, and:
 
 1. reads the TF allocator (``tf.config.experimental.get_memory_info("CPU:0")``) and the
    process's RSS before the Trainer exists (``before``);
@@ -40,7 +41,7 @@ import tfdist
 from tfdist.bench.first_fit.worker import weights_digest
 from tfdist.bench.harness import fits
 from tfdist.bench.harness.worker_common import Recorder, is_lead_task
-from tfdist.bench.scaling.sides import build_model, make_dataset
+from tfdist.bench.scaling.sides import NUM_BATCHES, build_model, make_dataset
 
 MIB = float(1 << 20)
 
@@ -85,11 +86,45 @@ def optimizer_bytes(optimizer: keras.optimizers.Optimizer) -> dict[str, int]:
     return {"slots": slots, "scalars": scalars}
 
 
+def build(spec: dict[str, Any]) -> keras.Model:
+    """The workload's model: the MLP, or (``spec["workload"] == "gpt"``) the GPT of
+    ``spec["gpt"]`` (``width``, ``depth``, ``heads``, ``vocabulary_size``, ``seq_len``)."""
+    if spec.get("workload", "mlp") != "gpt":
+        return build_model(spec)
+    gpt = spec["gpt"]
+    return tfdist.models.get(
+        "gpt",
+        input_shape=(int(gpt["seq_len"]),),
+        num_classes=int(gpt["vocabulary_size"]),
+        width=int(gpt["width"]),
+        depth=int(gpt["depth"]),
+        heads=int(gpt["heads"]),
+    )
+
+
+def dataset(spec: dict[str, Any], global_batch_size: int) -> tf.data.Dataset:
+    """The workload's synthetic global batches, the same on every worker (the strategy splits
+    them): the MLP's (``tfdist.bench.scaling.sides``), or random token windows whose targets
+    are the next tokens."""
+    if spec.get("workload", "mlp") != "gpt":
+        return make_dataset(spec, global_batch_size)
+    gpt = spec["gpt"]
+    rng = np.random.default_rng(0)
+    shape = (global_batch_size * NUM_BATCHES, int(gpt["seq_len"]) + 1)
+    tokens = rng.integers(0, int(gpt["vocabulary_size"]), size=shape).astype("int32")
+    ds = tf.data.Dataset.from_tensor_slices((tokens[:, :-1], tokens[:, 1:]))
+    ds = ds.batch(global_batch_size, drop_remainder=True)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.cache().repeat().with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
 def make_trainer(spec: dict[str, Any], strategy: tf.distribute.Strategy) -> Any:
-    """The Trainer of one mode: the spec's MLP (seeded: the same weights in every mode), Adam."""
+    """The Trainer of one mode: the workload's model (seeded: the same weights in every mode),
+    Adam."""
     keras.utils.set_random_seed(int(spec["seed"]))
     return tfdist.Trainer(
-        lambda: build_model(spec),
+        lambda: build(spec),
         strategy=strategy,
         optimizer=keras.optimizers.Adam(float(spec["learning_rate"])),
         loss=fits.logits_loss(),
@@ -103,18 +138,19 @@ def measure(spec: dict[str, Any], strategy: tf.distribute.Strategy) -> dict[str,
     Args:
         spec: ``sharding``, ``input_dim``, ``hidden_units``, ``num_classes``,
             ``per_worker_batch_size`` (per replica), ``warmup_steps``, ``steps``, ``repeats``,
-            ``learning_rate``, ``seed``; optional ``weights_path``.
+            ``learning_rate``, ``seed``; optional ``weights_path``, and ``workload``
+            (``"mlp"``, the default, or ``"gpt"`` with ``gpt``: its sizes, `build`).
         strategy: multi_worker in the bench's tasks (mirrored in the tests).
     """
     replicas = strategy.num_replicas_in_sync
     global_batch_size = int(spec["per_worker_batch_size"]) * replicas
     steps, repeats = int(spec["steps"]), int(spec["repeats"])
-    dataset = make_dataset(spec, global_batch_size)
+    batches = dataset(spec, global_batch_size)
     memory = {"before": memory_now()}
     trainer = make_trainer(spec, strategy)
 
     def fit(**kw: Any) -> Any:
-        return trainer.fit(dataset, global_batch_size=global_batch_size, shuffle=False, **kw)
+        return trainer.fit(batches, global_batch_size=global_batch_size, shuffle=False, **kw)
 
     fit(epochs=1, steps_per_epoch=int(spec["warmup_steps"]), verbose=0)
     memory["after_warmup"] = memory_now()
@@ -137,6 +173,7 @@ def measure(spec: dict[str, Any], strategy: tf.distribute.Strategy) -> dict[str,
     if spec.get("weights_path") and is_lead_task():
         np.savez(spec["weights_path"], *weights)
     return {
+        "workload": spec.get("workload", "mlp"),
         "sharding": spec.get("sharding"),
         "num_replicas": replicas,
         "global_batch_size": global_batch_size,
