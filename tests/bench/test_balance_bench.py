@@ -1,8 +1,9 @@
 """``tfdist bench --benchmarks=balance``: its pure parts, no process launched.
 
 The ideal, the per-epoch rows (step time, shares from the chief's ``Balance:`` lines, the
-other processes' CPU), the steady-state summary and its ratios, the plot, and the refusals
-of the options and of the ``--balance_sides`` flag. The launch itself is run by hand
+other processes' CPU), the steady-state summary and its ratios, the A/B sides' figures
+(fits alternated in one launch), the plot, and the refusals of the options and of the
+``--balance_sides`` flag. The launch itself is run by hand
 (docs/benchmarks.md); the suite's budget has no room for another multi-process launch.
 """
 
@@ -270,3 +271,65 @@ def test_each_workloads_headlines_reach_the_summary_table_with_their_goals(monke
     assert got["goals"]["digits_balanced_vs_even_ratio"] == "<= 0.80"
     assert got["words"]["digits_balanced_ratio"].startswith("digits: hog on worker 1")
     assert got["samples"]["workloads"]["digits"] is one
+
+
+def _ab_fit(mode, wall_per_update, cpu_per_s, splits=()):
+    """One worker's record of an A/B fit: the fit's start, a first epoch of 5 s (dropped),
+    then 2 epochs of 10 updates at ``wall_per_update``."""
+    times = [0.0, 5.0, 5.0 + 10 * wall_per_update, 5.0 + 20 * wall_per_update]
+    epochs = _epochs(times, cpu_per_s, busy_per_s=3.0)
+    return {"mode": mode, "round": 0, "epochs": epochs, "splits": list(splits)}
+
+
+def _ab_launch(even_wall, balanced_wall):
+    """An A/B launch's tasks, fits even, balanced, balanced, even; worker 1 spends 0.8 CPU-s
+    a second in the balanced fits, 1.0 in the even ones; one split change."""
+    order = [("even", even_wall), ("balanced", balanced_wall)] * 2
+    order[2:] = order[2:][::-1]
+    return {
+        "worker-0": {
+            "fits": [
+                _ab_fit(m, w, 1.0, [{"t": 9.0, "line": LINE}] if i == 1 else ())
+                for i, (m, w) in enumerate(order)
+            ]
+        },
+        "worker-1": {"fits": [_ab_fit(m, w, 0.8 if m == "balanced" else 1.0) for m, w in order]},
+    }
+
+
+def test_an_ab_launch_gives_each_modes_median_and_the_ratios():
+    from tfdist.bench.balance import ab
+
+    got = ab.launch_record(_ab_launch(0.1, 0.11), steps_per_epoch=10)
+    assert [f["mode"] for f in got["fits"]] == ["even", "balanced", "balanced", "even"]
+    assert got["modes"]["even"]["wall_s"] == pytest.approx(0.1)
+    assert got["modes"]["even"]["cpu_s"] == pytest.approx(0.2)  # both workers' CPU
+    assert got["ratio"] == pytest.approx(1.1)
+    assert got["cpu_ratio"] == pytest.approx(1.8 * 0.11 / 0.2)
+    # 1 change in the balanced fits' 2 x 30 updates (the dropped epoch counts here).
+    assert (got["changes"], got["balanced_updates"]) == (1, 60)
+    assert got["changes_per_1000_updates"] == pytest.approx(1000 / 60)
+    # 3 busy cores less the workers' 2: 1 other core.
+    assert got["fits"][0]["others_cpu"] == pytest.approx(1.0)
+
+
+def test_the_ab_sides_reach_the_summary_table_with_their_goals(monkeypatch):
+    from tfdist.bench.balance import ab
+    from tfdist.bench.harness import cluster_run
+
+    monkeypatch.setattr(cluster_run, "machine", lambda: {"cpu": "test"})
+    launches = [ab.launch_record(_ab_launch(0.1, w), 10) for w in (0.1, 0.11, 0.104)]
+    spec = {"sides": ["pair_ab"], "global_batch_size": 256}
+    seen = {"steady": {"pair_ab": launches}, "launch_seconds": {"pair_ab": [60.0] * 3}}
+    one = balance.workload_summary(spec, seen, {"worker-0": [], "worker-1": []})
+    assert one["ab"]["pair_ab"]["ratio_samples"] == pytest.approx([1.0, 1.1, 1.04])
+    assert one["pair_ab_ratio"] == pytest.approx(1.04)  # the median launch
+    assert one["pair_ab_changes_per_1000_updates"] == pytest.approx(1000 / 60)
+    got = balance.headlines({"digits": one})
+    assert got["digits_pair_ab_ratio"] == pytest.approx(1.04)
+    assert got["goals"]["digits_pair_ab_ratio"] == "<= 1.02"
+    assert got["goals"]["digits_pair_ab_changes_per_1000_updates"] == "<= 2"
+    assert "digits_loaded_ab_ratio" not in got and "digits_even_ratio" not in got
+    assert balance.check_sides("pair_ab,loaded_ab") == ("pair_ab", "loaded_ab")
+    with pytest.raises(ValueError, match="Received: ab_epochs=1"):
+        balance.run(sides=("pair_ab",), ab_epochs=1)

@@ -356,7 +356,8 @@ flags.DEFINE_list(
     "balance_sides",
     None,
     "bench balance: the sides to launch, from even, balanced, parameter_server, even_pair, "
-    "balanced_pair, even_latency, balanced_latency (default all; even, balanced required).",
+    "balanced_pair, even_latency, balanced_latency, pair_ab, loaded_ab (default all but "
+    "parameter_server; even and balanced, or an A/B side, required).",
 )
 flags.DEFINE_list(
     "memory_workloads",

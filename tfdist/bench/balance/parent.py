@@ -22,7 +22,12 @@ The sides:
 * ``parameter_server`` (on request): the same pair (same hog) as PS workers, a chief and a ps;
 * ``even_pair`` and ``balanced_pair``: the same without the hog (balance must not hurt);
 * ``even_latency`` and ``balanced_latency``: no hog, but worker 1 sleeps ``latency_ms`` in
-  every forward pass, a worker that waits rather than computes (balance must not hurt).
+  every forward pass, a worker that waits rather than computes (balance must not hurt);
+* ``pair_ab`` and ``loaded_ab``, the A/B sides (`tfdist.bench.balance.ab`): one launch each
+  that alternates an even and a balanced Trainer's fits (``ab_rounds`` rounds of
+  ``ab_epochs`` epochs a fit), without a hog and with a hog on each worker's core (a busy
+  host): balance at the even split measured side by side, as separate launches spread more
+  than the 2% to be shown.
 
 The sides alternate (A B C, C B A, ...) over ``repeats`` rounds (3 launches a side with
 ``--repeats=3``). A side's step time is the
@@ -41,7 +46,10 @@ under the hog (goal: <= 0.80), ``balanced_ratio_with_overhead`` over the second 
 ``pair_ratio`` and ``latency_ratio`` balanced over even without the hog and with the delay
 (goals: <= 1.02 and <= 1.05), ``pair_changes_per_1000_updates`` how often the even pair's
 split changed (goal: <= 2), and per side every launch (``launches``: its steady step, the
-fit's seconds, the split's changes, the other processes' CPU).
+fit's seconds, the split's changes, the other processes' CPU). The A/B sides give
+``pair_ab_ratio`` (goal: <= 1.02), ``loaded_ab_ratio`` and their ``*_cpu_ratio``, and
+``pair_ab_changes_per_1000_updates`` and ``loaded_ab_changes_per_1000_updates`` (goals: <= 2),
+every launch and fit under ``ab.<side>``.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tfdist.bench.balance import ab
 from tfdist.bench.balance.plot import plot_balance
 from tfdist.bench.harness import cluster_run, common, timing
 from tfdist.config import check_choice, check_positive_int, invalid_argument
@@ -60,7 +69,8 @@ logger = logging.getLogger(__name__)
 
 WORKERS = 2
 HOG_WORKER = 1
-#: side -> (worker kind, balance on, what slows worker 1: "hog", "latency" or None).
+#: side -> (worker kind, balance on (the A/B kind: both modes, alternated), what slows the
+#: workers: "hog" (worker 1), "hogs" (each worker), "latency" (worker 1) or None).
 SIDES: dict[str, tuple[str, bool, str | None]] = {
     "even": ("balance", False, "hog"),
     "balanced": ("balance", True, "hog"),
@@ -69,8 +79,12 @@ SIDES: dict[str, tuple[str, bool, str | None]] = {
     "balanced_pair": ("balance", True, None),
     "even_latency": ("balance", False, "latency"),
     "balanced_latency": ("balance", True, "latency"),
+    "pair_ab": ("balance_ab", True, None),
+    "loaded_ab": ("balance_ab", True, "hogs"),
 }
 REQUIRED_SIDES = ("even", "balanced")
+#: An A/B launch's timeout (s): its many fits take longer than a side's one (900 s).
+AB_TIMEOUT_S = 3600.0
 #: The models a side can train: the convnet is compute-bound (66k parameters, a 265 KB
 #: exchange against 1.2-2.5 ms of compute per 32x32 example on one core); the MLP's
 #: exchange (1.6M parameters, 6.4 MB) is a fifth of its step on loopback; the cnn is
@@ -91,6 +105,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "settle_epochs": 2,
         "latency_ms": 20.0,
         "rate_steps": 40,
+        "ab_rounds": 4,
+        "ab_epochs": 4,
     },
 }
 DEFAULTS: dict[str, Any] = {
@@ -113,6 +129,8 @@ DEFAULTS: dict[str, Any] = {
     "settle_epochs": 4,
     "rate_steps": 10,
     "learning_rate": 0.01,
+    "ab_rounds": 3,
+    "ab_epochs": 8,
     "repeats": 1,
 }
 QUICK: dict[str, Any] = {
@@ -128,15 +146,19 @@ QUICK: dict[str, Any] = {
     "epochs": 3,
     "settle_epochs": 1,
     "rate_steps": 2,
+    "ab_rounds": 1,
+    "ab_epochs": 2,
 }
 COUNTS = ("global_batch_size", "window", "steps_per_epoch", "epochs", "rate_steps", "repeats")
+COUNTS += ("ab_rounds", "ab_epochs")
 # /proc/stat counts 10 ms ticks: a shorter epoch cannot tell who used the CPU (None: unknown).
 MIN_SECONDS_FOR_OTHERS = 0.25
 SPLIT = re.compile(r"([\w:.-]+) takes (\d+)")
 
 
 def check_sides(sides: Any) -> tuple[str, ...]:
-    """The sides to run, checked: known names, ``even`` and ``balanced`` among them."""
+    """The sides to run, checked: known names, each once, a comparison among them: ``even``
+    and ``balanced``, or an A/B side (``pair_ab``, ``loaded_ab``)."""
     if isinstance(sides, str):
         sides = tuple(s.strip() for s in sides.split(",") if s.strip())
     sides = tuple(sides or ())
@@ -144,11 +166,12 @@ def check_sides(sides: Any) -> tuple[str, ...]:
         if name not in SIDES:
             raise invalid_argument("balance_sides", name, sorted(SIDES))
     missing = [n for n in REQUIRED_SIDES if n not in sides]
-    if missing or len(set(sides)) != len(sides):
+    if (missing and not set(sides) & set(ab.SIDES)) or len(set(sides)) != len(sides):
         raise invalid_argument(
             "balance_sides",
             ",".join(sides),
-            "distinct side names including even and balanced (the comparison)",
+            "distinct side names including even and balanced (the comparison), or an A/B "
+            "side (pair_ab, loaded_ab)",
         )
     return sides
 
@@ -177,6 +200,10 @@ def _check(options: dict[str, Any]) -> None:
     if options["global_batch_size"] % WORKERS:
         raise invalid_argument(
             "global_batch_size", options["global_batch_size"], f"a multiple of {WORKERS}"
+        )
+    if int(options["ab_epochs"]) < 2:
+        raise invalid_argument(
+            "ab_epochs", options["ab_epochs"], "at least 2: each fit's first epoch is dropped"
         )
     if not 0 <= int(options["settle_epochs"]) < int(options["epochs"]):
         raise invalid_argument(
@@ -332,14 +359,17 @@ def _goals(out: dict[str, Any]) -> None:
 
 def _launch(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     kind, balance, slowdown = SIDES[name]
-    task_spec = {**spec, "kind": kind, "balance": balance, "hog": slowdown == "hog"}
+    task_spec = {**spec, "kind": kind, "balance": balance, "hog": slowdown in ("hog", "hogs")}
+    task_spec["hog_all"] = slowdown == "hogs"
     task_spec["latency_s"] = float(spec["latency_ms"]) / 1e3 if slowdown == "latency" else 0.0
     task_spec["pin_cores"] = True
     task_spec["num_pinned_tasks"] = WORKERS
     if kind == "balance_ps":
         launched = cluster_run.run_tasks(task_spec, workers=WORKERS, ps=1, chief=True)
         return {**launched, "lead": "chief-0"}
-    return {**cluster_run.run_tasks(task_spec, workers=WORKERS), "lead": "worker-0"}
+    timeout = AB_TIMEOUT_S if kind == "balance_ab" else 900.0
+    launched = cluster_run.run_tasks(task_spec, workers=WORKERS, timeout=timeout)
+    return {**launched, "lead": "worker-0"}
 
 
 def run(**overrides: Any) -> dict[str, Any]:
@@ -372,6 +402,13 @@ HEADLINES = (
     "balanced_vs_even_ratio",
     "pair_ratio",
     "latency_ratio",
+    "pair_ab_ratio",
+    "pair_ab_cpu_ratio",
+    "loaded_ab_ratio",
+    "loaded_ab_cpu_ratio",
+    "pair_changes_per_1000_updates",
+    "pair_ab_changes_per_1000_updates",
+    "loaded_ab_changes_per_1000_updates",
 )
 
 
@@ -387,8 +424,6 @@ def headlines(workloads: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 if key in result["goals"]:
                     out["goals"][f"{name}_{key}"] = result["goals"][key]
                 out["words"][f"{name}_{key}"] = f"{name}: {result['words'][key]}"
-        if "pair_changes_per_1000_updates" in result:
-            out[f"{name}_pair_changes_per_1000_updates"] = result["pair_changes_per_1000_updates"]
     out["samples"] = {"workloads": dict(workloads)}
     out["machine"] = cluster_run.machine()
     out["others_cpu_max"] = timing.nanmax(w["others_cpu_max"] for w in workloads.values())
@@ -411,47 +446,68 @@ def run_workload(spec: dict[str, Any]) -> dict[str, Any]:
     """One workload's sides, alternated over ``spec["repeats"]`` rounds; its summary."""
     sides = spec["sides"]
     spec = {**spec, "workers": WORKERS, "hog_worker": HOG_WORKER}
-    steady_by_side: dict[str, list[dict[str, Any]]] = {n: [] for n in sides}
-    epochs: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in sides}
+    seen: dict[str, dict[str, list[Any]]] = {
+        key: {n: [] for n in sides} for key in ("steady", "epochs", "splits", "launch_seconds")
+    }
     rates: dict[str, list[float]] = {f"worker-{i}": [] for i in range(WORKERS)}
-    launch_seconds: dict[str, list[float]] = {n: [] for n in sides}
-    split_lines: dict[str, list[Any]] = {n: [] for n in sides}
     for r in range(int(spec["repeats"])):
         for name in sides if r % 2 == 0 else sides[::-1]:
             logger.info(
                 "bench balance: %s %s, round %d/%d", spec["model"], name, r + 1, spec["repeats"]
             )
-            launched = _launch(name, spec)
-            tasks = launched["tasks"]
-            rows = epoch_rows(
-                tasks,
-                launched["lead"],
-                steps_per_epoch=int(spec["steps_per_epoch"]),
-                global_batch_size=int(spec["global_batch_size"]),
-            )
-            epochs[name].append(rows)
-            split_lines[name].append(tasks[launched["lead"]].get("splits", []))
-            steady_by_side[name].append(launch_record(rows, split_lines[name][-1], spec))
-            launch_seconds[name].append(launched["launch_seconds"])
-            if SIDES[name][2] == "hog" and SIDES[name][0] == "balance":  # the hog, on MWMS
-                for worker in rates:
-                    rates[worker].append(tasks[worker]["local_examples_per_s"])
-    out = summary(steady_by_side, rates, int(spec["global_batch_size"]))
-    for name in sides:
+            _record(name, _launch(name, spec), spec, seen, rates)
+    return workload_summary(spec, seen, rates)
+
+
+def _record(name: str, launched: Mapping[str, Any], spec: Mapping, seen: dict, rates: dict):
+    """Files one launch of side ``name`` into ``seen`` (and, under the hog, the workers' rates)."""
+    tasks = launched["tasks"]
+    seen["launch_seconds"][name].append(launched["launch_seconds"])
+    if name in ab.SIDES:
+        seen["steady"][name].append(ab.launch_record(tasks, int(spec["steps_per_epoch"])))
+        return
+    rows = epoch_rows(
+        tasks,
+        launched["lead"],
+        steps_per_epoch=int(spec["steps_per_epoch"]),
+        global_batch_size=int(spec["global_batch_size"]),
+    )
+    seen["epochs"][name].append(rows)
+    seen["splits"][name].append(tasks[launched["lead"]].get("splits", []))
+    seen["steady"][name].append(launch_record(rows, seen["splits"][name][-1], spec))
+    if SIDES[name][2] == "hog" and SIDES[name][0] == "balance":  # the hog, on MWMS
+        for worker in rates:
+            rates[worker].append(tasks[worker]["local_examples_per_s"])
+
+
+def workload_summary(spec: dict[str, Any], seen: dict, rates: dict) -> dict[str, Any]:
+    """One workload's result from its launches (`run_workload`): `summary` of the sides, each
+    A/B side's (`ab.side_summary`), every launch."""
+    sides = spec["sides"]
+    plain = [n for n in sides if n not in ab.SIDES]
+    out = summary({n: seen["steady"][n] for n in plain}, rates, int(spec["global_batch_size"]))
+    for name in plain:
         out["sides"][name].update(
-            launches=steady_by_side[name],
-            epochs=epochs[name],
-            splits=split_lines[name],
-            launch_seconds=launch_seconds[name],
+            launches=seen["steady"][name],
+            epochs=seen["epochs"][name],
+            splits=seen["splits"][name],
+            launch_seconds=seen["launch_seconds"][name],
         )
     if "balanced_pair" in sides:
         out["pair_changes_per_1000_updates"] = timing.median(
-            [s["changes_per_1000_updates"] for s in steady_by_side["balanced_pair"]]
+            [s["changes_per_1000_updates"] for s in seen["steady"]["balanced_pair"]]
         )
+    for name in (n for n in sides if n in ab.SIDES):
+        figures = ab.side_summary(name, seen["steady"][name])
+        out["goals"].update(figures.pop("goals"))
+        out["words"].update(figures.pop("words"))
+        out.setdefault("ab", {}).update(figures.pop("ab"))
+        out["ab"][name]["launch_seconds"] = seen["launch_seconds"][name]
+        out.update(figures)
     out["rates_samples"] = rates
     out["config"] = {k: v for k, v in spec.items() if k != "kind"}
     out["others_cpu_max"] = timing.nanmax(
-        s["others_cpu_max"] for launches in steady_by_side.values() for s in launches
+        s["others_cpu_max"] for launches in seen["steady"].values() for s in launches
     )
     return out
 

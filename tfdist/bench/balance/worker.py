@@ -17,6 +17,10 @@ the hog's CPU and the machine's busy CPU (so the parent can tell a busy epoch), 
 chief keeps each ``Balance:`` line it logs, with the time.
 Under ParameterServerStrategy only the chief (the coordinator) records epochs; workers and
 the ps serve.
+
+The A/B sides (`run_ab`) measure no rate: each worker builds an even and a balanced Trainer
+on one strategy and alternates their fits in this one launch, recording each fit as above;
+on ``loaded_ab`` every worker has a hog on its own core (``spec["hog_all"]``).
 """
 
 from __future__ import annotations
@@ -249,13 +253,13 @@ def make_optimizer(spec: dict[str, Any]) -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(spec["learning_rate"])
 
 
-def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> dict[str, Any]:
-    """One fit on ``strategy``, balanced or not; the epochs' clocks and the chief's splits."""
+def make_trainer(strategy: tf.distribute.Strategy, spec: dict[str, Any]) -> Any:
+    """A Trainer on ``strategy`` for ``spec``'s model, balanced or not (``spec["balance"]``)."""
     balance: Any = False
     if spec["balance"]:
         balance = tfdist.BalanceOptions(window=int(spec["window"]))
     delay = float(spec.get("latency_s", 0.0)) if is_slowed(spec) else 0.0
-    trainer = tfdist.Trainer(
+    return tfdist.Trainer(
         fits.seeded(lambda: build_model(spec, delay)),
         strategy=strategy,
         steps_per_execution=spe if (spe := spec["steps_per_execution"]) == "auto" else int(spe),
@@ -263,14 +267,19 @@ def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> d
         loss=fits.logits_loss(),
         balance=balance,
     )
-    clock = EpochClock(None if hog is None else host_pid(hog))
+
+
+def fit_once(trainer: Any, spec: dict[str, Any], hog_pid: int | None, epochs: int) -> dict:
+    """One fit of ``epochs`` epochs; the epochs' clocks and the chief's split lines (their
+    times from the fit's start)."""
+    clock = EpochClock(hog_pid)
     splits = SplitLog()
     logging.getLogger("tfdist.training.balance.balancer").addHandler(splits)
     try:
         trainer.fit(
             dataset_fn(spec),
             global_batch_size=int(spec["global_batch_size"]),
-            epochs=int(spec["epochs"]),
+            epochs=epochs,
             steps_per_epoch=int(spec["steps_per_epoch"]),
             callbacks=[clock],
             verbose=0,
@@ -286,6 +295,12 @@ def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> d
     }
 
 
+def train(strategy: tf.distribute.Strategy, spec: dict[str, Any], hog: Any) -> dict[str, Any]:
+    """One fit on ``strategy``, balanced or not; the epochs' clocks and the chief's splits."""
+    hog_pid = None if hog is None else host_pid(hog)
+    return fit_once(make_trainer(strategy, spec), spec, hog_pid, int(spec["epochs"]))
+
+
 def is_slowed(spec: dict[str, Any]) -> bool:
     """Whether this task is the worker that the side slows (the hog's, or the delayed one)."""
     task_type, task_id = task()
@@ -293,7 +308,9 @@ def is_slowed(spec: dict[str, Any]) -> bool:
 
 
 def _hog_if_mine(spec: dict[str, Any]) -> Any:
-    if spec["hog"] and is_slowed(spec):
+    """This task's hog: on the slowed worker, or on every one (``spec["hog_all"]``: a busy
+    host, every core shared)."""
+    if spec["hog"] and (spec.get("hog_all") or is_slowed(spec)):
         return start_hog(os.sched_getaffinity(0))
     return None
 
@@ -325,3 +342,32 @@ def run_ps(spec: dict[str, Any]) -> dict[str, Any] | None:
         return {**train(strategy, {**spec, "balance": False}, None), "hog": spec["hog"]}
     finally:
         stop_hog(hog)
+
+
+#: The A/B sides' modes, in their first round's order (reversed in the next, and so on).
+AB_MODES = ("even", "balanced")
+
+
+def run_ab(spec: dict[str, Any]) -> dict[str, Any]:
+    """The A/B sides: one Trainer per mode (`AB_MODES`, the same model from the same seed) on
+    one MultiWorkerMirrored strategy, their fits alternated (even, balanced; balanced, even;
+    ...) over ``spec["ab_rounds"]`` rounds of ``spec["ab_epochs"]`` epochs each; per fit its
+    epochs' clocks and the chief's split lines. With ``spec["hog_all"]`` every worker runs
+    beside a hog on its own core the whole launch (a busy host)."""
+    hog = _hog_if_mine(spec)
+    try:
+        strategy = tfdist.make_strategy("multi_worker")
+        trainers = {
+            mode: make_trainer(strategy, {**spec, "balance": mode == "balanced"})
+            for mode in AB_MODES
+        }
+        hog_pid = None if hog is None else host_pid(hog)
+        rounds, fits_done = int(spec["ab_rounds"]), []
+        for r in range(rounds):
+            for mode in AB_MODES if r % 2 == 0 else AB_MODES[::-1]:
+                report_progress(f"A/B round {r + 1}/{rounds}: {mode}")
+                fit = fit_once(trainers[mode], spec, hog_pid, int(spec["ab_epochs"]))
+                fits_done.append({"mode": mode, "round": r, **fit})
+    finally:
+        stop_hog(hog)
+    return {"fits": fits_done, "hog": hog is not None}

@@ -40,6 +40,7 @@ KINDS: dict[str, str] = {
     "stragglers_ps": "tfdist.bench.stragglers.worker:run_ps",
     "balance": "tfdist.bench.balance.worker:run_mwms",
     "balance_ps": "tfdist.bench.balance.worker:run_ps",
+    "balance_ab": "tfdist.bench.balance.worker:run_ab",
     "health": "tfdist.bench.health.worker:run_mwms",
     "time_to_accuracy": "tfdist.bench.time_to_accuracy.worker:run",
     "first_fit": "tfdist.bench.first_fit.worker:run",
