@@ -234,7 +234,7 @@ class Trainer(EvaluateAndPredict):
         if options.exchange.sharding is not None:
             check_optimizer(self.model.optimizer, options.exchange.sharding)
         if options.exchange.sharding == "parameters" and self.strategy.num_replicas_in_sync > 1:
-            check_parameters(self.model, pipeline=options.pipeline, balance=options.balance)
+            check_parameters(pipeline=options.pipeline, balance=options.balance)
         devices = check_pipeline_model(options.pipeline, self.model, self._runner)
         check_local_sgd(options.local_sgd, self._runner, options, self.model)
         steps_per_execution = options.steps_per_execution  # "auto" is resolved by each fit

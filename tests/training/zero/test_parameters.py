@@ -9,8 +9,9 @@ activity regularizer (losses computed inside each layer's gather), a MaxNorm con
 (applied to the gathered whole), and after it a layer that counts its calls in a ``"sum"``
 variable (its merge_call let the unsharded reference's replicas share their ``add_loss`` terms,
 the activity regularizer's gradient lost on one: issue 42); a tiny transformer block
-(attention, layer norm, a residual).
-A read of a weight outside its layer's gather raises; a subclassed model is refused by name.
+(attention, layer norm, a residual). A read of a weight outside its layer's gather raises.
+Masks between the units (`masked_transformer`) and a subclassed model (one unit):
+tests/training/zero/test_parameters_trainer.py.
 """
 
 import keras
@@ -23,6 +24,7 @@ from tests.training.zero.test_per_layer import Counts
 from tfdist.training.zero.parameters import ParameterState, ParameterStep
 
 G, STEPS = 12, 3
+TOKENS, VOCAB = 5, 10  # the token models' sequence length and vocabulary (0: padding)
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
@@ -60,9 +62,37 @@ def _transformer():
     return keras.Model(x, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(h)))
 
 
-def _data(model):
+def masked_transformer():
+    """An attention block on token ids, 0 the padding: the embedding's mask crosses the units'
+    custom gradients to the attention (its query and value masks, which it clears on its inputs
+    as Keras runs it: the recompute must see them again), then on the attention's output
+    through a layer norm and a Dense over 3-D input to the masked pooling. Trained in
+    tests/training/zero/test_parameters_trainer.py (the Embedding's sparse gradient with Adam
+    needs the Trainer's update)."""
+    x = keras.Input((TOKENS,), dtype="int32")
+    h = keras.layers.Embedding(VOCAB, 8, mask_zero=True)(x)
+    h = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(h, h)
+    h = keras.layers.LayerNormalization()(h)
+    h = keras.layers.Dense(16, activation="gelu")(h)
+    return keras.Model(x, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(h)))
+
+
+def _tokens(rng, rows):
+    """``rows`` sequences of `TOKENS` ids in ``[1, VOCAB)``, each padded with 0 after a length
+    of 1 to `TOKENS`."""
+    ids = rng.integers(1, VOCAB, size=(rows, TOKENS))
+    lengths = rng.integers(1, TOKENS + 1, size=(rows, 1))
+    return np.where(np.arange(TOKENS) < lengths, ids, 0).astype("int32")
+
+
+def _data(model, *, ids=False):
+    """Inputs and labels for 3 global batches: normal floats of ``model``'s input shape, or
+    token ids (``ids=True``; ``model`` unread)."""
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(G * STEPS, *model.input_shape[1:])).astype("float32")
+    if ids:
+        x = _tokens(rng, G * STEPS)
+    else:
+        x = rng.normal(size=(G * STEPS, *model.input_shape[1:])).astype("float32")
     return x, rng.integers(0, 3, size=(G * STEPS,)).astype("int32")
 
 
@@ -147,34 +177,3 @@ def test_a_weight_read_outside_its_layers_gather_raises():
     run = tf.function(lambda: strategy.run(step, args=(tf.ones([2, 6]), tf.zeros([2]))))
     with pytest.raises(RuntimeError, match="read outside its layer's gather"):
         run()
-
-
-def test_masks_between_sharded_layers_are_refused_by_name():
-    strategy = tfdist.make_strategy("mirrored", num_devices=2)
-    with strategy.scope():
-        x = keras.Input((4,), dtype="int32")
-        h = keras.layers.Embedding(10, 3, mask_zero=True)(x)
-        model = keras.Model(x, keras.layers.GlobalAveragePooling1D()(h))
-        model.optimizer = keras.optimizers.SGD(0.1)
-    step = ParameterStep(ParameterState(model, strategy), lambda t, p: p[:, 0], global_batch_size=4)
-    run = tf.function(lambda: strategy.run(step, args=(tf.ones([2, 4], "int32"), tf.zeros([2]))))
-    with pytest.raises(ValueError, match="`sharding`.*Keras masks"):
-        run()
-
-
-def test_a_model_without_a_functional_graph_is_refused_by_name():
-    class Sub(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.dense = keras.layers.Dense(3)
-
-        def call(self, x):
-            return self.dense(x)
-
-    strategy = tfdist.make_strategy("mirrored", num_devices=2)
-    with strategy.scope():
-        model = Sub()
-        model(np.zeros((1, 6), "float32"))
-        model.optimizer = keras.optimizers.SGD(0.1)
-    with pytest.raises(ValueError, match="Invalid value for argument `sharding`.*functional"):
-        ParameterState(model, strategy)

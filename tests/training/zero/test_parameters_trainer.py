@@ -7,8 +7,12 @@ validation logs alike; after fit the model is whole (``get_weights``, ``save`` +
 and a second fit cuts it again. SGD, accumulation (Adam, k=2) and variable-less ``add_loss``
 layers: tests/training/zero/test_per_layer.py; the transformer block: test_parameters.py. Two
 real MultiWorkerMirrored workers: tests/strategies/test_multi_worker.py (the shared launch's
-``trainer_zero3`` mode). Each refusal names its argument, before anything is traced. AdamW's
-exclusions from weight decay by variable object hold for the blocks (and ZeRO-1's master shards).
+``trainer_zero3`` mode). A subclassed model, unbuilt, trains as one unit (its weights, with Adam,
+and its validation logs as unsharded; its ``gathered_unit`` the whole model), and so does a
+functional transformer block whose embedding's mask travels between the units. Each refusal names
+its argument, before anything is traced; a Keras mask on the output reaches the loss, whose
+masked terms are refused. AdamW's exclusions from weight decay by variable object hold for the
+blocks (and ZeRO-1's master shards).
 """
 
 import logging
@@ -18,7 +22,16 @@ import numpy as np
 import pytest
 
 import tfdist
-from tests.training.zero.test_parameters import LOSS, G, _data, _mlp, _with
+from tests.training.zero.test_parameters import (
+    LOSS,
+    TOKENS,
+    VOCAB,
+    G,
+    _data,
+    _mlp,
+    _with,
+    masked_transformer,
+)
 from tfdist.config import TrainConfig
 from tfdist.training.fit.arguments import reads_weights
 from tfdist.training.zero.parameters import check_trainer
@@ -167,19 +180,69 @@ def _own_step_model():
     return _OwnStep(x, keras.layers.Dense(3)(x))
 
 
-class _Subclassed(keras.Model):
+class _Tokens(keras.Model):
+    """A subclassed transformer-ish model on token ids: a masked embedding, attention, a Dense
+    over 3-D input, masked pooling. Seeded initializers: instances built apart start alike."""
+
     def __init__(self):
-        super().__init__()
-        self.dense = keras.layers.Dense(3)
+        super().__init__(name="tokens")  # Keras's own name, "__tokens", is no valid scope name
+        self.embed = keras.layers.Embedding(
+            VOCAB,
+            8,
+            mask_zero=True,
+            embeddings_initializer=keras.initializers.RandomUniform(seed=1),
+        )
+        seeded = keras.initializers.GlorotUniform
+        self.attend = keras.layers.MultiHeadAttention(2, 4, kernel_initializer=seeded(seed=2))
+        self.dense = keras.layers.Dense(8, activation="gelu", kernel_initializer=seeded(seed=3))
+        self.pool = keras.layers.GlobalAveragePooling1D()
+        self.head = keras.layers.Dense(3, kernel_initializer=seeded(seed=4))
 
-    def call(self, x):
-        return self.dense(x)
+    def call(self, ids):
+        h = self.embed(ids)
+        return self.head(self.pool(self.dense(self.attend(h, h))))
 
 
-def _subclassed():
-    model = _Subclassed()
-    model(np.zeros((1, 6), "float32"))
-    return model
+def _token_model(kind, x):
+    """``(make, start)``: a builder of the ``kind`` model and a built one with its initial
+    weights. ``"subclassed"``: `_Tokens`, unbuilt, as Keras's fit takes it (each Trainer builds
+    it from the first batch; seeded: alike); ``"masked"``: `masked_transformer`."""
+    start = _Tokens() if kind == "subclassed" else masked_transformer()
+    start(x[:1])
+    if kind == "subclassed":
+        return _Tokens, start
+    weights = start.get_weights()
+    return (lambda: _with(masked_transformer(), weights)), start
+
+
+@pytest.mark.parametrize("kind", ["subclassed", "masked"])
+def test_token_models_train_as_unsharded(kind):
+    # A subclassed model runs as one unit: its call whole under one gather of all its weights.
+    # The masked functional one: an Embedding(mask_zero=True)'s mask crosses the units' custom
+    # gradients to the attention, the residual and the pooling, forward and recomputed.
+    x, y = _data(None, ids=True)
+    make, start = _token_model(kind, x)
+    runs = {
+        sharding: tfdist.Trainer(
+            make,
+            strategy=tfdist.make_strategy("mirrored", num_devices=2),
+            optimizer=ADAM(),
+            loss=LOSS,
+            metrics=["accuracy"],
+            sharding=sharding,
+        )
+        for sharding in ("parameters", None)
+    }
+    logs = {sharding: _fit(trainer, x, y)[0] for sharding, trainer in runs.items()}
+    mine, theirs = (runs[sharding].model for sharding in ("parameters", None))
+    assert _gap(mine.get_weights(), theirs.get_weights()) <= 1e-6
+    assert _gap(theirs.get_weights(), start.get_weights()) > 1e-3  # the runs train
+    assert logs["parameters"].keys() == logs[None].keys()
+    assert all(abs(logs["parameters"][k] - logs[None][k]) <= 1e-5 for k in logs[None]), logs
+    # One unit: a replica gathers the whole subclassed model while it runs.
+    whole = sum(v.numpy().nbytes for v in mine.trainable_variables)
+    gathered = runs["parameters"].replica_bytes["gathered_unit"]
+    assert gathered == whole if kind == "subclassed" else gathered < whole
 
 
 @pytest.mark.parametrize(
@@ -190,9 +253,8 @@ def _subclassed():
         ({"bucket_bytes": 1024}, "bucket_bytes"),
         ({"balance": True}, "balance"),
         ({"build": _own_step_model}, "sharding"),
-        ({"build": _subclassed}, "sharding"),
     ],
-    ids=["local_sgd", "compression", "buckets", "balance", "train_step", "subclassed"],
+    ids=["local_sgd", "compression", "buckets", "balance", "train_step"],
 )
 def test_what_sharded_parameters_cannot_serve_is_refused_by_name(options, argument):
     options = dict(options)
@@ -207,20 +269,33 @@ def test_the_command_line_takes_sharding_parameters():
         TrainConfig(sharding="weights")
 
 
+def _masked_output():
+    """A Keras mask on the output: an ``Embedding(mask_zero=True)`` through a Dense per token."""
+    ids = keras.Input((TOKENS,), dtype="int32")
+    embedded = keras.layers.Embedding(VOCAB, 4, mask_zero=True)(ids)
+    return keras.Model(ids, keras.layers.Dense(3)(embedded))
+
+
 def test_a_pipeline_and_masked_loss_terms_are_refused_by_name():
     with pytest.raises(ValueError, match="`sharding`.*with pipeline="):
-        check_trainer(_mlp(), pipeline=object())
-    weights = _mlp().get_weights()
+        check_trainer(pipeline=object())
     x, y = _data(_mlp())
-    trainer = tfdist.Trainer(
-        lambda: _with(_mlp(), weights),
-        strategy=tfdist.make_strategy("mirrored", num_devices=2),
-        optimizer=SGD(),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=2),
-        sharding="parameters",
-    )
-    with pytest.raises(ValueError, match="`sharding`.*masked terms"):
-        trainer.fit(x, y, batch_size=G, epochs=1, verbose=0)
+    ids, _ = _data(None, ids=True)
+    # ignore_class, and an output's mask, carried across the units to the loss (not dropped).
+    cases = [
+        (_mlp, keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=2), x, y),
+        (_masked_output, LOSS, ids, ids % 3),
+    ]
+    for build, loss, inputs, labels in cases:
+        trainer = tfdist.Trainer(
+            build,
+            strategy=tfdist.make_strategy("mirrored", num_devices=2),
+            optimizer=SGD(),
+            loss=loss,
+            sharding="parameters",
+        )
+        with pytest.raises(ValueError, match="`sharding`.*masked terms"):
+            trainer.fit(inputs, labels, batch_size=G, epochs=1, verbose=0)
 
 
 def test_callbacks_that_read_the_weights_during_fit_are_refused_at_its_start(tmp_path):

@@ -11,6 +11,9 @@ hook for either, so these name its internals once:
   functional or Sequential model inside another, a KerasHub backbone inside its task) is run
   through its graph in turn, so that each of its layers is wrapped (`unit_layers`), and a Keras
   op on tensors (``x[:, 0]``, ``ops.concatenate``: no variables, no losses) is called as it is;
+  a model whose call is its own (subclassed) is wrapped whole, one unit; Keras masks ride on
+  the tensors between the calls (``_keras_mask``), set again on a graph's standardised inputs
+  as ``Functional.call`` sets them;
 - `drop_storage`: a Keras variable whose TF variable is released (``_value``);
 - `guard_reads`: a read of such a variable outside a ``StatelessScope`` that maps it calls its
   initializer (``_initializer``), which then raises instead of handing back the initial value;
@@ -30,7 +33,7 @@ from typing import Any
 import keras
 
 from tfdist._compat.keras_internals.layer_graph import graph_model
-from tfdist._compat.keras_internals.masks import with_keras_mask
+from tfdist._compat.keras_internals.masks import keras_mask, with_keras_mask
 
 
 def functional_graph(model: keras.Model) -> Any:
@@ -52,7 +55,10 @@ def runs_its_graph(layer: Any) -> bool:
 
 def unit_layers(model: keras.Model) -> list[Any]:
     """The layers `call_by_layer` wraps one at a time: ``model``'s own, each nested model that
-    `runs_its_graph` replaced by its layers (recursively)."""
+    `runs_its_graph` replaced by its layers (recursively); ``[model]`` for a model that does not
+    (subclassed: one unit)."""
+    if not runs_its_graph(model):
+        return [model]
     found: list[Any] = []
     for layer in model.layers:
         found.extend(unit_layers(layer) if runs_its_graph(layer) else [layer])
@@ -68,24 +74,44 @@ def call_by_layer(
     """``model(inputs, **ctx)`` with each layer ``op`` of `unit_layers` called through
     ``wrap(op, context)`` (``context``: the call-context arguments, ``training``, that Keras
     would pass it), as ``Functional.call`` runs it; nested models that `runs_its_graph` are
-    run through their graphs in turn, Keras ops on tensors as they are.
+    run through their graphs in turn, Keras ops on tensors as they are. A model that does not
+    `runs_its_graph` (subclassed, or a functional one with a ``call`` of its own) is one unit:
+    ``wrap(model, context)(inputs)``.
 
-    Raises:
-        ValueError: If ``model`` has no functional graph (`functional_graph`).
+    Keras masks travel on the tensors (``_keras_mask``) as in Keras's own call: each layer's
+    ``__call__`` reads its inputs' masks and sets its outputs'; a model run through its graph
+    sets its inputs' masks again on its standardised inputs, as ``Functional.call`` does.
     """
-    graph = functional_graph(model)
-    if graph is None:
-        raise ValueError(f"{type(model).__name__} has no functional graph")
-    inputs = graph._standardize_inputs(inputs)
+    if not runs_its_graph(model):
+        return wrap(model, _context(model, ctx))(inputs)
+    return _through_graph(graph_model(model), inputs, wrap, ctx)
+
+
+def _context(op: Any, ctx: dict[str, Any]) -> dict[str, Any]:
+    """The call-context arguments of ``ctx`` that ``op`` takes, as Keras's ``operation_fn``."""
+    names = getattr(op, "_call_context_args", {})
+    return {k: v for k, v in ctx.items() if k in names and v is not None}
+
+
+def _through_graph(graph: Any, inputs: Any, wrap: Callable, ctx: dict, mask: Any = None) -> Any:
+    """``graph`` (a functional model) run on ``inputs`` layer by layer (`call_by_layer`).
+    ``mask``: the node's ``mask=`` argument; else the masks ``inputs`` carry, as Keras's
+    ``Layer.__call__`` fills it in."""
+    masks = (
+        [keras_mask(t) for t in keras.tree.flatten(inputs)]
+        if mask is None
+        else keras.tree.flatten(mask)
+    )
+    inputs = graph._standardize_inputs(inputs)  # may make new tensors (a cast, a rank)
+    for tensor, one in zip(inputs, masks):
+        with_keras_mask(tensor, one)
 
     def operation_fn(op: Any) -> Callable[..., Any]:
-        names = getattr(op, "_call_context_args", {})
-        context = {k: v for k, v in ctx.items() if k in names and v is not None}
         if not isinstance(op, keras.layers.Layer):
             return op
         if runs_its_graph(op):
-            return functools.partial(_nested, op, wrap, context)
-        return wrap(op, context)
+            return functools.partial(_nested, op, wrap, _context(op, ctx))
+        return wrap(op, _context(op, ctx))
 
     outputs = graph._run_through_graph(inputs, operation_fn=operation_fn)
     return outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
@@ -93,15 +119,13 @@ def call_by_layer(
 
 def _nested(model: keras.Model, wrap: Callable, context: dict, *args: Any, **kwargs: Any) -> Any:
     """A nested ``model`` called as ``model(*args, **kwargs)`` at its node, run through its
-    graph layer by layer (as ``Functional.call``: a ``mask=`` argument set on its inputs; the
-    enclosing call's context over the node's own arguments, as Keras's ``operation_fn``)."""
+    graph layer by layer (as ``Functional.call``: a ``mask=`` argument, or the masks its inputs
+    carry, set on its inputs; the enclosing call's context over the node's own arguments, as
+    Keras's ``operation_fn``)."""
     inputs = args[0] if args else kwargs.pop("inputs")
     mask = kwargs.pop("mask", None)
-    if mask is not None:
-        for tensor, one in zip(keras.tree.flatten(inputs), keras.tree.flatten(mask)):
-            with_keras_mask(tensor, one)
     own = {k: v for k, v in kwargs.items() if k in getattr(model, "_call_context_args", {})}
-    return call_by_layer(model, inputs, wrap, **{**own, **context})
+    return _through_graph(graph_model(model), inputs, wrap, {**own, **context}, mask)
 
 
 def drop_storage(variable: keras.Variable) -> None:

@@ -30,10 +30,19 @@ optimizer slots whole, in an unsharded run's format (`ParameterState.in_checkpoi
 ``"parameters"`` backup resumes sharded or not, on any replica count, and an unsharded or
 ZeRO-1/2 backup resumes sharded.
 
-Refused, each by name (`check_model`): a model without a functional graph (subclassed, or a
-Sequential never built on an ``Input``), an optimizer a block cannot update
-(`tfdist.training.zero.state.check_optimizer`), and, until they are handled, Keras masks
-between layers; uneven shares (``balance=``, untested).
+Any model the Trainer builds: functional and Sequential models run one layer (unit) at a time,
+nested ones layer by layer, and Keras masks travel between the units as Keras passes them
+(`tfdist.training.zero.units`). A subclassed model (its own ``call``, no functional graph) runs
+as **one unit**: every weight is gathered before its call and released after it, and again for
+its backward, so while it runs a replica holds the whole model's weights (and in the backward
+their whole gradients), ``replica_bytes["gathered_unit"]`` all of them; what stays 1/N is what
+lives between steps (weights, accumulated gradients, optimizer state). Built as layers of a
+functional model, its parts would be gathered one at a time.
+
+Refused, each by name: an optimizer a block cannot update
+(`tfdist.training.zero.state.check_optimizer`), a pipeline and uneven shares (``balance=``,
+untested) (`check_trainer`); a loss with masked terms
+(`tfdist.training.zero.parameters_update`).
 """
 
 from __future__ import annotations
@@ -48,7 +57,6 @@ import tensorflow as tf
 from tfdist._compat.keras_internals.optimizer import gradients_already_summed
 from tfdist._compat.keras_internals.unit_calls import (
     drop_storage,
-    functional_graph,
     give_storage,
     guard_reads,
     has_storage,
@@ -75,25 +83,25 @@ class UnmappedRead:
 
 
 def check_model(model: keras.Model) -> None:
-    """Refuses a model whose layers cannot be gathered one at a time.
+    """Refuses a model not built yet: its variables are cut into blocks once they exist (the
+    Trainer builds the model from the first batch's spec, then cuts).
 
     Raises:
         ValueError: Naming ``sharding``, what was received and what is expected.
     """
-    if functional_graph(model) is None or not model.built:
+    if not model.built:
         raise invalid_argument(
             "sharding",
             "parameters",
-            "None for a model without a functional graph",
-            note=f"{type(model).__name__} {model.name!r} is subclassed, or a Sequential "
-            "without an Input: sharding='parameters' gathers each top-level layer's weights "
-            "just before it runs, which needs the layers' graph. Build it on keras.Input(...), "
-            "or wrap it as one layer of a functional model.",
+            "None for a model not built yet",
+            note=f"{type(model).__name__} {model.name!r} has no variables yet to cut into "
+            "blocks: build it first (call it on a batch, or model.build(input_shape)).",
         )
 
 
-def check_trainer(model: keras.Model, *, pipeline: Any, balance: Any = None) -> None:
-    """The Trainer's refusals of ``sharding="parameters"`` (over more than one replica).
+def check_trainer(*, pipeline: Any, balance: Any = None) -> None:
+    """The Trainer's refusals of ``sharding="parameters"`` (over more than one replica): every
+    model is served (a subclassed one as one unit), not every option beside it.
 
     Raises:
         ValueError: Naming the argument, what was received and what is expected.
@@ -114,15 +122,14 @@ def check_trainer(model: keras.Model, *, pipeline: Any, balance: Any = None) -> 
             note="Uneven shares of the global batch on sharded parameters are not tested yet: "
             "balance with sharding='gradients', or shard the parameters with even shares.",
         )
-    check_model(model)
 
 
 class ParameterState:
     """The blocks of ``model``'s trainable variables and its optimizer built on them.
 
     Args:
-        model: A built functional or Sequential model with an optimizer (``model.optimizer``),
-            made in ``strategy``'s scope.
+        model: A built model with an optimizer (``model.optimizer``), made in ``strategy``'s
+            scope.
         strategy: A MirroredStrategy or MultiWorkerMirroredStrategy.
 
     Attributes:

@@ -25,8 +25,10 @@ An empty replica batch (a partial last batch smaller than the replica count, or 
 padding) runs one all-zero example and keeps none of its outputs, as the plain step does: every
 replica takes part in every gather.
 
-Refused here, by name: a loss with masked terms (``ignore_class``, a Keras mask on an output),
-which weighs each gradient by a global valid count the blocks do not carry.
+Keras masks between layers travel between the units (`tfdist.training.zero.units`), and a
+mask on an output reaches the loss, as in Keras's ``train_step``. Refused here, by name: a loss
+with masked terms (``ignore_class``, a Keras mask on an output), which weighs each gradient by
+a global valid count the blocks do not carry.
 """
 
 from __future__ import annotations

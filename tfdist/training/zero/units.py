@@ -26,7 +26,17 @@ threads: what one replica's trace collects is thread-local.
 
 A nested functional or Sequential model (a KerasHub backbone in its task) runs layer by layer
 too, each of its layers a unit (`tfdist._compat.keras_internals.unit_calls.call_by_layer`); a
-subclassed one is one unit. A shared layer (a tied embedding) is gathered at each use.
+subclassed layer or model is one unit, and so is a subclassed model at the top: its call runs
+whole under one scope of all its weights, gathered together, so a replica holds the whole
+model's weights during the forward, and again with their whole gradients in the backward
+(``replica_bytes["gathered_unit"]`` is all of them); what stays 1/N is what lives between
+steps: the weights, the accumulated gradients and the optimizer state. A shared layer (a tied
+embedding) is gathered at each use.
+
+Keras masks (``Embedding(mask_zero=True)``, ``Masking``, a recurrent layer's) ride between
+units as Keras's functional call passes them, on the tensors: a unit's outputs, which the
+custom gradient makes anew, carry the masks its layer set on its own outputs, and its backward
+recomputes the layer on the same input tensors, masks and all.
 """
 
 from __future__ import annotations
@@ -38,9 +48,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfdist._compat.keras_internals.masks import keras_mask
+from tfdist._compat.keras_internals.masks import keras_mask, with_keras_mask
 from tfdist._compat.keras_internals.unit_calls import call_by_layer, losses_as
-from tfdist.config import invalid_argument
 from tfdist.training.step.gradients import dense_part
 from tfdist.training.step.objective import objective
 from tfdist.training.zero.collectives import all_rows
@@ -85,8 +94,8 @@ class Units:
     """The unit-by-unit forward pass of ``model`` on the blocks of its trainable variables.
 
     Args:
-        model: A functional or Sequential model, built; its trainable variables have no
-            storage (`tfdist.training.zero.parameters`).
+        model: A built model (functional or Sequential: unit by unit; subclassed: one unit);
+            its trainable variables have no storage (`tfdist.training.zero.parameters`).
         num_replicas: ``num_replicas_in_sync``.
 
     Call `forward` in replica context, under the tape that takes the blocks' gradients; then
@@ -156,15 +165,6 @@ class Units:
             terms = list(scope.losses) + [
                 v.regularizer(v) for v in op.trainable_variables if v.regularizer is not None
             ]
-        if any(keras_mask(t) is not None for t in tf.nest.flatten(out)):
-            # The custom gradient's outputs would drop it: the next layers would not mask.
-            raise invalid_argument(
-                "sharding",
-                "parameters",
-                "None for a model whose layers pass Keras masks",
-                note=f"Layer {op.name!r} outputs a mask (mask_zero=True, Masking): masks "
-                "between sharded layers are not carried yet.",
-            )
         flat = tf.nest.flatten(out)
         if terms:
             flat.append(tf.add_n([tf.cast(t, tf.float32) for t in terms]))
@@ -188,8 +188,13 @@ class Units:
         where = [(i, slot[id(t)]) for i, t in enumerate(flat_in) if tf.is_tensor(t)]
         mine = [blocks[self.index[id(v)]] for v in op.trainable_variables]
         held: dict[str, Any] = {}
+        # A layer may clear its inputs' masks in its call (MultiHeadAttention does, as Keras
+        # runs it): its recompute in the backward sees them as its first call did.
+        masks = [keras_mask(t) for t in ins]
 
         def call_with(inputs: list) -> tuple:
+            for tensor, mask in zip(inputs, masks):
+                with_keras_mask(tensor, mask)
             full = list(flat_in)
             for i, k in where:
                 full[i] = inputs[k]
@@ -214,7 +219,7 @@ class Units:
         if held["extra"]:
             self._local.terms.append(flat_out[-1])
             flat_out = flat_out[:-1]
-        return tf.nest.pack_sequence_as(held["structure"], flat_out)
+        return tf.nest.pack_sequence_as(held["structure"], _masked_as(held["structure"], flat_out))
 
     def _blocks_of(self, op: Any, grads: list) -> list:
         """Each of ``op``'s weight gradients ``grads`` summed over the replicas, this replica
@@ -251,18 +256,34 @@ class Units:
         return [next(it) if t.dtype.is_floating else None for t in inputs] + d_blocks
 
 
+def _masked_as(structure: Any, flat_out: list) -> list:
+    """``flat_out`` (a custom gradient's outputs, new tensors) carrying the Keras masks of the
+    unit's own outputs (``structure``), which the next layers read as Keras's call passes them.
+    A mask is made from the unit's inputs, not its weights: no gradient goes through one (a
+    float mask's is stopped; Keras's are boolean)."""
+    masks = [keras_mask(t) for t in tf.nest.flatten(structure)]
+    return [
+        with_keras_mask(t, tf.stop_gradient(m) if m is not None and m.dtype.is_floating else m)
+        for t, m in zip(flat_out, masks, strict=True)
+    ]
+
+
 def forward_never_empty(units: Units, x: Any, inputs: list, *, training: bool) -> Any:
     """``units.forward`` on ``x``; an empty replica batch runs one all-zero example instead
-    (every replica takes part in every unit's gather and reduce-scatter), whose outputs are cut
-    away, as the plain step does (`tfdist.training.step.update`)."""
+    (every replica takes part in every unit's gather and reduce-scatter), whose outputs, and
+    their Keras masks, are cut away, as the plain step does (`tfdist.training.step.update`)."""
     size = tf.cast(tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0], tf.int32)
 
     def one_zero_example(t: Any) -> Any:
         return None if t is None else tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
 
+    def cut(t: Any) -> Any:  # an identity slice for full batches
+        mask = keras_mask(t)
+        return with_keras_mask(t[:size], None if mask is None else mask[:size])
+
     inputs_x = tf.cond(size > 0, lambda: x, lambda: tf.nest.map_structure(one_zero_example, x))
     y_pred = units.forward(inputs_x, inputs, training=training)
-    return tf.nest.map_structure(lambda t: t[:size], y_pred)
+    return tf.nest.map_structure(cut, y_pred)
 
 
 def forward_and_objective(units: Units, update: Any, data: tuple, inputs: list, tape: Any) -> Any:
