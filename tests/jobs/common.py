@@ -60,3 +60,39 @@ def builder(weights=None):
 def initial_weights():
     keras.utils.set_random_seed(1)
     return builder()().get_weights()
+
+
+#: The modes of tests/jobs/mwms_job.py that train `nested_builder`'s model on `token_dataset`.
+NESTED_MODES = ("trainer_zero3_accum",)
+VOCAB = 10
+
+
+def token_dataset(n=96, global_batch=GLOBAL_BATCH):
+    """`data`'s examples as 6 token ids each (each feature cut into 10 bins), its labels."""
+    x, y = data(n)
+    ids = np.clip(np.floor((x + 2.5) * 2), 0, VOCAB - 1).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((ids, y)).batch(global_batch)
+
+
+def nested_builder(weights=None):
+    """A functional model inside a functional model, as a KerasHub backbone sits inside its
+    task: the inner one embeds the token ids and runs a Dense over the 3-D sequence, the outer
+    one pools it and classifies."""
+
+    def build():
+        ids = keras.Input((6,), dtype="int32")
+        h = keras.layers.Dense(8, activation="tanh")(keras.layers.Embedding(VOCAB, 4)(ids))
+        backbone = keras.Model(ids, h, name="backbone")
+        task_ids = keras.Input((6,), dtype="int32")
+        pooled = keras.layers.GlobalAveragePooling1D()(backbone(task_ids))
+        m = keras.Model(task_ids, keras.layers.Dense(3)(pooled))
+        if weights is not None:
+            m.set_weights(weights)
+        return m
+
+    return build
+
+
+def nested_initial_weights():
+    keras.utils.set_random_seed(1)
+    return nested_builder()().get_weights()

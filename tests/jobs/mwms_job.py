@@ -9,7 +9,9 @@ one after another. Each task writes OUT_DIR/<mode>-<task>.npz and .json.
 
 The strategy leaves each worker a second logical CPU device (``stage_devices=2``): one replica
 per worker on CPU:0, as without it, and a device for trainer_pipeline's second stage (the hybrid:
-data parallel over the two workers x two pipeline stages in each).
+data parallel over the two workers x two pipeline stages in each). The modes in
+``common.NESTED_MODES`` (trainer_zero3_accum) train a functional model nested in another, on
+token ids (``common.nested_builder``, ``common.token_dataset``).
 """
 
 import json
@@ -24,7 +26,17 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jobs.common import GLOBAL_BATCH, builder, collectives_in_loop_body, dataset, initial_weights  # noqa: E402
+from jobs.common import (  # noqa: E402
+    GLOBAL_BATCH,
+    NESTED_MODES,
+    builder,
+    collectives_in_loop_body,
+    dataset,
+    initial_weights,
+    nested_builder,
+    nested_initial_weights,
+    token_dataset,
+)
 
 modes, out_dir = sys.argv[1].split(","), sys.argv[2]
 task = json.loads(os.environ["TF_CONFIG"])["task"]
@@ -186,6 +198,9 @@ def train(mode):
         # layer, each worker's 8 examples in 2 micro-batches.
         piped = mode.startswith("trainer_pipeline")
         model = builder(w0)() if piped else builder(w0)
+        # NESTED_MODES: a functional model inside a functional one, on token ids (common.py).
+        nested = mode in NESTED_MODES
+        model = nested_builder(nested_initial_weights()) if nested else model
         pipeline = None
         if piped:
             pipeline = tfdist.PipelineOptions([model.layers[0].name], micro_batches=2)
@@ -206,7 +221,8 @@ def train(mode):
             steps_per_execution=1 if mode in BALANCE else "auto",
         )
         # k micro-batches of GLOBAL_BATCH // k make one update of GLOBAL_BATCH.
-        history = trainer.fit(dataset(global_batch=GLOBAL_BATCH // k), epochs=2, verbose=0).history
+        data = (token_dataset if nested else dataset)(global_batch=GLOBAL_BATCH // k)
+        history = trainer.fit(data, epochs=2, verbose=0).history
         model = trainer.model
         print(mode, "iterations", int(model.optimizer.iterations.numpy()))
         counts = collectives_in_loop_body(trainer.train_functions[(GLOBAL_BATCH // k, k)])

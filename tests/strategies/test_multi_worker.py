@@ -12,7 +12,15 @@ import pytest
 
 import tfdist
 from tests.helpers import PRELOAD, REPO, run_tfdist
-from tests.jobs.common import builder, dataset, initial_weights
+from tests.jobs.common import (
+    NESTED_MODES,
+    builder,
+    dataset,
+    initial_weights,
+    nested_builder,
+    nested_initial_weights,
+    token_dataset,
+)
 
 JOB = os.path.join(REPO, "tests", "jobs", "mwms_job.py")
 pytestmark = pytest.mark.multiprocess
@@ -29,16 +37,27 @@ def _weights(path):
         return [f[f"arr_{i}"] for i in range(len(f.files))]
 
 
-@pytest.fixture(scope="module")
-def reference_weights():
+def _one_replica(build, data):
     trainer = tfdist.Trainer(
-        builder(initial_weights()),
+        build,
         strategy=tfdist.make_strategy("one_device"),
         optimizer=keras.optimizers.SGD(0.1),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    trainer.fit(dataset(), epochs=2, verbose=0)
+    trainer.fit(data, epochs=2, verbose=0)
     return trainer.model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def reference_weights():
+    return _one_replica(builder(initial_weights()), dataset())
+
+
+@pytest.fixture(scope="module")
+def nested_reference_weights():
+    """NESTED_MODES' reference: their model (a functional model inside a functional one) on
+    one replica."""
+    return _one_replica(nested_builder(nested_initial_weights()), token_dataset())
 
 
 MODES = ["trainer", "trainer_accum", "trainer_bucketed", "trainer_zero1", "trainer_zero2_accum"]
@@ -62,15 +81,17 @@ def launched(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_two_workers_train_identically(mode, launched, reference_weights):
+def test_two_workers_train_identically(mode, launched, reference_weights, request):
     """Each mode ends where one replica with the whole global batch ends.
 
     trainer_accum makes each update from 2 micro-batches of half the batch;
     trainer_bucketed all-reduces the gradients in 2 buckets; trainer_zero1 and
     trainer_zero2_accum shard the optimizer state (and the gradients, reduced each
     micro-batch) over the two workers; trainer_zero3_accum the weights too (ZeRO-3, 2
-    accumulated micro-batches); trainer_pipeline is the hybrid: 2 workers x 2 pipeline
-    stages (each worker's CPU:0 and CPU:1), 2 micro-batches, to 1e-6 of one replica, and
+    accumulated micro-batches), on a nested model (NESTED_MODES: an Embedding and a Dense over
+    the 3-D sequence in a functional model inside the trained one, as a KerasHub backbone sits
+    in its task; its own one-replica reference); trainer_pipeline is the hybrid: 2 workers x 2
+    pipeline stages (each worker's CPU:0 and CPU:1), 2 micro-batches, to 1e-6 of one replica, and
     trainer_pipeline_zero2_accum the same with its gradients and optimizer state sharded over
     the workers and 2 accumulated batches per update. trainer_balanced and
     trainer_balanced_zero2_accum split each global batch unevenly (balance=), the split changed
@@ -91,9 +112,11 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
         collectives = {"trainer_zero2_accum": 5, "trainer_balanced_zero2_accum": 10}.get(
             mode, collectives
         )
-        # trainer_zero3_accum: each of the 4 weights' gradient reduce-scattered in the backward,
-        # and the examples counted (its gathers all-reduce integer bits: not counted).
-        collectives = 5 if mode == "trainer_zero3_accum" else collectives
+        # trainer_zero3_accum: the embedding's sparse gradient unrolls the 2 micro-batches (its
+        # rows all-gathered, no all-reduce); in each, the 4 dense weights' gradients
+        # reduce-scattered in the backward; and the examples counted (the weights' gathers
+        # all-reduce integer bits: not counted).
+        collectives = 9 if mode == "trainer_zero3_accum" else collectives
         assert f"[worker:0] {mode} gradient_all_reduces_per_update {collectives}" in proc.stdout
     if "balanced" in mode:
         for a, b in BALANCED[mode]:  # each split once, by the chief
@@ -101,7 +124,9 @@ def test_two_workers_train_identically(mode, launched, reference_weights):
             said = [line for line in proc.stdout.splitlines() if split in line]
             assert len(said) == 1 and said[0].startswith("[worker:0]"), (split, said)
     w0, w1 = (_weights(out_dir / f"{mode}-worker-{i}.npz") for i in (0, 1))
-    for a, b, ref in zip(w0, w1, reference_weights):
+    if mode in NESTED_MODES:
+        reference_weights = request.getfixturevalue("nested_reference_weights")
+    for a, b, ref in zip(w0, w1, reference_weights, strict=True):
         np.testing.assert_array_equal(a, b)  # both workers hold the same model
         # 2 workers x b == 1 replica x 2b
         # bf16: the gradients travel in 16 bits (tests/training/step/test_exchange.py's bound).
