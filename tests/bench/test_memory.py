@@ -321,8 +321,8 @@ def test_the_cap_is_unsharded_peak_and_each_launch_trains_or_runs_out_of_memory(
     assert memory_cap.outcome(None) == "trained"
     oom = RuntimeError("bench tasks exited 1: ResourceExhaustedError: OOM when allocating")
     assert memory_cap.outcome(oom) == "out of memory"
-    with pytest.raises(RuntimeError, match="port in use"):
-        memory_cap.outcome(RuntimeError("port in use"))
+    # Any other failure is recorded (the bench's other results kept), and shows nothing.
+    assert memory_cap.outcome(RuntimeError("worker:1 killed by SIGSEGV")) == memory_cap.FAILED
 
     calls = []
 

@@ -24,8 +24,11 @@ from tfdist.bench.harness import cluster_run
 
 logger = logging.getLogger(__name__)
 
-#: The outcome of a launch under the cap.
-TRAINED, OUT_OF_MEMORY = "trained", "out of memory"
+#: The outcome of a launch under the cap. ``FAILED``: it stopped without TF's out-of-memory
+#: error (a task killed by a signal: TF's BFC allocator, out of memory under a cap, has
+#: crashed a collective's worker with SIGSEGV on the MLP), recorded rather than raised, so that
+#: the bench's other results are kept; it does not count as shown.
+TRAINED, OUT_OF_MEMORY, FAILED = "trained", "out of memory", "failed without an OOM error"
 _OOM_MARKS = ("OOM when allocating", "ResourceExhaustedError")
 #: Each demonstration: the mode that should train under the cap, and those that should run out
 #: of memory under it, the one holding least first (the cap goes down until it runs out).
@@ -57,12 +60,13 @@ def caps_of(
 
 
 def outcome(error: RuntimeError | None) -> str:
-    """What a launch under the cap did: trained, or ran out of memory (other failures raise)."""
+    """What a launch under the cap did: trained, ran out of memory, or failed otherwise."""
     if error is None:
         return TRAINED
     if any(mark in str(error) for mark in _OOM_MARKS):
         return OUT_OF_MEMORY
-    raise error
+    logger.warning("bench memory: a launch under the cap failed: %s", error)
+    return FAILED
 
 
 def _under_cap(spec: dict[str, Any], n: int, cap: int, mode: str) -> str:
@@ -90,7 +94,7 @@ def demonstrate_one(spec: dict[str, Any], per_workers: dict[str, Any], trained: 
     outcomes: dict[str, str] = {}
     for cap in caps:  # the highest cap under which the mode holding least of `beaten` runs out
         outcomes = {beaten[0]: _under_cap(spec, n, cap, beaten[0])}
-        if outcomes[beaten[0]] == OUT_OF_MEMORY:
+        if outcomes[beaten[0]] != TRAINED:
             for mode in (*beaten[1:], trained):
                 outcomes[mode] = _under_cap(spec, n, cap, mode)
             break
