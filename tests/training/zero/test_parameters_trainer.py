@@ -10,9 +10,11 @@ real MultiWorkerMirrored workers: tests/strategies/test_multi_worker.py (the sha
 ``trainer_zero3`` mode). A subclassed model, unbuilt, trains as one unit (its weights, with Adam,
 and its validation logs as unsharded; its ``gathered_unit`` the whole model), and so does a
 functional transformer block whose embedding's mask travels between the units. Each refusal names
-its argument, before anything is traced; a Keras mask on the output reaches the loss, whose
-masked terms are refused. AdamW's exclusions from weight decay by variable object hold for the
-blocks (and ZeRO-1's master shards).
+its argument, before anything is traced. A loss per token with masked terms (an output's
+Keras mask and ``ignore_class``) is divided by the valid count of both replicas (weights and
+logs as unsharded, and Keras's fit on one device); with accumulation it is refused at the
+first trace. AdamW's exclusions from weight decay by variable object hold for the blocks (and
+ZeRO-1's master shards).
 """
 
 import logging
@@ -203,31 +205,51 @@ class _Tokens(keras.Model):
         return self.head(self.pool(self.dense(self.attend(h, h))))
 
 
+def _masked_output():
+    """A Keras mask on the output: an ``Embedding(mask_zero=True)`` through attention and a
+    Dense per token (trained with a loss per token: masked terms)."""
+    ids = keras.Input((TOKENS,), dtype="int32")
+    embedded = keras.layers.Embedding(VOCAB, 4, mask_zero=True)(ids)
+    attended = keras.layers.MultiHeadAttention(num_heads=1, key_dim=4)(embedded, embedded)
+    return keras.Model(ids, keras.layers.Dense(3)(attended))
+
+
+#: The per-token loss of `_masked_output`: the padding masked and, with ``ignore_class``, label 2.
+TOKEN_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=2)
+
+
 def _token_model(kind, x):
     """``(make, start)``: a builder of the ``kind`` model and a built one with its initial
     weights. ``"subclassed"``: `_Tokens`, unbuilt, as Keras's fit takes it (each Trainer builds
-    it from the first batch; seeded: alike); ``"masked"``: `masked_transformer`."""
-    start = _Tokens() if kind == "subclassed" else masked_transformer()
+    it from the first batch; seeded: alike); ``"masked"``: `masked_transformer`;
+    ``"masked_loss"``: `_masked_output`."""
+    build = {"subclassed": _Tokens, "masked": masked_transformer, "masked_loss": _masked_output}
+    start = build[kind]()
     start(x[:1])
     if kind == "subclassed":
         return _Tokens, start
     weights = start.get_weights()
-    return (lambda: _with(masked_transformer(), weights)), start
+    return (lambda: _with(build[kind](), weights)), start
 
 
-@pytest.mark.parametrize("kind", ["subclassed", "masked"])
+@pytest.mark.parametrize("kind", ["subclassed", "masked", "masked_loss"])
 def test_token_models_train_as_unsharded(kind):
     # A subclassed model runs as one unit: its call whole under one gather of all its weights.
     # The masked functional one: an Embedding(mask_zero=True)'s mask crosses the units' custom
     # gradients to the attention, the residual and the pooling, forward and recomputed.
+    # "masked_loss": a loss per token with masked terms (the output's mask, ignore_class), each
+    # replica's valid count its own: divided by the count over both replicas, as unsharded.
     x, y = _data(None, ids=True)
     make, start = _token_model(kind, x)
+    loss = LOSS
+    if kind == "masked_loss":
+        y, loss = (x + np.arange(len(x))[:, None]) % 3, TOKEN_LOSS
     runs = {
         sharding: tfdist.Trainer(
             make,
             strategy=tfdist.make_strategy("mirrored", num_devices=2),
             optimizer=ADAM(),
-            loss=LOSS,
+            loss=loss,
             metrics=["accuracy"],
             sharding=sharding,
         )
@@ -243,6 +265,11 @@ def test_token_models_train_as_unsharded(kind):
     whole = sum(v.numpy().nbytes for v in mine.trainable_variables)
     gathered = runs["parameters"].replica_bytes["gathered_unit"]
     assert gathered == whole if kind == "subclassed" else gathered < whole
+    if kind == "masked_loss":  # and Keras's own fit on one device, on the global batches
+        plain = make()
+        plain.compile(optimizer=ADAM(), loss=loss, jit_compile=False)
+        plain.fit(x[:24], y[:24], batch_size=G, epochs=1, shuffle=False, verbose=0)
+        assert _gap(theirs.get_weights(), plain.get_weights()) <= 1e-5
 
 
 @pytest.mark.parametrize(
@@ -269,33 +296,22 @@ def test_the_command_line_takes_sharding_parameters():
         TrainConfig(sharding="weights")
 
 
-def _masked_output():
-    """A Keras mask on the output: an ``Embedding(mask_zero=True)`` through a Dense per token."""
-    ids = keras.Input((TOKENS,), dtype="int32")
-    embedded = keras.layers.Embedding(VOCAB, 4, mask_zero=True)(ids)
-    return keras.Model(ids, keras.layers.Dense(3)(embedded))
-
-
-def test_a_pipeline_and_masked_loss_terms_are_refused_by_name():
+def test_a_pipeline_and_masked_loss_terms_with_accumulation_are_refused_by_name():
     with pytest.raises(ValueError, match="`sharding`.*with pipeline="):
         check_trainer(pipeline=object())
-    x, y = _data(_mlp())
+    # A masked loss's valid count is the whole update's: known after each micro-batch's backward
+    # has reduced its gradients into the blocks.
     ids, _ = _data(None, ids=True)
-    # ignore_class, and an output's mask, carried across the units to the loss (not dropped).
-    cases = [
-        (_mlp, keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=2), x, y),
-        (_masked_output, LOSS, ids, ids % 3),
-    ]
-    for build, loss, inputs, labels in cases:
-        trainer = tfdist.Trainer(
-            build,
-            strategy=tfdist.make_strategy("mirrored", num_devices=2),
-            optimizer=SGD(),
-            loss=loss,
-            sharding="parameters",
-        )
-        with pytest.raises(ValueError, match="`sharding`.*masked terms"):
-            trainer.fit(inputs, labels, batch_size=G, epochs=1, verbose=0)
+    trainer = tfdist.Trainer(
+        _masked_output,
+        strategy=tfdist.make_strategy("mirrored", num_devices=2),
+        optimizer=SGD(),
+        loss=TOKEN_LOSS,
+        sharding="parameters",
+        accumulation_steps=2,
+    )
+    with pytest.raises(ValueError, match="`accumulation_steps`.*masked terms"):
+        trainer.fit(ids, ids % 3, batch_size=G, epochs=1, verbose=0)
 
 
 def test_callbacks_that_read_the_weights_during_fit_are_refused_at_its_start(tmp_path):

@@ -41,7 +41,7 @@ functional model, its parts would be gathered one at a time.
 
 Refused, each by name: an optimizer a block cannot update
 (`tfdist.training.zero.state.check_optimizer`), a pipeline and uneven shares (``balance=``,
-untested) (`check_trainer`); a loss with masked terms
+untested) (`check_trainer`); a loss with masked terms under accumulation
 (`tfdist.training.zero.parameters_update`).
 """
 

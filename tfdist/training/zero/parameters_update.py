@@ -26,9 +26,16 @@ padding) runs one all-zero example and keeps none of its outputs, as the plain s
 replica takes part in every gather.
 
 Keras masks between layers travel between the units (`tfdist.training.zero.units`), and a
-mask on an output reaches the loss, as in Keras's ``train_step``. Refused here, by name: a loss
-with masked terms (``ignore_class``, a Keras mask on an output), which weighs each gradient by
-a global valid count the blocks do not carry.
+mask on an output reaches the loss, as in Keras's ``train_step``. A loss with masked terms
+(``ignore_class``, a Keras mask on an output) is divided by the valid count of all replicas, as
+unsharded (`tfdist.training.step.masked_losses`): each unit's backward reduce-scatters its
+gradients at once, so the weights are known before it starts. The forward is whole by then: one
+small all-reduce of the counts (the examples and each term's valid count) between the forward
+and the backward, and one backward of the rest of the loss plus each term's weighted sum
+``c_j * S_j`` times ``T / (D_j * expected)`` (`TermsWeighed`): after the update's
+``expected / T`` correction, ``c_j * grad(S_j) / D_j``, the unsharded update's. Refused, by
+name: such a loss with ``accumulation_steps > 1``, whose ``D_j`` counts every micro-batch of the
+update, known only after the last forward, where each micro-batch's backward has run already.
 """
 
 from __future__ import annotations
@@ -42,9 +49,15 @@ from keras.utils import unpack_x_y_sample_weight
 
 from tfdist._compat.keras_internals.unit_calls import set_losses
 from tfdist.config import invalid_argument
+from tfdist.training.step.exchange import sum_counts
 from tfdist.training.step.inference import make_eval_step
-from tfdist.training.step.masked_losses import output_sums
-from tfdist.training.step.objective import record
+from tfdist.training.step.masked_losses import (
+    MaskedUpdate,
+    masked_means,
+    output_sums,
+    update_loss_log,
+)
+from tfdist.training.step.objective import Objective, record
 from tfdist.training.step.update import batch_size_of
 from tfdist.training.zero.layout import shard_size
 from tfdist.training.zero.parameters import ParameterState, constrain
@@ -83,6 +96,28 @@ class BlockUnits(Units):
         ]
 
 
+class TermsWeighed(MaskedUpdate):
+    """A masked loss's terms whose gradients the backward weighed already (`ParametersUpdate`):
+    the update only logs them. One micro-batch's vector (`ParametersUpdate._weigh_terms`):
+    ``[rest log, T, D (M), S (M), c*S (M)]``, ``T`` and ``D`` summed over the replicas."""
+
+    @property
+    def length(self) -> int:
+        return 2 + 3 * self.terms if self.terms else 0
+
+    def combine(
+        self, model: Any, vector: tf.Tensor, summed: list[Any], count: tf.Tensor, *, expected: float
+    ) -> tuple[list[Any], dict[int, tf.Tensor]]:
+        """``summed`` as it is, and the logs as `MaskedUpdate.combine` makes them."""
+        m = self.terms
+        vector = tf.reshape(vector, [self.length])
+        total, counts = vector[1], tf.unstack(vector[2 : 2 + m])
+        sums, weighted = tf.unstack(vector[2 + m : 2 + 2 * m]), tf.unstack(vector[2 + 2 * m :])
+        update_loss_log(model, vector[0], weighted, counts, count, total)
+        means = masked_means(count, total, sums, counts)
+        return list(summed), {tracker: means[j] for tracker, j in self.trackers.items()}
+
+
 class ParametersUpdate(ShardedUpdate):
     """`TrainUpdate` on sharded parameters, in replica context (see the module docstring).
 
@@ -96,6 +131,7 @@ class ParametersUpdate(ShardedUpdate):
     def __init__(self, *args: Any, state: ParameterState, **kwargs: Any) -> None:
         super().__init__(*args, state=state, **kwargs)  # type: ignore[arg-type]
         self.units = BlockUnits(self.model, self.num_replicas, sparse_as_dense=self.sparse_as_dense)
+        self.masked = TermsWeighed()
         # The optimizer's own are off during a fit (`ParameterState.cut`): it sees blocks.
         self.clipnorm, self.global_clipnorm = state.clipping
 
@@ -108,26 +144,49 @@ class ParametersUpdate(ShardedUpdate):
         x, y, sample_weight = unpack_x_y_sample_weight(data)
         size = batch_size_of(x)
         blocks = _blocks(self.state)
-        with tf.GradientTape() as tape:
+        # Persistent: a masked term's coefficient is read from it as well (`objective`).
+        with tf.GradientTape(persistent=True) as tape:
             tape.watch(blocks)
             data = (x, y, sample_weight, size)
             y_pred, loss = forward_and_objective(self.units, self, data, blocks, tape)
-        if loss.parts is not None:
-            raise invalid_argument(
-                "sharding",
-                "parameters",
-                "None, 'optimizer' or 'gradients' for a loss with masked terms",
-                note="A masked loss term (ignore_class, a Keras mask on an output) weighs each "
-                "gradient by the update's valid count over all replicas; the sharded "
-                "parameters' backward reduces each layer's gradients before that is known.",
-            )
-        grads = tape.gradient(loss.targets[0], blocks)
+        weights, packed = self._weigh_terms(loss, size)
+        grads = tape.gradient(loss.targets, blocks, output_gradients=weights)  # one backward
+        del tape
         self.units.write_updates()
         record(model, loss, (x, y, y_pred, sample_weight), size)
         if not self.present:
             self._learn(loss.replica, grads, [])
         self.fill_in(grads)
-        return grads, size, output_sums(model, loss.replica, size), tf.zeros([0])
+        return grads, size, output_sums(model, loss.replica, size), packed
+
+    def _weigh_terms(self, loss: Objective, size: tf.Tensor) -> tuple[list, tf.Tensor]:
+        """Each of ``loss.targets``' weight in the backward (1 for the rest of the loss,
+        ``T / (D_j * expected)`` for masked term ``j``: ``T`` examples and ``D_j`` valid ones,
+        summed over the replicas by one small all-reduce), and the masked terms' logs, packed
+        for `TermsWeighed` (empty without masked terms)."""
+        weights = [tf.ones_like(loss.targets[0])]
+        if loss.parts is None:
+            return weights, tf.zeros([0])
+        if self.accumulation_steps > 1:
+            raise invalid_argument(
+                "accumulation_steps",
+                self.accumulation_steps,
+                "1 with sharding='parameters' and a loss with masked terms (or sharding=None "
+                "or 'optimizer')",
+                note="A masked loss term (ignore_class, a Keras mask on an output) is divided "
+                "by the valid count of the whole update; each micro-batch's backward reduces "
+                "its gradients into the blocks before the later micro-batches are counted.",
+            )
+        parts = loss.parts
+        totals = sum_counts(tf.stack([size, *parts.counts]))
+        ratios = [
+            tf.math.divide_no_nan(totals[0], d * self.expected) for d in tf.unstack(totals[1:])
+        ]
+        weights += [tf.cast(r, t.dtype) for r, t in zip(ratios, loss.targets[1:])]
+        rest_log = tf.reshape(tf.cast(loss.rest_log, tf.float32), [1])
+        sums = tf.cast(tf.stack(parts.sums), tf.float32)
+        weighted = tf.cast(tf.stack([c * s for c, s in parts.weighted()]), tf.float32)
+        return weights, tf.concat([rest_log, totals, sums, weighted], axis=0)
 
     def _shard_zeros(self, i: int) -> tf.Tensor:
         v = self.state.variables[i]
