@@ -12,9 +12,10 @@ and its validation logs as unsharded; its ``gathered_unit`` the whole model), an
 functional transformer block whose embedding's mask travels between the units. Each refusal names
 its argument, before anything is traced. A loss per token with masked terms (an output's
 Keras mask and ``ignore_class``) is divided by the valid count of both replicas (weights and
-logs as unsharded, and Keras's fit on one device); with accumulation it is refused at the
-first trace. AdamW's exclusions from weight decay by variable object hold for the blocks (and
-ZeRO-1's master shards).
+logs as unsharded, and Keras's fit on one device), with accumulation too (k=2: the count of
+both micro-batches); beside a regularizer under accumulation it is refused. AdamW's
+exclusions from weight decay by variable object hold for the blocks (and ZeRO-1's master
+shards).
 """
 
 import logging
@@ -205,13 +206,15 @@ class _Tokens(keras.Model):
         return self.head(self.pool(self.dense(self.attend(h, h))))
 
 
-def _masked_output():
+def _masked_output(*, regularized=False):
     """A Keras mask on the output: an ``Embedding(mask_zero=True)`` through attention and a
-    Dense per token (trained with a loss per token: masked terms)."""
+    Dense per token (trained with a loss per token: masked terms), its kernel regularized or
+    not (a term beside the masked one)."""
     ids = keras.Input((TOKENS,), dtype="int32")
     embedded = keras.layers.Embedding(VOCAB, 4, mask_zero=True)(ids)
     attended = keras.layers.MultiHeadAttention(num_heads=1, key_dim=4)(embedded, embedded)
-    return keras.Model(ids, keras.layers.Dense(3)(attended))
+    regularizer = keras.regularizers.L2(0.01) if regularized else None
+    return keras.Model(ids, keras.layers.Dense(3, kernel_regularizer=regularizer)(attended))
 
 
 #: The per-token loss of `_masked_output`: the padding masked and, with ``ignore_class``, label 2.
@@ -224,6 +227,7 @@ def _token_model(kind, x):
     it from the first batch; seeded: alike); ``"masked"``: `masked_transformer`;
     ``"masked_loss"``: `_masked_output`."""
     build = {"subclassed": _Tokens, "masked": masked_transformer, "masked_loss": _masked_output}
+    build["masked_loss_k2"] = _masked_output
     start = build[kind]()
     start(x[:1])
     if kind == "subclassed":
@@ -232,17 +236,18 @@ def _token_model(kind, x):
     return (lambda: _with(build[kind](), weights)), start
 
 
-@pytest.mark.parametrize("kind", ["subclassed", "masked", "masked_loss"])
+@pytest.mark.parametrize("kind", ["subclassed", "masked", "masked_loss", "masked_loss_k2"])
 def test_token_models_train_as_unsharded(kind):
     # A subclassed model runs as one unit: its call whole under one gather of all its weights.
     # The masked functional one: an Embedding(mask_zero=True)'s mask crosses the units' custom
     # gradients to the attention, the residual and the pooling, forward and recomputed.
     # "masked_loss": a loss per token with masked terms (the output's mask, ignore_class), each
-    # replica's valid count its own: divided by the count over both replicas, as unsharded.
+    # replica's valid count its own: divided by the count over both replicas, as unsharded;
+    # "_k2": accumulation_steps=2, over the count of both micro-batches too.
     x, y = _data(None, ids=True)
     make, start = _token_model(kind, x)
-    loss = LOSS
-    if kind == "masked_loss":
+    loss, k = LOSS, 2 if kind.endswith("_k2") else 1
+    if kind.startswith("masked_loss"):
         y, loss = (x + np.arange(len(x))[:, None]) % 3, TOKEN_LOSS
     runs = {
         sharding: tfdist.Trainer(
@@ -252,10 +257,11 @@ def test_token_models_train_as_unsharded(kind):
             loss=loss,
             metrics=["accuracy"],
             sharding=sharding,
+            accumulation_steps=k,
         )
         for sharding in ("parameters", None)
     }
-    logs = {sharding: _fit(trainer, x, y)[0] for sharding, trainer in runs.items()}
+    logs = {sharding: _fit(trainer, x, y, k=k)[0] for sharding, trainer in runs.items()}
     mine, theirs = (runs[sharding].model for sharding in ("parameters", None))
     assert _gap(mine.get_weights(), theirs.get_weights()) <= 1e-6
     assert _gap(theirs.get_weights(), start.get_weights()) > 1e-3  # the runs train
@@ -265,7 +271,7 @@ def test_token_models_train_as_unsharded(kind):
     whole = sum(v.numpy().nbytes for v in mine.trainable_variables)
     gathered = runs["parameters"].replica_bytes["gathered_unit"]
     assert gathered == whole if kind == "subclassed" else gathered < whole
-    if kind == "masked_loss":  # and Keras's own fit on one device, on the global batches
+    if loss is TOKEN_LOSS:  # and Keras's own fit on one device, on the global batches
         plain = make()
         plain.compile(optimizer=ADAM(), loss=loss, jit_compile=False)
         plain.fit(x[:24], y[:24], batch_size=G, epochs=1, shuffle=False, verbose=0)
@@ -296,14 +302,15 @@ def test_the_command_line_takes_sharding_parameters():
         TrainConfig(sharding="weights")
 
 
-def test_a_pipeline_and_masked_loss_terms_with_accumulation_are_refused_by_name():
+def test_a_pipeline_and_masked_loss_terms_beside_others_with_accumulation_are_refused():
     with pytest.raises(ValueError, match="`sharding`.*with pipeline="):
         check_trainer(pipeline=object())
     # A masked loss's valid count is the whole update's: known after each micro-batch's backward
-    # has reduced its gradients into the blocks.
+    # has reduced its gradients into the blocks; the update can weigh a lone masked term's
+    # gradient sum then, not one beside a regularizer's.
     ids, _ = _data(None, ids=True)
     trainer = tfdist.Trainer(
-        _masked_output,
+        lambda: _masked_output(regularized=True),
         strategy=tfdist.make_strategy("mirrored", num_devices=2),
         optimizer=SGD(),
         loss=TOKEN_LOSS,

@@ -33,9 +33,12 @@ gradients at once, so the weights are known before it starts. The forward is who
 small all-reduce of the counts (the examples and each term's valid count) between the forward
 and the backward, and one backward of the rest of the loss plus each term's weighted sum
 ``c_j * S_j`` times ``T / (D_j * expected)`` (`TermsWeighed`): after the update's
-``expected / T`` correction, ``c_j * grad(S_j) / D_j``, the unsharded update's. Refused, by
-name: such a loss with ``accumulation_steps > 1``, whose ``D_j`` counts every micro-batch of the
-update, known only after the last forward, where each micro-batch's backward has run already.
+``expected / T`` correction, ``c_j * grad(S_j) / D_j``, the unsharded update's. With
+``accumulation_steps > 1`` ``D_j`` counts every micro-batch of the update, known only after the
+last forward, when each micro-batch's backward has run: a loss that is one masked term and
+nothing else (no regularizer, no unmasked term) is differentiated unweighed and the update
+weighs the blocks' summed gradients by ``T / (D * expected)`` (counts summed then); a masked
+term beside others is refused, by name (`_check_deferred`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from keras.utils import unpack_x_y_sample_weight
 from tfdist._compat.keras_internals.unit_calls import set_losses
 from tfdist.config import invalid_argument
 from tfdist.training.step.exchange import sum_counts
+from tfdist.training.step.gradients import scale_gradient
 from tfdist.training.step.inference import make_eval_step
 from tfdist.training.step.masked_losses import (
     MaskedUpdate,
@@ -99,7 +103,17 @@ class BlockUnits(Units):
 class TermsWeighed(MaskedUpdate):
     """A masked loss's terms whose gradients the backward weighed already (`ParametersUpdate`):
     the update only logs them. One micro-batch's vector (`ParametersUpdate._weigh_terms`):
-    ``[rest log, T, D (M), S (M), c*S (M)]``, ``T`` and ``D`` summed over the replicas."""
+    ``[rest log, T, D (M), S (M), c*S (M)]``, ``T`` and ``D`` summed over the replicas; or,
+    when ``deferred`` (accumulation, a lone masked term), this replica's, and the update weighs
+    the summed gradients of ``c * S`` then.
+
+    Args:
+        deferred: ``accumulation_steps > 1``.
+    """
+
+    def __init__(self, *, deferred: bool) -> None:
+        super().__init__()
+        self.deferred = deferred
 
     @property
     def length(self) -> int:
@@ -111,11 +125,34 @@ class TermsWeighed(MaskedUpdate):
         """``summed`` as it is, and the logs as `MaskedUpdate.combine` makes them."""
         m = self.terms
         vector = tf.reshape(vector, [self.length])
-        total, counts = vector[1], tf.unstack(vector[2 : 2 + m])
+        totals = sum_counts(vector[1 : 2 + m]) if self.deferred else vector[1 : 2 + m]
+        total, counts = totals[0], tf.unstack(totals[1:])
+        if self.deferred:  # the one term's gradient sum over D, in the update's scale
+            ratio = tf.math.divide_no_nan(total, counts[0] * expected)
+            summed = [scale_gradient(g, ratio) for g in summed]
         sums, weighted = tf.unstack(vector[2 + m : 2 + 2 * m]), tf.unstack(vector[2 + 2 * m :])
         update_loss_log(model, vector[0], weighted, counts, count, total)
         means = masked_means(count, total, sums, counts)
         return list(summed), {tracker: means[j] for tracker, j in self.trackers.items()}
+
+
+def _check_deferred(loss: Objective, accumulation_steps: int) -> None:
+    """Under accumulation, a masked term must be the loss's only term: each micro-batch's
+    backward reduces its gradients into the blocks before the update's valid count is known,
+    so the update can weigh one gradient sum, not a sum of terms each over its own count."""
+    if loss.replica.only_masked and len(loss.replica.terms) == 1:
+        return
+    raise invalid_argument(
+        "accumulation_steps",
+        accumulation_steps,
+        "1 with sharding='parameters' and a loss with masked terms beside other terms "
+        "(several outputs, unmasked terms, regularizers, add_loss), or sharding=None or "
+        "'optimizer'",
+        note="A masked loss term (ignore_class, a Keras mask on an output) is divided by the "
+        "valid count of the whole update; each micro-batch's backward reduces its gradients "
+        "into the blocks before the later micro-batches are counted, so only a loss that is one "
+        "masked term can be weighed at the update.",
+    )
 
 
 class ParametersUpdate(ShardedUpdate):
@@ -131,7 +168,7 @@ class ParametersUpdate(ShardedUpdate):
     def __init__(self, *args: Any, state: ParameterState, **kwargs: Any) -> None:
         super().__init__(*args, state=state, **kwargs)  # type: ignore[arg-type]
         self.units = BlockUnits(self.model, self.num_replicas, sparse_as_dense=self.sparse_as_dense)
-        self.masked = TermsWeighed()
+        self.masked = TermsWeighed(deferred=self.accumulation_steps > 1)
         # The optimizer's own are off during a fit (`ParameterState.cut`): it sees blocks.
         self.clipnorm, self.global_clipnorm = state.clipping
 
@@ -167,22 +204,16 @@ class ParametersUpdate(ShardedUpdate):
         weights = [tf.ones_like(loss.targets[0])]
         if loss.parts is None:
             return weights, tf.zeros([0])
-        if self.accumulation_steps > 1:
-            raise invalid_argument(
-                "accumulation_steps",
-                self.accumulation_steps,
-                "1 with sharding='parameters' and a loss with masked terms (or sharding=None "
-                "or 'optimizer')",
-                note="A masked loss term (ignore_class, a Keras mask on an output) is divided "
-                "by the valid count of the whole update; each micro-batch's backward reduces "
-                "its gradients into the blocks before the later micro-batches are counted.",
-            )
         parts = loss.parts
-        totals = sum_counts(tf.stack([size, *parts.counts]))
-        ratios = [
-            tf.math.divide_no_nan(totals[0], d * self.expected) for d in tf.unstack(totals[1:])
-        ]
-        weights += [tf.cast(r, t.dtype) for r, t in zip(ratios, loss.targets[1:])]
+        totals = tf.stack([size, *parts.counts])
+        if self.masked.deferred:
+            _check_deferred(loss, self.accumulation_steps)
+            weights += [tf.ones_like(loss.targets[1])]  # weighed by the update (`TermsWeighed`)
+        else:
+            totals = sum_counts(totals)
+            counts = tf.unstack(totals[1:])
+            ratios = [tf.math.divide_no_nan(totals[0], d * self.expected) for d in counts]
+            weights += [tf.cast(r, t.dtype) for r, t in zip(ratios, loss.targets[1:])]
         rest_log = tf.reshape(tf.cast(loss.rest_log, tf.float32), [1])
         sums = tf.cast(tf.stack(parts.sums), tf.float32)
         weighted = tf.cast(tf.stack([c * s for c, s in parts.weighted()]), tf.float32)
