@@ -137,6 +137,7 @@ class StepFunctions:
             sharding=None if self.sharded is None else self.exchange.sharding,
             accumulation_steps=self.accumulation_steps,
             full_shapes=None if self.sharded is None else self.sharded.full_shapes,
+            kept=frozenset() if self.sharded is None else self.sharded.kept_ids,
         )
 
     def _fresh_inference(self) -> None:

@@ -221,16 +221,26 @@ class ExchangeOptions:
             all-reduced with the others (Horovod's ``sparse_as_dense``): cheaper when batches
             touch most rows, the same weights with SGD, other weights with Adam (duplicate rows
             summed before they are squared).
+        keep_whole_below: With ``sharding="parameters"``: trainable variables of fewer
+            elements than this stay whole and mirrored on every replica, never cut nor
+            gathered (DeepSpeed's ``stage3_param_persistence_threshold``): biases, norms'
+            scales and offsets. Their gradients are all-reduced whole with the update's
+            example count, and a layer whose variables are all kept (a ``LayerNormalization``)
+            runs as a plain layer, without a gather or a recompute. Fewer collectives per step
+            for a little memory; the weights are those without it. ``None`` (the default):
+            every trainable variable is sharded.
 
     Raises:
-        ValueError: For an unknown compression, sharding or sparse mode, or a non-positive
-            ``bucket_bytes``.
+        ValueError: For an unknown compression, sharding or sparse mode, a non-positive
+            ``bucket_bytes``, or a ``keep_whole_below`` that is not a non-negative integer
+            or is given without ``sharding="parameters"``.
     """
 
     compression: Compression | None = None
     bucket_bytes: int | None = None
     sharding: Literal["optimizer", "gradients", "parameters"] | None = None
     sparse: Literal["auto", "dense"] = "auto"
+    keep_whole_below: int | None = None
 
     def __post_init__(self) -> None:
         self.check(vars(self))
@@ -275,6 +285,23 @@ class ExchangeOptions:
                 note="'auto' gathers an embedding's gradient rows as Keras hands them; "
                 "'dense' sums them into a dense gradient first.",
             )
+        _check_keep_whole(values, names)
+
+
+def _check_keep_whole(values: Mapping[str, Any], names: Mapping[str, str]) -> None:
+    """``keep_whole_below``: a non-negative int (elements), only with sharding='parameters'."""
+    name, threshold = _named(names, "keep_whole_below"), values.get("keep_whole_below")
+    check_non_negative_int(
+        name, threshold, allow_none=True, expected="a non-negative integer (elements)"
+    )
+    if threshold is not None and values.get("sharding") != "parameters":
+        raise invalid_argument(
+            name,
+            threshold,
+            f"None with sharding={values.get('sharding')!r} (or sharding='parameters')",
+            note="Only sharded parameters (ZeRO-3) cut variables into blocks; the other modes "
+            "keep every variable whole already.",
+        )
 
 
 #: The Trainer's flat shortcut keywords: option class, its Trainer keyword, and field -> shortcut.
@@ -303,6 +330,7 @@ SHORTCUTS: dict[type, tuple[str, dict[str, str]]] = {
             "compression": "gradient_compression",
             "bucket_bytes": "bucket_bytes",
             "sharding": "sharding",
+            "keep_whole_below": "keep_whole_below",
         },
     ),
 }

@@ -124,6 +124,8 @@ class Trainer(EvaluateAndPredict):
         sharding: Shortcut for ``ExchangeOptions.sharding``: ``"optimizer"``,
             ``"gradients"`` or ``"parameters"`` shards the optimizer state (and the gradients,
             and the weights) over the replicas, ZeRO-1/2/3 (mirrored and multi_worker).
+        keep_whole_below: Shortcut for ``ExchangeOptions.keep_whole_below``: with
+            ``sharding="parameters"``, trainable variables of fewer elements stay whole.
         pipeline: Model parallelism: the model cut into stages on devices, trained with the
             GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline.options`); under
             the default strategy, or ``multi_worker`` made with ``stage_devices=K`` (the hybrid).
@@ -176,6 +178,7 @@ class Trainer(EvaluateAndPredict):
         gradient_compression: str | None = None,
         bucket_bytes: int | None = None,
         sharding: str | None = None,
+        keep_whole_below: int | None = None,
         watchdog: WatchdogOptions | None = DEFAULT_WATCHDOG,
         stragglers: StragglerOptions | None = DEFAULT_STRAGGLERS,
         pipeline: PipelineOptions | None = None,
@@ -186,11 +189,10 @@ class Trainer(EvaluateAndPredict):
         precision_lib.check_precision(precision)
         check_positive_int("accumulation_steps", accumulation_steps)
         check_loss(loss)
-        # The option groups, from objects or shortcuts (backup: None without a directory).
         shortcuts = {name: value for name, value in locals().items() if name in SHORTCUT_KEYWORDS}
         backup, lr_scaling, exchange = trainer_options(
             backup=backup, lr_scaling=lr_scaling, exchange=exchange, **shortcuts
-        )
+        )  # the option groups, from objects or shortcuts (backup: None without a directory)
         watchdog, stragglers = check_health_options(watchdog, stragglers, backup)
         self.strategy = strategy or tf.distribute.get_strategy()
         self._runner = runner_for(self.strategy)

@@ -130,7 +130,9 @@ class Updates:
 
         def build(variables: Any) -> None:
             if sharding == "parameters":  # refused beside a pipeline (the Trainer)
-                self.sharded = ParameterState(model, self.runner.strategy)
+                self.sharded = ParameterState(
+                    model, self.runner.strategy, keep_whole_below=self.exchange.keep_whole_below
+                )
                 return
             if pipeline is not None:
                 pipeline.place(model)

@@ -10,7 +10,11 @@ is cut from the built model's variable, one variable at a time; the model's trai
 variables then lose their TF variables and keep their shapes, dtypes and regularizers: a read
 of one outside its layer's gather raises (`UnmappedRead`), where Keras would silently hand
 back the initializer's value. Non-trainable variables (moving statistics, seed states) stay
-whole and mirrored.
+whole and mirrored, and so do trainable ones of fewer than ``keep_whole_below`` elements
+(``ExchangeOptions(keep_whole_below=...)``, off by default: biases, norms), which are never
+gathered; their gradients are summed with the update's example count, as unsharded training
+sums them (on a small GPT: 89 collectives a step instead of 218, about 1.5x the examples/s on
+a busy 2-core host).
 
 **Between fits the model is whole; during a fit only blocks exist.** At a fit's start
 `ParameterState.cut` cuts every trainable variable into its blocks and drops its storage (and
@@ -63,7 +67,12 @@ from tfdist._compat.keras_internals.unit_calls import (
 )
 from tfdist.config import invalid_argument
 from tfdist.training.zero.layout import block
-from tfdist.training.zero.state import check_optimizer, inner_optimizer, optimizer_on_shards
+from tfdist.training.zero.state import (
+    check_optimizer,
+    elements,
+    inner_optimizer,
+    optimizer_on_shards,
+)
 from tfdist.training.zero.units import Units, gather_whole
 
 
@@ -131,6 +140,10 @@ class ParameterState:
         model: A built model with an optimizer (``model.optimizer``), made in ``strategy``'s
             scope.
         strategy: A MirroredStrategy or MultiWorkerMirroredStrategy.
+        keep_whole_below: Trainable variables of fewer elements stay whole and mirrored,
+            never cut nor gathered (``ExchangeOptions.keep_whole_below``; DeepSpeed's
+            ``param_persistence_threshold``); their gradients are all-reduced with the
+            update's example count, as unsharded training sums them. None or 0: none.
 
     Attributes:
         variables: The model's trainable variables (no storage once this returns).
@@ -139,24 +152,43 @@ class ParameterState:
 
     sharding = "parameters"
 
-    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    def __init__(
+        self,
+        model: keras.Model,
+        strategy: tf.distribute.Strategy,
+        *,
+        keep_whole_below: int | None = None,
+    ) -> None:
         check_model(model)
         optimizer = model.optimizer
         check_optimizer(optimizer, "parameters")
         self.model, self.strategy = model, strategy
         self.num_replicas = strategy.num_replicas_in_sync
         self.variables = list(model.trainable_variables)
+        #: Indices (and ``id``s) of the variables kept whole and mirrored (``keep_whole_below``):
+        #: their "block" is the model's variable itself.
+        self.kept = frozenset(
+            i for i, v in enumerate(self.variables) if elements(v.shape) < (keep_whole_below or 0)
+        )
+        self.kept_ids = frozenset(id(self.variables[i]) for i in self.kept)
         #: ``full_shapes``: ``id`` of each sharded slot's TF variable -> the whole tensor's shape.
         self.blocks, self.full_shapes = optimizer_on_shards(
-            optimizer, self.variables, strategy, colocate=False
+            optimizer, self.variables, strategy, colocate=False, keep=self.kept
         )
         #: ``id`` of each block's TF variable -> its variable's whole shape (`in_checkpoint`).
-        self.block_shapes = {id(b.value): v.shape for v, b in zip(self.variables, self.blocks)}
+        self.block_shapes = {
+            id(self.blocks[i].value): self.variables[i].shape for i in self.cut_indices
+        }
         self.generation = 0  # counts cuts and restores: what compiled the storage of before
         #: The optimizer's ``clipnorm`` and ``global_clipnorm``: during a fit they clip the
         #: whole tensors' norms (`tfdist.training.zero.parameters_update`), not the blocks'.
         self.clipping: tuple[Any, Any] = (None, None)
         self.cut()
+
+    @property
+    def cut_indices(self) -> list[int]:
+        """The indices of the variables cut into blocks (all but the `kept` ones)."""
+        return [i for i in range(len(self.variables)) if i not in self.kept]
 
     @property
     def whole(self) -> bool:
@@ -178,7 +210,7 @@ class ParameterState:
         if not self.variables or not self.whole:
             return
         self._cut()
-        for variable in self.variables:
+        for variable in (self.variables[i] for i in self.cut_indices):
             drop_storage(variable)  # its TF variable goes with its last reference
             guard_reads(variable, UnmappedRead(variable.path))
         # Keras's compiled functions hold the dropped TF variables: made again when next asked.
@@ -197,8 +229,8 @@ class ParameterState:
             return
         values = self.whole_weights()
         with self.strategy.scope():
-            for variable, value in zip(self.variables, values):
-                give_storage(variable, value)
+            for i in self.cut_indices:
+                give_storage(self.variables[i], values[i])
         inner = inner_optimizer(self.model.optimizer)
         inner.clipnorm, inner.global_clipnorm = self.clipping
         self.generation += 1
@@ -206,7 +238,8 @@ class ParameterState:
     def _cut(self) -> None:
         """Each replica's block of every variable into its target, one variable after the
         other (one function: a function per variable would be retraced for each)."""
-        n, pairs = self.num_replicas, list(zip(self.variables, self.blocks))
+        n = self.num_replicas
+        pairs = [(self.variables[i], self.blocks[i]) for i in self.cut_indices]
 
         def fill() -> None:
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -222,7 +255,10 @@ class ParameterState:
         """Every trainable variable whole, from the blocks (call on every worker alike)."""
 
         def gather() -> list[tf.Tensor]:
-            return [gather_whole(b.value, v.shape) for v, b in zip(self.variables, self.blocks)]
+            return [
+                tf.convert_to_tensor(b.value) if i in self.kept else gather_whole(b.value, v.shape)
+                for i, (v, b) in enumerate(zip(self.variables, self.blocks))
+            ]
 
         got = tf.function(lambda: self.strategy.run(gather), autograph=False)()
         return [self.strategy.experimental_local_results(t)[0].numpy() for t in got]
@@ -251,7 +287,7 @@ class ParameterStep:
 
     def __init__(self, state: ParameterState, loss: Any, *, global_batch_size: int) -> None:
         self.state, self.loss, self.global_batch_size = state, loss, global_batch_size
-        self.units = Units(state.model, state.num_replicas)
+        self.units = Units(state.model, state.num_replicas, kept=state.kept_ids)
 
     def __call__(self, x: Any, y: Any) -> tf.Tensor:
         state, n = self.state, self.state.num_replicas
@@ -264,6 +300,9 @@ class ParameterStep:
             if terms:  # as Keras adds model.losses once per batch: 1/N on each replica
                 loss += tf.add_n(terms) / n
         grads = tape.gradient(loss, blocks)
+        ctx = tf.distribute.get_replica_context()
+        for i in state.kept:  # whole: summed over the replicas, as unsharded
+            grads[i] = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads[i])
         self.units.write_updates()
         optimizer = state.model.optimizer
         with gradients_already_summed(optimizer, num_replicas=n):
@@ -277,8 +316,8 @@ def constrain(state: ParameterState) -> None:
     constrained whole and cut again, one variable at a time (replica context)."""
     done: list[Any] = []
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    for variable, target in zip(state.variables, state.blocks):
-        if variable.constraint is None:
+    for i, (variable, target) in enumerate(zip(state.variables, state.blocks)):
+        if variable.constraint is None or i in state.kept:  # kept: by the optimizer
             continue
         with tf.control_dependencies(done):
             mine = tf.identity(target.value)

@@ -52,7 +52,7 @@ from keras.utils import unpack_x_y_sample_weight
 
 from tfdist._compat.keras_internals.unit_calls import set_losses
 from tfdist.config import invalid_argument
-from tfdist.training.step.exchange import sum_counts
+from tfdist.training.step.exchange import all_reduce_sum, sum_counts
 from tfdist.training.step.gradients import scale_gradient
 from tfdist.training.step.inference import make_eval_step
 from tfdist.training.step.masked_losses import (
@@ -89,14 +89,16 @@ class BlockUnits(Units):
         sparse_as_dense: ``ExchangeOptions(sparse="dense")``.
     """
 
-    def __init__(self, model: Any, num_replicas: int, *, sparse_as_dense: bool) -> None:
-        super().__init__(model, num_replicas)
+    def __init__(
+        self, model: Any, num_replicas: int, *, sparse_as_dense: bool, kept: frozenset[int]
+    ) -> None:
+        super().__init__(model, num_replicas, kept=kept)
         self.sparse_as_dense = sparse_as_dense
 
-    def _blocks_of(self, op: Any, grads: list) -> list:
+    def _blocks_of(self, variables: list, grads: list) -> list:
         return [
             block_of_gradient(g, v.shape, self.num_replicas, self.sparse_as_dense)
-            for g, v in zip(grads, op.trainable_variables)
+            for g, v in zip(grads, variables)
         ]
 
 
@@ -167,7 +169,9 @@ class ParametersUpdate(ShardedUpdate):
 
     def __init__(self, *args: Any, state: ParameterState, **kwargs: Any) -> None:
         super().__init__(*args, state=state, **kwargs)  # type: ignore[arg-type]
-        self.units = BlockUnits(self.model, self.num_replicas, sparse_as_dense=self.sparse_as_dense)
+        self.units = BlockUnits(
+            self.model, self.num_replicas, sparse_as_dense=self.sparse_as_dense, kept=state.kept_ids
+        )
         self.masked = TermsWeighed(deferred=self.accumulation_steps > 1)
         # The optimizer's own are off during a fit (`ParameterState.cut`): it sees blocks.
         self.clipnorm, self.global_clipnorm = state.clipping
@@ -221,6 +225,8 @@ class ParametersUpdate(ShardedUpdate):
 
     def _shard_zeros(self, i: int) -> tf.Tensor:
         v = self.state.variables[i]
+        if i in self.state.kept:
+            return tf.zeros(v.shape, v.dtype)
         return tf.zeros([shard_size(elements(v.shape), self.num_replicas)], v.dtype)
 
     def fill_in(self, grads: list[Any]) -> None:
@@ -235,15 +241,36 @@ class ParametersUpdate(ShardedUpdate):
         return [self._shard_zeros(i) for i in range(len(self.state.blocks))], count, sums, extra
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
-        """The blocks' gradients are summed over the replicas already: only the count is."""
-        ctx = tf.distribute.get_replica_context()
-        return list(summed), ctx.all_reduce(tf.distribute.ReduceOp.SUM, count)
+        """The blocks' gradients are summed over the replicas already: only the count is, and
+        the kept variables' whole gradients with it (in the buckets of the unsharded exchange)."""
+        kept = [k for k, i in enumerate(self.present) if i in self.state.kept]
+        if not kept:
+            ctx = tf.distribute.get_replica_context()
+            return list(summed), ctx.all_reduce(tf.distribute.ReduceOp.SUM, count)
+        variables = self.state.variables
+        whole = [
+            g if isinstance(g, tf.IndexedSlices) else tf.ensure_shape(g, variables[i].shape)
+            for g, i in ((summed[k], self.present[k]) for k in kept)
+        ]
+        reduced, total = all_reduce_sum(
+            whole,
+            count,
+            num_replicas=self.num_replicas,
+            bucket_bytes=self.bucket_bytes,
+            compression=self.gradient_compression,
+            clock=False,
+        )
+        out = list(summed)
+        for k, g in zip(kept, reduced):
+            out[k] = g
+        return out, total
 
     def update(self, grads: Sequence[Any]) -> None:
         """The optimizer on this replica's blocks (norm clipping on the whole tensors' norms),
-        then the constraints on the gathered wholes."""
+        then the constraints on the gathered wholes (a kept variable's: by the optimizer)."""
         blocks = [self.state.blocks[i] for i in self.present]
-        grads = self._whole_tensor_views(list(grads))
+        replicated = [k for k, i in enumerate(self.present) if i in self.state.kept]
+        grads = self._whole_tensor_views(list(grads), replicated=replicated)
         self.optimizer.apply(grads, blocks)
         constrain(self.state)
 
@@ -253,7 +280,7 @@ def make_parameters_eval_step(state: ParameterState) -> Callable[[Sequence[Any]]
     forward pass unit by unit (``training=False``), outside the step's cond on empty batches
     (every replica takes part in every gather), its units' loss terms in Keras's loss and their
     non-trainable variables' writes made (a call counter's, as Keras's evaluate makes them)."""
-    model, units = state.model, Units(state.model, state.num_replicas)
+    model, units = state.model, Units(state.model, state.num_replicas, kept=state.kept_ids)
     held = threading.local()  # one replica's (MirroredStrategy traces them in threads)
 
     def forward(x: Any, training: bool) -> Any:

@@ -88,10 +88,10 @@ class WholeUnits(Units):
         with tf.control_dependencies([t for t in after if t is not None]):
             return [tf.convert_to_tensor(v.value) for v in op.trainable_variables]
 
-    def _blocks_of(self, op: Any, grads: list) -> list:
+    def _blocks_of(self, variables: list, grads: list) -> list:
         return [
             block_of_gradient(g, v.shape, self.num_replicas, self.sparse_as_dense)
-            for g, v in zip(grads, op.trainable_variables)
+            for g, v in zip(grads, variables)
         ]
 
 

@@ -178,6 +178,9 @@ class ShardedState:
             the whole tensor (what a backup saves).
     """
 
+    #: Variables kept whole (``id``s): none here (`tfdist.training.zero.parameters` may keep some).
+    kept_ids: frozenset[int] = frozenset()
+
     def __init__(
         self,
         model: keras.Model,
@@ -211,18 +214,26 @@ def optimizer_on_shards(
     strategy: tf.distribute.Strategy,
     *,
     colocate: bool,
+    keep: frozenset[int] = frozenset(),
 ) -> tuple[list, dict[int, Any]]:
     """One `master_shard` per variable (ZeRO-1/2's master shards, ZeRO-3's blocks) and
     ``optimizer`` built on them: its slots are blocks too, excluded from weight decay as their
     variables are, saved whole. Returns the shards and ``full_shapes``: ``id`` of each sharded
-    slot's TF variable -> the whole tensor's shape."""
+    slot's TF variable -> the whole tensor's shape. Variables
+    ``keep`` (indices) are their own shards: whole, their slots whole per replica."""
     made: list[tuple[Any, Any]] = []
     with strategy.scope():
-        shards = [master_shard(v, strategy, colocate) for v in variables]
+        shards = [
+            v if i in keep else master_shard(v, strategy, colocate) for i, v in enumerate(variables)
+        ]
         with slots_per_replica(inner_optimizer(optimizer), made):
             optimizer.build(shards)
     index = {id(s): i for i, s in enumerate(shards)}
-    full_shapes = {id(slot.value): variables[index[id(ref)]].shape for slot, ref in made}
+    full_shapes = {
+        id(slot.value): variables[index[id(ref)]].shape
+        for slot, ref in made
+        if index[id(ref)] not in keep
+    }
     _exclude_alike(inner_optimizer(optimizer), variables, shards)
     optimizers = {id(o): o for o in (optimizer, inner_optimizer(optimizer))}
     save_whole(list(optimizers.values()), full_shapes, strategy)
@@ -249,6 +260,7 @@ def replica_bytes(
     sharding: str | None,
     accumulation_steps: int,
     full_shapes: dict[int, Any] | None = None,
+    kept: frozenset[int] = frozenset(),
 ) -> dict[str, Any]:
     """Bytes each replica holds, by kind, from the variables' shapes, and the same unsharded.
 
@@ -263,8 +275,11 @@ def replica_bytes(
     full_shapes = full_shapes or {}
     trainable = model.trainable_variables
     whole = sum(_bytes(v) for v in trainable)
-    cut = sum(
-        shard_size(elements(v.shape), num_replicas) * tf.as_dtype(v.dtype).size for v in trainable
+    cut = sum(  # ``kept``: ``id``s of variables kept whole (``"parameters"``)
+        _bytes(v)
+        if id(v) in kept
+        else shard_size(elements(v.shape), num_replicas) * tf.as_dtype(v.dtype).size
+        for v in trainable
     )
     state = unsharded_state = 0
     for v in model.optimizer.variables:
@@ -276,7 +291,10 @@ def replica_bytes(
     params = sum(_bytes(v) for v in model.variables)
     blocks_only = sharding == "parameters"
     layers = unit_layers(model)  # nested functional models: their layers, as they run
-    unit = max((sum(_bytes(v) for v in la.trainable_variables) for la in layers), default=0)
+    unit = max(
+        (sum(_bytes(v) for v in la.trainable_variables if id(v) not in kept) for la in layers),
+        default=0,
+    )
     return {
         "parameters": params - whole + cut if blocks_only else params,
         "optimizer_state": state,

@@ -97,14 +97,21 @@ class Units:
         model: A built model (functional or Sequential: unit by unit; subclassed: one unit);
             its trainable variables have no storage (`tfdist.training.zero.parameters`).
         num_replicas: ``num_replicas_in_sync``.
+        kept: ``id``s of the trainable variables kept whole and mirrored (small ones,
+            `tfdist.training.zero.parameters`): ``blocks[i]`` is their whole value, never
+            gathered, and their gradient leaves the backward as this replica's own, summed
+            over the replicas by the update's exchange.
 
     Call `forward` in replica context, under the tape that takes the blocks' gradients; then
     `loss_terms` (the units' regularizers and ``add_loss`` terms) and `write_updates`.
     """
 
-    def __init__(self, model: keras.Model, num_replicas: int) -> None:
+    def __init__(
+        self, model: keras.Model, num_replicas: int, *, kept: frozenset[int] = frozenset()
+    ) -> None:
         self.model = model
         self.num_replicas = num_replicas
+        self.kept = kept
         self.variables = list(model.trainable_variables)
         self.index = {id(v): i for i, v in enumerate(self.variables)}
         self._local = threading.local()  # one replica's trace state (see the module docstring)
@@ -135,15 +142,21 @@ class Units:
     def _wrapped(self, op: Any, ctx: dict[str, Any], blocks: Sequence[tf.Tensor]) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             kwargs.update(ctx)
-            if op.trainable_variables:
+            if any(id(v) not in self.kept for v in op.trainable_variables):
                 return self._unit(op, args, kwargs, blocks)
             # Its ``add_loss`` terms collected in this thread's scope (the layer's own list is
-            # shared by the replicas' threads; ``model.losses`` is the units' terms).
-            mapping = [(v, tf.convert_to_tensor(v.value)) for v in op.non_trainable_variables]
+            # shared by the replicas' threads; ``model.losses`` is the units' terms). Weights
+            # kept whole (all of this layer's): their values, under the step's tape, no
+            # gather, no recompute.
+            mapping = [(v, blocks[self.index[id(v)]]) for v in op.trainable_variables]
+            mapping += [(v, tf.convert_to_tensor(v.value)) for v in op.non_trainable_variables]
             with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
                 out = op(*args, **kwargs)
+                terms = list(scope.losses) + [
+                    v.regularizer(v) for v in op.trainable_variables if v.regularizer is not None
+                ]
             self._collect(scope, op)
-            self._local.terms.extend(tf.cast(t, tf.float32) for t in scope.losses)
+            self._local.terms.extend(tf.cast(t, tf.float32) for t in terms)
             return out
 
         return call
@@ -175,7 +188,10 @@ class Units:
             # A data edge to the collective (MirroredStrategy builds it in a merge_call, on
             # another thread, out of this thread's control scope).
             gated = [tf.identity(b) for b in blocks]
-        return [gather_whole(b, v.shape) for b, v in zip(gated, op.trainable_variables)]
+        return [
+            b if id(v) in self.kept else gather_whole(b, v.shape)
+            for b, v in zip(gated, op.trainable_variables)
+        ]
 
     def _unit(self, op: Any, args: tuple, kwargs: dict, blocks: Sequence[tf.Tensor]) -> Any:
         fixed = [(v, tf.convert_to_tensor(v.value)) for v in op.non_trainable_variables]
@@ -221,10 +237,20 @@ class Units:
             flat_out = flat_out[:-1]
         return tf.nest.pack_sequence_as(held["structure"], _masked_as(held["structure"], flat_out))
 
-    def _blocks_of(self, op: Any, grads: list) -> list:
-        """Each of ``op``'s weight gradients ``grads`` summed over the replicas, this replica
+    def _blocks_of(self, variables: list, grads: list) -> list:
+        """Each of ``variables``' weight gradients ``grads`` summed over the replicas, this replica
         keeping its block (a ``tf.IndexedSlices`` one summed into a dense one first)."""
         return [reduce_scatter_one(tf.convert_to_tensor(g), self.num_replicas) for g in grads]
+
+    def _reduced(self, op: Any, grads: list) -> list:
+        """`_blocks_of` ``op``'s weight gradients ``grads``; a kept variable's stays this
+        replica's own (summed with the update's example count, `kept`)."""
+        variables = op.trainable_variables
+        cut = [k for k, v in enumerate(variables) if id(v) not in self.kept]
+        out = list(grads)
+        for k, b in zip(cut, self._blocks_of([variables[k] for k in cut], [grads[k] for k in cut])):
+            out[k] = b
+        return out
 
     def _backward(self, op: Any, saved: tuple, upstream: list) -> list:
         """The unit's gradients: its inputs' (None for a non-float one), then its blocks'."""
@@ -248,7 +274,7 @@ class Units:
             g if isinstance(g, tf.IndexedSlices) else tf.ensure_shape(g, w.shape)
             for g, w in zip(d_whole, wholes)
         ]
-        d_blocks = self._blocks_of(op, d_whole)
+        d_blocks = self._reduced(op, d_whole)
         # One unit's whole gradients at a time.
         with tf.control_dependencies([dense_part(b) for b in d_blocks]):
             d_in = [tf.identity(g) for g in d_in]

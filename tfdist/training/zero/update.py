@@ -284,8 +284,11 @@ class ShardedUpdate(TrainUpdate):
                 copied = [block(state.variables[i].value, self.num_replicas, _replica_id())]
             state.masters[i].assign(copied[0])
 
-    def _whole_tensor_views(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+    def _whole_tensor_views(
+        self, grads: list[tf.Tensor], replicated: Sequence[int] = ()
+    ) -> list[tf.Tensor]:
         """Norm clipping on the whole tensors' norms, and one finite decision for all replicas.
+        ``replicated``: positions of gradients every replica holds whole (counted once).
 
         One small all-reduce of each block's squared norm (when clipping) and of the count of
         non-finite blocks (when loss scaling), so that every replica clips and skips alike. A
@@ -297,6 +300,9 @@ class ShardedUpdate(TrainUpdate):
             return grads
         values = [dense_part(g) for g in grads]
         side = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in values] if clip else []
+        if clip and replicated:  # the first replica's alone
+            first = tf.cast(tf.equal(_replica_id(), 0), tf.float32)
+            side = [s * first if k in replicated else s for k, s in enumerate(side)]
         if scaling:
             finite_here = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
             side.append(tf.cast(tf.logical_not(finite_here), tf.float32))
