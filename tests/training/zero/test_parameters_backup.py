@@ -10,8 +10,8 @@ path, asynchronous) and exits 75. Its backup resumes sharded on 2 replicas (thro
 per replica, so another count trains another model). SGD, a small transformer-like model
 (Embedding, Dense over 3-D input, a residual block with LayerNormalization): an unsharded
 backup of 2 replicas resumes sharded on 3 (padded blocks) as the unsharded run goes on, to
-1e-6, and the sharded run's own last backup (synchronous) has the unsharded one's keys and
-shapes and its whole weights. A kill of a real multi-worker run with a backup:
+1e-6 (its small variables kept whole, ``keep_whole_below``), and the sharded run's own last
+backup (synchronous) has the unsharded one's keys and shapes and its whole weights. A kill of a real multi-worker run with a backup:
 tests/training/backup/test_backup_faults.py (ZeRO-1/2's sharded slots, the same
 ``WholeTensor`` mechanism).
 """
@@ -116,7 +116,10 @@ def test_an_unsharded_backup_resumes_as_sharded_parameters_on_3_replicas(tmp_pat
     want = _fit(plain, x, y, 2)  # the same run goes on from its backup: its second epoch
 
     backup = tfdist.BackupOptions(sharded_dir, asynchronous=False, **keep)
-    sharded = _trainer(_transformer, weights, sgd(), "parameters", 3, backup=backup)
+    # Its biases and LayerNormalization's scales kept whole (fewer than 9 elements).
+    sharded = _trainer(
+        _transformer, weights, sgd(), "parameters", 3, backup=backup, keep_whole_below=9
+    )
     got = _fit(sharded, x, y, 2)
     assert _gap(got, want) <= 1e-6
     assert _gap(want, weights) > 1e-3
