@@ -11,9 +11,9 @@ per replica, so another count trains another model). SGD, a small transformer-li
 (Embedding, Dense over 3-D input, a residual block with LayerNormalization): an unsharded
 backup of 2 replicas resumes sharded on 3 (padded blocks) as the unsharded run goes on, to
 1e-6 (its small variables kept whole, ``keep_whole_below``), and the sharded run's own last
-backup (synchronous) has the unsharded one's keys and shapes and its whole weights. A kill of a real multi-worker run with a backup:
-tests/training/backup/test_backup_faults.py (ZeRO-1/2's sharded slots, the same
-``WholeTensor`` mechanism).
+backup (synchronous) has the unsharded one's keys and shapes and its whole weights. A kill of a
+real multi-worker run with a backup: tests/training/backup/test_backup_faults.py (ZeRO-1/2's
+sharded slots, the same ``WholeTensor`` mechanism).
 """
 
 import itertools
