@@ -45,16 +45,25 @@ def collectives_in_loop_body(tf_function):
     return counts
 
 
-def builder(weights=None):
+def _with_weights(make, weights):
+    """A builder: ``make()``'s model, given ``weights`` when they are not None."""
+
     def build():
-        m = keras.Sequential(
-            [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
-        )
+        m = make()
         if weights is not None:
             m.set_weights(weights)
         return m
 
     return build
+
+
+def builder(weights=None):
+    def make():
+        return keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
+        )
+
+    return _with_weights(make, weights)
 
 
 def initial_weights():
@@ -79,18 +88,15 @@ def nested_builder(weights=None):
     task: the inner one embeds the token ids and runs a Dense over the 3-D sequence, the outer
     one pools it and classifies."""
 
-    def build():
+    def make():
         ids = keras.Input((6,), dtype="int32")
         h = keras.layers.Dense(8, activation="tanh")(keras.layers.Embedding(VOCAB, 4)(ids))
         backbone = keras.Model(ids, h, name="backbone")
         task_ids = keras.Input((6,), dtype="int32")
         pooled = keras.layers.GlobalAveragePooling1D()(backbone(task_ids))
-        m = keras.Model(task_ids, keras.layers.Dense(3)(pooled))
-        if weights is not None:
-            m.set_weights(weights)
-        return m
+        return keras.Model(task_ids, keras.layers.Dense(3)(pooled))
 
-    return build
+    return _with_weights(make, weights)
 
 
 def nested_initial_weights():
