@@ -46,3 +46,26 @@ def test_a_sync_runner_instance_is_a_runner():
     runner = SyncRunner(tf.distribute.get_strategy())
     assert isinstance(runner, Runner)
     assert all(hasattr(runner, name) for name in INSTANCE_ATTRIBUTES)
+
+
+def test_a_sync_runner_distributes_an_evaluation_source_once_while_it_lives():
+    # Keras's fit keeps its validation's distributed dataset; each pass is a fresh iterator.
+    import gc
+
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdist.data.inputs import InputSource
+    from tfdist.strategies.sync import SyncRunner
+
+    runner = SyncRunner(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    dataset = tf.data.Dataset.from_tensor_slices(np.arange(6.0)).batch(4)
+    source = InputSource(4, dataset.element_spec, 2, dataset=dataset)
+    evaluation = runner.distribute(source, training=False)
+    assert runner.distribute(source, training=False) is evaluation
+    passes = [[float(x) for b in runner.make_iterator(evaluation) for x in b] for _ in range(2)]
+    assert passes == [[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]] * 2
+    assert runner.distribute(source) is not evaluation  # training: built for each epoch
+    del source, evaluation
+    gc.collect()
+    assert runner._evaluation_inputs == {}  # forgotten with its source

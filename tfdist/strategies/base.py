@@ -161,13 +161,23 @@ class Runner(Protocol):
     outputs to ``logs_fn``."""
 
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
-        """Turns an input source into the strategy's distributed dataset."""
+        """Turns an input source into the strategy's distributed dataset.
+
+        For an evaluation source (``training=False``) a runner may hand back the one it made
+        before for the same source object (a fit validates on one source every epoch); each
+        pass is a fresh `make_iterator`, as Keras's ``fit`` keeps its validation's dataset.
+        """
 
     def make_iterator(self, distributed: Any) -> Any:
         """Creates an iterator over a distributed dataset (one per epoch or run)."""
 
     def agree(self, flag: bool) -> bool:
         """True on every process if ``flag`` is true on any (e.g. a SIGTERM on one worker)."""
+
+    def agree_each(self, flags: Sequence[bool]) -> tuple[bool, ...]:
+        """`agree` of every flag at once, in one collective: flag ``i`` is true on every process
+        if it is true on any (the loop's stop vote: a stop asked for, and a SIGTERM among them).
+        Every process passes as many flags."""
 
     def broadcast(self, values: Sequence[int]) -> list[int]:
         """The chief's ``values`` (small non-negative ints), on every process.

@@ -7,6 +7,7 @@ the Python loop above it sees one call per execution.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,8 @@ from tfdist.strategies.base import until_exhausted as until_exhausted_loop
 
 #: The key under which a timed train loop returns its clock vector beside the logs.
 CLOCK_KEY = "_tfdist_step_clock"
+#: Flags per stop vote (`SyncRunner.agree_each`): fewer are padded, so one trace serves all.
+_VOTE_WIDTH = 4
 
 
 def _timed_call(
@@ -91,7 +94,10 @@ class SyncRunner:
         extended = strategy.extended
         self._is_chief = bool(getattr(extended, "should_checkpoint", True))
         self._vote = None
+        self._alone: bool | None = None  # one input pipeline: nothing to vote with
         self._broadcast = None
+        # id(evaluation source) -> its distributed dataset, while the source lives.
+        self._evaluation_inputs: dict[int, Any] = {}
         #: Per-update sections on this worker (enabled by the straggler report).
         self.step_clock = step_clock.StepClock()
         #: Each worker's share of every global batch, once a balancing runner's
@@ -166,6 +172,18 @@ class SyncRunner:
         )
 
     def distribute(self, source: InputSource, *, training: bool = True) -> Any:
+        if training:
+            return self._distribute(source, training=True)
+        # One distributed dataset per evaluation source, each pass a fresh iterator over it, as
+        # Keras's fit keeps its validation's: a fit validates on the same source every epoch,
+        # and building it again (its tf.data graph, on every worker) cost 20-40 ms an epoch.
+        key = id(source)
+        if key not in self._evaluation_inputs:
+            self._evaluation_inputs[key] = self._distribute(source, training=False)
+            weakref.finalize(source, self._evaluation_inputs.pop, key, None)
+        return self._evaluation_inputs[key]
+
+    def _distribute(self, source: InputSource, *, training: bool) -> Any:
         if training and source.exact and source.dataset_fn is not None:
             # TF syncs every multi-worker get_next of a finite input with an all-reduce of
             # "has data" (in case one pipeline ran dry), so a worker's input wait would hold
@@ -187,19 +205,28 @@ class SyncRunner:
         return iter(distributed)
 
     def agree(self, flag: bool) -> bool:
-        if self.input_context().num_input_pipelines == 1:
-            return flag
-        # Every worker must stop at the same step: any worker's flag stops all.
+        return self.agree_each([flag])[0]
+
+    def agree_each(self, flags: Sequence[bool]) -> tuple[bool, ...]:
+        if self._alone is None:  # the cluster does not change under a strategy
+            self._alone = self.input_context().num_input_pipelines == 1
+        if self._alone:
+            return tuple(bool(f) for f in flags)
+        # Every worker must stop at the same step: any worker's flag stops all. One vector of
+        # flags, one all-reduce; padded to a fixed width so that one trace serves every count.
         if self._vote is None:
             strategy = self.strategy
 
             @graph_function
-            def vote(value):
-                votes = strategy.run(lambda: tf.identity(value))
+            def vote(values):
+                votes = strategy.run(lambda: tf.identity(values))
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)
 
             self._vote = vote
-        return bool(self._vote(tf.constant(1.0 if flag else 0.0)).numpy() > 0)
+        values = [1.0 if f else 0.0 for f in flags]
+        values += [0.0] * (max(_VOTE_WIDTH - len(values), 0))
+        summed = self._vote(tf.constant(values)).numpy()
+        return tuple(bool(v > 0) for v in summed[: len(flags)])
 
     def broadcast(self, values: Sequence[int]) -> list[int]:
         if self.input_context().num_input_pipelines == 1:

@@ -144,41 +144,55 @@ def test_remote_monitor_posts_from_the_chief(monkeypatch):
 
 
 class _OtherWorkerStops(keras.callbacks.Callback):
-    """``runner.agree`` as if another worker's callback set ``stop_training`` by training vote n."""
+    """``runner.agree_each`` as if another worker's callback set ``stop_training`` by training
+    vote n; counts the loop's votes."""
 
-    def __init__(self, agree, n):
+    def __init__(self, agree_each, n):
         super().__init__()
-        self.agree, self.n, self.votes = agree, n, None
+        self.agree_each, self.n, self.votes = agree_each, n, None
 
     def on_train_begin(self, logs=None):
         self.votes = 0  # count the loop's votes only, not those of the setup
 
-    def __call__(self, flag):
+    def __call__(self, flags):
         if self.votes is not None:
             self.votes += 1
-        return self.agree(flag) or self.votes == self.n
+        stop, *rest = self.agree_each(flags)
+        return (stop or self.votes == self.n, *rest)
 
 
 @pytest.mark.parametrize(
     "vote, steps_per_execution, epochs, updates",
-    [(2, 1, 1, 1), (3, 32, 1, 6), (4, 32, 2, 7)],
+    [(2, 1, 1, 1), (2, 32, 1, 6), (3, 32, 2, 7)],
     ids=["after_a_call", "at_epoch_end", "at_epoch_begin"],
 )
 def test_a_stop_on_any_worker_stops_every_worker(
     monkeypatch, vote, steps_per_execution, epochs, updates
 ):
-    # The loop votes at each epoch's begin and end and after each call (6 batches: one call of
-    # 32, or 6 of 1). A stop at an epoch's begin still trains one update, as Keras's fit.
+    # The loop votes at each epoch's begin and end and between its calls (6 batches: one call
+    # of 32, or 6 of 1), not after its last call. A stop at an epoch's begin still trains one
+    # update, as Keras's fit.
     train, _ = rows_callbacks._data()
     trainer = tfdist.Trainer(
         mlp, strategy=mirrored(), steps_per_execution=steps_per_execution, **sgd_compile()
     )
-    other = _OtherWorkerStops(trainer.runner.agree, vote)
-    monkeypatch.setattr(trainer.runner, "agree", other)
+    other = _OtherWorkerStops(trainer.runner.agree_each, vote)
+    monkeypatch.setattr(trainer.runner, "agree_each", other)
     history = trainer.fit(train, epochs=3, verbose=0, callbacks=[other])
     assert len(history.history["loss"]) == epochs
     assert trainer.model.stop_training
     assert int(trainer.model.optimizer.iterations.numpy()) == updates
+
+
+def test_one_call_epochs_vote_twice_an_epoch(monkeypatch):
+    # At each epoch's begin and end, in one collective each (both flags): not after the
+    # epoch's last call, whose stop the epoch-end vote takes.
+    train, _ = rows_callbacks._data()
+    trainer = tfdist.Trainer(mlp, strategy=mirrored(), steps_per_execution=32, **sgd_compile())
+    other = _OtherWorkerStops(trainer.runner.agree_each, 0)  # never stops
+    monkeypatch.setattr(trainer.runner, "agree_each", other)
+    trainer.fit(train, epochs=3, verbose=0, callbacks=[other])
+    assert other.votes == 2 * 3
 
 
 @pytest.mark.slow

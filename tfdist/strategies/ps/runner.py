@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -168,6 +168,9 @@ class PSRunner:
 
     def agree(self, flag: bool) -> bool:
         return flag  # only the coordinator runs the loop
+
+    def agree_each(self, flags: Sequence[bool]) -> tuple[bool, ...]:
+        return tuple(bool(f) for f in flags)  # only the coordinator runs the loop
 
     def broadcast(self, values: Any) -> list[int]:
         return list(values)  # the coordinator is the chief

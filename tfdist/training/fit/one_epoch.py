@@ -10,6 +10,13 @@ servers), takes step-level backups, and acts on SIGTERM at update boundaries:
 with a backup it saves and exits 75 for a restart; without one every worker
 stops at the same update and exits 143 (128 + SIGTERM). ``model.stop_training``
 is voted on the same way, so that one worker's stop stops all at the same update.
+
+The votes, one collective each (both flags at once, ``runner.agree_each``): at each epoch's
+start (after ``on_epoch_begin``, which decides the first call's size), between its calls, and
+at its end (after ``on_epoch_end``, `EpochLoop.stop_at_epoch_end`). None follows an epoch's
+last call: nothing is left to stop there, and a stop or SIGTERM asked for during it is taken
+by the epoch-end vote, after the validation and ``on_epoch_end`` (as Keras's ``fit`` still
+validates and ends an epoch stopped at its last batch). One-call epochs vote twice, not 3 times.
 """
 
 from __future__ import annotations
@@ -197,17 +204,19 @@ class EpochLoop:
     def _vote(self, epoch: int, step: int) -> bool:
         """One collective on every worker: True if any asked to stop; then all stop here.
 
-        One vote covers a SIGTERM and ``model.stop_training``, so that a
-        callback that stops training on one worker only (its own clock, say)
-        stops every worker; a second vote, taken only once the first said
-        stop, tells a SIGTERM from a callback's stop.
+        One vote carries both flags (``runner.agree_each``): a stop asked for (a SIGTERM, the
+        watchdog's, or ``model.stop_training``, so that a callback that stops training on one
+        worker only, its own clock say, stops every worker) and a SIGTERM among them, which
+        tells a restart from a callback's stop.
         """
         requested = self.watcher is not None and self.watcher.requested
         requested = requested or (self.health is not None and self.health.stop_requested)
         with self.section("vote"):
-            if not self.runner.agree(requested or self.run.model.stop_training):
-                return False
-            restart = self.runner.agree(requested)
+            stop, restart = self.runner.agree_each(
+                [requested or self.run.model.stop_training, requested]
+            )
+        if not stop:
+            return False
         if restart:
             self._stop_for_sigterm(epoch, step)
         self.run.model.stop_training = True
@@ -242,7 +251,9 @@ class EpochLoop:
             if backing_up and crossed and done * k < steps:  # the epoch end saves anyway
                 self._save(epoch, done * k)
             calls += 1
-            stopping = self._vote(epoch, done * k)
+            if done < full_updates or last_window:
+                stopping = self._vote(epoch, done * k)
+            # else the epoch's last call: the epoch-end vote, after on_epoch_end, takes its stop
         if last_window and not (stopping and calls):
             # The epoch's last `last_window` micro-batches make one smaller
             # update, still a true mean over its examples.
