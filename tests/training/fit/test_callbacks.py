@@ -161,6 +161,13 @@ class _OtherWorkerStops(keras.callbacks.Callback):
         return (stop or self.votes == self.n, *rest)
 
 
+class _OtherWorkerStopsWithEpochBegin(_OtherWorkerStops):
+    """The same, with an ``on_epoch_begin`` of its own: a user's callback that may stop there."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        pass
+
+
 @pytest.mark.parametrize(
     "vote, steps_per_execution, epochs, updates",
     [(2, 1, 1, 1), (2, 32, 1, 6), (3, 32, 2, 7)],
@@ -169,14 +176,14 @@ class _OtherWorkerStops(keras.callbacks.Callback):
 def test_a_stop_on_any_worker_stops_every_worker(
     monkeypatch, vote, steps_per_execution, epochs, updates
 ):
-    # The loop votes at each epoch's begin and end and between its calls (6 batches: one call
-    # of 32, or 6 of 1), not after its last call. A stop at an epoch's begin still trains one
-    # update, as Keras's fit.
+    # With a callback that may stop in on_epoch_begin, the loop votes at each epoch's begin and
+    # end and between its calls (6 batches: one call of 32, or 6 of 1), not after its last
+    # call. A stop at an epoch's begin still trains one update, as Keras's fit.
     train, _ = rows_callbacks._data()
     trainer = tfdist.Trainer(
         mlp, strategy=mirrored(), steps_per_execution=steps_per_execution, **sgd_compile()
     )
-    other = _OtherWorkerStops(trainer.runner.agree_each, vote)
+    other = _OtherWorkerStopsWithEpochBegin(trainer.runner.agree_each, vote)
     monkeypatch.setattr(trainer.runner, "agree_each", other)
     history = trainer.fit(train, epochs=3, verbose=0, callbacks=[other])
     assert len(history.history["loss"]) == epochs
@@ -184,15 +191,19 @@ def test_a_stop_on_any_worker_stops_every_worker(
     assert int(trainer.model.optimizer.iterations.numpy()) == updates
 
 
-def test_one_call_epochs_vote_twice_an_epoch(monkeypatch):
-    # At each epoch's begin and end, in one collective each (both flags): not after the
-    # epoch's last call, whose stop the epoch-end vote takes.
+@pytest.mark.parametrize("epoch_begin, votes", [(False, 1 + 3), (True, 2 * 3)])
+def test_one_call_epochs_vote_once_an_epoch(monkeypatch, epoch_begin, votes):
+    # At each epoch's end, in one collective (every flag): not after the epoch's last call,
+    # whose stop the epoch-end vote takes, nor at its start but the fit's first, unless a
+    # callback may stop in on_epoch_begin (the epoch-end vote carries that too).
     train, _ = rows_callbacks._data()
     trainer = tfdist.Trainer(mlp, strategy=mirrored(), steps_per_execution=32, **sgd_compile())
-    other = _OtherWorkerStops(trainer.runner.agree_each, 0)  # never stops
+    kind = _OtherWorkerStopsWithEpochBegin if epoch_begin else _OtherWorkerStops
+    other = kind(trainer.runner.agree_each, 0)  # never stops
     monkeypatch.setattr(trainer.runner, "agree_each", other)
-    trainer.fit(train, epochs=3, verbose=0, callbacks=[other])
-    assert other.votes == 2 * 3
+    keras_callbacks = [keras.callbacks.EarlyStopping(patience=5), keras.callbacks.History()]
+    trainer.fit(train, epochs=3, verbose=0, callbacks=[other, *keras_callbacks])
+    assert other.votes == votes
 
 
 @pytest.mark.slow

@@ -11,12 +11,16 @@ with a backup it saves and exits 75 for a restart; without one every worker
 stops at the same update and exits 143 (128 + SIGTERM). ``model.stop_training``
 is voted on the same way, so that one worker's stop stops all at the same update.
 
-The votes, one collective each (both flags at once, ``runner.agree_each``): at each epoch's
-start (after ``on_epoch_begin``, which decides the first call's size), between its calls, and
-at its end (after ``on_epoch_end``, `EpochLoop.stop_at_epoch_end`). None follows an epoch's
+The votes, one collective each (every flag at once, ``runner.agree_each``): at each epoch's
+end (after ``on_epoch_end``, `EpochLoop.stop_at_epoch_end`), between an epoch's calls, and at
+an epoch's start (after ``on_epoch_begin``, which decides the first call's size) only where a
+stop may have been asked for since the epoch-end vote: at the fit's first epoch, or when a
+worker has a callback of its own with an ``on_epoch_begin`` (Keras's and tfdist's callbacks
+never stop there), which the epoch-end vote carries as a third flag. None follows an epoch's
 last call: nothing is left to stop there, and a stop or SIGTERM asked for during it is taken
 by the epoch-end vote, after the validation and ``on_epoch_end`` (as Keras's ``fit`` still
-validates and ends an epoch stopped at its last batch). One-call epochs vote twice, not 3 times.
+validates and ends an epoch stopped at its last batch); a SIGTERM between the epoch-end vote
+and the next epoch's first call, by the vote after that call. One-call epochs vote once.
 """
 
 from __future__ import annotations
@@ -45,6 +49,17 @@ StartUpdates = Callable[[int, Any, int], Any]
 #: ``validate(epoch, callbacks)``: evaluates after ``epoch`` (or returns {} when that epoch does
 #: not validate), calling ``callbacks``' test hooks, and returns the logs.
 Validate = Callable[[int, keras.callbacks.CallbackList], dict[str, float]]
+
+
+def may_stop_at_epoch_begin(callbacks: keras.callbacks.CallbackList) -> bool:
+    """Whether a callback may set ``stop_training`` in its ``on_epoch_begin``: one of the
+    user's own with that hook (Keras's and tfdist's never stop there)."""
+    default = keras.callbacks.Callback.on_epoch_begin
+    return any(
+        getattr(type(c), "on_epoch_begin", default) is not default
+        and not type(c).__module__.startswith(("keras.", "tfdist."))
+        for c in callbacks.callbacks
+    )
 
 
 def reset_metrics(runner: Runner, model: keras.Model) -> None:
@@ -135,6 +150,9 @@ class EpochLoop:
         self.logs: Mapping[str, float] = {}  # the last call's (may be computed when first read)
         # (batch, logs handle) of executions started but not fetched yet
         self._pending: collections.deque = collections.deque()
+        # Whether the next epoch votes at its start: at the fit's first, then as the epoch-end
+        # vote said (some worker's callback may stop in on_epoch_begin).
+        self._vote_at_epoch_start = True
 
     def section(self, name: str) -> contextlib.AbstractContextManager:
         """Marks a section of the fit for the watchdog (see `tfdist.training.health.monitor`)."""
@@ -201,20 +219,24 @@ class EpochLoop:
         )
         raise SystemExit(TERMINATED_EXIT_CODE)
 
-    def _vote(self, epoch: int, step: int) -> bool:
+    def _vote(self, epoch: int, step: int, *, epoch_begin_may_stop: bool | None = None) -> bool:
         """One collective on every worker: True if any asked to stop; then all stop here.
 
         One vote carries both flags (``runner.agree_each``): a stop asked for (a SIGTERM, the
         watchdog's, or ``model.stop_training``, so that a callback that stops training on one
         worker only, its own clock say, stops every worker) and a SIGTERM among them, which
-        tells a restart from a callback's stop.
+        tells a restart from a callback's stop. ``epoch_begin_may_stop``: a third flag, this
+        worker's callbacks may stop in ``on_epoch_begin`` (the epoch-end vote's: then the next
+        epoch votes at its start if any worker's may).
         """
         requested = self.watcher is not None and self.watcher.requested
         requested = requested or (self.health is not None and self.health.stop_requested)
         with self.section("vote"):
-            stop, restart = self.runner.agree_each(
-                [requested or self.run.model.stop_training, requested]
+            stop, restart, begin_may_stop = self.runner.agree_each(
+                [requested or self.run.model.stop_training, requested, bool(epoch_begin_may_stop)]
             )
+        if epoch_begin_may_stop is not None:
+            self._vote_at_epoch_start = begin_may_stop
         if not stop:
             return False
         if restart:
@@ -226,7 +248,12 @@ class EpochLoop:
         """The vote after ``epoch``'s validation and callbacks, at the next epoch's start: True
         if any worker says stop (``stop_training``); a SIGTERM noted since the last update (in
         the validation, say, the last epoch's too) stops the fit here, as at an update."""
-        return self._vote(epoch + 1, 0)
+        may_stop = may_stop_at_epoch_begin(self.callbacks)
+        return self._vote(epoch + 1, 0, epoch_begin_may_stop=may_stop)
+
+    def _vote_at_start(self, epoch: int, step: int) -> bool:
+        """The vote at an epoch's start, where a stop may have been asked for since the last."""
+        return self._vote(epoch, step) if self._vote_at_epoch_start else False
 
     def epoch(self, epoch: int, iterator: Any, *, first_step: int = 0) -> dict[str, float]:
         """Trains one epoch from micro-batch ``first_step`` and returns its logs."""
@@ -239,7 +266,7 @@ class EpochLoop:
         done = first_step // k
         # Keras's fit looks at stop_training after each call, so a stop asked for in
         # on_epoch_begin still trains one batch (steps_per_execution=1, Keras's default).
-        stopping, calls = self._vote(epoch, first_step), 0
+        stopping, calls = self._vote_at_start(epoch, first_step), 0
         while done < full_updates and not (stopping and calls):
             n = 1 if stopping else min(per_call, full_updates - done)
             if backing_up:
@@ -273,7 +300,7 @@ class EpochLoop:
         per_call, freq = max(self.plan.steps_per_execution, 1), self.plan.backup_freq
         backing_up = isinstance(freq, int) and self.backup is not None
         done, calls = first_step, 0
-        stopping = self._vote(epoch, done)
+        stopping = self._vote_at_start(epoch, done)
         while not (stopping and calls):
             n = 1 if stopping else per_call
             if backing_up:
