@@ -184,7 +184,8 @@ def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argume
 
 
 def test_train_local_sgd_flag_builds_the_trainers_option():
-    """``--local_sgd``: plain averaging, DiLoCo's Nesterov SGD(0.7, 0.9) or the numbers given."""
+    """``--local_sgd``: plain averaging, DiLoCo's Nesterov SGD(0.7, 0.9) or the numbers given;
+    ``adapt_to_stragglers=true``, on multi_worker only with ``--stragglers=off``."""
     from tfdist.launch.train import local_sgd_options
 
     assert local_sgd_options(train_config_of()) is None
@@ -200,6 +201,12 @@ def test_train_local_sgd_flag_builds_the_trainers_option():
     assert (outer["learning_rate"], outer["momentum"], outer["nesterov"]) == pytest.approx(
         (0.5, 0.3, False)
     )
+    adapt = "--local_sgd=sync_every=4,adapt_to_stragglers=true"
+    assert local_sgd_options(train_config_of(adapt)).adapt_to_stragglers  # mirrored: allowed
+    with pytest.raises(ValueError, match="adapt_to_stragglers=false unless --stragglers=off"):
+        train_config_of(adapt, "--strategy=multi_worker")
+    config = train_config_of(adapt, "--strategy=multi_worker", "--stragglers=off")
+    assert local_sgd_options(config).adapt_to_stragglers
 
 
 def test_bench_time_to_accuracy_tasks_reach_the_benchmark_or_are_refused(monkeypatch, capsys):

@@ -236,9 +236,10 @@ PIPELINE_FIELDS.update(stages=int, schedule=str)  # stages: with split_at=auto
 BALANCE_FIELDS = {"window": int, "floor": float, "hysteresis": float, "min_gain": float}
 MODEL_OPTION_FIELDS = {"width": int, "depth": int, "heads": int, "dropout": float}
 #: ``tfdist train --local_sgd=...``: ``sync_every`` (required), the outer optimizer (``outer``:
-#: none, sgd or nesterov, DiLoCo's) and its SGD's learning rate and momentum.
+#: none, sgd or nesterov, DiLoCo's), its SGD's learning rate and momentum, and
+#: ``adapt_to_stragglers`` (true: a slower worker takes fewer inner steps a round).
 LOCAL_SGD_FIELDS = {"sync_every": int, "outer": str, "outer_learning_rate": float}
-LOCAL_SGD_FIELDS.update(outer_momentum=float)
+LOCAL_SGD_FIELDS.update(outer_momentum=float, adapt_to_stragglers=bool)
 LOCAL_SGD_OUTERS = ("none", "sgd", "nesterov")
 
 
@@ -301,6 +302,13 @@ def _check_local_sgd(config: TrainConfig) -> None:
         (config.pipeline not in ("", "off"), "off with --pipeline"),
         (config.balance not in ("", "off"), "off with --balance"),
         (config.sharding is not None, "off with --sharding"),
+        (
+            kwargs.get("adapt_to_stragglers", False)
+            and config.strategy in ("multi_worker", "auto")
+            and config.stragglers != "off",
+            "adapt_to_stragglers=false unless --stragglers=off (the straggler report times "
+            "each update from inside it, where an update cannot be skipped)",
+        ),
     ]
     for wrong, expected in problems:
         if wrong:

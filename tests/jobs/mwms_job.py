@@ -153,9 +153,13 @@ def local_sgd(w0):
         return hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()[:16]
 
     class Digest(keras.callbacks.Callback):
+        def __init__(self, label="local_sgd digest"):
+            super().__init__()
+            self.label = label
+
         def on_train_batch_end(self, batch, logs=None):
             update = int(self.model.optimizer.iterations.numpy())
-            print("local_sgd digest", update, digest(self.model))
+            print(self.label, update, digest(self.model))
 
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     for h1 in (True, False):
@@ -179,7 +183,48 @@ def local_sgd(w0):
     counts = collectives_in_loop_body(trainer.train_functions[(GLOBAL_BATCH, 1)])
     print("local_sgd gradient_all_reduces_per_update", counts["float"])
     print("local_sgd all_reduces_per_sync", sync_collectives(trainer.train_functions[(16, 1)]))
+    local_sgd_stragglers(w0, Digest("local_sgd adapt digest"))
     return trainer.model, history
+
+
+def local_sgd_stragglers(w0, digest):
+    """adapt_to_stragglers, sync_every=4, 12 updates, SGD: worker:1 sleeps 50 ms in every
+    forward pass, so from the second round on it takes fewer inner steps than worker:0's 4;
+    each update's digest, each worker's local_steps, the next round's agreed steps."""
+    import time
+
+    import tensorflow as tf
+
+    class Delay(keras.layers.Layer):
+        def __init__(self, seconds, **kwargs):
+            super().__init__(**kwargs)
+            self.seconds = seconds
+
+        def call(self, x):
+            if not self.seconds:
+                return x
+            done = tf.py_function(lambda: time.sleep(self.seconds) or 0.0, [], tf.float32)
+            with tf.control_dependencies([done]):
+                return tf.identity(x)
+
+    def slowed():
+        inputs = keras.Input((6,))
+        inner = builder(w0)()
+        return keras.Model(inputs, inner(Delay(0.05 if task["index"] == 1 else 0.0)(inputs)))
+
+    trainer = tfdist.Trainer(
+        slowed,
+        strategy=strategy,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        local_sgd=tfdist.LocalSGDOptions(sync_every=4, adapt_to_stragglers=True),
+        steps_per_execution=1,
+        stragglers=None,  # adapting times the updates itself (the Trainer refuses both)
+    )
+    history = trainer.fit(dataset(), epochs=2, verbose=0, callbacks=[digest]).history
+    print("local_sgd adapt local_steps", json.dumps(history["local_steps"]))
+    steps = trainer._functions.updates.local.steps.numpy().tolist()  # the agreed schedule
+    print("local_sgd adapt steps", json.dumps(steps))
 
 
 def train(mode):

@@ -197,6 +197,32 @@ def test_local_sgd_on_two_workers(launched):
         assert f"[worker:{task}] local_sgd all_reduces_per_sync 1" in proc.stdout
 
 
+def test_local_sgd_adapts_to_a_slow_worker(launched):
+    """adapt_to_stragglers, sync_every=4, 12 updates, worker:1 sleeping 50 ms a forward pass
+    (tests/jobs/mwms_job.py): worker:0 takes every update, worker:1 fewer after the first
+    round (its weights unchanged across a skipped update), both agree on the next round's
+    steps, and both hold the same bits after each sync (updates 4, 8, 12) and differ between."""
+    proc, _ = launched
+    assert "[worker:1] local_sgd done 2" in proc.stdout, proc.stdout[-3000:]
+    found = re.findall(r"\[worker:(\d)\] local_sgd adapt digest (\d+) (\w+)", proc.stdout)
+    digests = {(task, int(update)): digest for task, update, digest in found}
+    assert len(digests) == 24, digests
+    for update in range(1, 13):
+        same = digests[("0", update)] == digests[("1", update)]
+        assert same == (update % 4 == 0), update
+    for update in range(2, 13):  # worker:0 takes every update; worker:1 skips some
+        assert digests[("0", update)] != digests[("0", update - 1)], update
+    skipped = [u for u in range(5, 13) if digests[("1", u)] == digests[("1", u - 1)]]
+    assert skipped, digests
+    steps = re.findall(r"\[worker:(\d)\] local_sgd adapt local_steps \[(.*)\]", proc.stdout)
+    taken = {task: float(counts.split(",")[-1]) for task, counts in steps}
+    assert taken["0"] == 12.0 and taken["1"] == 12.0 - len(skipped), taken
+    agreed = re.findall(r"\[worker:\d\] local_sgd adapt steps (\[.*\])", proc.stdout)
+    assert len(agreed) == 2 and agreed[0] == agreed[1], agreed
+    fast, slow = json.loads(agreed[0])
+    assert fast == 4 and 1 <= slow < 4, agreed
+
+
 def test_hybrid_trains_a_transformer_with_adam_as_keras_on_one_device(launched):
     """The hybrid (2 workers x 2 stages) on a causal transformer LM, cut after its attention,
     Adam: the embedding's rows gathered from both workers, the residual stream crossing the

@@ -88,7 +88,8 @@ def balance_options(config: TrainConfig) -> Any:
 def local_sgd_options(config: TrainConfig) -> Any:
     """The Trainer's ``local_sgd`` from ``--local_sgd`` (None: off): ``outer=nesterov`` is
     DiLoCo's ``SGD(0.7, momentum=0.9, nesterov=True)``, ``outer=sgd`` ``SGD(0.7)``; the
-    ``outer_learning_rate`` and ``outer_momentum`` pairs replace those numbers."""
+    ``outer_learning_rate`` and ``outer_momentum`` pairs replace those numbers;
+    ``adapt_to_stragglers=true`` passes on."""
     kwargs = parse_options("local_sgd", config.local_sgd or "off", LOCAL_SGD_FIELDS, on=False)
     if kwargs is None:
         return None
@@ -104,7 +105,10 @@ def local_sgd_options(config: TrainConfig) -> Any:
             momentum=kwargs.get("outer_momentum", 0.9 if nesterov else 0.0),
             nesterov=nesterov,
         )
-    return tfdist.LocalSGDOptions(kwargs["sync_every"], outer_optimizer=optimizer)
+    adapt = kwargs.get("adapt_to_stragglers", False)
+    return tfdist.LocalSGDOptions(
+        kwargs["sync_every"], outer_optimizer=optimizer, adapt_to_stragglers=adapt
+    )
 
 
 def _backup_options(config: TrainConfig) -> dict[str, Any]:

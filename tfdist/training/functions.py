@@ -168,8 +168,8 @@ class StepFunctions:
         if self.skipped_updates is not None and not self.overrides.train_step:
             logs["loss_scale"] = optimizer.dynamic_scale
             logs["skipped_updates"] = self.skipped_updates
-        if self.updates.local is not None:  # local SGD: the syncs so far
-            logs["syncs"] = self.updates.local.syncs
+        if self.updates.local is not None:  # local SGD: the syncs (adapting: inner steps) so far
+            logs.update(self.updates.local.logs())
         return logs
 
     def metrics_result(self) -> dict[str, tf.Tensor]:

@@ -10,5 +10,8 @@ what stays local, and how one sync runs).
 - ``replicas``: ``ReplicaCopies``: every replica's own parameters, statistics and inner slots in
   a backup (one all-gather at a save), handed back at a resume on the same replica count, or
   averaged as a sync of the partial round on another (elastic resume).
-- ``update``: ``LocalUpdate``, the replica step without the per-update gradient exchange.
+- ``update``: ``LocalUpdate``, the replica step without the per-update gradient exchange
+  (adapting to stragglers: driven from cross-replica context, a skipped update undone).
+- ``stragglers``: ``adapt_to_stragglers``'s arithmetic: which updates a slower worker takes,
+  its steps a round from the measured rates, the sync's weights by the steps taken.
 """

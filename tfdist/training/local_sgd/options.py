@@ -36,21 +36,38 @@ class LocalSGDOptions:
     an epoch's end between syncs evaluates each replica's own copy on its share of the batches.
     See `tfdist.training.local_sgd` for what is averaged and what stays local.
 
+    With ``adapt_to_stragglers=True`` a slower worker takes fewer inner steps in each round
+    (about ``H`` times its rate over the fastest's, at least 1) and skips the rest, reading and
+    dropping their batches, so the workers reach each sync together; the sync weighs each
+    worker's parameters (DiLoCo: its change) by the steps it took. With no straggler it is
+    plain local SGD, bit for bit. The rates are measured in the train loop and agreed at each
+    sync (`tfdist.training.local_sgd.stragglers`). It needs the data's length
+    (``steps_per_epoch`` or a sized dataset), dense gradients and, on ``multi_worker``,
+    ``stragglers=None`` (the straggler report times each update in a way that cannot skip
+    one); on one worker (``mirrored``, ``one_device``) every replica runs in one process and
+    there is nothing to adapt: it trains as without.
+
     Args:
         sync_every: Updates between synchronisations, ``H`` (1: every update).
         outer_optimizer: A Keras optimizer for the outer gradient, or None (plain averaging).
             It is copied into the strategy scope, as the Trainer's own optimizer is.
+        adapt_to_stragglers: Whether a slower worker takes fewer inner steps per round, the
+            sync weighted by the steps taken (the logs gain ``local_steps``: this worker's).
 
     Raises:
         ValueError: Naming the argument, for a ``sync_every`` that is not a positive integer
-            or an ``outer_optimizer`` that is not a Keras optimizer.
+            or an ``outer_optimizer`` that is not a Keras optimizer, or an
+            ``adapt_to_stragglers`` that is not a bool.
     """
 
     sync_every: int
     outer_optimizer: keras.optimizers.Optimizer | None = None
+    adapt_to_stragglers: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("sync_every", self.sync_every)
+        if not isinstance(self.adapt_to_stragglers, bool):
+            raise invalid_argument("adapt_to_stragglers", self.adapt_to_stragglers, "True or False")
         outer = self.outer_optimizer
         if outer is not None and not isinstance(outer, keras.optimizers.Optimizer):
             raise invalid_argument(
@@ -68,6 +85,12 @@ class LocalSGDOptions:
             )
 
 
+_EXPECTED = {
+    "strategy": "None on this strategy",
+    "stragglers": "adapt_to_stragglers=False with the straggler report on",
+}
+
+
 def local_sgd_options(value: Any) -> LocalSGDOptions | None:
     """``Trainer(local_sgd=...)`` checked: None, or a `LocalSGDOptions`."""
     if value is None or isinstance(value, LocalSGDOptions):
@@ -81,12 +104,14 @@ def check_local_sgd(
     options: LocalSGDOptions | None, runner: Any, trainer_options: Any, model: keras.Model
 ) -> None:
     """The refusals of ``local_sgd=``: one clear error each (the strategy, sharding, a
-    pipeline, balanced batches, a model's own ``train_step``).
+    pipeline, balanced batches, a model's own ``train_step``, the straggler report beside
+    ``adapt_to_stragglers`` on several workers).
 
     Args:
         options: The checked ``local_sgd`` option, or None (nothing to check).
         runner: The strategy's runner (its ``local_sgd_refusal``).
-        trainer_options: The Trainer's other options (``exchange``, ``pipeline``, ``balance``).
+        trainer_options: The Trainer's other options (``exchange``, ``pipeline``, ``balance``,
+            ``stragglers``).
         model: The compiled model.
     """
     if options is None:
@@ -119,12 +144,21 @@ def check_local_sgd(
             and f"{type(model).__name__} has its own train_step, which applies its gradients "
             "through Keras's optimizer: Keras all-reduces them at every update.",
         ),
+        (
+            "stragglers",
+            options.adapt_to_stragglers
+            and trainer_options.stragglers is not None
+            and len(runner.loop_tasks) > 1
+            and "adapt_to_stragglers skips a slow worker's updates from the train loop itself; "
+            "the straggler report times each update from inside it, where an update cannot be "
+            "skipped (Trainer(stragglers=None), tfdist train --stragglers=off).",
+        ),
     ]
     for name, reason in reasons:
         if reason:
             raise invalid_argument(
                 "local_sgd",
                 options,
-                f"None with this {name}" if name != "strategy" else "None on this strategy",
+                _EXPECTED.get(name, f"None with this {name}"),
                 note=str(reason),
             )

@@ -117,7 +117,7 @@ class ReplicaCopies:
     def _hand_out(self) -> None:
         """Each local replica's component := its row (by its replica id in the sync group)."""
         strategy = self.state.strategy
-        ids = _local_replica_ids(strategy)
+        ids = local_replica_ids(strategy)
         for group in GROUPS:
             for copy, v in zip(self.copies[group], self.sources[group]):
                 if _rows(copy):
@@ -165,7 +165,7 @@ def _rows(copy: tf.Variable) -> int:
     return int(tf.shape(copy)[0])
 
 
-def _local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
+def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
     """The replica ids in the sync group of this worker's replicas, in their local order."""
     ids: list[int] = []
 

@@ -35,6 +35,13 @@ A backup (`LocalState.checkpointed`) holds the last synced parameters, the outer
 variables, the sync count and every replica's own parameters, statistics and inner slots
 (`tfdist.training.local_sgd.replicas`): a resume on the same replica count continues every
 replica mid-round bit for bit; on another count it syncs the partial round (elastic resume).
+
+With ``adapt_to_stragglers`` (`tfdist.training.local_sgd.stragglers`) step 1 multiplies each
+replica's values by its weight (the steps it took in the round over the round's updates), step
+3 divides by the weights' sum instead of the replica count (the same bits when every weight is
+1.0), and the all-reduce carries one more tensor: each worker's seconds per inner step, from
+which every worker computes the same steps for the next round. A backup also holds those
+steps and smoothed seconds.
 """
 
 from __future__ import annotations
@@ -46,8 +53,9 @@ import tensorflow as tf
 
 from tfdist._compat.keras_internals.optimizer import apply_in_cross_replica_context
 from tfdist._compat.keras_internals.scope_moves import optimizer_copy_in_scope
+from tfdist.training.local_sgd import stragglers
 from tfdist.training.local_sgd.options import LocalSGDOptions
-from tfdist.training.local_sgd.replicas import ReplicaCopies
+from tfdist.training.local_sgd.replicas import ReplicaCopies, local_replica_ids
 
 _WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
 
@@ -95,6 +103,64 @@ class LocalState:
                     tf.Variable(v.value, trainable=False, name=f"local_sgd_anchor_{i}")
                     for i, v in enumerate(self.parameters)
                 ]
+            self.adaptive = options.adapt_to_stragglers
+            if self.adaptive:
+                self._adaptive_state()
+
+    def _adaptive_state(self) -> None:
+        """``adapt_to_stragglers``'s variables, in the scope: every replica's steps a round and
+        smoothed seconds a step (agreed: the same everywhere), and this worker's own seconds of
+        compute in the round and inner steps so far (each worker its own values)."""
+        n = self.strategy.num_replicas_in_sync
+        h = self.options.sync_every
+        self.local_ids = local_replica_ids(self.strategy)
+        self.steps = tf.Variable(tf.fill([n], tf.constant(h, tf.int64)), name="local_sgd_steps")
+        self.seconds = tf.Variable(tf.zeros([n]), trainable=False, name="local_sgd_seconds")
+        self.work = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="local_sgd_work")
+        self.local_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="local_steps")
+
+    def logs(self) -> dict[str, Any]:
+        """The syncs so far and, adapting to stragglers, this worker's inner steps so far."""
+        logs: dict[str, Any] = {"syncs": self.syncs}
+        if self.adaptive:
+            logs["local_steps"] = self.local_steps
+        return logs
+
+    def takes_step(self) -> tf.Tensor:
+        """Whether this worker takes the coming update (cross-replica; adapting)."""
+        h = self.options.sync_every
+        index = tf.math.floormod(tf.convert_to_tensor(self.model.optimizer.iterations), h)
+        mine = tf.gather(tf.convert_to_tensor(self.steps), self.local_ids[0])
+        return stragglers.takes_step(index, mine, h)
+
+    def record_step(self, seconds: tf.Tensor) -> None:
+        """An inner step taken, in ``seconds`` of compute (cross-replica; adapting): this
+        worker's own counts, written to its copies (no collective: one branch of a cond)."""
+        _add_locally(self.strategy, self.work, seconds)
+        _add_locally(self.strategy, self.local_steps, tf.constant(1, tf.int64))
+
+    def kept(self, optimizer: keras.optimizers.Optimizer) -> list[tuple[Any, list[tf.Tensor]]]:
+        """Each parameter's and inner-optimizer variable's (not ``iterations``) local copies,
+        before an update (cross-replica; adapting)."""
+        skipped = {id(optimizer.iterations)}
+        variables = self.parameters + [v for v in optimizer.variables if id(v) not in skipped]
+        kept = []
+        for v in variables:
+            copies = self.strategy.experimental_local_results(v.value)
+            kept.append((copies, [c.read_value() for c in copies]))
+        return kept
+
+    def undo_where_skipped(self, take: tf.Tensor, kept: list[tuple[Any, list[tf.Tensor]]]) -> None:
+        """A skipping worker's copies put back as `kept` (the update of its zero gradients
+        undone: momentum, weight decay); a taking worker's left as they are (cross-replica)."""
+
+        def undo() -> tf.Tensor:
+            for copies, values in kept:
+                for copy, value in zip(copies, values):
+                    copy.assign(value)
+            return tf.constant(False)
+
+        tf.cond(take, lambda: tf.constant(True), undo)
 
     def checkpointed(self) -> tf.train.Checkpoint:
         """What a backup holds of local SGD: the last synced parameters, the outer optimizer's
@@ -106,8 +172,13 @@ class LocalState:
         if self.copies is None:
             self.copies = ReplicaCopies(self)
         outer = [] if self.outer is None else [v.value for v in self.outer.variables]
+        more = {"steps": self.steps, "seconds": self.seconds} if self.adaptive else {}
         return tf.train.Checkpoint(
-            anchors=self.anchors, outer=outer, syncs=self.syncs, replicas=self.copies.checkpointed()
+            anchors=self.anchors,
+            outer=outer,
+            syncs=self.syncs,
+            replicas=self.copies.checkpointed(),
+            **more,
         )
 
     def anchor(self) -> None:
@@ -174,7 +245,8 @@ class LocalState:
 
     def _averaged(self) -> list[tf.Tensor]:
         """The replicas' mean of each averaged variable (DiLoCo: of ``anchor - parameter``),
-        one tensor each, the same bits on every replica."""
+        one tensor each, the same bits on every replica; adapting, weighted by the steps taken,
+        and the next round's steps agreed (`_reschedule`)."""
         strategy = self.strategy
         variables = self.parameters + self.statistics
         copies = [strategy.experimental_local_results(v.value) for v in variables]
@@ -184,34 +256,81 @@ class LocalState:
         # would lose their low bits at every sync.
         compressed = self.outer is not None and strategy.num_replicas_in_sync > 1
         wire = _WIRE_DTYPES.get(self.compression) if compressed else None
+        weights, updates = (self._weights()) if self.adaptive else (None, None)
 
-        def local_values(i: int) -> list[tf.Tensor]:
+        def local_values(i: int, replica: int) -> list[tf.Tensor]:
             values = []
             for k, replicas in enumerate(copies):
                 with tf.device(replicas[i].device):
                     x = replicas[i].read_value()
                     if k < len(anchors):  # DiLoCo: the outer gradient's share
                         x = anchors[k][i].read_value() - x
+                    if weights is not None:
+                        x = x * tf.cast(weights[replica], x.dtype)
                     values.append(x if wire is None else tf.cast(x, wire))
+            if weights is not None:
+                with tf.device(copies[0][i].device):  # one pack: the variables' device
+                    values.append(self._measured(replica, updates))
             return values
 
         n = strategy.num_replicas_in_sync
+        destinations = [v.value for v in variables] + ([self.seconds] if self.adaptive else [])
         if n == 1:
-            summed = local_values(0)
+            summed = local_values(0, 0)
         else:
             per_replica = strategy.experimental_distribute_values_from_function(
-                lambda ctx: local_values(ctx.replica_id_in_sync_group % num_local)
+                lambda ctx: local_values(
+                    ctx.replica_id_in_sync_group % num_local, ctx.replica_id_in_sync_group
+                )
             )
             options = tf.distribute.experimental.CommunicationOptions(
                 bytes_per_pack=self.bucket_bytes or 0
             )
             reduced = strategy.extended.batch_reduce_to(
-                tf.distribute.ReduceOp.SUM,
-                [(p, v.value) for p, v in zip(per_replica, variables)],
-                options=options,
+                tf.distribute.ReduceOp.SUM, list(zip(per_replica, destinations)), options=options
             )
             summed = [strategy.experimental_local_results(r)[0] for r in reduced]
+        if weights is not None:
+            self._reschedule(summed.pop())
         return [
-            tf.cast(s, v.dtype) / tf.constant(n, tf.as_dtype(v.dtype))
+            tf.cast(s, v.dtype) / _divisor(n, weights, tf.as_dtype(v.dtype))
             for s, v in zip(summed, variables)
         ]
+
+    def _weights(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """Each replica's weight at this sync, and the updates of the round it ends."""
+        h = self.options.sync_every
+        iterations = tf.convert_to_tensor(self.model.optimizer.iterations)
+        updates = tf.math.floormod(iterations - 1, h) + 1  # H at a due sync; fewer at a fit's end
+        return stragglers.weights(updates, tf.convert_to_tensor(self.steps), h, tf.float32), updates
+
+    def _measured(self, replica: int, updates: tf.Tensor) -> tf.Tensor:
+        """This worker's seconds per inner step in the round, at ``replica``'s place in a row of
+        zeros (0: no step taken)."""
+        h = self.options.sync_every
+        took = stragglers.taken(updates, tf.gather(tf.convert_to_tensor(self.steps), replica), h)
+        seconds = tf.math.divide_no_nan(tf.convert_to_tensor(self.work), tf.cast(took, tf.float64))
+        n = self.strategy.num_replicas_in_sync
+        return tf.one_hot(replica, n, dtype=tf.float32) * tf.cast(seconds, tf.float32)
+
+    def _reschedule(self, measured: tf.Tensor) -> None:
+        """The next round's steps from every worker's measured seconds a step (the same bits on
+        every worker); this worker's round of compute starts again."""
+        seconds = stragglers.smoothed(tf.convert_to_tensor(self.seconds), measured)
+        self.seconds.assign(seconds)
+        self.steps.assign(stragglers.inner_steps(seconds, self.options.sync_every))
+        for copy in self.strategy.experimental_local_results(self.work):
+            copy.assign(tf.zeros([], tf.float64))
+
+
+def _divisor(n: int, weights: tf.Tensor | None, dtype: tf.DType) -> tf.Tensor:
+    """The replica count, or the weights' sum (``n`` exactly when every weight is 1.0)."""
+    if weights is None:
+        return tf.constant(n, dtype)
+    return tf.cast(tf.reduce_sum(weights), dtype)
+
+
+def _add_locally(strategy: tf.distribute.Strategy, variable: tf.Variable, value: tf.Tensor) -> None:
+    """``value`` added to each of this worker's copies of ``variable`` (no collective)."""
+    for copy in strategy.experimental_local_results(variable):
+        copy.assign_add(value)

@@ -12,18 +12,34 @@ Masked loss terms (Keras masks, ``ignore_class``) weigh by this replica's own va
 all-reduce of counts): each replica's gradient is the mean over its own valid terms, as one
 replica training alone on its batches computes; the ``loss`` log is each replica's own mean,
 weighted by its examples when the replicas' trackers are summed.
+
+With ``adapt_to_stragglers`` (`tfdist.training.local_sgd.stragglers`) the update is driven from
+cross-replica context (`LocalUpdate.cross_replica`): a ``tf.cond`` on this worker's
+`LocalState.takes_step` computes the gradients (forward and backward, timed to the gradients),
+or zero gradients of no examples (the batches, read before it, dropped). The branches hold no
+collective, so the workers may take different ones. The optimizer's update then runs on every
+worker (Keras's ``optimizer.iterations`` is an ``only_first_replica`` variable: its increment
+is a collective on ``multi_worker``, which must not sit in one branch only) and a skipping
+worker puts its parameters and inner slots back (`LocalState.undo_where_skipped`, a copy of
+them per update); the sync follows. The cond sits in cross-replica context because replica
+context refuses a ``merge_call`` (the optimizer's) inside a ``tf.cond``'s branch. So an update
+called in replica context (data of unknown length, the straggler report's timed calls) is
+refused when adapting, and so are sparse gradients (a skip's zeros need a fixed shape).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from tfdist.config import invalid_argument
 from tfdist.strategies import step_clock
 from tfdist.training.local_sgd.sync import LocalState
+from tfdist.training.step.gradients import SparseGradientsFound
+from tfdist.training.step.masked_losses import MaskedTermsFound
 from tfdist.training.step.update import TrainUpdate
 
 
@@ -48,6 +64,7 @@ class LocalUpdate(TrainUpdate):
         super().__init__(model, optimizer, **kwargs)
         self.state = state
         self.masked.local = True  # each replica's masked terms over its own valid counts
+        self._driven = False  # whether `cross_replica` is tracing the update (adapting)
 
     def exchange(self, summed: Sequence[Any], count: tf.Tensor) -> tuple[list[Any], tf.Tensor]:
         """No exchange: this replica's gradient sums and example count as they are."""
@@ -55,8 +72,20 @@ class LocalUpdate(TrainUpdate):
         return list(summed), count
 
     def update(self, grads: Sequence[Any]) -> None:
-        """The inner optimizer's update of this replica's copy, then the sync when due."""
+        """The inner optimizer's update of this replica's copy, then the sync when due (adapting:
+        `cross_replica` syncs)."""
         super().update(grads)
+        if self.state.adaptive:
+            if not self._driven:
+                raise invalid_argument(
+                    "local_sgd",
+                    self.state.options,
+                    "adapt_to_stragglers=False here",
+                    note="Adapting to stragglers skips updates from the train loop; this update "
+                    "runs inside a replica call (data of unknown length: give steps_per_epoch; "
+                    "or the straggler report's timed calls: stragglers=None).",
+                )
+            return
         iterations = tf.convert_to_tensor(self.optimizer.iterations)
         synced = tf.distribute.get_replica_context().merge_call(
             lambda strategy: self.state.maybe_sync(strategy, iterations)
@@ -64,3 +93,54 @@ class LocalUpdate(TrainUpdate):
         # The straggler report's exchange section: the inner update and, at a sync, the wait
         # for the other workers and the all-reduce.
         step_clock.mark("exchange", synced)
+
+    def cross_replica(self, run: Callable[..., Any], next_batch: Callable[[], Any]) -> None:
+        """One loop iteration from cross-replica context: adapting, this worker's gradients or
+        none (`_gradients`), the optimizer's update on every worker, undone where skipped, then
+        the sync when due; else `TrainUpdate`'s."""
+        if not self.state.adaptive:
+            super().cross_replica(run, next_batch)
+            return
+        take = self.state.takes_step()
+        kept = self.state.kept(self.optimizer)
+        try:
+            state = self._gradients(take, run, next_batch)
+        except MaskedTermsFound:  # the first trace found masked terms: again, with their sums
+            state = self._gradients(take, run, next_batch)
+        except SparseGradientsFound:
+            raise invalid_argument(
+                "local_sgd",
+                self.state.options,
+                "adapt_to_stragglers=False with sparse gradients",
+                note="A skipped update's gradients are zeros of a fixed shape; sparse rows "
+                "(tf.IndexedSlices) have none.",
+            ) from None
+        self._driven = True
+        try:
+            run(self.finish, (state,))  # on every worker: Keras's update syncs its iterations
+        finally:
+            self._driven = False
+        self.state.undo_where_skipped(take, kept)
+        iterations = tf.convert_to_tensor(self.optimizer.iterations)
+        self.state.maybe_sync(self.state.strategy, iterations)
+
+    def _gradients(
+        self, take: tf.Tensor, run: Callable[..., Any], next_batch: Callable[[], Any]
+    ) -> Any:
+        """The accumulated state of this worker's micro-batches (timed from the batches to the
+        gradients), or, skipping, zeros: the batches are read before the cond on every worker
+        (on ``multi_worker`` a read is a collective: whether every worker still has data), so
+        neither branch holds a collective."""
+        batches = [next_batch() for _ in range(self.accumulation_steps)]
+
+        def step() -> Any:
+            started = step_clock.timestamp_after(batches)
+            with tf.control_dependencies([started]):
+                state = run(self.zeros, ())
+                for batch in batches:
+                    state = run(self.accumulate, (batch, state))
+            computed = step_clock.timestamp_after(state)
+            self.state.record_step(computed - started)
+            return state
+
+        return tf.cond(take, step, lambda: run(self.zeros, ()))
