@@ -442,15 +442,21 @@ def test_the_local_sgd_sides_their_options_bytes_and_ratios():
     assert time_to_accuracy.bytes_per_update("local_sgd_h16", runs, 1000, 2) == 3 * 1000 / 40
     assert time_to_accuracy.bytes_per_update("none", runs, 1000, 2) == 1000
     assert time_to_accuracy.bytes_per_update("none", runs, 1000, 1) == 0
-    side = lambda s, u, b: {  # noqa: E731
+    side = lambda s, u, b, e=None: {  # noqa: E731
         "seconds_to_target": s,
         "updates_to_target": u,
         "allreduce_bytes_per_update": b,
+        "steady_examples_per_s": e,
     }
     task = {
         "per_workers": {
-            "1": {"sides": {"none": side(10.0, 100, 0.0)}},
-            "2": {"sides": {"none": side(12.0, 60, 1000.0), "diloco_h16": side(5.0, 80, 75.0)}},
+            "1": {"sides": {"none": side(10.0, 100, 0.0, 4000.0)}},
+            "2": {
+                "sides": {
+                    "none": side(12.0, 60, 1000.0, 5000.0),
+                    "diloco_h16": side(5.0, 80, 75.0, 7000.0),
+                }
+            },
         }
     }
     out = {"words": {}, "goals": {}}
@@ -458,4 +464,8 @@ def test_the_local_sgd_sides_their_options_bytes_and_ratios():
     assert out["digits_diloco_h16_time_ratio"] == 0.5
     assert out["digits_diloco_h16_updates_ratio"] == pytest.approx(80 / 60)
     assert out["digits_diloco_h16_bytes_ratio"] == 0.075
-    assert out["goals"] == {"digits_diloco_h16_time_ratio": "<= 0.6"}
+    assert out["digits_diloco_h16_examples_per_s_ratio"] == 1.75
+    assert out["goals"] == {
+        "digits_diloco_h16_time_ratio": "<= 0.6",
+        "digits_diloco_h16_examples_per_s_ratio": ">= 1.8",
+    }

@@ -100,6 +100,8 @@ DEFAULTS: dict[str, Any] = {
 QUICK: dict[str, Any] = {"repeats": 1, "uneven_pair": False, "local_sgd": ()}
 #: Issue 43's goals for DiLoCo at H = 16 on 2 workers, its seconds over one worker's.
 LOCAL_GOALS = {"digits": "<= 0.6", "patterns": "<= 0.56"}
+#: Issue 43's goal for DiLoCo at H = 16 on 2 workers: its steady examples/s over one worker's.
+LOCAL_THROUGHPUT_GOALS = {"digits": ">= 1.8"}
 #: The uneven pair's launch, beside the worker counts' "1" and "2".
 UNEVEN = "2_uneven"
 
@@ -385,9 +387,10 @@ def uneven_ratios(out: dict[str, Any], name: str, seconds: dict[str, Any]) -> No
 
 
 def local_ratios(out: dict[str, Any], name: str, task: dict[str, Any]) -> None:
-    """Each local side's ratios of task ``name`` into ``out``: its seconds to the target on 2
-    workers over 1 worker's, its updates to the target and its bytes per update over
-    synchronous training's on 2 workers (no LR scaling: the same rate)."""
+    """Each local side's ratios of task ``name`` into ``out``: its seconds to the target and its
+    steady examples/s (after the first epoch) on 2 workers over 1 worker's, its updates to the
+    target and its bytes per update over synchronous training's on 2 workers (no LR scaling:
+    the same rate)."""
     two = task["per_workers"].get("2", {}).get("sides", {})
     one = task["per_workers"].get("1", {}).get("sides", {}).get("none", {})
     ratio = lambda a, b: None if a is None or not b else a / b  # noqa: E731
@@ -398,6 +401,9 @@ def local_ratios(out: dict[str, Any], name: str, task: dict[str, Any]) -> None:
         out[f"{name}_{side}_time_ratio"] = ratio(
             figures["seconds_to_target"], one.get("seconds_to_target")
         )
+        out[f"{name}_{side}_examples_per_s_ratio"] = ratio(
+            figures.get("steady_examples_per_s"), one.get("steady_examples_per_s")
+        )
         out[f"{name}_{side}_updates_ratio"] = ratio(
             figures["updates_to_target"], sync["updates_to_target"]
         )
@@ -407,8 +413,14 @@ def local_ratios(out: dict[str, Any], name: str, task: dict[str, Any]) -> None:
         out["words"][f"{name}_{side}_time_ratio"] = (
             f"{name}: 2 workers on {side} / 1 worker, time to accuracy"
         )
+        out["words"][f"{name}_{side}_examples_per_s_ratio"] = (
+            f"{name}: 2 workers on {side} / 1 worker, steady training examples/s"
+        )
         if side == "diloco_h16" and name in LOCAL_GOALS:  # issue 43's goals
             out["goals"][f"{name}_{side}_time_ratio"] = LOCAL_GOALS[name]
+        if side == "diloco_h16" and name in LOCAL_THROUGHPUT_GOALS:
+            key = f"{name}_{side}_examples_per_s_ratio"
+            out["goals"][key] = LOCAL_THROUGHPUT_GOALS[name]
 
 
 # ``tfdist bench`` flag -> option of `run`.
