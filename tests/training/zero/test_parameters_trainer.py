@@ -4,7 +4,8 @@ Each sharded fit is compared with the unsharded Trainer on the same strategy, da
 weights (the MLP of tests/training/zero/test_parameters.py: BatchNormalization, a kernel and an
 activity regularizer, a MaxNorm constraint): the final weights to 1e-6 with Adam, the
 validation logs alike; after fit the model is whole (``get_weights``, ``save`` + ``load_model``),
-and a second fit cuts it again. SGD, accumulation (Adam, k=2) and variable-less ``add_loss``
+its blocks empty buffers (a read of one raises) and Adam's slots kept, and a second fit cuts it
+again. SGD, accumulation (Adam, k=2) and variable-less ``add_loss``
 layers: tests/training/zero/test_per_layer.py; the transformer block: test_parameters.py. Two
 real MultiWorkerMirrored workers: tests/strategies/test_multi_worker.py (the shared launch's
 ``trainer_zero3`` mode). A subclassed model, unbuilt, trains as one unit (its weights, with Adam,
@@ -35,6 +36,7 @@ from tests.training.zero.test_parameters import (
     _with,
     masked_transformer,
 )
+from tfdist._compat.keras_internals.storage import held_elements
 from tfdist.config import TrainConfig
 from tfdist.training.fit.arguments import reads_weights
 from tfdist.training.zero.parameters import check_trainer
@@ -87,6 +89,7 @@ def test_fit_with_sharded_parameters_ends_as_unsharded(tmp_path):
     mine_logs, their_logs = _fit(mine, x, y, fits=2), _fit(theirs, x, y, fits=2)  # cut again
     # Between fits and after: the model is whole, plain Keras.
     assert _gap(mine.model.get_weights(), theirs.model.get_weights()) <= 1e-6
+    _blocks_are_empty_between_fits(mine._functions.sharded)
     assert _gap(theirs.model.get_weights(), weights) > 1e-3  # the runs train
     for a, b in zip(mine_logs, their_logs, strict=True):
         assert a.keys() == b.keys() and {"val_loss", "val_accuracy"} <= set(a)
@@ -105,6 +108,19 @@ def test_fit_with_sharded_parameters_ends_as_unsharded(tmp_path):
     # And its optimizer state, whole: the unsharded run's.
     saved = [v.numpy() for v in loaded.optimizer.variables]
     assert _gap(saved, [v.numpy() for v in theirs.model.optimizer.variables]) <= 1e-6
+
+
+def _blocks_are_empty_between_fits(state):
+    """Between fits only the whole variables hold bytes: every block is an empty buffer (its
+    optimizer slots are not: the next fit and its backups need them), and a read raises."""
+    assert state.whole and state.cut_indices
+    for i in state.cut_indices:
+        assert held_elements(state.block_storage[i]) == [0, 0]  # both replicas
+        assert held_elements(state.storage[i]) == [state.variables[i].shape.num_elements()] * 2
+    slots = [v for v in state.model.optimizer.variables if len(v.shape)]
+    assert all(min(held_elements(v.value)) > 0 for v in slots)
+    with pytest.raises(RuntimeError, match="was read between fits, where it is empty"):
+        state.blocks[state.cut_indices[0]].numpy()
 
 
 def _mlp_without_activity_loss():

@@ -12,6 +12,8 @@
 - ``layer_graph``: a functional model's calls in order, nested models flattened.
 - ``unit_calls``: a functional model called one layer at a time (nested ones through); storage-less
   variables.
+- ``storage``: a Keras variable's TF storage held apart and given back; a TF variable's buffer
+  emptied and refilled in place (ZeRO-3's blocks between fits).
 - ``py_dataset``: Keras's own parallel reader of a ``PyDataset`` (``OrderedEnqueuer``).
 - ``multi_worker_fit``: shims that make plain ``model.fit`` work on MultiWorkerMirrored workers.
 """

@@ -16,12 +16,23 @@ gathered; their gradients are summed with the update's example count, as unshard
 sums them (on a small GPT: 89 collectives a step instead of 218, about 1.5x the examples/s on
 a busy 2-core host).
 
-**Between fits the model is whole; during a fit only blocks exist.** At a fit's start
-`ParameterState.cut` cuts every trainable variable into its blocks and drops its storage (and
-Keras's compiled functions, which hold the old storage); at its end `ParameterState.restore`
-gathers every variable whole into storage of its own again, on every worker alike, so that
-``model.evaluate``, ``predict``, ``get_weights``, ``save`` and ``keras.saving.load_model`` are
-plain Keras on an ordinary model. A second fit cuts again, from the weights as they are then.
+**Between fits the model is whole; during a fit only blocks exist**, and never both: each
+trainable variable keeps two TF variables for the Trainer's life, its own (whole) and its block
+(`tfdist._compat.keras_internals.storage`), and only one holds values at a time, the other an
+empty ``[0]`` buffer. At a fit's start `ParameterState.cut` fills each variable's block from it
+and empties the whole one, variable after variable (the first cut, when the blocks are made,
+before the optimizer's slots exist); at its end `ParameterState.restore` gathers each variable
+whole into its own storage and empties its block, variable after variable, on every worker
+alike, so that ``model.evaluate``, ``predict``, ``get_weights``, ``save`` and
+``keras.saving.load_model`` are plain Keras on an ordinary model, and a worker holds about one
+model's bytes through the boundary (the whole variables filling as the blocks empty) beside the
+optimizer's slots, which stay blocks: the next fit and its backups need them. The same TF
+variables every fit keep what was traced on the blocks (the compiled step, the optimizer's
+slot keys) valid. A read of a model's variable during a fit raises (`UnmappedRead`), and so
+does a read of a block between fits (`EmptiedBlock`). On the memory bench's GPT (2 workers)
+the whole run's allocator peak is then the steps' own, 0.45x unsharded; it was the fit's
+boundaries, 0.547x, when the blocks stayed filled between fits and the restore made the whole
+model beside them (docs/benchmarks.md, "Memory").
 The Keras callbacks known to read or write the weights during a fit (``ModelCheckpoint``,
 ``EarlyStopping(restore_best_weights=True)``, ``SwapEMAWeights``, ``TensorBoard`` with weight
 histograms or embeddings) are refused at the fit's start
@@ -51,7 +62,6 @@ untested) (`check_trainer`); a loss with masked terms under accumulation
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 import keras
@@ -59,18 +69,16 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._compat.keras_internals.optimizer import gradients_already_summed
-from tfdist._compat.keras_internals.unit_calls import (
-    drop_storage,
-    give_storage,
-    guard_reads,
-    has_storage,
-)
+from tfdist._compat.keras_internals.storage import attach, detach, emptied, resize, storage_of
+from tfdist._compat.keras_internals.unit_calls import has_storage
 from tfdist.config import invalid_argument
+from tfdist.training.zero.checkpoint import local_replica_ids
 from tfdist.training.zero.layout import block
 from tfdist.training.zero.state import (
     check_optimizer,
     elements,
     inner_optimizer,
+    master_shard,
     optimizer_on_shards,
 )
 from tfdist.training.zero.units import Units, gather_whole
@@ -133,6 +141,21 @@ def check_trainer(*, pipeline: Any, balance: Any = None) -> None:
         )
 
 
+class EmptiedBlock:
+    """The read guard of a block between fits, where it holds nothing: a read raises."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"sharding='parameters': the block of variable {self.path!r} was read between "
+            "fits, where it is empty: the model's variable holds the weights whole until the "
+            "next fit cuts them into blocks again. Read the model's weights instead "
+            "(model.get_weights(), the variable itself)."
+        )
+
+
 class ParameterState:
     """The blocks of ``model``'s trainable variables and its optimizer built on them.
 
@@ -148,6 +171,8 @@ class ParameterState:
     Attributes:
         variables: The model's trainable variables (no storage once this returns).
         blocks: One per-replica variable of ``S`` elements per trainable variable.
+        storage: Each trainable variable's TF variable, kept for the Trainer's life: it holds
+            the weights between fits and an empty buffer during them (`blocks` the reverse).
     """
 
     sharding = "parameters"
@@ -164,6 +189,7 @@ class ParameterState:
         check_optimizer(optimizer, "parameters")
         self.model, self.strategy = model, strategy
         self.num_replicas = strategy.num_replicas_in_sync
+        self.replica_ids = local_replica_ids(strategy)
         self.variables = list(model.trainable_variables)
         #: Indices (and ``id``s) of the variables kept whole and mirrored (``keep_whole_below``):
         #: their "block" is the model's variable itself.
@@ -171,19 +197,27 @@ class ParameterState:
             i for i, v in enumerate(self.variables) if elements(v.shape) < (keep_whole_below or 0)
         )
         self.kept_ids = frozenset(id(self.variables[i]) for i in self.kept)
+        self.storage = [storage_of(v) for v in self.variables]
+        self._gathers: dict[tuple, Any] = {}  # a restore's gather per (shape, dtype), traced once
         #: ``full_shapes``: ``id`` of each sharded slot's TF variable -> the whole tensor's shape.
         self.blocks, self.full_shapes = optimizer_on_shards(
-            optimizer, self.variables, strategy, colocate=False, keep=self.kept
+            optimizer,
+            self.variables,
+            strategy,
+            colocate=False,
+            keep=self.kept,
+            shards=self._first_blocks(),  # before the slots: never the whole model beside them
         )
+        self.block_storage = [storage_of(b) for b in self.blocks]
         #: ``id`` of each block's TF variable -> its variable's whole shape (`in_checkpoint`).
         self.block_shapes = {
-            id(self.blocks[i].value): self.variables[i].shape for i in self.cut_indices
+            id(self.block_storage[i]): self.variables[i].shape for i in self.cut_indices
         }
         self.generation = 0  # counts cuts and restores: what compiled the storage of before
         #: The optimizer's ``clipnorm`` and ``global_clipnorm``: during a fit they clip the
         #: whole tensors' norms (`tfdist.training.zero.parameters_update`), not the blocks'.
         self.clipping: tuple[Any, Any] = (None, None)
-        self.cut()
+        self._cut_done()
 
     @property
     def cut_indices(self) -> list[int]:
@@ -200,59 +234,101 @@ class ParameterState:
         block in its place. A backup tracks these with `block_shapes`: each block is saved whole
         (its replicas' blocks gathered) under the key the whole variable
         has in an unsharded run's backup, and restored by giving each replica its block for the
-        replica count of the run that reads it (`tfdist.training.zero.checkpoint`). The blocks
-        live from the first fit on, so a backup made then serves every later fit."""
+        replica count of the run that reads it (`tfdist.training.zero.checkpoint`). A backup is
+        made and written during a fit, where the blocks hold the weights (the same TF variables
+        every fit: a backup made then serves every later fit); between fits they are empty and
+        a read of one raises (`EmptiedBlock`)."""
         blocks = {id(v): b for v, b in zip(self.variables, self.blocks)}
         return [blocks.get(id(v), v) for v in variables]
 
+    def _first_blocks(self) -> list:
+        """Each variable's block made and filled, and its whole storage emptied, one variable
+        after the other (in the strategy's scope, before the optimizer's slots are made)."""
+        made = []
+        with self.strategy.scope():
+            for i, variable in enumerate(self.variables):
+                if i in self.kept:
+                    made.append(variable)
+                    continue
+                made.append(master_shard(variable, self.strategy, colocate=False))
+                self._move_in(i, storage_of(made[-1]))
+        return made
+
+    def _move_in(self, i: int, target: Any) -> None:
+        """Variable ``i``'s values into ``target`` (its block's TF variable: each local replica
+        its own block, of any size before), then its whole storage emptied."""
+        whole = self.storage[i]
+        pieces = []
+        for component, replica in zip(whole.values, self.replica_ids):
+            with tf.device(component.device):
+                pieces.append(block(component.read_value(), self.num_replicas, replica))
+        resize(target, pieces)
+        del pieces
+        emptied(whole)
+
     def cut(self) -> None:
-        """Every trainable variable into its blocks, its storage dropped (a fit's start)."""
+        """Every trainable variable into its blocks, its whole storage emptied, one after the
+        other (a fit's start): about one model's bytes held throughout, never two."""
         if not self.variables or not self.whole:
             return
-        self._cut()
+        for i in self.cut_indices:
+            attach(self.blocks[i], self.block_storage[i])
+            self._move_in(i, self.block_storage[i])
+        self._cut_done()
+
+    def _cut_done(self) -> None:
+        """After a cut: the model's trainable variables read-guarded, Keras's compiled functions
+        dropped (made again when next asked), norm clipping taken over."""
         for variable in (self.variables[i] for i in self.cut_indices):
-            drop_storage(variable)  # its TF variable goes with its last reference
-            guard_reads(variable, UnmappedRead(variable.path))
-        # Keras's compiled functions hold the dropped TF variables: made again when next asked.
+            detach(variable, UnmappedRead(variable.path))
         model = self.model
         model.train_function = model.test_function = model.predict_function = None
-        release_dropped()
         inner = inner_optimizer(model.optimizer)
         self.clipping = inner.clipnorm, inner.global_clipnorm
         inner.clipnorm = inner.global_clipnorm = None
         self.generation += 1
 
     def restore(self) -> None:
-        """Every trainable variable whole again, in storage of its own (a fit's end; call it on
-        every worker alike: the blocks are all-gathered)."""
+        """Every trainable variable whole again in its own storage, and its block emptied, one
+        after the other (a fit's end; call it on every worker alike: the blocks are
+        all-gathered)."""
         if not self.variables or self.whole:
             return
-        values = self.whole_weights()
-        with self.strategy.scope():
-            for i in self.cut_indices:
-                give_storage(self.variables[i], values[i])
+        for i in self.cut_indices:
+            variable, blocks = self.variables[i], self.block_storage[i]
+            wholes = self._gather(variable.shape, blocks.dtype)(self._per_replica(blocks))
+            resize(self.storage[i], self.strategy.experimental_local_results(wholes))
+            del wholes
+            attach(variable, self.storage[i])
+            emptied(blocks)
+            detach(self.blocks[i], EmptiedBlock(variable.path))
         inner = inner_optimizer(self.model.optimizer)
         inner.clipnorm, inner.global_clipnorm = self.clipping
         self.generation += 1
 
-    def _cut(self) -> None:
-        """Each replica's block of every variable into its target, one variable after the
-        other (one function: a function per variable would be retraced for each)."""
-        n = self.num_replicas
-        pairs = [(self.variables[i], self.blocks[i]) for i in self.cut_indices]
+    def _per_replica(self, tf_variable: Any) -> Any:
+        """``tf_variable``'s local components, read now, as one per-replica value."""
+        components, ids = tf_variable.values, self.replica_ids
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: components[ids.index(ctx.replica_id_in_sync_group)].read_value()
+        )
 
-        def fill() -> None:
-            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            done: list[Any] = []
-            for variable, target in pairs:
-                with tf.control_dependencies(done):
-                    whole = tf.convert_to_tensor(variable.value)
-                done = [target.assign(block(whole, n, replica))]
-
-        tf.function(lambda: self.strategy.run(fill), autograph=False)()
+    def _gather(self, shape: Any, dtype: Any) -> Any:
+        """A function from per-replica blocks to each replica's whole tensor of ``shape``, one
+        per shape and dtype (a variable captured would trace one function per variable)."""
+        key = (tuple(shape), tf.as_dtype(dtype).name)
+        if key not in self._gathers:
+            run = self.strategy.run
+            self._gathers[key] = tf.function(
+                lambda x: run(lambda b: gather_whole(b, shape), args=(x,)), autograph=False
+            )
+        return self._gathers[key]
 
     def whole_weights(self) -> list[np.ndarray]:
-        """Every trainable variable whole, from the blocks (call on every worker alike)."""
+        """Every trainable variable whole: the model's between fits, else gathered from the
+        blocks (call on every worker alike)."""
+        if self.whole:
+            return [np.asarray(v.numpy()) for v in self.variables]
 
         def gather() -> list[tf.Tensor]:
             return [
@@ -262,15 +338,6 @@ class ParameterState:
 
         got = tf.function(lambda: self.strategy.run(gather), autograph=False)()
         return [self.strategy.experimental_local_results(t)[0].numpy() for t in got]
-
-
-def release_dropped() -> None:
-    """Frees the whole TF variables that `ParameterState.cut` dropped now, not at the
-    interpreter's next full collection: functions traced on them (the cut's own, Keras's
-    compiled ones) sit in reference cycles that hold each variable's buffer. Without this, one
-    whole model's bytes per fit stayed allocated on the bench's MLP (2 MWMS workers: 338 MiB
-    after the first fit, 434 after the second, against 242 with it)."""
-    gc.collect()
 
 
 class ParameterStep:

@@ -215,15 +215,17 @@ def optimizer_on_shards(
     *,
     colocate: bool,
     keep: frozenset[int] = frozenset(),
+    shards: list | None = None,
 ) -> tuple[list, dict[int, Any]]:
     """One `master_shard` per variable (ZeRO-1/2's master shards, ZeRO-3's blocks) and
     ``optimizer`` built on them: its slots are blocks too, excluded from weight decay as their
     variables are, saved whole. Returns the shards and ``full_shapes``: ``id`` of each sharded
     slot's TF variable -> the whole tensor's shape. Variables
-    ``keep`` (indices) are their own shards: whole, their slots whole per replica."""
+    ``keep`` (indices) are their own shards: whole, their slots whole per replica. ``shards``:
+    made already (ZeRO-3 fills each and empties its variable before the slots exist)."""
     made: list[tuple[Any, Any]] = []
     with strategy.scope():
-        shards = [
+        shards = shards or [
             v if i in keep else master_shard(v, strategy, colocate) for i, v in enumerate(variables)
         ]
         with slots_per_replica(inner_optimizer(optimizer), made):
