@@ -188,9 +188,10 @@ def local_sgd(w0):
 
 
 def local_sgd_stragglers(w0, digest):
-    """adapt_to_stragglers, sync_every=4, 12 updates, SGD: worker:1 sleeps 50 ms in every
-    forward pass, so from the second round on it takes fewer inner steps than worker:0's 4;
-    each update's digest, each worker's local_steps, the next round's agreed steps."""
+    """adapt_to_stragglers, sync_every=4, 12 updates, SGD: worker:1 sleeps 100 ms in every
+    forward pass, so in the third round (the first round's times are dropped) it takes fewer
+    inner steps than worker:0's 4; each update's digest, each worker's local_steps, the next
+    round's agreed steps."""
     import time
 
     import tensorflow as tf
@@ -210,7 +211,7 @@ def local_sgd_stragglers(w0, digest):
     def slowed():
         inputs = keras.Input((6,))
         inner = builder(w0)()
-        return keras.Model(inputs, inner(Delay(0.05 if task["index"] == 1 else 0.0)(inputs)))
+        return keras.Model(inputs, inner(Delay(0.1 if task["index"] == 1 else 0.0)(inputs)))
 
     trainer = tfdist.Trainer(
         slowed,

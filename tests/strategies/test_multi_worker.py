@@ -198,9 +198,10 @@ def test_local_sgd_on_two_workers(launched):
 
 
 def test_local_sgd_adapts_to_a_slow_worker(launched):
-    """adapt_to_stragglers, sync_every=4, 12 updates, worker:1 sleeping 50 ms a forward pass
-    (tests/jobs/mwms_job.py): worker:0 takes every update, worker:1 fewer after the first
-    round (its weights unchanged across a skipped update), both agree on the next round's
+    """adapt_to_stragglers, sync_every=4, 12 updates, worker:1 sleeping 100 ms a forward pass
+    (tests/jobs/mwms_job.py): worker:0 takes every update, worker:1 fewer in the third round
+    (the first round's times are dropped; its weights unchanged across a skipped update), both
+    agree on the next round's
     steps, and both hold the same bits after each sync (updates 4, 8, 12) and differ between."""
     proc, _ = launched
     assert "[worker:1] local_sgd done 2" in proc.stdout, proc.stdout[-3000:]

@@ -37,8 +37,9 @@ def test_the_steps_follow_the_rates_and_equal_rates_take_every_step():
     np.testing.assert_array_equal(w, [1.0, 0.25, 1.0])
     partial = stragglers.weights(tf.constant(3), tf.constant([8, 2]), 8, tf.float32).numpy()
     np.testing.assert_array_equal(partial, [1.0, 0.0])  # 3 updates in: the slow one took none
-    smoothed = stragglers.smoothed(tf.constant([0.0, 0.2, 0.2]), tf.constant([0.1, 0.4, 0.0]))
-    np.testing.assert_allclose(smoothed.numpy(), [0.1, 0.3, 0.2])
+    previous, measured = tf.constant([0.0, 0.2, 0.2, -1.0]), tf.constant([0.1, 0.4, 0.0, 0.3])
+    smoothed = stragglers.smoothed(previous, measured)
+    np.testing.assert_allclose(smoothed.numpy(), [0.1, 0.3, 0.2, 0.0])  # the first: dropped
 
 
 def _fit(strategy, local_sgd, optimizer=None, callbacks=None):

@@ -24,7 +24,8 @@ Every decision is a function of values every worker holds bit for bit:
   worker takes every iteration, so with no straggler every weight is exactly 1.0 and the sync
   is today's mean, bit for bit.
 
-The first round takes all ``H`` steps everywhere (nothing measured yet).
+The first two rounds take all ``H`` steps everywhere: the first round's measurement is dropped
+(on a busy host the first execution's one-time costs made a fast worker look slow).
 """
 
 from __future__ import annotations
@@ -57,15 +58,18 @@ def weights(updates: tf.Tensor, steps: tf.Tensor, sync_every: int, dtype: tf.DTy
 
 def smoothed(previous: tf.Tensor, measured: tf.Tensor) -> tf.Tensor:
     """Seconds per inner step: the mean of the previous and the new measurement; the new one
-    alone the first time (previous 0), the previous one where nothing was measured (0)."""
+    alone where none was kept yet (previous 0), the previous one where nothing was measured
+    (0). The first round's measurement is dropped (previous -1, the start: it holds the first
+    execution's one-time costs), leaving 0."""
     mean = (previous + measured) / 2
-    return tf.where(measured > 0, tf.where(previous > 0, mean, measured), previous)
+    kept = tf.where(measured > 0, tf.where(previous > 0, mean, measured), previous)
+    return tf.where(previous < 0, tf.zeros_like(previous), kept)
 
 
 def inner_steps(seconds: tf.Tensor, sync_every: int) -> tf.Tensor:
     """Each replica's inner steps in the next round, from its seconds per step: ``H`` for the
     fastest and any within `TOLERANCE` of its rate, else ``round(H * rate)``, at least 1.
-    Unknown seconds (0) count as the fastest."""
+    Unknown seconds (0 or less) count as the fastest."""
     known = seconds > 0
     fastest = tf.reduce_min(tf.where(known, seconds, tf.constant(float("inf"), seconds.dtype)))
     rate = tf.where(known, fastest / tf.where(known, seconds, 1), tf.ones_like(seconds))

@@ -115,7 +115,8 @@ class LocalState:
         h = self.options.sync_every
         self.local_ids = local_replica_ids(self.strategy)
         self.steps = tf.Variable(tf.fill([n], tf.constant(h, tf.int64)), name="local_sgd_steps")
-        self.seconds = tf.Variable(tf.zeros([n]), trainable=False, name="local_sgd_seconds")
+        # -1: the first round's measurement is to be dropped (`stragglers.smoothed`).
+        self.seconds = tf.Variable(tf.fill([n], -1.0), trainable=False, name="local_sgd_seconds")
         self.work = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="local_sgd_work")
         self.local_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="local_steps")
 

@@ -104,9 +104,9 @@ class LocalUpdate(TrainUpdate):
         take = self.state.takes_step()
         kept = self.state.kept(self.optimizer)
         try:
-            state = self._gradients(take, run, next_batch)
+            state = self._gradients(take, run, next_batch, kept)
         except MaskedTermsFound:  # the first trace found masked terms: again, with their sums
-            state = self._gradients(take, run, next_batch)
+            state = self._gradients(take, run, next_batch, kept)
         except SparseGradientsFound:
             raise invalid_argument(
                 "local_sgd",
@@ -125,16 +125,18 @@ class LocalUpdate(TrainUpdate):
         self.state.maybe_sync(self.state.strategy, iterations)
 
     def _gradients(
-        self, take: tf.Tensor, run: Callable[..., Any], next_batch: Callable[[], Any]
+        self, take: tf.Tensor, run: Callable[..., Any], next_batch: Callable[[], Any], kept: Any
     ) -> Any:
-        """The accumulated state of this worker's micro-batches (timed from the batches to the
-        gradients), or, skipping, zeros: the batches are read before the cond on every worker
-        (on ``multi_worker`` a read is a collective: whether every worker still has data), so
-        neither branch holds a collective."""
+        """The accumulated state of this worker's micro-batches (timed from the batches and
+        the parameters before it, ``kept``, to the gradients), or, skipping, zeros: the
+        batches are read before the cond on every worker (on ``multi_worker`` a read is a
+        collective: whether every worker still has data), so neither branch holds one."""
         batches = [next_batch() for _ in range(self.accumulation_steps)]
 
         def step() -> Any:
-            started = step_clock.timestamp_after(batches)
+            # After the previous update too: in a loop of several updates a batch may be ready
+            # while the previous update still waits for the others (its iterations' collective).
+            started = step_clock.timestamp_after([batches, [values for _, values in kept]])
             with tf.control_dependencies([started]):
                 state = run(self.zeros, ())
                 for batch in batches:
