@@ -52,7 +52,8 @@ class LocalSGDOptions:
         outer_optimizer: A Keras optimizer for the outer gradient, or None (plain averaging).
             It is copied into the strategy scope, as the Trainer's own optimizer is.
         adapt_to_stragglers: Whether a slower worker takes fewer inner steps per round, the
-            sync weighted by the steps taken (the logs gain ``local_steps``: this worker's).
+            sync weighted by the steps taken (the logs gain ``local_steps``: this worker's inner
+            steps since the Trainer was built; a backup does not hold it).
 
     Raises:
         ValueError: Naming the argument, for a ``sync_every`` that is not a positive integer
