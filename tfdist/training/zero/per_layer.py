@@ -25,7 +25,11 @@ still one local sum before it is exchanged. An ``Embedding``'s ``tf.IndexedSlice
 has its rows gathered in the backward and cut to this replica's block, duplicates kept (or,
 with ``sparse="dense"``, summed into a dense one first), as the whole-model exchange does it.
 A gradient that reaches a variable outside its layer (a layer reading another layer's weight)
-is reduce-scattered after the backward and added to its block.
+is reduce-scattered after the backward and added to its block, and so are the gradients of a
+small layer at a branch of the graph (a pre-norm transformer's ``LayerNormalization`` beside
+its residual), which runs on the step's tape, not as a unit
+(`tfdist.training.zero.units.on_the_tape`: as a unit it summed its own contributions to its
+input before the residual's, a rounding off the whole model's backward).
 
 Today's whole-model exchange stays (with a log line, `per_layer_for`) for a model without a
 functional graph (subclassed), 16-bit gradient compression, Keras masks between layers, an
@@ -87,6 +91,11 @@ class WholeUnits(Units):
         """``op``'s whole weights, read once ``after`` exists (``blocks``: stand-ins, unread)."""
         with tf.control_dependencies([t for t in after if t is not None]):
             return [tf.convert_to_tensor(v.value) for v in op.trainable_variables]
+
+    def _whole_on_tape(self, variable: Any, block: tf.Tensor, after: list) -> tf.Tensor:
+        """A layer on the step's tape (`Units.plain`) reads ``variable`` itself: its gradient
+        reaches the variable, and is reduce-scattered after the backward (`PerLayer`)."""
+        return tf.convert_to_tensor(variable.value)
 
     def _blocks_of(self, variables: list, grads: list) -> list:
         return [

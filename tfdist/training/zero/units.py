@@ -48,6 +48,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfdist._compat.keras_internals.layer_graph import layer_graph
 from tfdist._compat.keras_internals.masks import keras_mask, with_keras_mask
 from tfdist._compat.keras_internals.unit_calls import call_by_layer, losses_as
 from tfdist.training.step.gradients import dense_part
@@ -57,6 +58,8 @@ from tfdist.training.zero.layout import shard_size, unblock
 
 #: About how many bytes each all-reduce of a whole gradient's reduce-scatter carries.
 CHUNK_BYTES = 8 << 20
+#: A layer at a branch (`on_the_tape`) of fewer trainable elements runs on the step's tape.
+PLAIN_BELOW = 1 << 16
 
 
 def _replica_id() -> tf.Tensor:
@@ -90,6 +93,45 @@ def reduce_scatter_one(whole: tf.Tensor, num_replicas: int) -> tf.Tensor:
     return pieces[0] if len(pieces) == 1 else tf.concat(pieces, 0)
 
 
+def _is_float(tensor: Any) -> bool:
+    return keras.backend.is_float_dtype(tensor.dtype)
+
+
+def on_the_tape(model: keras.Model, below: int = PLAIN_BELOW) -> frozenset[int]:
+    """``id``s of the layers of ``model``'s graph that read a float tensor which another layer
+    (or the model's output) reads too, a branch of the graph, and have fewer than ``below``
+    trainable elements: a pre-norm transformer's ``LayerNormalization`` beside its residual.
+
+    The gradient of a tensor read by several ops is the sum of their contributions, which a
+    tape adds in one go. A unit's custom gradient sums the contributions of its own ops first
+    and hands the tape that one sum: a ``LayerNormalization`` reads its input three times (the
+    mean, the variance, the normalisation), so ``r + (a + b + c)`` where the whole model's
+    tape adds ``((r + a) + b) + c``, a rounding apart (Adam magnified it to 2.3e-6 on the
+    memory bench's GPT). Such a layer runs on the step's tape instead (`Units`), so the
+    contributions meet as in the whole model's backward; a large one stays a unit (its whole
+    weights would live from the forward to the backward), a rounding apart. A layer that reads
+    the tensor once adds one contribution either way; nested models that the graph does not
+    flatten are not looked into."""
+    graph = layer_graph(model)
+    if graph is None:
+        return frozenset()
+    readers: dict[int, int] = {}
+    for tensor in keras.tree.flatten(graph.outputs):
+        key = id(graph.canonical(tensor))
+        readers[key] = readers.get(key, 0) + 1
+    for step in graph.steps:
+        for key in {id(t) for t in step.consumes}:
+            readers[key] = readers.get(key, 0) + 1
+    found = set()
+    for step in graph.steps:
+        op = step.operation
+        size = sum(int(v.shape.num_elements()) for v in getattr(op, "trainable_variables", []))
+        branch = any(_is_float(t) and readers[id(t)] > 1 for t in step.consumes)
+        if isinstance(op, keras.layers.Layer) and branch and 0 < size < below:
+            found.add(id(op))
+    return frozenset(found)
+
+
 class Units:
     """The unit-by-unit forward pass of ``model`` on the blocks of its trainable variables.
 
@@ -101,6 +143,10 @@ class Units:
             `tfdist.training.zero.parameters`): ``blocks[i]`` is their whole value, never
             gathered, and their gradient leaves the backward as this replica's own, summed
             over the replicas by the update's exchange.
+
+    A layer of `on_the_tape` (small, at a branch) runs on the step's tape, not as a unit: its
+    weights gathered by a gather whose gradient is their reduce-scatter (`_whole_on_tape`),
+    alive until its backward, not recomputed.
 
     Call `forward` in replica context, under the tape that takes the blocks' gradients; then
     `loss_terms` (the units' regularizers and ``add_loss`` terms) and `write_updates`.
@@ -114,6 +160,7 @@ class Units:
         self.kept = kept
         self.variables = list(model.trainable_variables)
         self.index = {id(v): i for i, v in enumerate(self.variables)}
+        self.plain = on_the_tape(model)
         self._local = threading.local()  # one replica's trace state (see the module docstring)
 
     def forward(self, x: Any, blocks: Sequence[tf.Tensor], *, training: bool) -> Any:
@@ -142,13 +189,17 @@ class Units:
     def _wrapped(self, op: Any, ctx: dict[str, Any], blocks: Sequence[tf.Tensor]) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             kwargs.update(ctx)
-            if any(id(v) not in self.kept for v in op.trainable_variables):
+            cut = any(id(v) not in self.kept for v in op.trainable_variables)
+            if cut and id(op) not in self.plain:
                 return self._unit(op, args, kwargs, blocks)
             # Its ``add_loss`` terms collected in this thread's scope (the layer's own list is
-            # shared by the replicas' threads; ``model.losses`` is the units' terms). Weights
-            # kept whole (all of this layer's): their values, under the step's tape, no
-            # gather, no recompute.
-            mapping = [(v, blocks[self.index[id(v)]]) for v in op.trainable_variables]
+            # shared by the replicas' threads; ``model.losses`` is the units' terms). Its
+            # weights whole under the step's tape (kept ones as they are), no recompute.
+            ins = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
+            mapping = [
+                (v, self._whole_on_tape(v, blocks[self.index[id(v)]], ins))
+                for v in op.trainable_variables
+            ]
             mapping += [(v, tf.convert_to_tensor(v.value)) for v in op.non_trainable_variables]
             with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
                 out = op(*args, **kwargs)
@@ -160,6 +211,24 @@ class Units:
             return out
 
         return call
+
+    def _whole_on_tape(self, variable: Any, block: tf.Tensor, after: list) -> tf.Tensor:
+        """``variable``'s whole value from its ``block`` (gathered once ``after`` exists), its
+        gradient this replica's block of the sum over the replicas (`_blocks_of`)."""
+        if id(variable) in self.kept:
+            return block
+        with tf.control_dependencies(after):
+            block = tf.identity(block)  # a data edge: the gather is built in a merge_call
+
+        @tf.custom_gradient
+        def gather(b: tf.Tensor) -> Any:
+            def grad(d: Any) -> Any:
+                d = d if isinstance(d, tf.IndexedSlices) else tf.ensure_shape(d, variable.shape)
+                return self._blocks_of([variable], [d])[0]
+
+            return gather_whole(b, variable.shape), grad
+
+        return gather(block)
 
     def _collect(self, scope: Any, op: Any) -> None:
         for variable in op.non_trainable_variables:
