@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfdist
 from tests.jobs.common import data
 from tfdist.data.batch_sizes import default_input_context
 from tfdist.data.inputs import Reading, as_input
@@ -65,6 +66,30 @@ def test_skipping_and_repeating_happen_in_tf_data():
         global_batch_size=None,
     )
     assert [b.numpy()[0] for b in by_dataset.repeated().skipping(2).dataset.take(2)] == [16, 0]
+
+
+@pytest.mark.parametrize("pipelines,pipeline,replicas", [(1, 0, 1), (1, 0, 2), (2, 1, 2)])
+def test_a_repeated_dataset_fn_gives_the_same_batches_in_the_same_order(
+    pipelines, pipeline, replicas
+):
+    # The repeated stream is prefetched after its repeat: the same examples, passes and
+    # reshuffles as the DatasetFn repeated plainly, skipped or not.
+    ctx = tf.distribute.InputContext(pipelines, pipeline, replicas)
+    source = as_input(
+        tfdist.data.load("digits", split="train", seed=3),
+        Reading(training=True),
+        input_context=ctx,
+        global_batch_size=256,
+    )
+    per_pass = source.steps_per_epoch * replicas // pipelines
+    plain = [y.numpy().tolist() for _, y in source.dataset_fn(ctx).repeat().take(3 * per_pass)]
+    streamed = source.repeated().dataset_fn(ctx).take(3 * per_pass)
+    assert [y.numpy().tolist() for _, y in streamed] == plain
+    skipped = source.repeated().skipping(2).dataset_fn(ctx).take(per_pass)
+    assert [y.numpy().tolist() for _, y in skipped] == plain[2 * replicas // pipelines :][:per_pass]
+    epoch = source.for_epoch(1)
+    once = [y.numpy().tolist() for _, y in epoch.dataset_fn(ctx)]
+    assert [y.numpy().tolist() for _, y in epoch.repeated().dataset_fn(ctx).take(per_pass)] == once
 
 
 def test_batch_size_is_read_without_drawing_an_order():
