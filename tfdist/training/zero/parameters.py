@@ -8,7 +8,7 @@ the master shards of ``"optimizer"`` and ``"gradients"``), on which the Keras op
 built (its slots are blocks too, saved whole by `tfdist.training.zero.checkpoint`). Each block
 is cut from the built model's variable, one variable at a time; the model's trainable Keras
 variables then lose their TF variables and keep their shapes, dtypes and regularizers: a read
-of one outside its layer's gather raises (`UnmappedRead`), where Keras would silently hand
+of one outside its layer's gather raises (`unmapped_read`), where Keras would silently hand
 back the initializer's value. Non-trainable variables (moving statistics, seed states) stay
 whole and mirrored, and so do trainable ones of fewer than ``keep_whole_below`` elements
 (``ExchangeOptions(keep_whole_below=...)``, off by default: biases, norms), which are never
@@ -28,8 +28,8 @@ alike, so that ``model.evaluate``, ``predict``, ``get_weights``, ``save`` and
 model's bytes through the boundary (the whole variables filling as the blocks empty) beside the
 optimizer's slots, which stay blocks: the next fit and its backups need them. The same TF
 variables every fit keep what was traced on the blocks (the compiled step, the optimizer's
-slot keys) valid. A read of a model's variable during a fit raises (`UnmappedRead`), and so
-does a read of a block between fits (`EmptiedBlock`). On the memory bench's GPT (2 workers)
+slot keys) valid. A read of a model's variable during a fit raises (`unmapped_read`), and so
+does a read of a block between fits (`emptied_block`). On the memory bench's GPT (2 workers)
 the whole run's allocator peak is then the steps' own, 0.45x unsharded; it was the fit's
 boundaries, 0.547x, when the blocks stayed filled between fits and the restore made the whole
 model beside them (docs/benchmarks.md, "Memory").
@@ -37,7 +37,7 @@ The Keras callbacks known to read or write the weights during a fit (``ModelChec
 ``EarlyStopping(restore_best_weights=True)``, ``SwapEMAWeights``, ``TensorBoard`` with weight
 histograms or embeddings) are refused at the fit's start
 (`tfdist.training.fit.arguments.check_weight_callbacks`); any other that reads them (a user's
-``model.get_weights()``) gets `UnmappedRead`'s error; a fit that ends with an error leaves the
+``model.get_weights()``) gets `unmapped_read`'s error; a fit that ends with an error leaves the
 blocks, from which the next fit continues.
 
 Backups (``backup_dir=``, ``BackupAndRestore``, a SIGTERM's save) hold the weights and the
@@ -84,19 +84,35 @@ from tfdist.training.zero.state import (
 from tfdist.training.zero.units import Units, gather_whole
 
 
-class UnmappedRead:
-    """The initializer of a storage-less variable: a read outside its layer's gather raises."""
+class ReadGuard:
+    """The initializer of a storage-less variable: any read raises ``RuntimeError(message)``
+    (Keras calls it where it would otherwise hand back the initializer's value)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, message: str) -> None:
+        self.message = message
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            f"sharding='parameters': variable {self.path!r} was read outside its layer's "
-            "gather. Its weights live as blocks on the replicas; only the layer that tracks it "
-            "may read it, while it runs (a weight read by another layer's call, a Lambda "
-            "closure, model.get_weights() or a save during training cannot be served)."
-        )
+        raise RuntimeError(self.message)
+
+
+def unmapped_read(path: str) -> ReadGuard:
+    """The guard of a model's variable during a fit: a read outside its layer's gather raises."""
+    return ReadGuard(
+        f"sharding='parameters': variable {path!r} was read outside its layer's "
+        "gather. Its weights live as blocks on the replicas; only the layer that tracks it "
+        "may read it, while it runs (a weight read by another layer's call, a Lambda "
+        "closure, model.get_weights() or a save during training cannot be served)."
+    )
+
+
+def emptied_block(path: str) -> ReadGuard:
+    """The guard of a block between fits, where it holds nothing: a read raises."""
+    return ReadGuard(
+        f"sharding='parameters': the block of variable {path!r} was read between "
+        "fits, where it is empty: the model's variable holds the weights whole until the "
+        "next fit cuts them into blocks again. Read the model's weights instead "
+        "(model.get_weights(), the variable itself)."
+    )
 
 
 def check_model(model: keras.Model) -> None:
@@ -138,21 +154,6 @@ def check_trainer(*, pipeline: Any, balance: Any = None) -> None:
             "False with sharding='parameters'",
             note="Uneven shares of the global batch on sharded parameters are not tested yet: "
             "balance with sharding='gradients', or shard the parameters with even shares.",
-        )
-
-
-class EmptiedBlock:
-    """The read guard of a block between fits, where it holds nothing: a read raises."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            f"sharding='parameters': the block of variable {self.path!r} was read between "
-            "fits, where it is empty: the model's variable holds the weights whole until the "
-            "next fit cuts them into blocks again. Read the model's weights instead "
-            "(model.get_weights(), the variable itself)."
         )
 
 
@@ -237,7 +238,7 @@ class ParameterState:
         replica count of the run that reads it (`tfdist.training.zero.checkpoint`). A backup is
         made and written during a fit, where the blocks hold the weights (the same TF variables
         every fit: a backup made then serves every later fit); between fits they are empty and
-        a read of one raises (`EmptiedBlock`)."""
+        a read of one raises (`emptied_block`)."""
         blocks = {id(v): b for v, b in zip(self.variables, self.blocks)}
         return [blocks.get(id(v), v) for v in variables]
 
@@ -280,7 +281,7 @@ class ParameterState:
         """After a cut: the model's trainable variables read-guarded, Keras's compiled functions
         dropped (made again when next asked), norm clipping taken over."""
         for variable in (self.variables[i] for i in self.cut_indices):
-            detach(variable, UnmappedRead(variable.path))
+            detach(variable, unmapped_read(variable.path))
         model = self.model
         model.train_function = model.test_function = model.predict_function = None
         inner = inner_optimizer(model.optimizer)
@@ -301,7 +302,7 @@ class ParameterState:
             del wholes
             attach(variable, self.storage[i])
             emptied(blocks)
-            detach(self.blocks[i], EmptiedBlock(variable.path))
+            detach(self.blocks[i], emptied_block(variable.path))
         inner = inner_optimizer(self.model.optimizer)
         inner.clipnorm, inner.global_clipnorm = self.clipping
         self.generation += 1
