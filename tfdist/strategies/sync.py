@@ -204,13 +204,18 @@ class SyncRunner:
     def make_iterator(self, distributed: Any) -> Any:
         return iter(distributed)
 
+    def _is_alone(self) -> bool:
+        """One input pipeline (one process): nothing to vote or broadcast with. Asked once: the
+        cluster does not change under a strategy."""
+        if self._alone is None:
+            self._alone = self.input_context().num_input_pipelines == 1
+        return self._alone
+
     def agree(self, flag: bool) -> bool:
         return self.agree_each([flag])[0]
 
     def agree_each(self, flags: Sequence[bool]) -> tuple[bool, ...]:
-        if self._alone is None:  # the cluster does not change under a strategy
-            self._alone = self.input_context().num_input_pipelines == 1
-        if self._alone:
+        if self._is_alone():
             return tuple(bool(f) for f in flags)
         # Every worker must stop at the same step: any worker's flag stops all. One vector of
         # flags, one all-reduce; padded to a fixed width so that one trace serves every count.
@@ -229,7 +234,7 @@ class SyncRunner:
         return tuple(bool(v > 0) for v in summed[: len(flags)])
 
     def broadcast(self, values: Sequence[int]) -> list[int]:
-        if self.input_context().num_input_pipelines == 1:
+        if self._is_alone():
             return list(values)
         # A sum in which only the chief's replicas put in the values; every
         # worker has the same number of local replicas, so dividing by it
