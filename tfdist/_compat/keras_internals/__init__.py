@@ -10,8 +10,8 @@
 - ``thread_losses``: shim ``thread_losses``: each thread's ``add_loss`` terms in a list of its own.
 - ``scope_moves``: the user's live Keras objects moved into a strategy scope.
 - ``layer_graph``: a functional model's calls in order, nested models flattened.
-- ``unit_calls``: a functional model called one layer at a time (nested ones through); storage-less
-  variables.
+- ``unit_calls``: a functional model called one layer at a time (nested ones through); the
+  units' losses read as given.
 - ``storage``: a Keras variable's TF storage held apart and given back; a TF variable's buffer
   emptied and refilled in place (ZeRO-3's blocks between fits).
 - ``py_dataset``: Keras's own parallel reader of a ``PyDataset`` (``OrderedEnqueuer``).

@@ -1,9 +1,9 @@
-"""A functional model called one layer at a time, and Keras variables without storage.
+"""A functional model called one layer at a time, and its units' losses read as given.
 
 Sharded parameters (ZeRO-3, `tfdist.training.zero.parameters`) keep each trainable variable
-only as one block per replica: the model's Keras variables keep their shapes and no storage,
-and each layer runs with its weights gathered just before it. Keras has no public
-hook for either, so these name its internals once:
+only as one block per replica (their storage: `tfdist._compat.keras_internals.storage`), and
+each layer runs with its weights gathered just before it. Keras has no public hook for it, so
+these name its internals once:
 
 - `call_by_layer`: ``Functional.call`` with each layer's call wrapped, as Keras's own
   ``operation_fn`` wraps it (``Functional._run_through_graph``; a Sequential through its
@@ -14,10 +14,6 @@ hook for either, so these name its internals once:
   a model whose call is its own (subclassed) is wrapped whole, one unit; Keras masks ride on
   the tensors between the calls (``_keras_mask``), set again on a graph's standardised inputs
   as ``Functional.call`` sets them;
-- `drop_storage`: a Keras variable whose TF variable is released (``_value``);
-- `guard_reads`: a read of such a variable outside a ``StatelessScope`` that maps it calls its
-  initializer (``_initializer``), which then raises instead of handing back the initial value;
-- `give_storage`: such a variable made whole again, a TF variable of its own (``_initialize``);
 - `losses_as`: ``model.losses`` read as given tensors (``_losses_override``, Keras's own hook
   for JAX's stateless step): the units' regularizers and ``add_loss`` terms, computed where
   their weights were gathered, enter Keras's ``compute_loss`` as the layers' own would.
@@ -126,27 +122,6 @@ def _nested(model: keras.Model, wrap: Callable, context: dict, *args: Any, **kwa
     mask = kwargs.pop("mask", None)
     own = {k: v for k, v in kwargs.items() if k in getattr(model, "_call_context_args", {})}
     return _through_graph(graph_model(model), inputs, wrap, {**own, **context}, mask)
-
-
-def drop_storage(variable: keras.Variable) -> None:
-    """Releases ``variable``'s TF variable (its shape, dtype and initializer stay)."""
-    variable._value = None
-
-
-def has_storage(variable: keras.Variable) -> bool:
-    return variable._value is not None
-
-
-def guard_reads(variable: keras.Variable, guard: Callable[..., Any]) -> None:
-    """A read of storage-less ``variable`` outside a mapping scope calls ``guard`` (which
-    raises), where Keras would call its initializer and return the initial value."""
-    variable._initializer = guard
-
-
-def give_storage(variable: keras.Variable, value: Any) -> None:
-    """Gives storage-less ``variable`` a TF variable of its own holding ``value`` (call it in
-    the strategy's scope: it is made there, as Keras made the first one)."""
-    variable._initialize(value)
 
 
 @contextlib.contextmanager

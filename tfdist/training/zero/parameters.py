@@ -70,7 +70,6 @@ import tensorflow as tf
 
 from tfdist._compat.keras_internals.optimizer import gradients_already_summed
 from tfdist._compat.keras_internals.storage import attach, detach, emptied, resize, storage_of
-from tfdist._compat.keras_internals.unit_calls import has_storage
 from tfdist.config import invalid_argument
 from tfdist.training.zero.checkpoint import local_replica_ids
 from tfdist.training.zero.layout import block
@@ -228,7 +227,7 @@ class ParameterState:
     @property
     def whole(self) -> bool:
         """Whether the model's trainable variables hold their values (between fits)."""
-        return all(has_storage(v) for v in self.variables)
+        return all(storage_of(v) is not None for v in self.variables)
 
     def in_checkpoint(self, variables: list) -> list:
         """``variables`` (Keras variables of the model, in its order) with each trainable one's
