@@ -144,3 +144,24 @@ def test_the_straggler_report_on_several_workers_is_refused_when_adapting():
                 check_local_sgd(options, runner, trainer_options, model)
         else:
             check_local_sgd(options, runner, trainer_options, model)
+
+
+def test_sparse_gradients_are_refused_when_adapting():
+    """An embedding's rows (``tf.IndexedSlices``) have no fixed-shape zeros for a skipped
+    update: one error naming the option, at the first fit's trace."""
+
+    def build():
+        tokens = keras.Input((6,), dtype="int32")
+        x = keras.layers.Embedding(20, 8)(tokens)
+        x = keras.layers.Dense(8)(x)  # Dense over 3-D input
+        x = keras.layers.GlobalAveragePooling1D()(x)
+        return keras.Model(tokens, keras.layers.Dense(3)(x))
+
+    one = tfdist.make_strategy("one_device")
+    options = tfdist.LocalSGDOptions(4, adapt_to_stragglers=True)
+    trainer = tfdist.Trainer(build, strategy=one, optimizer="adam", loss=LOSS, local_sgd=options)
+    x = np.random.default_rng(0).integers(0, 20, (32, 6)).astype("int32")
+    y = np.arange(32) % 3
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with pytest.raises(ValueError, match="adapt_to_stragglers=False with sparse gradients"):
+        trainer.fit(dataset, epochs=1, verbose=0)
