@@ -435,17 +435,29 @@ def test_the_local_sgd_sides_their_options_bytes_and_ratios():
     assert worker.scaling_options("local_sgd_h4", {}, {})["local_sgd"].outer_optimizer is None
     with pytest.raises(ValueError, match=r"`local_sgd`. Received: local_sgd='diloco_16'"):
         time_to_accuracy.run(local_sgd=("diloco_16",))
+    with pytest.raises(ValueError, match=r"`workers`. Received: workers=\(3,\)"):
+        time_to_accuracy.run(workers=(3,))
     # 40 updates at H=16: syncs at 16 and 32, and the fit's last at 40.
     assert fits.syncs_between(0, 40, 16) == 3 and fits.syncs_between(40, 80, 16) == 3
     assert fits.syncs_between(0, 64, 16) == 4
+    assert fits.sync_counts(0, 40, 16) == (2, 1) and fits.sync_counts(0, 64, 16) == (4, 0)
+    assert fits.sync_counts(0, 10, 16) == (0, 1)
     runs = [{"points": [{"updates": 20}, {"updates": 40}]}]
     assert time_to_accuracy.bytes_per_update("local_sgd_h16", runs, 1000, 2) == 3 * 1000 / 40
+    # Whole rounds only: 2 syncs in 32 updates, the fit's end's sync apart.
+    steady = time_to_accuracy.bytes_per_update("local_sgd_h16", runs, 1000, 2, steady=True)
+    assert steady == 1000 / 16
+    assert time_to_accuracy.local_syncs("diloco_h16_linear", runs) == [[2, 1]]
+    assert time_to_accuracy.local_syncs("none", runs) is None
+    assert time_to_accuracy.bytes_per_update("diloco_h64", runs, 1000, 2, steady=True) is None
     assert time_to_accuracy.bytes_per_update("none", runs, 1000, 2) == 1000
+    assert time_to_accuracy.bytes_per_update("none", runs, 1000, 2, steady=True) == 1000
     assert time_to_accuracy.bytes_per_update("none", runs, 1000, 1) == 0
-    side = lambda s, u, b, e=None: {  # noqa: E731
+    side = lambda s, u, b, e=None, sb=None: {  # noqa: E731
         "seconds_to_target": s,
         "updates_to_target": u,
         "allreduce_bytes_per_update": b,
+        "steady_allreduce_bytes_per_update": b if sb is None else sb,
         "steady_examples_per_s": e,
     }
     task = {
@@ -454,7 +466,9 @@ def test_the_local_sgd_sides_their_options_bytes_and_ratios():
             "2": {
                 "sides": {
                     "none": side(12.0, 60, 1000.0, 5000.0),
-                    "diloco_h16": side(5.0, 80, 75.0, 7000.0),
+                    "linear": side(11.0, 50, 1000.0, 5000.0),
+                    "diloco_h16": side(5.0, 80, 75.0, 7000.0, 62.5),
+                    "local_sgd_h4_linear": side(6.0, 75, 250.0),
                 }
             },
         }
@@ -463,9 +477,48 @@ def test_the_local_sgd_sides_their_options_bytes_and_ratios():
     time_to_accuracy.local_ratios(out, "digits", task)
     assert out["digits_diloco_h16_time_ratio"] == 0.5
     assert out["digits_diloco_h16_updates_ratio"] == pytest.approx(80 / 60)
-    assert out["digits_diloco_h16_bytes_ratio"] == 0.075
+    assert out["digits_diloco_h16_bytes_ratio"] == 0.0625
+    assert out["digits_diloco_h16_fit_bytes_ratio"] == 0.075
     assert out["digits_diloco_h16_examples_per_s_ratio"] == 1.75
+    # A _linear side against synchronous training on the linear rule.
+    assert out["digits_local_sgd_h4_linear_updates_ratio"] == 1.5
+    assert out["digits_local_sgd_h4_linear_examples_per_s_ratio"] is None
     assert out["goals"] == {
         "digits_diloco_h16_time_ratio": "<= 0.6",
         "digits_diloco_h16_examples_per_s_ratio": ">= 1.8",
     }
+
+
+def test_local_side_names_their_outer_sgd_and_lr_rule():
+    """`fits.LOCAL_SIDE`'s names: H, DiLoCo's outer SGD (the paper's by default), ``_linear``."""
+    from tfdist.bench.harness import fits
+    from tfdist.bench.time_to_accuracy import worker
+
+    paper = (0.7, 0.9, True)
+    for name, expected in (
+        ("local_sgd_h16", (16, None, False)),
+        ("diloco_h16", (16, paper, False)),
+        ("diloco_h16_lr0.7_m0.9n", (16, paper, False)),
+        ("diloco_h4_lr1_m0", (4, (1.0, 0.0, False), False)),
+        ("diloco_h64_lr1.0_m0.5_linear", (64, (1.0, 0.5, False), True)),
+        ("local_sgd_h4_linear", (4, None, True)),
+    ):
+        assert fits.local_side(name) == expected, name
+    for name in ("local_sgd_h16_lr1_m0", "diloco_h16_m0.5", "diloco_h16_lr1_m1", "diloco_h0", 16):
+        assert fits.local_side(name) is None, name
+        with pytest.raises(ValueError, match=r"Invalid value for argument `local_sgd`"):
+            fits.check_local_sides([name], linear=True)
+    # Only a benchmark that applies the LR rule takes _linear.
+    assert fits.check_local_sides(["diloco_h16_linear"], linear=True) == ("diloco_h16_linear",)
+    with pytest.raises(ValueError, match=r"local_sgd='diloco_h16_linear'"):
+        fits.check_local_sides(["diloco_h16_linear"])
+    outer = fits.local_sgd_option("diloco_h16_lr0.5_m0.9n").outer_optimizer
+    assert (float(outer.learning_rate), outer.momentum, outer.nesterov) == (0.5, 0.9, True)
+    outer = fits.local_sgd_option("diloco_h4_lr1_m0.5_linear").outer_optimizer
+    assert (float(outer.learning_rate), outer.momentum, outer.nesterov) == (1.0, 0.5, False)
+    spec, task = {"warmup_epochs": 1.0}, {"per_worker_batch_size": 64}
+    options = worker.scaling_options("diloco_h4_lr1_m0.5_linear", task, spec)
+    linear = worker.scaling_options("linear", task, spec)["lr_scaling"]
+    assert vars(options["lr_scaling"]) == vars(linear)
+    assert options["local_sgd"].sync_every == 4
+    assert "lr_scaling" not in worker.scaling_options("diloco_h4_lr1_m0.5", task, spec)

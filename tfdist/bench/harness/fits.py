@@ -336,31 +336,87 @@ def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[st
 
 
 #: A local-SGD side's name: ``local_sgd_h<H>`` (a parameter average every H updates) or
-#: ``diloco_h<H>`` (the averaged change to DiLoCo's outer SGD(0.7, Nesterov momentum 0.9)).
-LOCAL_SIDE = re.compile(r"(local_sgd|diloco)_h[1-9][0-9]*")
+#: ``diloco_h<H>`` (the averaged change to DiLoCo's outer SGD(0.7, Nesterov momentum 0.9));
+#: ``diloco_h<H>_lr<rate>_m<momentum>`` another outer SGD (``m0.9n``: Nesterov; so
+#: ``diloco_h16_lr0.7_m0.9n`` is ``diloco_h16`` and ``diloco_h16_lr1_m0`` plain averaging); a
+#: ``_linear`` suffix puts the inner optimizer on the linear LR rule with warmup (as the
+#: synchronous ``linear`` side). `local_side` reads one.
+LOCAL_SIDE = re.compile(
+    r"(?P<kind>local_sgd|diloco)_h(?P<every>[1-9][0-9]*)"
+    r"(?:_lr(?P<rate>[0-9]+(?:\.[0-9]+)?)_m(?P<momentum>0(?:\.[0-9]+)?)(?P<nesterov>n?))?"
+    r"(?P<linear>_linear)?"
+)
+#: The outer SGD of a ``diloco_h<H>`` side with no ``_lr.._m..`` (the DiLoCo paper's).
+DILOCO_OUTER = (0.7, 0.9, True)
 
 
-def check_local_sides(names: Any) -> tuple[str, ...]:
+class LocalSide(NamedTuple):
+    """A local-SGD side's settings, read off its name (`LOCAL_SIDE`)."""
+
+    sync_every: int
+    #: The outer SGD's (rate, momentum, nesterov); None: plain averaging.
+    outer: tuple[float, float, bool] | None
+    #: Whether the inner optimizer runs on the linear LR rule with warmup.
+    linear: bool
+
+
+def local_side(name: Any) -> LocalSide | None:
+    """The settings of local-SGD side ``name``, or None when it is not one (`LOCAL_SIDE`;
+    ``_lr.._m..`` only after ``diloco``)."""
+    found = LOCAL_SIDE.fullmatch(name) if isinstance(name, str) else None
+    if found is None or (found["kind"] == "local_sgd" and found["rate"] is not None):
+        return None
+    outer = None
+    if found["kind"] == "diloco":
+        outer = DILOCO_OUTER
+        if found["rate"] is not None:
+            outer = (float(found["rate"]), float(found["momentum"]), bool(found["nesterov"]))
+    return LocalSide(int(found["every"]), outer, bool(found["linear"]))
+
+
+def check_local_sides(names: Any, linear: bool = False) -> tuple[str, ...]:
     """``names`` (the ``local_sgd`` option of a benchmark) as a tuple, each a `LOCAL_SIDE`.
+
+    Args:
+        names: The side names.
+        linear: Whether the benchmark applies a ``_linear`` suffix (``time_to_accuracy``);
+            the others refuse it.
 
     Raises:
         ValueError: Naming ``local_sgd``, for a name that is not one.
     """
     names = tuple(names)
+    expected = "local_sgd_h<H> or diloco_h<H>[_lr<rate>_m<momentum>[n]], H >= 1"
     for name in names:
-        if not isinstance(name, str) or not LOCAL_SIDE.fullmatch(name):
-            raise invalid_argument("local_sgd", name, "local_sgd_h<H> or diloco_h<H>, H >= 1")
+        side = local_side(name)
+        if side is None or (side.linear and not linear):
+            raise invalid_argument(
+                "local_sgd", name, expected + (", each optionally ending in _linear" * linear)
+            )
     return names
 
 
 def local_sgd_option(name: str) -> Any:
-    """The ``tfdist.LocalSGDOptions`` of a `LOCAL_SIDE` name."""
-    kind, _, every = name.rpartition("_h")
-    outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True) if kind == "diloco" else None
-    return tfdist.LocalSGDOptions(sync_every=int(every), outer_optimizer=outer)
+    """The ``tfdist.LocalSGDOptions`` of a `LOCAL_SIDE` name (its ``_linear`` is the caller's:
+    an LR rule of the inner optimizer)."""
+    side = local_side(name)
+    if side is None:
+        check_local_sides([name])
+    outer = None
+    if side.outer is not None:
+        rate, momentum, nesterov = side.outer
+        outer = keras.optimizers.SGD(rate, momentum=momentum, nesterov=nesterov)
+    return tfdist.LocalSGDOptions(sync_every=side.sync_every, outer_optimizer=outer)
+
+
+def sync_counts(before: int, after: int, sync_every: int) -> tuple[int, int]:
+    """The syncs of a fit from update ``before`` to ``after``: those of whole rounds (each
+    multiple of ``sync_every`` passed), and the fit's end's (1 when it ended between them: a
+    fit ends on a sync; else 0)."""
+    return after // sync_every - before // sync_every, int(after % sync_every != 0)
 
 
 def syncs_between(before: int, after: int, sync_every: int) -> int:
-    """The syncs of a fit from update ``before`` to ``after``: each multiple of ``sync_every``
-    passed, and one more at its end when it ended between them (a fit ends on a sync)."""
-    return after // sync_every - before // sync_every + int(after % sync_every != 0)
+    """The syncs of a fit from update ``before`` to ``after``, its end's included
+    (`sync_counts`)."""
+    return sum(sync_counts(before, after, sync_every))

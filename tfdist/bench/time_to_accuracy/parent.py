@@ -30,13 +30,19 @@ each running every benchmark task in turn:
   updates per call.
 
 * local SGD and DiLoCo on the 2-worker launch (option ``local_sgd``, by default
-  ``local_sgd_h4``, ``local_sgd_h16``, ``local_sgd_h64`` and ``diloco_h16``; built by
-  ``tfdist.bench.harness.fits.local_sgd_option``), each at the base rate (a replica's update
-  sees the per-worker batch). Their validation at an epoch's end between syncs is each
+  ``local_sgd_h4``, ``local_sgd_h16``, ``local_sgd_h64`` and ``diloco_h16``; any
+  ``tfdist.bench.harness.fits.LOCAL_SIDE`` name: ``diloco_h16_lr1_m0.5`` another outer SGD,
+  a ``_linear`` suffix the linear rule below on the inner optimizer; built by
+  ``tfdist.bench.harness.fits.local_sgd_option``), by default at the base rate (a replica's
+  update sees the per-worker batch). Their validation at an epoch's end between syncs is each
   replica's own copy on its share (a mixed figure), and a fit ends on a sync. Reported
-  beside the others: each side's all-reduced bytes per update, and per local side
-  ``<task>_<side>_time_ratio`` (over 1 worker), ``_updates_ratio`` and ``_bytes_ratio``
-  (over synchronous training on 2 workers, no LR scaling).
+  beside the others: each side's all-reduced bytes per update, for a local side over the
+  whole fit and over its whole rounds (``steady_allreduce_bytes_per_update``, the fit's
+  end's sync counted apart: ``local_syncs``), and per local side ``<task>_<side>_time_ratio``
+  (over 1 worker), ``_updates_ratio`` (over synchronous training on 2 workers at the same LR
+  rule), ``_bytes_ratio`` (whole rounds) and ``_fit_bytes_ratio`` (over synchronous
+  training's). ``workers=(2,)`` launches the 2 workers alone (a sweep of sides: updates to
+  the target do not depend on the host's speed).
 
 The first two with two LR rules (``tfdist.bench.time_to_accuracy.worker``), the same per-worker
 batch, seed and initial weights: *none* (the same rate; the 2-worker global batch is
@@ -76,6 +82,8 @@ STRATEGIES = {1: "one_device", 2: "multi_worker"}
 RULE_LABELS = {"none": "no_scaling", "linear": "linear_scaling"}
 DEFAULTS: dict[str, Any] = {
     "tasks": tuple(TASKS),
+    # The worker counts launched (`STRATEGIES`'s keys); (2,) for a sweep of 2-worker sides.
+    "workers": (1, 2),
     "threads_per_worker": None,
     # None: each task's own (`TASKS`); a value: every task's.
     "per_worker_batch_size": None,
@@ -125,7 +133,11 @@ def _check(options: dict[str, Any]) -> None:
     check_choice("optimizer", options["optimizer"], OPTIMIZER_NAMES)
     if isinstance(options["seed"], bool) or not isinstance(options["seed"], int):
         raise invalid_argument("seed", options["seed"], "an integer")
-    options["local_sgd"] = fits.check_local_sides(options["local_sgd"])
+    options["local_sgd"] = fits.check_local_sides(options["local_sgd"], linear=True)
+    workers = options["workers"]
+    if not isinstance(workers, (list, tuple)) or not workers or set(workers) - set(STRATEGIES):
+        raise invalid_argument("workers", workers, f"some of {tuple(STRATEGIES)}")
+    options["workers"] = tuple(n for n in STRATEGIES if n in workers)
     if not isinstance(options["uneven_pair"], bool):
         raise invalid_argument("uneven_pair", options["uneven_pair"], "True or False")
 
@@ -163,6 +175,8 @@ def run(**overrides: Any) -> dict[str, Any]:
     }
     launches: dict[str, Any] = {}
     for n, strategy in STRATEGIES.items():
+        if n not in spec["workers"]:
+            continue
         logger.info(
             "bench time_to_accuracy: %d worker(s) on %s, %d thread(s) each", n, strategy, threads
         )
@@ -263,9 +277,14 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
     for rule, runs in lead["runs"].items():
         busy = others.get(f"{name}/{rule}", [None] * len(runs))
         sides[rule] = side_summary(runs, target, examples, busy)
+        model_bytes, workers = 4 * lead["parameters"], lead_process["num_workers"]
         sides[rule]["allreduce_bytes_per_update"] = bytes_per_update(
-            rule, runs, 4 * lead["parameters"], lead_process["num_workers"]
+            rule, runs, model_bytes, workers
         )
+        sides[rule]["steady_allreduce_bytes_per_update"] = bytes_per_update(
+            rule, runs, model_bytes, workers, steady=True
+        )
+        sides[rule]["local_syncs"] = local_syncs(rule, runs)
         # Every process's accuracy after each epoch of each fit: the same on every worker.
         sides[rule]["val_accuracy_per_worker"] = {
             t: [
@@ -298,18 +317,42 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
 
 
 def bytes_per_update(
-    rule: str, runs: list[dict[str, Any]], model_bytes: int, workers: int
-) -> float:
+    rule: str, runs: list[dict[str, Any]], model_bytes: int, workers: int, steady: bool = False
+) -> float | None:
     """The bytes each worker hands the all-reduce per update (median over the runs; a ring
     sends ``2 (N-1) / N`` of them): the model's float32 bytes per synchronous update (its
-    gradient), per sync for a local side (``syncs_between`` the fit's updates), 0 on one."""
+    gradient), per sync for a local side, 0 on one worker.
+
+    A local side's fit figure counts every sync of the fit (``fits.sync_counts``), the one that
+    ends it after a partial round included; its ``steady`` figure only the whole rounds' over
+    their updates (``model_bytes / H``; None when a fit ended before its first whole round),
+    the figure that compares with synchronous training's per update.
+    """
     if workers == 1:
         return 0.0
-    if not fits.LOCAL_SIDE.fullmatch(rule):
+    side = fits.local_side(rule)
+    if side is None:
         return float(model_bytes)
-    every = int(rule.rpartition("_h")[2])
-    updates = [r["points"][-1]["updates"] for r in runs]
-    return timing.median([fits.syncs_between(0, u, every) * model_bytes / u for u in updates])
+    every = side.sync_every
+    figures = []
+    for run in runs:
+        updates = run["points"][-1]["updates"]
+        rounds, end = fits.sync_counts(0, updates, every)
+        if not steady:
+            figures.append((rounds + end) * model_bytes / updates)
+        elif rounds:
+            figures.append(rounds * model_bytes / (rounds * every))
+        else:
+            return None
+    return timing.median(figures)
+
+
+def local_syncs(rule: str, runs: list[dict[str, Any]]) -> list[list[int]] | None:
+    """Each run's syncs of a local side, ``[whole rounds', the fit's end's]`` (None: not one)."""
+    side = fits.local_side(rule)
+    if side is None:
+        return None
+    return [list(fits.sync_counts(0, r["points"][-1]["updates"], side.sync_every)) for r in runs]
 
 
 def summarise_task(task: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
@@ -347,7 +390,7 @@ def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
     }
     for name, task in tasks.items():
         for rule in RULES:
-            a, b = (task["seconds_to_target"][n][rule] for n in ("2", "1"))
+            a, b = (task["seconds_to_target"].get(n, {}).get(rule) for n in ("2", "1"))
             key = f"{name}_{RULE_LABELS[rule]}_time_ratio"
             out[key] = None if a is None or b is None else a / b
             out["words"][key] = f"{name}: 2 / 1 workers, time to accuracy, " + (
@@ -389,32 +432,39 @@ def uneven_ratios(out: dict[str, Any], name: str, seconds: dict[str, Any]) -> No
 def local_ratios(out: dict[str, Any], name: str, task: dict[str, Any]) -> None:
     """Each local side's ratios of task ``name`` into ``out``: its seconds to the target and its
     steady examples/s (after the first epoch) on 2 workers over 1 worker's, its updates to the
-    target and its bytes per update over synchronous training's on 2 workers (no LR scaling:
-    the same rate)."""
+    target over synchronous training's on 2 workers at the same LR rule (``none``, or
+    ``linear`` for a ``_linear`` side), and its bytes per update over synchronous training's:
+    ``_bytes_ratio`` whole rounds only (``steady_allreduce_bytes_per_update``: ``1 / H``),
+    ``_fit_bytes_ratio`` every sync of the fit, the one that ends it included."""
     two = task["per_workers"].get("2", {}).get("sides", {})
     one = task["per_workers"].get("1", {}).get("sides", {}).get("none", {})
     ratio = lambda a, b: None if a is None or not b else a / b  # noqa: E731
     for side, figures in two.items():
-        if not fits.LOCAL_SIDE.fullmatch(side):
+        local = fits.local_side(side)
+        if local is None:
             continue
-        sync = two["none"]
-        out[f"{name}_{side}_time_ratio"] = ratio(
-            figures["seconds_to_target"], one.get("seconds_to_target")
-        )
-        out[f"{name}_{side}_examples_per_s_ratio"] = ratio(
-            figures.get("steady_examples_per_s"), one.get("steady_examples_per_s")
-        )
-        out[f"{name}_{side}_updates_ratio"] = ratio(
-            figures["updates_to_target"], sync["updates_to_target"]
-        )
+        sync = two.get("linear" if local.linear else "none", {})
+        pairs = {
+            "time_ratio": ("seconds_to_target", one),
+            "examples_per_s_ratio": ("steady_examples_per_s", one),
+            "updates_ratio": ("updates_to_target", sync),
+            "fit_bytes_ratio": ("allreduce_bytes_per_update", sync),
+        }
+        for suffix, (key, base) in pairs.items():
+            out[f"{name}_{side}_{suffix}"] = ratio(figures.get(key), base.get(key))
         out[f"{name}_{side}_bytes_ratio"] = ratio(
-            figures["allreduce_bytes_per_update"], sync["allreduce_bytes_per_update"]
+            figures.get("steady_allreduce_bytes_per_update"),
+            sync.get("steady_allreduce_bytes_per_update", sync.get("allreduce_bytes_per_update")),
         )
         out["words"][f"{name}_{side}_time_ratio"] = (
             f"{name}: 2 workers on {side} / 1 worker, time to accuracy"
         )
         out["words"][f"{name}_{side}_examples_per_s_ratio"] = (
             f"{name}: 2 workers on {side} / 1 worker, steady training examples/s"
+        )
+        out["words"][f"{name}_{side}_bytes_ratio"] = (
+            f"{name}: 2 workers on {side} / synchronous, all-reduced bytes per update, whole "
+            "rounds (the fit's end's sync in _fit_bytes_ratio)"
         )
         if side == "diloco_h16" and name in LOCAL_GOALS:  # issue 43's goals
             out["goals"][f"{name}_{side}_time_ratio"] = LOCAL_GOALS[name]

@@ -102,8 +102,10 @@ def scaling_options(rule: str, task: dict[str, Any], spec: dict[str, Any]) -> di
     """The Trainer keywords of LR rule ``rule`` for ``task`` (``"none"``: the Trainer's default)."""
     if rule == "none":
         return {}
-    if fits.LOCAL_SIDE.fullmatch(rule):  # the base rate, a local-SGD or DiLoCo option
-        return {"local_sgd": fits.local_sgd_option(rule)}
+    local = fits.local_side(rule)
+    if local is not None:  # a local-SGD or DiLoCo option, at the base rate or the linear rule
+        linear = scaling_options("linear", task, spec) if local.linear else {}
+        return {"local_sgd": fits.local_sgd_option(rule), **linear}
     if rule in UNEVEN_RULES:  # the uneven pair: the linear rule, the split even or balanced
         window = int(spec["balance_window"])
         balance = tfdist.BalanceOptions(window=window) if rule == "balanced" else False
