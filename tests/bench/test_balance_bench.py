@@ -8,6 +8,7 @@ other processes' CPU), the steady-state summary and its ratios, the A/B sides' f
 """
 
 import math
+import statistics
 
 import pytest
 
@@ -273,12 +274,12 @@ def test_each_workloads_headlines_reach_the_summary_table_with_their_goals(monke
     assert got["samples"]["workloads"]["digits"] is one
 
 
-def _ab_fit(mode, wall_per_update, cpu_per_s, splits=()):
+def _ab_fit(mode, wall_per_update, cpu_per_s, splits=(), round=0):
     """One worker's record of an A/B fit: the fit's start, a first epoch of 5 s (dropped),
     then 2 epochs of 10 updates at ``wall_per_update``."""
     times = [0.0, 5.0, 5.0 + 10 * wall_per_update, 5.0 + 20 * wall_per_update]
     epochs = _epochs(times, cpu_per_s, busy_per_s=3.0)
-    return {"mode": mode, "round": 0, "epochs": epochs, "splits": list(splits)}
+    return {"mode": mode, "round": round, "epochs": epochs, "splits": list(splits)}
 
 
 def _ab_launch(even_wall, balanced_wall):
@@ -289,11 +290,16 @@ def _ab_launch(even_wall, balanced_wall):
     return {
         "worker-0": {
             "fits": [
-                _ab_fit(m, w, 1.0, [{"t": 9.0, "line": LINE}] if i == 1 else ())
+                _ab_fit(m, w, 1.0, [{"t": 9.0, "line": LINE}] if i == 1 else (), i // 2)
                 for i, (m, w) in enumerate(order)
             ]
         },
-        "worker-1": {"fits": [_ab_fit(m, w, 0.8 if m == "balanced" else 1.0) for m, w in order]},
+        "worker-1": {
+            "fits": [
+                _ab_fit(m, w, 0.8 if m == "balanced" else 1.0, round=i // 2)
+                for i, (m, w) in enumerate(order)
+            ]
+        },
     }
 
 
@@ -333,3 +339,124 @@ def test_the_ab_sides_reach_the_summary_table_with_their_goals(monkeypatch):
     assert balance.check_sides("pair_ab,loaded_ab") == ("pair_ab", "loaded_ab")
     with pytest.raises(ValueError, match="Received: ab_epochs=1"):
         balance.run(sides=("pair_ab",), ab_epochs=1)
+
+
+def _yard_fit(mode, round, clean_times, cpu_per_s, yard_s, yard_cpu):
+    """One worker's record of an A/B fit with yardsticks: at each row's mark the yardstick
+    measures ``yard_cpu`` and spends ``yard_s`` wall and as much CPU; its clocks are the
+    real ones (``clean_times`` plus every yardstick before the row, the longest of the two
+    workers' each time, as the next all-reduce waits for it)."""
+    rows = []
+    for i, t in enumerate(clean_times):
+        rows.append(
+            {
+                "t": t + i * 0.03,  # the slower worker's yardstick: 0.03 s a mark
+                "cpu": cpu_per_s * t + i * yard_s,
+                "hog_cpu": 0.0,
+                "busy_cpu": None,
+                "yard_cpu": yard_cpu,
+                "yard_spent_s": i * yard_s,
+                "yard_spent_cpu": i * yard_s,
+            }
+        )
+    return {"mode": mode, "round": round, "epochs": rows, "splits": []}
+
+
+def test_an_ab_fit_leaves_the_yardsticks_out_and_counts_its_cpu_in_yardsticks():
+    from tfdist.bench.balance import ab
+
+    times = [0.0, 5.0, 6.0, 7.0]  # 2 measured epochs of 10 updates at 0.1 s
+    lead = _yard_fit("even", 0, times, 1.0, 0.02, 0.004)
+    other = _yard_fit("even", 0, times, 0.5, 0.03, 0.002)
+    # Busy: both workers' real CPU (their yardsticks' too) and half a core of others.
+    for i, row in enumerate(lead["epochs"]):
+        row["busy_cpu"] = row["cpu"] + other["epochs"][i]["cpu"] + 0.5 * times[i]
+    got = ab.fit_record([lead, other], steps_per_epoch=10)
+    assert got["wall_s"] == pytest.approx(0.1)  # 2 yardsticks of 0.03 s taken out
+    assert got["cpu_s"] == pytest.approx((2.0 + 1.0) / 20)  # theirs taken out of each
+    assert got["cpu_yards"] == pytest.approx((2.0 / 0.004 + 1.0 / 0.002) / 20)
+    assert got["yard_cpu_s"] == pytest.approx([0.004, 0.002])
+    assert got["yard_wall_s"] == pytest.approx(0.06)
+    assert got["others_cpu"] == pytest.approx(0.5)  # the yardsticks' CPU is the tasks' own
+    plain = ab.fit_record([_ab_fit("even", 0.1, 1.0)] * 2, steps_per_epoch=10)
+    assert math.isnan(plain["cpu_yards"]) and plain["wall_s"] == pytest.approx(0.1)
+
+
+def _fit(mode, round, wall_s, cpu_yards=math.nan):
+    return {"mode": mode, "round": round, "wall_s": wall_s, "cpu_yards": cpu_yards}
+
+
+def test_each_balanced_fit_is_paired_with_the_even_fit_beside_it():
+    from tfdist.bench.balance import ab
+
+    fits = [
+        _fit("even", 0, 0.100, 2.0),
+        _fit("balanced", 0, 0.102, 2.2),
+        _fit("balanced", 1, 0.110),
+        _fit("even", 1, 0.100),
+        _fit("even", 2, 0.100),  # its balanced fit missing: no pair
+    ]
+    got = ab.pairs(fits)
+    assert [p["round"] for p in got] == [0, 1]
+    assert [p["ratio"] for p in got] == pytest.approx([1.02, 1.1])
+    assert got[0]["yard_ratio"] == pytest.approx(1.1) and math.isnan(got[1]["yard_ratio"])
+    unnumbered = [dict(f, round=None) for f in fits[:4]]  # paired by position
+    assert [p["ratio"] for p in ab.pairs(unnumbered)] == pytest.approx([1.02, 1.1])
+    assert ab.mean_se([1.0, 1.1, math.nan]) == pytest.approx((1.05, 0.05, 2))
+    assert math.isnan(ab.mean_se([1.0])[1]) and ab.mean_se([])[2] == 0
+
+
+def test_adjacent_pairs_cancel_a_slow_drift_of_the_host():
+    """Equal work on a host 2% slower each fit: the pairs' mean stays at 1."""
+    from tfdist.bench.balance import ab
+
+    order = ["even", "balanced", "balanced", "even"] * 2
+    fits = [_fit(m, k // 2, 0.1 * (1 + 0.02 * k)) for k, m in enumerate(order)]
+    mean, se, n = ab.mean_se([p["ratio"] for p in ab.pairs(fits)])
+    assert n == 4 and mean == pytest.approx(1.0, abs=1e-3) and se < 0.02
+
+
+def test_the_paired_and_yardstick_figures_reach_the_summary_table(monkeypatch):
+    from tfdist.bench.balance import ab
+    from tfdist.bench.harness import cluster_run
+
+    monkeypatch.setattr(cluster_run, "machine", lambda: {"cpu": "test"})
+    launches = [ab.launch_record(_ab_launch(0.1, w), 10) for w in (0.1, 0.11)]
+    assert [p["ratio"] for p in launches[1]["pairs"]] == pytest.approx([1.1, 1.1])
+    launches[0]["yard_ratio"] = 1.01
+    launches[0]["pairs"][0]["yard_ratio"] = 1.03
+    figures = ab.side_summary("pair_ab", launches)
+    ratios = [1.0, 1.0, 1.1, 1.1]
+    assert figures["pair_ab_paired_ratio"] == pytest.approx(1.05)
+    se = statistics.stdev(ratios) / 2
+    assert figures["pair_ab_paired_ratio_se"] == pytest.approx(se)
+    assert figures["pair_ab_paired_yard_ratio"] == pytest.approx(1.03)  # the one known
+    assert math.isnan(figures["pair_ab_paired_yard_ratio_se"])
+    assert figures["pair_ab_yard_ratio"] == pytest.approx(1.01)  # NaN launches left out
+    samples = figures["ab"]["pair_ab"]["paired_ratio_samples"]
+    assert [pytest.approx(s) for s in samples] == [[1, 1], [1.1, 1.1]]
+    assert figures["ab"]["pair_ab"]["pairs"] == 4
+    spec = {"sides": ["pair_ab"], "global_batch_size": 256}
+    seen = {"steady": {"pair_ab": launches}, "launch_seconds": {"pair_ab": [60.0] * 2}}
+    one = balance.workload_summary(spec, seen, {"worker-0": [], "worker-1": []})
+    got = balance.headlines({"digits": one})
+    assert got["digits_pair_ab_paired_ratio"] == pytest.approx(1.05)
+    assert got["digits_pair_ab_paired_ratio_se"] == pytest.approx(se)
+    assert got["goals"]["digits_pair_ab_paired_ratio"] == "<= 1.02"
+    assert f"s.e. {se:.3f}" in got["words"]["digits_pair_ab_paired_ratio"]
+    assert "digits_pair_ab_yard_ratio" in got and "digits_loaded_ab_paired_ratio" not in got
+
+
+def test_the_epoch_clock_times_the_yardstick_beside_its_clocks():
+    from tfdist.bench.balance import worker as balance_worker
+
+    clock = balance_worker.EpochClock(None, yardstick=True)
+    clock.mark()
+    clock.mark()
+    first, second = clock.rows
+    assert (first["yard_spent_s"], first["yard_spent_cpu"]) == (0.0, 0.0)
+    assert first["yard_cpu"] > 0 and second["yard_spent_s"] > 0
+    assert second["t"] - first["t"] >= second["yard_spent_s"]  # t is the real clock
+    plain = balance_worker.EpochClock(None)  # the other sides' clock: no yardstick
+    plain.mark()
+    assert "yard_cpu" not in plain.rows[0]

@@ -47,9 +47,12 @@ under the hog (goal: <= 0.80), ``balanced_ratio_with_overhead`` over the second 
 (goals: <= 1.02 and <= 1.05), ``pair_changes_per_1000_updates`` how often the even pair's
 split changed (goal: <= 2), and per side every launch (``launches``: its steady step, the
 fit's seconds, the split's changes, the other processes' CPU). The A/B sides give
-``pair_ab_ratio`` (goal: <= 1.02), ``loaded_ab_ratio`` and their ``*_cpu_ratio``, and
+``pair_ab_ratio`` (goal: <= 1.02), ``loaded_ab_ratio`` and their ``*_cpu_ratio``,
 ``pair_ab_changes_per_1000_updates`` and ``loaded_ab_changes_per_1000_updates`` (goals: <= 2),
-every launch and fit under ``ab.<side>``.
+and the figures read against the host's speed (`ab.ROBUST`): ``*_yard_ratio`` (CPU per update
+in yardsticks), ``*_paired_ratio`` (goal on ``pair_ab``: <= 1.02) and ``*_paired_yard_ratio``
+(means over adjacent pairs of fits) with their ``*_se``; every launch and fit under
+``ab.<side>``.
 """
 
 from __future__ import annotations
@@ -409,7 +412,7 @@ HEADLINES = (
     "pair_changes_per_1000_updates",
     "pair_ab_changes_per_1000_updates",
     "loaded_ab_changes_per_1000_updates",
-)
+) + tuple(f"{side}_{key}" for side in ab.SIDES for key in ab.ROBUST)
 
 
 def headlines(workloads: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

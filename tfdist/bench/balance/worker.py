@@ -20,7 +20,9 @@ the ps serve.
 
 The A/B sides (`run_ab`) measure no rate: each worker builds an even and a balanced Trainer
 on one strategy and alternates their fits in this one launch, recording each fit as above;
-on ``loaded_ab`` every worker has a hog on its own core (``spec["hog_all"]``).
+on ``loaded_ab`` every worker has a hog on its own core (``spec["hog_all"]``). At each of
+their epochs' ends every worker also times a fixed compute, the yardstick
+(`yardstick_cpu_seconds`: this core's speed of the moment), beside its clocks.
 """
 
 from __future__ import annotations
@@ -219,23 +221,61 @@ class SplitLog(logging.Handler):
             self.lines.append((time.perf_counter(), message))
 
 
-class EpochClock(keras.callbacks.Callback):
-    """At each epoch's end: wall time, own CPU, the hog's CPU and the machine's busy CPU."""
+#: The yardstick: a chain of this many 128x128 matmuls (about 3 ms of CPU on the AMD EPYC).
+YARDSTICK_MATMULS = 40
 
-    def __init__(self, hog_pid: int | None) -> None:
+
+@tf.function
+def _yardstick_chain(a: tf.Tensor) -> tf.Tensor:
+    x = a
+    for _ in range(YARDSTICK_MATMULS):
+        x = tf.matmul(x, a)
+    return tf.reduce_sum(x)
+
+
+def yardstick_cpu_seconds(runs: int = 3) -> float:
+    """CPU seconds of one fixed piece of compute (the least of ``runs``): this core's speed
+    now. The same work costs more CPU while the host's other tenants share the core's caches
+    or clock, which ``/proc/stat`` does not show, so the A/B sides read a fit's CPU per update
+    against it (`tfdist.bench.balance.ab`)."""
+    a = tf.fill((128, 128), 1.0 / 128.0)
+    best = float("inf")
+    for _ in range(runs):
+        start = time.process_time()
+        _yardstick_chain(a).numpy()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+class EpochClock(keras.callbacks.Callback):
+    """At each epoch's end: wall time, own CPU, the hog's CPU and the machine's busy CPU.
+
+    With ``yardstick``, also the yardstick's CPU (`yardstick_cpu_seconds`, ``yard_cpu``),
+    timed after the clocks are read, and the wall and CPU the yardsticks took before this row
+    (``yard_spent_s``, ``yard_spent_cpu``): ``t`` and ``cpu`` stay the real clocks, and the
+    reader takes the yardsticks' own time out of a fit's (`tfdist.bench.balance.ab`)."""
+
+    def __init__(self, hog_pid: int | None, yardstick: bool = False) -> None:
         super().__init__()
         self.hog_pid = hog_pid
+        self.yardstick = yardstick
         self.rows: list[dict[str, Any]] = []
+        self._spent = (0.0, 0.0)  # the yardsticks' wall and CPU so far
 
     def mark(self) -> None:
-        self.rows.append(
-            {
-                "t": time.perf_counter(),
-                "cpu": time.process_time(),
-                "hog_cpu": process_cpu_seconds(self.hog_pid),
-                "busy_cpu": timing.busy_cpu_seconds(),
-            }
-        )
+        row = {
+            "t": time.perf_counter(),
+            "cpu": time.process_time(),
+            "hog_cpu": process_cpu_seconds(self.hog_pid),
+            "busy_cpu": timing.busy_cpu_seconds(),
+        }
+        if self.yardstick:
+            row["yard_spent_s"], row["yard_spent_cpu"] = self._spent
+            wall, cpu = time.perf_counter(), time.process_time()
+            row["yard_cpu"] = yardstick_cpu_seconds()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            self._spent = (self._spent[0] + wall, self._spent[1] + cpu)
+        self.rows.append(row)
 
     def on_train_begin(self, logs: Any = None) -> None:
         self.mark()
@@ -269,10 +309,12 @@ def make_trainer(strategy: tf.distribute.Strategy, spec: dict[str, Any]) -> Any:
     )
 
 
-def fit_once(trainer: Any, spec: dict[str, Any], hog_pid: int | None, epochs: int) -> dict:
-    """One fit of ``epochs`` epochs; the epochs' clocks and the chief's split lines (their
-    times from the fit's start)."""
-    clock = EpochClock(hog_pid)
+def fit_once(
+    trainer: Any, spec: dict[str, Any], hog_pid: int | None, epochs: int, yardstick: bool = False
+) -> dict:
+    """One fit of ``epochs`` epochs; the epochs' clocks (with the yardstick's, `EpochClock`)
+    and the chief's split lines (their times from the fit's start)."""
+    clock = EpochClock(hog_pid, yardstick)
     splits = SplitLog()
     logging.getLogger("tfdist.training.balance.balancer").addHandler(splits)
     try:
@@ -352,8 +394,9 @@ def run_ab(spec: dict[str, Any]) -> dict[str, Any]:
     """The A/B sides: one Trainer per mode (`AB_MODES`, the same model from the same seed) on
     one MultiWorkerMirrored strategy, their fits alternated (even, balanced; balanced, even;
     ...) over ``spec["ab_rounds"]`` rounds of ``spec["ab_epochs"]`` epochs each; per fit its
-    epochs' clocks and the chief's split lines. With ``spec["hog_all"]`` every worker runs
-    beside a hog on its own core the whole launch (a busy host)."""
+    epochs' clocks with the yardstick's (`EpochClock`) and the chief's split lines. With
+    ``spec["hog_all"]`` every worker runs beside a hog on its own core the whole launch (a
+    busy host)."""
     hog = _hog_if_mine(spec)
     try:
         strategy = tfdist.make_strategy("multi_worker")
@@ -362,11 +405,12 @@ def run_ab(spec: dict[str, Any]) -> dict[str, Any]:
             for mode in AB_MODES
         }
         hog_pid = None if hog is None else host_pid(hog)
+        yardstick_cpu_seconds(1)  # traced before the first fit's clock
         rounds, fits_done = int(spec["ab_rounds"]), []
         for r in range(rounds):
             for mode in AB_MODES if r % 2 == 0 else AB_MODES[::-1]:
                 report_progress(f"A/B round {r + 1}/{rounds}: {mode}")
-                fit = fit_once(trainers[mode], spec, hog_pid, int(spec["ab_epochs"]))
+                fit = fit_once(trainers[mode], spec, hog_pid, int(spec["ab_epochs"]), True)
                 fits_done.append({"mode": mode, "round": r, **fit})
     finally:
         stop_hog(hog)
