@@ -229,11 +229,22 @@ class ExchangeOptions:
             runs as a plain layer, without a gather or a recompute. Fewer collectives per step
             for a little memory; the weights are those without it. ``None`` (the default):
             every trainable variable is sharded.
+        units: With ``sharding="parameters"``: a tuple of layer classes and/or layer names
+            (FSDP2's ``fully_shard`` on chosen modules, its auto wrap policy's
+            ``TransformerBlock``). Every layer anywhere in the model that matches (inside
+            nested models and inside subclassed models and layers) is a unit: its weights
+            gathered just before its call and released after, gathered again for its backward,
+            where its gradients are reduce-scattered. Every other trainable weight is gathered
+            once per step on the step's tape. The way to shard a subclassed transformer block
+            by block (`tfdist.training.zero.named_units`). ``None`` (the default): each
+            top-level layer is a unit (a subclassed model: one).
 
     Raises:
         ValueError: For an unknown compression, sharding or sparse mode, a non-positive
             ``bucket_bytes``, or a ``keep_whole_below`` that is not a non-negative integer
-            or is given without ``sharding="parameters"``.
+            or is given without ``sharding="parameters"``, or ``units`` that is not a non-empty
+            tuple of Keras layer classes and layer names, or is given without
+            ``sharding="parameters"``.
     """
 
     compression: Compression | None = None
@@ -241,9 +252,12 @@ class ExchangeOptions:
     sharding: Literal["optimizer", "gradients", "parameters"] | None = None
     sparse: Literal["auto", "dense"] = "auto"
     keep_whole_below: int | None = None
+    units: tuple | None = None
 
     def __post_init__(self) -> None:
         self.check(vars(self))
+        if isinstance(self.units, list):  # frozen and hashable: held as a tuple
+            object.__setattr__(self, "units", tuple(self.units))
 
     @staticmethod
     def check(values: Mapping[str, Any], names: Mapping[str, str] = _FIELD_NAMES) -> None:
@@ -286,6 +300,7 @@ class ExchangeOptions:
                 "'dense' sums them into a dense gradient first.",
             )
         _check_keep_whole(values, names)
+        _check_units(values, names)
 
 
 def _check_keep_whole(values: Mapping[str, Any], names: Mapping[str, str]) -> None:
@@ -301,6 +316,36 @@ def _check_keep_whole(values: Mapping[str, Any], names: Mapping[str, str]) -> No
             f"None with sharding={values.get('sharding')!r} (or sharding='parameters')",
             note="Only sharded parameters (ZeRO-3) cut variables into blocks; the other modes "
             "keep every variable whole already.",
+        )
+
+
+def _check_units(values: Mapping[str, Any], names: Mapping[str, str]) -> None:
+    """``units``: a non-empty tuple (or list) of Keras layer classes and non-empty names, only
+    with sharding='parameters'."""
+    name, units = _named(names, "units"), values.get("units")
+    if units is None:
+        return
+    expected = "a non-empty tuple of Keras layer classes and layer names (str)"
+    if not isinstance(units, (tuple, list)) or not units:
+        raise invalid_argument(name, units, expected)
+    import keras  # lazily: the options load without Keras until units are given
+
+    for entry in units:
+        is_class = isinstance(entry, type) and issubclass(entry, keras.layers.Layer)
+        if not is_class and not (isinstance(entry, str) and entry):
+            raise invalid_argument(
+                name,
+                units,
+                expected,
+                note=f"{entry!r} ({type(entry).__name__}) is neither a subclass of "
+                "keras.layers.Layer nor a layer's name.",
+            )
+    if values.get("sharding") != "parameters":
+        raise invalid_argument(
+            name,
+            units,
+            f"None with sharding={values.get('sharding')!r} (or sharding='parameters')",
+            note="Only sharded parameters (ZeRO-3) gather a layer's weights around its call.",
         )
 
 
@@ -331,6 +376,7 @@ SHORTCUTS: dict[type, tuple[str, dict[str, str]]] = {
             "bucket_bytes": "bucket_bytes",
             "sharding": "sharding",
             "keep_whole_below": "keep_whole_below",
+            "units": "units",
         },
     ),
 }

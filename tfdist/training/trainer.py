@@ -126,6 +126,9 @@ class Trainer(EvaluateAndPredict):
             and the weights) over the replicas, ZeRO-1/2/3 (mirrored and multi_worker).
         keep_whole_below: Shortcut for ``ExchangeOptions.keep_whole_below``: with
             ``sharding="parameters"``, trainable variables of fewer elements stay whole.
+        units: Shortcut for ``ExchangeOptions.units``: with ``sharding="parameters"``, the
+            layer classes and names gathered one call at a time (a subclassed transformer's
+            blocks), anywhere in the model.
         pipeline: Model parallelism: the model cut into stages on devices, trained with the
             GPipe schedule, a ``PipelineOptions`` (see `tfdist.training.pipeline.options`); under
             the default strategy, or ``multi_worker`` made with ``stage_devices=K`` (the hybrid).
@@ -179,14 +182,14 @@ class Trainer(EvaluateAndPredict):
         bucket_bytes: int | None = None,
         sharding: str | None = None,
         keep_whole_below: int | None = None,
+        units: tuple | None = None,
         watchdog: WatchdogOptions | None = DEFAULT_WATCHDOG,
         stragglers: StragglerOptions | None = DEFAULT_STRAGGLERS,
         pipeline: PipelineOptions | None = None,
         balance: bool | BalanceOptions = False,
         local_sgd: LocalSGDOptions | None = None,
     ) -> None:
-        # Every argument is checked here, once, before anything is built.
-        precision_lib.check_precision(precision)
+        precision_lib.check_precision(precision)  # every argument checked here, before a build
         check_positive_int("accumulation_steps", accumulation_steps)
         check_loss(loss)
         shortcuts = {name: value for name, value in locals().items() if name in SHORTCUT_KEYWORDS}

@@ -131,7 +131,10 @@ class Updates:
         def build(variables: Any) -> None:
             if sharding == "parameters":  # refused beside a pipeline (the Trainer)
                 self.sharded = ParameterState(
-                    model, self.runner.strategy, keep_whole_below=self.exchange.keep_whole_below
+                    model,
+                    self.runner.strategy,
+                    keep_whole_below=self.exchange.keep_whole_below,
+                    units=self.exchange.units,
                 )
                 return
             if pipeline is not None:

@@ -16,17 +16,26 @@ these name its internals once:
   as ``Functional.call`` sets them;
 - `losses_as`: ``model.losses`` read as given tensors (``_losses_override``, Keras's own hook
   for JAX's stateless step): the units' regularizers and ``add_loss`` terms, computed where
-  their weights were gathered, enter Keras's ``compute_loss`` as the layers' own would.
+  their weights were gathered, enter Keras's ``compute_loss`` as the layers' own would;
+- `all_layers`: every layer inside a model, subclassed ones too (``_flatten_layers``), where
+  ``units=`` looks for the layers it names;
+- `calls_through`: a layer's ``call`` intercepted (its instance's ``call`` attribute, which
+  Keras's ``__call__`` reads) while a trace runs, so that a named unit inside an opaque
+  (subclassed) ``call`` is gathered one call at a time;
+- `scope_within`: a ``StatelessScope`` that holds the enclosing scope's mapping too (Keras
+  reads only the innermost scope).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
+from keras.src.backend.common.stateless_scope import get_stateless_scope
 
 from tfdist._compat.keras_internals.layer_graph import graph_model
 from tfdist._compat.keras_internals.masks import keras_mask, with_keras_mask
@@ -137,3 +146,61 @@ def losses_as(model: keras.Model, losses: list) -> Iterator[None]:
 def set_losses(model: keras.Model, losses: list) -> None:
     """``model.losses`` is ``losses`` until the next call (``[]``: Keras's own again)."""
     model._losses_override = list(losses)
+
+
+def all_layers(model: keras.Model) -> list[Any]:
+    """Every layer inside ``model`` (nested, subclassed ones' too), each once, depth first.
+    Reason: Keras has no public recursive listing of a subclassed model's layers."""
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+_CALLS_LOCK = threading.Lock()
+_INTERCEPTED: dict[int, list] = {}  # id(layer) -> [count of users, original call]
+
+
+@contextlib.contextmanager
+def calls_through(layers: Sequence[Any], dispatch: Callable[..., Any]) -> Iterator[None]:
+    """While inside: ``layer(...)`` of each of ``layers`` runs ``dispatch(layer, call, args,
+    kwargs)`` where Keras's ``Layer.__call__`` would run ``call(*args, **kwargs)`` (its own
+    ``call``). Reason: Keras has no hook around a sublayer's call inside an opaque ``call``; its
+    ``__call__`` reads ``self.call``, which an instance attribute shadows. Counted: the replicas'
+    traces run in concurrent threads and share the layers (``dispatch`` tells them apart); the
+    last one out restores the class's ``call``."""
+    with _CALLS_LOCK:
+        for layer in layers:
+            held = _INTERCEPTED.setdefault(id(layer), [0, layer.call])
+            if held[0] == 0:  # past Keras's attribute tracking
+                object.__setattr__(layer, "call", _through(layer, held[1], dispatch))
+            held[0] += 1
+    try:
+        yield
+    finally:
+        with _CALLS_LOCK:
+            for layer in layers:
+                held = _INTERCEPTED[id(layer)]
+                held[0] -= 1
+                if held[0] == 0:
+                    object.__delattr__(layer, "call")
+                    del _INTERCEPTED[id(layer)]
+
+
+def _through(layer: Any, original: Callable, dispatch: Callable) -> Callable:
+    """``original`` (``layer``'s own ``call``) routed through ``dispatch``, its signature
+    kept (Keras's errors name the call's arguments)."""
+
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return dispatch(layer, original, args, kwargs)
+
+    return call
+
+
+def scope_within(*, state_mapping: list, collect_losses: bool) -> keras.StatelessScope:
+    """``keras.StatelessScope(state_mapping=..., collect_losses=...)`` that maps the
+    enclosing scope's variables too (``state_mapping`` over them). Reason: Keras reads a
+    variable from the innermost scope only, whose ``state_mapping`` is keyed by ``id``."""
+    scope = keras.StatelessScope(state_mapping=state_mapping, collect_losses=collect_losses)
+    outer = get_stateless_scope()
+    if outer is not None:
+        scope.state_mapping = {**outer.state_mapping, **scope.state_mapping}
+    return scope

@@ -13,4 +13,5 @@ It does not know the pipeline: the two meet in `tfdist.training.updates`.
 - ``parameters``: ZeRO-3's storage (every weight a block per replica; whole again between fits).
 - ``parameters_update``: ``ParametersUpdate``: the Trainer's update on it, and its evaluation.
 - ``units``: the forward pass one top-level layer at a time, each gathered and reduce-scattered.
+- ``named_units``: the layers ``units=`` names, found anywhere in the model; its refusals.
 """

@@ -73,6 +73,7 @@ from tfdist._compat.keras_internals.storage import attach, detach, emptied, resi
 from tfdist.config import invalid_argument
 from tfdist.training.zero.checkpoint import local_replica_ids
 from tfdist.training.zero.layout import block
+from tfdist.training.zero.named_units import find_units
 from tfdist.training.zero.state import (
     check_optimizer,
     elements,
@@ -167,6 +168,10 @@ class ParameterState:
             never cut nor gathered (``ExchangeOptions.keep_whole_below``; DeepSpeed's
             ``param_persistence_threshold``); their gradients are all-reduced with the
             update's example count, as unsharded training sums them. None or 0: none.
+        units: Layer classes and names (``ExchangeOptions.units``): the layers, anywhere in the
+            model, that run one call at a time (`tfdist.training.zero.named_units`), every
+            other weight gathered once per step; None: each top-level layer (nested functional
+            models layer by layer; a subclassed model whole).
 
     Attributes:
         variables: The model's trainable variables (no storage once this returns).
@@ -183,8 +188,11 @@ class ParameterState:
         strategy: tf.distribute.Strategy,
         *,
         keep_whole_below: int | None = None,
+        units: tuple | None = None,
     ) -> None:
         check_model(model)
+        #: The layers ``units=`` names (none: `tfdist.training.zero.units`'s default units).
+        self.units = find_units(model, units) if units else []
         optimizer = model.optimizer
         check_optimizer(optimizer, "parameters")
         self.model, self.strategy = model, strategy
@@ -354,7 +362,7 @@ class ParameterStep:
 
     def __init__(self, state: ParameterState, loss: Any, *, global_batch_size: int) -> None:
         self.state, self.loss, self.global_batch_size = state, loss, global_batch_size
-        self.units = Units(state.model, state.num_replicas, kept=state.kept_ids)
+        self.units = Units(state.model, state.num_replicas, kept=state.kept_ids, named=state.units)
 
     def __call__(self, x: Any, y: Any) -> tf.Tensor:
         state, n = self.state, self.state.num_replicas

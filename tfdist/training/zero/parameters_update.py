@@ -90,9 +90,15 @@ class BlockUnits(Units):
     """
 
     def __init__(
-        self, model: Any, num_replicas: int, *, sparse_as_dense: bool, kept: frozenset[int]
+        self,
+        model: Any,
+        num_replicas: int,
+        *,
+        sparse_as_dense: bool,
+        kept: frozenset[int],
+        named: Any,
     ) -> None:
-        super().__init__(model, num_replicas, kept=kept)
+        super().__init__(model, num_replicas, kept=kept, named=named)
         self.sparse_as_dense = sparse_as_dense
 
     def _blocks_of(self, variables: list, grads: list) -> list:
@@ -170,7 +176,11 @@ class ParametersUpdate(ShardedUpdate):
     def __init__(self, *args: Any, state: ParameterState, **kwargs: Any) -> None:
         super().__init__(*args, state=state, **kwargs)  # type: ignore[arg-type]
         self.units = BlockUnits(
-            self.model, self.num_replicas, sparse_as_dense=self.sparse_as_dense, kept=state.kept_ids
+            self.model,
+            self.num_replicas,
+            sparse_as_dense=self.sparse_as_dense,
+            kept=state.kept_ids,
+            named=state.units,
         )
         self.masked = TermsWeighed(deferred=self.accumulation_steps > 1)
         # The optimizer's own are off during a fit (`ParameterState.cut`): it sees blocks.
@@ -280,7 +290,8 @@ def make_parameters_eval_step(state: ParameterState) -> Callable[[Sequence[Any]]
     forward pass unit by unit (``training=False``), outside the step's cond on empty batches
     (every replica takes part in every gather), its units' loss terms in Keras's loss and their
     non-trainable variables' writes made (a call counter's, as Keras's evaluate makes them)."""
-    model, units = state.model, Units(state.model, state.num_replicas, kept=state.kept_ids)
+    model = state.model
+    units = Units(model, state.num_replicas, kept=state.kept_ids, named=state.units)
     held = threading.local()  # one replica's (MirroredStrategy traces them in threads)
 
     def forward(x: Any, training: bool) -> Any:

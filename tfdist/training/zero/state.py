@@ -263,6 +263,7 @@ def replica_bytes(
     accumulation_steps: int,
     full_shapes: dict[int, Any] | None = None,
     kept: frozenset[int] = frozenset(),
+    units: list | None = None,
 ) -> dict[str, Any]:
     """Bytes each replica holds, by kind, from the variables' shapes, and the same unsharded.
 
@@ -272,7 +273,9 @@ def replica_bytes(
     ``"gradients"`` and ``"parameters"``; twice with accumulation: the sum and one
     micro-batch's); ``master_shards``: the blocks the optimizer updates (under ``"parameters"``
     the blocks are the parameters: none); ``gathered_unit``: the largest unit's (layer's)
-    trainable variables whole, which ``"parameters"`` gathers while that layer runs (else 0).
+    trainable variables whole, which ``"parameters"`` gathers while that layer runs (else 0);
+    of the layers ``units`` (``ExchangeOptions.units``) when given, the model's other weights
+    gathered for the whole step beside it (`tfdist.training.zero.named_units`).
     """
     full_shapes = full_shapes or {}
     trainable = model.trainable_variables
@@ -292,7 +295,8 @@ def replica_bytes(
     buffers = 2 if accumulation_steps > 1 else 1
     params = sum(_bytes(v) for v in model.variables)
     blocks_only = sharding == "parameters"
-    layers = unit_layers(model)  # nested functional models: their layers, as they run
+    # Nested functional models: their layers, as they run; or the layers ``units=`` names.
+    layers = units or unit_layers(model)
     unit = max(
         (sum(_bytes(v) for v in la.trainable_variables if id(v) not in kept) for la in layers),
         default=0,

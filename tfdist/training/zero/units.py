@@ -50,7 +50,12 @@ import tensorflow as tf
 
 from tfdist._compat.keras_internals.layer_graph import layer_graph
 from tfdist._compat.keras_internals.masks import keras_mask, with_keras_mask
-from tfdist._compat.keras_internals.unit_calls import call_by_layer, losses_as
+from tfdist._compat.keras_internals.unit_calls import (
+    call_by_layer,
+    calls_through,
+    losses_as,
+    scope_within,
+)
 from tfdist.training.step.gradients import dense_part
 from tfdist.training.step.objective import objective
 from tfdist.training.zero.collectives import all_rows
@@ -148,16 +153,28 @@ class Units:
     weights gathered by a gather whose gradient is their reduce-scatter (`_whole_on_tape`),
     alive until its backward, not recomputed.
 
+    ``named``: the layers ``units=`` names (`tfdist.training.zero.named_units`), found anywhere
+    in the model. Given, they alone are units, each intercepted at its ``call`` wherever it runs
+    (inside a subclassed model's opaque ``call`` too); the model runs as Keras runs it, under one
+    scope that maps every other trainable weight to its whole value, gathered once for the step
+    on the step's tape (`_whole_on_tape`), and every other non-trainable one to its value.
+
     Call `forward` in replica context, under the tape that takes the blocks' gradients; then
     `loss_terms` (the units' regularizers and ``add_loss`` terms) and `write_updates`.
     """
 
     def __init__(
-        self, model: keras.Model, num_replicas: int, *, kept: frozenset[int] = frozenset()
+        self,
+        model: keras.Model,
+        num_replicas: int,
+        *,
+        kept: frozenset[int] = frozenset(),
+        named: Sequence[Any] = (),
     ) -> None:
         self.model = model
         self.num_replicas = num_replicas
         self.kept = kept
+        self.named = list(named)
         self.variables = list(model.trainable_variables)
         self.index = {id(v): i for i, v in enumerate(self.variables)}
         self.plain = on_the_tape(model)
@@ -167,6 +184,8 @@ class Units:
         """The model's outputs on ``x``; ``blocks[i]``: this replica's block of variable ``i``."""
         self._local.updates = []  # (non-trainable variable, new value)
         self._local.terms = []  # the units' loss terms
+        if self.named:
+            return self._forward_named(x, blocks, training=training)
         return call_by_layer(
             self.model, x, lambda op, ctx: self._wrapped(op, ctx, blocks), training=training
         )
@@ -236,14 +255,19 @@ class Units:
             if value is not None:
                 self._local.updates.append((variable, value))
 
-    def _run(self, op: Any, call: tuple, wholes: list, fixed: list) -> tuple[Any, Any, list]:
+    def _run(
+        self, op: Any, call: tuple, wholes: list, fixed: list, fn: Any = None
+    ) -> tuple[Any, Any, list]:
         """``op`` called as ``call`` (``(args, kwargs)``) under a scope of its weights
         (``wholes``, then ``fixed``: its non-trainable values): its outputs, the scope, and the
-        flat outputs with its loss terms summed as one more (float32), if it has any."""
+        flat outputs with its loss terms summed as one more (float32), if it has any. ``fn``:
+        what runs instead of ``op`` (a named unit's own ``call``), under a scope that maps the
+        enclosing one's variables too."""
         args, kwargs = call
         mapping = list(zip(op.trainable_variables, wholes)) + fixed
-        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
-            out = op(*args, **kwargs)
+        scope_of = keras.StatelessScope if fn is None else scope_within
+        with scope_of(state_mapping=mapping, collect_losses=True) as scope:
+            out = (fn or op)(*args, **kwargs)
             terms = list(scope.losses) + [
                 v.regularizer(v) for v in op.trainable_variables if v.regularizer is not None
             ]
@@ -262,7 +286,10 @@ class Units:
             for b, v in zip(gated, op.trainable_variables)
         ]
 
-    def _unit(self, op: Any, args: tuple, kwargs: dict, blocks: Sequence[tf.Tensor]) -> Any:
+    def _unit(
+        self, op: Any, args: tuple, kwargs: dict, blocks: Sequence[tf.Tensor], fn: Any = None
+    ) -> Any:
+        """``op`` as one unit (see the module docstring); ``fn``: its own ``call`` (`_run`)."""
         fixed = [(v, tf.convert_to_tensor(v.value)) for v in op.non_trainable_variables]
         structure = (args, kwargs)
         flat_in = tf.nest.flatten(structure)
@@ -289,12 +316,12 @@ class Units:
         def unit(*tensors: tf.Tensor) -> Any:
             inputs = list(tensors[: len(ins)])
             out, scope, flat = self._run(
-                op, call_with(inputs), self._gathered(op, mine, ins), fixed
+                op, call_with(inputs), self._gathered(op, mine, ins), fixed, fn
             )
             held.update(scope=scope, structure=out, extra=len(flat) > len(tf.nest.flatten(out)))
 
             def grad(*upstream: tf.Tensor, variables: Any = None) -> Any:
-                got = self._backward(op, (call_with, inputs, mine, fixed), list(upstream))
+                got = self._backward(op, (call_with, inputs, mine, fixed, fn), list(upstream))
                 return (got, [None] * len(variables)) if variables else got
 
             return flat, grad
@@ -305,6 +332,52 @@ class Units:
             self._local.terms.append(flat_out[-1])
             flat_out = flat_out[:-1]
         return tf.nest.pack_sequence_as(held["structure"], _masked_as(held["structure"], flat_out))
+
+    def _forward_named(self, x: Any, blocks: Sequence[tf.Tensor], *, training: bool) -> Any:
+        """The model called as Keras calls it, its `named` units intercepted (`_through_unit`),
+        every other weight mapped whole, gathered on the step's tape (the class docstring)."""
+        inside = {  # the weights of the named units that run as units (some weight cut)
+            id(v)
+            for layer in self.named
+            if any(id(w) not in self.kept for w in layer.trainable_variables)
+            for v in layer.variables
+        }
+        ins = [t for t in tf.nest.flatten(x) if tf.is_tensor(t)]
+        rest = [v for v in self.variables if id(v) not in inside or id(v) in self.kept]
+        mapping = [(v, self._whole_on_tape(v, blocks[self.index[id(v)]], ins)) for v in rest]
+        fixed = [v for v in self.model.non_trainable_variables if id(v) not in inside]
+        mapping += [(v, tf.convert_to_tensor(v.value)) for v in fixed]
+        self._local.blocks = blocks
+        try:
+            with calls_through(self.named, self._through_unit):
+                with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+                    out = self.model(x, training=training)
+                    terms = list(scope.losses) + [
+                        v.regularizer(v)
+                        for v in rest
+                        if v.regularizer is not None and id(v) not in inside
+                    ]
+        finally:
+            self._local.blocks = None
+        for variable in fixed:
+            value = scope.get_current_value(variable)
+            if value is not None:
+                self._local.updates.append((variable, value))
+        self._local.terms.extend(tf.cast(t, tf.float32) for t in terms)
+        return out
+
+    def _through_unit(self, op: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """A named unit ``op``'s ``call`` (``fn``) inside this thread's `_forward_named`: run as
+        a unit (`_unit`); elsewhere (another thread's trace done, the unit's own recompute, a
+        unit whose weights are all kept) as it is."""
+        blocks = getattr(self._local, "blocks", None)
+        if blocks is None or all(id(v) in self.kept for v in op.trainable_variables):
+            return fn(*args, **kwargs)
+        self._local.blocks = None  # inside the unit: its own call is plain
+        try:
+            return self._unit(op, args, kwargs, blocks, fn)
+        finally:
+            self._local.blocks = blocks
 
     def _blocks_of(self, variables: list, grads: list) -> list:
         """Each of ``variables``' weight gradients ``grads`` summed over the replicas, this replica
@@ -323,12 +396,12 @@ class Units:
 
     def _backward(self, op: Any, saved: tuple, upstream: list) -> list:
         """The unit's gradients: its inputs' (None for a non-float one), then its blocks'."""
-        call_with, inputs, mine, fixed = saved
+        call_with, inputs, mine, fixed, fn = saved
         sources = [t for t in inputs if t.dtype.is_floating]
         wholes = self._gathered(op, mine, upstream)  # once the upstream gradient exists
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(sources + wholes)
-            _, _, again = self._run(op, call_with(inputs), wholes, fixed)
+            _, _, again = self._run(op, call_with(inputs), wholes, fixed, fn)
         zero = tf.UnconnectedGradients.ZERO
         # The input gradient first (it needs the weights), then the weights' (the inputs'):
         # the gathered weights die in between.
