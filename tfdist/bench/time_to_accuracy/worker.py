@@ -39,7 +39,7 @@ import keras
 import tfdist
 from tfdist.bench.balance import worker as balance_worker
 from tfdist.bench.harness import fits
-from tfdist.bench.harness.worker_common import Recorder
+from tfdist.bench.harness.worker_common import Recorder, report_progress
 
 RULES = ("none", "linear")
 #: The uneven pair's sides: the linear rule on the even split, and balanced.
@@ -177,6 +177,12 @@ def fit_to_target(
     _, took = recorder.measure(f"{task['name']}/{rule}", fit)
     hog_cpu = balance_worker.process_cpu_seconds(hog_pid) - hog_before
     recorder.records[f"{task['name']}/{rule}"][-1]["cpu_seconds"] += hog_cpu
+    if clock.points:  # what the fit reached, on the log too (a launch stopped early still tells)
+        last = clock.points[-1]
+        report_progress(
+            f"{task['name']}/{rule}: {last['updates']} updates, {last['epoch']} epochs, "
+            f"{clock.monitor} {last[clock.monitor]:.4f}"
+        )
     return {
         "points": clock.points,
         "eval_seconds": clock.eval_seconds,
