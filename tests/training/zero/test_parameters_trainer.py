@@ -136,7 +136,9 @@ def _mlp_without_activity_loss():
 
 
 def test_bf16_and_global_clipnorm_on_sharded_parameters_train_as_unsharded():
-    # global_clipnorm needs the norm over all the blocks: one small all-reduce.
+    # global_clipnorm needs the norm over all the blocks: one small all-reduce. Every variable
+    # cut, and the biases and BatchNormalization's gamma and beta (9 and 3 elements) kept whole
+    # (keep_whole_below=10: their norms counted once), against unsharded, all mixed_bfloat16.
     build = _mlp_without_activity_loss
     weights = build().get_weights()
     x, y = _data(build())
@@ -147,13 +149,15 @@ def test_bf16_and_global_clipnorm_on_sharded_parameters_train_as_unsharded():
             keras.optimizers.SGD(0.5, global_clipnorm=0.05),
             sharding,
             precision="mixed_bfloat16",
+            keep_whole_below=kept,
         )
-        for sharding in ("parameters", None)
+        for sharding, kept in (("parameters", None), ("parameters", 10), (None, None))
     ]
     for trainer in runs:
         trainer.fit(x, y, batch_size=G, epochs=1, shuffle=False, verbose=0)
-    mine, theirs = (t.model.get_weights() for t in runs)
-    assert _gap(mine, theirs) <= 1e-6
+    assert len(runs[1]._functions.sharded.kept) == 4 and not runs[0]._functions.sharded.kept
+    cut, kept, theirs = (t.model.get_weights() for t in runs)
+    assert _gap(cut, theirs) <= 1e-6 and _gap(kept, theirs) <= 1e-6
     assert _gap(theirs, weights) > 1e-3
 
 
