@@ -10,7 +10,8 @@ layers: tests/training/zero/test_per_layer.py; the transformer block: test_param
 real MultiWorkerMirrored workers: tests/strategies/test_multi_worker.py (the shared launch's
 ``trainer_zero3`` mode). A subclassed model, unbuilt, trains as one unit (its weights, with Adam,
 and its validation logs as unsharded; its ``gathered_unit`` the whole model), and so does a
-functional transformer block whose embedding's mask travels between the units. Each refusal names
+functional transformer block whose embedding's mask travels between the units (over two fits, its
+blocks empty between them, as the MLP's). Each refusal names
 its argument, before anything is traced. A loss per token with masked terms (an output's
 Keras mask and ``ignore_class``) is divided by the valid count of both replicas (weights and
 logs as unsharded, and Keras's fit on one device), with accumulation too (k=2: the count of
@@ -54,10 +55,13 @@ def _trainer(build, weights, optimizer, sharding, *, replicas=2, **options):
     )
 
 
-def _fit(trainer, x, y, *, k=1, fits=1):
-    """``fits`` fits of one epoch each (the first 24 examples; 12 held out for validation)."""
+def _fit(trainer, x, y, *, k=1, fits=1, between=None):
+    """``fits`` fits of one epoch each (the first 24 examples; 12 held out for validation),
+    ``between(trainer)`` called after each but the last."""
     logs = []
-    for _ in range(fits):
+    for fit in range(fits):
+        if fit and between is not None:
+            between(trainer)
         history = trainer.fit(
             x[:24],
             y[:24],
@@ -86,7 +90,8 @@ def test_fit_with_sharded_parameters_ends_as_unsharded(tmp_path):
     x, y = _data(build())
     mine = _trainer(build, weights, ADAM(), "parameters")
     theirs = _trainer(build, weights, ADAM(), None)
-    mine_logs, their_logs = _fit(mine, x, y, fits=2), _fit(theirs, x, y, fits=2)  # cut again
+    mine_logs = _fit(mine, x, y, fits=2, between=_emptied)  # cut again
+    their_logs = _fit(theirs, x, y, fits=2)
     # Between fits and after: the model is whole, plain Keras.
     assert _gap(mine.model.get_weights(), theirs.model.get_weights()) <= 1e-6
     _blocks_are_empty_between_fits(mine._functions.sharded)
@@ -108,6 +113,11 @@ def test_fit_with_sharded_parameters_ends_as_unsharded(tmp_path):
     # And its optimizer state, whole: the unsharded run's.
     saved = [v.numpy() for v in loaded.optimizer.variables]
     assert _gap(saved, [v.numpy() for v in theirs.model.optimizer.variables]) <= 1e-6
+
+
+def _emptied(trainer):
+    """`_blocks_are_empty_between_fits` on a sharded Trainer."""
+    _blocks_are_empty_between_fits(trainer._functions.sharded)
 
 
 def _blocks_are_empty_between_fits(state):
@@ -263,7 +273,9 @@ def test_token_models_train_as_unsharded(kind):
     # gradients to the attention, the residual and the pooling, forward and recomputed.
     # "masked_loss": a loss per token with masked terms (the output's mask, ignore_class), each
     # replica's valid count its own: divided by the count over both replicas, as unsharded;
-    # "_k2": accumulation_steps=2, over the count of both micro-batches too.
+    # "_k2": accumulation_steps=2, over the count of both micro-batches too. "masked" fits
+    # twice (each Trainer), its blocks empty between the fits: a transformer's (an
+    # Embedding's, the attention's, a LayerNormalization's) filled again at the second's start.
     x, y = _data(None, ids=True)
     make, start = _token_model(kind, x)
     loss, k = LOSS, 2 if kind.endswith("_k2") else 1
@@ -281,12 +293,16 @@ def test_token_models_train_as_unsharded(kind):
         )
         for sharding in ("parameters", None)
     }
-    logs = {sharding: _fit(trainer, x, y, k=k)[0] for sharding, trainer in runs.items()}
+    fits = 2 if kind == "masked" else 1
+    logs = {
+        sharding: _fit(trainer, x, y, k=k, fits=fits, between=_emptied if sharding else None)
+        for sharding, trainer in runs.items()
+    }
     mine, theirs = (runs[sharding].model for sharding in ("parameters", None))
     assert _gap(mine.get_weights(), theirs.get_weights()) <= 1e-6
     assert _gap(theirs.get_weights(), start.get_weights()) > 1e-3  # the runs train
-    assert logs["parameters"].keys() == logs[None].keys()
-    assert all(abs(logs["parameters"][k] - logs[None][k]) <= 1e-5 for k in logs[None]), logs
+    for a, b in zip(logs["parameters"], logs[None], strict=True):  # each fit's last logs
+        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-5 for k in b), logs
     # One unit: a replica gathers the whole subclassed model while it runs.
     whole = sum(v.numpy().nbytes for v in mine.trainable_variables)
     gathered = runs["parameters"].replica_bytes["gathered_unit"]
