@@ -11,7 +11,8 @@ The strategy leaves each worker a second logical CPU device (``stage_devices=2``
 per worker on CPU:0, as without it, and a device for trainer_pipeline's second stage (the hybrid:
 data parallel over the two workers x two pipeline stages in each). The modes in
 ``common.NESTED_MODES`` (trainer_zero3_accum) train a functional model nested in another, on
-token ids (``common.nested_builder``, ``common.token_dataset``).
+token ids (``common.nested_builder``, ``common.token_dataset``); trainer_zero3_accum keeps its
+variables of fewer than 9 elements whole and mirrored (``KEEP_WHOLE_BELOW``), the rest cut.
 """
 
 import json
@@ -46,6 +47,10 @@ SHARDING = {"trainer_zero1": "optimizer", "trainer_zero2_accum": "gradients"}
 SHARDING["trainer_pipeline_zero2_accum"] = "gradients"
 SHARDING["trainer_balanced_zero2_accum"] = "gradients"
 SHARDING["trainer_zero3_accum"] = "parameters"
+# ZeRO-3's small variables kept whole and mirrored (``keep_whole_below``): the two biases (8 and
+# 3 elements); the embedding (40) and the kernels (32, 24) cut. In the mode that cuts, not in a
+# mode of its own: each mode's traces cost its launch ~15 CPU-s.
+KEEP_WHOLE_BELOW = {"trainer_zero3_accum": 9}
 # Splits of each global batch of 16 (8 per micro-batch with accumulation), changed mid-epoch
 # (6 updates an epoch): worker:0 takes 4, then 12, then 1, then the even 8.
 BALANCE = {
@@ -262,6 +267,7 @@ def train(mode):
             bucket_bytes=100 if mode == "trainer_bucketed" else None,
             gradient_compression="bf16" if mode.endswith("_bf16") else None,
             sharding=SHARDING.get(mode),
+            keep_whole_below=KEEP_WHOLE_BELOW.get(mode),
             pipeline=pipeline,
             balance=tfdist.BalanceOptions(splits=BALANCE[mode]) if mode in BALANCE else False,
             steps_per_execution=1 if mode in BALANCE else "auto",
@@ -273,6 +279,10 @@ def train(mode):
         print(mode, "iterations", int(model.optimizer.iterations.numpy()))
         counts = collectives_in_loop_body(trainer.train_functions[(GLOBAL_BATCH // k, k)])
         print(mode, "gradient_all_reduces_per_update", counts["float"])
+        if mode in KEEP_WHOLE_BELOW:  # which variables stayed whole, which were cut
+            state = trainer._functions.sharded
+            kept, cut = sorted(state.kept), state.cut_indices
+            print(mode, "kept", json.dumps(kept), "cut", json.dumps(cut))
         if pipeline is not None:
             stages = [[v.value.device for v in s.model.variables] for s in trainer.stages]
             print(mode, "stage_devices", json.dumps(stages))

@@ -88,9 +88,10 @@ def test_two_workers_train_identically(mode, launched, reference_weights, reques
     trainer_bucketed all-reduces the gradients in 2 buckets; trainer_zero1 and
     trainer_zero2_accum shard the optimizer state (and the gradients, reduced each
     micro-batch) over the two workers; trainer_zero3_accum the weights too (ZeRO-3, 2
-    accumulated micro-batches), on a nested model (NESTED_MODES: an Embedding and a Dense over
-    the 3-D sequence in a functional model inside the trained one, as a KerasHub backbone sits
-    in its task; its own one-replica reference); trainer_pipeline is the hybrid: 2 workers x 2
+    accumulated micro-batches; its biases kept whole and mirrored, ``keep_whole_below``), on a
+    nested model (NESTED_MODES: an Embedding and a Dense over the 3-D sequence in a functional
+    model inside the trained one, as a KerasHub backbone sits in its task; its own one-replica
+    reference); trainer_pipeline is the hybrid: 2 workers x 2
     pipeline stages (each worker's CPU:0 and CPU:1), 2 micro-batches, to 1e-6 of one replica, and
     trainer_pipeline_zero2_accum the same with its gradients and optimizer state sharded over
     the workers and 2 accumulated batches per update. trainer_balanced and
@@ -113,11 +114,15 @@ def test_two_workers_train_identically(mode, launched, reference_weights, reques
             mode, collectives
         )
         # trainer_zero3_accum: the embedding's sparse gradient unrolls the 2 micro-batches (its
-        # rows all-gathered, no all-reduce); in each, the 4 dense weights' gradients
-        # reduce-scattered in the backward; and the examples counted (the weights' gathers
-        # all-reduce integer bits: not counted).
-        collectives = 9 if mode == "trainer_zero3_accum" else collectives
+        # rows all-gathered, no all-reduce); in each, the 2 cut kernels' gradients
+        # reduce-scattered in the backward; then the 2 biases kept whole (keep_whole_below=9)
+        # all-reduced with the examples counted, one bucket (the weights' gathers all-reduce
+        # integer bits: not counted).
+        collectives = 5 if mode == "trainer_zero3_accum" else collectives
         assert f"[worker:0] {mode} gradient_all_reduces_per_update {collectives}" in proc.stdout
+    if mode == "trainer_zero3_accum":  # the biases kept whole, the embedding and kernels cut
+        for task in (0, 1):
+            assert f"[worker:{task}] {mode} kept [2, 4] cut [0, 1, 3]" in proc.stdout
     if "balanced" in mode:
         for a, b in BALANCED[mode]:  # each split once, by the chief
             split = f"Balance: worker:0 takes {a}, worker:1 takes {b} of every global batch"
