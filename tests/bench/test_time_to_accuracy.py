@@ -437,6 +437,8 @@ def test_the_local_sgd_sides_their_options_bytes_and_ratios():
         time_to_accuracy.run(local_sgd=("diloco_16",))
     with pytest.raises(ValueError, match=r"`workers`. Received: workers=\(3,\)"):
         time_to_accuracy.run(workers=(3,))
+    with pytest.raises(ValueError, match=r"`launch_timeout`. Received: launch_timeout=0"):
+        time_to_accuracy.run(launch_timeout=0)
     # 40 updates at H=16: syncs at 16 and 32, and the fit's last at 40.
     assert fits.syncs_between(0, 40, 16) == 3 and fits.syncs_between(40, 80, 16) == 3
     assert fits.syncs_between(0, 64, 16) == 4

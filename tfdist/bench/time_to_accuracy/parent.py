@@ -102,6 +102,10 @@ DEFAULTS: dict[str, Any] = {
     # Sides of the 2-worker launch on local SGD and DiLoCo (`tfdist.bench.harness.fits`), the
     # base rate: each replica's update sees the per-worker batch, as one worker's does.
     "local_sgd": ("local_sgd_h4", "local_sgd_h16", "local_sgd_h64", "diloco_h16"),
+    # Seconds after which a launch's tasks are killed: its fits run one after the other, and
+    # a 2-worker launch of 6 sides of patterns took over 900 s (the harness's default) on a
+    # busy host.
+    "launch_timeout": 3600.0,
 }
 # --quick and tests: every process real, tiny data, a low target, few epochs (the figures mean
 # little; see `QUICK_TASKS`).
@@ -117,6 +121,9 @@ UNEVEN = "2_uneven"
 def _check(options: dict[str, Any]) -> None:
     options["tasks"] = check_tasks(options["tasks"])
     counts = ("per_worker_batch_size", "max_epochs", "repeats", "balance_window")
+    timeout = options["launch_timeout"]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise invalid_argument("launch_timeout", timeout, "a positive number of seconds")
     cluster_run.check_task_options(options, [k for k in counts if options[k] is not None])
     check_steps_per_execution(options["steps_per_execution"])
     target = options["target_accuracy"]
@@ -182,13 +189,17 @@ def run(**overrides: Any) -> dict[str, Any]:
         )
         local = list(spec["local_sgd"]) if n > 1 else []  # on one worker: plain training
         launches[str(n)] = cluster_run.run_tasks(
-            {**spec, "strategy": strategy, "num_pinned_tasks": n, "local_sgd": local}, workers=n
+            {**spec, "strategy": strategy, "num_pinned_tasks": n, "local_sgd": local},
+            workers=n,
+            timeout=spec["launch_timeout"],
         )
     if spec["uneven_pair"]:
         spec = {**spec, "local_sgd": []}
         logger.info("bench time_to_accuracy: 2 workers, a CPU hog on worker 1, even and balanced")
         uneven = {**spec, "strategy": "multi_worker", "num_pinned_tasks": 2, "uneven": True}
-        launches[UNEVEN] = cluster_run.run_tasks({**uneven, "hog_worker": 1}, workers=2)
+        launches[UNEVEN] = cluster_run.run_tasks(
+            {**uneven, "hog_worker": 1}, workers=2, timeout=spec["launch_timeout"]
+        )
     return summarise(spec, launches)
 
 
