@@ -52,7 +52,9 @@ as **one unit**: every weight is gathered before its call and released after it,
 its backward, so while it runs a replica holds the whole model's weights (and in the backward
 their whole gradients), ``replica_bytes["gathered_unit"]`` all of them; what stays 1/N is what
 lives between steps (weights, accumulated gradients, optimizer state). Built as layers of a
-functional model, its parts would be gathered one at a time.
+functional model, its parts would be gathered one at a time; or ``units=`` names its blocks
+(``ExchangeOptions(units=...)``, `tfdist.training.zero.named_units`): each gathered one call at
+a time wherever it runs, the rest of the weights once per step.
 
 Refused, each by name: an optimizer a block cannot update
 (`tfdist.training.zero.state.check_optimizer`), a pipeline and uneven shares (``balance=``,

@@ -31,7 +31,10 @@ whole under one scope of all its weights, gathered together, so a replica holds 
 model's weights during the forward, and again with their whole gradients in the backward
 (``replica_bytes["gathered_unit"]`` is all of them); what stays 1/N is what lives between
 steps: the weights, the accumulated gradients and the optimizer state. A shared layer (a tied
-embedding) is gathered at each use.
+embedding) is gathered at each use. ``units=`` (`tfdist.training.zero.named_units`) names the
+units instead, anywhere in the model, a subclassed one's blocks included: each is intercepted
+at its ``call`` and runs as a unit, and the model's other weights are gathered once for the
+step on its tape (`Units`).
 
 Keras masks (``Embedding(mask_zero=True)``, ``Masking``, a recurrent layer's) ride between
 units as Keras's functional call passes them, on the tensors: a unit's outputs, which the
