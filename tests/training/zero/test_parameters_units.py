@@ -111,7 +111,8 @@ def test_named_units_train_as_unsharded(make, optimizer, options):
     state = runs["units"]._functions.sharded
     held = runs["units"].replica_bytes
     largest = max(_bytes(layer) for layer in state.units)
-    assert held["gathered_unit"] == largest < _bytes(mine) / 2, held
+    rest = _bytes(mine) - sum(_bytes(layer) for layer in state.units)  # gathered for the step
+    assert held["gathered_unit"] == largest + rest <= _bytes(mine), held
 
 
 def test_the_units_found_anywhere_and_the_refusals():

@@ -274,8 +274,9 @@ def replica_bytes(
     micro-batch's); ``master_shards``: the blocks the optimizer updates (under ``"parameters"``
     the blocks are the parameters: none); ``gathered_unit``: the largest unit's (layer's)
     trainable variables whole, which ``"parameters"`` gathers while that layer runs (else 0);
-    of the layers ``units`` (``ExchangeOptions.units``) when given, the model's other weights
-    gathered for the whole step beside it (`tfdist.training.zero.named_units`).
+    with ``units`` (``ExchangeOptions.units``), the largest named layer's plus the model's
+    weights outside every named layer, which stay gathered for the whole step beside it
+    (`tfdist.training.zero.named_units`).
     """
     full_shapes = full_shapes or {}
     trainable = model.trainable_variables
@@ -301,6 +302,9 @@ def replica_bytes(
         (sum(_bytes(v) for v in la.trainable_variables if id(v) not in kept) for la in layers),
         default=0,
     )
+    if units:  # the weights outside every named unit stay gathered for the whole step
+        named = {id(v) for la in units for v in la.trainable_variables}
+        unit += sum(_bytes(v) for v in trainable if id(v) not in named and id(v) not in kept)
     return {
         "parameters": params - whole + cut if blocks_only else params,
         "optimizer_state": state,
