@@ -113,9 +113,13 @@ def test_local_sgd_sides_against_plain_keras_and_one_worker():
     keras = out["sides"]["keras_fit"]["tokens_per_s"]
     assert out["diloco_h16_ratio"] == pytest.approx(TOKENS / 1.0 / keras)
     assert (
-        "2 multi_worker processes, DiLoCo, outer Nesterov SGD H=16"
+        "2 multi_worker processes, DiLoCo, outer SGD(0.7, Nesterov momentum 0.9) H=16"
         in (out["words"]["diloco_h16_ratio"])
     )
+    named = {"diloco_h16_lr1_m0.5": "DiLoCo, outer SGD(1, momentum 0.5) H=16"}
+    named["local_sgd_h4"] = "processes, local SGD H=4"
+    for side, words in named.items():
+        assert words in parent.side_words(side), parent.side_words(side)
     # DiLoCo reached 2.99 at its 4th evaluation: 200 updates, 8 s; one worker 150 updates, 15 s.
     local = out["to_target_local_sgd"]["diloco_h16"]
     assert (local["updates_to_target"], local["seconds_to_target"]) == (200, 8.0)

@@ -103,9 +103,14 @@ def side_words(name: str) -> str:
     """How the summary names a side, local-SGD ones included (``diloco_h16``)."""
     if name in SIDE_WORDS:
         return SIDE_WORDS[name]
-    kind, _, every = name.rpartition("_h")
-    how = "DiLoCo, outer Nesterov SGD" if kind == "diloco" else "local SGD"
-    return f"{SIDE_WORDS['multi_worker']}, {how} H={every}"
+    side = fits.local_side(name)
+    if side is None:
+        return name
+    how = "local SGD"
+    if side.outer is not None:
+        rate, momentum, nesterov = side.outer
+        how = f"DiLoCo, outer SGD({rate:g}, {'Nesterov ' * nesterov}momentum {momentum:g})"
+    return f"{SIDE_WORDS['multi_worker']}, {how} H={side.sync_every}"
 
 
 def check(options: dict[str, Any]) -> None:
