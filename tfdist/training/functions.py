@@ -138,7 +138,7 @@ class StepFunctions:
             accumulation_steps=self.accumulation_steps,
             full_shapes=None if self.sharded is None else self.sharded.full_shapes,
             kept=frozenset() if self.sharded is None else self.sharded.kept_ids,
-            units=getattr(self.sharded, "units", None),  # ParameterState's named units
+            units=None if self.sharded is None else self.sharded.units,
         )
 
     def _fresh_inference(self) -> None:

@@ -345,17 +345,13 @@ def bytes_per_update(
     if side is None:
         return float(model_bytes)
     every = side.sync_every
-    figures = []
-    for run in runs:
-        updates = run["points"][-1]["updates"]
-        rounds, end = fits.sync_counts(0, updates, every)
-        if not steady:
-            figures.append((rounds + end) * model_bytes / updates)
-        elif rounds:
-            figures.append(rounds * model_bytes / (rounds * every))
-        else:
-            return None
-    return timing.median(figures)
+    counts = [
+        (r["points"][-1]["updates"], fits.sync_counts(0, r["points"][-1]["updates"], every))
+        for r in runs
+    ]
+    if steady:  # a whole round sends the model's bytes once in its H updates
+        return model_bytes / every if all(syncs[0] for _, syncs in counts) else None
+    return timing.median([sum(syncs) * model_bytes / updates for updates, syncs in counts])
 
 
 def local_syncs(rule: str, runs: list[dict[str, Any]]) -> list[list[int]] | None:

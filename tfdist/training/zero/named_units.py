@@ -76,8 +76,3 @@ def _check_not_nested(found: list[Any], units: Sequence[Any]) -> None:
                     note=f"{inner.name!r} is inside {outer.name!r}, both named: the outer one "
                     "gathers the inner one's weights with its own. Name one or the other.",
                 )
-
-
-def unit_variables(found: Sequence[Any]) -> frozenset[int]:
-    """``id``s of the trainable variables of the named units ``found``."""
-    return frozenset(id(v) for layer in found for v in layer.trainable_variables)

@@ -180,6 +180,8 @@ class ShardedState:
 
     #: Variables kept whole (``id``s): none here (`tfdist.training.zero.parameters` may keep some).
     kept_ids: frozenset[int] = frozenset()
+    #: The layers ``units=`` names: none here (`tfdist.training.zero.parameters` may name some).
+    units: tuple = ()
 
     def __init__(
         self,
