@@ -222,11 +222,12 @@ def bert_classifier():
     return fixed_weights(classifier)
 
 
-def zero3_row(model, optimizer, replicas, sharding, *, precision="float32", kept=None):
+def zero3_row(model, optimizer, replicas, sharding, *, precision="float32", kept=None, units=False):
     """Two updates of ``replicas`` x 8 (x 4 at 3 replicas) examples: the LMs predict the next
     tokens, BERT a class of each sequence; KerasHub's take padded sequences (zeros past each
     length, and its padding mask). ``precision`` on either side, ``keep_whole_below=kept``
-    when sharded."""
+    when sharded, and with ``units`` the backbone's transformer layers named by their class
+    (``units=(TransformerDecoder,)`` for GPT-2)."""
     x, y = text()
     lengths = np.random.default_rng(1).integers(3, SEQ + 1, (N, 1))
     mask = (np.arange(SEQ)[None, :] < lengths).astype(np.int32)
@@ -249,7 +250,10 @@ def zero3_row(model, optimizer, replicas, sharding, *, precision="float32", kept
         ),
         fit,
         trainer=dict(
-            sharding=sharding, precision=precision, keep_whole_below=kept if sharding else None
+            sharding=sharding,
+            precision=precision,
+            keep_whole_below=kept if sharding else None,
+            units=_hub_units() if units and sharding else None,
         ),
         strategies=("mirrored",),
     )
@@ -265,11 +269,14 @@ def zero3_row(model, optimizer, replicas, sharding, *, precision="float32", kept
         # after one update, the same loss): bf16 keep_whole_below is tested on
         # test_parameters_trainer.py's MLP.
         ("bert", "sgd", 2, {"kept": 100}),
+        # units= naming KerasHub's own block class: its decoders gathered one call at a time,
+        # the tied token embedding (input and logits) and the norms once for the step.
+        ("gpt2", "adam_small_lr", 2, {"units": True}),
         # Padded blocks; AdamW's decay on the blocks (biases and norms excluded); Adam's
         # squares of an Embedding's duplicate rows, kept apart in each block.
         ("lm", "adamw", 3, {}),
     ],
-    ids=["gpt2-adam_small_lr-2", "bert-sgd-2-kept", "lm-adamw-3"],
+    ids=["gpt2-adam_small_lr-2", "bert-sgd-2-kept", "gpt2-adam_small_lr-2-units", "lm-adamw-3"],
 )
 def test_transformers_train_with_sharded_parameters_as_unsharded(
     model, optimizer, replicas, options
@@ -291,7 +298,19 @@ def test_transformers_train_with_sharded_parameters_as_unsharded(
         # (its variables kept whole are not gathered).
         backbone = first.backbone
         largest = max(_bytes_of(la, kept) for la in backbone.transformer_layers)
-        assert mine.model.replica_bytes["gathered_unit"] == largest < _bytes_of(backbone, kept)
+        whole, gathered = _bytes_of(first, kept), mine.model.replica_bytes["gathered_unit"]
+        if options.get("units"):  # beside it, every weight outside the decoders, whole: with
+            # one decoder layer, the whole model (the row checks the numbers and the count)
+            largest += whole - sum(_bytes_of(la) for la in backbone.transformer_layers)
+            assert gathered == largest <= whole
+        else:
+            assert gathered == largest < whole
+
+
+def _hub_units():
+    import keras_hub
+
+    return (keras_hub.layers.TransformerDecoder,)
 
 
 def _bytes_of(layer, kept=0):
