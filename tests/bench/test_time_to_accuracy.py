@@ -492,24 +492,36 @@ def test_the_local_sgd_sides_their_options_bytes_and_ratios():
 
 
 def test_local_side_names_their_outer_sgd_and_lr_rule():
-    """`fits.LOCAL_SIDE`'s names: H, DiLoCo's outer SGD (the paper's by default), ``_linear``."""
+    """`fits.LOCAL_SIDE`'s names: H, DiLoCo's outer SGD (the paper's by default), ``_linear``,
+    ``_adapt`` (after ``_linear``)."""
     from tfdist.bench.harness import fits
     from tfdist.bench.time_to_accuracy import worker
 
     paper = (0.7, 0.9, True)
     for name, expected in (
-        ("local_sgd_h16", (16, None, False)),
-        ("diloco_h16", (16, paper, False)),
-        ("diloco_h16_lr0.7_m0.9n", (16, paper, False)),
-        ("diloco_h4_lr1_m0", (4, (1.0, 0.0, False), False)),
-        ("diloco_h64_lr1.0_m0.5_linear", (64, (1.0, 0.5, False), True)),
-        ("local_sgd_h4_linear", (4, None, True)),
+        ("local_sgd_h16", (16, None, False, False)),
+        ("diloco_h16", (16, paper, False, False)),
+        ("diloco_h16_lr0.7_m0.9n", (16, paper, False, False)),
+        ("diloco_h4_lr1_m0", (4, (1.0, 0.0, False), False, False)),
+        ("diloco_h64_lr1.0_m0.5_linear", (64, (1.0, 0.5, False), True, False)),
+        ("local_sgd_h4_linear", (4, None, True, False)),
+        ("local_sgd_h16_adapt", (16, None, False, True)),
+        ("local_sgd_h16_linear_adapt", (16, None, True, True)),
+        ("diloco_h16_adapt", (16, paper, False, True)),
     ):
         assert fits.local_side(name) == expected, name
-    for name in ("local_sgd_h16_lr1_m0", "diloco_h16_m0.5", "diloco_h16_lr1_m1", "diloco_h0", 16):
+    for name in (
+        "local_sgd_h16_lr1_m0",
+        "diloco_h16_m0.5",
+        "diloco_h16_lr1_m1",
+        "diloco_h0",
+        16,
+        "local_sgd_h16_adapt_linear",
+        "diloco_h16_adapt_adapt",
+    ):
         assert fits.local_side(name) is None, name
         with pytest.raises(ValueError, match=r"Invalid value for argument `local_sgd`"):
-            fits.check_local_sides([name], linear=True)
+            fits.check_local_sides([name], linear=True, adapt=True)
     # Only a benchmark that applies the LR rule takes _linear.
     assert fits.check_local_sides(["diloco_h16_linear"], linear=True) == ("diloco_h16_linear",)
     with pytest.raises(ValueError, match=r"local_sgd='diloco_h16_linear'"):
@@ -524,3 +536,165 @@ def test_local_side_names_their_outer_sgd_and_lr_rule():
     assert vars(options["lr_scaling"]) == vars(linear)
     assert options["local_sgd"].sync_every == 4
     assert "lr_scaling" not in worker.scaling_options("diloco_h4_lr1_m0.5", task, spec)
+
+
+def test_an_adapt_side_adapts_with_the_straggler_report_off_and_other_benches_refuse_it():
+    """``_adapt``: ``LocalSGDOptions(adapt_to_stragglers=True)`` and ``stragglers=None`` (the
+    Trainer refuses both on several workers); on the uneven pair every local side runs without
+    the report, so plain and adapting differ in adapting alone. ``scaling`` and
+    ``language_model`` refuse the suffix, naming ``local_sgd``, before launching anything."""
+    from tfdist.bench.harness import fits
+    from tfdist.bench.language_model import parent as language_model
+    from tfdist.bench.scaling import parent as scaling
+    from tfdist.bench.time_to_accuracy import worker
+
+    assert fits.local_sgd_option("diloco_h16_adapt").adapt_to_stragglers
+    assert not fits.local_sgd_option("diloco_h16").adapt_to_stragglers
+    spec, task = {"warmup_epochs": 1.0}, {"per_worker_batch_size": 64}
+    options = worker.scaling_options("local_sgd_h16_linear_adapt", task, spec)
+    assert options["stragglers"] is None and options["local_sgd"].adapt_to_stragglers
+    assert options["local_sgd"].sync_every == 16 and "lr_scaling" in options
+    assert "stragglers" not in worker.scaling_options("local_sgd_h16_linear", task, spec)
+    uneven = {**spec, "uneven": True, "uneven_local_sgd": ["local_sgd_h16_linear"]}
+    assert worker.scaling_options("local_sgd_h16_linear", task, uneven)["stragglers"] is None
+    assert "stragglers" not in worker.scaling_options("even", task, {**uneven, "balance_window": 8})
+    assert worker.rules_of(uneven) == ("even", "balanced", "local_sgd_h16_linear")
+    assert fits.check_local_sides(["diloco_h16_adapt"], adapt=True) == ("diloco_h16_adapt",)
+    for run, name in (
+        (scaling.run, "local_sgd"),
+        (language_model.run, "local_sgd"),
+        (language_model.run, "local_sgd_to_target"),
+    ):
+        with pytest.raises(ValueError, match=r"`local_sgd`. Received: local_sgd='diloco_h2_adapt'"):
+            run(**{name: ("diloco_h2_adapt",)})
+    with pytest.raises(ValueError, match=r"`uneven_local_sgd`. Received: uneven_local_sgd="):
+        time_to_accuracy.run(uneven_local_sgd=("local_sgd_h16",), uneven_pair=False)
+    with pytest.raises(ValueError, match=r"`uneven_local_sgd`. Received: uneven_local_sgd='h16'"):
+        time_to_accuracy.run(uneven_local_sgd=("h16",))
+
+
+def test_an_adapt_side_records_its_inner_steps_in_process():
+    """One fit of ``local_sgd_h2_linear_adapt`` on the quick patterns task, one_device in this
+    process (`worker.fit_to_target`, as a launched task runs it): the Trainer takes the side's
+    options, the data's length is known, and each epoch's point carries ``local_steps`` (one
+    worker: every update taken)."""
+    from tfdist.bench.harness import fits
+    from tfdist.bench.harness.worker_common import Recorder
+    from tfdist.bench.time_to_accuracy import worker
+    from tfdist.bench.time_to_accuracy.tasks import task_specs
+
+    (task,) = task_specs({**time_to_accuracy.DEFAULTS, "tasks": ("patterns",)}, quick=True)
+    spec = {**time_to_accuracy.DEFAULTS, "learning_rate": 2e-3, "warmup_epochs": 1.0}
+    rule = "local_sgd_h2_linear_adapt"
+    strategy = tfdist.make_strategy("one_device")
+    gbs = task["per_worker_batch_size"]
+    train = tfdist.data.load(task["dataset"], split="train", seed=0, **task["train_data"])
+    val = tfdist.data.load(task["dataset"], split="validation", seed=0, **task["validation_data"])
+    builder = fits.seeded(
+        lambda: tfdist.models.get(
+            task["model"], input_shape=train.input_shape, num_classes=train.num_classes,
+            **task["model_options"],
+        )
+    )  # fmt: skip
+    trainer = worker.side_trainer(strategy, builder, task, spec, rule)
+    run = worker.fit_to_target(trainer, (train, val, gbs), task, rule, Recorder())
+    assert run["points"] and all(p["local_steps"] == p["updates"] > 0 for p in run["points"])
+
+
+def _adapt_launches():
+    """Made-up records of a 1-worker launch and the uneven pair with a plain and an adapting
+    local side (2 workers, 128 examples a global batch, 32 updates an epoch)."""
+
+    def points(seconds, accuracy, steps=None):
+        out = []
+        for i, (s, a) in enumerate(zip(seconds, accuracy)):
+            p = {"epoch": i + 1, "seconds": s, "wall_seconds": s + 1, "val_accuracy": a}
+            p.update({"updates": 32 * (i + 1), "learning_rate": 4e-3})
+            out.append(p if steps is None else {**p, "local_steps": steps[i]})
+        return out
+
+    def run(curve):
+        return {"points": curve, "eval_seconds": 1.0, "fit_seconds": 99.0, "is_chief": True}
+
+    def process(sides, workers, steps=None):
+        return {
+            "strategy": "multi_worker" if workers > 1 else "one_device",
+            "num_workers": workers,
+            "is_chief": True,
+            "threads": {"intra_op_threads": 1},
+            "records": {},
+            "tasks": {
+                "patterns": {
+                    "global_batch_size": 64 * workers,
+                    "updates_per_epoch": 64 // workers,
+                    "examples_per_epoch": 4096,
+                    "train_examples": 4096,
+                    "validation_examples": 1024,
+                    "untimed_first_fit_seconds": 9.0,
+                    "parameters": 1000,
+                    "runs": {rule: [run(curve)] for rule, curve in sides.items()},
+                }
+            },
+        }
+
+    acc3, acc4 = [0.5, 0.9, 0.995], [0.5, 0.9, 0.98, 0.991]
+    sides = {
+        "even": points([30, 60, 90], acc3),
+        "balanced": points([25, 50, 75], acc3),
+        "local_sgd_h16_linear": points([20, 40, 60], acc3),
+    }
+    adapt = {0: [32, 64, 96, 128], 1: [32, 48, 64, 80]}  # worker 1 skips half from epoch 2
+    uneven = {
+        f"worker-{w}": process(
+            {**sides, "local_sgd_h16_linear_adapt": points([20, 32, 44, 56], acc4, adapt[w])}, 2
+        )
+        for w in (0, 1)
+    }
+    one = points([100 / 3, 200 / 3, 100], acc3)
+    launch = lambda tasks: {"tasks": tasks, "others_cpu": None, "launch_seconds": 9.0}  # noqa: E731
+    return {
+        "1": launch({"worker-0": process({"none": one, "linear": one}, 1)}),
+        "2_uneven": launch(uneven),
+    }
+
+
+def test_the_uneven_pairs_local_sides_count_only_examples_trained_on():
+    """Pure, on made-up records: an adapting side's examples count each worker's inner steps
+    (a skipped update's batch read and dropped), its steps per worker are reported, and its
+    seconds, updates and steady examples/s over the plain side's; a side that skips nothing
+    keeps its figures (updates x global batch)."""
+    from tfdist.bench.time_to_accuracy.tasks import task_specs
+
+    (task,) = task_specs({**time_to_accuracy.DEFAULTS, "tasks": ("patterns",)}, quick=False)
+    spec = {"tasks": [task], "warmup_epochs": 1.0, "uneven_local_sgd": ["a", "b"]}
+    out = time_to_accuracy.summarise(spec, _adapt_launches())
+    sides = out["tasks"]["patterns"]["per_workers"]["2_uneven"]["sides"]
+    plain, adapt = sides["local_sgd_h16_linear"], sides["local_sgd_h16_linear_adapt"]
+    assert plain["steps_per_worker"] == {"worker-0": [96], "worker-1": [96]}
+    assert adapt["steps_per_worker"] == {"worker-0": [128], "worker-1": [80]}
+    assert sides["even"]["steps_per_worker"] is None
+    # 64 examples a worker's step: (128 + 80) * 64 trained by the target, 4096 in epoch 1.
+    assert adapt["examples_to_target"] == 208 * 64 and plain["examples_to_target"] == 3 * 4096
+    assert adapt["steady_examples_per_s"] == pytest.approx((208 * 64 - 4096) / 36)
+    assert plain["steady_examples_per_s"] == pytest.approx(2 * 4096 / 40)
+    assert sides["even"]["steady_examples_per_s"] == pytest.approx(2 * 4096 / 60)
+    curve = adapt["runs"][0]["curve"]
+    assert [p["local_steps"]["worker-1"] for p in curve] == [32, 48, 64, 80]
+    assert [p["trained_examples"] for p in curve] == [64 * (a + b) for a, b in zip(
+        [32, 64, 96, 128], [32, 48, 64, 80])]  # fmt: skip
+    key = "patterns_uneven_local_sgd_h16_linear_adapt"
+    assert out[f"{key}_over_plain_seconds"] == pytest.approx(56 / 60)
+    assert out[f"{key}_over_plain_updates"] == pytest.approx(128 / 96)
+    assert out[f"{key}_over_plain_examples_per_s"] == pytest.approx((208 * 64 - 4096) / 36 / 204.8)
+    assert out[f"{key}_time_ratio"] == pytest.approx(0.56)
+    assert out["patterns_uneven_local_sgd_h16_linear_time_ratio"] == pytest.approx(0.6)
+    assert "local_sgd_h16_linear_over_plain_seconds" not in str(out.keys())
+    assert out["patterns_uneven_balanced_speedup"] == pytest.approx(90 / 75)
+    assert out["words"][f"{key}_over_plain_examples_per_s"].endswith("examples/s trained on")
+    # Without the 1-worker launch: no time ratios over it, the rest alike.
+    del out
+    launches = _adapt_launches()
+    del launches["1"]
+    out = time_to_accuracy.summarise(spec, launches)
+    assert out[f"{key}_time_ratio"] is None and out["patterns_uneven_even_time_ratio"] is None
+    assert out[f"{key}_over_plain_seconds"] == pytest.approx(56 / 60)

@@ -340,11 +340,13 @@ def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[st
 #: ``diloco_h<H>_lr<rate>_m<momentum>`` another outer SGD (``m0.9n``: Nesterov; so
 #: ``diloco_h16_lr0.7_m0.9n`` is ``diloco_h16`` and ``diloco_h16_lr1_m0`` plain averaging); a
 #: ``_linear`` suffix puts the inner optimizer on the linear LR rule with warmup (as the
-#: synchronous ``linear`` side). `local_side` reads one.
+#: synchronous ``linear`` side); an ``_adapt`` suffix (after ``_linear``) adapts to stragglers
+#: (``LocalSGDOptions(adapt_to_stragglers=True)``; the Trainer then needs ``stragglers=None``).
+#: `local_side` reads one.
 LOCAL_SIDE = re.compile(
     r"(?P<kind>local_sgd|diloco)_h(?P<every>[1-9][0-9]*)"
     r"(?:_lr(?P<rate>[0-9]+(?:\.[0-9]+)?)_m(?P<momentum>0(?:\.[0-9]+)?)(?P<nesterov>n?))?"
-    r"(?P<linear>_linear)?"
+    r"(?P<linear>_linear)?(?P<adapt>_adapt)?"
 )
 #: The outer SGD of a ``diloco_h<H>`` side with no ``_lr.._m..`` (the DiLoCo paper's).
 DILOCO_OUTER = (0.7, 0.9, True)
@@ -358,6 +360,8 @@ class LocalSide(NamedTuple):
     outer: tuple[float, float, bool] | None
     #: Whether the inner optimizer runs on the linear LR rule with warmup.
     linear: bool
+    #: Whether a slower worker takes fewer inner steps a round (``adapt_to_stragglers``).
+    adapt: bool = False
 
 
 def local_side(name: Any) -> LocalSide | None:
@@ -371,34 +375,40 @@ def local_side(name: Any) -> LocalSide | None:
         outer = DILOCO_OUTER
         if found["rate"] is not None:
             outer = (float(found["rate"]), float(found["momentum"]), bool(found["nesterov"]))
-    return LocalSide(int(found["every"]), outer, bool(found["linear"]))
+    return LocalSide(int(found["every"]), outer, bool(found["linear"]), bool(found["adapt"]))
 
 
-def check_local_sides(names: Any, linear: bool = False) -> tuple[str, ...]:
+def check_local_sides(
+    names: Any, linear: bool = False, adapt: bool = False, argument: str = "local_sgd"
+) -> tuple[str, ...]:
     """``names`` (the ``local_sgd`` option of a benchmark) as a tuple, each a `LOCAL_SIDE`.
 
     Args:
         names: The side names.
         linear: Whether the benchmark applies a ``_linear`` suffix (``time_to_accuracy``);
             the others refuse it.
+        adapt: Whether the benchmark runs an ``_adapt`` suffix (``time_to_accuracy``, whose
+            Trainers then take ``stragglers=None``); the others refuse it.
+        argument: The option's name in the error.
 
     Raises:
-        ValueError: Naming ``local_sgd``, for a name that is not one.
+        ValueError: Naming ``argument`` (``local_sgd``), for a name that is not one.
     """
     names = tuple(names)
     expected = "local_sgd_h<H> or diloco_h<H>[_lr<rate>_m<momentum>[n]], H >= 1"
+    suffixes = [s for s, taken in (("_linear", linear), ("_adapt", adapt)) if taken]
+    if suffixes:
+        expected += ", each optionally ending in " + " then ".join(suffixes)
     for name in names:
         side = local_side(name)
-        if side is None or (side.linear and not linear):
-            raise invalid_argument(
-                "local_sgd", name, expected + (", each optionally ending in _linear" * linear)
-            )
+        if side is None or (side.linear and not linear) or (side.adapt and not adapt):
+            raise invalid_argument(argument, name, expected)
     return names
 
 
 def local_sgd_option(name: str) -> Any:
     """The ``tfdist.LocalSGDOptions`` of a `LOCAL_SIDE` name (its ``_linear`` is the caller's:
-    an LR rule of the inner optimizer)."""
+    an LR rule of the inner optimizer; ``_adapt``: ``adapt_to_stragglers=True``)."""
     side = local_side(name)
     if side is None:
         check_local_sides([name])
@@ -406,7 +416,9 @@ def local_sgd_option(name: str) -> Any:
     if side.outer is not None:
         rate, momentum, nesterov = side.outer
         outer = keras.optimizers.SGD(rate, momentum=momentum, nesterov=nesterov)
-    return tfdist.LocalSGDOptions(sync_every=side.sync_every, outer_optimizer=outer)
+    return tfdist.LocalSGDOptions(
+        sync_every=side.sync_every, outer_optimizer=outer, adapt_to_stragglers=side.adapt
+    )
 
 
 def sync_counts(before: int, after: int, sync_every: int) -> tuple[int, int]:

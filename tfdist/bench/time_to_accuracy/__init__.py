@@ -6,4 +6,6 @@ It starts worker processes and runs only when named. Start at ``parent.py``.
 * ``parent.py``: the benchmark: launches each worker count and task, reports the times.
 * ``worker.py``: what each launched task runs: train until the target accuracy.
 * ``tasks.py``: the tasks it trains (digits, patterns): their models, data and goals.
+* ``trained.py``: the examples a local side trained on (a worker adapting to stragglers skips
+  updates), each worker's inner steps, and the uneven pair's adapting / plain ratios.
 """

@@ -27,12 +27,20 @@ each running every benchmark task in turn:
   ``multi_worker`` again, worker 1 sharing its core with a CPU hog (a noisy neighbour), the
   linear rule on the even split (``even``) and balanced (``balanced``,
   ``Trainer(balance=BalanceOptions(window=balance_window))``), both at ``balance_window``
-  updates per call.
+  updates per call; with ``uneven_local_sgd`` (none by default) local sides beside them, e.g.
+  ``local_sgd_h16_linear`` (every worker takes every update: the pair waits for the slow one
+  at each sync) against ``local_sgd_h16_linear_adapt`` (adapting to stragglers: the slow
+  worker takes fewer of a round's updates, reading and dropping the others' batches), both
+  with ``stragglers=None``; reported per side: each worker's inner steps
+  (``steps_per_worker``), examples/s counting only the examples trained on
+  (`tfdist.bench.time_to_accuracy.trained`), and adapting over plain
+  (``<task>_uneven_<side>_over_plain_seconds``, ``_updates``, ``_examples_per_s``).
 
 * local SGD and DiLoCo on the 2-worker launch (option ``local_sgd``, by default
   ``local_sgd_h4``, ``local_sgd_h16``, ``local_sgd_h64`` and ``diloco_h16``; any
   ``tfdist.bench.harness.fits.LOCAL_SIDE`` name: ``diloco_h16_lr1_m0.5`` another outer SGD,
-  a ``_linear`` suffix the linear rule below on the inner optimizer; built by
+  a ``_linear`` suffix the linear rule below on the inner optimizer, an ``_adapt`` suffix
+  ``adapt_to_stragglers=True`` with ``stragglers=None``; built by
   ``tfdist.bench.harness.fits.local_sgd_option``), by default at the base rate (a replica's
   update sees the per-worker batch). Their validation at an epoch's end between syncs is each
   replica's own copy on its share (a mixed figure), and a fit ends on a sync. Reported
@@ -70,6 +78,7 @@ from typing import Any
 
 from tfdist.bench.harness import cluster_run, common, fits, plots, timing
 from tfdist.bench.health import parent as health
+from tfdist.bench.time_to_accuracy import trained
 from tfdist.bench.time_to_accuracy.tasks import GOALS, TASK_OPTIONS, TASKS, check_tasks, task_specs
 from tfdist.bench.time_to_accuracy.worker import RULES, UNEVEN_RULES
 from tfdist.config import OPTIMIZER_NAMES, check_choice, check_steps_per_execution, invalid_argument
@@ -102,6 +111,9 @@ DEFAULTS: dict[str, Any] = {
     # Sides of the 2-worker launch on local SGD and DiLoCo (`tfdist.bench.harness.fits`), the
     # base rate: each replica's update sees the per-worker batch, as one worker's does.
     "local_sgd": ("local_sgd_h4", "local_sgd_h16", "local_sgd_h64", "diloco_h16"),
+    # Local sides of the uneven pair (needs uneven_pair), e.g. ("local_sgd_h16_linear",
+    # "local_sgd_h16_linear_adapt"): what adapting to stragglers buys beside the hog.
+    "uneven_local_sgd": (),
     # Seconds after which a launch's tasks are killed: its fits run one after the other, and
     # a 2-worker launch of 6 sides of patterns took over 900 s (the harness's default) on a
     # busy host.
@@ -140,13 +152,20 @@ def _check(options: dict[str, Any]) -> None:
     check_choice("optimizer", options["optimizer"], OPTIMIZER_NAMES)
     if isinstance(options["seed"], bool) or not isinstance(options["seed"], int):
         raise invalid_argument("seed", options["seed"], "an integer")
-    options["local_sgd"] = fits.check_local_sides(options["local_sgd"], linear=True)
+    options["local_sgd"] = fits.check_local_sides(options["local_sgd"], linear=True, adapt=True)
+    options["uneven_local_sgd"] = fits.check_local_sides(
+        options["uneven_local_sgd"], linear=True, adapt=True, argument="uneven_local_sgd"
+    )
     workers = options["workers"]
     if not isinstance(workers, (list, tuple)) or not workers or set(workers) - set(STRATEGIES):
         raise invalid_argument("workers", workers, f"some of {tuple(STRATEGIES)}")
     options["workers"] = tuple(n for n in STRATEGIES if n in workers)
     if not isinstance(options["uneven_pair"], bool):
         raise invalid_argument("uneven_pair", options["uneven_pair"], "True or False")
+    if options["uneven_local_sgd"] and not options["uneven_pair"]:
+        raise invalid_argument(
+            "uneven_local_sgd", options["uneven_local_sgd"], "() unless uneven_pair=True"
+        )
 
 
 def run(**overrides: Any) -> dict[str, Any]:
@@ -195,7 +214,10 @@ def run(**overrides: Any) -> dict[str, Any]:
         )
     if spec["uneven_pair"]:
         spec = {**spec, "local_sgd": []}
-        logger.info("bench time_to_accuracy: 2 workers, a CPU hog on worker 1, even and balanced")
+        logger.info(
+            "bench time_to_accuracy: 2 workers, a CPU hog on worker 1, even, balanced%s",
+            "".join(f", {side}" for side in spec["uneven_local_sgd"]),
+        )
         uneven = {**spec, "strategy": "multi_worker", "num_pinned_tasks": 2, "uneven": True}
         launches[UNEVEN] = cluster_run.run_tasks(
             {**uneven, "hog_worker": 1}, workers=2, timeout=spec["launch_timeout"]
@@ -204,27 +226,32 @@ def run(**overrides: Any) -> dict[str, Any]:
 
 
 def run_summary(run: dict[str, Any], target: float, examples_per_epoch: int) -> dict[str, Any]:
-    """One fit's figures from its per-epoch points: to the target (None if not reached), overall."""
+    """One fit's figures from its per-epoch points: to the target (None if not reached), overall.
+
+    Examples count those trained on: a point's ``trained_examples`` where it has one (a local
+    side, `trained.with_steps`: fewer when a worker skipped updates), else every example read.
+    """
     points = run["points"]
     hit = next((p for p in points if p["val_accuracy"] >= target), None)
     last = points[-1]
     later = last["seconds"] - points[0]["seconds"]
+    seen = lambda p: p.get("trained_examples", p["epoch"] * examples_per_epoch)  # noqa: E731
     return {
         "reached": hit is not None,
         "seconds_to_target": hit["seconds"] if hit else None,
         "wall_seconds_to_target": hit["wall_seconds"] if hit else None,
         "epochs_to_target": hit["epoch"] if hit else None,
         "updates_to_target": hit["updates"] if hit else None,
-        "examples_to_target": hit["epoch"] * examples_per_epoch if hit else None,
+        "examples_to_target": seen(hit) if hit else None,
         "epochs_run": last["epoch"],
         "final_val_accuracy": last["val_accuracy"],
         "best_val_accuracy": max(p["val_accuracy"] for p in points),
         "final_learning_rate": last["learning_rate"],
         # Training examples per training second, the first epoch (tracing) included ...
-        "examples_per_s": last["epoch"] * examples_per_epoch / last["seconds"],
+        "examples_per_s": seen(last) / last["seconds"],
         # ... and after it (None for a one-epoch fit).
         "steady_examples_per_s": (
-            (last["epoch"] - 1) * examples_per_epoch / later if len(points) > 1 else None
+            (seen(last) - seen(points[0])) / later if len(points) > 1 else None
         ),
         "first_epoch_seconds": points[0]["seconds"],
         "eval_seconds": run["eval_seconds"],
@@ -273,6 +300,7 @@ def side_summary(
     for key in ("examples_per_s", "final_val_accuracy", "best_val_accuracy", "epochs_run"):
         out[key] = timing.median([s[key] for s in used])
     out["runs"] = summaries
+    out["steps_per_worker"] = trained.steps_per_worker(runs)
     return out
 
 
@@ -285,7 +313,8 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
     examples = lead["examples_per_epoch"]
     others = health.others_per_sample(processes, "worker-0")
     sides = {}
-    for rule, runs in lead["runs"].items():
+    for rule in lead["runs"]:
+        runs = trained.with_steps(processes, name, rule)
         busy = others.get(f"{name}/{rule}", [None] * len(runs))
         sides[rule] = side_summary(runs, target, examples, busy)
         model_bytes, workers = 4 * lead["parameters"], lead_process["num_workers"]
@@ -407,6 +436,8 @@ def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
                 out["goals"][key] = GOALS[name]
         if UNEVEN in task["seconds_to_target"]:
             uneven_ratios(out, name, task["seconds_to_target"])
+            sides = {n: entry["sides"] for n, entry in task["per_workers"].items()}
+            trained.uneven_local_ratios(out, name, sides[UNEVEN], sides.get("1", {}))
         local_ratios(out, name, task)
     out["others_cpu_max"] = timing.nanmax(
         v
@@ -422,7 +453,7 @@ def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
 def uneven_ratios(out: dict[str, Any], name: str, seconds: dict[str, Any]) -> None:
     """The uneven pair's ratios of task ``name`` into ``out``: each side's seconds to the
     target over 1 worker's (linear rule), and even over balanced (above 1: balance paid)."""
-    base, uneven = seconds["1"]["linear"], seconds[UNEVEN]
+    base, uneven = seconds.get("1", {}).get("linear"), seconds[UNEVEN]
     ratio = lambda a, b: None if a is None or b is None else a / b  # noqa: E731
     for side in UNEVEN_RULES:
         key = f"{name}_uneven_{side}_time_ratio"

@@ -21,6 +21,9 @@ that leaves it about half its core), and the sides are ``even`` and ``balanced``
 the linear rule and ``spec["balance_window"]`` updates per call, ``balanced`` with
 ``Trainer(balance=BalanceOptions(window=spec["balance_window"]))``. The hog's CPU counts as
 its worker's own in the records, so that it does not mark every fit as disturbed.
+Local sides on it (``spec["uneven_local_sgd"]``, e.g. ``local_sgd_h16_linear`` against
+``local_sgd_h16_linear_adapt``) run as on the 2-worker launch but with ``stragglers=None``,
+every one (adapting needs it; the plain side too, so the two differ in adapting alone).
 
 Before each benchmark task's timed fits, one untimed fit of one epoch (a throwaway Trainer),
 so that what a process pays once (the collectives' group set-up, kernel caches) does not land
@@ -48,9 +51,9 @@ UNEVEN_RULES = ("even", "balanced")
 
 def rules_of(spec: dict[str, Any]) -> tuple[str, ...]:
     """The sides a launch runs: the LR rules (and ``spec["local_sgd"]``'s local-SGD sides), or
-    on the uneven pair even and balanced."""
+    on the uneven pair even and balanced (and ``spec["uneven_local_sgd"]``'s)."""
     if spec.get("uneven"):
-        return UNEVEN_RULES
+        return UNEVEN_RULES + tuple(spec.get("uneven_local_sgd", ()))
     return RULES + tuple(spec.get("local_sgd", ()))  # local SGD's sides, on 2 workers
 
 
@@ -63,6 +66,8 @@ class AccuracyClock(keras.callbacks.Callback):
     fit to stop (``model.stop_training``) once ``val_accuracy >= target``; every
     worker sees the same, all-reduced, accuracy. Another ``monitor`` (a ``val_`` log) with
     ``mode="min"`` stops once it is ``<= target`` (``language_model``'s bits per byte).
+    A local side adapting to stragglers logs ``local_steps``: this worker's inner steps so far,
+    kept per point (a skipped update's batch is read, not trained on).
     """
 
     def __init__(self, target: float, monitor: str = "val_accuracy", mode: str = "max") -> None:
@@ -81,7 +86,8 @@ class AccuracyClock(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         now = time.perf_counter()
-        accuracy = float((logs or {})[self.monitor])
+        logs = logs or {}
+        accuracy = float(logs[self.monitor])
         optimizer = self.model.optimizer
         self.points.append(
             {
@@ -92,6 +98,7 @@ class AccuracyClock(keras.callbacks.Callback):
                 "updates": int(optimizer.iterations.numpy()),
                 # The rate the next update would use (the schedule at the current update).
                 "learning_rate": float(keras.ops.convert_to_numpy(optimizer.learning_rate)),
+                **({"local_steps": int(logs["local_steps"])} if "local_steps" in logs else {}),
             }
         )
         if (accuracy >= self.target) if self.mode == "max" else (accuracy <= self.target):
@@ -105,7 +112,10 @@ def scaling_options(rule: str, task: dict[str, Any], spec: dict[str, Any]) -> di
     local = fits.local_side(rule)
     if local is not None:  # a local-SGD or DiLoCo option, at the base rate or the linear rule
         linear = scaling_options("linear", task, spec) if local.linear else {}
-        return {"local_sgd": fits.local_sgd_option(rule), **linear}
+        # Adapting needs the straggler report off; on the uneven pair every local side runs
+        # without it, so that its plain and adapting sides differ in adapting alone.
+        quiet = {"stragglers": None} if local.adapt or spec.get("uneven") else {}
+        return {"local_sgd": fits.local_sgd_option(rule), **linear, **quiet}
     if rule in UNEVEN_RULES:  # the uneven pair: the linear rule, the split even or balanced
         window = int(spec["balance_window"])
         balance = tfdist.BalanceOptions(window=window) if rule == "balanced" else False
@@ -123,9 +133,10 @@ def scaling_options(rule: str, task: dict[str, Any], spec: dict[str, Any]) -> di
     }
 
 
-def _trainer(
+def side_trainer(
     strategy: Any, builder: Any, task: dict[str, Any], spec: dict[str, Any], rule: str
 ) -> Any:
+    """A fresh Trainer of side ``rule`` on ``builder``'s model (the spec's optimizer and rate)."""
     keras.utils.set_random_seed(int(spec["seed"]))  # a dropout layer's seed, as on every side
     optimizer = keras.optimizers.get(
         {"class_name": spec["optimizer"], "config": {"learning_rate": spec["learning_rate"]}}
@@ -217,14 +228,14 @@ def run_task(
         seed,
     )
     rules = rules_of(spec)
-    warm = _trainer(strategy, builder, task, spec, rules[0])
+    warm = side_trainer(strategy, builder, task, spec, rules[0])
     start = time.perf_counter()
     warm.fit(train, epochs=1, global_batch_size=gbs, validation_data=val, verbose=0)
     warmup_seconds = time.perf_counter() - start
     runs: dict[str, list[dict[str, Any]]] = {rule: [] for rule in rules}
     for r in range(int(spec["repeats"])):
         for rule in rules if r % 2 == 0 else rules[::-1]:
-            trainer = _trainer(strategy, builder, task, spec, rule)
+            trainer = side_trainer(strategy, builder, task, spec, rule)
             runs[rule].append(
                 fit_to_target(trainer, (train, val, gbs), task, rule, recorder, hog_pid)
             )
