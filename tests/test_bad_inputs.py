@@ -336,7 +336,8 @@ CASES = [
         "Trainer(local_sgd=LocalSGDOptions(4), sharding='optimizer')",
         lambda e: e.trainer_with(local_sgd=tfdist.LocalSGDOptions(4), sharding="optimizer"),
         "local_sgd",
-        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False)",
+        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False, "
+        "fragments=1)",
         ("None with this sharding", "ZeRO keeps one shard of one optimizer state per replica"),
     ),
     C(
@@ -347,21 +348,24 @@ CASES = [
             pipeline=tfdist.PipelineOptions(["dense_0"]),
         ),
         "local_sgd",
-        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False)",
+        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False, "
+        "fragments=1)",
         ("None with this pipeline", "A pipeline's stages"),
     ),
     C(
         "Trainer(local_sgd=LocalSGDOptions(4), balance=True)",
         lambda e: e.trainer_with(local_sgd=tfdist.LocalSGDOptions(4), balance=True),
         "local_sgd",
-        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False)",
+        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False, "
+        "fragments=1)",
         ("None with this balance", "under local SGD workers wait for each other only at a sync"),
     ),
     C(
         "Trainer(local_sgd=...)  # a model with its own train_step",
         lambda e: e.trainer_with(model=own_train_step, local_sgd=tfdist.LocalSGDOptions(4)),
         "local_sgd",
-        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False)",
+        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False, "
+        "fragments=1)",
         ("None with this model", "has its own train_step"),
     ),
     C(
@@ -1475,7 +1479,8 @@ CASES = [
         "Trainer(local_sgd=LocalSGDOptions(4))  # parameter_server",
         lambda e: e.trainer_with(strategy=e.ps_strategy, local_sgd=tfdist.LocalSGDOptions(4)),
         "local_sgd",
-        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False)",
+        "LocalSGDOptions(sync_every=4, outer_optimizer=None, adapt_to_stragglers=False, "
+        "fragments=1)",
         ("None on this strategy", "there are no per-worker parameters to average"),
     ),
     C(

@@ -185,7 +185,8 @@ def test_train_gradient_compression_defaults_none_and_bad_values_name_the_argume
 
 def test_train_local_sgd_flag_builds_the_trainers_option():
     """``--local_sgd``: plain averaging, DiLoCo's Nesterov SGD(0.7, 0.9) or the numbers given;
-    ``adapt_to_stragglers=true``, on multi_worker only with ``--stragglers=off``."""
+    ``adapt_to_stragglers=true``, on multi_worker only with ``--stragglers=off``;
+    ``fragments=K``, a divisor of ``sync_every``, not beside adapting (each refused by name)."""
     from tfdist.launch.train import local_sgd_options
 
     assert local_sgd_options(train_config_of()) is None
@@ -207,6 +208,18 @@ def test_train_local_sgd_flag_builds_the_trainers_option():
         train_config_of(adapt, "--strategy=multi_worker")
     config = train_config_of(adapt, "--strategy=multi_worker", "--stragglers=off")
     assert local_sgd_options(config).adapt_to_stragglers
+    streaming = "--local_sgd=sync_every=16,fragments=4,outer=nesterov"
+    assert local_sgd_options(train_config_of(streaming)).fragments == 4
+    assert plain.fragments == 1
+    for pairs, expected in (
+        ("sync_every=16,fragments=3", "fragments= a positive divisor of sync_every"),
+        ("sync_every=4,fragments=8", "fragments= a positive divisor of sync_every"),
+        ("sync_every=4,fragments=0", "fragments= a positive divisor of sync_every"),
+        ("sync_every=4,fragments=two", "fragments= to be an integer"),
+        ("sync_every=4,fragments=2,adapt_to_stragglers=true", "fragments=1 with adapt_to_str"),
+    ):
+        with pytest.raises(ValueError, match=r"argument `local_sgd`.*Expected " + expected):
+            train_config_of(f"--local_sgd={pairs}")
 
 
 def test_bench_time_to_accuracy_tasks_reach_the_benchmark_or_are_refused(monkeypatch, capsys):

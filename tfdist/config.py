@@ -236,11 +236,13 @@ PIPELINE_FIELDS.update(stages=int, schedule=str)  # stages: with split_at=auto
 BALANCE_FIELDS = {"window": int, "floor": float, "hysteresis": float, "min_gain": float}
 MODEL_OPTION_FIELDS = {"width": int, "depth": int, "heads": int, "dropout": float}
 #: ``tfdist train --local_sgd=...``: ``sync_every`` (required), the outer optimizer (``outer``:
-#: none, sgd or nesterov, DiLoCo's), its SGD's learning rate and momentum, and
-#: ``adapt_to_stragglers`` (true: a slower worker takes fewer inner steps a round).
+#: none, sgd or nesterov, DiLoCo's), its SGD's learning rate and momentum,
+#: ``adapt_to_stragglers`` (true: a slower worker takes fewer inner steps a round) and
+#: ``fragments`` (K: streaming DiLoCo's fragments synced in turn, a divisor of sync_every).
 LOCAL_SGD_FIELDS = {"sync_every": int, "outer": str, "outer_learning_rate": float}
-LOCAL_SGD_FIELDS.update(outer_momentum=float, adapt_to_stragglers=bool)
+LOCAL_SGD_FIELDS.update(outer_momentum=float, adapt_to_stragglers=bool, fragments=int)
 LOCAL_SGD_OUTERS = ("none", "sgd", "nesterov")
+LOCAL_SGD_DEFAULTS = {"outer": "none", "sync_every": 0, "fragments": 1}  # 0: none given
 
 
 def parse_options(
@@ -288,9 +290,14 @@ def _check_local_sgd(config: TrainConfig) -> None:
     kwargs = parse_options("local_sgd", config.local_sgd or "off", LOCAL_SGD_FIELDS, on=False)
     if kwargs is None:
         return
-    outer = kwargs.get("outer", "none")
+    outer, every, fragments = (kwargs.get(k, d) for k, d in LOCAL_SGD_DEFAULTS.items())
     problems = [
-        (kwargs.get("sync_every", 0) < 1, "sync_every=H with H a positive integer"),
+        (every < 1, "sync_every=H with H a positive integer"),
+        (fragments < 1 or every % fragments > 0, "fragments= a positive divisor of sync_every"),
+        (
+            fragments > 1 and kwargs.get("adapt_to_stragglers", False),
+            "fragments=1 with adapt_to_stragglers=true",
+        ),
         (outer not in LOCAL_SGD_OUTERS, "outer= one of " + ", ".join(LOCAL_SGD_OUTERS)),
         (
             outer == "none" and len({"outer_learning_rate", "outer_momentum"} & set(kwargs)) > 0,

@@ -378,8 +378,9 @@ flags.DEFINE_string(
     "all-reduce, and the replicas average their parameters every H updates (local SGD), or, "
     "with outer=nesterov or outer=sgd, apply the averaged change with an outer SGD (DiLoCo); "
     "off (default) or key=value pairs: sync_every=H (required), outer=none|sgd|nesterov, "
-    "outer_learning_rate (default 0.7), outer_momentum (default 0.9 for nesterov, else 0); "
-    "e.g. sync_every=16,outer=nesterov.",
+    "outer_learning_rate (default 0.7), outer_momentum (default 0.9 for nesterov, else 0), "
+    "fragments=K (streaming DiLoCo: K pieces of the model synced in turn, one every H/K "
+    "updates; default 1); e.g. sync_every=16,outer=nesterov.",
 )
 #: Every flag tfdist defines (absl's own, such as --flagfile, are left out).
 TFDIST_FLAGS = frozenset(FLAGS) - _ABSL_FLAGS

@@ -89,7 +89,7 @@ def local_sgd_options(config: TrainConfig) -> Any:
     """The Trainer's ``local_sgd`` from ``--local_sgd`` (None: off): ``outer=nesterov`` is
     DiLoCo's ``SGD(0.7, momentum=0.9, nesterov=True)``, ``outer=sgd`` ``SGD(0.7)``; the
     ``outer_learning_rate`` and ``outer_momentum`` pairs replace those numbers;
-    ``adapt_to_stragglers=true`` passes on."""
+    ``adapt_to_stragglers=true`` and ``fragments=K`` pass on."""
     kwargs = parse_options("local_sgd", config.local_sgd or "off", LOCAL_SGD_FIELDS, on=False)
     if kwargs is None:
         return None
@@ -106,8 +106,12 @@ def local_sgd_options(config: TrainConfig) -> Any:
             nesterov=nesterov,
         )
     adapt = kwargs.get("adapt_to_stragglers", False)
+    fragments = kwargs.get("fragments", 1)
     return tfdist.LocalSGDOptions(
-        kwargs["sync_every"], outer_optimizer=optimizer, adapt_to_stragglers=adapt
+        kwargs["sync_every"],
+        outer_optimizer=optimizer,
+        adapt_to_stragglers=adapt,
+        fragments=fragments,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import keras
 
 from tfdist.config import check_positive_int, invalid_argument
+from tfdist.training.local_sgd.fragments import too_many
 from tfdist.training.step.model_steps import Overrides
 
 
@@ -47,6 +48,13 @@ class LocalSGDOptions:
     one); on one worker (``mirrored``, ``one_device``) every replica runs in one process and
     there is nothing to adapt: it trains as without.
 
+    With ``fragments=K`` (streaming DiLoCo, Douillard et al. 2025) the averaged variables are
+    cut, in model order, into ``K`` contiguous fragments balanced by bytes, synced in turn: one
+    fragment every ``H / K`` updates, each every ``H`` updates, so each sync carries about
+    ``1/K`` of the model and the bytes per update stay ``1/H`` of it. With DiLoCo each fragment
+    has its own copy of the outer optimizer. The sync is not overlapped with the next inner
+    steps (see `tfdist.training.local_sgd.fragments`).
+
     Args:
         sync_every: Updates between synchronisations, ``H`` (1: every update).
         outer_optimizer: A Keras optimizer for the outer gradient, or None (plain averaging).
@@ -54,21 +62,27 @@ class LocalSGDOptions:
         adapt_to_stragglers: Whether a slower worker takes fewer inner steps per round, the
             sync weighted by the steps taken (the logs gain ``local_steps``: this worker's inner
             steps since the Trainer was built; a backup does not hold it).
+        fragments: ``K``, the fragments synced in turn (1: the whole model at each sync); a
+            divisor of ``sync_every``, at most the model's trainable variables.
 
     Raises:
         ValueError: Naming the argument, for a ``sync_every`` that is not a positive integer
             or an ``outer_optimizer`` that is not a Keras optimizer, or an
-            ``adapt_to_stragglers`` that is not a bool.
+            ``adapt_to_stragglers`` that is not a bool; naming ``fragments``, for one that is
+            not a positive integer dividing ``sync_every``, or above 1 with
+            ``adapt_to_stragglers=True``.
     """
 
     sync_every: int
     outer_optimizer: keras.optimizers.Optimizer | None = None
     adapt_to_stragglers: bool = False
+    fragments: int = 1
 
     def __post_init__(self) -> None:
         check_positive_int("sync_every", self.sync_every)
         if not isinstance(self.adapt_to_stragglers, bool):
             raise invalid_argument("adapt_to_stragglers", self.adapt_to_stragglers, "True or False")
+        self._check_fragments()
         outer = self.outer_optimizer
         if outer is not None and not isinstance(outer, keras.optimizers.Optimizer):
             raise invalid_argument(
@@ -83,6 +97,25 @@ class LocalSGDOptions:
                 type(outer).__name__,
                 "an optimizer without loss scaling",
                 note="The outer gradient is a parameter change, not a scaled loss's gradient.",
+            )
+
+    def _check_fragments(self) -> None:
+        """``fragments``: a positive int dividing ``sync_every``, 1 when adapting."""
+        k, h = check_positive_int("fragments", self.fragments), self.sync_every
+        if k > h or h % k:
+            raise invalid_argument(
+                "fragments",
+                k,
+                f"a divisor of sync_every={h} (one fragment syncs every sync_every / fragments "
+                "updates)",
+            )
+        if k > 1 and self.adapt_to_stragglers:
+            raise invalid_argument(
+                "fragments",
+                k,
+                "1 with adapt_to_stragglers=True",
+                note="Its sync weighs each worker by its steps in the round of H updates; "
+                "staggered fragments each end their rounds at other updates.",
             )
 
 
@@ -104,9 +137,9 @@ def local_sgd_options(value: Any) -> LocalSGDOptions | None:
 def check_local_sgd(
     options: LocalSGDOptions | None, runner: Any, trainer_options: Any, model: keras.Model
 ) -> None:
-    """The refusals of ``local_sgd=``: one clear error each (the strategy, sharding, a
-    pipeline, balanced batches, a model's own ``train_step``, the straggler report beside
-    ``adapt_to_stragglers`` on several workers).
+    """The refusals of ``local_sgd=``: one clear error each (more ``fragments`` than trainable
+    variables, the strategy, sharding, a pipeline, balanced batches, a model's own
+    ``train_step``, the straggler report beside ``adapt_to_stragglers`` on several workers).
 
     Args:
         options: The checked ``local_sgd`` option, or None (nothing to check).
@@ -117,6 +150,9 @@ def check_local_sgd(
     """
     if options is None:
         return
+    variables = len(model.trainable_variables)
+    if model.built and options.fragments > variables:
+        raise too_many(options.fragments, variables)
     reasons = [
         ("strategy", runner.local_sgd_refusal),
         (

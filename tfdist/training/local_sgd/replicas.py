@@ -25,7 +25,8 @@ The resume (`ReplicaCopies.restore`, every worker, right after the checkpoint is
 * **on another count (elastic):** the partial round is synced at the resume, as a fit's end does
   (`tfdist.training.local_sgd.sync.LocalState.finish`): the written replicas' parameters
   averaged (DiLoCo: the mean change since the last sync, through the outer optimizer, from the
-  backed-up anchors and outer slots) and their statistics averaged, the sync count one more.
+  backed-up anchors and outer slots) and their statistics averaged, the sync count one more;
+  with fragments, every fragment's but one that synced at the backup's very update.
   The inner optimizer's slots are **replica 0's** (the chief's, what the checkpoint's optimizer
   entries hold): a mean of Adam's moments would be a state no replica had. Syncs still fall
   at multiples of ``sync_every``, so the first round after the resume is shorter. A backup
@@ -42,6 +43,8 @@ import math
 from typing import Any
 
 import tensorflow as tf
+
+from tfdist.training.local_sgd import fragments
 
 #: The groups of averaged-or-local variables, in the order their rows are gathered.
 GROUPS = ("parameters", "statistics", "slots")
@@ -110,7 +113,7 @@ class ReplicaCopies:
             return "own"
         if not mid_round:
             return "slots"
-        self._average(written_on)
+        self._average(written_on, iterations)
         self.state.synced_at = iterations
         return "averaged"
 
@@ -126,19 +129,25 @@ class ReplicaCopies:
                     ):
                         component.assign(copy[replica])
 
-    def _average(self, written_on: int) -> None:
-        """Elastic: the written replicas' rows averaged and applied as one sync (in the scope)."""
+    def _average(self, written_on: int, iterations: int) -> None:
+        """Elastic: the written replicas' rows of the fragments mid-round after ``iterations``
+        updates (all but one that synced at that update) averaged and applied as one sync (in
+        the scope)."""
         state = self.state
-        rows = self.copies["parameters"] + self.copies["statistics"]
+        due = fragments.pending(state.fragments, iterations, state.options.sync_every)
+        indices, statistics = state.members(due)
+        rows = [self.copies["parameters"][i] for i in indices]
+        rows += [self.copies["statistics"][k] for k in statistics]
+        anchors = [state.anchors[i] for i in indices] if state.anchors else []
 
         def sync() -> None:
             averaged = []
             for k, copy in enumerate(rows):
                 x = copy.read_value()
-                if k < len(state.anchors):  # DiLoCo: the outer gradient's share
-                    x = tf.expand_dims(state.anchors[k].read_value(), 0) - x
+                if k < len(anchors):  # DiLoCo: the outer gradient's share
+                    x = tf.expand_dims(anchors[k].read_value(), 0) - x
                 averaged.append(tf.reduce_sum(x, axis=0) / tf.constant(written_on, x.dtype))
-            state.apply(averaged)
+            state.apply(averaged, due)
 
         with state.strategy.scope():
             tf.function(sync)()

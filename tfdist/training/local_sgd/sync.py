@@ -21,6 +21,14 @@ What one sync does, every replica alike:
 4. DiLoCo: the parameters go back to the last synced ones, the outer optimizer applies the
    averaged change as its gradient, and the result is the new anchor.
 
+With ``fragments=K`` (`tfdist.training.local_sgd.fragments`) a sync is of one fragment: steps
+1-4 over its parameters and statistics only, with its own copy of the outer optimizer (so an
+outer Adam counts that fragment's steps and keeps its slots), one fragment every ``H / K``
+updates (a ``tf.cond`` each on ``optimizer.iterations % H``). Its all-reduce carries that
+fragment's bytes; the fit's end syncs every fragment mid-round in one all-reduce (all but the
+one that synced at that very update). The all-reduce is not overlapped with the next inner
+steps, as the paper's is: on CPU each worker's one core would do both.
+
 A fit's end (`LocalState.finish`, before any ``on_train_end``) syncs a partial round: the
 model ``fit`` returns is one model. Validation between syncs does not sync (each replica
 evaluates its own copy).
@@ -31,10 +39,11 @@ through the outer optimizer). Local, never exchanged: the inner optimizer's stat
 Adam's moments; its ``iterations`` are the same everywhere), the loss scale under
 ``mixed_float16``, the metrics' totals (reduced when read, as always) and the random seeds.
 
-A backup (`LocalState.checkpointed`) holds the last synced parameters, the outer optimizer's
-variables, the sync count and every replica's own parameters, statistics and inner slots
-(`tfdist.training.local_sgd.replicas`): a resume on the same replica count continues every
-replica mid-round bit for bit; on another count it syncs the partial round (elastic resume).
+A backup (`LocalState.checkpointed`) holds the last synced parameters, the outer optimizers'
+variables (every fragment's, in order), the sync count and every replica's own parameters,
+statistics and inner slots (`tfdist.training.local_sgd.replicas`): a resume on the same
+replica count continues every replica mid-round bit for bit; on another count it syncs the
+partial round (elastic resume).
 
 With ``adapt_to_stragglers`` (`tfdist.training.local_sgd.stragglers`) step 1 multiplies each
 replica's values by its weight (the steps it took in the round over the round's updates), step
@@ -53,7 +62,7 @@ import tensorflow as tf
 
 from tfdist._compat.keras_internals.optimizer import apply_in_cross_replica_context
 from tfdist._compat.keras_internals.scope_moves import optimizer_copy_in_scope
-from tfdist.training.local_sgd import stragglers
+from tfdist.training.local_sgd import fragments, stragglers
 from tfdist.training.local_sgd.options import LocalSGDOptions
 from tfdist.training.local_sgd.replicas import ReplicaCopies, local_replica_ids
 
@@ -87,18 +96,25 @@ class LocalState:
         self.statistics = [
             v for v in model.non_trainable_weights if tf.as_dtype(v.dtype).is_floating
         ]
-        self._finish: Any = None  # the compiled end-of-fit sync, once needed
+        # The compiled end-of-fit syncs, by the fragments they sync.
+        self._finish: dict[tuple[int, ...], Any] = {}
+        self.fragments = fragments.split(
+            model, self.parameters, self.statistics, options.fragments, options.sync_every
+        )
         # The updates at which the replicas were last known equal off the H grid (a fit's start
         # or end, an elastic resume): a backup then needs one copy of the parameters.
         self.synced_at: int | None = None
         self.copies: ReplicaCopies | None = None  # each replica's own state, for backups
         with strategy.scope():
             self.syncs = tf.Variable(0, dtype=tf.int64, trainable=False, name="local_sgd_syncs")
-            self.outer: keras.optimizers.Optimizer | None = None
+            # DiLoCo: a copy of the outer optimizer per fragment, built on its parameters.
+            self.outers: list[keras.optimizers.Optimizer] = []
             self.anchors: list[tf.Variable] = []
             if options.outer_optimizer is not None:
-                self.outer = optimizer_copy_in_scope(strategy, options.outer_optimizer)
-                self.outer.build(self.parameters)
+                for fragment in self.fragments:
+                    outer = optimizer_copy_in_scope(strategy, options.outer_optimizer)
+                    outer.build([self.parameters[i] for i in fragment.parameters])
+                    self.outers.append(outer)
                 self.anchors = [
                     tf.Variable(v.value, trainable=False, name=f"local_sgd_anchor_{i}")
                     for i, v in enumerate(self.parameters)
@@ -172,7 +188,7 @@ class LocalState:
         ``self.copies.restore()``, on every worker."""
         if self.copies is None:
             self.copies = ReplicaCopies(self)
-        outer = [] if self.outer is None else [v.value for v in self.outer.variables]
+        outer = [v.value for o in self.outers for v in o.variables]
         more = {"steps": self.steps, "seconds": self.seconds} if self.adaptive else {}
         return tf.train.Checkpoint(
             anchors=self.anchors,
@@ -193,7 +209,8 @@ class LocalState:
         """Whether every replica holds the same parameters and statistics now (eager): after
         the sync of an ``H``-th update, at a fit's start or end, or after an elastic resume."""
         iterations = self._iterations()
-        return iterations % self.options.sync_every == 0 or iterations == self.synced_at
+        h = self.options.sync_every
+        return iterations == self.synced_at or not fragments.pending(self.fragments, iterations, h)
 
     def _iterations(self) -> int:
         return int(self.model.optimizer.iterations.numpy())
@@ -202,60 +219,92 @@ class LocalState:
         """At a fit's end (eager, every worker): one sync of the partial round when the updates
         are not a multiple of ``sync_every`` (plain averaging, or DiLoCo's outer step on the
         change so far), so the model ``fit`` returns (and the chief saves) is one model, the
-        same bits on every replica. Returns whether it synced."""
-        if self._iterations() % self.options.sync_every == 0:
+        same bits on every replica; with fragments, of every fragment but the one that synced
+        at this update, in one all-reduce. Returns whether it synced."""
+        due = fragments.pending(self.fragments, self._iterations(), self.options.sync_every)
+        if not due:
             return False
-        if self._finish is None:
-            self._finish = tf.function(self.sync)
+        key = tuple(f.index for f in due)
+        if key not in self._finish:
+            self._finish[key] = tf.function(lambda: self.sync(due))
         with self.strategy.scope():
-            self._finish()
+            self._finish[key]()
         self.synced_at = self._iterations()
         return True
 
     def maybe_sync(self, strategy: tf.distribute.Strategy, iterations: tf.Tensor) -> tf.Tensor:
-        """Syncs when ``iterations`` (after this update) is a multiple of ``sync_every``;
-        cross-replica context. Returns whether it synced."""
-        due = tf.equal(tf.math.floormod(iterations, self.options.sync_every), 0)
+        """Syncs the fragment due after ``iterations`` updates, if one is (one fragment: when
+        ``iterations`` is a multiple of ``sync_every``; see
+        `tfdist.training.local_sgd.fragments` for the schedule); cross-replica context.
+        Returns whether it synced."""
+        phase = tf.math.floormod(iterations, self.options.sync_every)
+        synced = None
+        for fragment in self.fragments:
 
-        def sync() -> tf.Tensor:
-            self.sync()
-            return tf.constant(True)
+            def sync(fragment: fragments.Fragment = fragment) -> tf.Tensor:
+                self.sync([fragment])
+                return tf.constant(True)
 
-        return tf.cond(due, sync, lambda: tf.constant(False))
+            due = tf.equal(phase, fragment.offset)
+            this = tf.cond(due, sync, lambda: tf.constant(False))
+            synced = this if synced is None else tf.logical_or(synced, this)
+        return synced
 
-    def sync(self) -> None:
-        """One synchronisation (see the module docstring); cross-replica context."""
-        self.apply(self._averaged())
+    def sync(self, due: list[fragments.Fragment] | None = None) -> None:
+        """One synchronisation (see the module docstring) of the ``due`` fragments (None: all),
+        in one all-reduce; cross-replica context."""
+        due = self.fragments if due is None else due
+        self.apply(self._averaged(due), due)
 
-    def apply(self, averaged: list[tf.Tensor]) -> None:
-        """A sync's end, given the replicas' means of the parameters (DiLoCo: of ``anchor -
-        parameter``) then of the statistics, the same bits on every replica; cross-replica."""
-        n = len(self.parameters)
-        for v, mean in zip(self.statistics, averaged[n:]):
-            v.assign(mean)
-        if self.outer is None:
-            for v, mean in zip(self.parameters, averaged[:n]):
-                v.assign(mean)
-        else:
-            for v, anchor in zip(self.parameters, self.anchors):
-                v.assign(anchor)
-            apply_in_cross_replica_context(self.outer, averaged[:n], self.parameters)
-            for v, anchor in zip(self.parameters, self.anchors):
-                anchor.assign(v.value)
+    def members(self, due: list[fragments.Fragment]) -> tuple[list[int], list[int]]:
+        """The indices of the ``due`` fragments' parameters and statistics, in order."""
+        return ([i for f in due for i in f.parameters], [k for f in due for k in f.statistics])
+
+    def apply(self, averaged: list[tf.Tensor], due: list[fragments.Fragment]) -> None:
+        """A sync's end, given the replicas' means of the ``due`` fragments' parameters
+        (DiLoCo: of ``anchor - parameter``) then of their statistics (`members`' order), the
+        same bits on every replica; cross-replica. DiLoCo: each fragment's outer optimizer
+        applies its own part of the averaged change to its parameters only."""
+        indices, statistics = self.members(due)
+        n = len(indices)
+        for k, mean in zip(statistics, averaged[n:]):
+            self.statistics[k].assign(mean)
+        if not self.outers:
+            for i, mean in zip(indices, averaged[:n]):
+                self.parameters[i].assign(mean)
+        start = 0
+        for fragment in due if self.outers else ():
+            size = len(fragment.parameters)
+            self._outer_step(fragment, averaged[start : start + size])
+            start += size
         self.syncs.assign_add(1)
 
-    def _averaged(self) -> list[tf.Tensor]:
-        """The replicas' mean of each averaged variable (DiLoCo: of ``anchor - parameter``),
-        one tensor each, the same bits on every replica; adapting, weighted by the steps taken,
-        and the next round's steps agreed (`_reschedule`)."""
+    def _outer_step(self, fragment: fragments.Fragment, change: list[tf.Tensor]) -> None:
+        """DiLoCo: ``fragment``'s parameters back to their anchors, its outer optimizer's step on
+        the averaged ``change``, the result the new anchors (cross-replica)."""
+        parameters = [self.parameters[i] for i in fragment.parameters]
+        anchors = [self.anchors[i] for i in fragment.parameters]
+        for v, anchor in zip(parameters, anchors):
+            v.assign(anchor)
+        apply_in_cross_replica_context(self.outers[fragment.index], change, parameters)
+        for v, anchor in zip(parameters, anchors):
+            anchor.assign(v.value)
+
+    def _averaged(self, due: list[fragments.Fragment]) -> list[tf.Tensor]:
+        """The replicas' mean of each averaged variable of the ``due`` fragments (DiLoCo: of
+        ``anchor - parameter``), one tensor each, the same bits on every replica; adapting,
+        weighted by the steps taken, and the next round's steps agreed (`_reschedule`)."""
         strategy = self.strategy
-        variables = self.parameters + self.statistics
+        indices, statistics = self.members(due)
+        anchored = indices if self.anchors else []
+        variables = [self.parameters[i] for i in indices]
+        variables += [self.statistics[k] for k in statistics]
         copies = [strategy.experimental_local_results(v.value) for v in variables]
-        anchors = [strategy.experimental_local_results(a) for a in self.anchors]
+        anchors = [strategy.experimental_local_results(self.anchors[i]) for i in anchored]
         num_local = len(copies[0]) if copies else 1
         # 16 bits on the wire for DiLoCo's outer gradient (a change) only: parameters themselves
         # would lose their low bits at every sync.
-        compressed = self.outer is not None and strategy.num_replicas_in_sync > 1
+        compressed = bool(self.outers) and strategy.num_replicas_in_sync > 1
         wire = _WIRE_DTYPES.get(self.compression) if compressed else None
         weights, updates = (self._weights()) if self.adaptive else (None, None)
 
