@@ -68,6 +68,9 @@ def test_the_split_is_contiguous_balanced_by_bytes_with_statistics_beside_their_
     assert fragments.cuts([5, 5, 5, 5], 4) == [0, 1, 2, 3, 4]
     assert [fragments.offset(j, 4, 16) for j in range(4)] == [4, 8, 12, 0]
     assert [f.index for f in fragments.pending([first, second], 6, 4)] == [1]
+    model.trainable = False  # K=1 as before: one fragment, even of no trainable variable
+    (only,) = fragments.split(model, [], model.non_trainable_weights, 1, 4)
+    assert (only.parameters, only.statistics, only.bytes) == ((), tuple(range(8)), 460)
 
 
 def _replica_reference(syncs, updates=12):

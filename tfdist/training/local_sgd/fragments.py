@@ -63,24 +63,27 @@ def split(
     Raises:
         ValueError: Naming ``fragments``, when there are fewer trainable variables.
     """
-    if fragments > len(parameters):
+    if fragments > max(len(parameters), 1):
         raise too_many(fragments, len(parameters))
     owners = _owners(model, parameters, statistics)
-    sizes = [_bytes(v) for v in parameters]
+    own_bytes = [_bytes(v) for v in parameters]
+    statistic_bytes = [_bytes(v) for v in statistics]
+    sizes = list(own_bytes)  # each trainable variable's, with its statistics'
     for k, owner in enumerate(owners):
-        sizes[owner] += _bytes(statistics[k])
-    bounds = cuts(sizes, fragments)
+        if sizes:  # no trainable variable: one fragment (fragments=1), its statistics only
+            sizes[owner] += statistic_bytes[k]
+    bounds = [0, len(sizes)] if fragments == 1 else cuts(sizes, fragments)
     out = []
     for j in range(fragments):
         members = range(bounds[j], bounds[j + 1])
-        own = tuple(k for k, owner in enumerate(owners) if owner in members)
+        own = tuple(k for k, o in enumerate(owners) if fragments == 1 or o in members)
         out.append(
             Fragment(
                 index=j,
                 offset=offset(j, fragments, sync_every),
                 parameters=tuple(members),
                 statistics=own,
-                bytes=sum(sizes[i] for i in members),
+                bytes=sum(own_bytes[i] for i in members) + sum(statistic_bytes[k] for k in own),
             )
         )
     return out

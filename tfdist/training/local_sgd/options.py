@@ -41,9 +41,10 @@ class LocalSGDOptions:
     (about ``H`` times its rate over the fastest's, at least 1) and skips the rest, reading and
     dropping their batches, so the workers reach each sync together; the sync weighs each
     worker's parameters (DiLoCo: its change) by the steps it took. With no straggler it is
-    plain local SGD, bit for bit. The rates are measured in the train loop and agreed at each
-    sync (`tfdist.training.local_sgd.stragglers`). It needs the data's length
-    (``steps_per_epoch`` or a sized dataset), dense gradients and, on ``multi_worker``,
+    plain local SGD, bit for bit (an ``Embedding``'s sparse rows too: a skip's have none). The
+    rates are measured in the train loop and agreed at each sync
+    (`tfdist.training.local_sgd.stragglers`). It needs the data's length (``steps_per_epoch``
+    or a sized dataset) and, on ``multi_worker``,
     ``stragglers=None`` (the straggler report times each update in a way that cannot skip
     one); on one worker (``mirrored``, ``one_device``) every replica runs in one process and
     there is nothing to adapt: it trains as without.
@@ -151,7 +152,7 @@ def check_local_sgd(
     if options is None:
         return
     variables = len(model.trainable_variables)
-    if model.built and options.fragments > variables:
+    if model.built and options.fragments > max(variables, 1):
         raise too_many(options.fragments, variables)
     reasons = [
         ("strategy", runner.local_sgd_refusal),
