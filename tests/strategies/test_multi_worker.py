@@ -204,10 +204,11 @@ def test_local_sgd_on_two_workers(launched):
 
 def test_local_sgd_adapts_to_a_slow_worker(launched):
     """adapt_to_stragglers, sync_every=4, 12 updates, worker:1 sleeping 100 ms a forward pass
-    (tests/jobs/mwms_job.py): worker:0 takes every update, worker:1 fewer in the third round
-    (the first round's times are dropped; its weights unchanged across a skipped update), both
-    agree on the next round's
-    steps, and both hold the same bits after each sync (updates 4, 8, 12) and differ between."""
+    (tests/jobs/mwms_job.py), on a causal transformer LM with Adam (an Embedding's sparse rows,
+    a skipped update's none; a masked loss): worker:0 takes every update, worker:1 fewer in the
+    third round (the first round's times are dropped; its weights unchanged across a skipped
+    update), both agree on the next round's steps, and both hold the same bits after each sync
+    (updates 4, 8, 12) and differ between."""
     proc, _ = launched
     assert "[worker:1] local_sgd done 2" in proc.stdout, proc.stdout[-3000:]
     found = re.findall(r"\[worker:(\d)\] local_sgd adapt digest (\d+) (\w+)", proc.stdout)

@@ -8,7 +8,9 @@ its batches and drops them (no forward, no backward, no optimizer update: only
 ``optimizer.iterations`` moves, so the syncs stay where they were). Skipped iterations cost
 nothing, so the workers reach the sync together, in about the slow worker's time for its ``s``
 steps. Its share of a skipped batch is not trained on (the data each worker reads is unchanged;
-a slow worker trains on fewer of its examples) and enters no metric.
+a slow worker trains on fewer of its examples) and enters no metric. Sparse gradients (an
+``Embedding``'s rows) stay rows in the steps taken, as plain local SGD keeps them; a skipped
+step's have none (`tfdist.training.local_sgd.update`).
 
 Every decision is a function of values every worker holds bit for bit:
 

@@ -290,6 +290,11 @@ class TrainUpdate:
 
     def __call__(self, micro_batches: Sequence[Any]) -> None:
         """One update on ``micro_batches`` (the loop unrolled), in replica context."""
+        self.apply(*self.unrolled(micro_batches))
+
+    def unrolled(self, micro_batches: Sequence[Any]) -> tuple[list[Any], tf.Tensor, Any, Any]:
+        """The present variables' gradient sums (a sparse one's rows concatenated), examples,
+        per-output loss sums and masked terms of ``micro_batches``, the loop unrolled."""
         summed: list[Any] | None = None
         count = tf.constant(0.0)
         output_sums: list[Any] = []
@@ -304,7 +309,7 @@ class TrainUpdate:
                 output_sums = [a + b for a, b in zip(output_sums, losses)]
             count += size
             extra = MaskedUpdate.add(extra, packed)
-        self.apply(summed, count, output_sums, extra)
+        return summed, count, output_sums, extra
 
     def zeros(self) -> State:
         """The accumulation loop's starting state (replica context)."""
