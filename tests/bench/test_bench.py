@@ -405,3 +405,12 @@ def test_sparse_exchange_sends_rows_and_keeps_the_weights(quick_run):
     assert result["bytes_ratio"] == pytest.approx(sent["rows"] / sent["dense"])
     assert result["max_weight_difference"] < 1e-5
     _check_samples(result["samples"], "rows", work=8 * 64)
+
+
+def test_bench_tasks_import_this_checkouts_tfdist_first():
+    """The tasks' PYTHONPATH starts at the directory holding the ``tfdist`` package (not the
+    package itself, where ``import config`` would find tfdist's own module)."""
+    from tfdist.bench.harness import cluster_run
+
+    first = cluster_run.task_env(None)["PYTHONPATH"].split(os.pathsep)[0]
+    assert os.path.isfile(os.path.join(first, "tfdist", "__init__.py")), first

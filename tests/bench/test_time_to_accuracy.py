@@ -9,6 +9,8 @@ once: every side saw the same examples per epoch from the same per-worker batch;
 workers saw the same accuracies; each fit stopped at the first epoch that reached the task's
 target (or ran every epoch); the times, rates, medians and ratios follow from the recorded points;
 the *linear* side really trained at the scaled, warmed-up rate and *none* at the base rate.
+The 2-worker launch also runs side ``alone`` (worker 0 by itself on one_device, worker 1
+waiting): it trained as the 1-worker launch's *none* side did, and worker 1 waited on no CPU.
 
 first_fit: one default 2-worker launch (the launcher pins the workers): every fit (the
 Trainer's, then Keras's own `model.fit`'s as the reference) and
@@ -40,7 +42,12 @@ TASKS = ("patterns",)
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     output = str(tmp_path_factory.mktemp("bench") / "bench.json")
-    options = {"threads_per_worker": 1, "preload": PRELOAD, "time_to_accuracy_tasks": TASKS}
+    options = {
+        "threads_per_worker": 1,
+        "preload": PRELOAD,
+        "time_to_accuracy_tasks": TASKS,
+        "time_to_accuracy_alone": True,  # side alone in the 2-worker launch: one extra quick fit
+    }
     results = runner.run(
         ["time_to_accuracy", "first_fit"], quick=True, output=output, repeats=1, options=options
     )
@@ -198,6 +205,45 @@ def test_results_and_png_are_written(bench_run):
     assert_machine_is_this_one(results["results"]["time_to_accuracy"]["machine"])
 
 
+def test_alone_trained_one_worker_in_the_pair_launch_as_the_one_worker_launch(bench_run):
+    """Side ``alone`` of the 2-worker launch: worker 0 trained the *none* side's Trainer by itself
+    at one worker's batch (the 1-worker launch's updates, rate and accuracies), worker 1 waited
+    on almost no CPU, and the same-launch ratios follow from the medians."""
+    result, tasks = _tasks(bench_run)
+    assert result["config"]["alone"] is True
+    for name, task in tasks:
+        one, two = task["per_workers"]["1"], task["per_workers"]["2"]
+        assert "alone" not in one["sides"] and "alone" not in one
+        side, own = two["sides"]["alone"], two["alone"]
+        assert (own["global_batch_size"], own["updates_per_epoch"]) == (
+            one["global_batch_size"],
+            one["updates_per_epoch"],
+        )
+        assert own["examples_per_epoch"] == one["examples_per_epoch"]
+        assert own["untimed_first_fit_seconds"] > 0
+        assert side["allreduce_bytes_per_update"] == 0.0
+        assert side["val_accuracy_per_worker"]["worker-1"] == []  # it trained nothing
+        (run,) = side["runs"]
+        _check_fit(run, own, task["config"]["target_accuracy"], task["config"]["max_epochs"])
+        (alone_run,) = one["sides"]["none"]["runs"]
+        assert [p["updates"] for p in run["curve"]] == [p["updates"] for p in alone_run["curve"]]
+        for p, q in zip(run["curve"], alone_run["curve"]):  # the same fit, one launch apart
+            assert p["learning_rate"] == pytest.approx(result["config"]["learning_rate"])
+            assert p["val_accuracy"] == pytest.approx(q["val_accuracy"], abs=0.05)
+        (wait,) = [w["seconds"] for w in own["waits"].values()]
+        (cpu,) = [w["cpu_seconds"] for w in own["waits"].values()]
+        assert wait[0] >= run["fit_seconds"] * 0.9 and cpu[0] < 0.1 * wait[0] + 0.05
+        ratio = lambda a, b: None if a is None or not b else a / b  # noqa: E731
+        for rule, label in (("none", "no_scaling"), ("linear", "linear_scaling")):
+            figures = two["sides"][rule]
+            for figure, field in (("time", "seconds_to_target"),
+                                  ("examples_per_s", "steady_examples_per_s")):  # fmt: skip
+                key = f"{name}_{label}_{figure}_same_launch_ratio"
+                expected = ratio(figures[field], side[field])
+                assert result[key] == (None if expected is None else pytest.approx(expected))
+                assert "the same launch" in result["words"][key]
+
+
 def test_bad_time_to_accuracy_options_get_one_clear_error():
     with pytest.raises(ValueError, match=r"Invalid value for argument `target_accuracy`"):
         time_to_accuracy.run(target_accuracy=1.5)
@@ -234,6 +280,10 @@ def test_bad_time_to_accuracy_options_get_one_clear_error():
         time_to_accuracy.run(uneven_pair="yes")
     with pytest.raises(ValueError, match=r"Invalid value for argument `balance_window`"):
         time_to_accuracy.run(balance_window=0)
+    with pytest.raises(ValueError, match=r"`alone`. Received: alone='yes'. Expected True or"):
+        time_to_accuracy.run(alone="yes")
+    with pytest.raises(ValueError, match=r"alone=True. Expected False unless workers includes 2"):
+        time_to_accuracy.run(alone=True, workers=(1,))
 
 
 def test_the_uneven_pair_trains_the_linear_rule_even_and_balanced():
@@ -698,3 +748,96 @@ def test_the_uneven_pairs_local_sides_count_only_examples_trained_on():
     out = time_to_accuracy.summarise(spec, launches)
     assert out[f"{key}_time_ratio"] is None and out["patterns_uneven_even_time_ratio"] is None
     assert out[f"{key}_over_plain_seconds"] == pytest.approx(56 / 60)
+
+
+def _alone_launch(alone=True):
+    """Made-up records of a 2-worker launch of digits (128 a global batch, 11 updates an epoch)
+    with 2 repeats of none, linear, diloco_h16 and, with ``alone``, worker 0 by itself (64 a
+    batch, 22 updates an epoch) while worker 1 waited."""
+
+    def run(seconds, per_epoch):
+        accuracy = (0.5, 0.9, 0.98)
+        points = [
+            {"epoch": i + 1, "seconds": s, "wall_seconds": s + 1, "val_accuracy": a,
+             "updates": per_epoch * (i + 1), "learning_rate": 2e-3}
+            for i, (s, a) in enumerate(zip(seconds, accuracy))
+        ]  # fmt: skip
+        return {"points": points, "eval_seconds": 1.0, "fit_seconds": 99.0, "is_chief": True}
+
+    sides = {
+        "none": [run([2, 4, 6], 11)] * 2,
+        "linear": [run([2, 3, 4], 11)] * 2,
+        "diloco_h16": [run([1, 2, 3], 11), run([1, 3, 5], 11)],
+    }
+    by_itself = {"alone": [run([3, 6, 9], 22), run([2, 4, 6], 22)]} if alone else {}
+    wait = {"seconds": 9.5, "cpu_seconds": 0.01, "busy_cpu_seconds": None}
+
+    def process(worker):
+        task = {
+            "global_batch_size": 128, "updates_per_epoch": 11, "examples_per_epoch": 1408,
+            "train_examples": 1437, "validation_examples": 360,
+            "untimed_first_fit_seconds": 2.0, "parameters": 1000,
+            "runs": {**sides, **({"alone": by_itself["alone"] if worker == 0 else []}
+                                 if alone else {})},
+        }  # fmt: skip
+        if alone:
+            task["alone"] = (
+                {"global_batch_size": 64, "updates_per_epoch": 22, "examples_per_epoch": 1408,
+                 "untimed_first_fit_seconds": 1.5}
+                if worker == 0 else {"untimed_first_fit_seconds": None}
+            )  # fmt: skip
+        records = {"digits/alone": [wait, wait]} if alone and worker == 1 else {}
+        return {"strategy": "multi_worker", "num_workers": 2, "is_chief": worker == 0,
+                "threads": {}, "records": records, "tasks": {"digits": task}}  # fmt: skip
+
+    tasks = {f"worker-{w}": process(w) for w in (0, 1)}
+    return {"2": {"tasks": tasks, "others_cpu": None, "launch_seconds": 60.0}}
+
+
+def test_the_same_launch_ratios_over_alone_follow_from_the_medians():
+    """Pure, on made-up records: side ``alone`` counts its own epoch (one worker's batch), its
+    bytes are none, worker 1's waits are reported, and each 2-worker side's steady examples/s
+    and seconds over alone's are the ratios of the medians (per repeat beside them); issue 43's
+    goals on diloco_h16's. Without alone, no same-launch figure."""
+    from tfdist.bench.time_to_accuracy import worker
+    from tfdist.bench.time_to_accuracy.tasks import task_specs
+
+    assert worker.rules_of({"alone": True, "local_sgd": ["diloco_h16"]}) == (
+        *RULES, "diloco_h16", "alone")  # fmt: skip
+    assert worker.rules_of({"alone": True, "uneven": True}) == ("even", "balanced")
+    (task,) = task_specs({**time_to_accuracy.DEFAULTS, "tasks": ("digits",)}, quick=False)
+    spec = {"tasks": [task], "warmup_epochs": 1.0}
+    out = time_to_accuracy.summarise(spec, _alone_launch())
+    entry = out["tasks"]["digits"]["per_workers"]["2"]
+    alone = entry["sides"]["alone"]
+    assert entry["alone"]["waits"] == {
+        "worker-1": {"seconds": [9.5, 9.5], "cpu_seconds": [0.01, 0.01]}
+    }
+    assert alone["allreduce_bytes_per_update"] == 0.0 and alone["local_syncs"] is None
+    assert alone["updates_to_target"] == 66 and alone["examples_to_target"] == 3 * 1408
+    # Steady: 2 epochs of 1408 examples in 6 s and in 4 s; medians 7.5 s and 586.7 examples/s.
+    assert alone["seconds_to_target"] == 7.5
+    assert alone["steady_examples_per_s"] == pytest.approx((2816 / 6 + 2816 / 4) / 2)
+    steady = lambda seconds: 2816 / seconds  # noqa: E731
+    for label, seconds, rate in (
+        ("no_scaling", 6, steady(4)),
+        ("linear_scaling", 4, steady(2)),
+        ("diloco_h16", 4, (steady(2) + steady(4)) / 2),  # medians of 2: 3 and 5 s; 2 and 4 s
+    ):
+        time_key = f"digits_{label}_time_same_launch_ratio"
+        rate_key = f"digits_{label}_examples_per_s_same_launch_ratio"
+        assert out[time_key] == pytest.approx(seconds / 7.5)
+        assert out[rate_key] == pytest.approx(rate / alone["steady_examples_per_s"])
+        assert "worker 0 alone on one_device in the same launch" in out["words"][rate_key]
+    per_repeat = out["tasks"]["digits"]["same_launch_per_repeat"]
+    assert per_repeat["diloco_h16"]["time"] == pytest.approx([3 / 9, 5 / 6])
+    assert per_repeat["no_scaling"]["examples_per_s"] == pytest.approx(
+        [steady(4) / steady(6), 1.0])  # fmt: skip
+    assert set(per_repeat) == {"no_scaling", "linear_scaling", "diloco_h16"}
+    assert out["goals"]["digits_diloco_h16_examples_per_s_same_launch_ratio"] == ">= 1.8"
+    assert out["goals"]["digits_diloco_h16_time_same_launch_ratio"] == "<= 0.6"
+    # The figures over the 1-worker launch stay (None: it did not run).
+    assert out["digits_diloco_h16_examples_per_s_ratio"] is None
+    out = time_to_accuracy.summarise(spec, _alone_launch(alone=False))
+    assert not [k for k in out if "same_launch" in k]
+    assert "alone" not in out["tasks"]["digits"]["per_workers"]["2"]

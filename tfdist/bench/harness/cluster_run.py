@@ -40,6 +40,14 @@ logger = logging.getLogger(__name__)
 WORKER_MODULE = "tfdist.bench.harness.workers"
 
 
+#: The directory that holds the ``tfdist`` package (this file is tfdist/bench/harness/...): first
+#: on the tasks' ``PYTHONPATH``, so they import this checkout's tfdist and never a module of
+#: tfdist's own directory as a top-level one (``config``, ``logs``).
+REPO_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
+
+
 def cores() -> int:
     """The CPU cores this process may use."""
     try:
@@ -84,8 +92,7 @@ def task_env(threads: int | None) -> dict[str, str]:
     if threads is not None:
         # Read by TF and OpenMP when they start, before the task's own tf.config.threading call.
         env.update({"OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads)})
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 

@@ -52,6 +52,15 @@ each running every benchmark task in turn:
   training's). ``workers=(2,)`` launches the 2 workers alone (a sweep of sides: updates to
   the target do not depend on the host's speed).
 
+* one worker in the 2-worker launch (option ``alone``, False by default): side ``alone``,
+  worker 0 training the ``none`` side's Trainer on ``one_device`` by itself while worker 1
+  waits (`tfdist.bench.time_to_accuracy.alone`), alternating with the 2-worker sides; each
+  2-worker side's steady examples/s and seconds to the target over its, in one launch
+  (``<task>_<side>_examples_per_s_same_launch_ratio``, ``_time_same_launch_ratio``): the
+  host's speed drifts between launches, so the 1-worker launch's ratios compare fits
+  minutes apart. Off by default: it adds about one 1-worker fit per task and repeat to the
+  2-worker launch, worker 1 idle, beside the 1-worker launch the default bench runs anyway.
+
 The first two with two LR rules (``tfdist.bench.time_to_accuracy.worker``), the same per-worker
 batch, seed and initial weights: *none* (the same rate; the 2-worker global batch is
 twice as large) and *linear* (``LRScaling("linear", base_global_batch_size=<per-worker
@@ -78,7 +87,7 @@ from typing import Any
 
 from tfdist.bench.harness import cluster_run, common, fits, plots, timing
 from tfdist.bench.health import parent as health
-from tfdist.bench.time_to_accuracy import trained
+from tfdist.bench.time_to_accuracy import alone, trained
 from tfdist.bench.time_to_accuracy.tasks import GOALS, TASK_OPTIONS, TASKS, check_tasks, task_specs
 from tfdist.bench.time_to_accuracy.worker import RULES, UNEVEN_RULES
 from tfdist.config import OPTIMIZER_NAMES, check_choice, check_steps_per_execution, invalid_argument
@@ -114,6 +123,8 @@ DEFAULTS: dict[str, Any] = {
     # Local sides of the uneven pair (needs uneven_pair), e.g. ("local_sgd_h16_linear",
     # "local_sgd_h16_linear_adapt"): what adapting to stragglers buys beside the hog.
     "uneven_local_sgd": (),
+    # Side `alone` in the 2-worker launch: worker 0 by itself on one_device, worker 1 waiting.
+    "alone": False,
     # Seconds after which a launch's tasks are killed: its fits run one after the other, and
     # a 2-worker launch of 6 sides of patterns took over 900 s (the harness's default) on a
     # busy host.
@@ -160,8 +171,11 @@ def _check(options: dict[str, Any]) -> None:
     if not isinstance(workers, (list, tuple)) or not workers or set(workers) - set(STRATEGIES):
         raise invalid_argument("workers", workers, f"some of {tuple(STRATEGIES)}")
     options["workers"] = tuple(n for n in STRATEGIES if n in workers)
-    if not isinstance(options["uneven_pair"], bool):
-        raise invalid_argument("uneven_pair", options["uneven_pair"], "True or False")
+    for key in ("uneven_pair", "alone"):
+        if not isinstance(options[key], bool):
+            raise invalid_argument(key, options[key], "True or False")
+    if options["alone"] and 2 not in options["workers"]:
+        raise invalid_argument("alone", True, "False unless workers includes 2")
     if options["uneven_local_sgd"] and not options["uneven_pair"]:
         raise invalid_argument(
             "uneven_local_sgd", options["uneven_local_sgd"], "() unless uneven_pair=True"
@@ -207,13 +221,14 @@ def run(**overrides: Any) -> dict[str, Any]:
             "bench time_to_accuracy: %d worker(s) on %s, %d thread(s) each", n, strategy, threads
         )
         local = list(spec["local_sgd"]) if n > 1 else []  # on one worker: plain training
+        by_itself = {"local_sgd": local, "alone": spec["alone"] and n > 1}
         launches[str(n)] = cluster_run.run_tasks(
-            {**spec, "strategy": strategy, "num_pinned_tasks": n, "local_sgd": local},
+            {**spec, "strategy": strategy, "num_pinned_tasks": n, **by_itself},
             workers=n,
             timeout=spec["launch_timeout"],
         )
     if spec["uneven_pair"]:
-        spec = {**spec, "local_sgd": []}
+        spec = {**spec, "local_sgd": [], "alone": False}
         logger.info(
             "bench time_to_accuracy: 2 workers, a CPU hog on worker 1, even, balanced%s",
             "".join(f", {side}" for side in spec["uneven_local_sgd"]),
@@ -316,8 +331,10 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
     for rule in lead["runs"]:
         runs = trained.with_steps(processes, name, rule)
         busy = others.get(f"{name}/{rule}", [None] * len(runs))
-        sides[rule] = side_summary(runs, target, examples, busy)
-        model_bytes, workers = 4 * lead["parameters"], lead_process["num_workers"]
+        own = lead[alone.SIDE] if rule == alone.SIDE else {}  # one worker's batch and epoch
+        sides[rule] = side_summary(runs, target, own.get("examples_per_epoch", examples), busy)
+        model_bytes = 4 * lead["parameters"]
+        workers = 1 if own else lead_process["num_workers"]
         sides[rule]["allreduce_bytes_per_update"] = bytes_per_update(
             rule, runs, model_bytes, workers
         )
@@ -333,6 +350,9 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
             ]
             for t, process in processes.items()
         }
+    by_itself = {}  # side alone's batch and epoch, and the other worker's waits
+    if alone.SIDE in lead:
+        by_itself = {alone.SIDE: {**lead[alone.SIDE], "waits": alone.waits(processes, name)}}
     return {
         "strategy": lead_process["strategy"],
         "num_workers": lead_process["num_workers"],
@@ -349,6 +369,7 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
             )
         },
         "sides": sides,
+        **by_itself,
         "chief": [t for t, process in processes.items() if process.get("is_chief")],
         "threads": {t: process["threads"] for t, process in processes.items()},
         "others_cpu_whole_launch": launched["others_cpu"],
@@ -439,6 +460,7 @@ def summarise(spec: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
             sides = {n: entry["sides"] for n, entry in task["per_workers"].items()}
             trained.uneven_local_ratios(out, name, sides[UNEVEN], sides.get("1", {}))
         local_ratios(out, name, task)
+        same_launch_ratios(out, name, task)
     out["others_cpu_max"] = timing.nanmax(
         v
         for task in tasks.values()
@@ -511,12 +533,26 @@ def local_ratios(out: dict[str, Any], name: str, task: dict[str, Any]) -> None:
             out["goals"][key] = LOCAL_THROUGHPUT_GOALS[name]
 
 
+def same_launch_ratios(out: dict[str, Any], name: str, task: dict[str, Any]) -> None:
+    """With side ``alone``: each 2-worker side's ratios over it into ``out`` (`alone`), per
+    repeat in the task's ``same_launch_per_repeat``; issue 43's goals on ``diloco_h16``'s."""
+    sides = task["per_workers"].get("2", {}).get("sides", {})
+    per_repeat = alone.same_launch_ratios(out, name, sides, RULE_LABELS)
+    if per_repeat:
+        task["same_launch_per_repeat"] = per_repeat
+    for figure, goals in (("time", LOCAL_GOALS), ("examples_per_s", LOCAL_THROUGHPUT_GOALS)):
+        key = f"{name}_diloco_h16_{figure}_same_launch_ratio"
+        if key in out and name in goals:
+            out["goals"][key] = goals[name]
+
+
 # ``tfdist bench`` flag -> option of `run`.
 FLAG_OPTIONS = {
     "threads_per_worker": "threads_per_worker",
     "per_worker_batch_size": "per_worker_batch_size",
     "target_accuracy": "target_accuracy",
     "time_to_accuracy_tasks": "tasks",
+    "time_to_accuracy_alone": "alone",
 }
 
 

@@ -25,6 +25,10 @@ Local sides on it (``spec["uneven_local_sgd"]``, e.g. ``local_sgd_h16_linear`` a
 ``local_sgd_h16_linear_adapt``) run as on the 2-worker launch but with ``stragglers=None``,
 every one (adapting needs it; the plain side too, so the two differ in adapting alone).
 
+Side ``alone`` (``spec["alone"]``, the 2-worker launch; ``tfdist.bench.time_to_accuracy.alone``):
+worker 0 trains the ``none`` side's Trainer on ``one_device`` by itself, at the per-worker
+batch, while worker 1 waits without CPU; both re-join through one all-reduce after each fit.
+
 Before each benchmark task's timed fits, one untimed fit of one epoch (a throwaway Trainer),
 so that what a process pays once (the collectives' group set-up, kernel caches) does not land
 on whichever rule runs first; each timed fit still traces its own functions. With
@@ -43,6 +47,8 @@ import tfdist
 from tfdist.bench.balance import worker as balance_worker
 from tfdist.bench.harness import fits
 from tfdist.bench.harness.worker_common import Recorder, report_progress
+from tfdist.bench.time_to_accuracy.alone import SIDE as ALONE
+from tfdist.bench.time_to_accuracy.alone import Alone
 
 RULES = ("none", "linear")
 #: The uneven pair's sides: the linear rule on the even split, and balanced.
@@ -50,11 +56,13 @@ UNEVEN_RULES = ("even", "balanced")
 
 
 def rules_of(spec: dict[str, Any]) -> tuple[str, ...]:
-    """The sides a launch runs: the LR rules (and ``spec["local_sgd"]``'s local-SGD sides), or
-    on the uneven pair even and balanced (and ``spec["uneven_local_sgd"]``'s)."""
+    """The sides a launch runs: the LR rules (and ``spec["local_sgd"]``'s local-SGD sides, and
+    ``alone`` last with ``spec["alone"]``), or on the uneven pair even and balanced (and
+    ``spec["uneven_local_sgd"]``'s)."""
     if spec.get("uneven"):
         return UNEVEN_RULES + tuple(spec.get("uneven_local_sgd", ()))
-    return RULES + tuple(spec.get("local_sgd", ()))  # local SGD's sides, on 2 workers
+    alone = (ALONE,) if spec.get("alone") else ()  # the 2-worker launch's one worker by itself
+    return RULES + tuple(spec.get("local_sgd", ())) + alone  # local SGD's sides, on 2 workers
 
 
 class AccuracyClock(keras.callbacks.Callback):
@@ -202,6 +210,52 @@ def fit_to_target(
     }
 
 
+def warm_alone(
+    alone: Alone,
+    builder: Any,
+    data: tuple[Any, Any, int],
+    task: dict[str, Any],
+    spec: dict[str, Any],
+) -> dict[str, Any]:
+    """Side ``alone``'s untimed one-epoch fit (worker 0; worker 1 waits); its batch and epoch."""
+    train, val, batch = data
+
+    def fit() -> float:
+        start = time.perf_counter()
+        trainer = side_trainer(alone.one_device(), builder, task, spec, "none")
+        trainer.fit(train, epochs=1, global_batch_size=batch, validation_data=val, verbose=0)
+        return time.perf_counter() - start
+
+    seconds = alone.run(fit)
+    updates = train.bind(global_batch_size=batch).steps_per_epoch()
+    return {
+        "global_batch_size": batch,
+        "updates_per_epoch": updates,
+        "examples_per_epoch": updates * batch,
+        "untimed_first_fit_seconds": seconds,  # None on the worker that waited
+    }
+
+
+def alone_fit(
+    alone: Alone,
+    builder: Any,
+    data: tuple[Any, Any, int],
+    task: dict[str, Any],
+    spec: dict[str, Any],
+    recorder: Recorder,
+) -> list[dict[str, Any]]:
+    """One timed fit of side ``alone``: on worker 0 the ``none`` side's Trainer on one_device by
+    itself (`fit_to_target`, at the per-worker batch), its run in a list; on worker 1, which
+    waits, none."""
+
+    def fit() -> dict[str, Any]:
+        trainer = side_trainer(alone.one_device(), builder, task, spec, "none")
+        return fit_to_target(trainer, data, task, ALONE, recorder)
+
+    run = alone.run(fit, recorder)
+    return [] if run is None else [run]
+
+
 def run_task(
     strategy: Any,
     task: dict[str, Any],
@@ -232,9 +286,17 @@ def run_task(
     start = time.perf_counter()
     warm.fit(train, epochs=1, global_batch_size=gbs, validation_data=val, verbose=0)
     warmup_seconds = time.perf_counter() - start
+    alone, by_itself = None, {}
+    if ALONE in rules:  # worker 0 by itself, at one worker's batch
+        alone = Alone(strategy, spec, task["name"], lead=warm.is_chief)
+        one = (train, val, int(task["per_worker_batch_size"]))
+        by_itself = {"alone": warm_alone(alone, builder, one, task, spec)}
     runs: dict[str, list[dict[str, Any]]] = {rule: [] for rule in rules}
     for r in range(int(spec["repeats"])):
         for rule in rules if r % 2 == 0 else rules[::-1]:
+            if rule == ALONE:
+                runs[rule] += alone_fit(alone, builder, one, task, spec, recorder)
+                continue
             trainer = side_trainer(strategy, builder, task, spec, rule)
             runs[rule].append(
                 fit_to_target(trainer, (train, val, gbs), task, rule, recorder, hog_pid)
@@ -247,8 +309,13 @@ def run_task(
         "validation_examples": val.num_examples,
         "untimed_first_fit_seconds": warmup_seconds,
         "parameters": int(warm.model.count_params()),
+        # Each local side's bytes per sync, fragment by fragment (its Trainer's cut).
+        "fragment_bytes": {
+            r: fits.fragment_bytes(warm.model, r) for r in rules if fits.local_side(r)
+        },
         "runs": runs,
         "is_chief": warm.is_chief,
+        **by_itself,
     }
 
 
