@@ -549,15 +549,19 @@ def test_local_side_names_their_outer_sgd_and_lr_rule():
 
     paper = (0.7, 0.9, True)
     for name, expected in (
-        ("local_sgd_h16", (16, None, False, False)),
-        ("diloco_h16", (16, paper, False, False)),
-        ("diloco_h16_lr0.7_m0.9n", (16, paper, False, False)),
-        ("diloco_h4_lr1_m0", (4, (1.0, 0.0, False), False, False)),
-        ("diloco_h64_lr1.0_m0.5_linear", (64, (1.0, 0.5, False), True, False)),
-        ("local_sgd_h4_linear", (4, None, True, False)),
-        ("local_sgd_h16_adapt", (16, None, False, True)),
-        ("local_sgd_h16_linear_adapt", (16, None, True, True)),
-        ("diloco_h16_adapt", (16, paper, False, True)),
+        ("local_sgd_h16", (16, None, False, False, 1)),
+        ("diloco_h16", (16, paper, False, False, 1)),
+        ("diloco_h16_lr0.7_m0.9n", (16, paper, False, False, 1)),
+        ("diloco_h4_lr1_m0", (4, (1.0, 0.0, False), False, False, 1)),
+        ("diloco_h64_lr1.0_m0.5_linear", (64, (1.0, 0.5, False), True, False, 1)),
+        ("local_sgd_h4_linear", (4, None, True, False, 1)),
+        ("local_sgd_h16_adapt", (16, None, False, True, 1)),
+        ("local_sgd_h16_linear_adapt", (16, None, True, True, 1)),
+        ("diloco_h16_adapt", (16, paper, False, True, 1)),
+        ("diloco_h16_k4", (16, paper, False, False, 4)),
+        ("local_sgd_h16_k4_linear", (16, None, True, False, 4)),
+        ("diloco_h16_lr1_m0.5_k2_linear", (16, (1.0, 0.5, False), True, False, 2)),
+        ("diloco_h16_k1_adapt", (16, paper, False, True, 1)),
     ):
         assert fits.local_side(name) == expected, name
     for name in (
@@ -568,6 +572,9 @@ def test_local_side_names_their_outer_sgd_and_lr_rule():
         16,
         "local_sgd_h16_adapt_linear",
         "diloco_h16_adapt_adapt",
+        "diloco_h16_linear_k4",
+        "diloco_h16_k0",
+        "diloco_h16_k4_lr1_m0",
     ):
         assert fits.local_side(name) is None, name
         with pytest.raises(ValueError, match=r"Invalid value for argument `local_sgd`"):
@@ -586,6 +593,51 @@ def test_local_side_names_their_outer_sgd_and_lr_rule():
     assert vars(options["lr_scaling"]) == vars(linear)
     assert options["local_sgd"].sync_every == 4
     assert "lr_scaling" not in worker.scaling_options("diloco_h4_lr1_m0.5", task, spec)
+
+
+def test_fragment_sides_are_refused_where_the_option_refuses_them_and_count_their_bytes():
+    """``_k<K>`` (streaming DiLoCo): K must divide H and stands not beside ``_adapt`` (refused
+    naming ``local_sgd`` before anything launches); a sync carries one fragment's bytes, so a
+    fit's bytes are those of its fragments' syncs (its end syncs every fragment but the one due
+    at its last update) and whole rounds still send the model once per H updates."""
+    from tfdist.bench.harness import fits
+
+    for name, expected in (
+        ("diloco_h16_k3", "_k<K> a divisor of H (K=3, H=16)"),
+        ("local_sgd_h4_k8", "_k<K> a divisor of H (K=8, H=4)"),
+        ("local_sgd_h16_k4_linear_adapt", "_k<K> with K = 1 beside _adapt"),
+    ):
+        with pytest.raises(ValueError, match=rf"`local_sgd`. Received: local_sgd='{name}'"):
+            fits.check_local_sides([name], linear=True, adapt=True)
+        with pytest.raises(ValueError) as refused:
+            time_to_accuracy.run(workers=(2,), local_sgd=(name,))  # before any launch
+        assert expected in str(refused.value)
+    option = fits.local_sgd_option("diloco_h16_k4")
+    assert (option.sync_every, option.fragments) == (16, 4) and option.outer_optimizer.nesterov
+    assert fits.local_sgd_option("local_sgd_h16_k4_linear").fragments == 4
+    # H=16, K=4: a fragment every 4 updates (offsets 4, 8, 12, 0); 40 updates: 10 scheduled
+    # syncs, then the fit's end (fragments 0, 2 and 3: fragment 1 synced at update 40).
+    assert fits.sync_counts(0, 40, 16, 4) == (10, 1) and fits.sync_counts(0, 64, 16, 4) == (16, 1)
+    assert fits.syncs_between(40, 80, 16, 4) == 11
+    pieces = [100, 10, 1, 1000]
+    assert fits.sync_bytes(0, 40, 16, pieces) == (2 * 1111 + 100 + 10, 100 + 1 + 1000)
+    assert fits.sync_bytes(0, 64, 16, pieces) == (4 * 1111, 111)
+    assert fits.sync_bytes(0, 40, 16, [1111]) == (2 * 1111, 1111)  # K = 1: sync_counts' syncs
+    assert fits.bytes_per_sync(pieces) == 1000 / 1111 and fits.bytes_per_sync([7]) == 1.0
+    figures = fits.local_bytes("diloco_h16_k4", [40, 64], 1111, 2, pieces)
+    assert figures["allreduce_bytes_per_update"] == pytest.approx(
+        ((2 * 1111 + 110 + 1101) / 40 + (4 * 1111 + 111) / 64) / 2
+    )
+    assert figures["steady_allreduce_bytes_per_update"] == 1111 / 16  # 1/H of synchronous
+    assert figures["local_syncs"] == [[10, 1], [16, 1]]
+    assert figures["bytes_per_sync"] == 1000 / 1111
+    even = fits.local_bytes("diloco_h16_k4", [40], 1000, 2)  # no record: the model cut evenly
+    assert even["bytes_per_sync"] == 0.25 and even["steady_allreduce_bytes_per_update"] == 62.5
+    assert fits.local_bytes("diloco_h16_k4", [40], 1000, 1)["allreduce_bytes_per_update"] == 0
+    runs = [{"points": [{"updates": 40}]}]
+    assert time_to_accuracy.local_syncs("diloco_h16_k4", runs) == [[10, 1]]
+    # No record of the cut: 10 quarters, then 3 at the end.
+    assert time_to_accuracy.bytes_per_update("diloco_h16_k4", runs, 1000, 2) == 13 * 250 / 40
 
 
 def test_an_adapt_side_adapts_with_the_straggler_report_off_and_other_benches_refuse_it():

@@ -339,14 +339,16 @@ def fit_summary(samples: Samples, sides: Mapping[str, FitThroughput]) -> dict[st
 #: ``diloco_h<H>`` (the averaged change to DiLoCo's outer SGD(0.7, Nesterov momentum 0.9));
 #: ``diloco_h<H>_lr<rate>_m<momentum>`` another outer SGD (``m0.9n``: Nesterov; so
 #: ``diloco_h16_lr0.7_m0.9n`` is ``diloco_h16`` and ``diloco_h16_lr1_m0`` plain averaging); a
-#: ``_linear`` suffix puts the inner optimizer on the linear LR rule with warmup (as the
-#: synchronous ``linear`` side); an ``_adapt`` suffix (after ``_linear``) adapts to stragglers
-#: (``LocalSGDOptions(adapt_to_stragglers=True)``; the Trainer then needs ``stragglers=None``).
-#: `local_side` reads one.
+#: ``_k<K>`` part (streaming DiLoCo, ``LocalSGDOptions(fragments=K)``: K fragments synced in
+#: turn, K a divisor of H, so ``diloco_h16_k4``) comes next; a ``_linear`` suffix puts the inner
+#: optimizer on the linear LR rule with warmup (as the synchronous ``linear`` side); an
+#: ``_adapt`` suffix (after ``_linear``) adapts to stragglers
+#: (``LocalSGDOptions(adapt_to_stragglers=True)``; the Trainer then needs ``stragglers=None``;
+#: not beside ``_k<K>``, K > 1). `local_side` reads one.
 LOCAL_SIDE = re.compile(
     r"(?P<kind>local_sgd|diloco)_h(?P<every>[1-9][0-9]*)"
     r"(?:_lr(?P<rate>[0-9]+(?:\.[0-9]+)?)_m(?P<momentum>0(?:\.[0-9]+)?)(?P<nesterov>n?))?"
-    r"(?P<linear>_linear)?(?P<adapt>_adapt)?"
+    r"(?:_k(?P<fragments>[1-9][0-9]*))?(?P<linear>_linear)?(?P<adapt>_adapt)?"
 )
 #: The outer SGD of a ``diloco_h<H>`` side with no ``_lr.._m..`` (the DiLoCo paper's).
 DILOCO_OUTER = (0.7, 0.9, True)
@@ -362,6 +364,17 @@ class LocalSide(NamedTuple):
     linear: bool
     #: Whether a slower worker takes fewer inner steps a round (``adapt_to_stragglers``).
     adapt: bool = False
+    #: ``K``, the fragments synced in turn (streaming DiLoCo; 1: the whole model each sync).
+    fragments: int = 1
+
+    def refusal(self) -> str | None:
+        """Why ``LocalSGDOptions`` would refuse these settings, or None: ``K`` not dividing
+        ``H``, or ``K > 1`` beside ``_adapt``."""
+        if self.sync_every % self.fragments:
+            return f"_k<K> a divisor of H (K={self.fragments}, H={self.sync_every})"
+        if self.fragments > 1 and self.adapt:
+            return "_k<K> with K = 1 beside _adapt (each worker's steps weigh a whole round)"
+        return None
 
 
 def local_side(name: Any) -> LocalSide | None:
@@ -375,7 +388,8 @@ def local_side(name: Any) -> LocalSide | None:
         outer = DILOCO_OUTER
         if found["rate"] is not None:
             outer = (float(found["rate"]), float(found["momentum"]), bool(found["nesterov"]))
-    return LocalSide(int(found["every"]), outer, bool(found["linear"]), bool(found["adapt"]))
+    k = int(found["fragments"] or 1)
+    return LocalSide(int(found["every"]), outer, bool(found["linear"]), bool(found["adapt"]), k)
 
 
 def check_local_sides(
@@ -392,10 +406,12 @@ def check_local_sides(
         argument: The option's name in the error.
 
     Raises:
-        ValueError: Naming ``argument`` (``local_sgd``), for a name that is not one.
+        ValueError: Naming ``argument`` (``local_sgd``), for a name that is not one, or whose
+            ``_k<K>`` does not divide ``H`` or stands beside ``_adapt`` (before anything
+            launches).
     """
     names = tuple(names)
-    expected = "local_sgd_h<H> or diloco_h<H>[_lr<rate>_m<momentum>[n]], H >= 1"
+    expected = "local_sgd_h<H> or diloco_h<H>[_lr<rate>_m<momentum>[n]], H >= 1, then _k<K>"
     suffixes = [s for s, taken in (("_linear", linear), ("_adapt", adapt)) if taken]
     if suffixes:
         expected += ", each optionally ending in " + " then ".join(suffixes)
@@ -403,32 +419,113 @@ def check_local_sides(
         side = local_side(name)
         if side is None or (side.linear and not linear) or (side.adapt and not adapt):
             raise invalid_argument(argument, name, expected)
+        if side.refusal():
+            raise invalid_argument(argument, name, side.refusal())
     return names
 
 
 def local_sgd_option(name: str) -> Any:
     """The ``tfdist.LocalSGDOptions`` of a `LOCAL_SIDE` name (its ``_linear`` is the caller's:
-    an LR rule of the inner optimizer; ``_adapt``: ``adapt_to_stragglers=True``)."""
+    an LR rule of the inner optimizer; ``_adapt``: ``adapt_to_stragglers=True``; ``_k<K>``:
+    ``fragments=K``)."""
     side = local_side(name)
-    if side is None:
-        check_local_sides([name])
+    if side is None or side.refusal():
+        check_local_sides([name], linear=True, adapt=True)
     outer = None
     if side.outer is not None:
         rate, momentum, nesterov = side.outer
         outer = keras.optimizers.SGD(rate, momentum=momentum, nesterov=nesterov)
     return tfdist.LocalSGDOptions(
-        sync_every=side.sync_every, outer_optimizer=outer, adapt_to_stragglers=side.adapt
+        sync_every=side.sync_every,
+        outer_optimizer=outer,
+        adapt_to_stragglers=side.adapt,
+        fragments=side.fragments,
     )
 
 
-def sync_counts(before: int, after: int, sync_every: int) -> tuple[int, int]:
+def sync_counts(before: int, after: int, sync_every: int, fragments: int = 1) -> tuple[int, int]:
     """The syncs of a fit from update ``before`` to ``after``: those of whole rounds (each
-    multiple of ``sync_every`` passed), and the fit's end's (1 when it ended between them: a
-    fit ends on a sync; else 0)."""
-    return after // sync_every - before // sync_every, int(after % sync_every != 0)
+    multiple of ``sync_every`` passed; with ``fragments=K``, one fragment's at each multiple
+    of ``sync_every / K``), and the fit's end's (1 when it ended between them: a fit ends on a
+    sync, of every fragment mid-round, so always with ``K > 1``; else 0)."""
+    step = sync_every // fragments
+    return after // step - before // step, int(fragments > 1 or after % sync_every != 0)
 
 
-def syncs_between(before: int, after: int, sync_every: int) -> int:
+def fragment_bytes(model: keras.Model, name: str) -> list[int]:
+    """The bytes each sync of local side ``name`` averages on ``model``, fragment by fragment
+    (one entry: the whole model, without ``_k<K>``): the Trainer's own cut
+    (`tfdist.training.local_sgd.fragments.split`: the trainable variables and the float
+    statistics, in model order), recomputed from the model, no Trainer internals read."""
+    from tfdist.training.local_sgd import fragments
+
+    side = local_side(name)
+    statistics = [v for v in model.non_trainable_weights if tf.as_dtype(v.dtype).is_floating]
+    cut = fragments.split(
+        model, list(model.trainable_variables), statistics, side.fragments, side.sync_every
+    )
+    return [f.bytes for f in cut]
+
+
+def sync_bytes(
+    before: int, after: int, sync_every: int, fragment_bytes: Sequence[int]
+) -> tuple[int, int]:
+    """The bytes a fit from update ``before`` to ``after`` hands the all-reduce on a local side
+    of ``len(fragment_bytes)`` fragments (`fragment_bytes`; K = 1: the model's): those of its
+    scheduled syncs (fragment ``j`` at the updates ``t`` with ``t % H`` its offset), and its
+    end's (every fragment that did not sync at update ``after``); ``sync_counts``' syncs
+    weighed by the bytes each carries."""
+    from tfdist.training.local_sgd.fragments import offset
+
+    k, before, after = len(fragment_bytes), int(before), int(after)
+    offsets = [offset(j, k, sync_every) for j in range(k)]
+    step = sync_every // k
+    scheduled = [t % sync_every for t in range(before + 1, after + 1) if t % step == 0]
+    end = [b for b, o in zip(fragment_bytes, offsets) if after % sync_every != o]
+    return sum(fragment_bytes[offsets.index(o)] for o in scheduled), sum(end)
+
+
+def local_bytes(
+    name: str,
+    updates: Sequence[int],
+    model_bytes: float,
+    workers: int,
+    fragment_bytes: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """Local side ``name``'s bytes over fits of ``updates`` updates each, from update 0 (each
+    worker's share of the all-reduce; a ring sends ``2 (N-1) / N`` of it; 0 on one worker):
+
+    * ``allreduce_bytes_per_update``: every sync of a fit (`sync_bytes`), its end's included,
+      over its updates (median over the fits);
+    * ``steady_allreduce_bytes_per_update``: whole rounds only, the model's bytes once per
+      ``H`` updates whatever ``K`` (None when a fit ended before its first whole round);
+    * ``local_syncs``: each fit's ``[scheduled syncs, its end's]`` (`sync_counts`);
+    * ``bytes_per_sync``: the largest fragment's bytes over the model's (`bytes_per_sync`).
+
+    ``fragment_bytes``: each fragment's (`fragment_bytes`); None: ``model_bytes`` cut evenly.
+    """
+    side = local_side(name)
+    k, every = side.fragments, side.sync_every
+    pieces = list(fragment_bytes) if fragment_bytes else [model_bytes / k] * k
+    sent = [sum(sync_bytes(0, u, every, pieces)) / u for u in updates]
+    return {
+        "allreduce_bytes_per_update": median(sent) if workers > 1 else 0.0,
+        "steady_allreduce_bytes_per_update": (
+            (sum(pieces) / every if all(u >= every for u in updates) else None)
+            if workers > 1
+            else 0.0
+        ),
+        "local_syncs": [list(sync_counts(0, u, every, k)) for u in updates],
+        "bytes_per_sync": bytes_per_sync(pieces),
+    }
+
+
+def bytes_per_sync(fragment_bytes: Sequence[int]) -> float:
+    """The largest fragment's bytes over the model's (1.0 without fragments; about ``1/K``)."""
+    return max(fragment_bytes) / sum(fragment_bytes)
+
+
+def syncs_between(before: int, after: int, sync_every: int, fragments: int = 1) -> int:
     """The syncs of a fit from update ``before`` to ``after``, its end's included
     (`sync_counts`)."""
-    return sum(sync_counts(before, after, sync_every))
+    return sum(sync_counts(before, after, sync_every, fragments))

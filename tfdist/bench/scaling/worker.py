@@ -109,24 +109,30 @@ def _local_sgd_sides(
     builder: Callable[[], keras.Model],
     dataset: tf.data.Dataset,
     global_batch_size: int,
-    syncs: dict[str, list[int]],
+    syncs: dict[str, list[Any]],
 ) -> dict[str, Side]:
     """A Trainer side per ``spec["local_sgd"]`` name (SGD inside, as the ``trainer`` side), each
-    fit's syncs appended to ``syncs[name]``: the multiples of H it passed, and one more when it
-    ended between them (a fit ends on a sync)."""
+    fit's syncs appended to ``syncs[name]``: the multiples of H it passed (with ``_k<K>``: of
+    ``H / K``, a fragment each), and one more when it ended between them (a fit ends on a sync);
+    ``syncs[name + "/bytes"]`` each fit's all-reduced bytes, ``[scheduled syncs', its end's]``
+    (`fits.sync_bytes`), and
+    ``syncs[name + "/fragments"]`` each fragment's bytes (`fits.fragment_bytes`)."""
     sides: dict[str, Side] = {}
     for name in spec.get("local_sgd", ()):
         option = fits.local_sgd_option(name)
         side = _sgd_trainer_side(
             spec, strategy, builder, dataset, global_batch_size, local_sgd=option
         )
-        syncs[name] = []
+        pieces = fits.fragment_bytes(builder(), name)
+        syncs[name], syncs[f"{name}/bytes"], syncs[f"{name}/fragments"] = [], [], pieces
 
-        def run(n: int, side: Side = side, h: int = option.sync_every, log: list = syncs[name]):
+        def run(n: int, side: Side = side, h: int = option.sync_every, name: str = name):
             before = side.updates()
             took = side.run(n)
             after = side.updates()
-            log.append(fits.syncs_between(before, after, h))
+            pieces = syncs[f"{name}/fragments"]
+            syncs[name].append(fits.syncs_between(before, after, h, len(pieces)))
+            syncs[f"{name}/bytes"].append(list(fits.sync_bytes(before, after, h, pieces)))
             return took
 
         sides[name] = Side(run, side.updates)
@@ -200,7 +206,13 @@ def run_mwms(spec: dict[str, Any]) -> dict[str, Any]:
         "parts_s_per_step": parts,
         "unavailable": unavailable,
         # Per local side, each timed fit's syncs (the first, the untimed warm-up, left out).
-        "syncs": {name: log[1:] for name, log in syncs.items()},
+        "syncs": {name: log[1:] for name, log in syncs.items() if "/" not in name},
+        "sync_bytes": {
+            n[: -len("/bytes")]: b[1:] for n, b in syncs.items() if n.endswith("/bytes")
+        },
+        "fragment_bytes": {
+            n[: -len("/fragments")]: b for n, b in syncs.items() if n.endswith("/fragments")
+        },
         "gradient_bytes": int(sum(w.size for w in weights) * 4),
         "records": recorder.records,
     }

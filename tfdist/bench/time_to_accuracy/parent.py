@@ -342,6 +342,10 @@ def summarise_launch(launched: dict[str, Any], task: dict[str, Any]) -> dict[str
             rule, runs, model_bytes, workers, steady=True
         )
         sides[rule]["local_syncs"] = local_syncs(rule, runs)
+        if fits.local_side(rule):  # each sync's bytes by fragment (`fits.local_bytes`)
+            pieces = lead.get("fragment_bytes", {}).get(rule)
+            updates = [r["points"][-1]["updates"] for r in runs]
+            sides[rule].update(fits.local_bytes(rule, updates, model_bytes, workers, pieces))
         # Every process's accuracy after each epoch of each fit: the same on every worker.
         sides[rule]["val_accuracy_per_worker"] = {
             t: [
@@ -394,14 +398,9 @@ def bytes_per_update(
     side = fits.local_side(rule)
     if side is None:
         return float(model_bytes)
-    every = side.sync_every
-    counts = [
-        (r["points"][-1]["updates"], fits.sync_counts(0, r["points"][-1]["updates"], every))
-        for r in runs
-    ]
-    if steady:  # a whole round sends the model's bytes once in its H updates
-        return model_bytes / every if all(syncs[0] for _, syncs in counts) else None
-    return timing.median([sum(syncs) * model_bytes / updates for updates, syncs in counts])
+    updates = [r["points"][-1]["updates"] for r in runs]  # fragments: `fits.local_bytes`
+    figures = fits.local_bytes(rule, updates, model_bytes, workers)
+    return figures["steady_allreduce_bytes_per_update" if steady else "allreduce_bytes_per_update"]
 
 
 def local_syncs(rule: str, runs: list[dict[str, Any]]) -> list[list[int]] | None:
@@ -409,7 +408,8 @@ def local_syncs(rule: str, runs: list[dict[str, Any]]) -> list[list[int]] | None
     side = fits.local_side(rule)
     if side is None:
         return None
-    return [list(fits.sync_counts(0, r["points"][-1]["updates"], side.sync_every)) for r in runs]
+    every, k = side.sync_every, side.fragments
+    return [list(fits.sync_counts(0, r["points"][-1]["updates"], every, k)) for r in runs]
 
 
 def summarise_task(task: dict[str, Any], launches: dict[str, Any]) -> dict[str, Any]:
