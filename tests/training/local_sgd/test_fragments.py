@@ -231,15 +231,17 @@ def test_a_backup_resumes_streaming_diloco_mid_round_bitwise(mirrored, tmp_path)
     """Two replicas, BatchNorm, Adam inside, Nesterov outside, H=4, K=2, a backup every 2
     updates: a crash after update 7 resumes from update 6 (fragment 0 just synced, fragment 1
     mid-round; each replica its own rows, each fragment's outer optimizer its own state) and
-    ends bitwise where an uninterrupted run ends."""
+    ends bitwise where an uninterrupted run ends. A resume under another ``fragments`` (1 or
+    4: other outer optimizers, another schedule) is refused by name before anything is read,
+    and the backup then still resumes bitwise."""
 
-    def fit(callbacks=None, **backup):
+    def fit(callbacks=None, fragments_=2, **backup):
         keras.utils.set_random_seed(1)
         outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+        options = tfdist.LocalSGDOptions(4, outer_optimizer=outer, fragments=fragments_)
         trainer = tfdist.Trainer(
             _with_batch_norm(), strategy=mirrored, optimizer=keras.optimizers.Adam(0.01),
-            loss=LOSS, local_sgd=tfdist.LocalSGDOptions(4, outer_optimizer=outer, fragments=2),
-            steps_per_execution=1, **backup,
+            loss=LOSS, local_sgd=options, steps_per_execution=1, **backup,
         )  # fmt: skip
         history = trainer.fit(_dataset(), epochs=2, verbose=0, callbacks=callbacks).history
         outers = [o.iterations.numpy() for o in trainer._functions.updates.local.outers]
@@ -249,6 +251,14 @@ def test_a_backup_resumes_streaming_diloco_mid_round_bitwise(mirrored, tmp_path)
     backup = {"backup": tfdist.BackupOptions(str(tmp_path / "backup"), freq=2)}
     with pytest.raises(RuntimeError, match="simulated crash"):
         fit([_Crash()], **backup)
+    for other in (1, 4):
+        with pytest.raises(ValueError) as refused:
+            fit(fragments_=other, **backup)
+        message = str(refused.value)
+        assert message.startswith(
+            f"Invalid value for argument `fragments`. Received: fragments={other}. Expected "
+            f"fragments=2, what the backup in {tmp_path / 'backup'} holds"
+        ), message
     resumed, history, outers = fit(**backup)
     assert history["syncs"][-1] == 6.0 and outers == reference_outers
     for a, b in zip(reference, resumed):

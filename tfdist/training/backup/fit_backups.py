@@ -110,8 +110,10 @@ class FitBackups:
 
     def restore(self, backup: Backup | None) -> Position | None:
         """The chief's backup position, restored on every worker (None: start afresh)."""
-        position = restore_on_every_worker(backup, self._runner)
         local = self._local_sgd()
+        if backup is not None and local is not None:
+            local.check_backup(backup)  # another fragments= refused before any value is read
+        position = restore_on_every_worker(backup, self._runner)
         if position is not None and local is not None:
             _log_local_resume(local.copies.restore(), position, self._runner)
         if position is not None and self._runner.is_chief:

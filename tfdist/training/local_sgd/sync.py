@@ -43,7 +43,9 @@ A backup (`LocalState.checkpointed`) holds the last synced parameters, the outer
 variables (every fragment's, in order), the sync count and every replica's own parameters,
 statistics and inner slots (`tfdist.training.local_sgd.replicas`): a resume on the same
 replica count continues every replica mid-round bit for bit; on another count it syncs the
-partial round (elastic resume).
+partial round (elastic resume). With ``fragments=K > 1`` it also holds ``K``: a resume under
+another ``fragments`` is refused, naming it, before anything is restored
+(`LocalState.check_backup`).
 
 With ``adapt_to_stragglers`` (`tfdist.training.local_sgd.stragglers`) step 1 multiplies each
 replica's values by its weight (the steps it took in the round over the round's updates), step
@@ -55,6 +57,7 @@ steps and smoothed seconds.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import keras
@@ -62,6 +65,7 @@ import tensorflow as tf
 
 from tfdist._compat.keras_internals.optimizer import apply_in_cross_replica_context
 from tfdist._compat.keras_internals.scope_moves import optimizer_copy_in_scope
+from tfdist.config import invalid_argument
 from tfdist.training.local_sgd import fragments, stragglers
 from tfdist.training.local_sgd.options import LocalSGDOptions
 from tfdist.training.local_sgd.replicas import ReplicaCopies, local_replica_ids
@@ -190,6 +194,8 @@ class LocalState:
             self.copies = ReplicaCopies(self)
         outer = [v.value for o in self.outers for v in o.variables]
         more = {"steps": self.steps, "seconds": self.seconds} if self.adaptive else {}
+        if self.options.fragments > 1:  # K, read by `check_backup`; absent: 1 (the old format)
+            more["fragments"] = tf.Variable(self.options.fragments, dtype=tf.int64)
         return tf.train.Checkpoint(
             anchors=self.anchors,
             outer=outer,
@@ -197,6 +203,38 @@ class LocalState:
             replicas=self.copies.checkpointed(),
             **more,
         )
+
+    def check_backup(self, backup: Any) -> None:
+        """Refuses a backup written with another ``fragments`` (every worker, before its restore
+        reads a value: nothing is lost, the backup still resumes under its own ``fragments``).
+
+        Its fragments' schedule, anchors' rounds and outer optimizers (one per fragment) belong
+        to its cut; DiLoCo's outer state would otherwise fail to restore (another count of
+        optimizer variables), plain averaging resume on a schedule the backup's rounds never
+        had. A backup holds ``K`` when above 1; one without it was written with 1.
+
+        Args:
+            backup: The fit's ``tfdist.training.backup.writer.Backup`` (its committed state).
+
+        Raises:
+            ValueError: Naming ``fragments``: received, what the backup holds, expected.
+        """
+        state = backup.read_state()
+        if state is None:
+            return
+        prefix = os.path.join(backup.backup_dir, state["checkpoint"])
+        suffix = "local_sgd/fragments/.ATTRIBUTES/VARIABLE_VALUE"
+        keys = [k for k, _ in tf.train.list_variables(prefix) if k.endswith(suffix)]
+        written = int(tf.train.load_variable(prefix, keys[0])) if keys else 1
+        if written != self.options.fragments:
+            raise invalid_argument(
+                "fragments",
+                self.options.fragments,
+                f"fragments={written}, what the backup in {backup.backup_dir} holds (its "
+                "fragments' rounds and outer optimizer states are cut for that count)",
+                note=f"Resume it with LocalSGDOptions(fragments={written}), or start afresh "
+                "in another backup_dir.",
+            )
 
     def anchor(self) -> None:
         """The last synced parameters := the parameters (eager, at a fit's start: the previous
