@@ -10,26 +10,9 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tests.jobs.common import GLOBAL_BATCH, builder, data, initial_weights
+from tests.jobs.common import builder
+from tests.training.local_sgd.common import LOSS, W0, dataset, with_batch_norm
 from tfdist.training.local_sgd import fragments
-
-LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-W0 = initial_weights()
-
-
-@pytest.fixture(scope="module")
-def mirrored():
-    return tfdist.make_strategy("mirrored", num_devices=2)
-
-
-def _dataset():
-    return tf.data.Dataset.from_tensor_slices(data()).batch(GLOBAL_BATCH)  # 6 batches
-
-
-def _with_batch_norm():
-    inputs = keras.Input((6,))
-    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
-    return keras.Model(inputs, keras.layers.Dense(3)(hidden))
 
 
 def _copies(trainer, variable):
@@ -54,7 +37,7 @@ def test_the_split_is_contiguous_balanced_by_bytes_with_statistics_beside_their_
     96 (beta + the moving mean and variance), 96, 12. Two fragments: the cut whose largest is
     smallest, [192, 32] | [32, 96, 96, 12] (224 | 236 bytes); the statistics with BatchNorm's
     beta. Offsets with H=4: fragment 0 at t % 4 == 2, fragment 1 at multiples of 4."""
-    model = _with_batch_norm()
+    model = with_batch_norm()
     statistics = model.non_trainable_weights
     first, second = fragments.split(model, model.trainable_variables, statistics, 2, 4)
     assert (first.parameters, first.statistics, first.bytes, first.offset) == ((0, 1), (), 224, 2)
@@ -82,7 +65,7 @@ def _replica_reference(syncs, updates=12):
         model = builder(W0)()
         model.compile(keras.optimizers.SGD(0.1), LOSS)
         models.append(model)
-    batches = list(_dataset()) * 2
+    batches = list(dataset()) * 2
     seen = {}
     for t in range(1, updates + 1):
         x, y = batches[t - 1]
@@ -111,7 +94,7 @@ def test_fragments_sync_in_turn_as_the_staggered_schedule_by_hand(mirrored):
         local_sgd=options, steps_per_execution=1,
     )  # fmt: skip
     spy = _Each(trainer)
-    history = trainer.fit(_dataset(), epochs=2, verbose=0, callbacks=[spy]).history
+    history = trainer.fit(dataset(), epochs=2, verbose=0, callbacks=[spy]).history
     assert history["syncs"] == [3.0, 6.0]
     split = [f.parameters for f in trainer._functions.updates.local.fragments]
     assert split == [(0,), (1, 2, 3)]
@@ -139,7 +122,7 @@ def test_with_one_replica_fragments_change_nothing():
             builder(W0), strategy=one, optimizer=keras.optimizers.Adam(0.05), loss=LOSS,
             local_sgd=local_sgd,
         )  # fmt: skip
-        trainer.fit(_dataset(), epochs=2, verbose=0)
+        trainer.fit(dataset(), epochs=2, verbose=0)
         return trainer.model.get_weights()
 
     for a, b in zip(fit(None), fit(tfdist.LocalSGDOptions(6, fragments=3))):
@@ -158,7 +141,7 @@ def test_diloco_steps_each_fragment_with_its_own_outer_optimizer():
         builder(W0), strategy=tfdist.make_strategy("one_device"),
         optimizer=keras.optimizers.SGD(0.1), loss=LOSS, local_sgd=options,
     )  # fmt: skip
-    trainer.fit(_dataset(), epochs=2, verbose=0)  # 12 updates: 0 at 2, 6, 10; 1 at 4, 8, 12
+    trainer.fit(dataset(), epochs=2, verbose=0)  # 12 updates: 0 at 2, 6, 10; 1 at 4, 8, 12
     state = trainer._functions.updates.local
     split = [f.parameters for f in state.fragments]
     assert split == [(0,), (1, 2, 3)]
@@ -181,7 +164,7 @@ def test_diloco_steps_each_fragment_with_its_own_outer_optimizer():
         for k, i in enumerate(split[j]):
             anchors[i] = variables[k].numpy()
 
-    for t, (x, y) in enumerate(list(_dataset()) * 2, start=1):
+    for t, (x, y) in enumerate(list(dataset()) * 2, start=1):
         model.train_on_batch(x, y)
         outer_step(0 if t % 4 == 2 else 1) if t % 2 == 0 else None
     outer_step(0)  # the fit's end: fragment 0's partial round (updates 11 and 12)
@@ -240,10 +223,10 @@ def test_a_backup_resumes_streaming_diloco_mid_round_bitwise(mirrored, tmp_path)
         outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
         options = tfdist.LocalSGDOptions(4, outer_optimizer=outer, fragments=fragments_)
         trainer = tfdist.Trainer(
-            _with_batch_norm(), strategy=mirrored, optimizer=keras.optimizers.Adam(0.01),
+            with_batch_norm(), strategy=mirrored, optimizer=keras.optimizers.Adam(0.01),
             loss=LOSS, local_sgd=options, steps_per_execution=1, **backup,
         )  # fmt: skip
-        history = trainer.fit(_dataset(), epochs=2, verbose=0, callbacks=callbacks).history
+        history = trainer.fit(dataset(), epochs=2, verbose=0, callbacks=callbacks).history
         outers = [o.iterations.numpy() for o in trainer._functions.updates.local.outers]
         return trainer.model.get_weights(), history, outers
 
@@ -282,14 +265,14 @@ def test_an_elastic_resume_syncs_the_fragments_mid_round(mirrored, tmp_path):
     )  # fmt: skip
     spy = _Each(trainer)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        trainer.fit(_dataset(), epochs=2, verbose=0, callbacks=[spy, _Crash()])
+        trainer.fit(dataset(), epochs=2, verbose=0, callbacks=[spy, _Crash()])
     begin = _Begin()
     resumed = tfdist.Trainer(
         builder(W0), strategy=tfdist.make_strategy("one_device"),
         optimizer=keras.optimizers.Adam(0.01), loss=LOSS, local_sgd=options,
         steps_per_execution=1, **backup,
     )  # fmt: skip
-    resumed.fit(_dataset(), epochs=2, verbose=0, callbacks=[begin])
+    resumed.fit(dataset(), epochs=2, verbose=0, callbacks=[begin])
     split = [f.parameters for f in resumed._functions.updates.local.fragments]
     assert split == [(0,), (1, 2, 3)]
     for i, ((a, b), value) in enumerate(zip(spy.seen[6], begin.weights)):

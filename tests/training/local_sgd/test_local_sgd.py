@@ -11,19 +11,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tests.jobs.common import GLOBAL_BATCH, builder, data, initial_weights
-
-LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-W0 = initial_weights()
-
-
-@pytest.fixture(scope="module")
-def mirrored():
-    return tfdist.make_strategy("mirrored", num_devices=2)
-
-
-def _dataset():
-    return tf.data.Dataset.from_tensor_slices(data()).batch(GLOBAL_BATCH)  # 6 batches
+from tests.jobs.common import GLOBAL_BATCH, builder, data
+from tests.training.local_sgd.common import LOSS, W0, dataset, with_batch_norm
 
 
 def _fit(strategy, local_sgd=None, optimizer=None, model=None, callbacks=None, **kwargs):
@@ -35,7 +24,7 @@ def _fit(strategy, local_sgd=None, optimizer=None, model=None, callbacks=None, *
         local_sgd=local_sgd,
         **kwargs,
     )
-    history = trainer.fit(_dataset(), epochs=2, verbose=0, callbacks=callbacks)
+    history = trainer.fit(dataset(), epochs=2, verbose=0, callbacks=callbacks)
     return trainer, history.history
 
 
@@ -64,17 +53,11 @@ def test_one_replica_equals_plain_training(optimizer):
         np.testing.assert_array_equal(a, b)
 
 
-def _with_batch_norm():
-    inputs = keras.Input((6,))
-    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
-    return keras.Model(inputs, keras.layers.Dense(3)(hidden))
-
-
 def test_replicas_equal_bitwise_after_a_sync_and_their_own_between(mirrored):
     """12 updates: sync_every=4 ends on a sync, every replica's parameters and BatchNorm moving
     statistics the same bits; Adam's moments stay each replica's own."""
     keras.utils.set_random_seed(1)
-    model = _with_batch_norm()
+    model = with_batch_norm()
     trainer, history = _fit(
         mirrored, tfdist.LocalSGDOptions(4), keras.optimizers.Adam(0.01), model=model
     )
@@ -114,7 +97,7 @@ def test_fit_ends_on_a_sync_of_the_partial_round_and_validation_sees_each_replic
         local_sgd=tfdist.LocalSGDOptions(4),
     )
     spy = _Copies(trainer)
-    history = trainer.fit(_dataset(), epochs=1, verbose=0, callbacks=[spy], validation_data=(x, y))
+    history = trainer.fit(dataset(), epochs=1, verbose=0, callbacks=[spy], validation_data=(x, y))
     assert history.history["syncs"] == [1.0]
     first, second = spy.copies[0]
     assert np.abs(first - second).max() > 1e-3  # the epoch ended mid-round
@@ -145,7 +128,7 @@ def test_diloco_applies_the_averaged_change_with_the_outer_optimizer():
     model = builder(W0)()
     model.compile(keras.optimizers.SGD(0.1), LOSS)
     synced = [np.array(w) for w in W0]
-    batches = list(_dataset()) * 2  # 2 epochs: 6 rounds of 2 updates
+    batches = list(dataset()) * 2  # 2 epochs: 6 rounds of 2 updates
     for r in range(6):
         model.set_weights(synced)
         for x, y in batches[2 * r : 2 * r + 2]:
@@ -274,7 +257,7 @@ def test_a_backup_resumes_every_replicas_own_state_mid_round_bitwise(mirrored, t
             mirrored,
             tfdist.LocalSGDOptions(4, outer_optimizer=outer),
             keras.optimizers.Adam(0.01),
-            model=_with_batch_norm(),
+            model=with_batch_norm(),
             steps_per_execution=1,
             callbacks=callbacks,
             **backup,
@@ -323,7 +306,7 @@ def test_a_two_replica_backup_resumes_on_one_replica_with_the_partial_round_sync
     )  # fmt: skip
     spy = _At(trainer, 6)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        trainer.fit(_dataset(), epochs=2, verbose=0, callbacks=[spy, _Crash()])
+        trainer.fit(dataset(), epochs=2, verbose=0, callbacks=[spy, _Crash()])
     begin = _Begin()
     with caplog.at_level("WARNING", logger="tfdist.training.backup.fit_backups"):
         _, history = _fit(

@@ -11,11 +11,9 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tests.jobs.common import GLOBAL_BATCH, builder, data, initial_weights
+from tests.jobs.common import builder, data
+from tests.training.local_sgd.common import LOSS, W0, dataset
 from tfdist.training.local_sgd import stragglers
-
-LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-W0 = initial_weights()
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 4, 5])
@@ -50,8 +48,7 @@ def _fit(strategy, local_sgd, optimizer=None, callbacks=None):
         loss=LOSS,
         local_sgd=local_sgd,
     )
-    dataset = tf.data.Dataset.from_tensor_slices(data()).batch(GLOBAL_BATCH)  # 6 batches
-    history = trainer.fit(dataset, epochs=2, verbose=0, callbacks=callbacks)
+    history = trainer.fit(dataset(), epochs=2, verbose=0, callbacks=callbacks)
     return trainer, history.history
 
 
@@ -94,13 +91,12 @@ def test_a_slow_round_skips_its_batches_and_moves_only_the_iterations():
         builder(W0), strategy=one, optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
         loss=LOSS, local_sgd=options,
     )  # fmt: skip
-    dataset = tf.data.Dataset.from_tensor_slices(data()).batch(GLOBAL_BATCH)
-    history = trainer.fit(dataset, epochs=2, verbose=0, callbacks=[_Force(trainer, 2)]).history
+    history = trainer.fit(dataset(), epochs=2, verbose=0, callbacks=[_Force(trainer, 2)]).history
     assert history["local_steps"] == [4.0, 10.0]
     assert int(trainer.model.optimizer.iterations.numpy()) == 12
     model = builder(W0)()
     model.compile(keras.optimizers.SGD(0.1, momentum=0.9), LOSS)
-    batches = list(dataset) * 2
+    batches = list(dataset()) * 2
     for i in [1, 3, *range(4, 12)]:
         model.train_on_batch(*batches[i])
     for a, b in zip(model.get_weights(), trainer.model.get_weights()):
