@@ -181,3 +181,9 @@ def median(values: list[float]) -> float:
 def ratio(numerator: float, denominator: float) -> float:
     """``numerator / denominator``, NaN when the denominator is not positive."""
     return float(numerator / denominator) if denominator > 0 else math.nan
+
+
+def ratio_or_none(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, None when either is missing or the denominator is 0 (a
+    side that did not reach its target, or was not run)."""
+    return None if numerator is None or not denominator else numerator / denominator

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import tensorflow as tf
 
 import tfdist
+from tfdist.bench.harness import timing
 
 #: The side's name (in ``rules_of``, the records and the summary).
 SIDE = "alone"
@@ -152,7 +153,7 @@ def same_launch_ratios(
     alone = sides.get(SIDE)
     if alone is None:
         return {}
-    ratio = lambda a, b: None if a is None or not b else a / b  # noqa: E731
+    ratio = timing.ratio_or_none
     figures = {"examples_per_s": "steady_examples_per_s", "time": "seconds_to_target"}
     per_repeat: dict[str, Any] = {}
     for side, summary in sides.items():

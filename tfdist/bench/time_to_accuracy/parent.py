@@ -498,7 +498,7 @@ def local_ratios(out: dict[str, Any], name: str, task: dict[str, Any]) -> None:
     ``_fit_bytes_ratio`` every sync of the fit, the one that ends it included."""
     two = task["per_workers"].get("2", {}).get("sides", {})
     one = task["per_workers"].get("1", {}).get("sides", {}).get("none", {})
-    ratio = lambda a, b: None if a is None or not b else a / b  # noqa: E731
+    ratio = timing.ratio_or_none
     for side, figures in two.items():
         local = fits.local_side(side)
         if local is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfdist.bench.harness import fits
+from tfdist.bench.harness import fits, timing
 
 #: What the uneven pair's adapting side is compared on, with its plain side's: figure -> key.
 OVER_PLAIN = {
@@ -88,7 +88,7 @@ def uneven_local_ratios(
         uneven: The uneven pair's sides.
         one: One worker's sides (empty when not launched).
     """
-    ratio = lambda a, b: None if a is None or not b else a / b  # noqa: E731
+    ratio = timing.ratio_or_none
     for side, figures in uneven.items():
         local = fits.local_side(side)
         if local is None:
