@@ -1,7 +1,8 @@
 """Small variables kept whole under ``sharding="parameters"``
 (``ExchangeOptions(keep_whole_below=...)``, issue 42 item 5, DeepSpeed's parameter persistence
-threshold), on mirrored x2 against the unsharded Trainer: the final weights to 1e-6 (2e-5 for
-the attention's key bias under Adam, whose rounding Adam magnifies), with the whole norm clipped
+threshold), on mirrored x2 against the unsharded Trainer: the final weights to 1e-6 (Adam with
+epsilon 1e-3, so that the attention's key bias, whose exact gradient is zero, moves by noise
+only), with the whole norm clipped
 (a kept variable's norm counted once, not once per replica) and with accumulation (a kept
 variable's gradient summed over the micro-batches whole); and the option's refusals.
 """
@@ -29,7 +30,12 @@ def test_small_variables_kept_whole_train_as_unsharded(k):
         return (
             keras.optimizers.SGD(0.5, global_clipnorm=0.05)
             if k == 1
-            else keras.optimizers.Adam(0.01)
+            # Adam's epsilon 1e-3: the attention's key bias has a zero gradient in exact
+            # arithmetic (the softmax over keys ignores q.b_k), so under Keras's 1e-7 Adam turns
+            # its rounding noise into steps of the learning rate's size, which differ between
+            # any two exchanges (CI once read 2.4e-5). 1e-3 keeps noise noise; the other
+            # gradients are far larger, so Adam still scales them.
+            else keras.optimizers.Adam(0.01, epsilon=1e-3)
         )
 
     # Both spellings: the Trainer's shortcut keywords, and an ExchangeOptions.
@@ -52,12 +58,7 @@ def test_small_variables_kept_whole_train_as_unsharded(k):
     assert _gap(theirs, weights) > 1e-3  # the runs train
     paths = [v.path for v in runs[1].model.weights]
     gaps = {p: _gap([a], [b]) for p, a, b in zip(paths, mine, theirs, strict=True)}
-    assert max(g for p, g in gaps.items() if "key/bias" not in p) <= 1e-6, gaps
-    # The attention's key bias under Adam (k=2): a gradient near zero, whose rounding Adam
-    # magnifies, and which depends on what ran before in the process (measured on the same
-    # code: 4.4e-6 after the clipnorm case, 4.7e-6 alone; 1.01e-5 after it once the blocks
-    # are emptied between fits, every other weight within 6e-8): 2e-5.
-    assert max(gaps.values()) <= 2e-5, gaps
+    assert max(gaps.values()) <= 1e-6, gaps
 
 
 @pytest.mark.parametrize(
