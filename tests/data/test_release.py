@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any
 
 import keras
 import numpy as np
@@ -20,43 +21,60 @@ from tfdist.training.fit import train_loop as epochs
 
 
 class SlowToDrop:
-    """Takes ``seconds`` to delete; notes which thread deleted it, and when it began and ended."""
+    """Takes ``seconds`` to delete, or waits for ``until`` (an event or a barrier, 10 s at
+    most); notes which thread deleted it, and whether ``until`` came in time."""
 
     dropped_on: list[str] = []
-    spans: list[tuple[float, float]] = []
+    met: list[bool] = []
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float = 0.0, until: Any = None) -> None:
+        self.seconds, self.until = seconds, until
 
     def __del__(self) -> None:
-        began = time.perf_counter()
-        time.sleep(self.seconds)
-        SlowToDrop.spans.append((began, time.perf_counter()))
+        if isinstance(self.until, threading.Barrier):
+            try:
+                self.until.wait()
+                SlowToDrop.met.append(True)
+            except threading.BrokenBarrierError:
+                SlowToDrop.met.append(False)
+        elif self.until is not None:
+            SlowToDrop.met.append(self.until.wait(10.0))
+        else:
+            time.sleep(self.seconds)
         SlowToDrop.dropped_on.append(threading.current_thread().name)
+
+
+# Events, not sleeps: a busy machine may take any time to run a thread, so the tests hold a
+# deletion until they let it go, and never race a clock.
 
 
 def test_release_returns_at_once_and_drain_waits_for_the_drop():
     releaser = release_module.Releaser()
-    SlowToDrop.dropped_on = []
-    started = time.perf_counter()
-    releaser.release(SlowToDrop(0.3))
+    SlowToDrop.dropped_on, SlowToDrop.met = [], []
+    go = threading.Event()
+    releaser.release(SlowToDrop(until=go))
     releaser.release(SlowToDrop(0.0))
-    assert time.perf_counter() - started < 0.2
+    # Returned while the first deletion is held: release did not wait for it (had it, the
+    # deletion would have run here, on the main thread, after 10 s).
+    assert "MainThread" not in SlowToDrop.dropped_on and not SlowToDrop.met
     assert not releaser.drain(timeout=0.05)  # still dropping the first
+    go.set()
     assert releaser.drain(timeout=5.0)
     assert SlowToDrop.dropped_on == ["tfdist-release", "tfdist-release"]
+    assert SlowToDrop.met == [True]
     assert releaser.drain(timeout=0.0)  # nothing left: at once
 
 
 def test_objects_handed_over_together_are_dropped_side_by_side():
     releaser = release_module.Releaser()
-    SlowToDrop.spans = []
+    SlowToDrop.met = []
+    # Each deletion waits until all three are deleting: one after another, the first would
+    # wait its 10 s alone and find the barrier broken.
+    together = threading.Barrier(3, timeout=10.0)
     for _ in range(3):
-        releaser.release(SlowToDrop(0.3))
-    assert releaser.drain(timeout=10.0)
-    assert len(SlowToDrop.spans) == 3
-    # Every deletion began before any ended: none waited for another.
-    assert max(b for b, _ in SlowToDrop.spans) < min(e for _, e in SlowToDrop.spans)
+        releaser.release(SlowToDrop(until=together))
+    assert releaser.drain(timeout=30.0)
+    assert SlowToDrop.met == [True, True, True]
 
 
 def test_the_exit_waits_for_a_deletion_in_progress(tmp_path):
@@ -82,7 +100,10 @@ time.sleep(0.1)  # the thread has it
     assert done.exists()
 
 
-def test_the_thread_waits_for_the_caller_to_let_go():
+def test_the_thread_waits_for_the_caller_to_let_go(monkeypatch):
+    # The handover's bound well past any pause of this thread on a busy machine: past it, the
+    # thread lets go anyway and the deletion would run here, at ``del kept``.
+    monkeypatch.setattr(release_module, "HANDOVER_SECONDS", 60.0)
     releaser = release_module.Releaser()
     SlowToDrop.dropped_on = []
     kept = SlowToDrop(0.0)
