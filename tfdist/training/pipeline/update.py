@@ -19,6 +19,7 @@ over the whole update (all micro-batches, all replicas), as one device on the wh
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -188,6 +189,12 @@ class Pipeline:
             # check_pipeline_options let no other strategy through than the hybrid's.
             hybrid = None if is_default_strategy(self.strategy) else self.strategy
             self.stages = place_stages(model, self.options, self.devices, hybrid)
+            # The variables' old storage, the whole model's, on this process's device: Keras's
+            # symbolic build traced the model in a scratch graph, a reference cycle holding the
+            # old handles, which only Python's collector frees. Free it before the optimizer's
+            # slots are made (16.8M parameters cut in 2: the chief's peak 162-178 -> 148 MiB;
+            # the capped-stages test's 8.4M: 126 -> 93.5 MiB).
+            gc.collect()
 
     def optimizer_builder(self, model: keras.Model) -> Any:
         """Builds the optimizer after the stages are placed (its slots follow their variables)."""
