@@ -327,22 +327,14 @@ def test_a_keras_hub_gpt2_backbone_trains_in_fragments_as_keras_on_one_device():
     mask, Adam: cut into 2 fragments synced in turn every update on one replica, it trains as
     plain Keras on one device (a sync of one replica changes nothing)."""
     from tests.keras_parity.parity import Row, assert_same, run_keras, run_trainer
-    from tests.training.zero.test_sharding_transformers import BATCH, SEQ, N, gpt2, text
+    from tests.training.zero.test_sharding_transformers import BATCH, gpt2, padded_text
 
-    x, y = text()
-    lengths = np.random.default_rng(1).integers(3, SEQ + 1, (N, 1))
-    mask = (np.arange(SEQ)[None, :] < lengths).astype(np.int32)
+    inputs, y = padded_text()
     row = Row(
         "gpt2_backbone_fragments",
         gpt2,
         lambda: dict(optimizer=keras.optimizers.Adam(0.02), loss=LOSS),
-        lambda: dict(
-            x={"token_ids": x * mask, "padding_mask": mask},
-            y=y,
-            batch_size=BATCH,
-            epochs=2,
-            shuffle=False,
-        ),
+        lambda: dict(x=inputs, y=y, batch_size=BATCH, epochs=2, shuffle=False),
         trainer=dict(local_sgd=tfdist.LocalSGDOptions(sync_every=2, fragments=2)),
         strategies=("one_device",),
         history_keys=("loss",),

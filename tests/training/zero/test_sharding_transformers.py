@@ -62,6 +62,15 @@ def text():
     return ids[:, :-1], ids[:, 1:]
 
 
+def padded_text():
+    """`text` as KerasHub takes it: ``({"token_ids", "padding_mask"}, labels)``, each sequence
+    zeros past a length of 3 to `SEQ`."""
+    x, y = text()
+    lengths = np.random.default_rng(1).integers(3, SEQ + 1, (N, 1))
+    mask = (np.arange(SEQ)[None, :] < lengths).astype(np.int32)
+    return {"token_ids": x * mask, "padding_mask": mask}, y
+
+
 OPTIMIZERS = {
     "adam": lambda: keras.optimizers.Adam(0.02),
     "sgd": lambda: keras.optimizers.SGD(0.5),
@@ -165,10 +174,7 @@ def gpt2():
 
 
 def test_a_keras_hub_gpt2_backbone_trains_sharded_with_adam_as_keras_on_one_device():
-    x, y = text()
-    mask = (np.arange(SEQ)[None, :] < np.random.default_rng(1).integers(3, SEQ + 1, (N, 1))).astype(
-        np.int32
-    )
+    inputs, y = padded_text()
     row = Row(
         "gpt2_backbone_adam",
         gpt2,
@@ -176,13 +182,7 @@ def test_a_keras_hub_gpt2_backbone_trains_sharded_with_adam_as_keras_on_one_devi
             optimizer=keras.optimizers.Adam(0.02),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         ),
-        lambda: dict(
-            x={"token_ids": x * mask, "padding_mask": mask},
-            y=y,
-            batch_size=BATCH,
-            epochs=1,
-            shuffle=False,
-        ),
+        lambda: dict(x=inputs, y=y, batch_size=BATCH, epochs=1, shuffle=False),
         trainer=dict(sharding="gradients"),
         strategies=("mirrored",),
     )
@@ -230,11 +230,9 @@ def zero3_row(model, optimizer, replicas, sharding, *, precision="float32", kept
     when sharded, and with ``units`` the backbone's transformer layers named by their class
     (``units=(TransformerDecoder,)`` for GPT-2)."""
     x, y = text()
-    lengths = np.random.default_rng(1).integers(3, SEQ + 1, (N, 1))
-    mask = (np.arange(SEQ)[None, :] < lengths).astype(np.int32)
-    inputs = x if model == "lm" else {"token_ids": x * mask, "padding_mask": mask}
+    inputs = x if model == "lm" else padded_text()[0]
     if model == "bert":
-        inputs["segment_ids"] = np.zeros_like(mask)
+        inputs["segment_ids"] = np.zeros_like(inputs["padding_mask"])
         y = (x[:, 0] % 3).astype(np.int32)
     batch = BATCH if replicas == 2 else 12
 
